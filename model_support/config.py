@@ -1,0 +1,73 @@
+"""RunConfig: the parameters of one test, exactly what is rendered into run.py's config block."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from model_support.vocabulary import Backend, Parallelism, Task
+
+Dtype = Literal["bfloat16", "float16", "float32"]
+
+DEFAULT_PROMPTS: tuple[str, ...] = (
+    "def fibonacci(n):",
+    "The capital of France is",
+    "import numpy as np\n",
+)
+DEFAULT_IMAGE_PROMPT = "Describe this image."
+
+
+class VerificationConfig(BaseModel):
+    """Thresholds of the verdict (see images/runner/run.py, verify()).
+
+    Defaults come from the fault-injection suite (tests/runner/test_fault_injection.py).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    near_tie_multiple: float = Field(
+        3.0, gt=0, description="A mismatch is a near-tie if the reference margin is within this multiple of the dtype baseline's deviation."
+    )
+    near_tie_floor: float = Field(
+        0.02, ge=0, description="Smallest near-tie margin (nats), for dtypes whose baseline deviation is ~0."
+    )
+    max_error_ratio: float = Field(
+        3.0, gt=0, description="FAIL when the device's logit error is more than this multiple of the dtype baseline's."
+    )
+    error_floor: float = Field(
+        1e-3, gt=0, description="Smallest baseline error (nats RMSE) used as the ratio's denominator."
+    )
+
+
+class RunConfig(BaseModel):
+    """Everything run.py needs. JSON-encoded into its config block; nothing else varies."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(..., min_length=1, description="Hub model id (org/name) or a local checkpoint path.")
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit); None = main.")
+    task: Task = Task.TEXT_GENERATION
+    backend: Backend = Backend.AUTO
+    compile_backend: str | None = Field(
+        None,
+        description="torch.compile backend: a registered name or 'module:function'. None = 'neuron' on Trainium, 'inductor' elsewhere.",
+    )
+    dtype: Dtype = "bfloat16"
+    max_new_tokens: int = Field(32, ge=1, le=4096)
+    prompts: list[str] = Field(default_factory=lambda: list(DEFAULT_PROMPTS), min_length=1)
+    trust_remote_code: bool = False
+    cores: int = Field(1, ge=1, le=128)
+    parallelism: Parallelism = Parallelism.NONE
+    verification: VerificationConfig = Field(default_factory=VerificationConfig)
+    result_path: str = "result.json"
+    judge_model: str | None = Field(None, description="Optional local path of a small judge model (fluency verdict, recorded beside the real one).")
+    worker_timeout_s: float = Field(1800.0, gt=0, description="Longest a sharded run waits for any worker.")
+
+    @field_validator("prompts")
+    @classmethod
+    def _prompts_not_blank(cls, prompts: list[str]) -> list[str]:
+        if any(not p.strip() for p in prompts):
+            raise ValueError("prompts must not be blank")
+        return prompts

@@ -1,0 +1,53 @@
+"""Rendering run.py: the runner template with only its config block replaced.
+
+The config travels as a JSON document inside a Python string literal produced by ``json.dumps``
+(a JSON string is a valid Python string literal), so no value (a hostile model id, a prompt)
+can ever become code. The rendered text is what runs and what is stored, byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from importlib import resources
+
+from model_support.config import RunConfig
+
+BEGIN = "# ---- BEGIN MODEL-SUPPORT CONFIG (rendered by model-support; JSON only) ----"
+END = "# ---- END MODEL-SUPPORT CONFIG ----"
+_BLOCK = re.compile(re.escape(BEGIN) + r"\n(?P<body>.*?)\n" + re.escape(END), re.DOTALL)
+_ASSIGN = re.compile(r"\ACONFIG_JSON = (?P<literal>\".*\")\Z", re.DOTALL)
+
+
+class TemplateError(RuntimeError):
+    """run.py does not have exactly one well-formed config block."""
+
+
+@cache
+def template_text() -> str:
+    """The unrendered runner script shipped with the package (images/runner/run.py)."""
+    return (resources.files("model_support.runner") / "run.py").read_text(encoding="utf-8")
+
+
+def render_script(config: RunConfig, template: str | None = None) -> str:
+    """Return run.py with its config block holding ``config``."""
+    template = template_text() if template is None else template
+    matches = list(_BLOCK.finditer(template))
+    if len(matches) != 1:
+        raise TemplateError(f"run.py must contain exactly one config block, found {len(matches)}")
+    payload = json.dumps(config.model_dump(mode="json"), sort_keys=True)
+    body = "CONFIG_JSON = " + json.dumps(payload)
+    start, end = matches[0].span("body")
+    return template[:start] + body + template[end:]
+
+
+def read_config(script: str) -> RunConfig:
+    """Parse the config block back out of a rendered run.py."""
+    matches = list(_BLOCK.finditer(script))
+    if len(matches) != 1:
+        raise TemplateError(f"run.py must contain exactly one config block, found {len(matches)}")
+    assign = _ASSIGN.match(matches[0].group("body"))
+    if assign is None:
+        raise TemplateError("the config block must be a single CONFIG_JSON string assignment")
+    return RunConfig.model_validate_json(json.loads(assign.group("literal")))
