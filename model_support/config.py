@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from model_support.vocabulary import Backend, Parallelism, Task
 
@@ -28,16 +28,24 @@ class VerificationConfig(BaseModel):
 
     enabled: bool = True
     near_tie_multiple: float = Field(
-        3.0, gt=0, description="A mismatch is a near-tie if the reference margin is within this multiple of the dtype baseline's deviation."
+        3.0,
+        gt=0,
+        description="A mismatch is a near-tie if the reference margin is within this multiple of the dtype baseline's deviation.",
     )
     near_tie_floor: float = Field(
-        0.02, ge=0, description="Smallest near-tie margin (nats), for dtypes whose baseline deviation is ~0."
+        0.02,
+        ge=0,
+        description="Smallest near-tie margin (nats), for dtypes whose baseline deviation is ~0.",
     )
     max_error_ratio: float = Field(
-        3.0, gt=0, description="FAIL when the device's logit error is more than this multiple of the dtype baseline's."
+        3.0,
+        gt=0,
+        description="FAIL when the device's logit error is more than this multiple of the dtype baseline's.",
     )
     error_floor: float = Field(
-        1e-3, gt=0, description="Smallest baseline error (nats RMSE) used as the ratio's denominator."
+        1e-3,
+        gt=0,
+        description="Smallest baseline error (nats RMSE) used as the ratio's denominator.",
     )
 
 
@@ -46,8 +54,12 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(..., min_length=1, description="Hub model id (org/name) or a local checkpoint path.")
-    revision: str | None = Field(None, description="Hub revision (branch, tag or commit); None = main.")
+    model: str = Field(
+        ..., min_length=1, description="Hub model id (org/name) or a local checkpoint path."
+    )
+    revision: str | None = Field(
+        None, description="Hub revision (branch, tag or commit); None = main."
+    )
     task: Task = Task.TEXT_GENERATION
     backend: Backend = Backend.AUTO
     compile_backend: str | None = Field(
@@ -56,14 +68,22 @@ class RunConfig(BaseModel):
     )
     dtype: Dtype = "bfloat16"
     max_new_tokens: int = Field(32, ge=1, le=4096)
-    prompts: list[str] = Field(default_factory=lambda: list(DEFAULT_PROMPTS), min_length=1)
+    prompts: list[str] = Field(
+        default_factory=list,
+        description="Prompts generated from as one batch; empty = the task's defaults.",
+    )
     trust_remote_code: bool = False
     cores: int = Field(1, ge=1, le=128)
     parallelism: Parallelism = Parallelism.NONE
     verification: VerificationConfig = Field(default_factory=VerificationConfig)
     result_path: str = "result.json"
-    judge_model: str | None = Field(None, description="Optional local path of a small judge model (fluency verdict, recorded beside the real one).")
-    worker_timeout_s: float = Field(1800.0, gt=0, description="Longest a sharded run waits for any worker.")
+    judge_model: str | None = Field(
+        None,
+        description="Optional local path of a small judge model (fluency verdict, recorded beside the real one).",
+    )
+    worker_timeout_s: float = Field(
+        1800.0, gt=0, description="Longest a sharded run waits for any worker."
+    )
 
     @field_validator("prompts")
     @classmethod
@@ -71,3 +91,18 @@ class RunConfig(BaseModel):
         if any(not p.strip() for p in prompts):
             raise ValueError("prompts must not be blank")
         return prompts
+
+    @model_validator(mode="after")
+    def _task_defaults(self) -> RunConfig:
+        # The stored run.py must hold the exact prompts that ran, so defaults are filled in here.
+        if not self.prompts:
+            self.prompts = (
+                [DEFAULT_IMAGE_PROMPT]
+                if self.task == Task.IMAGE_TEXT_TO_TEXT
+                else list(DEFAULT_PROMPTS)
+            )
+        if self.cores == 1 and self.parallelism != Parallelism.NONE:
+            raise ValueError("parallelism must be 'none' on one core")
+        if self.cores > 1 and self.parallelism == Parallelism.NONE:
+            raise ValueError("a run on more than one core needs parallelism 'tensor' or 'expert'")
+        return self

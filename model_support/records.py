@@ -22,13 +22,26 @@ class Timings(BaseModel):
     """Seconds per stage of a run; None where the stage did not run."""
 
     load_s: float | None = None
-    first_generate_s: float | None = Field(None, description="First generate call: includes compilation.")
-    steady_generate_s: float | None = Field(None, description="A second, identical generate call (compiled).")
-    prefill_s: float | None = Field(None, description="A generate call of one token (prefill only, compiled).")
+    first_generate_s: float | None = Field(
+        None, description="First generate call: includes compilation."
+    )
+    steady_generate_s: float | None = Field(
+        None, description="A second, identical generate call (compiled)."
+    )
+    prefill_s: float | None = Field(
+        None, description="A generate call of one token (prefill only, compiled)."
+    )
     compile_s: float | None = Field(None, description="first_generate_s - steady_generate_s.")
-    decode_tokens_per_s: float | None = Field(None, description="Generated tokens (all prompts) per second of decoding, excluding prefill.")
-    reference_s: float | None = Field(None, description="CPU reference pass for the verdict (not part of the test's wall time).")
-    wall_time_s: float | None = Field(None, description="Load + compile + generate; excludes the reference pass.")
+    decode_tokens_per_s: float | None = Field(
+        None,
+        description="Generated tokens (all prompts) per second of decoding, excluding prefill.",
+    )
+    reference_s: float | None = Field(
+        None, description="CPU reference pass for the verdict (not part of the test's wall time)."
+    )
+    wall_time_s: float | None = Field(
+        None, description="Load + compile + generate; excludes the reference pass."
+    )
     total_s: float | None = Field(None, description="Whole run.py, reference included.")
 
 
@@ -36,7 +49,9 @@ class Memory(BaseModel):
     """Peak memory. Device figures come from the allocator (cuda/neuron) or the process (cpu)."""
 
     peak_device_memory_bytes: int | None = None
-    device_memory_source: str | None = Field(None, description="Which API gave peak_device_memory_bytes.")
+    device_memory_source: str | None = Field(
+        None, description="Which API gave peak_device_memory_bytes."
+    )
     host_peak_rss_bytes: int | None = None
     host_rss_anon_bytes: int | None = None
     host_rss_file_bytes: int | None = None
@@ -49,16 +64,29 @@ class Verification(BaseModel):
 
     passed: bool | None = None
     exact: bool | None = Field(None, description="Every token equals the float32 reference argmax.")
-    error_ratio: float | None = Field(None, description="Device logit error / dtype baseline error (worst prompt).")
+    error_ratio: float | None = Field(
+        None, description="Device logit error / dtype baseline error (worst prompt)."
+    )
     device_error: float | None = None
     baseline_error: float | None = None
-    mismatches: int | None = Field(None, description="Tokens that differ from the reference argmax.")
-    near_ties: int | None = Field(None, description="Mismatches accepted as within the dtype's noise.")
-    bad_tokens: int | None = Field(None, description="Mismatches beyond the dtype's noise (each one FAILs).")
-    first_mismatch: int | None = Field(None, description="Index (over all prompts' generated tokens) of the first mismatch.")
+    mismatches: int | None = Field(
+        None, description="Tokens that differ from the reference argmax."
+    )
+    near_ties: int | None = Field(
+        None, description="Mismatches accepted as within the dtype's noise."
+    )
+    bad_tokens: int | None = Field(
+        None, description="Mismatches beyond the dtype's noise (each one FAILs)."
+    )
+    first_mismatch: int | None = Field(
+        None, description="Index (over all prompts' generated tokens) of the first mismatch."
+    )
     reason: str | None = None
     parameters: dict[str, float] = Field(default_factory=dict)
-    positions: list[dict[str, Any]] = Field(default_factory=list, description="Per prompt and position: token, reference argmax, margin, baseline deviation, verdict.")
+    positions: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Per prompt and position: token, reference argmax, margin, baseline deviation, verdict.",
+    )
 
 
 class Stack(BaseModel):
@@ -109,7 +137,9 @@ class ResultDocument(BaseModel):
     verification: Verification = Field(default_factory=Verification)
     judge: dict[str, Any] | None = None
     stack: Stack = Field(default_factory=Stack)
-    packages: list[str] = Field(default_factory=list, description="Every installed distribution as name==version.")
+    packages: list[str] = Field(
+        default_factory=list, description="Every installed distribution as name==version."
+    )
     started_at: datetime | None = None
     finished_at: datetime | None = None
 
@@ -127,11 +157,15 @@ class RunRecord(BaseModel):
 
     run_id: str
     document: ResultDocument
-    run_py: str = Field(..., description="The exact run.py that ran (or would have run, for EXCLUDED).")
+    run_py: str = Field(
+        ..., description="The exact run.py that ran (or would have run, for EXCLUDED)."
+    )
     source: str = Field("cli", description="Who ran it: cli, operator, demo.")
     exclusion_reason: ExclusionReason | None = None
     recorded_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
-    labels: dict[str, str] = Field(default_factory=dict, description="Free labels (e.g. the CR name, sweep name).")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Free labels (e.g. the CR name, sweep name)."
+    )
 
     def to_json(self) -> str:
         """Serialize to one JSON document."""

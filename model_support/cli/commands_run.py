@@ -1,0 +1,358 @@
+"""`model-support run`, `script` and `results`: test a model here, show its run.py, list results."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from model_support.cli import app
+from model_support.config import RunConfig
+from model_support.models import BadModelReference, resolve_model
+from model_support.records import RunRecord
+from model_support.vocabulary import Backend, Parallelism, Result, Task
+
+console = Console(stderr=True)
+out = Console()
+
+DEFAULT_RESULTS = "results"
+
+ModelArg = Annotated[
+    str, typer.Argument(help="Hub model id (org/name) or a local checkpoint directory.")
+]
+BackendOpt = Annotated[
+    Backend, typer.Option(help="Device backend; auto = neuron, else cuda, else cpu.")
+]
+DtypeOpt = Annotated[str, typer.Option(help="Run dtype: bfloat16, float16 or float32.")]
+TaskOpt = Annotated[Task, typer.Option(help="Hub pipeline task.")]
+RevisionOpt = Annotated[str | None, typer.Option(help="Hub revision (branch, tag or commit).")]
+CompileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--compile-backend",
+        help="torch.compile backend name or module:function (default: neuron / inductor).",
+    ),
+]
+CoresOpt = Annotated[
+    int | None, typer.Option(help="Cores to shard over (default: sized from the model's metadata).")
+]
+ParallelismOpt = Annotated[
+    Parallelism | None,
+    typer.Option(help="With --cores > 1: tensor or expert (default: from sizing)."),
+]
+TokensOpt = Annotated[int, typer.Option("--max-new-tokens", help="Tokens to generate.")]
+RemoteOpt = Annotated[
+    bool, typer.Option("--trust-remote-code", help="Allow code from the model's repository.")
+]
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print a clear error and return the exit to raise."""
+    console.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+def build_config(
+    model: str,
+    *,
+    backend: Backend,
+    dtype: str,
+    task: Task,
+    revision: str | None,
+    compile_backend: str | None,
+    cores: int | None,
+    parallelism: Parallelism | None,
+    max_new_tokens: int,
+    trust_remote_code: bool,
+) -> RunConfig:
+    """Validate the command line into a RunConfig, or exit with a clear message."""
+    try:
+        ref = resolve_model(model)
+    except BadModelReference as exc:
+        raise fail(str(exc)) from exc
+    if compile_backend is not None and ":" in compile_backend:
+        module, _, function = compile_backend.partition(":")
+        if not module or not function:
+            raise fail(f"--compile-backend {compile_backend!r}: expected module:function")
+    n_cores = cores or 1
+    if parallelism is None:
+        parallelism = Parallelism.TENSOR if n_cores > 1 else Parallelism.NONE
+    try:
+        return RunConfig(
+            model=ref.value,
+            revision=None if ref.is_local else revision,
+            task=task,
+            backend=backend,
+            compile_backend=compile_backend,
+            dtype=dtype,  # type: ignore[arg-type]
+            max_new_tokens=max_new_tokens,
+            trust_remote_code=trust_remote_code,
+            cores=n_cores,
+            parallelism=parallelism,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise fail(f"invalid test parameters: {problems}") from exc
+
+
+RESULT_STYLE = {
+    Result.PASS: "bold green",
+    Result.FAIL: "bold red",
+    Result.ERROR: "bold yellow",
+    Result.TIMEOUT: "bold magenta",
+    Result.EXCLUDED: "dim",
+}
+
+
+def summary(record: RunRecord) -> dict[str, object]:
+    """The machine-readable summary of a run printed by ``run --json``."""
+    doc = record.document
+    return {
+        "run_id": record.run_id,
+        "model": doc.model,
+        "task": doc.task,
+        "result": doc.result.value,
+        "error_class": doc.error_class.value if doc.error_class else None,
+        "error": doc.error,
+        "backend": doc.backend,
+        "compile_backend": doc.compile_backend,
+        "cores": doc.cores,
+        "parallelism": doc.parallelism.value,
+        "wall_time_s": doc.timings.wall_time_s,
+        "compile_time_s": doc.timings.compile_s,
+        "decode_tokens_per_s": doc.timings.decode_tokens_per_s,
+        "peak_device_memory_bytes": doc.memory.peak_device_memory_bytes,
+        "verification": doc.verification.model_dump(exclude={"positions"}),
+        "text": doc.text,
+    }
+
+
+def print_record(record: RunRecord) -> None:
+    """A human summary of one run."""
+    doc = record.document
+    style = RESULT_STYLE.get(doc.result, "")
+    head = f"[{style}]{doc.result.value}[/]"
+    if doc.error_class:
+        head += f" ({doc.error_class.value})"
+    out.print(
+        f"{head}  {doc.model}  [dim]{doc.task} · {doc.backend} · {doc.compile_backend} · {doc.cores} core(s)[/]"
+    )
+    t, m, v = doc.timings, doc.memory, doc.verification
+    if t.wall_time_s is not None:
+        out.print(
+            f"  wall {t.wall_time_s:.2f} s (load {t.load_s:.2f} s, first generate {t.first_generate_s:.2f} s, "
+            f"steady {t.steady_generate_s:.3f} s), decode {t.decode_tokens_per_s or 0:.1f} tok/s"
+        )
+    if m.peak_device_memory_bytes:
+        out.print(
+            f"  peak device memory {m.peak_device_memory_bytes / 2**20:.1f} MiB ({m.device_memory_source})"
+        )
+    if v.passed is not None:
+        out.print(
+            f"  verification: exact={v.exact} mismatches={v.mismatches} near-ties={v.near_ties} "
+            f"bad={v.bad_tokens} error ratio={v.error_ratio:.2f}"
+        )
+    if v.reason:
+        out.print(f"  [red]{v.reason}[/]")
+    if doc.error:
+        out.print(f"  [yellow]{doc.error.splitlines()[0][:400]}[/]")
+    for text in doc.text[:3]:
+        out.print(f"  [dim]»[/] {text[:120]!r}")
+
+
+@app.command()
+def run(
+    model: ModelArg,
+    backend: BackendOpt = Backend.AUTO,
+    dtype: DtypeOpt = "bfloat16",
+    task: TaskOpt = Task.TEXT_GENERATION,
+    revision: RevisionOpt = None,
+    compile_backend: CompileOpt = None,
+    cores: CoresOpt = None,
+    parallelism: ParallelismOpt = None,
+    max_new_tokens: TokensOpt = 32,
+    trust_remote_code: RemoteOpt = False,
+    results: Annotated[
+        str, typer.Option(help="Results store location (path or fsspec URI).")
+    ] = DEFAULT_RESULTS,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds before the run is stopped (TIMEOUT).")
+    ] = 3600.0,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object (the run summary).")
+    ] = False,
+) -> None:
+    """Test one model here: load, compile, generate, verify; record the result."""
+    from model_support.execution import StageEvent, run_local
+    from model_support.store import ResultsStore
+
+    config = build_config(
+        model,
+        backend=backend,
+        dtype=dtype,
+        task=task,
+        revision=revision,
+        compile_backend=compile_backend,
+        cores=cores,
+        parallelism=parallelism,
+        max_new_tokens=max_new_tokens,
+        trust_remote_code=trust_remote_code,
+    )
+    store = ResultsStore(results)
+
+    def show(event: StageEvent) -> None:
+        if as_json:
+            return
+        if event.status == "start":
+            console.print(f"[cyan]→ {event.stage}[/]")
+        elif event.status == "done":
+            console.print(f"[green]✓ {event.stage}[/] [dim]{event.seconds:.2f} s[/]")
+        else:
+            console.print(f"[red]✗ {event.stage}[/] [dim]{event.detail}[/]")
+
+    record = run_local(config, timeout_s=timeout, on_stage=show)
+    store.add_and_materialize(record)
+    if as_json:
+        print(json.dumps(summary(record)))
+    else:
+        print_record(record)
+        console.print(f"[dim]recorded {record.run_id} in {results}[/]")
+    if record.document.result in (Result.ERROR, Result.TIMEOUT):
+        raise typer.Exit(1)
+
+
+@app.command()
+def script(
+    model: ModelArg,
+    backend: BackendOpt = Backend.AUTO,
+    dtype: DtypeOpt = "bfloat16",
+    task: TaskOpt = Task.TEXT_GENERATION,
+    revision: RevisionOpt = None,
+    compile_backend: CompileOpt = None,
+    cores: CoresOpt = None,
+    parallelism: ParallelismOpt = None,
+    max_new_tokens: TokensOpt = 32,
+    trust_remote_code: RemoteOpt = False,
+) -> None:
+    """Print the run.py a test of MODEL would run (save it and run `python3 run.py`)."""
+    from model_support.script import render_script
+
+    config = build_config(
+        model,
+        backend=backend,
+        dtype=dtype,
+        task=task,
+        revision=revision,
+        compile_backend=compile_backend,
+        cores=cores,
+        parallelism=parallelism,
+        max_new_tokens=max_new_tokens,
+        trust_remote_code=trust_remote_code,
+    )
+    sys.stdout.write(render_script(config))
+
+
+RESULT_COLUMNS = [
+    "model_id",
+    "task",
+    "result",
+    "error_class",
+    "neuron_cores",
+    "parallelism",
+    "compiler",
+    "compiler_version",
+    "library_version",
+    "wall_time_s",
+    "decode_tokens_per_s",
+    "peak_device_memory_bytes",
+    "run_id",
+]
+
+
+@app.command()
+def results(
+    location: Annotated[
+        str, typer.Option("--results", help="Results store location.")
+    ] = DEFAULT_RESULTS,
+    model: Annotated[
+        str | None, typer.Option(help="Only models whose id contains this text.")
+    ] = None,
+    result: Annotated[Result | None, typer.Option(help="Only this result.")] = None,
+    compiler_version: Annotated[
+        str | None, typer.Option(help="Only this compiler version.")
+    ] = None,
+    library_version: Annotated[
+        str | None, typer.Option(help="Only this transformers version.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of rows.")] = False,
+) -> None:
+    """Show the results matrix (latest result per model and task, per stack)."""
+    from model_support.store import ResultsStore
+
+    store = ResultsStore(location)
+    if not store.matrix_files():
+        raise fail(
+            f"no results at {location!r}: run `model-support run MODEL --results {location}` first",
+            1,
+        )
+    frame = store.matrix(columns=RESULT_COLUMNS)
+    if model:
+        frame = frame[frame["model_id"].str.contains(model, case=False, regex=False)]
+    if result:
+        frame = frame[frame["result"] == result.value]
+    if compiler_version:
+        frame = frame[frame["compiler_version"] == compiler_version]
+    if library_version:
+        frame = frame[frame["library_version"] == library_version]
+    frame = frame.sort_values(["model_id", "task"])
+    if as_json:
+        print(frame.to_json(orient="records", date_format="iso"))
+        return
+    table = Table(title=f"model-support results ({len(frame)} rows) — {location}")
+    for column in (
+        "model",
+        "task",
+        "result",
+        "cores",
+        "parallelism",
+        "compiler",
+        "transformers",
+        "wall s",
+        "tok/s",
+        "peak MiB",
+    ):
+        table.add_column(column, overflow="fold")
+    for row in frame.itertuples(index=False):
+        style = RESULT_STYLE.get(Result(row.result), "")
+        result_text = f"[{style}]{row.result}[/]" + (
+            f" [dim]{row.error_class}[/]" if isinstance(row.error_class, str) else ""
+        )
+        table.add_row(
+            row.model_id,
+            row.task,
+            result_text,
+            _fmt(row.neuron_cores, "{:.0f}"),
+            str(row.parallelism),
+            f"{row.compiler} {row.compiler_version}",
+            str(row.library_version),
+            _fmt(row.wall_time_s, "{:.2f}"),
+            _fmt(row.decode_tokens_per_s, "{:.0f}"),
+            _fmt(
+                None
+                if row.peak_device_memory_bytes is None
+                else row.peak_device_memory_bytes / 2**20,
+                "{:.0f}",
+            ),
+        )
+    out.print(table)
+
+
+def _fmt(value: object, pattern: str) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "—"
+    return pattern.format(value)

@@ -1,0 +1,269 @@
+"""Local execution of a rendered run.py, and turning result documents into run records.
+
+The CLI runs run.py as a subprocess here; the operator runs the same file as a Job's container
+command. Both end in `record_from_document`, so a record means the same thing wherever it ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from model_support.config import RunConfig
+from model_support.records import (
+    PROGRESS_MARKER,
+    ResultDocument,
+    RunRecord,
+    new_run_id,
+    parse_result_line,
+)
+from model_support.script import render_script
+from model_support.vocabulary import ErrorClass, ExclusionReason, Result
+
+
+@dataclass(frozen=True)
+class StageEvent:
+    """A progress line from run.py: a stage started or ended."""
+
+    stage: str
+    status: str
+    seconds: float | None = None
+    detail: str | None = None
+
+
+def record_from_document(
+    document: ResultDocument,
+    run_py: str,
+    *,
+    source: str = "cli",
+    labels: dict[str, str] | None = None,
+    run_id: str | None = None,
+) -> RunRecord:
+    """Wrap a result document and the exact script that produced it into an immutable record."""
+    return RunRecord(
+        run_id=run_id or new_run_id(document.model),
+        document=document,
+        run_py=run_py,
+        source=source,
+        labels=labels or {},
+    )
+
+
+def failure_document(
+    config: RunConfig,
+    result: Result,
+    *,
+    error_class: ErrorClass | None,
+    error: str,
+    started_at: datetime | None = None,
+    stage: str | None = None,
+    total_s: float | None = None,
+) -> ResultDocument:
+    """A result document for a run that produced none itself (timeout, killed, OOM-killed, no output)."""
+    doc = ResultDocument(
+        model=config.model,
+        revision=config.revision,
+        task=config.task.value,
+        backend=config.backend.value,
+        compile_backend=config.compile_backend,
+        dtype=config.dtype,
+        cores=config.cores,
+        parallelism=config.parallelism,
+        max_new_tokens=config.max_new_tokens,
+        prompts=list(config.prompts),
+        result=result,
+        error_class=error_class,
+        error=error,
+        stage=stage,
+        started_at=started_at,
+        finished_at=datetime.now(UTC),
+    )
+    doc.timings.total_s = total_s
+    return doc
+
+
+def excluded_record(
+    config: RunConfig,
+    reason: ExclusionReason,
+    message: str,
+    *,
+    source: str = "cli",
+    labels: dict[str, str] | None = None,
+) -> RunRecord:
+    """A record for a model deliberately not run; holds the run.py that would have run."""
+    now = datetime.now(UTC)
+    document = failure_document(
+        config, Result.EXCLUDED, error_class=None, error=message, started_at=now
+    )
+    record = record_from_document(document, render_script(config), source=source, labels=labels)
+    return record.model_copy(update={"exclusion_reason": reason})
+
+
+def _python_for_runner() -> str:
+    return os.environ.get("MODEL_SUPPORT_PYTHON", sys.executable)
+
+
+def run_script(
+    run_py: str,
+    config: RunConfig,
+    *,
+    workdir: Path | None = None,
+    timeout_s: float | None = None,
+    env: dict[str, str] | None = None,
+    on_stage: Callable[[StageEvent], None] | None = None,
+    on_output: Callable[[str], None] | None = None,
+) -> ResultDocument:
+    """Run a rendered run.py as ``python3 run.py`` in ``workdir`` and return its result document.
+
+    A run past ``timeout_s`` is killed (its whole process group, so sharded workers go too) and
+    gives TIMEOUT; a run that dies without a result document gives ERROR with the exit status.
+    """
+    started = datetime.now(UTC)
+    t0 = time.monotonic()
+    own_dir = workdir is None
+    tmp = tempfile.TemporaryDirectory(prefix="model-support-run-") if own_dir else None
+    directory = Path(tmp.name) if tmp else Path(workdir)  # type: ignore[arg-type]
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        script_path = directory / "run.py"
+        script_path.write_text(run_py, encoding="utf-8")
+        proc_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(
+            [_python_for_runner(), "run.py"],
+            cwd=directory,
+            env=proc_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        lines: list[str] = []
+        reader = threading.Thread(
+            target=_pump, args=(proc, lines, on_stage, on_output), daemon=True
+        )
+        reader.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+        reader.join(timeout=30)
+        elapsed = time.monotonic() - t0
+        stdout = "\n".join(lines)
+        last_stage = _last_stage(lines)
+        if timed_out:
+            return failure_document(
+                config,
+                Result.TIMEOUT,
+                error_class=None,
+                error=f"run.py did not finish within {timeout_s:g} s (last stage: {last_stage or 'none'})",
+                started_at=started,
+                stage=last_stage,
+                total_s=elapsed,
+            )
+        document = _read_document(directory / config.result_path, stdout)
+        if document is not None:
+            return document
+        return failure_document(
+            config,
+            Result.ERROR,
+            error_class=_classify_exit(proc.returncode),
+            error=(
+                f"run.py exited with status {proc.returncode} without a result document "
+                f"(last stage: {last_stage or 'none'}). Output tail:\n" + "\n".join(lines[-30:])
+            ),
+            started_at=started,
+            stage=last_stage,
+            total_s=elapsed,
+        )
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _pump(
+    proc: subprocess.Popen[str],
+    lines: list[str],
+    on_stage: Callable[[StageEvent], None] | None,
+    on_output: Callable[[str], None] | None,
+) -> None:
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        line = raw.rstrip("\n")
+        lines.append(line)
+        if line.startswith(PROGRESS_MARKER):
+            if on_stage is not None:
+                data = json.loads(line[len(PROGRESS_MARKER) :])
+                on_stage(StageEvent(**data))
+        elif on_output is not None:
+            on_output(line)
+
+
+def _last_stage(lines: list[str]) -> str | None:
+    for line in reversed(lines):
+        if line.startswith(PROGRESS_MARKER):
+            return str(json.loads(line[len(PROGRESS_MARKER) :])["stage"])
+    return None
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    proc.wait(timeout=30)
+
+
+def _classify_exit(returncode: int | None) -> ErrorClass:
+    # SIGKILL without our own timeout is almost always the kernel's OOM killer.
+    if returncode is not None and returncode in (-signal.SIGKILL, 128 + signal.SIGKILL):
+        return ErrorClass.OUT_OF_MEMORY
+    return ErrorClass.RUNTIME
+
+
+def _read_document(path: Path, stdout: str) -> ResultDocument | None:
+    """The result file if run.py wrote one, else the marked stdout line."""
+    if path.exists():
+        try:
+            return ResultDocument.model_validate_json(path.read_text(encoding="utf-8"))
+        except ValidationError as exc:
+            raise RuntimeError(f"run.py wrote a malformed result document {path}: {exc}") from exc
+    return parse_result_line(stdout)
+
+
+def run_local(
+    config: RunConfig,
+    *,
+    timeout_s: float | None = None,
+    workdir: Path | None = None,
+    env: dict[str, str] | None = None,
+    source: str = "cli",
+    labels: dict[str, str] | None = None,
+    on_stage: Callable[[StageEvent], None] | None = None,
+    on_output: Callable[[str], None] | None = None,
+) -> RunRecord:
+    """Render run.py for ``config``, run it here, and return the run record (not yet stored)."""
+    run_py = render_script(config)
+    document = run_script(
+        run_py,
+        config,
+        workdir=workdir,
+        timeout_s=timeout_s,
+        env=env,
+        on_stage=on_stage,
+        on_output=on_output,
+    )
+    return record_from_document(document, run_py, source=source, labels=labels)

@@ -1,0 +1,46 @@
+"""run.py repeats the vocabulary (it must run standalone): keep the two in step."""
+
+from __future__ import annotations
+
+import ast
+
+from model_support import records
+from model_support.script import template_text
+from model_support.vocabulary import (
+    ERROR_CLASS_MEANINGS,
+    EXCLUSION_MEANINGS,
+    RESULT_MEANINGS,
+    ErrorClass,
+    ExclusionReason,
+    Result,
+)
+
+
+def _runner_constant(name: str) -> object:
+    tree = ast.parse(template_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
+        ):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"run.py defines no {name}")
+
+
+def test_runner_result_states_match_the_vocabulary() -> None:
+    assert tuple(_runner_constant("RESULTS")) == tuple(r.value for r in Result)
+
+
+def test_runner_error_classes_match_the_vocabulary() -> None:
+    assert tuple(_runner_constant("ERROR_CLASSES")) == tuple(c.value for c in ErrorClass)
+
+
+def test_runner_markers_match_the_parsers() -> None:
+    assert _runner_constant("RESULT_MARKER") == records.RESULT_MARKER
+    assert _runner_constant("PROGRESS_MARKER") == records.PROGRESS_MARKER
+
+
+def test_every_state_class_and_reason_is_documented() -> None:
+    assert set(RESULT_MEANINGS) == set(Result)
+    assert set(ERROR_CLASS_MEANINGS) == set(ErrorClass)
+    assert set(EXCLUSION_MEANINGS) == set(ExclusionReason)
+    assert all(len(text) > 20 for text in [*RESULT_MEANINGS.values(), *ERROR_CLASS_MEANINGS.values()])
