@@ -1,0 +1,644 @@
+"""The matrix: one Parquet row per (model, task) and per compiler x library version pair.
+
+This module is the ONE place where the matrix's columns are defined: :data:`COLUMNS` gives each
+column's name, Arrow type, meaning and how it is read from a :class:`RunRecord`. The Parquet schema
+(:data:`MATRIX_SCHEMA`), :func:`record_to_row` and the dataset card's column table are all derived
+from it, so they cannot drift apart.
+
+Placement: a record lands in the matrix file of its (compiler, compiler version, library,
+library version). On the neuron backend the compiler is ``neuronx-cc`` at the recorded
+``stack.neuronx_cc``; elsewhere it is the torch.compile backend (``inductor``, ``aot_eager``,
+``module:function``) at the recorded torch version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import platform
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+from huggingface_hub import DatasetCardData
+
+from model_support.records import ResultDocument, RunRecord, Stack
+from model_support.vocabulary import (
+    ERROR_CLASS_MEANINGS,
+    EXCLUSION_MEANINGS,
+    RESULT_MEANINGS,
+    Backend,
+    Result,
+)
+
+NEURON_COMPILER = "neuronx-cc"
+"""Compiler name of every run on the neuron backend (torch.compile(backend="neuron"))."""
+
+DEFAULT_COMPILE_BACKEND = "inductor"
+"""run.py's torch.compile backend off Trainium when none is configured (see RunConfig)."""
+
+LIBRARY = "transformers"
+"""The modelling library every test goes through."""
+
+UNKNOWN = "unknown"
+"""Stands in for a missing compiler or version in matrix file names."""
+
+TEXT_SEPARATOR = "\n"
+
+
+@dataclass(frozen=True, order=True)
+class MatrixKey:
+    """Which matrix file a record belongs to. None = not known (no stack recorded)."""
+
+    compiler: str | None
+    compiler_version: str | None
+    library: str
+    library_version: str | None
+
+    def _sort_tuple(self) -> tuple[str, str, str, str]:
+        return (
+            self.compiler or "",
+            self.compiler_version or "",
+            self.library,
+            self.library_version or "",
+        )
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What a column reads from: the record, its document and its placement."""
+
+    record: RunRecord
+    doc: ResultDocument
+    key: MatrixKey
+
+
+@dataclass(frozen=True)
+class Column:
+    """One matrix column: name, Arrow type, meaning (shown in the dataset card), and reader."""
+
+    name: str
+    type: pa.DataType
+    description: str
+    get: Callable[[_Source], Any]
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    """Timestamps are stored in UTC; a naive timestamp is taken to already be UTC (run.py writes UTC)."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+def _json(value: Any) -> str:
+    """Deterministic JSON (sorted keys) so re-materializing gives byte-identical files."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def _enum_value(value: Any) -> str | None:
+    return None if value is None else str(getattr(value, "value", value))
+
+
+_STRING = pa.string()
+_INT = pa.int64()
+_FLOAT = pa.float64()
+_BOOL = pa.bool_()
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+COLUMNS: tuple[Column, ...] = (
+    # identity of the test
+    Column(
+        "model_id",
+        _STRING,
+        "Hub model id (org/name) or the local checkpoint path that was tested.",
+        lambda s: s.doc.model,
+    ),
+    Column(
+        "revision",
+        _STRING,
+        "Requested Hub revision (branch, tag or commit); null = main.",
+        lambda s: s.doc.revision,
+    ),
+    Column(
+        "resolved_revision",
+        _STRING,
+        "Commit the requested revision resolved to when the test ran.",
+        lambda s: s.doc.resolved_revision,
+    ),
+    Column(
+        "task",
+        _STRING,
+        "Hub pipeline tag tested (text-generation, image-text-to-text).",
+        lambda s: s.doc.task,
+    ),
+    Column(
+        "backend",
+        _STRING,
+        "Device backend run.py executed on: neuron, cuda or cpu.",
+        lambda s: s.doc.backend,
+    ),
+    # placement: which matrix file the row is in
+    Column(
+        "neuronx_cc",
+        _STRING,
+        "neuronx-cc compiler version on the neuron backend; null off Trainium.",
+        lambda s: s.key.compiler_version if s.key.compiler == NEURON_COMPILER else None,
+    ),
+    Column(
+        "compiler",
+        _STRING,
+        "neuronx-cc on the neuron backend, else the torch.compile backend (inductor, aot_eager, module:function).",
+        lambda s: s.key.compiler,
+    ),
+    Column(
+        "compiler_version",
+        _STRING,
+        "Version of `compiler`: the neuronx-cc version, or the torch version for torch.compile backends.",
+        lambda s: s.key.compiler_version,
+    ),
+    Column("library", _STRING, "Modelling library: transformers.", lambda s: s.key.library),
+    Column("library_version", _STRING, "Version of `library`.", lambda s: s.key.library_version),
+    Column("torch", _STRING, "PyTorch version.", lambda s: s.doc.stack.torch),
+    Column(
+        "torch_neuronx",
+        _STRING,
+        "torch-neuronx version; null off Trainium.",
+        lambda s: s.doc.stack.torch_neuronx,
+    ),
+    # how it was run
+    Column(
+        "neuron_cores",
+        _INT,
+        "Cores the model was run on (NeuronCores on Trainium, processes elsewhere).",
+        lambda s: s.doc.cores,
+    ),
+    Column(
+        "parallelism",
+        _STRING,
+        "How the model was split over cores: none, tensor or expert.",
+        lambda s: _enum_value(s.doc.parallelism),
+    ),
+    Column(
+        "dtype",
+        _STRING,
+        "Weight and compute dtype (bfloat16, float16, float32).",
+        lambda s: s.doc.dtype,
+    ),
+    Column(
+        "compile_backend",
+        _STRING,
+        "torch.compile backend as configured for the run.",
+        lambda s: s.doc.compile_backend,
+    ),
+    Column("max_new_tokens", _INT, "Tokens generated per prompt.", lambda s: s.doc.max_new_tokens),
+    Column(
+        "parameters",
+        _INT,
+        "Total parameter count of the model as loaded (null where loading failed).",
+        lambda s: s.doc.parameters,
+    ),
+    # outcome
+    Column(
+        "result",
+        _STRING,
+        "Outcome: PASS, FAIL, ERROR, TIMEOUT or EXCLUDED (see Result states).",
+        lambda s: _enum_value(s.doc.result),
+    ),
+    Column(
+        "error_class",
+        _STRING,
+        "For ERROR: the stage that failed (see Error classes).",
+        lambda s: _enum_value(s.doc.error_class),
+    ),
+    Column(
+        "error",
+        _STRING,
+        "For ERROR/TIMEOUT: the message (and traceback tail).",
+        lambda s: s.doc.error,
+    ),
+    Column("stage", _STRING, "Last stage of run.py reached.", lambda s: s.doc.stage),
+    Column(
+        "exclusion_reason",
+        _STRING,
+        "For EXCLUDED: the reason code (see Exclusion reasons).",
+        lambda s: _enum_value(s.record.exclusion_reason),
+    ),
+    # timings and memory
+    Column(
+        "wall_time_s",
+        _FLOAT,
+        "Seconds for load + compile + generate (the CPU reference pass excluded).",
+        lambda s: s.doc.timings.wall_time_s,
+    ),
+    Column(
+        "compile_time_s",
+        _FLOAT,
+        "Seconds of compilation: first generate call minus the steady one.",
+        lambda s: s.doc.timings.compile_s,
+    ),
+    Column(
+        "load_time_s",
+        _FLOAT,
+        "Seconds to load tokenizer/processor and weights.",
+        lambda s: s.doc.timings.load_s,
+    ),
+    Column(
+        "first_generate_s",
+        _FLOAT,
+        "Seconds of the first generate call (includes compilation).",
+        lambda s: s.doc.timings.first_generate_s,
+    ),
+    Column(
+        "steady_generate_s",
+        _FLOAT,
+        "Seconds of a second, identical generate call (compiled).",
+        lambda s: s.doc.timings.steady_generate_s,
+    ),
+    Column(
+        "decode_tokens_per_s",
+        _FLOAT,
+        "Generated tokens (all prompts) per second of decoding, prefill excluded.",
+        lambda s: s.doc.timings.decode_tokens_per_s,
+    ),
+    Column(
+        "peak_device_memory_bytes",
+        _INT,
+        "Peak device memory in bytes (allocator on neuron/cuda, the process on cpu).",
+        lambda s: s.doc.memory.peak_device_memory_bytes,
+    ),
+    Column(
+        "host_peak_rss_bytes",
+        _INT,
+        "Peak resident memory of the host process in bytes.",
+        lambda s: s.doc.memory.host_peak_rss_bytes,
+    ),
+    # verification
+    Column(
+        "verified_exact",
+        _BOOL,
+        "Every generated token equals the float32 reference's argmax.",
+        lambda s: s.doc.verification.exact,
+    ),
+    Column(
+        "error_ratio",
+        _FLOAT,
+        "Device logit error / the same dtype's baseline error on CPU (worst prompt).",
+        lambda s: s.doc.verification.error_ratio,
+    ),
+    Column(
+        "mismatches",
+        _INT,
+        "Generated tokens that differ from the reference argmax.",
+        lambda s: s.doc.verification.mismatches,
+    ),
+    Column(
+        "near_ties",
+        _INT,
+        "Mismatches accepted as within the dtype's noise.",
+        lambda s: s.doc.verification.near_ties,
+    ),
+    Column(
+        "bad_tokens",
+        _INT,
+        "Mismatches beyond the dtype's noise (any one FAILs the test).",
+        lambda s: s.doc.verification.bad_tokens,
+    ),
+    Column(
+        "first_mismatch",
+        _INT,
+        "Index (over all prompts' generated tokens) of the first mismatch.",
+        lambda s: s.doc.verification.first_mismatch,
+    ),
+    Column(
+        "verification_reason",
+        _STRING,
+        "The verdict's explanation in words.",
+        lambda s: s.doc.verification.reason,
+    ),
+    Column(
+        "verification_json",
+        _STRING,
+        "The whole verification (thresholds, per-position figures) as JSON, to re-judge with other thresholds.",
+        lambda s: _json(s.doc.verification.model_dump(mode="json")),
+    ),
+    # what it produced
+    Column(
+        "text",
+        _STRING,
+        "Generated text for the first prompt.",
+        lambda s: s.doc.text[0] if s.doc.text else None,
+    ),
+    Column(
+        "texts",
+        pa.list_(_STRING),
+        "Generated text for every prompt, in prompt order.",
+        lambda s: list(s.doc.text),
+    ),
+    Column("prompts", pa.list_(_STRING), "The prompts, in order.", lambda s: list(s.doc.prompts)),
+    # provenance
+    Column(
+        "instance_type",
+        _STRING,
+        "Machine type the test ran on (e.g. trn2.48xlarge), when known.",
+        lambda s: s.doc.stack.instance_type,
+    ),
+    Column(
+        "device_name",
+        _STRING,
+        "Accelerator name reported by the backend, when known.",
+        lambda s: s.doc.stack.device_name,
+    ),
+    Column(
+        "stack",
+        _STRING,
+        "JSON object of every recorded version (python, torch, transformers, torch_neuronx, neuronx_cc, ...). "
+        '`"origin": "writer"` marks versions filled in by the process that stored an EXCLUDED record.',
+        lambda s: _json(s.doc.stack.model_dump(mode="json")),
+    ),
+    Column(
+        "packages",
+        pa.list_(_STRING),
+        "Every installed distribution as name==version.",
+        lambda s: list(s.doc.packages),
+    ),
+    Column(
+        "run_py",
+        _STRING,
+        "The exact run.py that ran (for EXCLUDED: the one that would have run). Save it and run it to reproduce.",
+        lambda s: s.record.run_py,
+    ),
+    Column(
+        "run_id",
+        _STRING,
+        "Unique id of the run record (records/<run_id>.json in the store).",
+        lambda s: s.record.run_id,
+    ),
+    Column("source", _STRING, "Who ran the test: cli, operator, demo.", lambda s: s.record.source),
+    Column(
+        "labels",
+        _STRING,
+        "The record's free labels (CR name, sweep name) as a JSON object.",
+        lambda s: _json(s.record.labels),
+    ),
+    Column(
+        "started_at", _TIMESTAMP, "When run.py started (UTC).", lambda s: _utc(s.doc.started_at)
+    ),
+    Column(
+        "finished_at", _TIMESTAMP, "When run.py finished (UTC).", lambda s: _utc(s.doc.finished_at)
+    ),
+    Column(
+        "recorded_at",
+        _TIMESTAMP,
+        "When the record was created (UTC).",
+        lambda s: _utc(s.record.recorded_at),
+    ),
+)
+
+MATRIX_SCHEMA: pa.Schema = pa.schema([pa.field(c.name, c.type, nullable=True) for c in COLUMNS])
+"""The one schema of every matrix file (so a directory of them reads as one table)."""
+
+MATRIX_COLUMNS: tuple[str, ...] = tuple(c.name for c in COLUMNS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Placement
+
+
+def _is_neuron(doc: ResultDocument) -> bool:
+    if doc.backend == Backend.NEURON.value or doc.compile_backend == "neuron":
+        return True
+    # Planned but not run (EXCLUDED) documents may name no backend: with neither a backend nor a
+    # compile backend given, run.py picks neuron wherever neuronx-cc is installed.
+    unset = doc.backend in (None, Backend.AUTO.value) and doc.compile_backend is None
+    return unset and doc.stack.neuronx_cc is not None
+
+
+def matrix_key(record: RunRecord) -> MatrixKey:
+    """The (compiler, compiler version, library, library version) file a record belongs to."""
+    doc = record.document
+    stack = doc.stack
+    if _is_neuron(doc):
+        return MatrixKey(NEURON_COMPILER, stack.neuronx_cc, LIBRARY, stack.transformers)
+    if doc.compile_backend:
+        compiler: str | None = doc.compile_backend
+    elif doc.backend in (Backend.CPU.value, Backend.CUDA.value) or stack.torch is not None:
+        # run.py's default off Trainium; a stack with torch but no neuronx-cc is off Trainium.
+        compiler = DEFAULT_COMPILE_BACKEND
+    else:
+        compiler = None  # nothing recorded says where it ran (e.g. an infrastructure ERROR)
+    return MatrixKey(compiler, stack.torch, LIBRARY, stack.transformers)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _part(value: str | None) -> str:
+    if not value:
+        return UNKNOWN
+    return _UNSAFE.sub("_", value).strip("._") or UNKNOWN
+
+
+def matrix_file_stem(key: MatrixKey, disambiguate: bool = False) -> str:
+    """Flat, path-safe file stem, e.g. ``neuronx-cc-2.28.7631.0__transformers-5.24.0``.
+
+    Characters outside ``[A-Za-z0-9._-]`` become ``_``. When that changed anything, or when
+    ``disambiguate`` is set (the store sets it when two keys would share a name), a short hash of
+    the exact key is appended so different keys never share a file.
+    """
+    compiler = f"{_part(key.compiler)}-{_part(key.compiler_version)}"
+    library = f"{_part(key.library)}-{_part(key.library_version)}"
+    stem = f"{compiler[:100]}__{library[:100]}"
+    exact = (
+        f"{key.compiler or UNKNOWN}-{key.compiler_version or UNKNOWN}"
+        f"__{key.library}-{key.library_version or UNKNOWN}"
+    )
+    if disambiguate or stem != exact:
+        digest = hashlib.sha256(repr(key._sort_tuple()).encode()).hexdigest()[:8]
+        stem = f"{stem}__{digest}"
+    return stem
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows
+
+
+def record_to_row(record: RunRecord) -> dict[str, Any]:
+    """One matrix row (a dict keyed by :data:`MATRIX_COLUMNS`) from a run record."""
+    source = _Source(record=record, doc=record.document, key=matrix_key(record))
+    return {column.name: column.get(source) for column in COLUMNS}
+
+
+def recency(record: RunRecord) -> tuple[datetime, str]:
+    """Sort key of "latest": finished_at (recorded_at when the run never finished), then run_id."""
+    when = _utc(record.document.finished_at) or _utc(record.recorded_at)
+    assert when is not None  # recorded_at always has a value
+    return (when, record.run_id)
+
+
+def rows_to_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
+    """Rows as an Arrow table in :data:`MATRIX_SCHEMA`, sorted by (model_id, task, run_id)."""
+    ordered = sorted(rows, key=lambda r: (r["model_id"], r["task"], r["run_id"]))
+    return pa.Table.from_pylist(ordered, schema=MATRIX_SCHEMA)
+
+
+_VERSION_FIELDS = ("python", "torch", "transformers", "torch_neuronx", "neuronx_cc")
+
+
+def has_versions(stack: Stack) -> bool:
+    """Whether a recorded stack says anything about the versions that place it in the matrix."""
+    return any(getattr(stack, name) is not None for name in _VERSION_FIELDS)
+
+
+def writer_stack() -> Stack:
+    """Versions known to this process: the stack an EXCLUDED record (nothing ran) is filed under."""
+
+    def version(distribution: str) -> str | None:
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return None  # not installed here: the column stays null, which is the truth
+
+    return Stack.model_validate(
+        {
+            "python": platform.python_version(),
+            "torch": version("torch"),
+            "transformers": version("transformers"),
+            "torch_neuronx": version("torch-neuronx"),
+            "neuronx_cc": version("neuronx-cc"),
+            "origin": "writer",
+        }
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Dataset card
+
+
+@dataclass(frozen=True)
+class CardFile:
+    """One matrix file as the dataset card lists it."""
+
+    key: MatrixKey
+    path: str  # relative to the dataset root, e.g. data/<stem>.parquet
+    results: dict[str, int]  # result state -> rows
+
+
+def _cell(text: str) -> str:
+    """A Markdown table cell: pipes escaped, one line."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _type_name(data_type: pa.DataType) -> str:
+    return str(data_type)
+
+
+def column_table() -> str:
+    """The Markdown table of the matrix's columns (name, type, meaning), from :data:`COLUMNS`."""
+    lines = ["| column | type | meaning |", "| --- | --- | --- |"]
+    lines += [f"| `{c.name}` | {_type_name(c.type)} | {_cell(c.description)} |" for c in COLUMNS]
+    return "\n".join(lines)
+
+
+def render_card(files: list[CardFile]) -> str:
+    """The dataset card (README.md): HF YAML front matter listing every file, then the docs."""
+    files = sorted(files, key=lambda f: f.path)
+    configs: list[dict[str, Any]] = [
+        {
+            "config_name": "default",
+            "data_files": [{"split": "train", "path": "data/*.parquet"}],
+            "default": True,
+        }
+    ]
+    configs += [
+        {
+            "config_name": f.path.rsplit("/", 1)[-1].removesuffix(".parquet"),
+            "data_files": [{"split": "train", "path": f.path}],
+        }
+        for f in files
+    ]
+    card_data = DatasetCardData(
+        pretty_name="model-support: Hugging Face models on AWS Trainium",
+        license="apache-2.0",
+        tags=["trainium", "neuron", "torch-compile", "compatibility"],
+        configs=configs,
+    )
+    states = list(Result)
+    summary = [
+        "| file | compiler | compiler version | library | library version | rows | "
+        + " | ".join(states)
+        + " |"
+    ]
+    summary.append("| --- " * (6 + len(states)) + "|")
+    for f in files:
+        counts = " | ".join(str(f.results.get(state.value, 0)) for state in states)
+        summary.append(
+            f"| `{f.path}` | {_cell(f.key.compiler or UNKNOWN)} | {_cell(f.key.compiler_version or UNKNOWN)} | "
+            f"{f.key.library} | {_cell(f.key.library_version or UNKNOWN)} | {sum(f.results.values())} | {counts} |"
+        )
+    if not files:
+        summary.append("| (no results yet) |" + " |" * (5 + len(states)))
+
+    results = "\n".join(
+        f"- **{state.value}**: {meaning}" for state, meaning in RESULT_MEANINGS.items()
+    )
+    errors = "\n".join(
+        f"- `{cls.value}`: {meaning}" for cls, meaning in ERROR_CLASS_MEANINGS.items()
+    )
+    exclusions = "\n".join(
+        f"- `{reason.value}`: {meaning}" for reason, meaning in EXCLUSION_MEANINGS.items()
+    )
+    body = f"""
+# model-support: does this model run unmodified on AWS Trainium?
+
+Each row is the latest test of one Hugging Face Hub model (for one task) with one compiler
+version and one transformers version: whether it ran unmodified through TorchNeuron
+(`torch.compile(backend="neuron")`), on how many cores, how fast, with how much memory, and the
+exact `run.py` that reproduces it. Rows from other torch.compile backends (for example `inductor`
+on CPU) use the same format.
+
+This directory is a materialized view: the source of truth is the immutable run records under
+`records/`, and the files under `data/` (and this card) are regenerated from them.
+
+## Files
+
+One Parquet file per (compiler version, library version) pair; all share one schema.
+
+{chr(10).join(summary)}
+
+## Loading
+
+```python
+import pandas as pd
+
+matrix = pd.read_parquet("data")  # or a single file: pd.read_parquet("data/<file>.parquet")
+matrix[lambda d: d.model_id == "Qwen/Qwen3-0.6B"][
+    ["neuronx_cc", "library", "library_version", "neuron_cores", "result"]
+]
+```
+
+With the `datasets` library: `load_dataset("<repo>", "<config>")`, where the config is one
+file's name (without `.parquet`) or `default` for all of them.
+
+## Result states
+
+{results}
+
+## Error classes (`error_class`, for ERROR)
+
+{errors}
+
+## Exclusion reasons (`exclusion_reason`, for EXCLUDED)
+
+{exclusions}
+
+## Columns
+
+{column_table()}
+"""
+    return f"---\n{card_data.to_yaml()}\n---\n{body}"

@@ -1,0 +1,256 @@
+"""The matrix schema, record -> row conversion, file naming and the dataset card."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from datetime import UTC, datetime, timedelta, timezone
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from model_support.dataset import (
+    COLUMNS,
+    MATRIX_COLUMNS,
+    MATRIX_SCHEMA,
+    MatrixKey,
+    column_table,
+    matrix_file_stem,
+    matrix_key,
+    record_to_row,
+    rows_to_table,
+)
+from model_support.records import ResultDocument, RunRecord, Stack, Timings, Verification
+from model_support.vocabulary import ExclusionReason, Parallelism, Result
+
+NEURON_STACK = Stack(
+    python="3.11.7",
+    torch="2.13.0",
+    transformers="5.24.0",
+    torch_neuronx="2.13.0.1",
+    neuronx_cc="2.28.7631.0",
+    instance_type="trn2.48xlarge",
+)
+CPU_STACK = Stack(python="3.11.7", torch="2.13.0+cpu", transformers="5.24.0")
+FINISHED = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+
+
+def record(
+    backend: str | None = "neuron",
+    compile_backend: str | None = "neuron",
+    stack: Stack = NEURON_STACK,
+    result: Result = Result.PASS,
+    **document: object,
+) -> RunRecord:
+    """A record built through the real pydantic classes."""
+    fields: dict[str, object] = {
+        "model": "meta-llama/Llama-3.2-1B",
+        "task": "text-generation",
+        "backend": backend,
+        "compile_backend": compile_backend,
+        "dtype": "bfloat16",
+        "cores": 2,
+        "parallelism": Parallelism.TENSOR,
+        "result": result,
+        "timings": Timings(load_s=4.0, compile_s=80.0, wall_time_s=90.0, decode_tokens_per_s=55.5),
+        "text": ["first answer", "second answer"],
+        "prompts": ["one", "two"],
+        "verification": Verification(
+            passed=True,
+            exact=False,
+            error_ratio=0.9,
+            mismatches=1,
+            near_ties=1,
+            bad_tokens=0,
+            first_mismatch=12,
+            parameters={"max_error_ratio": 3.0},
+        ),
+        "stack": stack,
+        "packages": ["torch==2.13.0", "transformers==5.24.0"],
+        "finished_at": FINISHED,
+    }
+    fields.update(document)
+    return RunRecord(
+        run_id="20261102T090000000000Z-abcdef123456",
+        document=ResultDocument.model_validate(fields),
+        run_py="print('hi')\n",
+        source="operator",
+        labels={"sweep": "top-100"},
+    )
+
+
+def test_schema_is_derived_from_the_one_column_list() -> None:
+    assert MATRIX_SCHEMA.names == [c.name for c in COLUMNS] == list(MATRIX_COLUMNS)
+    assert len(set(MATRIX_COLUMNS)) == len(MATRIX_COLUMNS)
+    required = {
+        "model_id": pa.string(),
+        "neuronx_cc": pa.string(),
+        "neuron_cores": pa.int64(),
+        "wall_time_s": pa.float64(),
+        "peak_device_memory_bytes": pa.int64(),
+        "verified_exact": pa.bool_(),
+        "packages": pa.list_(pa.string()),
+        "finished_at": pa.timestamp("us", tz="UTC"),
+    }
+    for name, data_type in required.items():
+        assert MATRIX_SCHEMA.field(name).type == data_type, name
+    for name in (
+        "revision",
+        "resolved_revision",
+        "backend",
+        "compiler",
+        "compiler_version",
+        "library",
+        "library_version",
+        "torch",
+        "torch_neuronx",
+        "parallelism",
+        "dtype",
+        "compile_backend",
+        "result",
+        "error_class",
+        "error",
+        "exclusion_reason",
+        "compile_time_s",
+        "load_time_s",
+        "first_generate_s",
+        "steady_generate_s",
+        "decode_tokens_per_s",
+        "host_peak_rss_bytes",
+        "error_ratio",
+        "mismatches",
+        "near_ties",
+        "bad_tokens",
+        "first_mismatch",
+        "verification_reason",
+        "verification_json",
+        "text",
+        "stack",
+        "run_py",
+        "run_id",
+        "source",
+        "started_at",
+        "recorded_at",
+    ):
+        assert name in MATRIX_COLUMNS, name
+
+
+def test_neuron_row() -> None:
+    rec = record()
+    row = record_to_row(rec)
+    assert list(row) == list(MATRIX_COLUMNS)
+    assert (row["compiler"], row["compiler_version"], row["neuronx_cc"]) == (
+        "neuronx-cc",
+        "2.28.7631.0",
+        "2.28.7631.0",
+    )
+    assert (row["library"], row["library_version"], row["torch_neuronx"]) == (
+        "transformers",
+        "5.24.0",
+        "2.13.0.1",
+    )
+    assert (row["neuron_cores"], row["parallelism"], row["result"]) == (2, "tensor", "PASS")
+    assert (row["compile_time_s"], row["load_time_s"], row["first_generate_s"]) == (80.0, 4.0, None)
+    assert row["text"] == "first answer" and row["texts"] == ["first answer", "second answer"]
+    assert Verification.model_validate_json(row["verification_json"]) == rec.document.verification
+    assert Stack.model_validate_json(row["stack"]) == NEURON_STACK
+    assert json.loads(row["labels"]) == {"sweep": "top-100"}
+    assert (row["source"], row["run_py"], row["instance_type"]) == (
+        "operator",
+        "print('hi')\n",
+        "trn2.48xlarge",
+    )
+    # the row fits the schema exactly
+    assert rows_to_table([row]).schema.equals(MATRIX_SCHEMA)
+
+
+def test_cpu_and_custom_backend_placement() -> None:
+    cpu = record_to_row(record(backend="cpu", compile_backend=None, stack=CPU_STACK))
+    assert (cpu["compiler"], cpu["compiler_version"], cpu["neuronx_cc"]) == (
+        "inductor",
+        "2.13.0+cpu",
+        None,
+    )
+    custom = record_to_row(
+        record(backend="cpu", compile_backend="my_backends.fancy:compile", stack=CPU_STACK)
+    )
+    assert (custom["compiler"], custom["compiler_version"]) == (
+        "my_backends.fancy:compile",
+        "2.13.0+cpu",
+    )
+    # a CPU run on a machine that also has neuronx-cc installed is not a Trainium result
+    mixed = record_to_row(record(backend="cpu", compile_backend="aot_eager", stack=NEURON_STACK))
+    assert (mixed["compiler"], mixed["neuronx_cc"]) == ("aot_eager", None)
+    # nothing recorded about where it ran (an infrastructure ERROR before run.py started)
+    unknown = matrix_key(
+        record(backend=None, compile_backend=None, stack=Stack(), result=Result.ERROR)
+    )
+    assert unknown == MatrixKey(None, None, "transformers", None)
+    assert matrix_file_stem(unknown) == "unknown-unknown__transformers-unknown"
+
+
+def test_file_names_are_flat_safe_and_distinct() -> None:
+    neuron = matrix_key(record())
+    assert matrix_file_stem(neuron) == "neuronx-cc-2.28.7631.0__transformers-5.24.0"
+    keys = [
+        MatrixKey("my_backends.fancy:compile", "2.13.0+cpu", "transformers", "5.24.0"),
+        MatrixKey("my_backends.fancy/compile", "2.13.0+cpu", "transformers", "5.24.0"),
+        MatrixKey("inductor", "2.13.0+cpu", "transformers", "5.24.0"),
+        MatrixKey("inductor", "2.13.0_cpu", "transformers", "5.24.0"),
+        MatrixKey("a-b", "c", "transformers", "5.24.0"),
+    ]
+    stems = [matrix_file_stem(k) for k in keys]
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", s) for s in stems), stems
+    assert "=" not in "".join(stems) and "/" not in "".join(stems)
+    assert len(set(stems)) == len(stems)
+    # keys that only collide after joining are told apart when asked to
+    a, b = MatrixKey("a-b", "c", "transformers", "5"), MatrixKey("a", "b-c", "transformers", "5")
+    assert matrix_file_stem(a) == matrix_file_stem(b)
+    assert matrix_file_stem(a, disambiguate=True) != matrix_file_stem(b, disambiguate=True)
+
+
+def test_timestamps_are_utc() -> None:
+    naive = record(
+        finished_at=datetime(2026, 11, 2, 9, 0),
+        started_at=datetime(2026, 11, 2, 10, 0, tzinfo=timezone(timedelta(hours=2))),
+    )
+    row = record_to_row(naive)
+    assert row["finished_at"] == FINISHED and row["finished_at"].tzinfo == UTC
+    assert row["started_at"] == datetime(2026, 11, 2, 8, 0, tzinfo=UTC)
+
+
+def test_null_only_columns_keep_their_types_on_disk() -> None:
+    excluded = record(
+        backend=None,
+        compile_backend=None,
+        result=Result.EXCLUDED,
+        timings={},
+        verification={},
+        text=[],
+        finished_at=None,
+    ).model_copy(update={"exclusion_reason": ExclusionReason.TOO_LARGE})
+    buffer = io.BytesIO()
+    pq.write_table(rows_to_table([record_to_row(excluded)]), buffer)
+    buffer.seek(0)
+    table = pq.read_table(buffer)
+    assert table.schema.equals(MATRIX_SCHEMA)
+    assert table.column("wall_time_s").null_count == 1
+    assert table.column("verified_exact").type == pa.bool_()
+    assert table.column("exclusion_reason").to_pylist() == ["too-large"]
+
+
+def test_rows_are_checked_against_the_schema() -> None:
+    row = record_to_row(record())
+    row["neuron_cores"] = "two"
+    with pytest.raises((pa.ArrowInvalid, pa.ArrowTypeError)):
+        rows_to_table([row])
+
+
+def test_card_column_table_comes_from_the_column_list() -> None:
+    table = column_table()
+    for column in COLUMNS:
+        assert f"| `{column.name}` | {column.type} |" in table
+        assert column.description.replace("|", "\\|") in table
+    assert len(table.splitlines()) == len(COLUMNS) + 2

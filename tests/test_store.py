@@ -1,0 +1,456 @@
+"""The results store: immutable records, concurrent writers, and the materialized matrix."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import fsspec
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from huggingface_hub import DatasetCard
+
+from model_support.dataset import MATRIX_COLUMNS, MATRIX_SCHEMA
+from model_support.records import (
+    Memory,
+    ResultDocument,
+    RunRecord,
+    Stack,
+    Timings,
+    Verification,
+    new_run_id,
+)
+from model_support.store import (
+    CorruptRecord,
+    CorruptRecordWarning,
+    RecordExists,
+    RecordNotFound,
+    ResultsStore,
+)
+from model_support.vocabulary import ErrorClass, ExclusionReason, Parallelism, Result
+
+T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+
+NEURON_STACK = Stack(
+    python="3.11.7",
+    torch="2.13.0",
+    transformers="5.24.0",
+    accelerate="1.12.0",
+    huggingface_hub="2.4.0",
+    tokenizers="0.23.1",
+    safetensors="0.7.0",
+    torch_neuronx="2.13.0.1",
+    neuronx_cc="2.28.7631.0",
+    os="Linux-6.1-x86_64",
+    instance_type="trn2.48xlarge",
+    device_name="Trainium2",
+)
+CPU_STACK = Stack(
+    python="3.11.7",
+    torch="2.13.0",
+    transformers="5.24.0",
+    tokenizers="0.23.1",
+    safetensors="0.7.0",
+    os="Linux-6.1-x86_64",
+)
+NEURON_FILE = "neuronx-cc-2.28.7631.0__transformers-5.24.0.parquet"
+INDUCTOR_FILE = "inductor-2.13.0__transformers-5.24.0.parquet"
+
+
+def make_record(
+    model: str = "Qwen/Qwen3-0.6B",
+    result: Result = Result.PASS,
+    *,
+    neuron: bool = True,
+    finished: datetime = T0,
+    cores: int = 1,
+    stack: Stack | None = None,
+    transformers: str | None = None,
+    run_id: str | None = None,
+    exclusion: ExclusionReason | None = None,
+) -> RunRecord:
+    """A record as run.py + the CLI produce it, through the real pydantic classes."""
+    chosen = stack if stack is not None else NEURON_STACK if neuron else CPU_STACK
+    if transformers is not None:
+        chosen = chosen.model_copy(update={"transformers": transformers})
+    ran = result != Result.EXCLUDED
+    document = ResultDocument(
+        model=model,
+        revision="main",
+        resolved_revision="0123456789abcdef0123456789abcdef01234567" if ran else None,
+        task="text-generation",
+        backend=("neuron" if neuron else "cpu") if ran else None,
+        compile_backend=("neuron" if neuron else "inductor") if ran else None,
+        dtype="bfloat16",
+        cores=cores,
+        parallelism=Parallelism.TENSOR if cores > 1 else Parallelism.NONE,
+        max_new_tokens=32,
+        result=result,
+        error_class=ErrorClass.COMPILE if result == Result.ERROR else None,
+        error="neuronx-cc exited with status 70" if result == Result.ERROR else None,
+        stage="generate" if ran else None,
+        timings=Timings(
+            load_s=3.5,
+            first_generate_s=95.0,
+            steady_generate_s=1.25,
+            compile_s=93.75,
+            wall_time_s=99.8,
+            decode_tokens_per_s=76.8,
+        )
+        if ran
+        else Timings(),
+        memory=Memory(peak_device_memory_bytes=2_400_000_000, host_peak_rss_bytes=5_100_000_000)
+        if ran
+        else Memory(),
+        prompts=["def fibonacci(n):", "The capital of France is"],
+        text=["\n    if n < 2:\n        return n", " Paris."] if ran else [],
+        verification=Verification(
+            passed=result == Result.PASS,
+            exact=False,
+            error_ratio=1.02,
+            mismatches=2,
+            near_ties=2,
+            bad_tokens=0,
+            first_mismatch=17,
+            reason="2 near-ties",
+        )
+        if ran
+        else Verification(),
+        stack=chosen if ran else (stack or Stack()),
+        packages=["torch==2.13.0", f"transformers=={chosen.transformers}"] if ran else [],
+        started_at=finished - timedelta(seconds=120) if ran else None,
+        finished_at=finished if ran else None,
+    )
+    return RunRecord(
+        run_id=run_id or new_run_id(model),
+        document=document,
+        run_py="# run.py\nCONFIG = {}\n",
+        source="cli",
+        exclusion_reason=exclusion,
+        recorded_at=finished + timedelta(seconds=1),
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ResultsStore:
+    return ResultsStore(tmp_path / "results")
+
+
+def test_round_trip(store: ResultsStore) -> None:
+    record = make_record()
+    path = store.add(record)
+    assert path == str(Path(store.root) / "records" / f"{record.run_id}.json")
+    assert store.get(record.run_id) == record
+    assert list(store.records()) == [record]
+
+
+def test_a_record_is_never_overwritten(store: ResultsStore) -> None:
+    record = make_record()
+    store.add(record)
+    changed = make_record(result=Result.FAIL, run_id=record.run_id)
+    with pytest.raises(RecordExists, match=record.run_id):
+        store.add(changed)
+    assert store.get(record.run_id).document.result == Result.PASS
+    assert [p.name for p in (Path(store.root) / "records").iterdir()] == [f"{record.run_id}.json"]
+
+
+def test_unknown_run_id_and_unsafe_run_id(store: ResultsStore) -> None:
+    with pytest.raises(RecordNotFound, match="nope"):
+        store.get("nope")
+    with pytest.raises(ValueError, match="cannot name a record file"):
+        store.add(make_record(run_id="../escape"))
+
+
+def _write_one(root: str, index: int, barrier: multiprocessing.synchronize.Barrier) -> None:
+    record = make_record(model=f"org/model-{index:02d}", finished=T0 + timedelta(minutes=index))
+    barrier.wait()  # all 16 processes write at the same moment
+    ResultsStore(root).add(record)
+
+
+def _add_same_id(
+    root: str,
+    run_id: str,
+    model: str,
+    barrier: multiprocessing.synchronize.Barrier,
+    outcome: multiprocessing.Queue,
+) -> None:
+    barrier.wait()
+    try:
+        ResultsStore(root).add(make_record(model=model, run_id=run_id))
+        outcome.put("added")
+    except RecordExists:
+        outcome.put("exists")
+
+
+def test_sixteen_concurrent_writer_processes_lose_nothing(store: ResultsStore) -> None:
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(16)
+    workers = [context.Process(target=_write_one, args=(store.uri, i, barrier)) for i in range(16)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert [w.exitcode for w in workers] == [0] * 16
+    store.materialize()
+    matrix = store.matrix()
+    assert sorted(matrix.model_id) == [f"org/model-{i:02d}" for i in range(16)]
+
+
+def test_racing_writers_of_one_run_id_exactly_one_wins(store: ResultsStore) -> None:
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(4)
+    outcome: multiprocessing.Queue = context.Queue()
+    run_id = new_run_id("x")
+    workers = [
+        context.Process(
+            target=_add_same_id, args=(store.uri, run_id, f"org/m{i}", barrier, outcome)
+        )
+        for i in range(4)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert sorted(outcome.get(timeout=5) for _ in workers) == [
+        "added",
+        "exists",
+        "exists",
+        "exists",
+    ]
+    assert store.get(run_id).document.model.startswith("org/m")
+    assert len(list(store.records())) == 1
+
+
+def test_latest_record_per_model_wins(store: ResultsStore) -> None:
+    old_pass = make_record("org/a", Result.PASS, finished=T0)
+    new_fail = make_record("org/a", Result.FAIL, finished=T0 + timedelta(hours=1))
+    other = make_record("org/b", Result.ERROR, finished=T0 - timedelta(days=1))
+    # the same finish time: the larger run id is the later one
+    tie_low = make_record("org/c", Result.PASS, finished=T0, run_id="20261102T090000000000Z-aaaa")
+    tie_high = make_record("org/c", Result.FAIL, finished=T0, run_id="20261102T090000000000Z-bbbb")
+    for record in (new_fail, tie_high, old_pass, other, tie_low):
+        store.add(record)
+    store.materialize()
+    matrix = store.matrix().set_index("model_id")
+    assert matrix.loc["org/a", "result"] == "FAIL"
+    assert matrix.loc["org/a", "run_id"] == new_fail.run_id
+    assert matrix.loc["org/b", "result"] == "ERROR"
+    assert matrix.loc["org/c", "run_id"] == "20261102T090000000000Z-bbbb"
+    assert len(matrix) == 3
+
+
+def test_one_file_per_compiler_and_library_version(store: ResultsStore) -> None:
+    store.add(make_record("org/a", neuron=True))
+    store.add(
+        make_record("org/a", neuron=True, transformers="5.25.0", finished=T0 + timedelta(hours=1))
+    )
+    store.add(make_record("org/a", neuron=False))
+    store.add(make_record("org/b", neuron=False))
+    written = store.materialize()
+    names = sorted(p.name for p in (Path(store.root) / "data").iterdir())
+    assert names == sorted(
+        [INDUCTOR_FILE, NEURON_FILE, "neuronx-cc-2.28.7631.0__transformers-5.25.0.parquet"]
+    )
+    assert sorted(Path(p).name for p in written) == sorted([*names, "README.md"])
+    by_name = {Path(f.path).name: f for f in store.matrix_files()}
+    assert (by_name[NEURON_FILE].compiler, by_name[NEURON_FILE].compiler_version) == (
+        "neuronx-cc",
+        "2.28.7631.0",
+    )
+    assert (by_name[INDUCTOR_FILE].compiler, by_name[INDUCTOR_FILE].compiler_version) == (
+        "inductor",
+        "2.13.0",
+    )
+    assert {f.library_version for f in by_name.values()} == {"5.24.0", "5.25.0"}
+    # org/a appears once per pair: the 5.24 neuron result is not hidden by the later 5.25 one
+    assert sorted(pd.read_parquet(by_name[NEURON_FILE].path).model_id) == ["org/a"]
+    assert sorted(pd.read_parquet(by_name[INDUCTOR_FILE].path).model_id) == ["org/a", "org/b"]
+    for path in by_name:
+        assert pq.read_schema(Path(store.root) / "data" / path).equals(MATRIX_SCHEMA)
+
+
+def test_the_documented_pandas_query_works_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = ResultsStore("results")
+    X = "Qwen/Qwen3-0.6B"
+    store.add(make_record(X, cores=2))
+    store.add(make_record(X, neuron=False))
+    store.add(make_record("org/other", neuron=False, result=Result.ERROR))
+    store.materialize()
+    answer = pd.read_parquet("results/data")[lambda d: d.model_id == X][
+        ["neuronx_cc", "library", "library_version", "neuron_cores", "result"]
+    ]
+    # pandas 3 shows a null string as NaN: compare with None in its place
+    plain = answer.astype(object).where(answer.notna(), None)
+    rows = sorted(plain.itertuples(index=False), key=lambda r: str(r.neuronx_cc))
+    assert [tuple(r) for r in rows] == [
+        ("2.28.7631.0", "transformers", "5.24.0", 2, "PASS"),
+        (None, "transformers", "5.24.0", 1, "PASS"),
+    ]
+    # no hive partition columns sneak in, and every column keeps its type across files
+    full = pd.read_parquet("results/data")
+    assert list(full.columns) == list(MATRIX_COLUMNS)
+    assert str(full.neuron_cores.dtype) == "int64"
+
+
+def test_excluded_records_land_in_a_matrix_file(store: ResultsStore) -> None:
+    excluded = make_record("org/huge", Result.EXCLUDED, exclusion=ExclusionReason.TOO_LARGE)
+    store.add(excluded)
+    stored = store.get(excluded.run_id)
+    assert stored.document.stack.transformers is not None  # the writer's versions
+    assert stored.document.stack.model_extra == {"origin": "writer"}
+    store.materialize()
+    row = store.matrix().iloc[0]
+    assert (row.result, row.exclusion_reason) == ("EXCLUDED", "too-large")
+    assert row.library_version == stored.document.stack.transformers
+    # with a stack given (planned against known versions), that stack is kept as is
+    planned = make_record(
+        "org/huge2",
+        Result.EXCLUDED,
+        stack=NEURON_STACK,
+        exclusion=ExclusionReason.REMOTE_CODE_REQUIRED,
+    )
+    store.add(planned)
+    assert store.get(planned.run_id) == planned
+
+
+def test_excluded_records_use_the_writers_declared_stack(tmp_path: Path) -> None:
+    # the operator plans for the runner image, not for its own environment
+    store = ResultsStore(tmp_path / "results", fallback_stack=NEURON_STACK)
+    store.add(make_record("org/huge", Result.EXCLUDED, exclusion=ExclusionReason.TOO_LARGE))
+    store.add(make_record("org/small", Result.PASS))
+    store.materialize()
+    assert [Path(f.path).name for f in store.matrix_files()] == [NEURON_FILE]
+    assert sorted(store.matrix().result) == ["EXCLUDED", "PASS"]
+
+
+def test_materialize_is_idempotent_and_rebuilds_from_records(store: ResultsStore) -> None:
+    for i in range(5):
+        store.add(make_record(f"org/m{i}", neuron=i % 2 == 0, result=list(Result)[i]))
+    store.materialize()
+    data = Path(store.root) / "data"
+    first = {p.name: p.read_bytes() for p in data.iterdir()}
+    card = (Path(store.root) / "README.md").read_bytes()
+    store.materialize()
+    assert {p.name: p.read_bytes() for p in data.iterdir()} == first
+    for path in data.iterdir():
+        path.unlink()
+    data.rmdir()
+    (Path(store.root) / "README.md").unlink()
+    store.materialize()
+    assert {p.name: p.read_bytes() for p in data.iterdir()} == first
+    assert (Path(store.root) / "README.md").read_bytes() == card
+
+
+def test_stale_matrix_files_are_removed(store: ResultsStore) -> None:
+    record = make_record("org/a", neuron=False)
+    store.add(record)
+    store.materialize()
+    assert [f.compiler for f in store.matrix_files()] == ["inductor"]
+    (Path(store.root) / "records" / f"{record.run_id}.json").unlink()  # e.g. a record moved out
+    store.add(make_record("org/a", neuron=True))
+    store.materialize()
+    assert [Path(f.path).name for f in store.matrix_files()] == [NEURON_FILE]
+
+
+def test_a_failed_materialize_leaves_the_previous_matrix(store: ResultsStore) -> None:
+    store.add(make_record("org/a", neuron=True))
+    store.materialize()
+    data = Path(store.root) / "data"
+    before = (data / NEURON_FILE).read_bytes()
+    card_before = (Path(store.root) / "README.md").read_bytes()
+    # New results for both files; the first file to be written ("aot_eager..." sorts first) has a
+    # directory in its place, so replacing it fails for real (os.replace onto a directory).
+    store.add(
+        make_record("org/a", neuron=True, result=Result.FAIL, finished=T0 + timedelta(hours=1))
+    )
+    aot = make_record("org/b", neuron=False).document.model_copy(
+        update={"compile_backend": "aot_eager"}
+    )
+    store.add(make_record("org/b", neuron=False).model_copy(update={"document": aot}))
+    blocker = data / "aot_eager-2.13.0__transformers-5.24.0.parquet"
+    blocker.mkdir()
+    (blocker / "keep").write_text("x")
+    with pytest.raises(OSError):
+        store.materialize()
+    assert (data / NEURON_FILE).read_bytes() == before
+    assert pd.read_parquet(data / NEURON_FILE).result.tolist() == ["PASS"]
+    assert (Path(store.root) / "README.md").read_bytes() == card_before
+    assert not [p for p in data.iterdir() if p.name.startswith(".")], "temporary files left behind"
+    (blocker / "keep").unlink()
+    blocker.rmdir()
+    store.materialize()
+    assert pd.read_parquet(data / NEURON_FILE).result.tolist() == ["FAIL"]
+    assert sorted(store.matrix().model_id) == ["org/a", "org/b"]
+
+
+def test_card_lists_every_data_file(store: ResultsStore) -> None:
+    store.add(make_record("org/a", neuron=True))
+    store.add(make_record("org/b", neuron=False, result=Result.ERROR))
+    store.materialize()
+    text = (Path(store.root) / "README.md").read_text()
+    front = yaml.safe_load(text.split("---\n")[1])
+    configs = {c["config_name"]: c["data_files"] for c in front["configs"]}
+    assert configs["default"] == [{"split": "train", "path": "data/*.parquet"}]
+    listed = sorted(files[0]["path"] for name, files in configs.items() if name != "default")
+    assert listed == sorted(f"data/{p.name}" for p in (Path(store.root) / "data").iterdir())
+    # the Hub's own parser reads the same configs
+    assert len(DatasetCard(text).data.to_dict()["configs"]) == 3
+    for state in Result:
+        assert f"**{state.value}**" in text
+    assert "`compile`" in text and "`too-large`" in text
+    for column in MATRIX_COLUMNS:
+        assert f"| `{column}` |" in text
+
+
+def test_memory_filesystem(tmp_path: Path) -> None:
+    uri = f"memory://results-{uuid.uuid4().hex}"
+    store = ResultsStore(uri)
+    record = make_record("org/a")
+    path = store.add(record)
+    assert path.startswith("memory://")
+    with pytest.raises(RecordExists):
+        store.add(record)
+    assert store.get(record.run_id) == record
+    store.add(make_record("org/b", neuron=False))
+    written = store.materialize()
+    assert all(p.startswith("memory://") for p in written)
+    assert sorted(store.matrix(columns=["model_id", "result"]).model_id) == ["org/a", "org/b"]
+    passing = store.matrix(filters=[("compiler", "==", "neuronx-cc")])
+    assert passing.model_id.tolist() == ["org/a"]
+    with fsspec.open(f"{uri}/README.md", "rt") as handle:
+        assert "configs:" in handle.read()
+    fsspec.filesystem("memory").rm(store.root, recursive=True)
+
+
+def test_corrupt_record_is_named(store: ResultsStore) -> None:
+    good = make_record("org/a")
+    store.add(good)
+    bad = Path(store.root) / "records" / "20261102T000000000000Z-broken.json"
+    bad.write_text('{"run_id": "20261102T000000000000Z-broken", "document": {"model": "x"')
+    with pytest.raises(CorruptRecord, match=r"20261102T000000000000Z-broken\.json"):
+        list(store.records())
+    with pytest.raises(CorruptRecord):
+        store.materialize()
+    with pytest.warns(CorruptRecordWarning, match=r"broken\.json"):
+        assert list(store.records(strict=False)) == [good]
+    # a valid record under someone else's name is corrupt too
+    bad.write_text(good.model_copy(update={"run_id": "other"}).to_json())
+    with pytest.raises(CorruptRecord, match="named for"):
+        store.get("20261102T000000000000Z-broken")
+
+
+def test_empty_store_and_unknown_columns(store: ResultsStore) -> None:
+    assert list(store.records()) == []
+    empty = store.matrix(columns=["model_id", "neuron_cores"])
+    assert list(empty.columns) == ["model_id", "neuron_cores"] and empty.empty
+    with pytest.raises(ValueError, match="unknown matrix column"):
+        store.matrix(columns=["modelid"])
+    assert store.materialize() == [os.path.join(store.root, "README.md")]
