@@ -124,19 +124,20 @@ class ResultDocument(BaseModel):
     cores: int = 1
     parallelism: Parallelism = Parallelism.NONE
     max_new_tokens: int | None = None
+    parameters: int | None = Field(None, description="Total parameter count of the model as loaded.")
     result: Result
     error_class: ErrorClass | None = None
     error: str | None = None
     traceback: str | None = None
     stage: str | None = Field(None, description="Last stage reached.")
-    timings: Timings = Field(default_factory=Timings)
-    memory: Memory = Field(default_factory=Memory)
+    timings: Timings = Field(default_factory=lambda: Timings())
+    memory: Memory = Field(default_factory=lambda: Memory())
     prompts: list[str] = Field(default_factory=list)
     tokens: list[list[int]] = Field(default_factory=list)
     text: list[str] = Field(default_factory=list)
-    verification: Verification = Field(default_factory=Verification)
+    verification: Verification = Field(default_factory=lambda: Verification())
     judge: dict[str, Any] | None = None
-    stack: Stack = Field(default_factory=Stack)
+    stack: Stack = Field(default_factory=lambda: Stack())
     packages: list[str] = Field(
         default_factory=list, description="Every installed distribution as name==version."
     )

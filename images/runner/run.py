@@ -567,6 +567,7 @@ def run_test(ctx: RunContext) -> dict:
         synchronize(ctx.backend)
         timings["load_s"] = time.perf_counter() - t0
         doc["resolved_revision"] = getattr(model.config, "_commit_hash", None)
+        doc["parameters"] = sum(p.numel() for p in model.parameters())
         inputs = build_inputs(config, processor, config["prompts"]).to(ctx.device)
         pad_token_id = tokenizer_of(processor).pad_token_id
 
@@ -634,6 +635,7 @@ def new_document(config: dict) -> dict:
         "cores": int(config["cores"]),
         "parallelism": config["parallelism"],
         "max_new_tokens": int(config["max_new_tokens"]),
+        "parameters": None,
         "result": "ERROR",
         "error_class": None,
         "error": None,

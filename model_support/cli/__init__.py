@@ -13,3 +13,7 @@ app = typer.Typer(
 
 # Command modules register themselves on `app` when imported.
 from model_support.cli import commands_run  # noqa: E402,F401
+from model_support.cli import commands_demo  # noqa: E402,F401
+from model_support.cli import commands_viewer  # noqa: E402
+
+commands_viewer.register(app)

@@ -1,0 +1,80 @@
+"""`model-support viewer`: start the Streamlit viewer on a results location."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+import model_support
+
+DEFAULT_RESULTS = "results"
+RESULTS_ENV = "MODEL_SUPPORT_RESULTS"
+HUB_ENDPOINT_ENV = "MODEL_SUPPORT_HUB_ENDPOINT"
+
+
+def app_path() -> Path:
+    """The Streamlit script of the viewer (viewer/app.py, installed as model_support.viewer)."""
+    import model_support.viewer
+
+    return Path(model_support.viewer.__file__).with_name("app.py")
+
+
+def viewer_command(results: str, port: int | None, headless: bool) -> list[str]:
+    """The `streamlit run` command line for ``results`` (passed as a script argument)."""
+    command = [sys.executable, "-m", "streamlit", "run", str(app_path())]
+    if port is not None:
+        command += ["--server.port", str(port)]
+    if headless:
+        command += ["--server.headless", "true"]
+    command += ["--browser.gatherUsageStats", "false", "--", "--results", results]
+    return command
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `viewer` command to the CLI."""
+
+    @app.command("viewer")
+    def viewer(
+        results: Annotated[
+            str,
+            typer.Option(
+                "--results",
+                envvar=RESULTS_ENV,
+                help="Results location: a local directory or an fsspec URL such as hf://datasets/org/name.",
+            ),
+        ] = DEFAULT_RESULTS,
+        port: Annotated[
+            int | None,
+            typer.Option(
+                "--port", min=1, max=65535, help="Port to serve on (Streamlit's default: 8501)."
+            ),
+        ] = None,
+        hub_endpoint: Annotated[
+            str | None,
+            typer.Option(
+                "--hub-endpoint",
+                envvar=HUB_ENDPOINT_ENV,
+                help="Hub endpoint for the rankings (default: the Hub).",
+            ),
+        ] = None,
+        headless: Annotated[bool, typer.Option(help="Do not open a browser.")] = False,
+    ) -> None:
+        """Browse results in the Streamlit viewer (selected, trending, downloads, triage, compare, charts)."""
+        if "://" not in results and not Path(results).is_dir():
+            raise typer.BadParameter(
+                f"{results} is not a directory; pass --results with a results directory (or an "
+                "fsspec URL such as hf://datasets/org/name)",
+                param_hint="--results",
+            )
+        env = dict(os.environ)
+        env[RESULTS_ENV] = results
+        if hub_endpoint:
+            env[HUB_ENDPOINT_ENV] = hub_endpoint
+        command = viewer_command(results, port, headless)
+        typer.echo(f"model-support {model_support.__version__}: viewer on {results}")
+        raise typer.Exit(subprocess.call(command, env=env))

@@ -1,0 +1,224 @@
+"""The viewer page through streamlit.testing.v1.AppTest, on a dataset made by the real store."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+from viewer_support import NEW_CC, OLD_CC, TRANSFORMERS
+
+from model_support.rankings import get_ranking
+
+APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
+
+
+@pytest.fixture
+def page(dataset: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str):
+    """An AppTest on the shared dataset, Hub unreachable unless a test points it elsewhere."""
+    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(dataset))
+    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", dead_hub)
+    return AppTest.from_file(APP, default_timeout=30)
+
+
+def table(at: AppTest, index: int = 0):
+    return at.dataframe[index].value
+
+
+def codes(at: AppTest) -> str:
+    return "\n".join(c.value for c in at.code)
+
+
+def test_selected_view_lists_the_curated_models(page: AppTest) -> None:
+    page.run()
+    assert not page.exception
+    rows = table(page).set_index("model")
+    assert list(rows.index) == [
+        "Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B", "meta-llama/Llama-3.2-1B",
+        "llava-hf/llava-1.5-7b-hf", "openai/gpt-oss-120b", "someone/not-yet-run",
+    ]  # fmt: skip
+    assert rows.loc["Qwen/Qwen3-1.7B", "result"] == "ERROR"
+    assert rows.loc["Qwen/Qwen3-1.7B", "why"] == "compile"
+    assert rows.loc["Qwen/Qwen3-0.6B", "cores"] == 1
+    assert rows.loc["Qwen/Qwen3-0.6B", "wall time (s)"] == 123.4
+    assert rows.loc["Qwen/Qwen3-0.6B", "peak device memory (GiB)"] == 3.0
+    assert rows.loc["openai/gpt-oss-120b", "result"] == "EXCLUDED"
+    assert "MXFP4" in rows.loc["openai/gpt-oss-120b", "why"]
+    assert rows.loc["someone/not-yet-run", "result"] == "not tested"
+    # The newest compiler is the default, and the page writes its state into the URL.
+    assert page.selectbox(key="compiler").value == f"neuronx-cc {NEW_CC}"
+    assert page.query_params["view"] == "selected"
+    assert page.query_params["compiler"] == NEW_CC
+    assert page.query_params["library"] == TRANSFORMERS
+
+
+def test_compiler_selector_switches_the_stack(page: AppTest) -> None:
+    page.run()
+    assert page.selectbox(key="compiler").options == [
+        f"neuronx-cc {NEW_CC}",
+        f"neuronx-cc {OLD_CC}",
+    ]
+    assert page.selectbox(key="library").options == [f"transformers {TRANSFORMERS}"]
+    page.selectbox(key="compiler").select(f"neuronx-cc {OLD_CC}").run()
+    rows = table(page).set_index("model")
+    assert rows.loc["Qwen/Qwen3-1.7B", "result"] == "PASS"
+    assert rows.loc["meta-llama/Llama-3.2-1B", "result"] == "FAIL"
+    assert page.query_params["compiler"] == OLD_CC
+
+
+def test_search_narrows_all_results(page: AppTest) -> None:
+    page.query_params["view"] = "all"
+    page.run()
+    assert len(table(page)) == 7
+    page.text_input(key="q").input("QWEN").run()
+    assert sorted(table(page)["model"]) == ["Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B"]
+    assert page.query_params["q"] == "QWEN"
+    page.selectbox(key="task").select("image-text-to-text")
+    page.text_input(key="q").input("").run()
+    assert list(table(page)["model"]) == ["llava-hf/llava-1.5-7b-hf"]
+    assert list(table(page)["result"]) == ["TIMEOUT"]
+
+
+def test_deep_link_opens_the_model_details(page: AppTest) -> None:
+    page.query_params["model"] = "Qwen/Qwen3-1.7B"
+    page.run()
+    assert not page.exception
+    assert page.selectbox(key="model").value == "Qwen/Qwen3-1.7B"
+    text = codes(page)
+    assert "exceeds SBUF" in text  # the error
+    assert "# model-support run.py for Qwen/Qwen3-1.7B" in text  # the run.py
+    assert "python3 run.py" in text
+    assert (
+        f"hf buckets sync hf://buckets/aws-neuron/torch-neuronx-neff-cache/neuronxcc-{NEW_CC} /tmp/neff_cache"
+        in text
+    )
+    assert "torch-neuronx==2.13.0" in text  # packages to install
+    labels = [b.proto.label for b in page.get("download_button")]
+    assert "Download run.py" in labels and "Download requirements.txt" in labels
+    stacks = [j.value for j in page.json]
+    assert any(f'"neuronx_cc": "{NEW_CC}"' in s for s in stacks)
+    assert page.query_params["model"] == "Qwen/Qwen3-1.7B"
+
+
+def test_deep_link_with_view_and_versions(page: AppTest) -> None:
+    page.query_params.update(
+        view="all", compiler=OLD_CC, library=TRANSFORMERS, model="meta-llama/Llama-3.2-1B"
+    )
+    page.run()
+    assert page.radio(key="view").value == "All results"
+    assert page.selectbox(key="compiler").value == f"neuronx-cc {OLD_CC}"
+    assert any("3 bad tokens" in m.value for m in page.markdown)
+    details = page.dataframe[1].value  # the verification figures
+    assert details.loc[0, "bad tokens"] == 3
+
+
+def test_model_without_a_result_on_the_stack_says_where_it_has_one(page: AppTest) -> None:
+    page.query_params["model"] = "someone/not-yet-run"
+    page.run()
+    assert any("has no result" in i.value for i in page.info)
+
+
+def test_trending_view_marks_untested_and_excluded(
+    page: AppTest, hub: str, dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy = tmp_path / "results"
+    shutil.copytree(dataset, copy)
+    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(copy))
+    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", hub)
+    page.query_params["view"] = "trending"
+    page.run()
+    assert not page.exception
+    text_gen = table(page, 0).set_index("model")
+    assert list(text_gen.index)[:2] == ["brand/new-model", "deepseek-ai/DeepSeek-V3"]
+    assert text_gen.loc["brand/new-model", "result"] == "not tested"
+    assert text_gen.loc["deepseek-ai/DeepSeek-V3", "result"] == "EXCLUDED"
+    assert text_gen.loc["deepseek-ai/DeepSeek-V3", "why"] == "too-large"
+    assert text_gen.loc["Qwen/Qwen3-1.7B", "result"] == "ERROR"
+    assert "downloads" not in text_gen.columns
+    vision = table(page, 1).set_index("model")
+    assert vision.loc["llava-hf/llava-1.5-7b-hf", "result"] == "TIMEOUT"
+    assert vision.loc["some/vision-model", "result"] == "not tested"
+    # The live ranking was stored with the dataset for offline use.
+    assert (copy / "rankings" / "text-generation-trending_score.json").is_file()
+
+
+def test_downloads_view_offline_uses_the_stored_ranking(
+    page: AppTest, hub: str, dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy = tmp_path / "results"
+    shutil.copytree(dataset, copy)
+    get_ranking(str(copy), "text-generation", "downloads", endpoint=hub)  # an earlier live fetch
+    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(copy))
+    page.query_params.update(view="downloads", task="text-generation")
+    page.run()
+    assert any("stored with the dataset" in w.value and "old" in w.value for w in page.warning)
+    rows = table(page)
+    assert list(rows["model"])[:2] == ["Qwen/Qwen3-0.6B", "meta-llama/Llama-3.2-1B"]
+    assert "downloads" in rows.columns
+
+
+def test_ranking_without_hub_or_snapshot_says_so(page: AppTest) -> None:
+    page.query_params["view"] = "downloads"
+    page.run()
+    warnings = [w.value for w in page.warning]
+    assert len(warnings) == 2 and all(
+        "could not be reached" in w and "no stored ranking" in w for w in warnings
+    )
+
+
+def test_triage_groups_the_same_failure_across_models(page: AppTest) -> None:
+    page.query_params["view"] = "triage"
+    page.run()
+    groups = table(page)
+    assert groups.loc[0, "count"] == 3
+    assert (
+        groups.loc[0, "signature"]
+        == "neuronx-cc failed: tensor <name> of shape <n>x<n> exceeds SBUF at <hex> (<path>)"
+    )
+    assert (
+        groups.loc[0, "models"]
+        == "Qwen/Qwen3-1.7B, google/gemma-3-1b-it, mistralai/Mistral-7B-v0.3"
+    )
+    assert page.selectbox(key="model").options == [
+        "Qwen/Qwen3-1.7B",
+        "google/gemma-3-1b-it",
+        "mistralai/Mistral-7B-v0.3",
+    ]
+
+
+def test_compare_shows_regressions_and_fixes(page: AppTest) -> None:
+    page.query_params["view"] = "compare"
+    page.run()
+    assert page.selectbox(key="before").value.startswith(f"neuronx-cc {OLD_CC}")
+    assert page.selectbox(key="after").value.startswith(f"neuronx-cc {NEW_CC}")
+    changes = table(page).set_index("model")
+    assert changes.loc["Qwen/Qwen3-1.7B", "change"] == "regression"
+    assert changes.loc["meta-llama/Llama-3.2-1B", "change"] == "fix"
+    assert "Qwen/Qwen3-0.6B" not in changes.index  # unchanged models hidden by default
+    page.checkbox(key="show-same").check().run()
+    everything = table(page).set_index("model")
+    assert everything.loc["Qwen/Qwen3-0.6B", "change"] == "same"
+    assert everything.loc["google/gemma-3-1b-it", "change"] == "same"  # ERROR both times
+
+
+def test_charts_show_pass_rate_and_say_why_the_scatter_is_missing(page: AppTest) -> None:
+    page.query_params["view"] = "charts"
+    page.run()
+    assert not page.exception
+    charts = page.get("vega_lite_chart")
+    assert len(charts) == 1
+    spec = charts[0].proto.spec
+    assert "pass_rate" in spec and f"neuronx-cc {NEW_CC}" in str(charts[0].proto)
+    assert any("`parameters` column" in i.value for i in page.info)
+
+
+def test_empty_results_location_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str
+) -> None:
+    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(tmp_path))
+    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", dead_hub)
+    at = AppTest.from_file(APP, default_timeout=30).run()
+    assert not at.exception
+    assert any("No results yet" in i.value for i in at.sidebar.info)
+    assert any("No selected list" in i.value for i in at.info)

@@ -1,0 +1,105 @@
+"""One real browser (Debian chromium via playwright) against `streamlit run` on a test dataset."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, sync_playwright
+from viewer_support import free_port
+
+from model_support.cli.commands_viewer import viewer_command
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+READY = '[data-testid="stApp"][data-test-script-state="notRunning"]'
+TABLE = '[data-testid="stDataFrame"] canvas'
+
+
+@pytest.fixture
+def server(dataset: Path, dead_hub: str) -> Iterator[str]:
+    """`streamlit run` of the viewer (the CLI's command line) on a free port."""
+    port = free_port()
+    env = {**os.environ, "MODEL_SUPPORT_HUB_ENDPOINT": dead_hub}
+    process = subprocess.Popen(
+        viewer_command(str(dataset), port, headless=True),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    output = process.stdout.read().decode() if process.stdout else ""
+                    raise RuntimeError(f"streamlit did not start: {output}") from None
+                time.sleep(0.3)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+def wait_ready(page: Page) -> None:
+    page.wait_for_selector(TABLE, timeout=60_000)
+    page.wait_for_selector(READY, timeout=60_000)
+
+
+def row_count(page: Page) -> int:
+    """Rows in the first table (the grid's aria-rowcount counts the header row too)."""
+    return (
+        int(
+            page.locator('[data-testid="stDataFrame"] [aria-rowcount]').first.get_attribute(
+                "aria-rowcount"
+            )
+            or 0
+        )
+        - 1
+    )
+
+
+def test_page_search_details_and_screenshot(server: str) -> None:
+    assert Path(CHROMIUM).exists(), "install Debian chromium: apt-get install -y chromium"
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            page.goto(f"{server}/?view=all")
+            wait_ready(page)
+            assert row_count(page) == 7
+            search = page.get_by_label("Search models")
+            search.fill("qwen")
+            search.press("Enter")
+            page.wait_for_function(
+                "() => document.querySelector('[data-testid=\"stDataFrame\"] [aria-rowcount]')?.getAttribute('aria-rowcount') === '3'",
+                timeout=30_000,
+            )
+            wait_ready(page)
+            assert row_count(page) == 2
+            assert "q=qwen" in page.url  # the state is written back into the URL
+            page.goto(f"{server}/?view=all&q=qwen&model=Qwen/Qwen3-1.7B")
+            wait_ready(page)
+            page.get_by_text("# model-support run.py for Qwen/Qwen3-1.7B").first.wait_for(
+                timeout=30_000
+            )
+            assert page.get_by_text("python3 run.py").count() >= 1
+            page.get_by_text("Download run.py").first.wait_for()
+            page.screenshot(path=str(ARTIFACTS / "viewer.png"), full_page=True)
+        finally:
+            browser.close()
+    assert (ARTIFACTS / "viewer.png").stat().st_size > 10_000

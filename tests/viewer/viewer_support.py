@@ -1,0 +1,215 @@
+"""The viewer tests' data: a results dataset built through the real record and store code, a
+stand-in Hub (tests/hubserver.py) listing models, and their fixtures (re-exported by conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import streamlit as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared hubserver module
+from hubserver import HubServer, Repo
+
+from model_support.records import (
+    Memory,
+    ResultDocument,
+    RunRecord,
+    Stack,
+    Timings,
+    Verification,
+    new_run_id,
+)
+from model_support.store import ResultsStore
+from model_support.vocabulary import ErrorClass, ExclusionReason, Result
+
+OLD_CC, NEW_CC = "2.27.100.0", "2.28.7631.0"
+TRANSFORMERS = "5.24.0"
+START = datetime(2026, 10, 1, 12, 0, tzinfo=UTC)
+
+# (model, task, result on the old compiler, result on the new compiler)
+MODELS: list[tuple[str, str, str, str]] = [
+    ("Qwen/Qwen3-0.6B", "text-generation", "PASS", "PASS"),
+    ("Qwen/Qwen3-1.7B", "text-generation", "PASS", "ERROR"),  # regression
+    ("meta-llama/Llama-3.2-1B", "text-generation", "FAIL", "PASS"),  # fix
+    ("google/gemma-3-1b-it", "text-generation", "ERROR", "ERROR"),
+    ("mistralai/Mistral-7B-v0.3", "text-generation", "ERROR", "ERROR"),
+    ("deepseek-ai/DeepSeek-V3", "text-generation", "EXCLUDED", "EXCLUDED"),
+    ("llava-hf/llava-1.5-7b-hf", "image-text-to-text", "PASS", "TIMEOUT"),
+]
+
+# Errors that differ only in numbers, addresses, paths and names: triage must group them.
+COMPILE_ERRORS = {
+    "Qwen/Qwen3-1.7B": "neuronx-cc failed: tensor 'model.layers.3.mlp' of shape 1024x4096 exceeds SBUF at 0x7f3a2c0 (/tmp/neff/abc123/graph.hlo)\nTraceback tail ...",
+    "google/gemma-3-1b-it": "neuronx-cc failed: tensor 'model.layers.17.self_attn' of shape 2048x8192 exceeds SBUF at 0x55d1e0 (/var/tmp/neff/ffe0/graph.hlo)\nother tail",
+    "mistralai/Mistral-7B-v0.3": "neuronx-cc failed: tensor 'lm_head' of shape 4096x32768 exceeds SBUF at 0xdeadbeef (/tmp/x/y/graph.hlo)",
+}
+LOAD_ERROR = "OSError: gated repo google/gemma-3-1b-it requires a token"
+RUN_PY = "#!/usr/bin/env python3\n# model-support run.py for {model}\nCONFIG = {{'model': '{model}'}}\nprint('hello')\n"
+
+
+def make_record(
+    model: str, task: str, result: str, compiler_version: str, when: datetime
+) -> RunRecord:
+    """A RunRecord as run.py + the runner would produce it, for one model on one stack."""
+    state = Result(result)
+    error_class = error = None
+    if state == Result.ERROR:
+        if compiler_version == OLD_CC and model == "google/gemma-3-1b-it":
+            error_class, error = ErrorClass.LOAD, LOAD_ERROR
+        else:
+            error_class, error = ErrorClass.COMPILE, COMPILE_ERRORS[model]
+    if state == Result.TIMEOUT:
+        error = "run.py ran past its 3600 s limit"
+    ran = state not in (Result.EXCLUDED,)
+    document = ResultDocument(
+        model=model,
+        task=task,
+        backend="neuron",
+        compile_backend="neuron",
+        dtype="bfloat16",
+        cores=4 if "7B" in model or "7b" in model else 1,
+        result=state,
+        error_class=error_class,
+        error=error,
+        timings=Timings(wall_time_s=123.4, compile_s=100.0, load_s=10.0, decode_tokens_per_s=55.5)
+        if ran
+        else Timings(),
+        memory=Memory(peak_device_memory_bytes=3 * 2**30) if ran else Memory(),
+        text=["def fibonacci(n): return n"] if state in (Result.PASS, Result.FAIL) else [],
+        verification=Verification(
+            passed=state == Result.PASS,
+            exact=state == Result.PASS,
+            error_ratio=1.02 if state == Result.PASS else 8.6,
+            mismatches=0 if state == Result.PASS else 3,
+            bad_tokens=0 if state == Result.PASS else 3,
+            reason="all tokens match the float32 reference"
+            if state == Result.PASS
+            else "3 bad tokens",
+        )
+        if state in (Result.PASS, Result.FAIL)
+        else Verification(),
+        stack=Stack(
+            python="3.11.9",
+            torch="2.13.0",
+            transformers=TRANSFORMERS,
+            torch_neuronx="2.13.0",
+            neuronx_cc=compiler_version,
+        ),
+        packages=["torch==2.13.0", "torch-neuronx==2.13.0", f"transformers=={TRANSFORMERS}"],
+        started_at=when,
+        finished_at=when + timedelta(minutes=3),
+    )
+    return RunRecord(
+        run_id=new_run_id(model, when),
+        document=document,
+        run_py=RUN_PY.format(model=model),
+        source="cli",
+        exclusion_reason=ExclusionReason.TOO_LARGE if state == Result.EXCLUDED else None,
+        recorded_at=when + timedelta(minutes=4),
+    )
+
+
+SELECTED_YAML = """\
+models:
+  - model: Qwen/Qwen3-0.6B
+    task: text-generation
+  - model: Qwen/Qwen3-1.7B
+    task: text-generation
+  - model: meta-llama/Llama-3.2-1B
+  - model: llava-hf/llava-1.5-7b-hf
+    task: image-text-to-text
+  - model: openai/gpt-oss-120b
+    reason: needs MXFP4 kernels that TorchNeuron does not have yet
+  - model: someone/not-yet-run
+"""
+
+
+def build_dataset(root: Path) -> ResultsStore:
+    """Two compiler versions x one library version, plus the selected list."""
+    store = ResultsStore(str(root))
+    for i, (model, task, old, new) in enumerate(MODELS):
+        store.add(make_record(model, task, old, OLD_CC, START + timedelta(hours=i)))
+        store.add(make_record(model, task, new, NEW_CC, START + timedelta(days=1, hours=i)))
+    store.materialize()
+    (root / "selected.yaml").write_text(SELECTED_YAML)
+    return store
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A results directory (read-only use: tests that write get their own copy)."""
+    root = tmp_path_factory.mktemp("results")
+    build_dataset(root)
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _fresh_streamlit_caches() -> Iterator[None]:
+    """st.cache_data is process-wide: each test starts from a clean cache."""
+    st.cache_data.clear()
+    yield
+    st.cache_data.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# The Hub: tests/hubserver.py's stand-in, listing these models (GET /api/models).
+
+HUB_MODELS = [
+    # id, pipeline_tag, downloads, likes, trendingScore, gated, parameters
+    ("Qwen/Qwen3-0.6B", "text-generation", 9_000_000, 900, 50, False, 600_000_000),
+    ("Qwen/Qwen3-1.7B", "text-generation", 3_000_000, 500, 80, False, 1_700_000_000),
+    ("meta-llama/Llama-3.2-1B", "text-generation", 7_000_000, 2000, 20, "manual", 1_230_000_000),
+    ("deepseek-ai/DeepSeek-V3", "text-generation", 1_000_000, 4000, 95, False, 671_000_000_000),
+    ("brand/new-model", "text-generation", 10, 1, 99, False, None),
+    ("llava-hf/llava-1.5-7b-hf", "image-text-to-text", 800_000, 300, 10, False, 7_000_000_000),
+    ("some/vision-model", "image-text-to-text", 900_000, 30, 40, False, None),
+]
+
+
+def _safetensors_header(parameters: int) -> bytes:
+    """A safetensors file holding only its header (the Hub counts parameters from headers)."""
+    header = json.dumps(
+        {"weight": {"dtype": "BF16", "shape": [parameters], "data_offsets": [0, 2 * parameters]}}
+    ).encode()
+    return struct.pack("<Q", len(header)) + header
+
+
+@pytest.fixture
+def hub() -> Iterator[str]:
+    """A running stand-in Hub (small pages, so listing follows the Link header); yields its URL."""
+    repos = [
+        Repo(
+            model_id,
+            files={"model.safetensors": _safetensors_header(params)}
+            if params
+            else {"config.json": b"{}"},
+            pipeline_tag=tag,
+            downloads=downloads,
+            likes=likes,
+            trending_score=trending,
+            gated=gated,
+        )
+        for model_id, tag, downloads, likes, trending, gated, params in HUB_MODELS
+    ]
+    with HubServer(repos, page_size=2) as server:
+        yield server.url
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def dead_hub() -> str:
+    """An endpoint where nothing listens (connection refused at once)."""
+    return f"http://127.0.0.1:{free_port()}"

@@ -1,0 +1,212 @@
+"""The model-support viewer: browse and query test results (``model-support viewer``).
+
+The results location comes from ``--results URI`` after ``--`` on the streamlit command line, or
+the MODEL_SUPPORT_RESULTS environment variable (default: ``results``). MODEL_SUPPORT_HUB_ENDPOINT
+points the rankings at another Hub endpoint.
+
+Deep links: ``?model=org/name&view=trending&compiler=<version>&library=<version>&q=<search>
+&task=<task>``; the page writes its state back into the query parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import pandas as pd
+import streamlit as st
+from model_support.viewer import views
+from model_support.viewer.data import StackFile
+from model_support.viewer.queries import version_key
+
+RESULTS_ENV = "MODEL_SUPPORT_RESULTS"
+HUB_ENDPOINT_ENV = "MODEL_SUPPORT_HUB_ENDPOINT"
+DEFAULT_RESULTS = "results"
+
+VIEWS = {
+    "selected": "Selected",
+    "trending": "Trending",
+    "downloads": "Downloads",
+    "all": "All results",
+    "triage": "Triage",
+    "compare": "Compare",
+    "charts": "Charts",
+}
+ALL_TASKS = "all tasks"
+PARAMS = ("view", "compiler", "library", "q", "task", "model")
+
+
+def results_uri() -> str:
+    """``--results`` from the script arguments, else the environment, else ``results``."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--results", default=None)
+    known, _ = parser.parse_known_args(sys.argv[1:])
+    return known.results or os.environ.get(RESULTS_ENV) or DEFAULT_RESULTS
+
+
+def _pick(param: str | None, options: list[str], versions: dict[str, str | None]) -> str | None:
+    """Match a query parameter to an option: the full label, or just its version."""
+    if not param:
+        return None
+    if param in options:
+        return param
+    return next((o for o in options if versions.get(o) == param), None)
+
+
+def _seed_from_query_params(files: list[StackFile]) -> None:
+    """On a session's first run, set the widgets' state from the URL (deep links)."""
+    if st.session_state.get("_seeded"):
+        return
+    st.session_state["_seeded"] = True
+    params = st.query_params
+    view = params.get("view")
+    if view in VIEWS:
+        st.session_state["view"] = VIEWS[view]
+    compilers = sorted({f.compiler_label for f in files})
+    compiler = _pick(
+        params.get("compiler"), compilers, {f.compiler_label: f.compiler_version for f in files}
+    )
+    if compiler:
+        st.session_state["compiler"] = compiler
+        libraries = sorted({f.library_label for f in files if f.compiler_label == compiler})
+        library = _pick(
+            params.get("library"), libraries, {f.library_label: f.library_version for f in files}
+        )
+        if library:
+            st.session_state["library"] = library
+    if params.get("q"):
+        st.session_state["q"] = params["q"]
+    if params.get("task") in views.TASKS:
+        st.session_state["task"] = params["task"]
+    if params.get("model"):
+        st.session_state["model"] = params["model"]
+
+
+def _version_param(label: str, files: list[StackFile], attr: str) -> str:
+    """The short form written to the URL: the version alone when it is unambiguous."""
+    label_attr, version_attr = f"{attr}_label", f"{attr}_version"
+    version = next(
+        (getattr(f, version_attr) for f in files if getattr(f, label_attr) == label), None
+    )
+    same = {getattr(f, label_attr) for f in files if getattr(f, version_attr) == version}
+    return version if version and len(same) == 1 else label
+
+
+def main() -> None:
+    """Draw the page."""
+    st.set_page_config(page_title="Model support on Trainium", page_icon="🧪", layout="wide")
+    uri = results_uri()
+    hub_endpoint = os.environ.get(HUB_ENDPOINT_ENV) or None
+    try:
+        files = views.stack_files(uri)
+    except (OSError, ValueError) as exc:
+        st.error(f"Cannot read the results at `{uri}`: {type(exc).__name__}: {exc}")
+        files = []
+    _seed_from_query_params(files)
+
+    st.title("Does it run on Trainium?")
+    st.caption(
+        "Popular Hugging Face models, run unmodified through TorchNeuron "
+        f'(`torch.compile(backend="neuron")`). Results from `{uri}`.'
+    )
+
+    with st.sidebar:
+        st.header("Browse")
+        label = st.radio("View", list(VIEWS.values()), key="view")
+        compilers = sorted(
+            {f.compiler_label for f in files},
+            key=lambda lab: version_key(lab.split(" ", 1)[-1]),
+            reverse=True,
+        )
+        if st.session_state.get("compiler") not in compilers:
+            st.session_state.pop("compiler", None)
+        compiler = (
+            st.selectbox("Compiler version", compilers, key="compiler") if compilers else None
+        )
+        libraries = sorted(
+            {f.library_label for f in files if f.compiler_label == compiler},
+            key=lambda lab: version_key(lab.split(" ", 1)[-1]),
+            reverse=True,
+        )
+        if st.session_state.get("library") not in libraries:
+            st.session_state.pop("library", None)
+        library = st.selectbox("Library version", libraries, key="library") if libraries else None
+        search = st.text_input("Search models", key="q", placeholder="part of a name, e.g. qwen")
+        task_choice = st.selectbox("Task", [ALL_TASKS, *views.TASKS], key="task")
+        if not files:
+            st.info(f"No results yet under `{uri}` (no data/*.parquet).")
+
+    current = next(
+        (f for f in files if f.compiler_label == compiler and f.library_label == library), None
+    )
+    ctx = views.Context(
+        results_uri=uri,
+        files=tuple(
+            sorted(
+                files,
+                key=lambda f: (version_key(f.compiler_version), version_key(f.library_version)),
+                reverse=True,
+            )
+        ),
+        current=current,
+        search=search or "",
+        task=None if task_choice == ALL_TASKS else task_choice,
+        hub_endpoint=hub_endpoint,
+    )
+    view = next(k for k, v in VIEWS.items() if v == label)
+    st.header(label)
+    table: pd.DataFrame | None = None
+    if view == "selected":
+        table = views.view_selected(ctx)
+    elif view == "all":
+        table = views.view_all(ctx)
+    elif view in ("trending", "downloads"):
+        table = views.view_ranking(ctx, "trending_score" if view == "trending" else "downloads")
+    elif view == "triage":
+        table = views.view_triage(ctx)
+    elif view == "compare":
+        table = views.view_compare(ctx)
+    else:
+        views.view_charts(ctx)
+
+    if table is not None and view in ("selected", "all", "compare"):
+        picked = views.show_table(table, key=f"table-{view}")
+        if picked:
+            st.session_state["model"] = picked
+
+    st.divider()
+    st.header("Model details")
+    options = (
+        []
+        if table is None
+        else list(dict.fromkeys(table["model"].astype(str)))[: views.MAX_DETAIL_OPTIONS]
+    )
+    chosen = st.session_state.get("model")
+    if chosen and chosen not in options:
+        options.insert(0, chosen)
+    model = st.selectbox(
+        "Model",
+        options,
+        index=None,
+        key="model",
+        placeholder="Pick a model, or click a row of the table",
+    )
+    if model:
+        views.details(ctx, model)
+
+    # Write the state back so the URL is a deep link to what is on screen.
+    state = {
+        "view": view,
+        "compiler": _version_param(compiler, files, "compiler") if compiler else None,
+        "library": _version_param(library, files, "library") if library else None,
+        "q": search or None,
+        "task": None if task_choice == ALL_TASKS else task_choice,
+        "model": model,
+    }
+    wanted = {k: v for k, v in state.items() if v}
+    if {k: st.query_params.get(k) for k in PARAMS if st.query_params.get(k)} != wanted:
+        st.query_params.from_dict(wanted)
+
+
+main()

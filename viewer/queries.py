@@ -1,0 +1,367 @@
+"""Pure pandas queries behind the viewer: search, tables per view, triage, comparison, charts.
+
+Nothing here touches Streamlit or storage, so every function can be tested (and benchmarked) on
+a plain DataFrame in the matrix's columns (model_support.dataset.MATRIX_SCHEMA).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+import pandas as pd
+from packaging.version import InvalidVersion, Version
+
+from model_support.rankings import Ranking
+from model_support.vocabulary import Result
+
+NOT_PASSING = (Result.FAIL.value, Result.ERROR.value, Result.TIMEOUT.value)
+"""Outcomes of a model that ran (or tried to) and did not pass; what triage groups."""
+
+UNTESTED = "not tested"
+
+# Columns each view reads (the loader reads only these from Parquet).
+LIST_COLUMNS: tuple[str, ...] = (
+    "model_id",
+    "task",
+    "result",
+    "error_class",
+    "exclusion_reason",
+    "neuron_cores",
+    "parallelism",
+    "dtype",
+    "wall_time_s",
+    "compile_time_s",
+    "peak_device_memory_bytes",
+    "recorded_at",
+)
+TRIAGE_COLUMNS: tuple[str, ...] = ("model_id", "task", "result", "error_class", "error")
+COMPARE_COLUMNS: tuple[str, ...] = ("model_id", "task", "result", "error_class", "wall_time_s")
+PASS_RATE_COLUMNS: tuple[str, ...] = ("compiler", "compiler_version", "model_id", "result")
+SCATTER_COLUMNS: tuple[str, ...] = ("model_id", "task", "result", "wall_time_s", "parameters")
+DETAIL_COLUMNS: tuple[str, ...] = (
+    "model_id", "task", "result", "error_class", "error", "exclusion_reason", "neuron_cores",
+    "wall_time_s", "compile_time_s", "peak_device_memory_bytes", "decode_tokens_per_s",
+    "verified_exact", "error_ratio", "mismatches", "near_ties", "bad_tokens", "first_mismatch",
+    "verification_reason", "verification_json", "text", "neuronx_cc", "compiler", "run_py",
+    "packages", "stack", "run_id", "source", "backend", "compile_backend", "dtype", "parallelism",
+    "revision", "resolved_revision", "torch", "torch_neuronx", "started_at", "finished_at",
+    "recorded_at",
+)  # fmt: skip
+
+
+def version_key(version: str | None) -> tuple[int, Version | str]:
+    """Sort key for version strings: PEP 440 order where they parse, text order otherwise."""
+    if version is None:
+        return (0, "")
+    try:
+        return (2, Version(version))
+    except InvalidVersion:
+        return (1, version)
+
+
+def search(frame: pd.DataFrame, text: str | None) -> pd.DataFrame:
+    """Rows whose model id contains ``text`` (case-insensitive, literal, not a pattern)."""
+    needle = (text or "").strip()
+    if not needle or frame.empty:
+        return frame
+    mask = frame["model_id"].str.contains(needle, case=False, regex=False, na=False)
+    return frame[mask]
+
+
+def with_task(frame: pd.DataFrame, task: str | None) -> pd.DataFrame:
+    """Rows of one task (all rows when ``task`` is None)."""
+    if not task or frame.empty:
+        return frame
+    return frame[frame["task"] == task]
+
+
+def gib(values: pd.Series) -> pd.Series:
+    """Bytes as GiB, rounded for display."""
+    return (values.astype("Float64") / 2**30).round(2)
+
+
+def results_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """The table of the "All results" view: one row per model and task, readable columns."""
+    out = pd.DataFrame(
+        {
+            "model": frame["model_id"],
+            "task": frame["task"],
+            "result": frame["result"],
+            "why": _why(frame),
+            "cores": frame["neuron_cores"].astype("Int64"),
+            "wall time (s)": frame["wall_time_s"].astype("Float64").round(1),
+            "peak device memory (GiB)": gib(frame["peak_device_memory_bytes"]),
+        }
+    )
+    return out.sort_values(["model", "task"], kind="stable").reset_index(drop=True)
+
+
+def _why(frame: pd.DataFrame) -> pd.Series:
+    """The short reason beside a result: the error class for ERROR, the reason for EXCLUDED."""
+    why = pd.Series(pd.NA, index=frame.index, dtype="string")
+    error = frame["result"] == Result.ERROR.value
+    why[error] = frame.loc[error, "error_class"].astype("string")
+    excluded = frame["result"] == Result.EXCLUDED.value
+    why[excluded] = frame.loc[excluded, "exclusion_reason"].astype("string")
+    return why
+
+
+def _latest(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per (model, task): the most recently recorded (a matrix file should hold one)."""
+    if frame.empty:
+        return frame
+    if "recorded_at" in frame.columns:
+        frame = frame.sort_values("recorded_at", kind="stable")
+    return frame.drop_duplicates(["model_id", "task"], keep="last")
+
+
+def selected_table(
+    entries: Iterable[tuple[str, str, str | None]], frame: pd.DataFrame
+) -> pd.DataFrame:
+    """The Selected view: each curated (model, task, reason) with its result in ``frame``.
+
+    A model left out on purpose shows EXCLUDED with the list's reason; a listed model with no
+    result says it was not tested.
+    """
+    rows = pd.DataFrame(list(entries), columns=["model_id", "task", "reason"])
+    merged = rows.merge(_latest(frame), on=["model_id", "task"], how="left")
+    result = merged["result"].astype("string")
+    why = _why(merged.assign(result=result.fillna("")))
+    curated = merged["reason"].notna()
+    result[curated] = Result.EXCLUDED.value
+    why[curated] = merged.loc[curated, "reason"].astype("string")
+    untested = result.isna()
+    result[untested] = UNTESTED
+    return pd.DataFrame(
+        {
+            "model": merged["model_id"],
+            "task": merged["task"],
+            "result": result,
+            "why": why,
+            "cores": merged["neuron_cores"].astype("Int64"),
+            "wall time (s)": merged["wall_time_s"].astype("Float64").round(1),
+            "peak device memory (GiB)": gib(merged["peak_device_memory_bytes"]),
+        }
+    )
+
+
+def ranking_table(ranking: Ranking, frame: pd.DataFrame) -> pd.DataFrame:
+    """A Hub ranking beside our results: rank, model, the Hub's figures, our result or "not tested"."""
+    ranked = pd.DataFrame(
+        [
+            {
+                "rank": m.rank,
+                "model_id": m.model_id,
+                "downloads": m.downloads,
+                "trending score": m.trending_score,
+                "parameters (B)": None if m.parameters is None else round(m.parameters / 1e9, 2),
+                "gated": m.gated,
+            }
+            for m in ranking.models
+        ],
+        columns=["rank", "model_id", "downloads", "trending score", "parameters (B)", "gated"],
+    )
+    ours = _latest(with_task(frame, ranking.task))
+    merged = ranked.merge(ours, on="model_id", how="left")
+    result = merged["result"].astype("string").fillna(UNTESTED)
+    table = pd.DataFrame(
+        {
+            "rank": merged["rank"].astype("Int64"),
+            "model": merged["model_id"],
+            "result": result,
+            "why": _why(merged.assign(result=result)),
+            "cores": merged["neuron_cores"].astype("Int64"),
+            "wall time (s)": merged["wall_time_s"].astype("Float64").round(1),
+            "peak device memory (GiB)": gib(merged["peak_device_memory_bytes"]),
+            "downloads": merged["downloads"].astype("Int64"),
+            "trending score": merged["trending score"].astype("Float64"),
+            "parameters (B)": merged["parameters (B)"].astype("Float64"),
+            "gated": merged["gated"].astype("string"),
+        }
+    )
+    drop = "downloads" if ranking.sort == "trending_score" else "trending score"
+    return table.drop(columns=[drop])
+
+
+# ---------------------------------------------------------------------------------------------
+# Triage
+
+_PATH = re.compile(
+    r"(?:[A-Za-z]:)?(?:[\\/][\w.\-@+]+){2,}[\\/]?|\b[\w.\-]+\.(?:py|so|cc|cpp|h|json|neff|safetensors)\b"
+)
+_QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"|`[^`\n]*`")
+_HEX = re.compile(r"\b0x[0-9a-fA-F]+\b|\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{8,}\b")
+_NUMBER = re.compile(r"\d+(?:\.\d+)*")
+_SPACE = re.compile(r"\s+")
+SIGNATURE_LENGTH = 200
+
+
+def error_signature(error: str | None) -> str:
+    """A normalized signature of an error message, so the same failure in many models groups.
+
+    Uses the message's first non-empty line (the traceback tail differs per model) and replaces
+    paths, quoted names, hex addresses/hashes and numbers with placeholders.
+    """
+    if error is None or not error.strip():
+        return "(no message)"
+    line = next(part for part in error.strip().splitlines() if part.strip())
+    line = _PATH.sub("<path>", line)
+    line = _QUOTED.sub("<name>", line)
+    line = _HEX.sub("<hex>", line)
+    line = _NUMBER.sub("<n>", line)
+    line = _SPACE.sub(" ", line).strip()
+    return line[:SIGNATURE_LENGTH]
+
+
+def triage(frame: pd.DataFrame, max_models: int = 5) -> pd.DataFrame:
+    """Failures (FAIL/ERROR/TIMEOUT) grouped by error signature, largest groups first."""
+    columns = ["signature", "count", "results", "error classes", "models", "example"]
+    failed = frame[frame["result"].isin(NOT_PASSING)]
+    if failed.empty:
+        return pd.DataFrame(columns=columns)
+    failed = failed.assign(
+        signature=[
+            error_signature(e)
+            for e in failed["error"].astype("object").where(failed["error"].notna(), None)
+        ]
+    )
+    rows = []
+    for signature, group in failed.groupby("signature", sort=False):
+        models = sorted(group["model_id"].unique())
+        shown = ", ".join(models[:max_models]) + (
+            f" (+{len(models) - max_models} more)" if len(models) > max_models else ""
+        )
+        rows.append(
+            {
+                "signature": signature,
+                "count": len(group),
+                "results": ", ".join(sorted(group["result"].unique())),
+                "error classes": ", ".join(sorted(group["error_class"].dropna().unique())),
+                "models": shown,
+                "example": group["error"].dropna().iloc[0] if group["error"].notna().any() else "",
+            }
+        )
+    table = pd.DataFrame(rows, columns=columns)
+    return table.sort_values(
+        ["count", "signature"], ascending=[False, True], kind="stable"
+    ).reset_index(drop=True)
+
+
+def models_with_signature(frame: pd.DataFrame, signature: str) -> list[str]:
+    """Model ids whose failure has ``signature``."""
+    failed = frame[frame["result"].isin(NOT_PASSING)]
+    return sorted(
+        {
+            m
+            for m, e in zip(failed["model_id"], failed["error"], strict=True)
+            if error_signature(e) == signature
+        }
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparison of two stacks
+
+REGRESSION, FIX, CHANGED, SAME, ADDED, REMOVED = (
+    "regression",
+    "fix",
+    "changed",
+    "same",
+    "only after",
+    "only before",
+)
+
+
+def compare(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, task): the result before and after, and the change.
+
+    regression = PASS before, not PASS after; fix = not PASS before, PASS after; changed = another
+    difference; same; only before / only after = tested with one stack only.
+    """
+    cols = ["model_id", "task", "result", "error_class", "wall_time_s"]
+    merged = _latest(before)[cols].merge(
+        _latest(after)[cols], on=["model_id", "task"], how="outer", suffixes=(" before", " after")
+    )
+    b, a = merged["result before"], merged["result after"]
+    change = pd.Series(SAME, index=merged.index, dtype="string")
+    change[(b != a) & b.notna() & a.notna()] = CHANGED
+    change[(b == Result.PASS.value) & a.notna() & (a != Result.PASS.value)] = REGRESSION
+    change[(a == Result.PASS.value) & b.notna() & (b != Result.PASS.value)] = FIX
+    change[b.isna()] = ADDED
+    change[a.isna()] = REMOVED
+    order = {REGRESSION: 0, FIX: 1, CHANGED: 2, ADDED: 3, REMOVED: 4, SAME: 5}
+    table = pd.DataFrame(
+        {
+            "change": change,
+            "model": merged["model_id"],
+            "task": merged["task"],
+            "before": b.astype("string"),
+            "after": a.astype("string"),
+            "error class after": merged["error_class after"].astype("string"),
+            "wall time before (s)": merged["wall_time_s before"].astype("Float64").round(1),
+            "wall time after (s)": merged["wall_time_s after"].astype("Float64").round(1),
+        }
+    )
+    table["_order"] = table["change"].map(order)
+    return (
+        table.sort_values(["_order", "model", "task"], kind="stable")
+        .drop(columns="_order")
+        .reset_index(drop=True)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Charts
+
+
+def pass_rate_by_compiler(frame: pd.DataFrame) -> pd.DataFrame:
+    """Pass rate per compiler version, over models that ran (EXCLUDED rows left out).
+
+    Columns: compiler, compiler_version, label, tested, passed, pass_rate (0..1); in version order.
+    """
+    columns = ["compiler", "compiler_version", "label", "tested", "passed", "pass_rate"]
+    ran = frame[frame["result"] != Result.EXCLUDED.value]
+    if ran.empty:
+        return pd.DataFrame(columns=columns)
+    grouped = (
+        ran.assign(passed=ran["result"] == Result.PASS.value)
+        .groupby(["compiler", "compiler_version"], dropna=False)
+        .agg(tested=("model_id", "size"), passed=("passed", "sum"))
+        .reset_index()
+    )
+    grouped["pass_rate"] = grouped["passed"] / grouped["tested"]
+    grouped["label"] = (
+        grouped["compiler"].fillna("unknown") + " " + grouped["compiler_version"].fillna("unknown")
+    )
+    grouped = grouped.sort_values(
+        "compiler_version", key=lambda s: s.map(version_key), kind="stable"
+    ).reset_index(drop=True)
+    return grouped[columns]
+
+
+def wall_time_vs_parameters(frame: pd.DataFrame) -> pd.DataFrame | None:
+    """Points (model, parameters, wall time, result) for the scatter, or None without parameter counts."""
+    if "parameters" not in frame.columns:
+        return None
+    points = frame.dropna(subset=["parameters", "wall_time_s"])
+    return pd.DataFrame(
+        {
+            "model": points["model_id"],
+            "parameters": points["parameters"].astype("float64"),
+            "wall time (s)": points["wall_time_s"].astype("float64"),
+            "result": points["result"],
+        }
+    ).reset_index(drop=True)
+
+
+def versions_of(frame: pd.DataFrame, model_id: str) -> list[tuple[str, str]]:
+    """(compiler label, library label) pairs that hold a result for ``model_id``."""
+    rows = frame[frame["model_id"] == model_id]
+    pairs = {(str(r.compiler_version), str(r.library_version)) for r in rows.itertuples()}
+    return sorted(pairs, key=lambda p: (version_key(p[0]), version_key(p[1])))
+
+
+def unique_sorted(values: Sequence[str]) -> list[str]:
+    """Distinct values in version order, newest first."""
+    return sorted(set(values), key=version_key, reverse=True)

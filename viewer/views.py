@@ -1,0 +1,500 @@
+"""The page's parts: one function per view, plus the model details panel.
+
+Each function draws into the current Streamlit container from a :class:`Context` holding the
+chosen results location, stack and filters. Data comes through the cached readers in this module
+(keyed by file path + fingerprint, so a rematerialized file is read again).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from datetime import UTC
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+from model_support.viewer import queries
+from model_support.viewer.data import (
+    StackFile,
+    ViewerDataError,
+    list_stack_files,
+    load_selected,
+    read_columns,
+)
+
+from model_support.rankings import (
+    DEFAULT_LIMIT,
+    RankingResult,
+    RankingSort,
+    format_age,
+    get_ranking,
+)
+from model_support.vocabulary import Result, Task
+
+RANKING_TTL_S = 900
+FILE_LIST_TTL_S = 30
+MAX_DETAIL_OPTIONS = 2000
+"""The details picker lists at most this many models of the current table (search narrows it)."""
+NEFF_CACHE_BUCKET = "hf://buckets/aws-neuron/torch-neuronx-neff-cache"
+RESULT_COLOURS = {
+    Result.PASS.value: "green",
+    Result.FAIL.value: "red",
+    Result.ERROR.value: "orange",
+    Result.TIMEOUT.value: "violet",
+    Result.EXCLUDED.value: "gray",
+}
+TASKS = [t.value for t in Task]
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every view needs: where the results are, which stack file, the filters."""
+
+    results_uri: str
+    files: tuple[StackFile, ...]
+    current: StackFile | None
+    search: str
+    task: str | None
+    hub_endpoint: str | None
+
+
+# ---------------------------------------------------------------------------------------------
+# Cached readers
+
+
+@st.cache_data(ttl=FILE_LIST_TTL_S, show_spinner=False)
+def stack_files(results_uri: str) -> list[StackFile]:
+    """The dataset's matrix files (re-listed at most every FILE_LIST_TTL_S seconds)."""
+    return list_stack_files(results_uri)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _read(
+    results_uri: str,
+    files: tuple[tuple[str, str], ...],
+    columns: tuple[str, ...],
+    model_id: str | None,
+) -> pd.DataFrame:
+    # ``files`` carries (path, fingerprint): a changed file is a new cache key.
+    return read_columns(results_uri, [path for path, _ in files], columns, model_id=model_id)
+
+
+def read(
+    ctx: Context,
+    files: tuple[StackFile, ...] | list[StackFile],
+    columns: tuple[str, ...],
+    model_id: str | None = None,
+) -> pd.DataFrame:
+    """Only ``columns`` of ``files`` (cached by path + fingerprint)."""
+    return _read(ctx.results_uri, tuple((f.path, f.fingerprint) for f in files), columns, model_id)
+
+
+def current_frame(ctx: Context, columns: tuple[str, ...]) -> pd.DataFrame:
+    """The current stack's rows, restricted to the task filter and the search box."""
+    frame = read(ctx, [ctx.current] if ctx.current else [], columns)
+    return queries.search(queries.with_task(frame, ctx.task), ctx.search)
+
+
+@st.cache_data(ttl=RANKING_TTL_S, show_spinner="Fetching the Hub ranking…")
+def ranking(
+    results_uri: str, task: str, sort: RankingSort, limit: int, endpoint: str | None
+) -> RankingResult:
+    """The Hub ranking (live, else the stored snapshot), cached for RANKING_TTL_S seconds."""
+    return get_ranking(results_uri, task, sort, limit=limit, endpoint=endpoint)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+
+
+def show_table(table: pd.DataFrame, key: str) -> str | None:
+    """Draw a results table with row selection; returns the model of a newly selected row."""
+    config = {
+        "model": st.column_config.TextColumn("model", width="medium"),
+        "result": st.column_config.TextColumn("result", width="small"),
+        "wall time (s)": st.column_config.NumberColumn(
+            "wall time (s)", help="Load + compile + generate", format="%.1f"
+        ),
+        "peak device memory (GiB)": st.column_config.NumberColumn(
+            "peak device memory (GiB)", format="%.2f"
+        ),
+    }
+    event = st.dataframe(
+        table,
+        hide_index=True,
+        column_config=config,
+        on_select="rerun",
+        selection_mode="single-row",
+        key=key,
+        height=min(38 + 35 * max(len(table), 1), 600),
+    )
+    rows = event.selection.rows if event is not None else []
+    if not rows:
+        return None
+    picked = str(table.iloc[rows[0]]["model"])
+    # A selection persists across reruns: apply it once, so the picker can change afterwards.
+    if st.session_state.get("_picked") == (key, picked):
+        return None
+    st.session_state["_picked"] = (key, picked)
+    return picked
+
+
+def summary(frame: pd.DataFrame) -> None:
+    """Counts per result state as a row of metrics."""
+    counts = frame["result"].value_counts() if not frame.empty else pd.Series(dtype=int)
+    columns = st.columns(len(Result) + 1)
+    columns[0].metric("models", f"{frame['model_id'].nunique() if not frame.empty else 0:,}")
+    for column, state in zip(columns[1:], Result, strict=True):
+        column.metric(state.value, f"{int(counts.get(state.value, 0)):,}")
+
+
+def view_selected(ctx: Context) -> pd.DataFrame:
+    """The curated list with each model's result on the current stack."""
+    try:
+        selected, where = load_selected(ctx.results_uri)
+    except ViewerDataError as exc:
+        st.error(str(exc))
+        return pd.DataFrame(columns=["model"])
+    if selected is None:
+        st.info(
+            f"No selected list in this dataset (looked for {where}). Add one with entries such as "
+            "`- model: Qwen/Qwen3-0.6B` / `task: text-generation` (and `reason:` for a model left out on purpose)."
+        )
+        return pd.DataFrame(columns=["model"])
+    st.caption(
+        f"The curated list kept with the dataset ({len(selected.models)} models, from `{where}`)."
+    )
+    frame = read(ctx, [ctx.current] if ctx.current else [], queries.LIST_COLUMNS)
+    table = queries.selected_table(selected.rows(), frame)
+    if ctx.task:
+        table = table[table["task"] == ctx.task]
+    if ctx.search:
+        table = table[table["model"].str.contains(ctx.search.strip(), case=False, regex=False)]
+    return table.reset_index(drop=True)
+
+
+def view_all(ctx: Context) -> pd.DataFrame:
+    """Every result on the current stack."""
+    frame = current_frame(ctx, queries.LIST_COLUMNS)
+    summary(frame)
+    return queries.results_table(frame)
+
+
+def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
+    """The Hub's ranking per task beside our results (tested or not, excluded with the reason)."""
+    frame = read(ctx, [ctx.current] if ctx.current else [], queries.LIST_COLUMNS)
+    tables = []
+    for task in [ctx.task] if ctx.task else TASKS:
+        result = ranking(ctx.results_uri, task, sort, DEFAULT_LIMIT, ctx.hub_endpoint)
+        st.subheader(f"{task}")
+        if result.ranking is None:
+            st.warning(
+                f"No ranking of {task} models: the Hub could not be reached ({result.live_error}) "
+                f"and there is no stored ranking ({result.snapshot_error})."
+            )
+            continue
+        fetched = result.ranking.fetched_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        if result.source == "snapshot":
+            st.warning(
+                f"The Hub could not be reached; showing the ranking stored with the dataset, "
+                f"{format_age(result.ranking.age())} old (fetched {fetched})."
+            )
+        else:
+            st.caption(f"Live from {result.ranking.endpoint}, fetched {fetched}.")
+        table = queries.ranking_table(result.ranking, frame)
+        table = (
+            table[table["model"].str.contains(ctx.search.strip(), case=False, regex=False)]
+            if ctx.search
+            else table
+        )
+        tested = int((table["result"] != queries.UNTESTED).sum())
+        st.caption(f"{tested} of {len(table)} tested on this stack.")
+        tables.append(table)
+        picked = show_table(table.reset_index(drop=True), key=f"table-{sort}-{task}")
+        if picked:
+            st.session_state["model"] = picked
+    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["model"])
+
+
+def view_triage(ctx: Context) -> pd.DataFrame:
+    """Failures grouped by normalized error signature, largest groups first."""
+    frame = current_frame(ctx, queries.TRIAGE_COLUMNS)
+    groups = queries.triage(frame)
+    st.caption(
+        "Failures (FAIL, ERROR, TIMEOUT) grouped by the first line of their error with numbers, "
+        "addresses, paths and quoted names stripped."
+    )
+    if groups.empty:
+        st.success("No failures on this stack.")
+        return pd.DataFrame(columns=["model"])
+    st.dataframe(
+        groups,
+        hide_index=True,
+        column_config={
+            "signature": st.column_config.TextColumn(width="large"),
+            "example": st.column_config.TextColumn(width="medium"),
+        },
+        key="triage-table",
+    )
+    signature = st.selectbox(
+        "Models with this failure", groups["signature"].tolist(), key="signature"
+    )
+    models = queries.models_with_signature(frame, signature) if signature else []
+    return pd.DataFrame({"model": models})
+
+
+def _stack_label(f: StackFile) -> str:
+    return f"{f.compiler_label} · {f.library_label}"
+
+
+def view_compare(ctx: Context) -> pd.DataFrame:
+    """Regressions and fixes between two (compiler, library) version pairs."""
+    if len(ctx.files) < 2:
+        st.info(
+            "Comparing needs results for at least two compiler/library version pairs; this dataset has one."
+        )
+        return pd.DataFrame(columns=["model"])
+    labels = [_stack_label(f) for f in ctx.files]
+    after_index = ctx.files.index(ctx.current) if ctx.current in ctx.files else 0
+    left, right = st.columns(2)
+    before_label = left.selectbox(
+        "Before", labels, index=min(after_index + 1, len(labels) - 1), key="before"
+    )
+    after_label = right.selectbox("After", labels, index=after_index, key="after")
+    before = ctx.files[labels.index(before_label)]
+    after = ctx.files[labels.index(after_label)]
+    table = queries.compare(
+        queries.search(
+            queries.with_task(read(ctx, [before], queries.COMPARE_COLUMNS), ctx.task), ctx.search
+        ),
+        queries.search(
+            queries.with_task(read(ctx, [after], queries.COMPARE_COLUMNS), ctx.task), ctx.search
+        ),
+    )
+    counts = table["change"].value_counts()
+    cols = st.columns(4)
+    for col, name in zip(
+        cols, [queries.REGRESSION, queries.FIX, queries.CHANGED, queries.SAME], strict=True
+    ):
+        col.metric(name, int(counts.get(name, 0)))
+    if not st.checkbox("Show unchanged models", key="show-same"):
+        table = table[table["change"] != queries.SAME]
+    return table.reset_index(drop=True)
+
+
+def view_charts(ctx: Context) -> None:
+    """Pass rate per compiler version; wall time against parameter count."""
+    st.subheader("Pass rate per compiler version")
+    everything = queries.with_task(read(ctx, ctx.files, queries.PASS_RATE_COLUMNS), ctx.task)
+    rates = queries.pass_rate_by_compiler(everything)
+    if rates.empty:
+        st.info("No models ran yet (only EXCLUDED results), so there is no pass rate.")
+    else:
+        chart = (
+            alt.Chart(rates)
+            .mark_bar()
+            .encode(
+                x=alt.X("label:N", title="compiler version", sort=None),
+                y=alt.Y(
+                    "pass_rate:Q",
+                    title="pass rate",
+                    axis=alt.Axis(format="%"),
+                    scale=alt.Scale(domain=[0, 1]),
+                ),
+                tooltip=["label", "tested", "passed", alt.Tooltip("pass_rate:Q", format=".0%")],
+            )
+        )
+        st.altair_chart(chart, width="stretch")
+    st.subheader("Wall time against parameter count")
+    points = queries.wall_time_vs_parameters(current_frame(ctx, queries.SCATTER_COLUMNS))
+    if points is None:
+        st.info(
+            "This chart needs parameter counts, and the dataset has no `parameters` column yet, "
+            "so it is not drawn."
+        )
+        return
+    scatter = (
+        alt.Chart(points)
+        .mark_circle(size=70)
+        .encode(
+            x=alt.X("parameters:Q", scale=alt.Scale(type="log"), title="parameters"),
+            y=alt.Y("wall time (s):Q", title="wall time (s), compile included"),
+            color=alt.Color(
+                "result:N",
+                scale=alt.Scale(
+                    domain=list(RESULT_COLOURS),
+                    range=["#21a366", "#e0474c", "#f28e2b", "#9467bd", "#9a9a9a"],
+                ),
+            ),
+            tooltip=["model", "parameters", "wall time (s)", "result"],
+        )
+    )
+    st.altair_chart(scatter, width="stretch")
+
+
+# ---------------------------------------------------------------------------------------------
+# Details
+
+
+def _seconds(value: object) -> str:
+    return "—" if value is None or pd.isna(value) else f"{float(value):.1f} s"  # type: ignore[arg-type]
+
+
+def _gib(value: object) -> str:
+    return "—" if value is None or pd.isna(value) else f"{int(value) / 2**30:.2f} GiB"  # type: ignore[call-overload]
+
+
+def details(ctx: Context, model_id: str) -> None:
+    """Everything about one model's result on the current stack, and how to reproduce it."""
+    st.subheader(model_id)
+    rows = read(
+        ctx, [ctx.current] if ctx.current else [], tuple(queries.DETAIL_COLUMNS), model_id=model_id
+    )
+    rows = (
+        queries.with_task(rows, ctx.task)
+        if ctx.task and not rows.empty and (rows["task"] == ctx.task).any()
+        else rows
+    )
+    if rows.empty:
+        where = _stack_label(ctx.current) if ctx.current else "this dataset"
+        st.info(f"{model_id} has no result with {where}.")
+        elsewhere = queries.versions_of(
+            read(
+                ctx,
+                ctx.files,
+                ("model_id", "compiler_version", "library_version"),
+                model_id=model_id,
+            ),
+            model_id,
+        )
+        if elsewhere:
+            st.markdown(
+                "It has results with: "
+                + ", ".join(f"compiler {c} / library {lib}" for c, lib in elsewhere)
+                + ". Pick one in the sidebar."
+            )
+        return
+    for _, row in rows.iterrows():
+        _details_row(row)
+
+
+def _details_row(row: pd.Series) -> None:
+    result = str(row["result"])
+    colour = RESULT_COLOURS.get(result, "blue")
+    why = (
+        row["error_class"]
+        if result == Result.ERROR.value
+        else row["exclusion_reason"]
+        if result == Result.EXCLUDED.value
+        else None
+    )
+    st.markdown(
+        f"**{row['task']}** — :{colour}-background[{result}]" + (f" `{why}`" if why else "")
+    )
+    cols = st.columns(5)
+    cols[0].metric("cores", "—" if pd.isna(row["neuron_cores"]) else int(row["neuron_cores"]))
+    cols[1].metric("wall time (compile incl.)", _seconds(row["wall_time_s"]))
+    cols[2].metric("compile time", _seconds(row["compile_time_s"]))
+    cols[3].metric("peak device memory", _gib(row["peak_device_memory_bytes"]))
+    cols[4].metric(
+        "decode tokens/s",
+        "—" if pd.isna(row["decode_tokens_per_s"]) else f"{row['decode_tokens_per_s']:.1f}",
+    )
+    if isinstance(row["error"], str) and row["error"]:
+        st.markdown("**Error**")
+        st.code(row["error"], language=None, wrap_lines=True)
+    st.markdown("**Verification**")
+    if isinstance(row["verification_reason"], str):
+        st.write(row["verification_reason"])
+    figures = {
+        "exact": row["verified_exact"],
+        "error ratio": row["error_ratio"],
+        "mismatches": row["mismatches"],
+        "near ties": row["near_ties"],
+        "bad tokens": row["bad_tokens"],
+        "first mismatch": row["first_mismatch"],
+    }
+    if all(pd.isna(v) for v in figures.values()):
+        st.caption("No verdict: the test stopped before the verification ran.")
+    else:
+        st.dataframe(
+            pd.DataFrame([{k: (None if pd.isna(v) else v) for k, v in figures.items()}]),
+            hide_index=True,
+        )
+    with st.expander("Whole verification (JSON)"):
+        st.json(
+            json.loads(row["verification_json"])
+            if isinstance(row["verification_json"], str)
+            else {}
+        )
+    if isinstance(row["text"], str) and row["text"]:
+        st.markdown("**Generated text (first prompt)**")
+        st.text(row["text"])
+
+    st.markdown("**Reproduce**")
+    run_py = row["run_py"] if isinstance(row["run_py"], str) else ""
+    packages = list(row["packages"]) if row["packages"] is not None and len(row["packages"]) else []
+    st.markdown(
+        "1. Install the packages this run used (`requirements.txt` below): `pip install -r requirements.txt`"
+    )
+    if packages:
+        st.download_button(
+            "Download requirements.txt",
+            "\n".join(packages) + "\n",
+            file_name="requirements.txt",
+            key=f"req-{row['run_id']}",
+        )
+        with st.expander(f"Packages ({len(packages)})"):
+            st.code("\n".join(packages), language=None)
+    neuronx_cc = (
+        row["neuronx_cc"] if isinstance(row["neuronx_cc"], str) and row["neuronx_cc"] else None
+    )
+    if neuronx_cc:
+        st.markdown(
+            "2. Fetch the public compile cache for this compiler version (saves compiling again):"
+        )
+        cache = shlex.quote(f"{NEFF_CACHE_BUCKET}/neuronxcc-{neuronx_cc}")
+        st.code(
+            f"hf buckets sync {cache} /tmp/neff_cache\nexport TORCH_NEURONX_NEFF_CACHE_DIR=/tmp/neff_cache",
+            language="bash",
+        )
+    else:
+        st.markdown(
+            f"2. No compile cache applies: this run did not use neuronx-cc (compiler: {row['compiler'] or 'unknown'}); "
+            "the public NEFF cache only serves Trainium runs."
+        )
+    st.markdown("3. Save `run.py` and run it:")
+    st.code("python3 run.py", language="bash")
+    st.download_button(
+        "Download run.py",
+        run_py,
+        file_name="run.py",
+        mime="text/x-python",
+        key=f"runpy-{row['run_id']}",
+    )
+    st.code(run_py, language="python", line_numbers=True)
+
+    with st.expander("Stack (every recorded version)"):
+        st.json(json.loads(row["stack"]) if isinstance(row["stack"], str) else {})
+    with st.expander("Run"):
+        run = {
+            name: (None if pd.isna(row[name]) else str(row[name]))
+            for name in (
+                "run_id",
+                "source",
+                "backend",
+                "compile_backend",
+                "dtype",
+                "parallelism",
+                "revision",
+                "resolved_revision",
+                "torch",
+                "torch_neuronx",
+                "started_at",
+                "finished_at",
+                "recorded_at",
+            )
+        }
+        st.json(run)
