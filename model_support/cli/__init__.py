@@ -17,3 +17,6 @@ from model_support.cli import commands_demo  # noqa: E402,F401
 from model_support.cli import commands_viewer  # noqa: E402
 
 commands_viewer.register(app)
+from model_support.cli import commands_size  # noqa: E402
+
+commands_size.register(app)

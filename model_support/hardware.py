@@ -1,0 +1,167 @@
+"""Hardware profiles: how much memory one core has and how many cores one test may use.
+
+All figures live in ONE table (:data:`PROFILES`) so that a corrected figure (for example the
+per-core memory at LNC=1, still unconfirmed) is changed in one place. Source: the hardware table
+of REFERENCE.md (trn2.48xlarge: 16 Trainium2 devices of 96 GiB; LNC=2 gives 4 logical cores per
+device, 24 GiB each; LNC=1 gives 8 per device, ~12 GiB each; trn1: 2 cores of 16 GiB per device;
+inf2: 2 cores of 16 GiB per device).
+
+The local ``cpu`` and ``cuda`` profiles describe the machine sizing runs on, so that a model can
+be sized for a local run: ``cpu`` is one "core" holding the host's physical memory, ``cuda`` one
+core per visible GPU with that GPU's memory (read through torch when a GPU is present).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+GiB = 1024**3
+
+InstanceKind = Literal["trn2", "trn1", "inf2", "cpu", "cuda"]
+INSTANCE_KINDS: tuple[str, ...] = ("trn2", "trn1", "inf2", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """Memory and core counts of one kind of machine, as sizing sees it.
+
+    ``bytes_per_core`` is what one (logical) core can address; ``runtime_reserve_bytes`` is held
+    back on every core for the runtime itself (NEFF, collectives buffers, allocator slack);
+    ``workspace_fraction`` of the model's own bytes is held back for activations and scratch.
+    """
+
+    name: str
+    instance: InstanceKind
+    lnc: int | None
+    cores_per_device: int
+    cores_per_instance: int
+    bytes_per_core: int
+    runtime_reserve_bytes: int
+    workspace_fraction: float
+    description: str
+
+
+# Neuron runtime reserve per core: the runtime, the loaded NEFF and collective buffers. A fixed
+# 1 GiB is a deliberate over-estimate until device measurements replace it.
+_NEURON_RESERVE = 1 * GiB
+_WORKSPACE = 0.10
+
+PROFILES: dict[tuple[str, int | None], HardwareProfile] = {
+    ("trn2", 2): HardwareProfile(
+        name="trn2-lnc2",
+        instance="trn2",
+        lnc=2,
+        cores_per_device=4,
+        cores_per_instance=64,
+        bytes_per_core=24 * GiB,
+        runtime_reserve_bytes=_NEURON_RESERVE,
+        workspace_fraction=_WORKSPACE,
+        description="trn2.48xlarge, LNC=2: 16 Trainium2 devices x 4 logical cores, 24 GiB per core",
+    ),
+    ("trn2", 1): HardwareProfile(
+        name="trn2-lnc1",
+        instance="trn2",
+        lnc=1,
+        cores_per_device=8,
+        cores_per_instance=128,
+        bytes_per_core=12 * GiB,  # (unconfirmed) 96 GiB per device / 8 cores
+        runtime_reserve_bytes=_NEURON_RESERVE,
+        workspace_fraction=_WORKSPACE,
+        description="trn2.48xlarge, LNC=1: 16 Trainium2 devices x 8 cores, ~12 GiB per core",
+    ),
+    ("trn1", None): HardwareProfile(
+        name="trn1",
+        instance="trn1",
+        lnc=None,
+        cores_per_device=2,
+        cores_per_instance=32,
+        bytes_per_core=16 * GiB,
+        runtime_reserve_bytes=_NEURON_RESERVE,
+        workspace_fraction=_WORKSPACE,
+        description="trn1.32xlarge: 16 Trainium1 devices x 2 cores, 16 GiB per core",
+    ),
+    ("inf2", None): HardwareProfile(
+        name="inf2",
+        instance="inf2",
+        lnc=None,
+        cores_per_device=2,
+        cores_per_instance=24,
+        bytes_per_core=16 * GiB,
+        runtime_reserve_bytes=_NEURON_RESERVE,
+        workspace_fraction=_WORKSPACE,
+        description="inf2.48xlarge: 12 Inferentia2 devices x 2 cores, 16 GiB per core",
+    ),
+}
+
+DEFAULT_LNC = {"trn2": 2}
+
+
+def _host_memory_bytes() -> int:
+    """Physical memory of this host (POSIX sysconf)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def local_profile(instance: Literal["cpu", "cuda"]) -> HardwareProfile:
+    """The profile of this machine: its host memory (``cpu``) or its GPUs (``cuda``).
+
+    Raises ValueError for ``cuda`` when torch sees no GPU: sizing for a GPU that is not there
+    would be a guess.
+    """
+    if instance == "cpu":
+        return HardwareProfile(
+            name="cpu",
+            instance="cpu",
+            lnc=None,
+            cores_per_device=1,
+            cores_per_instance=1,
+            bytes_per_core=_host_memory_bytes(),
+            runtime_reserve_bytes=2 * GiB,  # Python, torch and the tokenizer live here too
+            workspace_fraction=_WORKSPACE,
+            description="this host's CPU and physical memory",
+        )
+    import torch  # only the cuda profile needs torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(
+            "the 'cuda' profile needs a visible GPU and torch sees none; "
+            "size for 'cpu' or a Trainium profile instead"
+        )
+    count = torch.cuda.device_count()
+    memory = min(torch.cuda.get_device_properties(i).total_memory for i in range(count))
+    return HardwareProfile(
+        name="cuda",
+        instance="cuda",
+        lnc=None,
+        cores_per_device=1,
+        cores_per_instance=count,
+        bytes_per_core=memory,
+        runtime_reserve_bytes=1 * GiB,  # CUDA context and allocator slack
+        workspace_fraction=_WORKSPACE,
+        description=f"{count} local GPU(s), {memory / GiB:.1f} GiB each",
+    )
+
+
+def get_profile(instance: str = "trn2", lnc: int | None = None) -> HardwareProfile:
+    """Look up a profile by instance kind and logical-core setting.
+
+    ``lnc`` only applies to trn2 (1 or 2; None means the default, 2). Raises ValueError with the
+    accepted values for anything else.
+    """
+    if instance not in INSTANCE_KINDS:
+        raise ValueError(
+            f"unknown instance kind {instance!r}; choose one of {', '.join(INSTANCE_KINDS)}"
+        )
+    if instance in ("cpu", "cuda"):
+        if lnc not in (None, 1):
+            raise ValueError(f"--lnc applies only to trn2; {instance!r} has no logical cores")
+        return local_profile(instance)  # type: ignore[arg-type]
+    if instance == "trn2":
+        key_lnc = DEFAULT_LNC["trn2"] if lnc is None else lnc
+        if key_lnc not in (1, 2):
+            raise ValueError(f"trn2 supports LNC=1 or LNC=2, not {lnc}")
+        return PROFILES[("trn2", key_lnc)]
+    if lnc not in (None, 1):
+        raise ValueError(f"--lnc applies only to trn2; {instance} cores are not grouped")
+    return PROFILES[(instance, None)]

@@ -1,0 +1,145 @@
+"""Metadata access for Hugging Face Hub repositories and local checkpoints, never weights.
+
+What a model is made of is read from ``config.json`` and the safetensors headers only: a
+safetensors file starts with an 8-byte little-endian header length followed by a JSON header
+of ``{name: {dtype, shape, data_offsets}}``. On the Hub, ``huggingface_hub`` reads those headers
+with HTTP range requests (``get_safetensors_metadata``); locally the header is parsed here.
+
+Every Hub call goes through an explicit ``HfApi(endpoint=...)`` so a test can point it at a
+local stand-in without touching ``HF_ENDPOINT`` (which huggingface_hub reads at import time).
+Library errors (gated, not found) are left to propagate: callers classify them.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import HfApi
+from huggingface_hub.errors import NotASafetensorsRepoError
+from huggingface_hub.hf_api import ModelInfo
+
+SAFETENSORS_SINGLE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+# A header larger than this is not a plausible safetensors header (the format caps it at 100 MB).
+_MAX_HEADER_BYTES = 100_000_000
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of a checkpoint as its safetensors header describes it (no data)."""
+
+    name: str
+    dtype: str  # safetensors dtype code: "BF16", "F32", "I8", "F8_E4M3", ...
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        """Number of elements (1 for a scalar)."""
+        n = 1
+        for dim in self.shape:
+            n *= dim
+        return n
+
+
+class CheckpointError(ValueError):
+    """A local checkpoint directory is missing files or holds a malformed safetensors header."""
+
+
+def read_safetensors_header(path: str | Path) -> list[TensorSpec]:
+    """Parse the header of one local safetensors file, reading only the header bytes."""
+    path = Path(path)
+    with path.open("rb") as f:
+        prefix = f.read(8)
+        if len(prefix) != 8:
+            raise CheckpointError(f"{path} is shorter than a safetensors header (8 bytes)")
+        (length,) = struct.unpack("<Q", prefix)
+        if length > _MAX_HEADER_BYTES:
+            raise CheckpointError(
+                f"{path}: header length {length} is not plausible; is this a safetensors file?"
+            )
+        raw = f.read(length)
+    if len(raw) != length:
+        raise CheckpointError(f"{path}: header truncated ({len(raw)} of {length} bytes)")
+    try:
+        header = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: header is not valid JSON ({e})") from e
+    return [
+        TensorSpec(name=name, dtype=entry["dtype"], shape=tuple(entry["shape"]))
+        for name, entry in header.items()
+        if name != "__metadata__"
+    ]
+
+
+def local_config(directory: str | Path) -> dict[str, Any]:
+    """The ``config.json`` of a local checkpoint directory."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{directory} has no config.json; is it a transformers checkpoint?")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e})") from e
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path} does not hold a JSON object")
+    return config
+
+
+def local_tensors(directory: str | Path) -> list[TensorSpec] | None:
+    """Tensors of a local checkpoint from its safetensors headers; None if it has none."""
+    directory = Path(directory)
+    index = directory / SAFETENSORS_INDEX
+    if index.is_file():
+        weight_map: dict[str, str] = json.loads(index.read_text()).get("weight_map", {})
+        files = sorted(set(weight_map.values()))
+    elif (directory / SAFETENSORS_SINGLE).is_file():
+        files = [SAFETENSORS_SINGLE]
+    else:
+        files = sorted(p.name for p in directory.glob("*.safetensors"))
+        if not files:
+            return None
+    tensors: list[TensorSpec] = []
+    for name in files:
+        if not (directory / name).is_file():
+            raise CheckpointError(f"{directory}: the index names {name}, which is missing")
+        tensors.extend(read_safetensors_header(directory / name))
+    return tensors
+
+
+def hub_api(endpoint: str | None = None, token: str | None = None) -> HfApi:
+    """An HfApi bound to ``endpoint`` (None: the library default, honouring HF_ENDPOINT)."""
+    return HfApi(endpoint=endpoint, token=token)
+
+
+def hub_model_info(api: HfApi, repo_id: str, revision: str | None, token: str | None) -> ModelInfo:
+    """Repository information (gated flag, pipeline tag, sha); no files are read."""
+    return api.model_info(repo_id, revision=revision, token=token)
+
+
+def hub_config(api: HfApi, repo_id: str, revision: str | None, token: str | None) -> dict[str, Any]:
+    """Download and parse only ``config.json`` of a Hub repository (cached like from_pretrained)."""
+    path = api.hf_hub_download(repo_id, "config.json", revision=revision, token=token)
+    config = json.loads(Path(path).read_text())
+    if not isinstance(config, dict):
+        raise ValueError(f"config.json of {repo_id} does not hold a JSON object")
+    return config
+
+
+def hub_tensors(
+    api: HfApi, repo_id: str, revision: str | None, token: str | None
+) -> list[TensorSpec] | None:
+    """Tensors of a Hub repository from its safetensors headers (range requests); None if it
+    publishes no safetensors."""
+    try:
+        meta = api.get_safetensors_metadata(repo_id, revision=revision, token=token)
+    except NotASafetensorsRepoError:
+        return None
+    return [
+        TensorSpec(name=name, dtype=info.dtype, shape=tuple(info.shape))
+        for file_meta in meta.files_metadata.values()
+        for name, info in file_meta.tensors.items()
+    ]

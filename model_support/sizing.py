@@ -1,0 +1,670 @@
+"""Sizing: the fewest cores a model needs for one test, from metadata only.
+
+Inputs are ``config.json`` and the safetensors headers (see :mod:`model_support.hub`); no
+weight is ever downloaded. The result is a :class:`Plan` (cores, parallelism, per-core memory
+breakdown) or an :class:`Exclusion` with a reason code from
+:class:`model_support.vocabulary.ExclusionReason`.
+
+Memory model (per core, for a parallel degree ``d``)
+----------------------------------------------------
+* **weights**: every tensor's element count times the run dtype's width (bf16: 2 bytes).
+  Floating-point tensors are counted in the run dtype, whatever they are stored in; integer and
+  8-bit float tensors (quantized weights, scales) at their stored width. A tensor is *sharded*
+  (counted ``1/d`` on each core) when the parallel plan splits it, otherwise *whole on every
+  core*:
+
+  - tensor parallel: the tensor's module matches a key of the model's TP plan
+    (``config.base_model_tp_plan``, plus the ``lm_head`` entry of the ``*ForCausalLM`` class's
+    plan) whose style splits weights (``colwise*``, ``rowwise*``, ``packed_*``,
+    ``embedding_*``, ``moe_tp_experts``); the most specific key wins. Embeddings not in the plan,
+    norms, replicated entries (``replicated_with_grad_allreduce``), routers and an unplanned
+    lm_head are whole.
+  - expert parallel: only expert tensors (a module path containing ``experts``) are split;
+    attention, routers, embeddings, norms are whole.
+
+  Checkpoint names are first renamed the way transformers renames them on load (its checkpoint
+  conversion mapping, e.g. Mixtral's ``block_sparse_moe.experts.N.w1`` becomes
+  ``mlp.experts.gate_up_proj``), so the plan keys match what will actually be sharded.
+* **KV cache** (static, for the test's longest sequence): ``layers x 2 x kv_heads x head_dim x
+  max_length x batch x dtype bytes`` with ``max_length`` = prompt + new tokens and ``batch`` =
+  number of prompts. Under tensor parallel each core holds ``kv_heads / d`` heads when ``d``
+  divides the KV heads, else one (heads replicated when ``d`` is a multiple of them); expert
+  parallel and a single core hold all of it.
+* **workspace**: ``profile.workspace_fraction`` (10 %) of weights + KV cache, for activations,
+  logits and compiler scratch.
+* **runtime reserve**: ``profile.runtime_reserve_bytes`` (1 GiB on Neuron) per core.
+
+A degree fits when weights + KV + workspace + reserve <= the profile's bytes per core.
+
+Choosing the degree
+-------------------
+Candidates are 1, 2, 4, 8, 16, ... up to ``min(max_cores, cores per instance)``. Degree 1 is
+always valid. A degree ``d > 1`` is valid for tensor parallel when a TP plan exists, the query
+heads divide by ``d`` and the KV heads divide by ``d`` (or ``d`` by them); a mixture-of-experts
+model without a TP plan may use expert parallel when its expert count divides by ``d``. The
+smallest valid degree that fits is chosen. When none fits: ``too-large`` if some degree above
+1 was valid, else ``no-parallel-plan``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import re
+from typing import Any, Literal
+
+from huggingface_hub import get_token
+from huggingface_hub.errors import (
+    GatedRepoError,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from pydantic import BaseModel, ConfigDict, Field
+
+from model_support import hub
+from model_support.hardware import HardwareProfile, get_profile
+from model_support.hub import TensorSpec
+from model_support.vocabulary import ExclusionReason, Parallelism, Task
+
+DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4}
+# Safetensors dtype codes that are floating point and get cast to the run dtype on load.
+_CAST_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
+_STORED_BYTES: dict[str, int] = {
+    "F64": 8, "I64": 8, "U64": 8,
+    "F32": 4, "I32": 4, "U32": 4,
+    "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+    "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+}  # fmt: skip
+_EXPERT_RE = re.compile(r"(?:^|\.)experts(?:\.|$)")
+
+
+class MetadataError(ValueError):
+    """The model's metadata cannot be read (not found, no config); says what to check."""
+
+
+class ModelMetadata(BaseModel):
+    """What sizing needs to know about a model, read from config.json and safetensors headers.
+
+    ``tensors`` use the names transformers gives them after loading (checkpoint renames
+    applied); None when the model publishes no safetensors.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str
+    revision: str | None = None
+    source: Literal["hub", "local"] = "hub"
+    model_type: str | None = None
+    architectures: list[str] = Field(default_factory=list)
+    task: str | None = None
+    needs_remote_code: bool = False
+    gated: bool = False
+    token_available: bool = False
+    access_refused: bool = False
+    num_hidden_layers: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    num_experts: int = 0
+    tp_plan: dict[str, str] | None = None
+    tensors: list[TensorSpec] | None = None
+
+
+class MemoryBreakdown(BaseModel):
+    """Bytes held on each core at one degree (see the module docstring for the model)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    degree: int
+    parallelism: Parallelism
+    weights_sharded: int = Field(description="This core's share of the split weights.")
+    weights_replicated: int = Field(description="Weights held whole on every core.")
+    kv_cache: int
+    workspace: int
+    runtime_reserve: int
+    capacity: int = Field(description="Memory of one core in the profile.")
+
+    @property
+    def total(self) -> int:
+        """Everything this core holds."""
+        return (
+            self.weights_sharded
+            + self.weights_replicated
+            + self.kv_cache
+            + self.workspace
+            + self.runtime_reserve
+        )
+
+    @property
+    def headroom(self) -> int:
+        """Capacity left over (negative: does not fit)."""
+        return self.capacity - self.total
+
+    @property
+    def fits(self) -> bool:
+        """Whether this degree fits one core's memory."""
+        return self.headroom >= 0
+
+
+class Plan(BaseModel):
+    """How to run a model: on how many cores, split how, and the memory each core holds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["plan"] = "plan"
+    model: str
+    revision: str | None
+    cores: int
+    parallelism: Parallelism
+    degree: int
+    profile: str
+    dtype: str
+    batch: int
+    max_length: int
+    parameters: int
+    memory: MemoryBreakdown
+    total_bytes: int
+    headroom_bytes: int
+    headroom_fraction: float
+    notes: list[str] = Field(default_factory=list)
+
+
+class Exclusion(BaseModel):
+    """Why a model is not run, as a reason code and a sentence."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["exclusion"] = "exclusion"
+    model: str
+    revision: str | None
+    reason: ExclusionReason
+    message: str
+    profile: str | None = None
+    closest: MemoryBreakdown | None = Field(
+        None, description="For too-large: the memory at the largest valid degree tried."
+    )
+
+
+# --------------------------------------------------------------------------- pure sizing
+
+
+def _is_sharding_style(style: str) -> bool:
+    return "colwise" in style or "rowwise" in style or style in ("moe_tp_experts", "grouped_gemm")
+
+
+@functools.lru_cache(maxsize=256)
+def _compile_plan(plan: tuple[tuple[str, str], ...]) -> list[tuple[re.Pattern[str], bool]]:
+    """Plan keys as regexes matching at module-path boundaries, most specific first."""
+    compiled = []
+    for key, style in sorted(plan, key=lambda kv: -len(kv[0])):
+        body = re.escape(key).replace(r"\*", r"\d+")
+        compiled.append((re.compile(rf"(?:^|\.){body}(?:\.|$)"), _is_sharding_style(style)))
+    return compiled
+
+
+def _tp_sharded(name: str, compiled: list[tuple[re.Pattern[str], bool]]) -> bool:
+    for pattern, shards in compiled:
+        if pattern.search(name):
+            return shards
+    return False
+
+
+def _weight_bytes(tensor: TensorSpec, dtype_bytes: int) -> int:
+    if tensor.dtype in _CAST_DTYPES:
+        return tensor.numel * dtype_bytes
+    if tensor.dtype not in _STORED_BYTES:
+        raise MetadataError(
+            f"tensor {tensor.name} has safetensors dtype {tensor.dtype!r}, which sizing does not know"
+        )
+    return tensor.numel * _STORED_BYTES[tensor.dtype]
+
+
+def valid_parallelism(meta: ModelMetadata, degree: int) -> Parallelism | None:
+    """How ``meta`` can be split ``degree`` ways, or None when it cannot (see module doc)."""
+    if degree == 1:
+        return Parallelism.NONE
+    if meta.tp_plan:
+        heads, kv = meta.num_attention_heads, meta.num_key_value_heads
+        if heads is None or kv is None or heads % degree != 0:
+            return None
+        if kv % degree == 0 or degree % kv == 0:
+            return Parallelism.TENSOR
+        return None
+    if meta.num_experts > 0 and meta.num_experts % degree == 0:
+        return Parallelism.EXPERT
+    return None
+
+
+def memory_at(
+    meta: ModelMetadata,
+    profile: HardwareProfile,
+    degree: int,
+    parallelism: Parallelism,
+    *,
+    dtype: str = "bfloat16",
+    batch: int = 3,
+    max_length: int = 160,
+) -> MemoryBreakdown:
+    """Per-core memory of ``meta`` split ``degree`` ways with ``parallelism``."""
+    if meta.tensors is None:
+        raise MetadataError(f"{meta.model} has no safetensors tensors to size")
+    width = DTYPE_BYTES[dtype]
+    compiled = _compile_plan(tuple(sorted((meta.tp_plan or {}).items())))
+    sharded = replicated = 0
+    for tensor in meta.tensors:
+        size = _weight_bytes(tensor, width)
+        split = (parallelism is Parallelism.TENSOR and _tp_sharded(tensor.name, compiled)) or (
+            parallelism is Parallelism.EXPERT and _EXPERT_RE.search(tensor.name) is not None
+        )
+        if split:
+            sharded += size
+        else:
+            replicated += size
+    kv = _kv_cache_bytes(meta, degree, parallelism, width, batch, max_length)
+    own = math.ceil(sharded / degree) + replicated + kv
+    return MemoryBreakdown(
+        degree=degree,
+        parallelism=parallelism,
+        weights_sharded=math.ceil(sharded / degree),
+        weights_replicated=replicated,
+        kv_cache=kv,
+        workspace=math.ceil(own * profile.workspace_fraction),
+        runtime_reserve=profile.runtime_reserve_bytes,
+        capacity=profile.bytes_per_core,
+    )
+
+
+def _kv_cache_bytes(
+    meta: ModelMetadata, degree: int, parallelism: Parallelism, width: int, batch: int, length: int
+) -> int:
+    layers, kv_heads, head_dim = meta.num_hidden_layers, meta.num_key_value_heads, meta.head_dim
+    if layers is None or kv_heads is None or head_dim is None:
+        return 0
+    heads_here = kv_heads
+    if parallelism is Parallelism.TENSOR:
+        heads_here = kv_heads // degree if kv_heads % degree == 0 else 1
+    return layers * 2 * heads_here * head_dim * length * batch * width
+
+
+def _degrees(max_cores: int, profile: HardwareProfile) -> list[int]:
+    limit = min(max_cores, profile.cores_per_instance)
+    return [2**i for i in range(limit.bit_length()) if 2**i <= limit]
+
+
+def _validate_run(dtype: str, batch: int, max_length: int, max_cores: int) -> None:
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_BYTES)}")
+    if batch < 1:
+        raise ValueError(f"batch must be at least 1 (the number of prompts), got {batch}")
+    if max_length < 1:
+        raise ValueError(f"max_length must be at least 1 token, got {max_length}")
+    if max_cores < 1:
+        raise ValueError(f"max_cores must be at least 1, got {max_cores}")
+
+
+def plan_from_metadata(
+    meta: ModelMetadata,
+    *,
+    profile: HardwareProfile | str = "trn2",
+    lnc: int | None = None,
+    max_cores: int = 16,
+    dtype: str = "bfloat16",
+    batch: int = 3,
+    max_length: int = 160,
+    trust_remote_code: bool = False,
+) -> Plan | Exclusion:
+    """Size ``meta`` on ``profile``: the smallest valid degree that fits, or an Exclusion.
+
+    Pure: reads nothing but its arguments. Raises ValueError for bad arguments.
+    """
+    _validate_run(dtype, batch, max_length, max_cores)
+    hw = profile if isinstance(profile, HardwareProfile) else get_profile(profile, lnc)
+
+    def exclude(reason: ExclusionReason, message: str, **extra: Any) -> Exclusion:
+        return Exclusion(
+            model=meta.model,
+            revision=meta.revision,
+            reason=reason,
+            message=message,
+            profile=hw.name,
+            **extra,
+        )
+
+    if meta.gated and (meta.access_refused or not meta.token_available):
+        if meta.access_refused:
+            return exclude(
+                ExclusionReason.GATED_WITHOUT_TOKEN,
+                f"{meta.model} is gated and the Hub refused the token given; accept the "
+                "model's conditions on the Hub with that account or use another token.",
+            )
+        return exclude(
+            ExclusionReason.GATED_WITHOUT_TOKEN,
+            f"{meta.model} is a gated repository and no Hub token was given; pass a token "
+            "whose account has accepted the model's conditions.",
+        )
+    if meta.needs_remote_code and not trust_remote_code:
+        return exclude(
+            ExclusionReason.REMOTE_CODE_REQUIRED,
+            f"{meta.model} ({meta.model_type or 'unknown model type'}) is not built into "
+            "transformers and its config points at code in the repository (auto_map); it "
+            "runs only with trust_remote_code, which this test does not allow.",
+        )
+    supported = [t.value for t in Task]
+    if meta.task not in supported:
+        what = f"task {meta.task!r}" if meta.task else "no task that could be determined"
+        return exclude(
+            ExclusionReason.UNSUPPORTED_TASK,
+            f"{meta.model} has {what}; model-support tests {', '.join(supported)}.",
+        )
+    if meta.tensors is None:
+        return exclude(
+            ExclusionReason.NO_SAFETENSORS,
+            f"{meta.model} publishes no safetensors weights (no model.safetensors or "
+            "model.safetensors.index.json); pickle checkpoints are not loaded.",
+        )
+
+    degrees = _degrees(max_cores, hw)
+    largest_valid: MemoryBreakdown | None = None
+    for degree in degrees:
+        parallelism = valid_parallelism(meta, degree)
+        if parallelism is None:
+            continue
+        mem = memory_at(
+            meta, hw, degree, parallelism, dtype=dtype, batch=batch, max_length=max_length
+        )
+        if mem.fits:
+            return _plan(meta, hw, mem, dtype, batch, max_length, max_cores)
+        largest_valid = mem
+    assert largest_valid is not None  # degree 1 is always valid
+    limit = degrees[-1]
+    if largest_valid.degree == 1 and limit > 1:
+        return exclude(
+            ExclusionReason.NO_PARALLEL_PLAN,
+            f"{meta.model} needs {_gib(largest_valid.total)} on one core (capacity "
+            f"{_gib(hw.bytes_per_core)}) and cannot be split: {_why_no_split(meta, degrees)}.",
+            closest=largest_valid,
+        )
+    return exclude(
+        ExclusionReason.TOO_LARGE,
+        f"{meta.model} does not fit {limit} core(s) of {hw.name}: at degree "
+        f"{largest_valid.degree} each core needs {_gib(largest_valid.total)} of "
+        f"{_gib(hw.bytes_per_core)}.",
+        closest=largest_valid,
+    )
+
+
+def _why_no_split(meta: ModelMetadata, degrees: list[int]) -> str:
+    if meta.tp_plan:
+        return (
+            f"its {meta.num_attention_heads} query / {meta.num_key_value_heads} key-value heads "
+            f"do not divide by any degree in {degrees[1:]}"
+        )
+    if meta.num_experts:
+        return f"it has no tensor parallel plan and {meta.num_experts} experts do not divide by {degrees[1:]}"
+    return "it has no tensor parallel plan (base_model_tp_plan) and is not a mixture of experts"
+
+
+def _plan(
+    meta: ModelMetadata,
+    hw: HardwareProfile,
+    mem: MemoryBreakdown,
+    dtype: str,
+    batch: int,
+    max_length: int,
+    max_cores: int,
+) -> Plan:
+    notes = []
+    if meta.num_hidden_layers is None or meta.num_key_value_heads is None or meta.head_dim is None:
+        notes.append("the config gives no layer/head counts, so the KV cache is not counted")
+    if max_cores > hw.cores_per_instance:
+        notes.append(f"max cores capped at the {hw.cores_per_instance} cores of one {hw.name}")
+    return Plan(
+        model=meta.model,
+        revision=meta.revision,
+        cores=mem.degree,
+        parallelism=mem.parallelism,
+        degree=mem.degree,
+        profile=hw.name,
+        dtype=dtype,
+        batch=batch,
+        max_length=max_length,
+        parameters=sum(t.numel for t in meta.tensors or []),
+        memory=mem,
+        total_bytes=mem.total,
+        headroom_bytes=mem.headroom,
+        headroom_fraction=mem.headroom / mem.capacity,
+        notes=notes,
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:.2f} GiB"
+
+
+# --------------------------------------------------------------------------- metadata
+
+
+def _first_int(source: Any, *names: str) -> int | None:
+    for name in names:
+        value = source.get(name) if isinstance(source, dict) else getattr(source, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _task_of(architectures: list[str]) -> str | None:
+    """The task transformers' auto classes associate with the config's architectures."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
+
+    image_text = set(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.values())
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    for arch in architectures:
+        if arch in image_text:
+            return Task.IMAGE_TEXT_TO_TEXT.value
+        if arch in causal or arch.endswith("ForCausalLM"):
+            return Task.TEXT_GENERATION.value
+    return None
+
+
+def _loaded_names(model_type: str | None, tensors: list[TensorSpec]) -> list[TensorSpec]:
+    """Rename checkpoint tensors as transformers does on load, so TP plan keys match them."""
+    if model_type is None:
+        return tensors
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+
+    mapping = get_checkpoint_conversion_mapping(model_type) or []
+    renamings = [m for m in mapping if isinstance(m, WeightRenaming)]
+    converters = [m for m in mapping if isinstance(m, WeightConverter)]
+    if not mapping:
+        return tensors
+    return [
+        TensorSpec(rename_source_key(t.name, renamings, converters)[0], t.dtype, t.shape)
+        for t in tensors
+    ]
+
+
+def metadata_from_config(
+    config: dict[str, Any],
+    tensors: list[TensorSpec] | None,
+    *,
+    model: str,
+    revision: str | None = None,
+    source: Literal["hub", "local"] = "hub",
+    task: str | None = None,
+    gated: bool = False,
+    token_available: bool = False,
+) -> ModelMetadata:
+    """Build :class:`ModelMetadata` from a config.json dict and safetensors tensor list.
+
+    Known architectures go through transformers' config class (no weights, no model): it
+    resolves attribute aliases, nested text configs and the class-level ``base_model_tp_plan``.
+    ``task`` None: the task of the config's architectures.
+    """
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    raw_type = config.get("model_type")
+    model_type = raw_type if isinstance(raw_type, str) else None
+    architectures = list(config.get("architectures") or [])
+    known = model_type is not None and model_type in CONFIG_MAPPING
+    tp_plan: dict[str, str] | None = None
+    text: Any
+    if known and model_type is not None:
+        fields = {k: v for k, v in config.items() if k != "model_type"}
+        try:
+            cfg = AutoConfig.for_model(model_type, **fields)
+        except (TypeError, ValueError) as e:
+            raise MetadataError(
+                f"config.json of {model} is not a valid {model_type} config: {e}"
+            ) from e
+        text = cfg.get_text_config()
+        tp_plan = dict(getattr(text, "base_model_tp_plan", None) or {}) or None
+        if tp_plan is not None:
+            tp_plan.update(_head_plan(architectures))
+    else:
+        text = config.get("text_config") or config
+        raw_plan = config.get("base_model_tp_plan")
+        tp_plan = dict(raw_plan) if isinstance(raw_plan, dict) and raw_plan else None
+    heads = _first_int(text, "num_attention_heads", "n_head", "num_heads")
+    hidden = _first_int(text, "hidden_size", "n_embd", "d_model")
+    head_dim = _first_int(text, "head_dim")
+    if head_dim is None and heads and hidden:
+        head_dim = hidden // heads
+    kv_heads = _first_int(text, "num_key_value_heads", "num_kv_heads") or heads
+    return ModelMetadata(
+        model=model,
+        revision=revision,
+        source=source,
+        model_type=model_type,
+        architectures=architectures,
+        task=task if task is not None else _task_of(architectures),
+        needs_remote_code=bool(config.get("auto_map")) and not known,
+        gated=gated,
+        token_available=token_available,
+        num_hidden_layers=_first_int(text, "num_hidden_layers", "n_layer", "num_layers"),
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        num_experts=_first_int(text, "num_experts", "num_local_experts", "n_routed_experts") or 0,
+        tp_plan=tp_plan,
+        tensors=_loaded_names(model_type if known else None, tensors) if tensors else tensors,
+    )
+
+
+def _head_plan(architectures: list[str]) -> dict[str, str]:
+    """The plan entries of the task head class (e.g. ``lm_head``), which the base plan omits."""
+    import transformers
+
+    for arch in architectures:
+        cls = getattr(transformers, arch, None)
+        plan = getattr(cls, "_tp_plan", None)
+        if isinstance(plan, dict):
+            return dict(plan)
+    return {}
+
+
+def read_metadata(
+    model: str,
+    revision: str | None = None,
+    *,
+    task: str | None = None,
+    token: str | None = None,
+    endpoint: str | None = None,
+) -> ModelMetadata:
+    """Read a model's metadata from a local checkpoint directory or the Hub (no weights).
+
+    ``model`` is a directory when one exists at that path; otherwise a Hub id. Raises
+    MetadataError when the model, revision or its config.json cannot be found.
+    """
+    if os.path.isdir(model):
+        config = hub.local_config(model)
+        return metadata_from_config(
+            config, hub.local_tensors(model), model=model, revision=revision, source="local",
+            task=task,
+        )  # fmt: skip
+    if model.startswith((".", "/", "~")):
+        raise MetadataError(f"no checkpoint directory at {model}")
+    effective_token = token or get_token()
+    api = hub.hub_api(endpoint)
+    try:
+        info = hub.hub_model_info(api, model, revision, effective_token)
+    except RepositoryNotFoundError as e:
+        raise MetadataError(
+            f"no model {model!r} on {api.endpoint} (or it is private and the token has no "
+            "access); check the id"
+        ) from e
+    except RevisionNotFoundError as e:
+        raise MetadataError(
+            f"{model} has no revision {revision!r}; check the branch/tag/commit"
+        ) from e
+    gated = bool(info.gated)
+    task = task if task is not None else info.pipeline_tag
+    if gated and not effective_token:
+        return ModelMetadata(model=model, revision=revision, task=task, gated=True)
+    try:
+        tensors = hub.hub_tensors(api, model, revision, effective_token)
+        if tensors is None:  # without weights the verdict is settled; config.json is not needed
+            return ModelMetadata(model=model, revision=revision, task=task, gated=gated)
+        config = hub.hub_config(api, model, revision, effective_token)
+    except GatedRepoError:
+        return ModelMetadata(
+            model=model, revision=revision, task=task, gated=True, token_available=True,
+            access_refused=True,
+        )  # fmt: skip
+    except RemoteEntryNotFoundError as e:
+        raise MetadataError(f"{model} has no config.json; it is not a transformers model") from e
+    return metadata_from_config(
+        config, tensors, model=model, revision=revision, source="hub", task=task, gated=gated,
+        token_available=bool(effective_token),
+    )  # fmt: skip
+
+
+def size_model(
+    model: str,
+    revision: str | None = None,
+    *,
+    profile: str = "trn2",
+    lnc: int | None = None,
+    max_cores: int = 16,
+    dtype: str = "bfloat16",
+    batch: int = 3,
+    max_length: int = 160,
+    task: str | None = None,
+    token: str | None = None,
+    trust_remote_code: bool = False,
+    endpoint: str | None = None,
+) -> Plan | Exclusion:
+    """Size a Hub model (id + revision) or a local checkpoint directory for one test.
+
+    Reads only config.json and safetensors headers. ``max_length`` is the longest sequence
+    (prompt + new tokens), ``batch`` the number of prompts. Raises ValueError (MetadataError)
+    for bad arguments or a model that cannot be found.
+    """
+    _validate_run(dtype, batch, max_length, max_cores)
+    hw = get_profile(profile, lnc)
+    meta = read_metadata(model, revision, task=task, token=token, endpoint=endpoint)
+    return plan_from_metadata(
+        meta, profile=hw, max_cores=max_cores, dtype=dtype, batch=batch, max_length=max_length,
+        trust_remote_code=trust_remote_code,
+    )  # fmt: skip
+
+
+__all__ = [
+    "DTYPE_BYTES",
+    "Exclusion",
+    "MemoryBreakdown",
+    "MetadataError",
+    "ModelMetadata",
+    "Plan",
+    "memory_at",
+    "metadata_from_config",
+    "plan_from_metadata",
+    "read_metadata",
+    "size_model",
+    "valid_parallelism",
+]
