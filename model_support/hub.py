@@ -143,3 +143,15 @@ def hub_tensors(
         for file_meta in meta.files_metadata.values()
         for name, info in file_meta.tensors.items()
     ]
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """True when ``exc`` is a transport failure reaching the Hub (refused, DNS, timeout, offline)."""
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return True
+    # huggingface_hub talks through httpx (packaged as httpx or httpx2): its TransportError
+    # covers connect/read/DNS failures but not HTTP status errors, which are real answers.
+    return any(
+        cls.__name__ == "TransportError" and cls.__module__.startswith("httpx")
+        for cls in type(exc).__mro__
+    )

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import typer
 
+from model_support.cli import (
+    commands_demo,
+    commands_operator,
+    commands_run,
+    commands_size,
+    commands_viewer,
+)
+
 app = typer.Typer(
     name="model-support",
     help="Test Hugging Face models on AWS Trainium (TorchNeuron), size them, record and browse results.",
@@ -11,12 +19,5 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-# Command modules register themselves on `app` when imported.
-from model_support.cli import commands_run  # noqa: E402,F401
-from model_support.cli import commands_demo  # noqa: E402,F401
-from model_support.cli import commands_viewer  # noqa: E402
-
-commands_viewer.register(app)
-from model_support.cli import commands_size  # noqa: E402
-
-commands_size.register(app)
+for _module in (commands_run, commands_size, commands_demo, commands_viewer, commands_operator):
+    _module.register(app)

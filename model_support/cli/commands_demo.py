@@ -7,18 +7,20 @@ from typing import Annotated
 
 import typer
 
-from model_support.cli import app
 from model_support.cli.commands_run import console, print_record, results
 
 
-@app.command()
 def demo(
     location: Annotated[str, typer.Option("--results", help="Results store location.")] = "results",
     models_dir: Annotated[
-        Path | None, typer.Option("--models-dir", help="Where the demo checkpoints are built (default: the cache).")
+        Path | None,
+        typer.Option(
+            "--models-dir", help="Where the demo checkpoints are built (default: the cache)."
+        ),
     ] = None,
     compile_backend: Annotated[
-        str | None, typer.Option("--compile-backend", help="torch.compile backend (default: inductor on CPU).")
+        str | None,
+        typer.Option("--compile-backend", help="torch.compile backend (default: inductor on CPU)."),
     ] = "aot_eager",
     timeout: Annotated[float, typer.Option(help="Seconds per model before TIMEOUT.")] = 900.0,
 ) -> None:
@@ -34,10 +36,26 @@ def demo(
     with console.status(f"building demo checkpoints in {dest} (first time: about a minute)"):
         models = build_demo_models(dest, names)
     for model in models:
-        config = RunConfig(model=str(model.require_path()), task=model.task, compile_backend=compile_backend)
+        config = RunConfig(
+            model=str(model.require_path()), task=model.task, compile_backend=compile_backend
+        )
         with console.status(f"testing {model.name} ({model.description})"):
-            record = run_local(config, timeout_s=timeout, source="demo", labels={"demo": model.name})
+            record = run_local(
+                config, timeout_s=timeout, source="demo", labels={"demo": model.name}
+            )
         store.add(record)
         print_record(record)
     store.materialize()
-    results(location=location, model=None, result=None, compiler_version=None, library_version=None, as_json=False)
+    results(
+        location=location,
+        model=None,
+        result=None,
+        compiler_version=None,
+        library_version=None,
+        as_json=False,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add demo to the command line."""
+    app.command()(demo)

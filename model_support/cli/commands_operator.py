@@ -14,28 +14,47 @@ def register(app: typer.Typer) -> None:
     @app.command("operator")
     def operator_command(
         namespace: Annotated[
-            list[str] | None, typer.Option("--namespace", "-n", help="Namespace to watch (repeatable).")
+            list[str] | None,
+            typer.Option("--namespace", "-n", help="Namespace to watch (repeatable)."),
         ] = None,
-        all_namespaces: Annotated[bool, typer.Option("--all-namespaces", "-A", help="Watch every namespace.")] = False,
+        all_namespaces: Annotated[
+            bool, typer.Option("--all-namespaces", "-A", help="Watch every namespace.")
+        ] = False,
         results: Annotated[
-            str, typer.Option("--results", envvar="MODEL_SUPPORT_RESULTS", help="Default results store URI.")
+            str,
+            typer.Option(
+                "--results", envvar="MODEL_SUPPORT_RESULTS", help="Default results store URI."
+            ),
         ] = "results",
         runner_image: Annotated[
-            str | None, typer.Option("--runner-image", envvar="MODEL_SUPPORT_RUNNER_IMAGE", help="Default runner image.")
+            str | None,
+            typer.Option(
+                "--runner-image", envvar="MODEL_SUPPORT_RUNNER_IMAGE", help="Default runner image."
+            ),
         ] = None,
         liveness: Annotated[
             str | None,
             typer.Option("--liveness", help="Liveness endpoint, e.g. http://0.0.0.0:8080/healthz."),
         ] = None,
-        metrics_port: Annotated[int, typer.Option("--metrics-port", help="Prometheus /metrics port.")] = 9090,
+        metrics_port: Annotated[
+            int, typer.Option("--metrics-port", help="Prometheus /metrics port.")
+        ] = 9090,
         no_metrics: Annotated[bool, typer.Option("--no-metrics", help="Serve no metrics.")] = False,
         unschedulable_limit: Annotated[
-            float, typer.Option("--unschedulable-limit", help="Seconds a runner pod may stay unschedulable.")
+            float,
+            typer.Option(
+                "--unschedulable-limit", help="Seconds a runner pod may stay unschedulable."
+            ),
         ] = 1800.0,
         image_pull_limit: Annotated[
-            float, typer.Option("--image-pull-limit", help="Seconds a runner image pull may keep failing.")
+            float,
+            typer.Option(
+                "--image-pull-limit", help="Seconds a runner image pull may keep failing."
+            ),
         ] = 600.0,
-        max_attempts: Annotated[int, typer.Option("--max-attempts", help="Attempts per test after node loss.")] = 3,
+        max_attempts: Annotated[
+            int, typer.Option("--max-attempts", help="Attempts per test after node loss.")
+        ] = 3,
         verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
     ) -> None:
         """Reconcile ModelSupportTest resources into runner Jobs and record their results."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import sys
 from typing import Annotated
 
@@ -11,14 +13,14 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from model_support.cli import app
 from model_support.config import RunConfig
 from model_support.models import BadModelReference, resolve_model
 from model_support.records import RunRecord
 from model_support.vocabulary import Backend, Parallelism, Result, Task
 
 console = Console(stderr=True)
-out = Console()
+# Piped output (CI logs, `| less`) gets a wide table rather than 80 folded columns.
+out = Console(width=None if sys.stdout.isatty() else 160)
 
 DEFAULT_RESULTS = "results"
 
@@ -45,10 +47,65 @@ ParallelismOpt = Annotated[
     Parallelism | None,
     typer.Option(help="With --cores > 1: tensor or expert (default: from sizing)."),
 ]
+InstanceOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Hardware profile for sizing (trn2, trn1, inf2, cpu, cuda; default: from the backend)."
+    ),
+]
 TokensOpt = Annotated[int, typer.Option("--max-new-tokens", help="Tokens to generate.")]
 RemoteOpt = Annotated[
     bool, typer.Option("--trust-remote-code", help="Allow code from the model's repository.")
 ]
+
+
+def default_instance(backend: Backend) -> str:
+    """The sizing profile for a backend: trn2 where torch_neuronx imports, else cuda, else cpu."""
+    if backend == Backend.NEURON:
+        return "trn2"
+    if backend in (Backend.CUDA, Backend.CPU):
+        return backend.value
+    if importlib.util.find_spec("torch_neuronx") is not None:
+        return "trn2"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def plan_cores(
+    config: RunConfig, instance: str | None, lnc: int | None, max_cores: int
+) -> RunConfig | RunRecord:
+    """Size the model: the config with the planned cores, or an EXCLUDED record (not yet stored)."""
+    from model_support.execution import excluded_record
+    from model_support.hub import is_unreachable
+    from model_support.sizing import Exclusion, size_model
+
+    try:
+        planned = size_model(
+            config.model,
+            config.revision,
+            profile=instance or default_instance(config.backend),
+            lnc=lnc,
+            max_cores=max_cores,
+            dtype=config.dtype,
+            batch=len(config.prompts),
+            task=config.task.value,
+            token=os.environ.get("HF_TOKEN"),
+            trust_remote_code=config.trust_remote_code,
+        )
+    except ValueError as exc:
+        raise fail(f"cannot size {config.model!r}: {exc}") from exc
+    except Exception as exc:
+        if not is_unreachable(exc):
+            raise
+        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+        raise fail(
+            f"could not reach the Hugging Face Hub at {endpoint} to read {config.model!r} ({exc}); "
+            "check the network or HF_ENDPOINT, or give a local checkpoint directory"
+        ) from exc
+    if isinstance(planned, Exclusion):
+        return excluded_record(config, planned.reason, planned.message)
+    return config.model_copy(update={"cores": planned.cores, "parallelism": planned.parallelism})
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -165,7 +222,6 @@ def print_record(record: RunRecord) -> None:
         out.print(f"  [dim]»[/] {text[:120]!r}")
 
 
-@app.command()
 def run(
     model: ModelArg,
     backend: BackendOpt = Backend.AUTO,
@@ -180,6 +236,11 @@ def run(
     results: Annotated[
         str, typer.Option(help="Results store location (path or fsspec URI).")
     ] = DEFAULT_RESULTS,
+    instance: InstanceOpt = None,
+    lnc: Annotated[
+        int | None, typer.Option(help="Logical NeuronCore config for sizing (trn2: 1 or 2).")
+    ] = None,
+    max_cores: Annotated[int, typer.Option(help="Most cores sizing may choose.")] = 16,
     timeout: Annotated[
         float, typer.Option(help="Seconds before the run is stopped (TIMEOUT).")
     ] = 3600.0,
@@ -204,6 +265,16 @@ def run(
         trust_remote_code=trust_remote_code,
     )
     store = ResultsStore(results)
+    if cores is None:
+        planned = plan_cores(config, instance, lnc, max_cores)
+        if isinstance(planned, RunRecord):
+            store.add_and_materialize(planned)
+            if as_json:
+                print(json.dumps(summary(planned)))
+            else:
+                print_record(planned)
+            raise typer.Exit(3)
+        config = planned
 
     def show(event: StageEvent) -> None:
         if as_json:
@@ -226,7 +297,6 @@ def run(
         raise typer.Exit(1)
 
 
-@app.command()
 def script(
     model: ModelArg,
     backend: BackendOpt = Backend.AUTO,
@@ -274,7 +344,6 @@ RESULT_COLUMNS = [
 ]
 
 
-@app.command()
 def results(
     location: Annotated[
         str, typer.Option("--results", help="Results store location.")
@@ -356,3 +425,10 @@ def _fmt(value: object, pattern: str) -> str:
     if value is None or (isinstance(value, float) and value != value):
         return "—"
     return pattern.format(value)
+
+
+def register(app: typer.Typer) -> None:
+    """Add run, script and results to the command line."""
+    app.command()(run)
+    app.command()(script)
+    app.command()(results)

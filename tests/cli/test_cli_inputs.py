@@ -1,0 +1,81 @@
+"""The command line refuses bad input clearly, before anything runs, and loses nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from model_support.cli import app
+from model_support.script import read_config
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "./no/such/dir"], "no such checkpoint directory"),
+        (["run", "bad id!"], "is not a valid Hub model id"),
+        (["run", "org/name", "--dtype", "int3"], "dtype"),
+        (["run", "org/name", "--cores", "2", "--parallelism", "none"], "needs parallelism"),
+        (["run", "org/name", "--compile-backend", "module:"], "expected module:function"),
+        (["script", "a--b/c"], "is not a valid Hub model id"),
+    ],
+)
+def test_bad_input_gets_a_specific_error(args: list[str], message: str, tmp_path: Path) -> None:
+    result = runner.invoke(app, [*args, *(["--results", str(tmp_path)] if args[0] == "run" else [])])
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+    assert not any(tmp_path.iterdir())  # nothing recorded for input that never ran
+
+
+def test_a_file_instead_of_a_checkpoint_directory_is_refused(tmp_path: Path) -> None:
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"\0" * 16)
+    result = runner.invoke(app, ["script", str(weights)])
+    assert result.exit_code == 2
+    assert "is a file" in result.output
+
+
+def test_unreachable_hub_is_reported_with_the_endpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    result = runner.invoke(app, ["run", "org/model", "--results", str(tmp_path), "--backend", "cpu"])
+    assert result.exit_code == 2
+    text = " ".join(result.output.split())
+    assert "could not reach the Hugging Face Hub at http://127.0.0.1:9" in text
+
+
+def test_script_prints_the_rendered_run_py(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["script", "org/model", "--revision", "v2", "--dtype", "float32", "--cores", "4", "--compile-backend", "aot_eager"]
+    )
+    assert result.exit_code == 0, result.output
+    config = read_config(result.stdout)
+    assert (config.model, config.revision, config.dtype, config.cores, config.parallelism.value) == (
+        "org/model",
+        "v2",
+        "float32",
+        4,
+        "tensor",
+    )
+    assert config.compile_backend == "aot_eager"
+
+
+def test_script_for_a_local_checkpoint_uses_its_absolute_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["script", "./ckpt", "--revision", "ignored"])
+    assert result.exit_code == 0, result.output
+    config = read_config(result.stdout)
+    assert config.model == str((tmp_path / "ckpt").resolve())
+    assert config.revision is None
+
+
+def test_results_on_an_empty_location_says_what_to_do(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["results", "--results", str(tmp_path / "nothing")])
+    assert result.exit_code == 1
+    assert "model-support run MODEL" in " ".join(result.output.split())
