@@ -7,13 +7,16 @@ graph. They imitate real compiler bugs: numeric noise in one layer, a lost atten
 mis-routed mixture-of-experts layer. ``benign`` runs the graph unchanged (the control).
 
 The layer is chosen by ``MODEL_SUPPORT_FAULT_LAYER`` (default: the last decoder layer for
-noise/head faults, the first for routing), so a test can aim at any layer.
+noise/head faults, the first for routing), so a test can aim at any layer. In a sharded run,
+``MODEL_SUPPORT_FAULT_RANK`` limits a fault to one worker (the others compile correctly), the way
+a miscompile on one core would look. ``kill_worker`` kills its own process (default rank 1).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -58,6 +61,11 @@ def _pick_layer(layers: dict[int, list[fx.Node]], default_last: bool) -> int | N
     return max(layers) if default_last else min(layers)
 
 
+def _on_faulty_rank(default: str | None = None) -> bool:
+    wanted = os.environ.get("MODEL_SUPPORT_FAULT_RANK", default)
+    return wanted is None or os.environ.get("RANK", "0") == wanted
+
+
 def _report(kind: str, applied: bool, where: str) -> None:
     # stderr, so the runner's output shows whether the fault actually landed in this graph.
     print(
@@ -85,6 +93,8 @@ def _noisy_layer(
     scale: float, label: str
 ) -> Callable[[fx.GraphModule, Sequence[torch.Tensor]], CompiledFn]:
     def backend(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+        if not _on_faulty_rank():
+            return gm.forward
         layers = _layer_nodes(gm, "mlp")
         layer = _pick_layer(layers, default_last=True)
         if layer is not None:
@@ -121,6 +131,8 @@ def _head_dim(attn_output: fx.Node) -> int:
 
 def zero_head(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
     """Zero attention head 0 of one layer (the input of its o_proj)."""
+    if not _on_faulty_rank():
+        return gm.forward
     layers = _layer_nodes(gm, "self_attn.o_proj")
     layer = _pick_layer(layers, default_last=True)
     if layer is not None:
@@ -143,6 +155,8 @@ def _swap_first_two(x: torch.Tensor) -> torch.Tensor:
 
 def swap_experts(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
     """Swap the routing of experts 0 and 1 in one MoE layer (columns of its router logits)."""
+    if not _on_faulty_rank():
+        return gm.forward
     layers = _layer_nodes(gm, "mlp.gate")
     if not layers:
         layers = _layer_nodes(gm, "block_sparse_moe.gate")
@@ -156,4 +170,12 @@ def swap_experts(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> 
 
 def benign(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
     """The control: run the captured graph unchanged."""
+    return gm.forward
+
+
+def kill_worker(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+    """SIGKILL this process when it is the faulty rank (default 1): a worker dying mid-run."""
+    if _on_faulty_rank(default="1"):
+        print("[fault] kill_worker: killing this worker", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
     return gm.forward

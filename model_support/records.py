@@ -65,10 +65,19 @@ class Verification(BaseModel):
     passed: bool | None = None
     exact: bool | None = Field(None, description="Every token equals the float32 reference argmax.")
     error_ratio: float | None = Field(
-        None, description="Device logit error / dtype baseline error (worst prompt)."
+        None,
+        description="Median per-position logit deviation of the device / of the dtype baseline (worst prompt).",
     )
-    device_error: float | None = None
-    baseline_error: float | None = None
+    device_error: float | None = Field(
+        None, description="The device's median deviation (nats), worst prompt."
+    )
+    baseline_error: float | None = Field(
+        None, description="The baseline's median deviation (nats), same prompt."
+    )
+    rmse_ratio: float | None = Field(
+        None,
+        description="Whole-vocabulary log-probability RMSE ratio device / baseline (recorded, not judged).",
+    )
     mismatches: int | None = Field(
         None, description="Tokens that differ from the reference argmax."
     )
@@ -124,7 +133,12 @@ class ResultDocument(BaseModel):
     cores: int = 1
     parallelism: Parallelism = Parallelism.NONE
     max_new_tokens: int | None = None
-    parameters: int | None = Field(None, description="Total parameter count of the model as loaded.")
+    parameters: int | None = Field(
+        None, description="Total parameter count of the model as loaded."
+    )
+    parameters_per_core: int | None = Field(
+        None, description="Parameters held by one core (rank 0) after sharding."
+    )
     result: Result
     error_class: ErrorClass | None = None
     error: str | None = None

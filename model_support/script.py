@@ -7,6 +7,7 @@ can ever become code. The rendered text is what runs and what is stored, byte fo
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from functools import cache
@@ -17,7 +18,6 @@ from model_support.config import RunConfig
 BEGIN = "# ---- BEGIN MODEL-SUPPORT CONFIG (rendered by model-support; JSON only) ----"
 END = "# ---- END MODEL-SUPPORT CONFIG ----"
 _BLOCK = re.compile(re.escape(BEGIN) + r"\n(?P<body>.*?)\n" + re.escape(END), re.DOTALL)
-_ASSIGN = re.compile(r"\ACONFIG_JSON = (?P<literal>\".*\")\Z", re.DOTALL)
 
 
 class TemplateError(RuntimeError):
@@ -47,7 +47,13 @@ def read_config(script: str) -> RunConfig:
     matches = list(_BLOCK.finditer(script))
     if len(matches) != 1:
         raise TemplateError(f"run.py must contain exactly one config block, found {len(matches)}")
-    assign = _ASSIGN.match(matches[0].group("body"))
-    if assign is None:
+    body = ast.parse(matches[0].group("body")).body
+    if (
+        len(body) != 1
+        or not isinstance(body[0], ast.Assign)
+        or [getattr(t, "id", None) for t in body[0].targets] != ["CONFIG_JSON"]
+        or not isinstance(body[0].value, ast.Constant)
+        or not isinstance(body[0].value.value, str)
+    ):
         raise TemplateError("the config block must be a single CONFIG_JSON string assignment")
-    return RunConfig.model_validate_json(json.loads(assign.group("literal")))
+    return RunConfig.model_validate_json(body[0].value.value)

@@ -180,6 +180,8 @@ def summary(record: RunRecord) -> dict[str, object]:
         "compile_backend": doc.compile_backend,
         "cores": doc.cores,
         "parallelism": doc.parallelism.value,
+        "parameters": doc.parameters,
+        "parameters_per_core": doc.parameters_per_core,
         "wall_time_s": doc.timings.wall_time_s,
         "compile_time_s": doc.timings.compile_s,
         "decode_tokens_per_s": doc.timings.decode_tokens_per_s,

@@ -26,7 +26,9 @@ runner = CliRunner()
     ],
 )
 def test_bad_input_gets_a_specific_error(args: list[str], message: str, tmp_path: Path) -> None:
-    result = runner.invoke(app, [*args, *(["--results", str(tmp_path)] if args[0] == "run" else [])])
+    result = runner.invoke(
+        app, [*args, *(["--results", str(tmp_path)] if args[0] == "run" else [])]
+    )
     assert result.exit_code == 2
     assert message in " ".join(result.output.split())
     assert not any(tmp_path.iterdir())  # nothing recorded for input that never ran
@@ -40,9 +42,13 @@ def test_a_file_instead_of_a_checkpoint_directory_is_refused(tmp_path: Path) -> 
     assert "is a file" in result.output
 
 
-def test_unreachable_hub_is_reported_with_the_endpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unreachable_hub_is_reported_with_the_endpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-    result = runner.invoke(app, ["run", "org/model", "--results", str(tmp_path), "--backend", "cpu"])
+    result = runner.invoke(
+        app, ["run", "org/model", "--results", str(tmp_path), "--backend", "cpu"]
+    )
     assert result.exit_code == 2
     text = " ".join(result.output.split())
     assert "could not reach the Hugging Face Hub at http://127.0.0.1:9" in text
@@ -50,11 +56,29 @@ def test_unreachable_hub_is_reported_with_the_endpoint(tmp_path: Path, monkeypat
 
 def test_script_prints_the_rendered_run_py(tmp_path: Path) -> None:
     result = runner.invoke(
-        app, ["script", "org/model", "--revision", "v2", "--dtype", "float32", "--cores", "4", "--compile-backend", "aot_eager"]
+        app,
+        [
+            "script",
+            "org/model",
+            "--revision",
+            "v2",
+            "--dtype",
+            "float32",
+            "--cores",
+            "4",
+            "--compile-backend",
+            "aot_eager",
+        ],
     )
     assert result.exit_code == 0, result.output
     config = read_config(result.stdout)
-    assert (config.model, config.revision, config.dtype, config.cores, config.parallelism.value) == (
+    assert (
+        config.model,
+        config.revision,
+        config.dtype,
+        config.cores,
+        config.parallelism.value,
+    ) == (
         "org/model",
         "v2",
         "float32",
@@ -64,7 +88,9 @@ def test_script_prints_the_rendered_run_py(tmp_path: Path) -> None:
     assert config.compile_backend == "aot_eager"
 
 
-def test_script_for_a_local_checkpoint_uses_its_absolute_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_script_for_a_local_checkpoint_uses_its_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     monkeypatch.chdir(tmp_path)

@@ -9,7 +9,14 @@ import sys
 import pytest
 
 from model_support.config import RunConfig
-from model_support.script import BEGIN, END, TemplateError, read_config, render_script, template_text
+from model_support.script import (
+    BEGIN,
+    END,
+    TemplateError,
+    read_config,
+    render_script,
+    template_text,
+)
 from model_support.vocabulary import Parallelism, Task
 
 HOSTILE = 'evil/x"\nimport os; os.system("touch /tmp/pwned") #\'\'\'"""\\'
@@ -93,5 +100,9 @@ def test_rendered_script_is_valid_python_that_needs_no_package() -> None:
         for a in (n.names if isinstance(n, ast.Import) else [n])  # type: ignore[attr-defined]
     }
     assert "model_support" not in imported
-    result = subprocess.run([sys.executable, "-c", "import ast,sys; ast.parse(sys.stdin.read())"], input=rendered, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", "import ast,sys; ast.parse(sys.stdin.read())"],
+        input=rendered,
+        text=True,
+    )
     assert result.returncode == 0

@@ -1,0 +1,539 @@
+"""Tiny local checkpoints for the demo and the tests.
+
+Every model here is built on this machine from a config, briefly trained on the bundled corpus
+(``model_support/data/corpus.txt``) so that its predictions are decisive, and saved with
+``save_pretrained`` (safetensors) next to its tokenizer or processor. Whatever loads them uses the
+real ``from_pretrained`` path, exactly as for a Hub model.
+
+Building is cached: each model directory carries a stamp with a fingerprint of everything that
+decides its contents (builder version, config, training recipe, corpus, library versions) and a
+SHA-256 of every file. An up-to-date directory is reused; a stale, corrupted or half-written one
+is rebuilt in a temporary directory that then replaces it by rename. A file lock per model lets
+several processes (pytest-xdist workers, the demo) share one cache directory.
+
+``transformers`` is imported only when something has to be built (importing it costs seconds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from importlib import metadata, resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from filelock import FileLock
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from model_support.vocabulary import Task
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+# Bump whenever the build or training code changes what ends up on disk: it is part of the
+# fingerprint, so every cached model is rebuilt once.
+BUILDER_VERSION = 1
+
+CACHE_ENV = "MODEL_SUPPORT_CACHE"
+_DIRECTORY_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+STAMP_FILE = "demo-model-stamp.json"
+
+PAD_TOKEN = "<|pad|>"
+BOS_TOKEN = "<|bos|>"
+EOS_TOKEN = "<|eos|>"
+IMAGE_TOKEN = "<image>"
+TOKENIZER_VOCAB_SIZE = 1000
+
+# Llava-1.5 style prompt; the processor expands each <image> into one token per image patch.
+LLAVA_CHAT_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}"
+    "{{- message['role'] | upper + ': ' -}}"
+    "{%- if message['content'] is string -%}"
+    "{{- message['content'] -}}"
+    "{%- else -%}"
+    "{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'image' -%}{{- '<image>\n' -}}"
+    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{- '\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- 'ASSISTANT:' -}}{%- endif -%}"
+)
+
+# Shapes shared by every text stack: hidden 64, 2 layers, as in REFERENCE.md. Training, not a
+# large initializer_range, is what makes these models decisive: with 0.1 instead of the usual
+# 0.02 the same 400 steps end at a higher loss (1.3 against 1.0) and smaller top-2 margins.
+_INIT_RANGE = 0.02
+_TEXT_SHAPE: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "vocab_size": TOKENIZER_VOCAB_SIZE,
+    "initializer_range": _INIT_RANGE,
+    "tie_word_embeddings": False,
+}
+_VISION_IMAGE_SIZE = 32
+_VISION_PATCH_SIZE = 8
+
+
+class ModelKind(StrEnum):
+    """What sort of model a demo model stands in for."""
+
+    DENSE = "dense"
+    MOE = "moe"
+    VISION = "vision"
+
+
+@dataclass(frozen=True)
+class TrainingRecipe:
+    """How a demo model is trained: AdamW on random windows of the bundled corpus.
+
+    Measured on the tiny Llama (2 cores, about 18 ms a step): 400 steps at 3e-3 end at loss 1.2
+    and a median top-2 margin of 1.8 nats on the default prompts; 500 steps at 4e-3 with the
+    cosine decay end at 0.6 and 2.7 nats for 25% more time.
+    """
+
+    steps: int = 500
+    learning_rate: float = 4e-3
+    batch_size: int = 16
+    sequence_length: int = 64
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class DemoModel:
+    """One tiny demo checkpoint: what it is, and where it lies once built.
+
+    ``path`` is None in the catalogue and set on what ``build_demo_models`` returns.
+    """
+
+    name: str
+    task: Task
+    kind: ModelKind
+    architecture: str
+    description: str
+    config_class: str = field(repr=False)
+    config: Mapping[str, Any] = field(repr=False, compare=False)
+    recipe: TrainingRecipe = field(default_factory=TrainingRecipe, repr=False)
+    path: Path | None = None
+
+    def require_path(self) -> Path:
+        """Return the built checkpoint's directory, or raise if this entry was never built."""
+        if self.path is None:
+            raise ValueError(
+                f"demo model {self.name!r} has no path: it is a catalogue entry; "
+                "call build_demo_models(dest, [name]) to build it and use the returned entry"
+            )
+        return self.path
+
+
+class BuildStamp(BaseModel):
+    """What a built model directory records about itself (written last, read to reuse it)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    fingerprint: str
+    builder_version: int
+    built_at: datetime
+    build_seconds: float
+    initial_loss: float
+    final_loss: float
+    versions: dict[str, str]
+    files: dict[str, str]  # relative path -> sha256 of every other file in the directory
+
+
+DEMO_MODELS: tuple[DemoModel, ...] = (
+    DemoModel(
+        name="tiny-llama",
+        task=Task.TEXT_GENERATION,
+        kind=ModelKind.DENSE,
+        architecture="LlamaForCausalLM",
+        description="Dense Llama decoder, hidden 64, 2 layers, byte-level BPE vocab 1000.",
+        config_class="LlamaConfig",
+        config=dict(_TEXT_SHAPE),
+    ),
+    DemoModel(
+        name="tiny-qwen3",
+        task=Task.TEXT_GENERATION,
+        kind=ModelKind.DENSE,
+        architecture="Qwen3ForCausalLM",
+        description="Dense Qwen3 decoder (q/k norms), hidden 64, 2 layers.",
+        config_class="Qwen3Config",
+        config={**_TEXT_SHAPE, "head_dim": 16},
+    ),
+    DemoModel(
+        name="tiny-qwen3-moe",
+        task=Task.TEXT_GENERATION,
+        kind=ModelKind.MOE,
+        architecture="Qwen3MoeForCausalLM",
+        description="Qwen3 mixture of experts: 4 experts, top-2, every layer sparse.",
+        config_class="Qwen3MoeConfig",
+        config={
+            **_TEXT_SHAPE,
+            "head_dim": 16,
+            "moe_intermediate_size": 64,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "norm_topk_prob": True,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+        },
+    ),
+    DemoModel(
+        name="tiny-mixtral",
+        task=Task.TEXT_GENERATION,
+        kind=ModelKind.MOE,
+        architecture="MixtralForCausalLM",
+        description="Mixtral mixture of experts: 4 experts, top-2.",
+        config_class="MixtralConfig",
+        config={
+            **_TEXT_SHAPE,
+            "intermediate_size": 64,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+        },
+    ),
+    DemoModel(
+        name="tiny-llava",
+        task=Task.IMAGE_TEXT_TO_TEXT,
+        kind=ModelKind.VISION,
+        architecture="LlavaForConditionalGeneration",
+        description=(
+            "Llava: CLIP vision tower (32x32 images, 8x8 patches) + projector + tiny Llama; "
+            "the language part is trained on the corpus, the vision part stays random."
+        ),
+        config_class="LlavaConfig",
+        config={
+            "vision_config": {
+                "model_type": "clip_vision_model",
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "image_size": _VISION_IMAGE_SIZE,
+                "patch_size": _VISION_PATCH_SIZE,
+                "projection_dim": 32,
+                "initializer_range": _INIT_RANGE,
+            },
+            # One more token than the BPE vocabulary: the <image> placeholder is added on top.
+            "text_config": {
+                **_TEXT_SHAPE,
+                "model_type": "llama",
+                "vocab_size": TOKENIZER_VOCAB_SIZE + 1,
+            },
+            "image_token_index": TOKENIZER_VOCAB_SIZE,
+            "image_seq_length": (_VISION_IMAGE_SIZE // _VISION_PATCH_SIZE) ** 2,
+            "vision_feature_select_strategy": "default",
+            "vision_feature_layer": -2,
+        },
+    ),
+)
+
+
+def demo_model(name: str) -> DemoModel:
+    """Return the catalogue entry called ``name`` (not built; see ``build_demo_models``)."""
+    for model in DEMO_MODELS:
+        if model.name == name:
+            return model
+    known = ", ".join(m.name for m in DEMO_MODELS)
+    raise ValueError(f"unknown demo model {name!r}; known demo models: {known}")
+
+
+def default_cache_dir() -> Path:
+    """Where demo models are cached: ``$MODEL_SUPPORT_CACHE`` if set, else ~/.cache/model-support/demo-models."""
+    configured = os.environ.get(CACHE_ENV)
+    if configured:
+        return Path(configured).expanduser()
+    return Path.home() / ".cache" / "model-support" / "demo-models"
+
+
+def corpus_text() -> str:
+    """Return the bundled training corpus (plain text: Python source and English prose)."""
+    return resources.files("model_support").joinpath("data/corpus.txt").read_text(encoding="utf-8")
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries whose behaviour decides a built checkpoint's bytes."""
+    return {
+        pkg: metadata.version(pkg) for pkg in ("torch", "transformers", "tokenizers", "safetensors")
+    }
+
+
+def fingerprint(model: DemoModel, corpus: str) -> str:
+    """Hash of everything that decides what ``model``'s directory holds once built."""
+    payload = {
+        "builder_version": BUILDER_VERSION,
+        "name": model.name,
+        "architecture": model.architecture,
+        "config_class": model.config_class,
+        "config": model.config,
+        "recipe": asdict(model.recipe),
+        "tokenizer_vocab_size": TOKENIZER_VOCAB_SIZE,
+        "chat_template": LLAVA_CHAT_TEMPLATE if model.kind is ModelKind.VISION else None,
+        "corpus_sha256": hashlib.sha256(corpus.encode("utf-8")).hexdigest(),
+        "versions": library_versions(),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def read_stamp(model_dir: Path) -> BuildStamp | None:
+    """Return the stamp of a built model directory, or None if it has none or an unreadable one."""
+    try:
+        raw = (model_dir / STAMP_FILE).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        return BuildStamp.model_validate_json(raw)
+    except ValidationError:
+        # A truncated or foreign stamp means the directory cannot be trusted: treat as unbuilt.
+        return None
+
+
+def is_up_to_date(model: DemoModel, model_dir: Path, corpus: str | None = None) -> bool:
+    """True if ``model_dir`` holds a complete build of ``model`` matching the current fingerprint."""
+    stamp = read_stamp(model_dir)
+    if stamp is None:
+        return False
+    if stamp.fingerprint != fingerprint(model, corpus_text() if corpus is None else corpus):
+        return False
+    present = {p.relative_to(model_dir).as_posix() for p in model_dir.rglob("*") if p.is_file()}
+    if present != set(stamp.files) | {STAMP_FILE}:
+        return False
+    return all(_sha256(model_dir / rel) == digest for rel, digest in stamp.files.items())
+
+
+def build_demo_models(
+    dest: Path, names: Iterable[str | DemoModel] | None = None, *, force: bool = False
+) -> list[DemoModel]:
+    """Build (or reuse) demo models under ``dest/<name>`` and return them with ``path`` set.
+
+    ``names`` are catalogue names or ``DemoModel`` entries (for example a catalogue entry with a
+    shorter training recipe); by default the whole catalogue, returned in catalogue order. An
+    existing directory is reused when its stamp matches the current fingerprint and every file's
+    hash; otherwise (or with ``force``) the model is rebuilt in a temporary directory that then
+    replaces it, so a reader never sees a half-written model.
+    """
+    wanted: list[str | DemoModel] = list(DEMO_MODELS) if names is None else list(names)
+    # Resolve every name before doing any work, so a typo fails fast and builds nothing.
+    selected = [item if isinstance(item, DemoModel) else demo_model(item) for item in wanted]
+    for model in selected:
+        if not _DIRECTORY_NAME.fullmatch(model.name):
+            raise ValueError(
+                f"demo model name {model.name!r} cannot be a directory name: use lower-case "
+                "letters, digits, '.', '_' and '-', starting with a letter or digit"
+            )
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    corpus = corpus_text()
+    result = []
+    for model in selected:
+        target = dest / model.name
+        # One lock per model: pytest-xdist workers and the demo may build into one cache at once.
+        with FileLock(str(dest / f".{model.name}.lock")):
+            _remove_leftovers(dest, model.name)
+            if force or not is_up_to_date(model, target, corpus):
+                _build_and_swap(model, dest, target, corpus)
+        result.append(replace(model, path=target))
+    return result
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _remove_leftovers(dest: Path, name: str) -> None:
+    """Delete temporary directories of an earlier build of ``name`` that was interrupted."""
+    for leftover in dest.glob(f".{name}.building-*"):
+        shutil.rmtree(leftover)
+    for leftover in dest.glob(f".{name}.stale-*"):
+        shutil.rmtree(leftover)
+
+
+def _build_and_swap(model: DemoModel, dest: Path, target: Path, corpus: str) -> None:
+    """Build into a temporary sibling directory, then move it into place by rename."""
+    building = Path(tempfile.mkdtemp(prefix=f".{model.name}.building-", dir=dest))
+    try:
+        _build(model, building, corpus)
+        building.chmod(0o755)  # mkdtemp makes it owner-only; the cache is meant to be shared
+        if target.exists():
+            # A directory cannot be renamed over a non-empty one: move the old one aside first.
+            stale = dest / f".{model.name}.stale-{uuid.uuid4().hex}"
+            target.rename(stale)
+            building.rename(target)
+            shutil.rmtree(stale)
+        else:
+            building.rename(target)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+
+
+def _build(model: DemoModel, out: Path, corpus: str) -> None:
+    """Build, train and save ``model`` into the empty directory ``out``, stamp last."""
+    import torch
+    import transformers
+
+    started = time.perf_counter()
+    tokenizer = _train_tokenizer(corpus, with_image_token=model.kind is ModelKind.VISION)
+    config_kwargs = json.loads(json.dumps(model.config))  # deep copy: configs mutate nested dicts
+    special = {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    if model.kind is ModelKind.VISION:
+        config_kwargs["text_config"].update(special)
+    config = getattr(transformers, model.config_class)(**config_kwargs, **special)
+    config.architectures = [model.architecture]
+
+    stream = _token_stream(tokenizer, corpus)
+    # A private RNG state: the build is deterministic and leaves the caller's seed untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(model.recipe.seed)
+        network = getattr(transformers, model.architecture)(config)
+        initial_loss, final_loss = _train(network, stream, tokenizer.bos_token_id, model.recipe)
+    network.eval()
+
+    network.save_pretrained(out, safe_serialization=True)
+    if model.kind is ModelKind.VISION:
+        _llava_processor(tokenizer).save_pretrained(out)
+    else:
+        tokenizer.save_pretrained(out)
+
+    files = {
+        p.relative_to(out).as_posix(): _sha256(p) for p in sorted(out.rglob("*")) if p.is_file()
+    }
+    stamp = BuildStamp(
+        name=model.name,
+        fingerprint=fingerprint(model, corpus),
+        builder_version=BUILDER_VERSION,
+        built_at=datetime.now(UTC),
+        build_seconds=round(time.perf_counter() - started, 3),
+        initial_loss=initial_loss,
+        final_loss=final_loss,
+        versions=library_versions(),
+        files=files,
+    )
+    (out / STAMP_FILE).write_text(stamp.model_dump_json(indent=2), encoding="utf-8")
+
+
+def _train_tokenizer(corpus: str, *, with_image_token: bool) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE (vocab 1000) on the corpus; prompts get a BOS token prepended."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB_SIZE,
+        special_tokens=[PAD_TOKEN, BOS_TOKEN, EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator([corpus], trainer=trainer)
+    bos_id = backend.token_to_id(BOS_TOKEN)
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{BOS_TOKEN} $A",
+        pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B",
+        special_tokens=[(BOS_TOKEN, bos_id)],
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        model_max_length=_TEXT_SHAPE["max_position_embeddings"],
+    )
+    if with_image_token:
+        tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
+        tokenizer.chat_template = LLAVA_CHAT_TEMPLATE
+    return tokenizer
+
+
+def _token_stream(tokenizer: PreTrainedTokenizerFast, corpus: str) -> torch.Tensor:
+    """The corpus as one token stream, without special tokens."""
+    import torch
+
+    # The backend tokenizer directly: the wrapper warns about texts longer than the model.
+    ids = tokenizer.backend_tokenizer.encode(corpus, add_special_tokens=False).ids
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def _train(
+    network: PreTrainedModel, stream: torch.Tensor, bos_id: int, recipe: TrainingRecipe
+) -> tuple[float, float]:
+    """Train on random windows of ``stream``; return the first and the last loss (mean of 10 steps).
+
+    Each window is BOS followed by text from a random offset, which is exactly what a tokenized
+    prompt looks like; the model never sees BOS or EOS mid-text, so it does not learn to emit them
+    and its greedy continuations stay plain corpus-like text.
+    """
+    import torch
+
+    generator = torch.Generator().manual_seed(recipe.seed)
+    optimizer = torch.optim.AdamW(network.parameters(), lr=recipe.learning_rate, weight_decay=0.0)
+    # Cosine decay to 10%: a lower final rate settles the weights, which sharpens predictions.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / recipe.steps))
+    )
+    span = recipe.sequence_length - 1
+    offsets_limit = stream.numel() - span
+    if offsets_limit <= 0:
+        raise ValueError(f"the corpus has {stream.numel()} tokens, fewer than one window of {span}")
+    bos = torch.full((recipe.batch_size, 1), bos_id, dtype=torch.long)
+    network.train()
+    losses: list[float] = []
+    for _ in range(recipe.steps):
+        starts = torch.randint(0, offsets_limit, (recipe.batch_size,), generator=generator)
+        batch = torch.cat(
+            [bos, torch.stack([stream[s : s + span] for s in starts.tolist()])], dim=1
+        )
+        loss = network(input_ids=batch, labels=batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+    window = min(10, len(losses))
+    return sum(losses[:window]) / window, sum(losses[-window:]) / window
+
+
+def _llava_processor(tokenizer: PreTrainedTokenizerFast) -> Any:
+    """A LlavaProcessor around ``tokenizer`` with a CLIP image processor for 32x32 images."""
+    from transformers import LlavaProcessor
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    # The PIL backend needs no torchvision (not installed here); both backends load it back.
+    image_processor = CLIPImageProcessorPil(
+        size={"shortest_edge": _VISION_IMAGE_SIZE},
+        crop_size={"height": _VISION_IMAGE_SIZE, "width": _VISION_IMAGE_SIZE},
+    )
+    return LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=_VISION_PATCH_SIZE,
+        vision_feature_select_strategy="default",
+        chat_template=LLAVA_CHAT_TEMPLATE,
+        image_token=IMAGE_TOKEN,
+        num_additional_image_tokens=1,  # CLIP's CLS token, dropped by the "default" strategy
+    )

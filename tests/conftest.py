@@ -1,0 +1,76 @@
+"""Shared pytest fixtures for the whole suite.
+
+Tiny demo checkpoints come first: they are built (briefly trained) once into the shared cache
+(``$MODEL_SUPPORT_CACHE`` or ~/.cache/model-support/demo-models) and reused by later test
+sessions and by the demo. Fixtures that need only one model build only that one.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from model_support.checkpoints import DemoModel, build_demo_models, default_cache_dir
+
+# --- tiny demo checkpoints -------------------------------------------------------------------
+
+
+def _demo_model_path(name: str) -> Path:
+    (model,) = build_demo_models(default_cache_dir(), [name])
+    return model.require_path()
+
+
+@pytest.fixture(scope="session")
+def demo_models() -> dict[str, DemoModel]:
+    """Every demo model of the catalogue, built (or reused) in the shared cache, by name."""
+    return {model.name: model for model in build_demo_models(default_cache_dir())}
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_path() -> Path:
+    """Directory of the tiny trained LlamaForCausalLM checkpoint (text-generation)."""
+    return _demo_model_path("tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_path() -> Path:
+    """Directory of the tiny trained Qwen3ForCausalLM checkpoint (text-generation)."""
+    return _demo_model_path("tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe_path() -> Path:
+    """Directory of the tiny trained Qwen3MoeForCausalLM checkpoint (4 experts, top-2)."""
+    return _demo_model_path("tiny-qwen3-moe")
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral_path() -> Path:
+    """Directory of the tiny trained MixtralForCausalLM checkpoint (4 experts, top-2)."""
+    return _demo_model_path("tiny-mixtral")
+
+
+@pytest.fixture(scope="session")
+def tiny_llava_path() -> Path:
+    """Directory of the tiny LlavaForConditionalGeneration checkpoint with its processor."""
+    return _demo_model_path("tiny-llava")
+
+
+# --- reports -----------------------------------------------------------------------------------
+
+
+_SESSION_STARTED = time.time()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the fault-injection confusion tables this session wrote (also under xdist)."""
+    artifacts = Path(__file__).resolve().parents[1] / "test-artifacts"
+    started = _SESSION_STARTED
+    tables = sorted(artifacts.glob("fault-injection-*.md")) if artifacts.is_dir() else []
+    fresh = [t for t in tables if t.stat().st_mtime >= started]
+    if fresh:
+        terminalreporter.section("verification fidelity (fault injection)")
+        for table in fresh:
+            terminalreporter.write_line(table.read_text())

@@ -1,0 +1,97 @@
+"""Sharded runs: run.py starts its own workers, shards the model, and fails loudly per rank."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from model_support.checkpoints import DemoModel
+from model_support.cli import app
+from model_support.config import RunConfig
+from model_support.execution import run_local
+from model_support.vocabulary import ErrorClass, Parallelism, Result
+
+pytestmark = pytest.mark.slow
+runner = CliRunner()
+
+
+def _cli_run(path: Path, results: Path, *extra: str) -> dict[str, object]:
+    outcome = runner.invoke(
+        app,
+        [
+            "run",
+            str(path),
+            "--cores",
+            "2",
+            "--compile-backend",
+            "aot_eager",
+            "--results",
+            str(results),
+            "--json",
+            *extra,
+        ],
+    )
+    assert outcome.exit_code == 0, outcome.output
+    return json.loads(outcome.stdout.strip().splitlines()[-1])
+
+
+def test_tensor_parallel_run_passes_and_is_recorded(
+    demo_models: dict[str, DemoModel], tmp_path: Path
+) -> None:
+    summary = _cli_run(demo_models["tiny-llama"].require_path(), tmp_path)
+    assert summary["result"] == "PASS", summary
+    assert (summary["cores"], summary["parallelism"]) == (2, "tensor")
+    assert summary["parameters_per_core"] < 0.75 * summary["parameters"]  # really split
+    rows = pd.read_parquet(tmp_path / "data")
+    assert rows[["neuron_cores", "parallelism", "result"]].values.tolist() == [
+        [2, "tensor", "PASS"]
+    ]
+
+
+def test_expert_parallel_run_of_a_moe_passes(
+    demo_models: dict[str, DemoModel], tmp_path: Path
+) -> None:
+    summary = _cli_run(
+        demo_models["tiny-qwen3-moe"].require_path(), tmp_path, "--parallelism", "expert"
+    )
+    assert summary["result"] == "PASS", summary
+    assert (summary["cores"], summary["parallelism"]) == (2, "expert")
+    assert summary["parameters_per_core"] < summary["parameters"]  # experts split, the rest whole
+
+
+def test_a_fault_on_one_rank_only_fails_the_run(demo_models: dict[str, DemoModel]) -> None:
+    config = RunConfig(
+        model=str(demo_models["tiny-llama"].require_path()),
+        compile_backend="model_support.faults:noise_100pct",
+        cores=2,
+        parallelism=Parallelism.TENSOR,
+    )
+    doc = run_local(
+        config,
+        timeout_s=600,
+        env={"MODEL_SUPPORT_FAULT_RANK": "1", "MODEL_SUPPORT_FAULT_LAYER": "0"},
+    ).document
+    assert doc.result == Result.FAIL, (doc.error, doc.verification.reason)
+    assert doc.verification.reason
+
+
+def test_a_killed_worker_gives_error_not_a_hang(demo_models: dict[str, DemoModel]) -> None:
+    config = RunConfig(
+        model=str(demo_models["tiny-llama"].require_path()),
+        compile_backend="model_support.faults:kill_worker",
+        cores=2,
+        parallelism=Parallelism.TENSOR,
+        worker_timeout_s=300,
+    )
+    start = time.monotonic()
+    doc = run_local(config, timeout_s=600).document
+    assert doc.result == Result.ERROR
+    assert doc.error_class == ErrorClass.WORKER_CRASH
+    assert "rank 1" in doc.error and "-9" in doc.error
+    assert time.monotonic() - start < 120  # noticed at once, not after worker_timeout_s
+    assert doc.stack.torch  # the record still says which stack it ran on
