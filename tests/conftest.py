@@ -7,12 +7,18 @@ sessions and by the demo. Fixtures that need only one model build only that one.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import pytest
 
 from model_support.checkpoints import DemoModel, build_demo_models, default_cache_dir
+
+# The models here are tiny: torch's intra-op threads only fight each other (and the other
+# xdist worker) over the 2 cores, which made each decode step ~20x slower. One thread per
+# process, inherited by every run.py the tests start.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # --- tiny demo checkpoints -------------------------------------------------------------------
 

@@ -556,6 +556,39 @@ def verify(
     return verification, time.perf_counter() - start
 
 
+JUDGE_QUESTION = (
+    "Is the following text fluent English? Answer yes or no.\n\nText: {text}\n\nAnswer:"
+)
+
+
+def judge(path: str, texts: list[str]) -> dict:
+    """A small local judge model's opinion of whether each text is fluent English.
+
+    Recorded beside the verdict, never instead of it (the original Space asked a judge model).
+    p_yes is the judge's probability of " yes" against " no" after the question.
+    """
+    import torch
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    yes = tokenizer.encode(" yes", add_special_tokens=False)[0]
+    no = tokenizer.encode(" no", add_special_tokens=False)[0]
+    verdicts = []
+    for text in texts:
+        ids = tokenizer(JUDGE_QUESTION.format(text=text), return_tensors="pt")
+        with torch.no_grad():
+            logits = model(**ids).logits[0, -1]
+        p_yes = float(torch.softmax(logits[[yes, no]].float(), dim=-1)[0])
+        verdicts.append({"p_yes": round(p_yes, 6), "fluent": p_yes > 0.5})
+    return {
+        "model": path,
+        "question": JUDGE_QUESTION,
+        "texts": verdicts,
+        "fluent": all(v["fluent"] for v in verdicts),
+    }
+
+
 # --------------------------------------------------------------------------- the test
 
 
@@ -683,6 +716,16 @@ def run_test(ctx: RunContext) -> dict:
         timings["reference_s"] = seconds
         doc["verification"] = verification
         doc["result"] = "PASS" if verification["passed"] else "FAIL"
+    if config["judge_model"]:
+        try:
+            doc["judge"] = judge(config["judge_model"], doc["text"])
+        except Exception as exc:
+            # The judge is advisory: its failure is recorded with its class, the verdict stands.
+            doc["judge"] = {
+                "model": config["judge_model"],
+                "error_class": classify("load", exc),
+                "error": f"{type(exc).__name__}: {exc}",
+            }
     return doc
 
 
@@ -769,6 +812,18 @@ def worker_main(rank: int, world_size: int, config: dict, queue) -> None:
             dist.destroy_process_group()
 
 
+def _crashed_worker(procs, docs: dict, wait_s: float) -> int | None:
+    """The first worker that exited abnormally without sending a result, waiting up to wait_s."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        for rank, proc in enumerate(procs):
+            if rank not in docs and proc.exitcode not in (None, 0):
+                return rank
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.1)
+
+
 def run_sharded(config: dict) -> dict:
     """Start one worker per core on 127.0.0.1 and return rank 0's document.
 
@@ -814,6 +869,14 @@ def run_sharded(config: dict) -> dict:
             if doc["error_class"] is not None:
                 # The others may wait forever in a collective for this rank: stop them now.
                 failure, failed_rank = f"rank {rank} failed", rank
+        if failed_rank is not None:
+            # A rank often fails only because a peer died under it ("connection closed by
+            # peer"): give a dead peer a moment to show its exit status, and blame it instead.
+            crashed = _crashed_worker(procs, docs, wait_s=3.0)
+            if crashed is not None:
+                failure = f"worker rank {crashed} exited with status {procs[crashed].exitcode} without a result"
+                failure += f" (rank {failed_rank} then failed: {docs[failed_rank]['error']})"
+                failed_rank = None
     finally:
         for proc in procs:
             if proc.is_alive():

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -126,6 +127,7 @@ def build_config(
     parallelism: Parallelism | None,
     max_new_tokens: int,
     trust_remote_code: bool,
+    judge_model: Path | None = None,
 ) -> RunConfig:
     """Validate the command line into a RunConfig, or exit with a clear message."""
     try:
@@ -136,6 +138,10 @@ def build_config(
         module, _, function = compile_backend.partition(":")
         if not module or not function:
             raise fail(f"--compile-backend {compile_backend!r}: expected module:function")
+    if judge_model is not None and not (judge_model / "config.json").is_file():
+        raise fail(
+            f"--judge-model {str(judge_model)!r} is not a checkpoint directory (no config.json)"
+        )
     n_cores = cores or 1
     if parallelism is None:
         parallelism = Parallelism.TENSOR if n_cores > 1 else Parallelism.NONE
@@ -149,6 +155,7 @@ def build_config(
             dtype=dtype,  # type: ignore[arg-type]
             max_new_tokens=max_new_tokens,
             trust_remote_code=trust_remote_code,
+            judge_model=str(judge_model.resolve()) if judge_model else None,
             cores=n_cores,
             parallelism=parallelism,
         )
@@ -188,6 +195,7 @@ def summary(record: RunRecord) -> dict[str, object]:
         "peak_device_memory_bytes": doc.memory.peak_device_memory_bytes,
         "verification": doc.verification.model_dump(exclude={"positions"}),
         "text": doc.text,
+        "judge": doc.judge,
     }
 
 
@@ -235,6 +243,12 @@ def run(
     parallelism: ParallelismOpt = None,
     max_new_tokens: TokensOpt = 32,
     trust_remote_code: RemoteOpt = False,
+    judge_model: Annotated[
+        Path | None,
+        typer.Option(
+            help="Local judge model directory: records whether the text is fluent English."
+        ),
+    ] = None,
     results: Annotated[
         str, typer.Option(help="Results store location (path or fsspec URI).")
     ] = DEFAULT_RESULTS,
@@ -265,6 +279,7 @@ def run(
         parallelism=parallelism,
         max_new_tokens=max_new_tokens,
         trust_remote_code=trust_remote_code,
+        judge_model=judge_model,
     )
     store = ResultsStore(results)
     if cores is None:

@@ -23,6 +23,7 @@ runner = CliRunner()
         (["run", "org/name", "--cores", "2", "--parallelism", "none"], "needs parallelism"),
         (["run", "org/name", "--compile-backend", "module:"], "expected module:function"),
         (["script", "a--b/c"], "is not a valid Hub model id"),
+        (["run", "org/name", "--judge-model", "/no/judge"], "is not a checkpoint directory"),
     ],
 )
 def test_bad_input_gets_a_specific_error(args: list[str], message: str, tmp_path: Path) -> None:
