@@ -315,6 +315,9 @@ def view_charts(ctx: Context) -> None:
             "so it is not drawn."
         )
         return
+    if points.empty:
+        st.info("No run in this selection recorded a parameter count and a wall time yet.")
+        return
     scatter = (
         alt.Chart(points)
         .mark_circle(size=70)

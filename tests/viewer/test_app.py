@@ -202,15 +202,17 @@ def test_compare_shows_regressions_and_fixes(page: AppTest) -> None:
     assert everything.loc["google/gemma-3-1b-it", "change"] == "same"  # ERROR both times
 
 
-def test_charts_show_pass_rate_and_say_why_the_scatter_is_missing(page: AppTest) -> None:
+def test_charts_show_pass_rate_and_wall_time_against_parameters(page: AppTest) -> None:
     page.query_params["view"] = "charts"
     page.run()
     assert not page.exception
     charts = page.get("vega_lite_chart")
-    assert len(charts) == 1
+    assert len(charts) == 2
     spec = charts[0].proto.spec
     assert "pass_rate" in spec and f"neuronx-cc {NEW_CC}" in str(charts[0].proto)
-    assert any("`parameters` column" in i.value for i in page.info)
+    scatter = str(charts[1].proto)
+    assert "parameters" in scatter and "wall time (s)" in scatter
+    assert "Qwen/Qwen3-1.7B" in scatter  # a model that ran is a point
 
 
 def test_empty_results_location_says_so(

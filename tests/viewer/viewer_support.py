@@ -4,6 +4,7 @@ stand-in Hub (tests/hubserver.py) listing models, and their fixtures (re-exporte
 from __future__ import annotations
 
 import json
+import re
 import socket
 import struct
 import sys
@@ -82,6 +83,7 @@ def make_record(
         if ran
         else Timings(),
         memory=Memory(peak_device_memory_bytes=3 * 2**30) if ran else Memory(),
+        parameters=_parameter_count(model) if ran else None,
         text=["def fibonacci(n): return n"] if state in (Result.PASS, Result.FAIL) else [],
         verification=Verification(
             passed=state == Result.PASS,
@@ -213,3 +215,9 @@ def free_port() -> int:
 def dead_hub() -> str:
     """An endpoint where nothing listens (connection refused at once)."""
     return f"http://127.0.0.1:{free_port()}"
+
+
+def _parameter_count(model: str) -> int:
+    """The count a run records, from the size in the model's name (e.g. "Qwen3-1.7B"), else 1B."""
+    match = re.search(r"(\d+(?:\.\d+)?)[bB]\b", model)
+    return int(float(match.group(1)) * 1e9) if match else 10**9
