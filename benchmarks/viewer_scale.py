@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from model_support.viewer import queries
-from model_support.viewer.data import list_stack_files, read_columns
 
 from model_support.dataset import MATRIX_SCHEMA, record_to_row
 from model_support.records import ResultDocument, RunRecord, Stack, Timings
 from model_support.store import MATRIX_KEY_METADATA
+from model_support.viewer import queries
+from model_support.viewer.data import list_stack_files, read_columns
 
 RESULTS = ["PASS", "PASS", "PASS", "FAIL", "ERROR", "TIMEOUT", "EXCLUDED"]
 

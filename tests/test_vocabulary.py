@@ -43,4 +43,6 @@ def test_every_state_class_and_reason_is_documented() -> None:
     assert set(RESULT_MEANINGS) == set(Result)
     assert set(ERROR_CLASS_MEANINGS) == set(ErrorClass)
     assert set(EXCLUSION_MEANINGS) == set(ExclusionReason)
-    assert all(len(text) > 20 for text in [*RESULT_MEANINGS.values(), *ERROR_CLASS_MEANINGS.values()])
+    assert all(
+        len(text) > 20 for text in [*RESULT_MEANINGS.values(), *ERROR_CLASS_MEANINGS.values()]
+    )

@@ -16,6 +16,7 @@ import sys
 
 import pandas as pd
 import streamlit as st
+
 from model_support.viewer import views
 from model_support.viewer.data import StackFile
 from model_support.viewer.queries import version_key

@@ -15,14 +15,6 @@ from datetime import UTC
 import altair as alt
 import pandas as pd
 import streamlit as st
-from model_support.viewer import queries
-from model_support.viewer.data import (
-    StackFile,
-    ViewerDataError,
-    list_stack_files,
-    load_selected,
-    read_columns,
-)
 
 from model_support.rankings import (
     DEFAULT_LIMIT,
@@ -30,6 +22,14 @@ from model_support.rankings import (
     RankingSort,
     format_age,
     get_ranking,
+)
+from model_support.viewer import queries
+from model_support.viewer.data import (
+    StackFile,
+    ViewerDataError,
+    list_stack_files,
+    load_selected,
+    read_columns,
 )
 from model_support.vocabulary import Result, Task
 

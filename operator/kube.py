@@ -1,0 +1,218 @@
+"""The few Kubernetes API calls the operator makes, through the official client, as plain dicts.
+
+Handlers run in kopf's thread pool, so this blocking client never runs on kopf's event loop.
+Label selectors are also applied here on the client side: cheap, and correct even where a
+server (or an emulator) ignores them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from model_support.operator.resource import FIELD_MANAGER, GROUP, PLURAL, VERSION
+
+
+class AlreadyExists(Exception):
+    """The object exists (409 Conflict on create): the caller adopts it."""
+
+
+def api_client(server: str | None, pool_size: int = 32) -> kubernetes.client.ApiClient:
+    """An API client for ``server``, else in-cluster credentials, else the local kubeconfig."""
+    if server is not None:
+        configuration = kubernetes.client.Configuration()
+        configuration.host = server
+    else:
+        configuration = kubernetes.client.Configuration()
+        try:
+            kubernetes.config.load_incluster_config(client_configuration=configuration)
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = pool_size
+    return kubernetes.client.ApiClient(configuration)
+
+
+def _json(response: Any) -> dict[str, Any]:
+    return dict(json.loads(response.data))
+
+
+def _matches(obj: dict[str, Any], selector: dict[str, str]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _selector(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+class Kube:
+    """Typed-enough access to ConfigMaps, Jobs, Pods, Secrets and ModelSupportTests."""
+
+    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+        self.client = client
+        self.core = kubernetes.client.CoreV1Api(client)
+        self.batch = kubernetes.client.BatchV1Api(client)
+        self.custom = kubernetes.client.CustomObjectsApi(client)
+
+    def create_configmap(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a ConfigMap; AlreadyExists on 409."""
+        try:
+            return _json(
+                self.core.create_namespaced_config_map(
+                    body["metadata"]["namespace"], cast(Any, body), _preload_content=False
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                raise AlreadyExists(body["metadata"]["name"]) from exc
+            raise
+
+    def create_job(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a Job; AlreadyExists on 409."""
+        try:
+            return _json(
+                self.batch.create_namespaced_job(
+                    body["metadata"]["namespace"], cast(Any, body), _preload_content=False
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                raise AlreadyExists(body["metadata"]["name"]) from exc
+            raise
+
+    def read_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A ConfigMap, or None if it does not exist."""
+        try:
+            return _json(
+                self.core.read_namespaced_config_map(name, namespace, _preload_content=False)
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Job, or None if it does not exist."""
+        try:
+            return _json(self.batch.read_namespaced_job(name, namespace, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        """Delete a Job and (in the background) its pods; a missing Job is already deleted."""
+        try:
+            self.batch.delete_namespaced_job(
+                name, namespace, propagation_policy="Background", _preload_content=False
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def list_pods(self, namespace: str | None, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """Pods with all of ``labels`` in ``namespace`` (None = every namespace)."""
+        selector = _selector(labels)
+        if namespace is None:
+            response = self.core.list_pod_for_all_namespaces(
+                label_selector=selector, _preload_content=False
+            )
+        else:
+            response = self.core.list_namespaced_pod(
+                namespace, label_selector=selector, _preload_content=False
+            )
+        return [p for p in _json(response).get("items") or [] if _matches(p, labels)]
+
+    def pod_log(self, namespace: str, name: str, container: str, tail_lines: int) -> str | None:
+        """The tail of a container's log, or None if the pod (or its log) is gone."""
+        try:
+            response = self.core.read_namespaced_pod_log(
+                name, namespace, container=container, tail_lines=tail_lines, _preload_content=False
+            )
+        except ApiException as exc:
+            if exc.status in (400, 404):
+                return None
+            raise
+        # With _preload_content=False the client returns the raw urllib3 response.
+        return bytes(cast(Any, response).data).decode("utf-8", errors="replace")
+
+    def secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        """One value of a Secret (decoded), or None if the Secret or key is missing. Never logged."""
+        try:
+            secret = _json(
+                self.core.read_namespaced_secret(name, namespace, _preload_content=False)
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        value = (secret.get("data") or {}).get(key)
+        return base64.b64decode(value).decode() if value is not None else None
+
+    def post_event(self, obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        """A core/v1 Event about ``obj`` (kubectl describe shows it)."""
+        meta = obj["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name'][:200]}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": obj["apiVersion"],
+                "kind": obj["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "type": kind,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "reportingInstance": FIELD_MANAGER,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self.core.create_namespaced_event(
+            meta["namespace"], cast(Any, event), _preload_content=False
+        )
+
+    def get_test(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A ModelSupportTest, or None if it was deleted."""
+        try:
+            return _json(
+                self.custom.get_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def patch_test_status(
+        self, namespace: str, name: str, status: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Merge ``status`` into a test's status subresource; None if the test is gone."""
+        try:
+            return _json(
+                self.custom.patch_namespaced_custom_object_status(
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    PLURAL,
+                    name,
+                    {"status": status},
+                    _preload_content=False,
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise

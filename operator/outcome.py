@@ -1,0 +1,180 @@
+"""Reading a runner Job's end: the result document, or the infrastructure outcome instead.
+
+Pure functions over Job and Pod objects (plain dicts as the API returns them), so each rule is
+tested on its own and the handlers stay small.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from model_support.operator.resource import RUNNER_CONTAINER
+from model_support.vocabulary import ErrorClass, Result
+
+IMAGE_PULL_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+)
+# Reasons a pod (or its condition DisruptionTarget) gives when the node under it went away.
+NODE_LOSS_REASONS = frozenset(
+    {
+        "NodeLost",
+        "NodeShutdown",
+        "Terminated",
+        "DeletionByTaintManager",
+        "TerminationByKubelet",
+        "DeletionByPodGC",
+    }
+)
+
+
+class JobState(StrEnum):
+    """Where a runner Job stands, as far as the test is concerned."""
+
+    ACTIVE = "active"  # still pending or running
+    SUCCEEDED = "succeeded"  # run.py exited 0: read its document
+    FAILED = "failed"  # run.py exited non-zero: its document (if any) says why
+    TIMEOUT = "timeout"  # activeDeadlineSeconds passed
+    OUT_OF_MEMORY = "out-of-memory"  # the runner container was OOM-killed
+    NODE_LOST = "node-lost"  # the node went away: worth another attempt
+    INFRASTRUCTURE = "infrastructure"  # failed for a reason of the cluster, not of the model
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A classified Job: its state, a human message, and the runner container's exit details."""
+
+    state: JobState
+    message: str
+    exit_code: int | None = None
+    termination_message: str | None = None
+    pod_name: str | None = None
+
+
+def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return dict(cond)
+    return None
+
+
+def _runner_status(pod: dict[str, Any]) -> dict[str, Any]:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == RUNNER_CONTAINER:
+            return dict(status)
+    return {}
+
+
+def latest_pod(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The most recently created pod of a Job (a Job with backoffLimit 0 has at most a few)."""
+    if not pods:
+        return None
+    return max(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "")
+
+
+def read_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> Reading:
+    """Classify a runner Job and its pods."""
+    pod = latest_pod(pods)
+    pod_name = (pod.get("metadata") or {}).get("name") if pod else None
+    terminated = (_runner_status(pod).get("state") or {}).get("terminated") or {} if pod else {}
+    exit_code = terminated.get("exitCode")
+    term_message = terminated.get("message")
+
+    def reading(state: JobState, message: str) -> Reading:
+        return Reading(state, message, exit_code, term_message, pod_name)
+
+    if _condition(job, "Complete") or _condition(job, "SuccessCriteriaMet"):
+        return reading(JobState.SUCCEEDED, "the runner finished")
+    failed = _condition(job, "Failed") or _condition(job, "FailureTarget")
+    if failed is None:
+        return reading(JobState.ACTIVE, "the runner has not finished")
+    reason = failed.get("reason") or ""
+    if reason == "DeadlineExceeded":
+        return reading(
+            JobState.TIMEOUT,
+            f"the Job ran past activeDeadlineSeconds: {failed.get('message') or reason}",
+        )
+    if terminated.get("reason") == "OOMKilled":
+        return reading(
+            JobState.OUT_OF_MEMORY,
+            "the runner container was OOM-killed (host memory limit reached)",
+        )
+    if pod is None:
+        # The pod is gone without a trace: the usual sign of a node that disappeared.
+        return reading(
+            JobState.NODE_LOST, f"the runner pod vanished ({reason or 'no reason given'})"
+        )
+    pod_status = pod.get("status") or {}
+    disruption = _condition(pod, "DisruptionTarget")
+    if pod_status.get("reason") in NODE_LOSS_REASONS or (
+        disruption is not None and disruption.get("reason") in NODE_LOSS_REASONS
+    ):
+        why = (disruption or {}).get("reason") or pod_status.get("reason")
+        return reading(JobState.NODE_LOST, f"the runner's node was lost ({why})")
+    if pod_status.get("reason") == "Evicted":
+        return reading(
+            JobState.INFRASTRUCTURE,
+            f"the runner pod was evicted: {pod_status.get('message') or ''}".strip(),
+        )
+    if not terminated:
+        return reading(
+            JobState.INFRASTRUCTURE, f"the Job failed ({reason}) before the runner container ran"
+        )
+    return reading(JobState.FAILED, f"run.py exited with status {exit_code}")
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def stuck_reason(
+    pod: dict[str, Any],
+    *,
+    now: datetime | None = None,
+    unschedulable_limit_s: float,
+    image_pull_limit_s: float,
+) -> str | None:
+    """Why a pending runner pod will not start (past the limits), or None while it may still start."""
+    now = now or datetime.now(UTC)
+    status = pod.get("status") or {}
+    if status.get("phase") not in (None, "Pending"):
+        return None
+    created = _parse_time((pod.get("metadata") or {}).get("creationTimestamp")) or now
+    for cond in status.get("conditions") or []:
+        if (
+            cond.get("type") == "PodScheduled"
+            and cond.get("status") == "False"
+            and cond.get("reason") == "Unschedulable"
+        ):
+            since = _parse_time(cond.get("lastTransitionTime")) or created
+            if (now - since).total_seconds() >= unschedulable_limit_s:
+                return f"unschedulable for more than {unschedulable_limit_s:g} s: {cond.get('message') or 'no node fits'}"
+    for container in [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+    ]:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if (
+            waiting.get("reason") in IMAGE_PULL_REASONS
+            and (now - created).total_seconds() >= image_pull_limit_s
+        ):
+            return (
+                f"image pull failing for more than {image_pull_limit_s:g} s "
+                f"({waiting['reason']}, container {container.get('name')}): {waiting.get('message') or ''}".rstrip(
+                    ": "
+                )
+            )
+    return None
+
+
+INFRA_RESULTS: dict[JobState, tuple[Result, ErrorClass | None]] = {
+    JobState.TIMEOUT: (Result.TIMEOUT, None),
+    JobState.OUT_OF_MEMORY: (Result.ERROR, ErrorClass.OUT_OF_MEMORY),
+    JobState.NODE_LOST: (Result.ERROR, ErrorClass.INFRASTRUCTURE),
+    JobState.INFRASTRUCTURE: (Result.ERROR, ErrorClass.INFRASTRUCTURE),
+}
+"""The result recorded for a Job that ended without a result document of its own."""

@@ -1,0 +1,72 @@
+"""Operator settings: defaults for every test, limits of the infrastructure classification."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class OperatorSettings(BaseModel):
+    """Everything the operator needs besides the resources it watches."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    results_uri: str = Field(
+        ...,
+        min_length=1,
+        description="Default results store URI (a spec's `results` overrides it).",
+    )
+    runner_image: str = Field(
+        "public.ecr.aws/model-support/runner:latest",
+        description="Runner image used when a spec names none.",
+    )
+    image_pull_policy: str = "IfNotPresent"
+    api_server: str | None = Field(
+        None, description="Kubernetes API URL; None = in-cluster service account, else kubeconfig."
+    )
+    ttl_seconds_after_finished: int = Field(
+        3600, ge=0, description="Finished Jobs (and their pods, logs) are kept this long."
+    )
+    max_attempts: int = Field(
+        3, ge=1, le=10, description="Attempts per generation when a node is lost."
+    )
+    unschedulable_limit_s: float = Field(
+        1800.0,
+        gt=0,
+        description="A runner pod unschedulable this long ends the test ERROR/infrastructure.",
+    )
+    image_pull_limit_s: float = Field(
+        600.0,
+        gt=0,
+        description="A runner pod failing to pull its image this long ends the test ERROR/infrastructure.",
+    )
+    watchdog_interval_s: float = Field(
+        30.0, gt=0, description="How often stuck runner pods are looked for."
+    )
+    cpu_per_core: float = Field(
+        2.0,
+        gt=0,
+        description="CPU request per NeuronCore (trn2.48xlarge: 192 vCPU / 64 cores = 3).",
+    )
+    min_host_memory_gib: float = Field(
+        16.0, gt=0, description="Smallest host memory request of a runner pod."
+    )
+    host_memory_factor: float = Field(
+        1.75,
+        gt=0,
+        description="Host memory per byte of float32 parameters: the CPU reference runs in float32, plus the loaded run-dtype copy and headroom.",
+    )
+    neff_cache_dir: str = "/var/cache/neff"
+    log_tail_lines: int = Field(
+        400, ge=10, description="Lines of the runner's log read for the result line."
+    )
+    service_account: str | None = Field(
+        None, description="ServiceAccount of runner pods (no API access needed)."
+    )
+    read_token_secrets: bool = Field(
+        True, description="Read a spec's hubTokenSecret to size gated models (needs `get secrets`)."
+    )
+    namespaces: list[str] = Field(default_factory=list)
+    all_namespaces: bool = False
+    metrics_port: int | None = Field(
+        9090, description="Prometheus /metrics port; None = no metrics server."
+    )

@@ -1,0 +1,195 @@
+"""The ModelSupportTest spec as a typed model, and the RunConfig it renders into run.py.
+
+The CRD schema validates first (the API server applies it); this model validates again because
+the operator must never trust what it reads, and because it also runs against emulated API
+servers that apply no schema. Field names follow the CRD (camelCase).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from model_support.config import RunConfig, VerificationConfig
+from model_support.vocabulary import Backend, Parallelism, Task
+
+ProfileName = Literal["trn2", "trn1", "inf2", "cpu"]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """An instance profile: where a test runs and how many cores it may use."""
+
+    name: str
+    instance_type: str | None
+    neuron: bool
+    max_cores: int
+    backend: Backend
+
+
+PROFILES: dict[str, Profile] = {
+    # trn2.48xlarge: 64 logical cores at LNC=2 (default), 128 at LNC=1 (see REFERENCE.md).
+    "trn2": Profile("trn2", "trn2.48xlarge", True, 64, Backend.NEURON),
+    "trn1": Profile("trn1", "trn1.32xlarge", True, 32, Backend.NEURON),
+    "inf2": Profile("inf2", "inf2.48xlarge", True, 24, Backend.NEURON),
+    "cpu": Profile("cpu", None, False, 128, Backend.CPU),
+}
+
+
+# The same patterns as the CRD's schema (a test keeps them equal): the operator re-checks them.
+MODEL_PATTERN = r"^(/[A-Za-z0-9._@+/-]+|[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?)$"
+REVISION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"
+IMAGE_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9._/:@-]*$"
+PACKAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?([<>=!~]=?[A-Za-z0-9.*+!-]+(,[<>=!~]=?[A-Za-z0-9.*+!-]+)*)?$"
+BUCKET_PATTERN = (
+    r"^hf://buckets/[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9._/-]*)?$"
+)
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+COMPILE_BACKEND_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_]*)?$"
+
+
+class SpecError(ValueError):
+    """The spec cannot be run as written; the message says which field and what to do."""
+
+
+class _Camel(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class VerificationSpec(_Camel):
+    enabled: bool = True
+    nearTieMultiple: float | None = Field(None, gt=0)
+    nearTieFloor: float | None = Field(None, ge=0)
+    maxErrorRatio: float | None = Field(None, gt=0)
+    errorFloor: float | None = Field(None, gt=0)
+
+
+class CompileCacheSpec(_Camel):
+    source: str | None = Field(None, max_length=512, pattern=BUCKET_PATTERN)
+    target: str | None = Field(None, max_length=512, pattern=BUCKET_PATTERN)
+
+
+class SecretRef(_Camel):
+    name: str = Field(..., min_length=1, max_length=253)
+    key: str = "token"
+
+
+class Toleration(_Camel):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    tolerationSeconds: int | None = Field(None, ge=0)
+
+
+class SchedulingSpec(_Camel):
+    nodeSelector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    schedulerName: str | None = None
+    priorityClassName: str | None = None
+
+
+class TestSpec(_Camel):
+    """spec of a ModelSupportTest (see crds/modelsupporttests.yaml for every field's meaning)."""
+
+    __test__ = False  # not a pytest class, despite the name
+
+    model: str = Field(..., min_length=1, max_length=200, pattern=MODEL_PATTERN)
+    revision: str | None = Field(None, min_length=1, max_length=255, pattern=REVISION_PATTERN)
+    task: Task = Task.TEXT_GENERATION
+    profile: ProfileName = "trn2"
+    instanceType: str | None = None
+    lnc: Literal[1, 2] | None = None
+    cores: int | None = Field(None, ge=1, le=128)
+    maxCores: int = Field(16, ge=1, le=128)
+    parallelism: Parallelism | None = None
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    maxNewTokens: int = Field(32, ge=1, le=4096)
+    prompts: list[str] | None = Field(None, min_length=1, max_length=16)
+    compileBackend: str | None = Field(None, max_length=200, pattern=COMPILE_BACKEND_PATTERN)
+    verification: VerificationSpec = Field(default_factory=VerificationSpec)
+    image: str | None = Field(None, min_length=1, max_length=512, pattern=IMAGE_PATTERN)
+    imagePullPolicy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    extraPackages: list[
+        Annotated[str, Field(min_length=1, max_length=200, pattern=PACKAGE_PATTERN)]
+    ] = Field(default_factory=list, max_length=20)
+    timeoutSeconds: int = Field(7200, ge=60, le=172800)
+    compileCache: CompileCacheSpec | None = None
+    results: str | None = None
+    hubTokenSecret: SecretRef | None = None
+    trustRemoteCode: bool = False
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    queueName: str | None = Field(None, max_length=63, pattern=DNS_LABEL_PATTERN)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TestSpec:
+        profile = PROFILES[self.profile]
+        if self.lnc is not None and self.profile != "trn2":
+            raise ValueError("lnc (logical NeuronCore config) applies only to the trn2 profile")
+        limit = 128 if (self.profile == "trn2" and self.lnc == 1) else profile.max_cores
+        if self.cores is not None and self.cores > limit:
+            raise ValueError(
+                f"cores={self.cores} exceeds the {limit} cores of profile {self.profile}"
+            )
+        if self.parallelism not in (None, Parallelism.NONE) and self.cores is None:
+            raise ValueError(
+                "parallelism can only be set together with cores (sizing chooses both otherwise)"
+            )
+        if (
+            self.cores is not None
+            and self.cores > 1
+            and self.parallelism in (None, Parallelism.NONE)
+        ):
+            raise ValueError(f"cores={self.cores} needs parallelism tensor or expert")
+        return self
+
+    @property
+    def profile_info(self) -> Profile:
+        """The instance profile this test runs on."""
+        return PROFILES[self.profile]
+
+    def run_config(self, cores: int, parallelism: Parallelism) -> RunConfig:
+        """The RunConfig rendered into run.py for the chosen number of cores."""
+        overrides = {
+            name: value
+            for name, value in {
+                "near_tie_multiple": self.verification.nearTieMultiple,
+                "near_tie_floor": self.verification.nearTieFloor,
+                "max_error_ratio": self.verification.maxErrorRatio,
+                "error_floor": self.verification.errorFloor,
+            }.items()
+            if value is not None
+        }
+        kwargs: dict[str, Any] = {}
+        if self.prompts is not None:
+            kwargs["prompts"] = list(self.prompts)
+        return RunConfig(
+            model=self.model,
+            revision=self.revision,
+            task=self.task,
+            backend=self.profile_info.backend,
+            compile_backend=self.compileBackend,
+            dtype=self.dtype,
+            max_new_tokens=self.maxNewTokens,
+            trust_remote_code=self.trustRemoteCode,
+            cores=cores,
+            parallelism=parallelism,
+            verification=VerificationConfig(enabled=self.verification.enabled, **overrides),
+            **kwargs,
+        )
+
+
+def parse_spec(spec: dict[str, Any]) -> TestSpec:
+    """Validate a CR spec; raises SpecError naming each bad field."""
+    try:
+        return TestSpec.model_validate(dict(spec))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"spec.{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise SpecError(
+            f"invalid ModelSupportTest spec: {problems}. Fix the resource and apply it again."
+        ) from exc

@@ -1,0 +1,354 @@
+"""A kopf operator against kmock (an emulated Kubernetes API), plus a stand-in for the kubelet.
+
+The operator runs in its own thread and event loop (kopf.operator with ready/stop flags); kmock
+serves on pytest's loop; the operator's blocking Kubernetes client runs in kopf's thread pool.
+Objects are changed only through kmock's HTTP API so that watch events fire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import kmock
+import kopf
+
+from model_support.operator.handlers import build_registry
+from model_support.operator.resource import GROUP, KIND, PLURAL, RUNNER_CONTAINER, VERSION
+from model_support.operator.settings import OperatorSettings
+
+NS = "default"
+TESTS_URL = f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}"
+JOBS_URL = f"/apis/batch/v1/namespaces/{NS}/jobs"
+PODS_URL = f"/api/v1/namespaces/{NS}/pods"
+CMS_URL = f"/api/v1/namespaces/{NS}/configmaps"
+EVENTS_URL = f"/api/v1/namespaces/{NS}/events"
+MERGE = {"Content-Type": "application/merge-patch+json"}
+_counter = itertools.count(1)
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Emulator(kmock.KubernetesEmulator):
+    """kmock plus what a real API server does that kopf relies on (metadata.generateName).
+
+    ``history`` bounds the request log: kmock matches every request against its whole history
+    (quadratic in the number of requests), so a scale run keeps only the recent ones and counts
+    the operator's requests itself, in ``operator_requests``.
+    """
+
+    history: int | None = None
+    operator_requests: collections.Counter[str]
+
+    async def _handle(self, request: kmock.Request) -> Any:
+        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:8]
+        if self.history is not None:
+            if (
+                not request.headers.get("User-Agent", "").startswith("kmock/")
+                and request.action != kmock.action.WATCH
+            ):
+                resource = request.resource.plural if request.resource else request.url.path
+                sub = f"/{request.subresource}" if request.subresource else ""
+                self.operator_requests[f"{request.method.value} {resource}{sub}"] += 1
+            if len(self._requests) > 2 * self.history:
+                del self._requests[: -self.history]
+        return await super()._handle(request)
+
+
+def declare_resources(server: kmock.KubernetesEmulator) -> None:
+    """Built-in kinds plus our CRD (kmock knows nothing it is not told)."""
+    server.resources.load_bundled()
+    server.resources[f"{GROUP}/{VERSION}/{PLURAL}"] = kmock.ResourceInfo(
+        kind=KIND,
+        singular="modelsupporttest",
+        shortnames={"mst"},
+        namespaced=True,
+        subresources={"status"},
+        verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+    )
+
+
+class OperatorThread:
+    """kopf.operator in a thread of its own, started and stopped on demand."""
+
+    def __init__(self, settings: OperatorSettings) -> None:
+        self.settings = settings
+        self.ready = threading.Event()
+        self.stop_flag = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        registry = build_registry(self.settings)
+
+        def main() -> None:
+            try:
+                asyncio.run(
+                    kopf.operator(
+                        registry=registry,
+                        standalone=True,
+                        clusterwide=True,
+                        ready_flag=self.ready,
+                        stop_flag=self.stop_flag,
+                    )
+                )
+            except BaseException as exc:  # reported by the test through .error
+                self.error = exc
+                self.ready.set()
+
+        self.thread = threading.Thread(target=main, name="kopf-operator", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stop_flag.set()
+        if self.thread is not None:
+            self.thread.join(timeout=15)
+            assert not self.thread.is_alive(), "the operator did not stop within 15 s"
+
+
+class Harness:
+    """Helpers over kmock: create/read objects, wait for conditions, play the kubelet."""
+
+    def __init__(
+        self, server: kmock.KubernetesEmulator, settings: OperatorSettings, results: Path
+    ) -> None:
+        self.k = server
+        self.settings = settings
+        self.results = results
+        self.operator: OperatorThread | None = None
+        self.logs: dict[str, str] = {}
+        server["get", kmock.resource("", "v1", "pods"), kmock.subresource("log")] << self._serve_log
+
+    def _serve_log(self, request: kmock.Request) -> bytes:
+        if request.name not in self.logs:
+            raise kmock.KubernetesObjectNotFoundError()
+        return self.logs[request.name].encode()
+
+    async def start_operator(self) -> None:
+        """Start kopf and wait until its watches on tests and Jobs are open."""
+        before = self._watches()
+        self.operator = OperatorThread(self.settings)
+        self.operator.start()
+        await asyncio.to_thread(self.operator.ready.wait, 15)
+        assert self.operator.error is None, f"the operator failed to start: {self.operator.error!r}"
+
+        def opened() -> bool:
+            tests, jobs = self._watches()
+            return tests > before[0] and jobs > before[1]
+
+        await self.wait_for(opened, what="the operator's watches")
+
+    async def stop_operator(self) -> None:
+        if self.operator is not None:
+            await asyncio.to_thread(self.operator.stop)
+            self.operator = None
+
+    def _watches(self) -> tuple[int, int]:
+        tests = len(list(self.k[kmock.action.WATCH, kmock.resource(GROUP, VERSION, PLURAL)]))
+        jobs = len(list(self.k[kmock.action.WATCH, kmock.resource("batch", "v1", "jobs")]))
+        return tests, jobs
+
+    def requests(self) -> list[kmock.Request]:
+        """Every request the API server saw so far."""
+        return (
+            list(self.k[kmock.method.GET])
+            + list(self.k[kmock.method.POST])
+            + list(self.k[kmock.method.PATCH])
+            + list(self.k[kmock.method.DELETE])
+        )
+
+    async def wait_for(
+        self,
+        check: Callable[[], Any],
+        *,
+        timeout: float = 15,
+        what: str = "the condition",
+        interval: float = 0.05,
+    ) -> Any:
+        """Poll ``check`` (sync or async) until it returns something truthy."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = check()
+            if asyncio.iscoroutine(value):
+                value = await value
+            if value:
+                return value
+            if self.operator is not None and self.operator.error is not None:
+                raise AssertionError(f"the operator died: {self.operator.error!r}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            await asyncio.sleep(interval)
+
+    # ------------------------------------------------------------------ objects
+
+    async def create(self, url: str, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("namespace", NS)
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("resourceVersion", str(next(_counter)))
+        meta.setdefault("creationTimestamp", now())
+        meta.setdefault("generation", 1)
+        response = await self.k.post(url, json=obj)
+        assert response.status in (200, 201), await response.text()
+        return dict(await response.json())
+
+    async def create_test(self, name: str, spec: dict[str, Any], **meta: Any) -> dict[str, Any]:
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": KIND,
+            "metadata": {"name": name, **meta},
+            "spec": spec,
+        }
+        return await self.create(TESTS_URL, body)
+
+    async def get(self, url: str) -> dict[str, Any] | None:
+        response = await self.k.get(url)
+        if response.status == 404:
+            return None
+        assert response.status == 200, await response.text()
+        return dict(await response.json())
+
+    async def items(self, url: str) -> list[dict[str, Any]]:
+        listing = await self.get(url)
+        assert listing is not None
+        return list(listing["items"])
+
+    async def patch(self, url: str, data: dict[str, Any]) -> dict[str, Any]:
+        data.setdefault("metadata", {})["resourceVersion"] = str(next(_counter))
+        response = await self.k.patch(url, json=data, headers=MERGE)
+        assert response.status == 200, await response.text()
+        return dict(await response.json())
+
+    async def delete(self, url: str) -> None:
+        response = await self.k.delete(url)
+        assert response.status == 200, await response.text()
+
+    async def test_status(self, name: str) -> dict[str, Any]:
+        test = await self.get(f"{TESTS_URL}/{name}")
+        assert test is not None
+        return dict(test.get("status") or {})
+
+    async def wait_status(
+        self, name: str, check: Callable[[dict[str, Any]], bool], what: str, timeout: float = 15
+    ) -> dict[str, Any]:
+        async def probe() -> dict[str, Any] | None:
+            status = await self.test_status(name)
+            return status if check(status) else None
+
+        result: dict[str, Any] = await self.wait_for(probe, timeout=timeout, what=what)
+        return result
+
+    async def wait_job(self, name: str | None = None, count: int = 1) -> list[dict[str, Any]]:
+        async def probe() -> list[dict[str, Any]] | None:
+            jobs = await self.items(JOBS_URL)
+            if name is not None:
+                jobs = [j for j in jobs if j["metadata"]["name"] == name]
+            return jobs if len(jobs) >= count else None
+
+        jobs: list[dict[str, Any]] = await self.wait_for(probe, what=f"{count} Job(s) {name or ''}")
+        return jobs
+
+    async def events(self) -> list[dict[str, Any]]:
+        return await self.items(EVENTS_URL)
+
+    # ------------------------------------------------------------------ the kubelet stand-in
+
+    async def start_pod(self, job: dict[str, Any], **status: Any) -> dict[str, Any]:
+        """What the Job controller and scheduler do: a pod from the Job's template."""
+        template = job["spec"]["template"]
+        name = f"{job['metadata']['name']}-{uuid.uuid4().hex[:5]}"
+        labels = {**template["metadata"]["labels"], "job-name": job["metadata"]["name"]}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": labels},
+            "spec": template["spec"],
+            "status": {"phase": "Pending", **status},
+        }
+        created = await self.create(PODS_URL, pod)
+        await self.patch(
+            f"{JOBS_URL}/{job['metadata']['name']}/status",
+            {"status": {"active": 1, "startTime": now()}},
+        )
+        return created
+
+    async def run_pod(self, pod: dict[str, Any]) -> None:
+        await self.patch(
+            f"{PODS_URL}/{pod['metadata']['name']}/status",
+            {
+                "status": {
+                    "phase": "Running",
+                    "containerStatuses": [
+                        {"name": RUNNER_CONTAINER, "state": {"running": {"startedAt": now()}}}
+                    ],
+                }
+            },
+        )
+
+    async def end_pod(
+        self,
+        job: dict[str, Any],
+        pod: dict[str, Any],
+        *,
+        exit_code: int,
+        log: str | None,
+        container_reason: str | None = None,
+        job_condition: tuple[str, str] | None = None,
+        termination_message: str | None = None,
+        pod_extra: dict[str, Any] | None = None,
+    ) -> None:
+        """The runner container ended: pod status, log, and the Job's condition."""
+        if log is not None:
+            self.logs[pod["metadata"]["name"]] = log
+        terminated: dict[str, Any] = {"exitCode": exit_code, "finishedAt": now()}
+        if container_reason:
+            terminated["reason"] = container_reason
+        if termination_message is not None:
+            terminated["message"] = termination_message
+        phase = "Succeeded" if exit_code == 0 else "Failed"
+        await self.patch(
+            f"{PODS_URL}/{pod['metadata']['name']}/status",
+            {
+                "status": {
+                    "phase": phase,
+                    **(pod_extra or {}),
+                    "containerStatuses": [
+                        {"name": RUNNER_CONTAINER, "state": {"terminated": terminated}}
+                    ],
+                }
+            },
+        )
+        kind, reason = job_condition or (
+            ("Complete", "Completed") if exit_code == 0 else ("Failed", "BackoffLimitExceeded")
+        )
+        await self.patch(
+            f"{JOBS_URL}/{job['metadata']['name']}/status",
+            {
+                "status": {
+                    "active": 0,
+                    "succeeded" if kind == "Complete" else "failed": 1,
+                    "conditions": [
+                        {
+                            "type": kind,
+                            "status": "True",
+                            "reason": reason,
+                            "message": reason,
+                            "lastTransitionTime": now(),
+                        }
+                    ],
+                }
+            },
+        )
