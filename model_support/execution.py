@@ -6,6 +6,7 @@ command. Both end in `record_from_document`, so a record means the same thing wh
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -160,6 +161,9 @@ def run_script(
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_group(proc)
+        # run.py kills its own workers, but a run killed from outside cannot: reap the whole
+        # process group either way, so no worker outlives its run.
+        _kill_group(proc)
         reader.join(timeout=30)
         elapsed = time.monotonic() - t0
         stdout = "\n".join(lines)
@@ -220,10 +224,8 @@ def _last_stage(lines: list[str]) -> str | None:
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):  # the group is already gone
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
     proc.wait(timeout=30)
 
 

@@ -9,7 +9,7 @@ mis-routed mixture-of-experts layer. ``benign`` runs the graph unchanged (the co
 The layer is chosen by ``MODEL_SUPPORT_FAULT_LAYER`` (default: the last decoder layer for
 noise/head faults, the first for routing), so a test can aim at any layer. In a sharded run,
 ``MODEL_SUPPORT_FAULT_RANK`` limits a fault to one worker (the others compile correctly), the way
-a miscompile on one core would look. ``kill_worker`` kills its own process (default rank 1).
+a miscompile on one core would look. ``kill_worker`` kills its own process and ``hang_worker`` stops answering (default rank 1).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -178,4 +179,13 @@ def kill_worker(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> C
     if _on_faulty_rank(default="1"):
         print("[fault] kill_worker: killing this worker", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
+    return gm.forward
+
+
+def hang_worker(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+    """Never return when this is the faulty rank (default 1): a worker stuck mid-run."""
+    if _on_faulty_rank(default="1"):
+        print("[fault] hang_worker: this worker stops answering", file=sys.stderr, flush=True)
+        while True:
+            time.sleep(3600)
     return gm.forward

@@ -23,12 +23,12 @@ from model_support.rankings import (
     format_age,
     get_ranking,
 )
+from model_support.selection import SelectionError, load_selected
 from model_support.viewer import queries
 from model_support.viewer.data import (
     StackFile,
     ViewerDataError,
     list_stack_files,
-    load_selected,
     read_columns,
 )
 from model_support.vocabulary import Result, Task
@@ -154,7 +154,7 @@ def view_selected(ctx: Context) -> pd.DataFrame:
     """The curated list with each model's result on the current stack."""
     try:
         selected, where = load_selected(ctx.results_uri)
-    except ViewerDataError as exc:
+    except (ViewerDataError, SelectionError) as exc:
         st.error(str(exc))
         return pd.DataFrame(columns=["model"])
     if selected is None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from model_support.cli.commands_run import console, print_record, results
+
+if TYPE_CHECKING:
+    from model_support.checkpoints import DemoModel
 
 
 def demo(
@@ -46,6 +49,7 @@ def demo(
         store.add(record)
         print_record(record)
     store.materialize()
+    write_selection(location, models)
     results(
         location=location,
         model=None,
@@ -54,6 +58,16 @@ def demo(
         library_version=None,
         as_json=False,
     )
+
+
+def write_selection(location: str, models: list[DemoModel]) -> None:
+    """List the demo models as the dataset's selected models, unless a list is already kept there."""
+    from model_support.selection import SelectedEntry, SelectedList, load_selected, save_selected
+
+    existing, _ = load_selected(location)
+    if existing is None:
+        entries = [SelectedEntry(model=str(m.require_path()), task=m.task) for m in models]
+        save_selected(location, SelectedList(models=entries))
 
 
 def register(app: typer.Typer) -> None:

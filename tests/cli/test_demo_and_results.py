@@ -119,3 +119,17 @@ def test_a_second_run_adds_a_record_and_the_matrix_keeps_the_latest(
     # The compile backend is part of the stack key: the noisy run lands in its own file and row.
     assert set(llama.result) == {"PASS", "FAIL"}
     assert summary["run_id"] in set(llama.run_id)
+
+
+def test_the_demo_keeps_its_models_as_the_selected_list(
+    demo_results: tuple[Path, str], demo_models: dict[str, DemoModel]
+) -> None:
+    from model_support.selection import load_selected
+
+    results, _ = demo_results
+    selected, where = load_selected(str(results))
+    assert selected is not None and where.endswith("selected.yaml")
+    assert [(e.model, e.task.value, e.reason) for e in selected.models] == [
+        (str(demo_models[name].require_path()), demo_models[name].task.value, None)
+        for name in DEMO_NAMES
+    ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from pathlib import Path
 
 import pandas as pd
@@ -95,3 +96,33 @@ def test_a_killed_worker_gives_error_not_a_hang(demo_models: dict[str, DemoModel
     assert "rank 1" in doc.error and "-9" in doc.error
     assert time.monotonic() - start < 120  # noticed at once, not after worker_timeout_s
     assert doc.stack.torch  # the record still says which stack it ran on
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker.encode() in environ.read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue  # the process ended while we looked, or is not ours to read
+    return found
+
+
+def test_a_hung_worker_fails_the_run_within_its_bound_and_leaves_no_process(
+    demo_models: dict[str, DemoModel],
+) -> None:
+    marker = f"hung-worker-{uuid.uuid4().hex}"
+    config = RunConfig(
+        model=str(demo_models["tiny-llama"].require_path()),
+        compile_backend="model_support.faults:hang_worker",
+        cores=2,
+        parallelism=Parallelism.TENSOR,
+        worker_timeout_s=25,
+    )
+    start = time.monotonic()
+    doc = run_local(config, timeout_s=600, env={"MODEL_SUPPORT_RUN_MARKER": marker}).document
+    assert (doc.result, doc.error_class) == (Result.ERROR, ErrorClass.WORKER_CRASH)
+    assert "gave no result within 25 s" in doc.error
+    assert time.monotonic() - start < 120
+    assert _processes_with(marker) == []
