@@ -711,6 +711,25 @@ class Reconciler:
         return ended
 
 
+def _resync_finished_jobs(reconciler: Reconciler) -> int:
+    """Finish tests whose Job ended but whose completion was never handled.
+
+    kopf does not retry event handlers: if the API failed while a Job's end was being read, the
+    test would stay Running until an operator restart. The watchdog offers every finished Job
+    again; ``on_job`` ignores tests already completed, so this is idempotent.
+    """
+    namespaces: list[str | None] = (
+        list(reconciler.settings.namespaces) if reconciler.settings.namespaces else [None]
+    )
+    offered = 0
+    for namespace in namespaces:
+        for job in reconciler.kube.list_jobs(namespace, {LABEL_MANAGED_BY: MANAGED_BY}):
+            if read_job(job, []).state != JobState.ACTIVE:
+                reconciler.on_job(job, "RESYNC")
+                offered += 1
+    return offered
+
+
 def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf.OperatorRegistry:
     """A kopf registry with the operator's handlers (a fresh one per operator, tests included)."""
     registry = kopf.OperatorRegistry()
@@ -769,11 +788,12 @@ async def _watchdog(reconciler: Reconciler) -> None:
     interval = reconciler.settings.watchdog_interval_s
     while True:
         await asyncio.sleep(interval)
-        try:
-            await asyncio.to_thread(reconciler.check_stuck)
-        except Exception:
-            # The next round tries again; an API hiccup must not stop the watchdog for good.
-            log.exception("checking for stuck runner pods failed; retrying in %s s", interval)
+        for check in (reconciler.check_stuck, lambda: _resync_finished_jobs(reconciler)):
+            try:
+                await asyncio.to_thread(check)
+            except Exception:
+                # The next round tries again; an API hiccup must not stop the watchdog for good.
+                log.exception("the watchdog's check failed; retrying in %s s", interval)
 
 
 __all__ = ["FIELD_MANAGER", "Reconciler", "build_registry", "set_condition"]

@@ -115,6 +115,19 @@ class Kube:
             if exc.status != 404:
                 raise
 
+    def list_jobs(self, namespace: str | None, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """Jobs with all of ``labels`` in ``namespace`` (None = every namespace)."""
+        selector = _selector(labels)
+        if namespace is None:
+            response = self.batch.list_job_for_all_namespaces(
+                label_selector=selector, _preload_content=False
+            )
+        else:
+            response = self.batch.list_namespaced_job(
+                namespace, label_selector=selector, _preload_content=False
+            )
+        return [j for j in _json(response).get("items") or [] if _matches(j, labels)]
+
     def list_pods(self, namespace: str | None, labels: dict[str, str]) -> list[dict[str, Any]]:
         """Pods with all of ``labels`` in ``namespace`` (None = every namespace)."""
         selector = _selector(labels)

@@ -130,9 +130,15 @@ class Harness:
         self.results = results
         self.operator: OperatorThread | None = None
         self.logs: dict[str, str] = {}
+        self.failing_log_reads = 0  # the next N pod-log reads answer 503 (an API server hiccup)
         server["get", kmock.resource("", "v1", "pods"), kmock.subresource("log")] << self._serve_log
 
     def _serve_log(self, request: kmock.Request) -> bytes:
+        if self.failing_log_reads > 0:
+            self.failing_log_reads -= 1
+            raise kmock.KubernetesError(
+                status=503, reason="ServiceUnavailable", message="try again"
+            )
         if request.name not in self.logs:
             raise kmock.KubernetesObjectNotFoundError()
         return self.logs[request.name].encode()

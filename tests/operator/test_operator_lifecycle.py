@@ -152,6 +152,22 @@ async def test_restart_mid_run_records_once(harness: Harness) -> None:
     assert creates(h, "jobs") == 1 and creates(h, "configmaps") == 1
 
 
+async def test_a_completion_lost_to_an_api_error_is_recorded_by_the_watchdog(
+    harness: Harness,
+) -> None:
+    h = harness
+    _, job = await start(h)
+    pod = await h.start_pod(job)
+    # The API server fails the log read the moment the Job ends; kopf does not retry event
+    # handlers, so only the watchdog's resync can still finish this test.
+    h.failing_log_reads = 1
+    await h.end_pod(job, pod, exit_code=0, log=runner_log(Result.PASS))
+    status = await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
+    assert h.failing_log_reads == 0  # the failure really happened
+    assert status["result"] == "PASS"
+    assert len(records(h)) == 1
+
+
 async def test_lost_status_adopts_existing_children(harness: Harness) -> None:
     """A create handler replayed after its status was lost meets 409 and adopts the children."""
     h = harness
