@@ -34,6 +34,10 @@ from model_support.script import render_script
 from model_support.vocabulary import ErrorClass, ExclusionReason, Result
 
 
+class RunCancelled(RuntimeError):
+    """The run was stopped through its cancel event before it finished; it has no result."""
+
+
 @dataclass(frozen=True)
 class StageEvent:
     """A progress line from run.py: a stage started or ended."""
@@ -125,11 +129,13 @@ def run_script(
     env: dict[str, str] | None = None,
     on_stage: Callable[[StageEvent], None] | None = None,
     on_output: Callable[[str], None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> ResultDocument:
     """Run a rendered run.py as ``python3 run.py`` in ``workdir`` and return its result document.
 
     A run past ``timeout_s`` is killed (its whole process group, so sharded workers go too) and
     gives TIMEOUT; a run that dies without a result document gives ERROR with the exit status.
+    Setting ``cancel`` stops the run the same way and raises RunCancelled (nothing to record).
     """
     started = datetime.now(UTC)
     t0 = time.monotonic()
@@ -155,16 +161,23 @@ def run_script(
             target=_pump, args=(proc, lines, on_stage, on_output), daemon=True
         )
         reader.start()
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        timed_out = cancelled = False
+        while proc.poll() is None:
+            if cancel is not None and cancel.is_set():
+                cancelled = True
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                timed_out = True
+                break
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.1)
         # run.py kills its own workers, but a run killed from outside cannot: reap the whole
         # process group either way, so no worker outlives its run.
         _kill_group(proc)
         reader.join(timeout=30)
+        if cancelled:
+            raise RunCancelled(f"run.py was stopped on request after {time.monotonic() - t0:.1f} s")
         elapsed = time.monotonic() - t0
         stdout = "\n".join(lines)
         last_stage = _last_stage(lines)
@@ -256,6 +269,7 @@ def run_local(
     labels: dict[str, str] | None = None,
     on_stage: Callable[[StageEvent], None] | None = None,
     on_output: Callable[[str], None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> RunRecord:
     """Render run.py for ``config``, run it here, and return the run record (not yet stored)."""
     run_py = render_script(config)
@@ -267,5 +281,45 @@ def run_local(
         env=env,
         on_stage=on_stage,
         on_output=on_output,
+        cancel=cancel,
     )
     return record_from_document(document, run_py, source=source, labels=labels)
+
+
+class BackgroundRun:
+    """``run_local`` in a thread, so the caller can work (size, open the store) meanwhile.
+
+    The CLI uses it to start a one-core run while sizing is still deciding: sizing imports
+    transformers to read the model's parallel plan, which costs seconds that run.py spends
+    importing the same libraries. Most models fit one core; when the plan differs (more cores,
+    or an exclusion) the run is cancelled before it records anything, and whatever it fetched
+    into the Hub cache is what the real run needs.
+    """
+
+    def __init__(self, config: RunConfig, **kwargs: object) -> None:
+        self.config = config
+        self._cancel = threading.Event()
+        self._outcome: RunRecord | BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(kwargs,), name="background-run", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, kwargs: dict[str, object]) -> None:
+        try:
+            self._outcome = run_local(self.config, cancel=self._cancel, **kwargs)  # type: ignore[arg-type]
+        except BaseException as exc:  # handed to the caller by result()
+            self._outcome = exc
+
+    def result(self) -> RunRecord:
+        """Wait for the run and return its record (re-raising what it raised)."""
+        self._thread.join()
+        if isinstance(self._outcome, BaseException):
+            raise self._outcome
+        assert self._outcome is not None
+        return self._outcome
+
+    def cancel(self) -> None:
+        """Stop the run (its whole process group) and wait until it is gone."""
+        self._cancel.set()
+        self._thread.join()

@@ -265,8 +265,7 @@ def run(
     ] = False,
 ) -> None:
     """Test one model here: load, compile, generate, verify; record the result."""
-    from model_support.execution import StageEvent, run_local
-    from model_support.store import ResultsStore
+    from model_support.execution import BackgroundRun, StageEvent, run_local
 
     config = build_config(
         model,
@@ -281,17 +280,6 @@ def run(
         trust_remote_code=trust_remote_code,
         judge_model=judge_model,
     )
-    store = ResultsStore(results)
-    if cores is None:
-        planned = plan_cores(config, instance, lnc, max_cores)
-        if isinstance(planned, RunRecord):
-            store.add_and_materialize(planned)
-            if as_json:
-                print(json.dumps(summary(planned)))
-            else:
-                print_record(planned)
-            raise typer.Exit(3)
-        config = planned
 
     def show(event: StageEvent) -> None:
         if as_json:
@@ -303,7 +291,32 @@ def run(
         else:
             console.print(f"[red]✗ {event.stage}[/] [dim]{event.detail}[/]")
 
-    record = run_local(config, timeout_s=timeout, on_stage=show)
+    # run.py starts at once; sizing (without --cores) and opening the store overlap with it.
+    background = BackgroundRun(config, timeout_s=timeout, on_stage=show)
+    try:
+        from model_support.store import ResultsStore
+
+        store = ResultsStore(results)
+        planned = config if cores is not None else plan_cores(config, instance, lnc, max_cores)
+    except BaseException:
+        background.cancel()
+        raise
+    if planned == config:
+        record = background.result()
+    else:
+        background.cancel()
+        if isinstance(planned, RunRecord):
+            store.add_and_materialize(planned)
+            if as_json:
+                print(json.dumps(summary(planned)))
+            else:
+                print_record(planned)
+            raise typer.Exit(3)
+        if not as_json:
+            console.print(
+                f"[cyan]sized: {planned.cores} cores, {planned.parallelism.value} parallel[/]"
+            )
+        record = run_local(planned, timeout_s=timeout, on_stage=show)
     store.add_and_materialize(record)
     if as_json:
         print(json.dumps(summary(record)))
