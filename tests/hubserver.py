@@ -207,6 +207,7 @@ class HubServer:
 
 
 _RESOLVE = re.compile(r"^/(?P<repo>.+?)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
+_TREE = re.compile(r"^/api/models/(?P<repo>.+?)/tree/(?P<rev>[^/]+)(?:/(?P<path>.*))?$")
 _INFO = re.compile(r"^/api/models/(?P<repo>.+?)(?:/revision/(?P<rev>[^/]+))?$")
 
 
@@ -294,6 +295,11 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             )
             if path == "/api/models":
                 return self._list(parse_qs(parts.query))
+            tree = _TREE.match(path)
+            if tree and not head:
+                return self._tree(
+                    unquote(tree["repo"]), unquote(tree["rev"]), unquote(tree["path"] or "")
+                )
             info = _INFO.match(path)
             if info and not head:
                 return self._info(
@@ -310,6 +316,30 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                     head=head,
                 )
             self._error(404, "NotFound", f"no route for {path}", head=head)
+
+        def _tree(self, repo_id: str, revision: str, folder: str) -> None:
+            """The files under ``folder`` (recursive listing); EntryNotFound for no such folder."""
+            repo = hub.repos.get(repo_id)
+            if not self._access(repo, repo_id, head=False, files=True):
+                return
+            assert repo is not None
+            name = repo.resolve(revision)
+            if name is None:
+                return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+            prefix = folder.strip("/") + "/" if folder.strip("/") else ""
+            entries = [
+                {
+                    "type": "file",
+                    "path": path,
+                    "size": len(content),
+                    "oid": hashlib.sha1(content).hexdigest(),
+                }
+                for path, content in sorted(repo.revisions[name].items())
+                if path.startswith(prefix)
+            ]
+            if prefix and not entries:
+                return self._error(404, "EntryNotFound", f"{folder} does not exist on {revision}")
+            self._json(entries)
 
         def _info(self, repo_id: str, revision: str | None, query: str) -> None:
             repo = hub.repos.get(repo_id)

@@ -352,6 +352,17 @@ def load_model(config: dict, dtype_name: str, device, distributed_config=None):
     return processor, model
 
 
+def resolved_revision(config: dict, model) -> str | None:
+    """The commit the weights came from: transformers' record of it, or a pinned commit hash."""
+    if is_local(config["model"]):
+        return None
+    commit = getattr(model.config, "_commit_hash", None)
+    revision = config["revision"] or ""
+    if commit is None and len(revision) == 40 and all(c in "0123456789abcdef" for c in revision):
+        commit = revision
+    return commit
+
+
 def tokenizer_of(processor):
     return getattr(processor, "tokenizer", processor)
 
@@ -655,7 +666,7 @@ def run_test(ctx: RunContext) -> dict:
         processor, model = load_model(config, config["dtype"], ctx.device, distributed_config)
         synchronize(ctx.backend)
         timings["load_s"] = time.perf_counter() - t0
-        doc["resolved_revision"] = getattr(model.config, "_commit_hash", None)
+        doc["resolved_revision"] = resolved_revision(config, model)
         doc["parameters"] = sum(p.numel() for p in model.parameters())
         # What this core holds: a DTensor's local shard, else the whole tensor.
         doc["parameters_per_core"] = sum(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -107,6 +108,50 @@ def plan_cores(
     if isinstance(planned, Exclusion):
         return excluded_record(config, planned.reason, planned.message)
     return config.model_copy(update={"cores": planned.cores, "parallelism": planned.parallelism})
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def pin_revision(config: RunConfig) -> RunConfig:
+    """Resolve a Hub model's revision (a branch, a tag, or none) to its commit.
+
+    The stored run.py then names exactly the weights that were tested, and reruns of it load
+    the same ones. Local checkpoints and commit hashes are already pinned. A gated repository
+    without access is left for sizing, which records it as EXCLUDED (gated-without-token).
+    """
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    from model_support.hub import hub_api, is_unreachable
+
+    if Path(config.model).is_dir() or (config.revision and _COMMIT.fullmatch(config.revision)):
+        return config
+    token = os.environ.get("HF_TOKEN")
+    try:
+        info = hub_api(os.environ.get("HF_ENDPOINT"), token).model_info(
+            config.model, revision=config.revision
+        )
+    except GatedRepoError:
+        return config
+    except RevisionNotFoundError as exc:
+        raise fail(f"{config.model!r} has no revision {config.revision!r} on the Hub") from exc
+    except RepositoryNotFoundError as exc:
+        raise fail(
+            f"{config.model!r} is not on the Hub (or is private): check the id, or set HF_TOKEN"
+        ) from exc
+    except Exception as exc:
+        if not is_unreachable(exc):
+            raise
+        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+        raise fail(
+            f"could not reach the Hugging Face Hub at {endpoint} to read {config.model!r} ({exc}); "
+            "check the network or HF_ENDPOINT, or give a local checkpoint directory"
+        ) from exc
+    return config.model_copy(update={"revision": info.sha}) if info.sha else config
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -280,6 +325,7 @@ def run(
         trust_remote_code=trust_remote_code,
         judge_model=judge_model,
     )
+    config = pin_revision(config)
 
     def show(event: StageEvent) -> None:
         if as_json:
@@ -354,6 +400,7 @@ def script(
         max_new_tokens=max_new_tokens,
         trust_remote_code=trust_remote_code,
     )
+    config = pin_revision(config)
     sys.stdout.write(render_script(config))
 
 

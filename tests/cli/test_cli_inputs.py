@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hubserver import HubServer, Repo
 from typer.testing import CliRunner
 
 from model_support.cli import app
@@ -55,7 +57,20 @@ def test_unreachable_hub_is_reported_with_the_endpoint(
     assert "could not reach the Hugging Face Hub at http://127.0.0.1:9" in text
 
 
-def test_script_prints_the_rendered_run_py(tmp_path: Path) -> None:
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
+    """A local stand-in for the Hub, reached through the real client (HF_ENDPOINT)."""
+    repo = Repo(
+        "org/model",
+        files={"config.json": b'{"model_type": "llama"}'},
+        revisions={"v2": {"config.json": b'{"model_type": "llama"}'}},
+    )
+    with HubServer([repo]) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        yield server
+
+
+def test_script_pins_the_hub_revision_it_would_test(hub: HubServer) -> None:
     result = runner.invoke(
         app,
         [
@@ -73,20 +88,25 @@ def test_script_prints_the_rendered_run_py(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     config = read_config(result.stdout)
-    assert (
-        config.model,
-        config.revision,
-        config.dtype,
-        config.cores,
-        config.parallelism.value,
-    ) == (
-        "org/model",
-        "v2",
-        "float32",
-        4,
-        "tensor",
-    )
+    assert config.model == "org/model"
+    assert config.revision == hub.repos["org/model"].sha("v2")  # the commit, not the tag
+    assert (config.dtype, config.cores, config.parallelism.value) == ("float32", 4, "tensor")
     assert config.compile_backend == "aot_eager"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["script", "org/missing"], "is not on the Hub"),
+        (["script", "org/model", "--revision", "nope"], "has no revision 'nope'"),
+    ],
+)
+def test_unknown_hub_models_and_revisions_are_refused(
+    hub: HubServer, args: list[str], message: str
+) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
 
 
 def test_script_for_a_local_checkpoint_uses_its_absolute_path(
