@@ -36,6 +36,9 @@ def demo(
     store = ResultsStore(location)
     dest = models_dir or default_cache_dir()
     names = ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-llava"]
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # the status line says what is happening
     with console.status(f"building demo checkpoints in {dest} (first time: about a minute)"):
         models = build_demo_models(dest, names)
     for model in models:
