@@ -19,6 +19,7 @@ import datetime
 import gc
 import importlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -178,12 +179,11 @@ def select_backend(requested: str) -> str:
         return "cuda"
     if requested == "cpu":
         return "cpu"
-    try:
+    if importlib.util.find_spec("torch_neuronx") is not None:
+        # Installed means Trainium was meant: a broken install must fail the run, not fall back.
         import torch_neuronx  # noqa: F401
 
         return "neuron"
-    except ImportError:
-        pass
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -215,14 +215,13 @@ def reset_peaks(backend: str) -> None:
 def proc_status_bytes() -> dict[str, int]:
     """VmHWM / VmRSS / RssAnon / RssFile of this process, in bytes (Linux)."""
     out: dict[str, int] = {}
-    try:
-        with open("/proc/self/status") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
-                    out[key] = int(value.split()[0]) * 1024
-    except OSError:
-        pass
+    if not os.path.exists("/proc/self/status"):
+        return out  # not Linux: the figures stay null
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            key, _, value = line.partition(":")
+            if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile"):
+                out[key] = int(value.split()[0]) * 1024
     return out
 
 
