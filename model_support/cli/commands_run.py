@@ -55,6 +55,10 @@ InstanceOpt = Annotated[
         help="Hardware profile for sizing (trn2, trn1, inf2, cpu, cuda; default: from the backend)."
     ),
 ]
+LncOpt = Annotated[
+    int | None, typer.Option(help="Logical NeuronCore config for sizing (trn2: 1 or 2).")
+]
+MaxCoresOpt = Annotated[int, typer.Option(help="Most cores sizing may choose.")]
 TokensOpt = Annotated[int, typer.Option("--max-new-tokens", help="Tokens to generate.")]
 RemoteOpt = Annotated[
     bool, typer.Option("--trust-remote-code", help="Allow code from the model's repository.")
@@ -100,11 +104,7 @@ def plan_cores(
     except Exception as exc:
         if not is_unreachable(exc):
             raise
-        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-        raise fail(
-            f"could not reach the Hugging Face Hub at {endpoint} to read {config.model!r} ({exc}); "
-            "check the network or HF_ENDPOINT, or give a local checkpoint directory"
-        ) from exc
+        raise unreachable_hub(config.model, exc) from exc
     if isinstance(planned, Exclusion):
         return excluded_record(config, planned.reason, planned.message)
     return config.model_copy(update={"cores": planned.cores, "parallelism": planned.parallelism})
@@ -146,12 +146,17 @@ def pin_revision(config: RunConfig) -> RunConfig:
     except Exception as exc:
         if not is_unreachable(exc):
             raise
-        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-        raise fail(
-            f"could not reach the Hugging Face Hub at {endpoint} to read {config.model!r} ({exc}); "
-            "check the network or HF_ENDPOINT, or give a local checkpoint directory"
-        ) from exc
+        raise unreachable_hub(config.model, exc) from exc
     return config.model_copy(update={"revision": info.sha}) if info.sha else config
+
+
+def unreachable_hub(model: str, exc: BaseException) -> typer.Exit:
+    """The error for a Hub that does not answer, naming the endpoint tried."""
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    return fail(
+        f"could not reach the Hugging Face Hub at {endpoint} to read {model!r} ({exc}); "
+        "check the network or HF_ENDPOINT, or give a local checkpoint directory"
+    )
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -174,7 +179,7 @@ def build_config(
     trust_remote_code: bool,
     judge_model: Path | None = None,
 ) -> RunConfig:
-    """Validate the command line into a RunConfig, or exit with a clear message."""
+    """Validate the command line into a RunConfig (Hub revision pinned), or exit clearly."""
     try:
         ref = resolve_model(model)
     except BadModelReference as exc:
@@ -191,7 +196,7 @@ def build_config(
     if parallelism is None:
         parallelism = Parallelism.TENSOR if n_cores > 1 else Parallelism.NONE
     try:
-        return RunConfig(
+        config = RunConfig(
             model=ref.value,
             revision=None if ref.is_local else revision,
             task=task,
@@ -207,6 +212,7 @@ def build_config(
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise fail(f"invalid test parameters: {problems}") from exc
+    return pin_revision(config)
 
 
 RESULT_STYLE = {
@@ -298,10 +304,8 @@ def run(
         str, typer.Option(help="Results store location (path or fsspec URI).")
     ] = DEFAULT_RESULTS,
     instance: InstanceOpt = None,
-    lnc: Annotated[
-        int | None, typer.Option(help="Logical NeuronCore config for sizing (trn2: 1 or 2).")
-    ] = None,
-    max_cores: Annotated[int, typer.Option(help="Most cores sizing may choose.")] = 16,
+    lnc: LncOpt = None,
+    max_cores: MaxCoresOpt = 16,
     timeout: Annotated[
         float, typer.Option(help="Seconds before the run is stopped (TIMEOUT).")
     ] = 3600.0,
@@ -325,7 +329,6 @@ def run(
         trust_remote_code=trust_remote_code,
         judge_model=judge_model,
     )
-    config = pin_revision(config)
 
     def show(event: StageEvent) -> None:
         if as_json:
@@ -384,8 +387,11 @@ def script(
     parallelism: ParallelismOpt = None,
     max_new_tokens: TokensOpt = 32,
     trust_remote_code: RemoteOpt = False,
+    instance: InstanceOpt = None,
+    lnc: LncOpt = None,
+    max_cores: MaxCoresOpt = 16,
 ) -> None:
-    """Print the run.py a test of MODEL would run (save it and run `python3 run.py`)."""
+    """Print the run.py a test of MODEL would run, sized unless --cores (save it, `python3 run.py`)."""
     from model_support.script import render_script
 
     config = build_config(
@@ -400,7 +406,12 @@ def script(
         max_new_tokens=max_new_tokens,
         trust_remote_code=trust_remote_code,
     )
-    config = pin_revision(config)
+    if cores is None:
+        planned = plan_cores(config, instance, lnc, max_cores)
+        if isinstance(planned, RunRecord):
+            reason = planned.exclusion_reason.value if planned.exclusion_reason else "excluded"
+            raise fail(f"{model!r} would not be run ({reason}): {planned.document.error}", 3)
+        config = planned
     sys.stdout.write(render_script(config))
 
 

@@ -115,11 +115,20 @@ def test_script_for_a_local_checkpoint_uses_its_absolute_path(
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     monkeypatch.chdir(tmp_path)
-    result = runner.invoke(app, ["script", "./ckpt", "--revision", "ignored"])
+    result = runner.invoke(app, ["script", "./ckpt", "--revision", "ignored", "--cores", "1"])
     assert result.exit_code == 0, result.output
     config = read_config(result.stdout)
     assert config.model == str((tmp_path / "ckpt").resolve())
     assert config.revision is None
+
+
+def test_script_sizes_the_model_and_says_when_it_would_not_run(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    result = runner.invoke(app, ["script", str(tmp_path / "ckpt")])
+    assert result.exit_code == 3
+    text = " ".join(result.output.split())
+    assert "would not be run (no-safetensors)" in text
 
 
 def test_results_on_an_empty_location_says_what_to_do(tmp_path: Path) -> None:

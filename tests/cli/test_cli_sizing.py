@@ -5,30 +5,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
+from processes import processes_with
 
 from model_support.checkpoints import DemoModel
+from model_support.hub import TensorSpec
 from model_support.store import ResultsStore
 from model_support.vocabulary import ExclusionReason, Result
 
 pytestmark = pytest.mark.slow
 CLI = str(Path(sys.executable).with_name("model-support"))
-
-
-def _processes_with(marker: str) -> list[int]:
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if marker.encode() in environ.read_bytes():
-                found.append(int(environ.parent.name))
-        except OSError:
-            continue  # ended while we looked, or not ours to read
-    return found
 
 
 def test_an_excluded_model_is_recorded_and_its_speculative_run_stopped(
@@ -57,4 +49,48 @@ def test_an_excluded_model_is_recorded_and_its_speculative_run_stopped(
     assert record.document.result == Result.EXCLUDED
     assert record.exclusion_reason == ExclusionReason.REMOTE_CODE_REQUIRED
     assert "auto_map" in (record.document.error or "") or "remote" in (record.document.error or "")
-    assert _processes_with(marker) == []  # the speculative one-core run is gone
+    assert processes_with(marker) == []  # the speculative one-core run is gone
+
+
+def _header_only_checkpoint(
+    directory: Path, config: dict[str, object], tensors: list[TensorSpec]
+) -> Path:
+    """A checkpoint whose safetensors file holds only its header: enough to size, nothing to load."""
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(config))
+    header: dict[str, object] = {}
+    offset = 0
+    for tensor in tensors:
+        size = tensor.numel * 2  # BF16
+        header[tensor.name] = {
+            "dtype": tensor.dtype,
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    raw = json.dumps(header).encode()
+    (directory / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)
+    return directory
+
+
+def test_script_holds_the_sized_cores_and_parallelism(tmp_path: Path) -> None:
+    from test_sizing import LLAMA31_8B, _decoder  # the hand-worked published configuration
+    from typer.testing import CliRunner
+
+    from model_support.cli import app
+    from model_support.script import read_config
+
+    path = _header_only_checkpoint(tmp_path / "llama-8b", LLAMA31_8B, _decoder(LLAMA31_8B))
+    trn1 = CliRunner().invoke(
+        app, ["script", str(path), "--instance", "trn1", "--backend", "neuron"]
+    )
+    assert trn1.exit_code == 0, trn1.output
+    config = read_config(trn1.stdout)
+    assert (config.cores, config.parallelism.value) == (2, "tensor")  # 16 GiB per trn1 core
+    trn2 = CliRunner().invoke(
+        app, ["script", str(path), "--instance", "trn2", "--backend", "neuron"]
+    )
+    assert (read_config(trn2.stdout).cores, read_config(trn2.stdout).parallelism.value) == (
+        1,
+        "none",
+    )

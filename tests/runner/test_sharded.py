@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from processes import processes_with
 from typer.testing import CliRunner
 
 from model_support.checkpoints import DemoModel
@@ -98,17 +99,6 @@ def test_a_killed_worker_gives_error_not_a_hang(demo_models: dict[str, DemoModel
     assert doc.stack.torch  # the record still says which stack it ran on
 
 
-def _processes_with(marker: str) -> list[int]:
-    found = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
-        try:
-            if marker.encode() in environ.read_bytes():
-                found.append(int(environ.parent.name))
-        except OSError:
-            continue  # the process ended while we looked, or is not ours to read
-    return found
-
-
 def test_a_hung_worker_fails_the_run_within_its_bound_and_leaves_no_process(
     demo_models: dict[str, DemoModel],
 ) -> None:
@@ -125,4 +115,4 @@ def test_a_hung_worker_fails_the_run_within_its_bound_and_leaves_no_process(
     assert (doc.result, doc.error_class) == (Result.ERROR, ErrorClass.WORKER_CRASH)
     assert "gave no result within 25 s" in doc.error
     assert time.monotonic() - start < 120
-    assert _processes_with(marker) == []
+    assert processes_with(marker) == []
