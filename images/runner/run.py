@@ -379,6 +379,18 @@ def test_image():
     return Image.frombytes("RGB", (size, size), bytes(pixels))
 
 
+def ensure_pad_token(tokenizer) -> None:
+    """Batched prompts need a pad token; many causal LMs ship none.
+
+    Which token pads does not matter (the attention mask hides it), so an existing one is
+    reused rather than a new one added, which would change the vocabulary the model was made for.
+    """
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = (
+            tokenizer.eos_token or tokenizer.unk_token or tokenizer.convert_ids_to_tokens(0)
+        )
+
+
 def build_inputs(config: dict, processor, prompts: list[str]):
     """Batched model inputs (left padded) for the prompts of the test's task."""
     if config["task"] == "image-text-to-text":
@@ -395,12 +407,12 @@ def build_inputs(config: dict, processor, prompts: list[str]):
             for prompt in prompts
         ]
         tokenizer_of(processor).padding_side = "left"
+        ensure_pad_token(tokenizer_of(processor))
         return processor(
             images=[test_image() for _ in prompts], text=texts, return_tensors="pt", padding=True
         )
     processor.padding_side = "left"
-    if processor.pad_token is None:
-        processor.pad_token = processor.eos_token
+    ensure_pad_token(processor)
     return processor(prompts, return_tensors="pt", padding=True)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +101,16 @@ def test_stored_run_py_reproduces_the_run_standalone(
     assert json.loads((tmp_path / "result.json").read_text())["tokens"] == again.tokens
     assert again.tokens == record.document.tokens
     assert again.result == record.document.result == Result.PASS
+
+
+def test_a_tokenizer_without_pad_or_eos_token_still_batches(
+    demo_models: dict[str, DemoModel], tmp_path: Path
+) -> None:
+    path = tmp_path / "no-pad"
+    shutil.copytree(demo_models["tiny-llama"].require_path(), path)
+    tokenizer_config = json.loads((path / "tokenizer_config.json").read_text())
+    for key in ("pad_token", "eos_token"):
+        tokenizer_config.pop(key, None)
+    (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    doc = run_local(RunConfig(model=str(path), compile_backend="aot_eager"), timeout_s=600).document
+    _assert_complete_pass(doc, 3)
