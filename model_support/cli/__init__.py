@@ -9,6 +9,7 @@ from model_support.cli import (
     commands_operator,
     commands_run,
     commands_size,
+    commands_sweep,
     commands_viewer,
 )
 
@@ -19,5 +20,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for _module in (commands_run, commands_size, commands_demo, commands_viewer, commands_operator):
+for _module in (
+    commands_run,
+    commands_size,
+    commands_demo,
+    commands_viewer,
+    commands_operator,
+    commands_sweep,
+):
     _module.register(app)
