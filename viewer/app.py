@@ -35,7 +35,7 @@ VIEWS = {
     "charts": "Charts",
 }
 ALL_TASKS = "all tasks"
-PARAMS = ("view", "compiler", "library", "q", "task", "model")
+PARAMS = ("view", "compiler", "library", "q", "task", "model", "before", "after")
 
 
 def results_uri() -> str:
@@ -82,6 +82,10 @@ def _seed_from_query_params(files: list[StackFile]) -> None:
         st.session_state["task"] = params["task"]
     if params.get("model"):
         st.session_state["model"] = params["model"]
+    labels = {views.stack_label(f) for f in files}
+    for side in ("before", "after"):  # the Compare view's two stacks
+        if params.get(side) in labels:
+            st.session_state[side] = params[side]
 
 
 def _version_param(label: str, files: list[StackFile], attr: str) -> str:
@@ -204,6 +208,8 @@ def main() -> None:
         "q": search or None,
         "task": None if task_choice == ALL_TASKS else task_choice,
         "model": model,
+        "before": st.session_state.get("before") if view == "compare" else None,
+        "after": st.session_state.get("after") if view == "compare" else None,
     }
     wanted = {k: v for k, v in state.items() if v}
     if {k: st.query_params.get(k) for k in PARAMS if st.query_params.get(k)} != wanted:

@@ -277,7 +277,8 @@ def compare(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
     """Per (model, task): the result before and after, and the change.
 
     regression = PASS before, not PASS after; fix = not PASS before, PASS after; changed = another
-    difference; same; only before / only after = tested with one stack only.
+    difference (of result, or of error class within ERROR); same; only before / only after =
+    tested with one stack only.
     """
     cols = ["model_id", "task", "result", "error_class", "wall_time_s"]
     merged = _latest(before)[cols].merge(
@@ -285,7 +286,10 @@ def compare(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
     )
     b, a = merged["result before"], merged["result after"]
     change = pd.Series(SAME, index=merged.index, dtype="string")
+    error_before = merged["error_class before"].astype("string").fillna("")
+    error_after = merged["error_class after"].astype("string").fillna("")
     change[(b != a) & b.notna() & a.notna()] = CHANGED
+    change[(b == a) & b.notna() & (error_before != error_after)] = CHANGED
     change[(b == Result.PASS.value) & a.notna() & (a != Result.PASS.value)] = REGRESSION
     change[(a == Result.PASS.value) & b.notna() & (b != Result.PASS.value)] = FIX
     change[b.isna()] = ADDED

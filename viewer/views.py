@@ -245,7 +245,8 @@ def view_triage(ctx: Context) -> pd.DataFrame:
     return pd.DataFrame({"model": models})
 
 
-def _stack_label(f: StackFile) -> str:
+def stack_label(f: StackFile) -> str:
+    """How a (compiler, library) version pair is named in selectors and links."""
     return f"{f.compiler_label} · {f.library_label}"
 
 
@@ -256,7 +257,7 @@ def view_compare(ctx: Context) -> pd.DataFrame:
             "Comparing needs results for at least two compiler/library version pairs; this dataset has one."
         )
         return pd.DataFrame(columns=["model"])
-    labels = [_stack_label(f) for f in ctx.files]
+    labels = [stack_label(f) for f in ctx.files]
     after_index = ctx.files.index(ctx.current) if ctx.current in ctx.files else 0
     left, right = st.columns(2)
     before_label = left.selectbox(
@@ -361,7 +362,7 @@ def details(ctx: Context, model_id: str) -> None:
         else rows
     )
     if rows.empty:
-        where = _stack_label(ctx.current) if ctx.current else "this dataset"
+        where = stack_label(ctx.current) if ctx.current else "this dataset"
         st.info(f"{model_id} has no result with {where}.")
         elsewhere = queries.versions_of(
             read(
