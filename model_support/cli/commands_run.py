@@ -7,6 +7,7 @@ import json
 import os
 import re
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -16,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from model_support.config import RunConfig
+from model_support.execution import StageEvent
 from model_support.models import BadModelReference, resolve_model
 from model_support.records import RunRecord
 from model_support.vocabulary import Backend, Parallelism, Result, Task
@@ -215,6 +217,50 @@ def build_config(
     return pin_revision(config)
 
 
+class StageProgress:
+    """Prints run.py's stages as they happen; can hold them back, then replay or drop them."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self._lock = threading.Lock()
+        self._held: list[StageEvent] | None = None
+
+    def hold(self) -> None:
+        """Buffer events from now on (the run may still be cancelled)."""
+        with self._lock:
+            self._held = []
+
+    def release(self) -> None:
+        """Print what was held and print events directly again."""
+        with self._lock:
+            held, self._held = self._held or [], None
+            for event in held:
+                self._print(event)
+
+    def discard(self) -> None:
+        """Drop what was held (the run was cancelled) and print directly again."""
+        with self._lock:
+            self._held = None
+
+    def show(self, event: StageEvent) -> None:
+        """The on_stage callback."""
+        with self._lock:
+            if self._held is not None:
+                self._held.append(event)
+            else:
+                self._print(event)
+
+    def _print(self, event: StageEvent) -> None:
+        if self.quiet:
+            return
+        if event.status == "start":
+            console.print(f"[cyan]→ {event.stage}[/]")
+        elif event.status == "done":
+            console.print(f"[green]✓ {event.stage}[/] [dim]{event.seconds:.2f} s[/]")
+        else:
+            console.print(f"[red]✗ {event.stage}[/] [dim]{event.detail}[/]")
+
+
 RESULT_STYLE = {
     Result.PASS: "bold green",
     Result.FAIL: "bold red",
@@ -314,7 +360,7 @@ def run(
     ] = False,
 ) -> None:
     """Test one model here: load, compile, generate, verify; record the result."""
-    from model_support.execution import BackgroundRun, StageEvent, run_local
+    from model_support.execution import BackgroundRun, run_local
 
     config = build_config(
         model,
@@ -330,18 +376,11 @@ def run(
         judge_model=judge_model,
     )
 
-    def show(event: StageEvent) -> None:
-        if as_json:
-            return
-        if event.status == "start":
-            console.print(f"[cyan]→ {event.stage}[/]")
-        elif event.status == "done":
-            console.print(f"[green]✓ {event.stage}[/] [dim]{event.seconds:.2f} s[/]")
-        else:
-            console.print(f"[red]✗ {event.stage}[/] [dim]{event.detail}[/]")
-
+    progress = StageProgress(quiet=as_json)
     # run.py starts at once; sizing (without --cores) and opening the store overlap with it.
-    background = BackgroundRun(config, timeout_s=timeout, on_stage=show)
+    # Its progress is held back until sizing agrees, so a cancelled run shows nothing.
+    progress.hold()
+    background = BackgroundRun(config, timeout_s=timeout, on_stage=progress.show)
     try:
         from model_support.store import ResultsStore
 
@@ -351,9 +390,11 @@ def run(
         background.cancel()
         raise
     if planned == config:
+        progress.release()
         record = background.result()
     else:
         background.cancel()
+        progress.discard()
         if isinstance(planned, RunRecord):
             store.add_and_materialize(planned)
             if as_json:
@@ -365,7 +406,7 @@ def run(
             console.print(
                 f"[cyan]sized: {planned.cores} cores, {planned.parallelism.value} parallel[/]"
             )
-        record = run_local(planned, timeout_s=timeout, on_stage=show)
+        record = run_local(planned, timeout_s=timeout, on_stage=progress.show)
     store.add_and_materialize(record)
     if as_json:
         print(json.dumps(summary(record)))

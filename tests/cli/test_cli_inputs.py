@@ -135,3 +135,21 @@ def test_results_on_an_empty_location_says_what_to_do(tmp_path: Path) -> None:
     result = runner.invoke(app, ["results", "--results", str(tmp_path / "nothing")])
     assert result.exit_code == 1
     assert "model-support run MODEL" in " ".join(result.output.split())
+
+
+def test_a_corrupt_checkpoint_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "corrupt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(
+        json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]})
+    )
+    # A download cut short: the header announces 4 KiB of JSON, 20 bytes follow.
+    (checkpoint / "model.safetensors").write_bytes(
+        (4096).to_bytes(8, "little") + b'{"weight": {"dtype": '
+    )
+    result = runner.invoke(app, ["run", str(checkpoint), "--results", str(tmp_path / "results")])
+    assert result.exit_code == 2
+    compact = "".join(result.output.split())  # rich wraps long paths anywhere
+    assert "cannotsize" in compact and "model.safetensors:headertruncated" in compact
+    assert "→" not in result.output  # the cancelled one-core run showed no progress
+    assert not (tmp_path / "results").exists()  # nothing recorded for a checkpoint that cannot load
