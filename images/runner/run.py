@@ -351,15 +351,30 @@ def load_model(config: dict, dtype_name: str, device, distributed_config=None):
     return processor, model
 
 
-def resolved_revision(config: dict, model) -> str | None:
-    """The commit the weights came from: transformers' record of it, or a pinned commit hash."""
+def resolved_revision(config: dict) -> str | None:
+    """The commit the weights came from (None for a local checkpoint).
+
+    A pinned commit is its own answer; otherwise the Hub cache's ref for the revision, which
+    the download just wrote (transformers 5 no longer records it on the config).
+    """
     if is_local(config["model"]):
         return None
-    commit = getattr(model.config, "_commit_hash", None)
-    revision = config["revision"] or ""
-    if commit is None and len(revision) == 40 and all(c in "0123456789abcdef" for c in revision):
-        commit = revision
-    return commit
+    revision = config["revision"] or "main"
+    if len(revision) == 40 and all(c in "0123456789abcdef" for c in revision):
+        return revision
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    ref = os.path.join(
+        constants.HF_HUB_CACHE,
+        repo_folder_name(repo_id=config["model"], repo_type="model"),
+        "refs",
+        revision,
+    )
+    if not os.path.isfile(ref):
+        return None  # loaded without a cache ref (e.g. offline from a snapshot): unknown
+    with open(ref, encoding="utf-8") as handle:
+        return handle.read().strip() or None
 
 
 def tokenizer_of(processor):
@@ -677,7 +692,7 @@ def run_test(ctx: RunContext) -> dict:
         processor, model = load_model(config, config["dtype"], ctx.device, distributed_config)
         synchronize(ctx.backend)
         timings["load_s"] = time.perf_counter() - t0
-        doc["resolved_revision"] = resolved_revision(config, model)
+        doc["resolved_revision"] = resolved_revision(config)
         doc["parameters"] = sum(p.numel() for p in model.parameters())
         # What this core holds: a DTensor's local shard, else the whole tensor.
         doc["parameters_per_core"] = sum(
