@@ -671,13 +671,14 @@ class Reconciler:
 
     # ---------------------------------------------------------------- stuck pods
 
+    def watched_namespaces(self) -> list[str | None]:
+        """The namespaces to list children in; [None] means every namespace."""
+        return list(self.settings.namespaces) if self.settings.namespaces else [None]
+
     def check_stuck(self, now: datetime | None = None) -> int:
         """End tests whose runner pod cannot start (unschedulable / image pull) past the limits."""
-        namespaces: list[str | None] = (
-            list(self.settings.namespaces) if self.settings.namespaces else [None]
-        )
         ended = 0
-        for namespace in namespaces:
+        for namespace in self.watched_namespaces():
             for pod in self.kube.list_pods(namespace, {LABEL_MANAGED_BY: MANAGED_BY}):
                 why = stuck_reason(
                     pod,
@@ -718,11 +719,8 @@ def _resync_finished_jobs(reconciler: Reconciler) -> int:
     test would stay Running until an operator restart. The watchdog offers every finished Job
     again; ``on_job`` ignores tests already completed, so this is idempotent.
     """
-    namespaces: list[str | None] = (
-        list(reconciler.settings.namespaces) if reconciler.settings.namespaces else [None]
-    )
     offered = 0
-    for namespace in namespaces:
+    for namespace in reconciler.watched_namespaces():
         for job in reconciler.kube.list_jobs(namespace, {LABEL_MANAGED_BY: MANAGED_BY}):
             if read_job(job, []).state != JobState.ACTIVE:
                 reconciler.on_job(job, "RESYNC")

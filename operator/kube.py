@@ -37,6 +37,16 @@ def api_client(server: str | None, pool_size: int = 32) -> kubernetes.client.Api
     return kubernetes.client.ApiClient(configuration)
 
 
+def _create(create: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """Call a create_namespaced_* method; a 409 becomes AlreadyExists (adopt, don't fail)."""
+    try:
+        return _json(create(body["metadata"]["namespace"], cast(Any, body), _preload_content=False))
+    except ApiException as exc:
+        if exc.status == 409:
+            raise AlreadyExists(body["metadata"]["name"]) from exc
+        raise
+
+
 def _json(response: Any) -> dict[str, Any]:
     return dict(json.loads(response.data))
 
@@ -61,29 +71,11 @@ class Kube:
 
     def create_configmap(self, body: dict[str, Any]) -> dict[str, Any]:
         """Create a ConfigMap; AlreadyExists on 409."""
-        try:
-            return _json(
-                self.core.create_namespaced_config_map(
-                    body["metadata"]["namespace"], cast(Any, body), _preload_content=False
-                )
-            )
-        except ApiException as exc:
-            if exc.status == 409:
-                raise AlreadyExists(body["metadata"]["name"]) from exc
-            raise
+        return _create(self.core.create_namespaced_config_map, body)
 
     def create_job(self, body: dict[str, Any]) -> dict[str, Any]:
         """Create a Job; AlreadyExists on 409."""
-        try:
-            return _json(
-                self.batch.create_namespaced_job(
-                    body["metadata"]["namespace"], cast(Any, body), _preload_content=False
-                )
-            )
-        except ApiException as exc:
-            if exc.status == 409:
-                raise AlreadyExists(body["metadata"]["name"]) from exc
-            raise
+        return _create(self.batch.create_namespaced_job, body)
 
     def read_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A ConfigMap, or None if it does not exist."""
