@@ -124,14 +124,13 @@ def run_script(
     run_py: str,
     config: RunConfig,
     *,
-    workdir: Path | None = None,
     timeout_s: float | None = None,
     env: dict[str, str] | None = None,
     on_stage: Callable[[StageEvent], None] | None = None,
     on_output: Callable[[str], None] | None = None,
     cancel: threading.Event | None = None,
 ) -> ResultDocument:
-    """Run a rendered run.py as ``python3 run.py`` in ``workdir`` and return its result document.
+    """Run a rendered run.py as ``python3 run.py`` in a fresh directory; return its result document.
 
     A run past ``timeout_s`` is killed (its whole process group, so sharded workers go too) and
     gives TIMEOUT; a run that dies without a result document gives ERROR with the exit status.
@@ -139,13 +138,10 @@ def run_script(
     """
     started = datetime.now(UTC)
     t0 = time.monotonic()
-    own_dir = workdir is None
-    tmp = tempfile.TemporaryDirectory(prefix="model-support-run-") if own_dir else None
-    directory = Path(tmp.name) if tmp else Path(workdir)  # type: ignore[arg-type]
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        script_path = directory / "run.py"
-        script_path.write_text(run_py, encoding="utf-8")
+    # A fresh directory each time: no result file of an earlier run can be mistaken for this one's.
+    with tempfile.TemporaryDirectory(prefix="model-support-run-") as tmp:
+        directory = Path(tmp)
+        (directory / "run.py").write_text(run_py, encoding="utf-8")
         proc_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen(
             [_python_for_runner(), "run.py"],
@@ -206,9 +202,6 @@ def run_script(
             stage=last_stage,
             total_s=elapsed,
         )
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
 
 
 def _pump(
@@ -263,7 +256,6 @@ def run_local(
     config: RunConfig,
     *,
     timeout_s: float | None = None,
-    workdir: Path | None = None,
     env: dict[str, str] | None = None,
     source: str = "cli",
     labels: dict[str, str] | None = None,
@@ -276,7 +268,6 @@ def run_local(
     document = run_script(
         run_py,
         config,
-        workdir=workdir,
         timeout_s=timeout_s,
         env=env,
         on_stage=on_stage,
