@@ -15,6 +15,7 @@ expert parallel for mixture-of-experts models).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import gc
 import importlib
@@ -27,6 +28,7 @@ import socket
 import sys
 import time
 import traceback
+from typing import Any
 
 # ---- BEGIN MODEL-SUPPORT CONFIG (rendered by model-support; JSON only) ----
 CONFIG_JSON = '{"backend": "auto", "compile_backend": null, "cores": 1, "dtype": "bfloat16", "judge_model": null, "max_new_tokens": 32, "model": "Qwen/Qwen3-0.6B", "parallelism": "none", "prompts": ["def fibonacci(n):", "The capital of France is", "import numpy as np\\n"], "result_path": "result.json", "revision": null, "task": "text-generation", "trust_remote_code": false, "verification": {"enabled": true, "error_floor": 0.001, "max_error_ratio": 3.0, "near_tie_floor": 0.02, "near_tie_multiple": 3.0}, "worker_timeout_s": 1800.0}'
@@ -661,80 +663,181 @@ def distributed_setup(ctx: RunContext):
     return DistributedConfig(tp_size=ctx.world_size)
 
 
-def run_test(ctx: RunContext) -> dict:
-    """Load, compile, generate (every rank); verify and build the result document (rank 0)."""
+@dataclasses.dataclass
+class Placement:
+    """What the setup stage decided: where the model runs and how it is compiled."""
+
+    backend: str
+    device: Any
+    compile_backend: Any  # a registered torch.compile backend name or a callable
+    distributed_config: Any  # transformers DistributedConfig, None on one core
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    """What the load stage produced: the model on its device and the batched prompts."""
+
+    processor: Any
+    model: Any
+    inputs: Any
+    pad_token_id: int | None
+
+
+@dataclasses.dataclass
+class Generation:
+    """What the generate stage produced: the new tokens and the device's logits (on CPU)."""
+
+    tokens: Any  # int tensor [prompts, max_new_tokens]
+    device_logits: Any  # float tensor [prompts, max_new_tokens, vocab]
+
+
+def setup_stage(ctx: RunContext) -> Placement:
+    """Choose the backend and device, join the process group; records backend and stack."""
+    import torch
+
+    config, doc = ctx.config, ctx.doc
+    ctx.backend = select_backend(config["backend"])
+    doc["backend"] = ctx.backend
+    doc["stack"] = collect_stack(ctx.backend)
+    if ctx.backend == "neuron":
+        ctx.device = (
+            torch.device("neuron", ctx.rank) if ctx.world_size > 1 else torch.device("neuron")
+        )
+    elif ctx.backend == "cuda":
+        ctx.device = torch.device("cuda", ctx.rank)
+    else:
+        ctx.device = torch.device("cpu")
+    compile_backend = resolve_compile_backend(config["compile_backend"], ctx.backend)
+    doc["compile_backend"] = config["compile_backend"] or compile_backend
+    distributed_config = distributed_setup(ctx)
+    reset_peaks(ctx.backend)
+    return Placement(ctx.backend, ctx.device, compile_backend, distributed_config)
+
+
+def load_stage(ctx: RunContext, placement: Placement) -> LoadedModel:
+    """from_pretrained onto the device, and the prompts as model inputs.
+
+    Records timings.load_s, resolved_revision, parameters and parameters_per_core.
+    """
+    config, doc = ctx.config, ctx.doc
+    t0 = time.perf_counter()
+    processor, model = load_model(
+        config, config["dtype"], placement.device, placement.distributed_config
+    )
+    synchronize(placement.backend)
+    doc["timings"]["load_s"] = time.perf_counter() - t0
+    doc["resolved_revision"] = resolved_revision(config)
+    doc["parameters"] = sum(p.numel() for p in model.parameters())
+    # What this core holds: a DTensor's local shard, else the whole tensor.
+    doc["parameters_per_core"] = sum(
+        (p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters()
+    )
+    inputs = build_inputs(config, processor, config["prompts"]).to(placement.device)
+    return LoadedModel(processor, model, inputs, tokenizer_of(processor).pad_token_id)
+
+
+def compile_stage(ctx: RunContext, placement: Placement, loaded: LoadedModel) -> None:
+    """Compile the model's forward and run the first generate call, which compiles.
+
+    Replaces ``loaded.model.forward`` with the compiled one; records timings.first_generate_s.
+    """
     import torch
 
     config = ctx.config
-    doc = ctx.doc
-    timings = doc["timings"]
-    memory = doc["memory"]
+    model = loaded.model
+    model.forward = torch.compile(model.forward, backend=placement.compile_backend)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        generate(model, loaded.inputs, config, int(config["max_new_tokens"]), loaded.pad_token_id)
+    synchronize(placement.backend)
+    ctx.doc["timings"]["first_generate_s"] = time.perf_counter() - t0
+
+
+def generate_stage(ctx: RunContext, placement: Placement, loaded: LoadedModel) -> Generation:
+    """Time the compiled model: a full generate call and a prefill-only one.
+
+    Records the steady, prefill, compile and decode timings, peak device memory, tokens and text.
+    """
+    import torch
+
+    config, doc = ctx.config, ctx.doc
+    timings, memory = doc["timings"], doc["memory"]
     n_new = int(config["max_new_tokens"])
+    model, inputs = loaded.model, loaded.inputs
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        out = generate(model, inputs, config, n_new, loaded.pad_token_id)
+        synchronize(placement.backend)
+        timings["steady_generate_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        generate(model, inputs, config, 1, loaded.pad_token_id)
+        synchronize(placement.backend)
+        timings["prefill_s"] = time.perf_counter() - t0
+    timings["compile_s"] = max(timings["first_generate_s"] - timings["steady_generate_s"], 0.0)
+    decode_s = timings["steady_generate_s"] - timings["prefill_s"]
+    batch = inputs["input_ids"].shape[0]
+    timings["decode_tokens_per_s"] = (
+        batch * (n_new - 1) / decode_s if decode_s > 0 and n_new > 1 else None
+    )
+    timings["wall_time_s"] = timings["load_s"] + timings["first_generate_s"]
+    peak, source = device_peak_memory(placement.backend)
+    memory["peak_device_memory_bytes"], memory["device_memory_source"] = peak, source
+    prompt_len = inputs["input_ids"].shape[1]
+    generated = out.sequences[:, prompt_len:].cpu()
+    device_logits = torch.stack([step.float().cpu() for step in out.logits], dim=1)
+    doc["tokens"] = generated.tolist()
+    doc["text"] = tokenizer_of(loaded.processor).batch_decode(generated, skip_special_tokens=True)
+    return Generation(generated, device_logits)
+
+
+def verify_stage(ctx: RunContext, processor, generation: Generation) -> None:
+    """Judge the tokens against the CPU reference (rank 0); records the verdict and result."""
+    config, doc = ctx.config, ctx.doc
+    verification, seconds = verify(
+        config,
+        processor,
+        config["prompts"],
+        generation.tokens,
+        generation.device_logits,
+        config["dtype"],
+    )
+    doc["timings"]["reference_s"] = seconds
+    doc["verification"] = verification
+    doc["result"] = "PASS" if verification["passed"] else "FAIL"
+
+
+def judge_stage(ctx: RunContext) -> None:
+    """The advisory judge's opinion of the text, when one is configured (rank 0)."""
+    config, doc = ctx.config, ctx.doc
+    try:
+        doc["judge"] = judge(config["judge_model"], doc["text"])
+    except Exception as exc:
+        # The judge is advisory: its failure is recorded with its class, the verdict stands.
+        doc["judge"] = {
+            "model": config["judge_model"],
+            "error_class": classify("load", exc),
+            "error": f"{type(exc).__name__}: {exc}",
+        }
+
+
+def run_test(ctx: RunContext) -> dict:
+    """Setup, load, compile, generate (every rank); verify and judge (rank 0).
+
+    Each stage is one function above: it reads what the previous stage returned and records its
+    own figures in ``ctx.doc``; a failure inside ``stage`` becomes a classified StageFailure.
+    """
+    config, doc = ctx.config, ctx.doc
     with stage("setup", ctx):
-        ctx.backend = select_backend(config["backend"])
-        doc["backend"] = ctx.backend
-        doc["stack"] = collect_stack(ctx.backend)
-        if ctx.backend == "neuron":
-            ctx.device = (
-                torch.device("neuron", ctx.rank) if ctx.world_size > 1 else torch.device("neuron")
-            )
-        elif ctx.backend == "cuda":
-            ctx.device = torch.device("cuda", ctx.rank)
-        else:
-            ctx.device = torch.device("cpu")
-        compile_backend = resolve_compile_backend(config["compile_backend"], ctx.backend)
-        doc["compile_backend"] = config["compile_backend"] or compile_backend
-        distributed_config = distributed_setup(ctx)
-        reset_peaks(ctx.backend)
-
+        placement = setup_stage(ctx)
     with stage("load", ctx):
-        t0 = time.perf_counter()
-        processor, model = load_model(config, config["dtype"], ctx.device, distributed_config)
-        synchronize(ctx.backend)
-        timings["load_s"] = time.perf_counter() - t0
-        doc["resolved_revision"] = resolved_revision(config)
-        doc["parameters"] = sum(p.numel() for p in model.parameters())
-        # What this core holds: a DTensor's local shard, else the whole tensor.
-        doc["parameters_per_core"] = sum(
-            (p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters()
-        )
-        inputs = build_inputs(config, processor, config["prompts"]).to(ctx.device)
-        pad_token_id = tokenizer_of(processor).pad_token_id
-
+        loaded = load_stage(ctx, placement)
     with stage("compile", ctx):
-        model.forward = torch.compile(model.forward, backend=compile_backend)
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            generate(model, inputs, config, n_new, pad_token_id)
-        synchronize(ctx.backend)
-        timings["first_generate_s"] = time.perf_counter() - t0
-
+        compile_stage(ctx, placement, loaded)
     with stage("generate", ctx):
-        with torch.no_grad():
-            t0 = time.perf_counter()
-            out = generate(model, inputs, config, n_new, pad_token_id)
-            synchronize(ctx.backend)
-            timings["steady_generate_s"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            generate(model, inputs, config, 1, pad_token_id)
-            synchronize(ctx.backend)
-            timings["prefill_s"] = time.perf_counter() - t0
-        timings["compile_s"] = max(timings["first_generate_s"] - timings["steady_generate_s"], 0.0)
-        decode_s = timings["steady_generate_s"] - timings["prefill_s"]
-        batch = inputs["input_ids"].shape[0]
-        timings["decode_tokens_per_s"] = (
-            batch * (n_new - 1) / decode_s if decode_s > 0 and n_new > 1 else None
-        )
-        timings["wall_time_s"] = timings["load_s"] + timings["first_generate_s"]
-        peak, source = device_peak_memory(ctx.backend)
-        memory["peak_device_memory_bytes"], memory["device_memory_source"] = peak, source
-        prompt_len = inputs["input_ids"].shape[1]
-        generated = out.sequences[:, prompt_len:].cpu()
-        device_logits = torch.stack([step.float().cpu() for step in out.logits], dim=1)
-        doc["tokens"] = generated.tolist()
-        doc["text"] = tokenizer_of(processor).batch_decode(generated, skip_special_tokens=True)
+        generation = generate_stage(ctx, placement, loaded)
 
-    del model, out
+    processor = loaded.processor
+    del loaded  # the device model is no longer needed: free it before the CPU reference loads
     gc.collect()
     if ctx.rank != 0:
         return doc
@@ -747,22 +850,9 @@ def run_test(ctx: RunContext) -> dict:
         }
         return doc
     with stage("verify", ctx):
-        verification, seconds = verify(
-            config, processor, config["prompts"], generated, device_logits, config["dtype"]
-        )
-        timings["reference_s"] = seconds
-        doc["verification"] = verification
-        doc["result"] = "PASS" if verification["passed"] else "FAIL"
+        verify_stage(ctx, processor, generation)
     if config["judge_model"]:
-        try:
-            doc["judge"] = judge(config["judge_model"], doc["text"])
-        except Exception as exc:
-            # The judge is advisory: its failure is recorded with its class, the verdict stands.
-            doc["judge"] = {
-                "model": config["judge_model"],
-                "error_class": classify("load", exc),
-                "error": f"{type(exc).__name__}: {exc}",
-            }
+        judge_stage(ctx)
     return doc
 
 
