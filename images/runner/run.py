@@ -230,15 +230,10 @@ def native_neuron_problem(
     if not missing:
         return None
     return (
-        f"torch-neuronx {torch_neuronx_version or '(unknown version)'} is installed but registers "
-        f"neither {' nor '.join(missing)}"
-        if len(missing) == 2
-        else f"torch-neuronx {torch_neuronx_version or '(unknown version)'} is installed but does "
-        f"not register {missing[0]}"
-    ) + (
-        ": it is the PyTorch/XLA library (torch-neuronx 2.9 and earlier), not TorchNeuron. "
-        f"Run in the model-support runner image built on {TORCHNEURON_BASE_IMAGE} "
-        "(TorchNeuron, torch-neuronx 2.13 or later)."
+        f"torch-neuronx {torch_neuronx_version or '(version unknown)'} is installed but does not "
+        f"register {' or '.join(missing)}, so it is not TorchNeuron, the native backend "
+        "(torch-neuronx 2.13 and later; 2.9 and earlier are the PyTorch/XLA library). Run in the "
+        f"model-support runner image built on {TORCHNEURON_BASE_IMAGE}."
     )
 
 

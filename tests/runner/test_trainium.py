@@ -119,7 +119,8 @@ def test_the_runner_image_is_built_on_a_pinned_torchneuron_image() -> None:
 def test_native_backend_decision() -> None:
     assert runner.native_neuron_problem(True, ["inductor", "neuron"], "2.14.3.0") is None
     both = runner.native_neuron_problem(False, ["inductor"], "2.9.0.2.15.32035")
-    assert both and "2.9.0.2.15.32035" in both and "neither" in both
+    assert both and "2.9.0.2.15.32035" in both
+    assert 'torch.neuron device module or the "neuron" torch.compile backend' in both
     assert runner.TORCHNEURON_BASE_IMAGE in both and "PyTorch/XLA" in both
     no_backend = runner.native_neuron_problem(True, ["inductor"], "2.14.3.0")
     assert no_backend and '"neuron" torch.compile backend' in no_backend
