@@ -11,6 +11,7 @@ and message are in docs/trainium.md.
 from __future__ import annotations
 
 import importlib.machinery
+import os
 import re
 import sys
 import types
@@ -85,11 +86,16 @@ def native_torch_neuronx(monkeypatch: pytest.MonkeyPatch) -> FakeNeuronDevice:
 
 
 @pytest.fixture
-def clean_neuron_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The Neuron runtime variables of this process are restored after the test."""
-    for key in ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_LOGICAL_NC_CONFIG"):
-        monkeypatch.delenv(key, raising=False)
+def clean_neuron_env() -> Iterator[None]:
+    """No Neuron runtime variables at the start; whatever run.py sets is undone afterwards."""
+    keys = ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_LOGICAL_NC_CONFIG")
+    saved = {key: os.environ.pop(key, None) for key in keys}
     yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 # --------------------------------------------------------------------------- base image
@@ -165,6 +171,7 @@ def test_an_xla_era_run_records_the_error_and_the_image(
     xla_era_torch_neuronx: None, clean_neuron_env: None
 ) -> None:
     doc = runner.execute(runner.RunContext(_config()))
+    assert os.environ["NEURON_RT_NUM_CORES"] == "1"  # narrowed to one core before the import
     assert (doc["result"], doc["error_class"], doc["stage"]) == ("ERROR", "infrastructure", "setup")
     assert runner.TORCHNEURON_BASE_IMAGE in doc["error"]
     ResultDocument.model_validate(doc)  # the record stays valid
@@ -270,8 +277,6 @@ def test_a_single_core_pod_keeps_its_allocated_core() -> None:
 def test_apply_env_sets_and_unsets(monkeypatch: pytest.MonkeyPatch, clean_neuron_env: None) -> None:
     monkeypatch.setenv("NEURON_RT_NUM_CORES", "4")
     runner.apply_env({"NEURON_RT_VISIBLE_CORES": "5", "NEURON_RT_NUM_CORES": None})
-    import os
-
     assert os.environ["NEURON_RT_VISIBLE_CORES"] == "5" and "NEURON_RT_NUM_CORES" not in os.environ
 
 
