@@ -278,6 +278,39 @@ COLUMNS: tuple[Column, ...] = (
         "Peak resident memory of the host process in bytes.",
         lambda s: s.doc.memory.host_peak_rss_bytes,
     ),
+    # ---- Trainium path: memory source, LNC, compilation (run.py's stack / memory / compilation)
+    Column(
+        "device_memory_source",
+        _STRING,
+        "Which API gave peak_device_memory_bytes (e.g. torch.neuron.max_memory_allocated).",
+        lambda s: s.doc.memory.device_memory_source,
+    ),
+    Column(
+        "lnc",
+        _INT,
+        "Logical NeuronCore size in effect on the neuron backend (1 or 2); null elsewhere.",
+        lambda s: s.doc.stack.lnc,
+    ),
+    Column(
+        "compiled_graphs",
+        _INT,
+        "Graphs compiled during the run (one per input shape and graph break).",
+        lambda s: s.doc.compilation.graphs,
+    ),
+    Column(
+        "graph_breaks",
+        _INT,
+        "Graph breaks torch.compile inserted in the model's forward.",
+        lambda s: s.doc.compilation.graph_breaks,
+    ),
+    Column(
+        "compile_cache_hit",
+        _BOOL,
+        "Every compiled graph came from the compile cache (compile_time_s is then mostly loading); "
+        "null where no cache was consulted.",
+        lambda s: s.doc.compilation.cache_hit,
+    ),
+    # ---- end of the Trainium path's columns
     # verification
     Column(
         "verified_exact",

@@ -57,6 +57,26 @@ class Memory(BaseModel):
     host_rss_file_bytes: int | None = None
 
 
+class Compilation(BaseModel):
+    """What compiling took during the run (run.py's compile and generate stages).
+
+    On neuron a graph counts once TorchNeuron compiled it to a NEFF and a cache miss is a new
+    persistent NEFF cache entry; elsewhere dynamo counts graphs and inductor's FX graph cache
+    counts hits. With ``cache_hit`` true, ``timings.compile_s`` is mostly loading from the cache.
+    """
+
+    graphs: int | None = Field(None, description="Graphs compiled (one per shape and graph break).")
+    graph_breaks: int | None = Field(None, description="Graph breaks dynamo inserted.")
+    cache_hits: int | None = Field(None, description="Compiled graphs served by the cache.")
+    cache_misses: int | None = Field(None, description="Graphs compiled from scratch.")
+    cache_hit: bool | None = Field(
+        None,
+        description="Every compiled graph came from the cache; null where no cache was consulted.",
+    )
+    cache: str | None = Field(None, description="Which cache: neff or inductor-fx-graph.")
+    source: str | None = Field(None, description="Which API counted the graphs.")
+
+
 class Verification(BaseModel):
     """The verdict's figures, kept whole so thresholds can be re-judged from the dataset."""
 
@@ -114,7 +134,17 @@ class Stack(BaseModel):
     neuronx_cc: str | None = None
     os: str | None = None
     instance_type: str | None = None
-    device_name: str | None = None
+    device_name: str | None = Field(
+        None, description="The accelerator's name from get_device_properties (cpu: processor)."
+    )
+    lnc: int | None = Field(
+        None, description="Logical NeuronCore size in effect on the neuron backend (1 or 2)."
+    )
+    lnc_source: str | None = Field(
+        None,
+        description="Where lnc came from: NEURON_LOGICAL_NC_CONFIG, the node's config file, "
+        "or the instance type's default.",
+    )
 
 
 class ResultDocument(BaseModel):
@@ -146,6 +176,7 @@ class ResultDocument(BaseModel):
     stage: str | None = Field(None, description="Last stage reached.")
     timings: Timings = Field(default_factory=lambda: Timings())
     memory: Memory = Field(default_factory=lambda: Memory())
+    compilation: Compilation = Field(default_factory=lambda: Compilation())
     prompts: list[str] = Field(default_factory=list)
     tokens: list[list[int]] = Field(default_factory=list)
     text: list[str] = Field(default_factory=list)
