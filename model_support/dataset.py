@@ -288,7 +288,7 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "error_ratio",
         _FLOAT,
-        "Device logit error / the same dtype's baseline error on CPU (worst prompt).",
+        "Median over positions of the device's logit error / the baseline's (worst prompt): the `median` check.",
         lambda s: s.doc.verification.error_ratio,
     ),
     Column(
@@ -315,6 +315,44 @@ COLUMNS: tuple[Column, ...] = (
         "Index (over all prompts' generated tokens) of the first mismatch.",
         lambda s: s.doc.verification.first_mismatch,
     ),
+    # ---- verdict statistics (issue 10): which check failed, and every check's worst ratio ----
+    Column(
+        "failed_checks",
+        pa.list_(_STRING),
+        "For FAIL: the checks that failed it (tokens, median, q90, peak, kl; see The verdict).",
+        lambda s: [_enum_value(c) for c in s.doc.verification.failed_checks],
+    ),
+    Column(
+        "q90_ratio",
+        _FLOAT,
+        "90th percentile over positions of the logit error / the baseline's (worst prompt): the `q90` check.",
+        lambda s: s.doc.verification.q90_ratio,
+    ),
+    Column(
+        "peak_ratio",
+        _FLOAT,
+        "Largest logit error over positions / the baseline's largest (worst prompt): the `peak` check.",
+        lambda s: s.doc.verification.peak_ratio,
+    ),
+    Column(
+        "kl_ratio",
+        _FLOAT,
+        "Mean whole-vocabulary KL divergence from the reference / the baseline's (worst prompt): the `kl` check.",
+        lambda s: s.doc.verification.kl_ratio,
+    ),
+    Column(
+        "router_ties",
+        _INT,
+        "Positions whose mixture-of-experts routing was nearly tied in the reference (either expert is correct there).",
+        lambda s: s.doc.verification.router_ties,
+    ),
+    Column(
+        "float32_precision",
+        _STRING,
+        "For float32 runs: the arithmetic the baseline reproduced (ieee, tf32 or bf16 matmul operands); null otherwise.",
+        lambda s: _enum_value(s.doc.verification.float32_precision),
+    ),
+    # ---- end of verdict statistics ----
     Column(
         "verification_reason",
         _STRING,

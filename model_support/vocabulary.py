@@ -116,3 +116,68 @@ class Backend(StrEnum):
     NEURON = "neuron"
     CUDA = "cuda"
     CPU = "cpu"
+
+
+class VerdictCheck(StrEnum):
+    """The checks of the verdict (run.py, verdict()); a FAIL lists the ones that failed."""
+
+    TOKENS = "tokens"
+    MEDIAN = "median"
+    Q90 = "q90"
+    PEAK = "peak"
+    KL = "kl"
+
+
+VERDICT_CHECK_MEANINGS: dict[VerdictCheck, str] = {
+    VerdictCheck.TOKENS: (
+        "A generated token is not the reference's argmax and the reference prefers its own "
+        "token by more than the run dtype's noise allows at that position (not a near-tie)."
+    ),
+    VerdictCheck.MEDIAN: (
+        "The median over a prompt's positions of the logit error (largest log-probability "
+        "deviation over the reference's top 8 tokens and the generated one) exceeds its bound "
+        "times the baseline's median: a fault everywhere."
+    ),
+    VerdictCheck.Q90: (
+        "The 90th percentile over positions of the logit error exceeds its bound times the "
+        "baseline's: a fault in part of the run, such as one that starts late in decoding."
+    ),
+    VerdictCheck.PEAK: (
+        "The largest logit error over positions exceeds its bound times the baseline's largest: "
+        "a fault at a few positions, such as one batch row wrong at one step."
+    ),
+    VerdictCheck.KL: (
+        "The mean over positions of the KL divergence of the device's whole next-token "
+        "distribution from the reference's exceeds its bound times the baseline's: probability "
+        "moved anywhere in the vocabulary, including its tail outside the top tokens."
+    ),
+}
+
+
+class Float32Precision(StrEnum):
+    """The arithmetic a float32 run's compile backend may use, which its baseline reproduces."""
+
+    AUTO = "auto"
+    IEEE = "ieee"
+    TF32 = "tf32"
+    BF16 = "bf16"
+
+
+FLOAT32_PRECISION_MEANINGS: dict[Float32Precision, str] = {
+    Float32Precision.AUTO: "The backend's default (see FLOAT32_PRECISION_DEFAULTS).",
+    Float32Precision.IEEE: "Strict float32: the baseline is the float32 reference itself.",
+    Float32Precision.TF32: (
+        "Matmul and convolution operands rounded to TF32 (10 mantissa bits), float32 "
+        "accumulation: TensorFloat-32 tensor cores."
+    ),
+    Float32Precision.BF16: (
+        "Matmul operands rounded to bfloat16, float32 accumulation: Neuron's default auto-cast."
+    ),
+}
+
+FLOAT32_PRECISION_DEFAULTS: dict[Backend, Float32Precision] = {
+    Backend.NEURON: Float32Precision.BF16,
+    Backend.CUDA: Float32Precision.TF32,
+    Backend.CPU: Float32Precision.IEEE,
+}
+"""What ``auto`` means per backend (docs/verification.md gives the reasons and sources)."""
