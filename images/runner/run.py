@@ -813,7 +813,10 @@ def verdict(
 
     worst = {check: max(prompt_stats, key=lambda s, c=check: s[f"{c}_ratio"]) for check in bounds}
     failed = ["tokens"] if bad else []
-    reasons = list(token_reasons)
+    reasons = []
+    if bad:
+        more = f" ({bad} such tokens in all)" if bad > len(token_reasons) else ""
+        reasons.append("tokens: " + "; ".join(token_reasons) + more)
     described = {
         "median": "median logit error",
         "q90": "90th-percentile logit error",
