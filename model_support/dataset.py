@@ -26,12 +26,19 @@ from typing import Any
 import pyarrow as pa
 from huggingface_hub import DatasetCardData
 
+from model_support.config import VerificationConfig
 from model_support.records import ResultDocument, RunRecord, Stack
 from model_support.vocabulary import (
     ERROR_CLASS_MEANINGS,
     EXCLUSION_MEANINGS,
+    FLOAT32_PRECISION_DEFAULTS,
+    FLOAT32_PRECISION_MEANINGS,
+    PASS_BLIND_SPOTS,
+    PASS_GUARANTEES,
     RESULT_MEANINGS,
+    VERDICT_CHECK_MEANINGS,
     Backend,
+    Float32Precision,
     Result,
 )
 
@@ -583,6 +590,60 @@ def column_table() -> str:
     return "\n".join(lines)
 
 
+def verdict_section() -> str:
+    """The dataset card's account of the verdict: guarantees, blind spots, checks, precision."""
+    bounds = VerificationConfig()
+    bound_of = {
+        "median": bounds.max_error_ratio,
+        "q90": bounds.max_q90_ratio,
+        "peak": bounds.max_peak_ratio,
+        "kl": bounds.max_kl_ratio,
+    }
+    checks = "\n".join(
+        f"- `{check.value}`"
+        + (f" (default bound {bound_of[check.value]:g}x)" if check.value in bound_of else "")
+        + f": {meaning}"
+        for check, meaning in VERDICT_CHECK_MEANINGS.items()
+    )
+    defaults = ", ".join(
+        f"{backend.value} `{precision.value}`"
+        for backend, precision in FLOAT32_PRECISION_DEFAULTS.items()
+    )
+    precisions = "\n".join(
+        f"- `{precision.value}`: {meaning}"
+        for precision, meaning in FLOAT32_PRECISION_MEANINGS.items()
+        if precision is not Float32Precision.AUTO
+    )
+    guarantees = "\n".join(f"- {text}" for text in PASS_GUARANTEES)
+    blind_spots = "\n".join(f"- {text}" for text in PASS_BLIND_SPOTS)
+    return f"""## The verdict: what a PASS guarantees
+
+run.py keeps the device's logits at every generated position, then scores the prompt and the
+device's tokens teacher forced on CPU twice: in float32 (the reference) and in the arithmetic a
+correct run may use (the baseline: the run dtype; for float32 runs, the float32 precision
+below). Every check compares the device with the reference relative to the baseline; the
+figures are in the columns above and whole in `verification_json`, with the bounds each row was
+judged with. The method and its sources: `docs/verification.md` in the model-support repository.
+
+A PASS guarantees, for the tested prompts:
+
+{guarantees}
+
+A PASS cannot see:
+
+{blind_spots}
+
+A FAIL lists the checks that failed it in `failed_checks`:
+
+{checks}
+
+Float32 runs are judged against the arithmetic their backend may use (`float32_precision`):
+{defaults} by default; the test's `verification.float32_precision` overrides it.
+
+{precisions}
+"""
+
+
 def render_card(files: list[CardFile]) -> str:
     """The dataset card (README.md): HF YAML front matter listing every file, then the docs."""
     files = sorted(files, key=lambda f: f.path)
@@ -667,6 +728,7 @@ file's name (without `.parquet`) or `default` for all of them.
 
 {results}
 
+{verdict_section()}
 ## Error classes (`error_class`, for ERROR)
 
 {errors}
