@@ -105,10 +105,17 @@ def _noise(x: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 def _output_node(nodes: list[fx.Node]) -> fx.Node:
-    """The last tensor-valued operation of a module: its output (a method such as reshape too)."""
+    """The last tensor-valued operation of a module whose value is used: its output.
+
+    A method such as reshape counts; an in-place copy whose result nobody reads does not (a
+    tensor-parallel layer ends with ``out.copy_(all_reduce(out))``: its output is what the
+    all-reduce hands to that copy).
+    """
     ops = [n for n in nodes if n.op in ("call_function", "call_method", "call_module")]
     tensors = [
-        n for n in ops if isinstance(n.meta.get("example_value", n.meta.get("val")), torch.Tensor)
+        n
+        for n in ops
+        if n.users and isinstance(n.meta.get("example_value", n.meta.get("val")), torch.Tensor)
     ]
     return (tensors or ops)[-1]
 

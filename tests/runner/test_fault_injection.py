@@ -457,7 +457,9 @@ def test_tensor_parallel_and_inductor_verdicts_end_to_end(
 ) -> None:
     """The whole run.py as a subprocess: two workers (TP=2) in bf16 and float32, and inductor."""
     llama = demo_models["tiny-llama"]
-    on_rank_1 = {"MODEL_SUPPORT_FAULT_RANK": "1"}
+    # A miscompile on one core: the fault lands on rank 1 only, in the first layer (rank 0
+    # computes the replicated logits itself, so what rank 1 gets wrong must flow through it).
+    on_rank_1 = {"MODEL_SUPPORT_FAULT_RANK": "1", "MODEL_SUPPORT_FAULT_LAYER": "0"}
     sharded = [
         Case("aot_eager", PASS),
         Case("aot_eager", PASS, **FP32),
