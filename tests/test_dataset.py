@@ -303,3 +303,13 @@ def test_card_says_what_a_pass_guarantees_and_which_check_fails_a_run() -> None:
     assert "`failed_checks`" in section
     assert "neuron `bf16`, cuda `tf32`, cpu `ieee`" in section
     assert "(default bound 4x)" in section  # the peak bound, from VerificationConfig
+
+
+def test_the_verification_docs_state_the_same_guarantees_as_the_card() -> None:
+    from pathlib import Path
+
+    from model_support.vocabulary import PASS_BLIND_SPOTS, PASS_GUARANTEES
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "verification.md").read_text()
+    for text in (*PASS_GUARANTEES, *PASS_BLIND_SPOTS):
+        assert f"- {text}" in docs
