@@ -799,7 +799,7 @@ def verdict(
         kept = ~excused
         stats = {"prompt": i, "router_ties": int(excused.sum())}
         figures = {
-            "median": (device_dev.median(), baseline_dev.median(), floor),
+            "median": (_quantile(device_dev, 0.5), _quantile(baseline_dev, 0.5), floor),
             "q90": (_quantile(device_dev[kept], 0.9), _quantile(baseline_dev[kept], 0.9), floor),
             "peak": (_quantile(device_dev[kept], 1.0), _quantile(baseline_dev[kept], 1.0), floor),
             "kl": (_mean(device_kl[kept]), _mean(baseline_kl[kept]), kl_floor),

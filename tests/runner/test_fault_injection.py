@@ -282,8 +282,9 @@ class Bench:
         return int(runner.tokenizer_of(self.processor).pad_token_id)
 
 
-def _bench_rows(demo: DemoModel, cases: list[Case]) -> list[Row]:
-    bench = Bench(demo)
+def _bench_rows(demo: DemoModel | Bench, cases: list[Case]) -> list[Row]:
+    bench = demo if isinstance(demo, Bench) else Bench(demo)
+    demo = bench.demo
     rows = []
     for case in cases:
         result, verification, printed = bench.run(case)
@@ -433,7 +434,7 @@ def test_softcapping_sliding_window_and_partial_rotary_verdicts() -> None:
 def test_low_margin_model_verdicts() -> None:
     """A model as undecided as a real one (median top-2 margin ~0.5 nats): the logit statistics,
     not token flips, must catch the faults."""
-    demo = _fixture("tiny-llama-low-margin")
+    bench = Bench(_fixture("tiny-llama-low-margin"))
     cases = [
         *BF16_BENIGN,
         *BF16_FAULTS,
@@ -442,9 +443,13 @@ def test_low_margin_model_verdicts() -> None:
         _f("late_noise_20pct", FAIL, **BF16_POLICY),
         _f("one_row_step_noise_100pct", FAIL, **BF16_POLICY),
     ]
-    rows = _bench_rows(demo, cases)
+    rows = _bench_rows(bench, cases)
     _write_table("tiny-llama-low-margin", rows)
     _assert_verdicts(rows)
+    # As undecided as promised: the reference's top-1/top-2 margin along the greedy tokens.
+    reference = next(iter(bench.scored.values()))["reference"]
+    top2 = torch.cat([r.topk(2, dim=-1).values for r in reference])
+    assert 0.3 < float((top2[:, 0] - top2[:, 1]).median()) < 0.8
     faulty = [r for r in rows if r.case.expect is Result.FAIL]
     caught_by_logits = [
         r for r in faulty if set(r.verification.failed_checks) - {VerdictCheck.TOKENS}
