@@ -205,7 +205,7 @@ PASS_BLIND_SPOTS: tuple[str, ...] = (
     "sizes, sampling instead of greedy decoding.",
     "Faults of the size of a correct run's own rounding: for example noise of 5% of one "
     "layer's output in bfloat16, or a 10% scaling of a Gemma2 layer's attention inputs, which "
-    "its norms mostly undo (about 1.6 times a bfloat16 run's own error).",
+    "its norms mostly undo (about 1.5 times a bfloat16 run's own error).",
     "A fault at one or a few positions that stays under the peak bound times the baseline's "
     "largest deviation: for example 20% noise at one step of one prompt.",
     "Positions where a mixture-of-experts router was nearly tied in the reference (at most "
