@@ -91,6 +91,7 @@ _TEXT_SHAPE: dict[str, Any] = {
     "tie_word_embeddings": False,
 }
 _VISION_IMAGE_SIZE = 32
+LOW_MARGIN_STEPS = 150
 _VISION_PATCH_SIZE = 8
 
 
@@ -249,12 +250,63 @@ DEMO_MODELS: tuple[DemoModel, ...] = (
 )
 
 
+# Fixtures of the verdict's fault-injection suite (tests/runner/test_fault_injection.py): more
+# architectures, and a model whose predictions are not decisive. Built into the same cache as
+# the demo models, by name, but not part of the demo.
+VERIFICATION_MODELS: tuple[DemoModel, ...] = (
+    DemoModel(
+        name="tiny-gemma2-softcap",
+        task=Task.TEXT_GENERATION,
+        kind=ModelKind.DENSE,
+        architecture="Gemma2ForCausalLM",
+        description=(
+            "Gemma2 decoder: final-logit and attention-logit softcapping, a sliding-window "
+            "(16 tokens) layer then a global one, hidden 64, 2 layers."
+        ),
+        config_class="Gemma2Config",
+        config={
+            **_TEXT_SHAPE,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 16,
+            "sliding_window": 16,
+            "final_logit_softcapping": 30.0,
+            "attn_logit_softcapping": 50.0,
+        },
+    ),
+    DemoModel(
+        name="tiny-phi3-partial-rotary",
+        task=Task.TEXT_GENERATION,
+        kind=ModelKind.DENSE,
+        architecture="Phi3ForCausalLM",
+        description="Phi3 decoder: fused qkv and gate/up projections, rotary on half of each head.",
+        config_class="Phi3Config",
+        config={**_TEXT_SHAPE, "partial_rotary_factor": 0.5},
+    ),
+    DemoModel(
+        name="tiny-llama-low-margin",
+        task=Task.TEXT_GENERATION,
+        kind=ModelKind.DENSE,
+        architecture="LlamaForCausalLM",
+        description=(
+            "The tiny Llama trained far less: median top-1/top-2 margin about 0.5 nats on the "
+            "default prompts, as undecided as a real model, so token flips are cheap."
+        ),
+        config_class="LlamaConfig",
+        config=dict(_TEXT_SHAPE),
+        recipe=TrainingRecipe(steps=LOW_MARGIN_STEPS, learning_rate=2e-3),
+    ),
+)
+
+
 def demo_model(name: str) -> DemoModel:
-    """Return the catalogue entry called ``name`` (not built; see ``build_demo_models``)."""
-    for model in DEMO_MODELS:
+    """Return the catalogue entry called ``name`` (not built; see ``build_demo_models``).
+
+    Both catalogues are searched: the demo's and the verification fixtures'.
+    """
+    for model in (*DEMO_MODELS, *VERIFICATION_MODELS):
         if model.name == name:
             return model
-    known = ", ".join(m.name for m in DEMO_MODELS)
+    known = ", ".join(m.name for m in (*DEMO_MODELS, *VERIFICATION_MODELS))
     raise ValueError(f"unknown demo model {name!r}; known demo models: {known}")
 
 

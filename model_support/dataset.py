@@ -26,12 +26,19 @@ from typing import Any
 import pyarrow as pa
 from huggingface_hub import DatasetCardData
 
+from model_support.config import VerificationConfig
 from model_support.records import ResultDocument, RunRecord, Stack
 from model_support.vocabulary import (
     ERROR_CLASS_MEANINGS,
     EXCLUSION_MEANINGS,
+    FLOAT32_PRECISION_DEFAULTS,
+    FLOAT32_PRECISION_MEANINGS,
+    PASS_BLIND_SPOTS,
+    PASS_GUARANTEES,
     RESULT_MEANINGS,
+    VERDICT_CHECK_MEANINGS,
     Backend,
+    Float32Precision,
     Result,
 )
 
@@ -321,7 +328,7 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "error_ratio",
         _FLOAT,
-        "Device logit error / the same dtype's baseline error on CPU (worst prompt).",
+        "Median over positions of the device's logit error / the baseline's (worst prompt): the `median` check.",
         lambda s: s.doc.verification.error_ratio,
     ),
     Column(
@@ -348,6 +355,44 @@ COLUMNS: tuple[Column, ...] = (
         "Index (over all prompts' generated tokens) of the first mismatch.",
         lambda s: s.doc.verification.first_mismatch,
     ),
+    # ---- verdict statistics (issue 10): which check failed, and every check's worst ratio ----
+    Column(
+        "failed_checks",
+        pa.list_(_STRING),
+        "For FAIL: the checks that failed it (tokens, median, q90, peak, kl; see The verdict).",
+        lambda s: [_enum_value(c) for c in s.doc.verification.failed_checks],
+    ),
+    Column(
+        "q90_ratio",
+        _FLOAT,
+        "90th percentile over positions of the logit error / the baseline's (worst prompt): the `q90` check.",
+        lambda s: s.doc.verification.q90_ratio,
+    ),
+    Column(
+        "peak_ratio",
+        _FLOAT,
+        "Largest logit error over positions / the baseline's largest (worst prompt): the `peak` check.",
+        lambda s: s.doc.verification.peak_ratio,
+    ),
+    Column(
+        "kl_ratio",
+        _FLOAT,
+        "Mean whole-vocabulary KL divergence from the reference / the baseline's (worst prompt): the `kl` check.",
+        lambda s: s.doc.verification.kl_ratio,
+    ),
+    Column(
+        "router_ties",
+        _INT,
+        "Positions whose mixture-of-experts routing was nearly tied in the reference (either expert is correct there).",
+        lambda s: s.doc.verification.router_ties,
+    ),
+    Column(
+        "float32_precision",
+        _STRING,
+        "For float32 runs: the arithmetic the baseline reproduced (ieee, tf32 or bf16 matmul operands); null otherwise.",
+        lambda s: _enum_value(s.doc.verification.float32_precision),
+    ),
+    # ---- end of verdict statistics ----
     Column(
         "verification_reason",
         _STRING,
@@ -578,6 +623,60 @@ def column_table() -> str:
     return "\n".join(lines)
 
 
+def verdict_section() -> str:
+    """The dataset card's account of the verdict: guarantees, blind spots, checks, precision."""
+    bounds = VerificationConfig()
+    bound_of = {
+        "median": bounds.max_error_ratio,
+        "q90": bounds.max_q90_ratio,
+        "peak": bounds.max_peak_ratio,
+        "kl": bounds.max_kl_ratio,
+    }
+    checks = "\n".join(
+        f"- `{check.value}`"
+        + (f" (default bound {bound_of[check.value]:g}x)" if check.value in bound_of else "")
+        + f": {meaning}"
+        for check, meaning in VERDICT_CHECK_MEANINGS.items()
+    )
+    defaults = ", ".join(
+        f"{backend.value} `{precision.value}`"
+        for backend, precision in FLOAT32_PRECISION_DEFAULTS.items()
+    )
+    precisions = "\n".join(
+        f"- `{precision.value}`: {meaning}"
+        for precision, meaning in FLOAT32_PRECISION_MEANINGS.items()
+        if precision is not Float32Precision.AUTO
+    )
+    guarantees = "\n".join(f"- {text}" for text in PASS_GUARANTEES)
+    blind_spots = "\n".join(f"- {text}" for text in PASS_BLIND_SPOTS)
+    return f"""## The verdict: what a PASS guarantees
+
+run.py keeps the device's logits at every generated position, then scores the prompt and the
+device's tokens teacher forced on CPU twice: in float32 (the reference) and in the arithmetic a
+correct run may use (the baseline: the run dtype; for float32 runs, the float32 precision
+below). Every check compares the device with the reference relative to the baseline; the
+figures are in the columns above and whole in `verification_json`, with the bounds each row was
+judged with. The method and its sources: `docs/verification.md` in the model-support repository.
+
+A PASS guarantees, for the tested prompts:
+
+{guarantees}
+
+A PASS cannot see:
+
+{blind_spots}
+
+A FAIL lists the checks that failed it in `failed_checks`:
+
+{checks}
+
+Float32 runs are judged against the arithmetic their backend may use (`float32_precision`):
+{defaults} by default; the test's `verification.float32_precision` overrides it.
+
+{precisions}
+"""
+
+
 def render_card(files: list[CardFile]) -> str:
     """The dataset card (README.md): HF YAML front matter listing every file, then the docs."""
     files = sorted(files, key=lambda f: f.path)
@@ -662,6 +761,7 @@ file's name (without `.parquet`) or `default` for all of them.
 
 {results}
 
+{verdict_section()}
 ## Error classes (`error_class`, for ERROR)
 
 {errors}

@@ -9,7 +9,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from model_support.vocabulary import ErrorClass, ExclusionReason, Parallelism, Result
+from model_support.vocabulary import (
+    ErrorClass,
+    ExclusionReason,
+    Float32Precision,
+    Parallelism,
+    Result,
+    VerdictCheck,
+)
 
 RESULT_MARKER = "MODEL_SUPPORT_RESULT "
 """Prefix of the last stdout line of run.py: the result document as one line of JSON."""
@@ -77,6 +84,32 @@ class Compilation(BaseModel):
     source: str | None = Field(None, description="Which API counted the graphs.")
 
 
+class PromptStatistics(BaseModel):
+    """One prompt's logit statistics: the device's, the baseline's same one, and their ratio.
+
+    median / q90 / peak: the median, 90th percentile and maximum over positions of the logit
+    error (nats); kl: the mean over positions of the whole-vocabulary KL divergence from the
+    reference (nats). q90, peak and kl leave out router-tie positions.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt: int
+    router_ties: int = 0
+    median_device: float | None = None
+    median_baseline: float | None = None
+    median_ratio: float | None = None
+    q90_device: float | None = None
+    q90_baseline: float | None = None
+    q90_ratio: float | None = None
+    peak_device: float | None = None
+    peak_baseline: float | None = None
+    peak_ratio: float | None = None
+    kl_device: float | None = None
+    kl_baseline: float | None = None
+    kl_ratio: float | None = None
+
+
 class Verification(BaseModel):
     """The verdict's figures, kept whole so thresholds can be re-judged from the dataset."""
 
@@ -84,15 +117,31 @@ class Verification(BaseModel):
 
     passed: bool | None = None
     exact: bool | None = Field(None, description="Every token equals the float32 reference argmax.")
+    failed_checks: list[VerdictCheck] = Field(
+        default_factory=list,
+        description="The checks that failed the run (tokens, median, q90, peak, kl); empty for a PASS.",
+    )
     error_ratio: float | None = Field(
         None,
-        description="Median per-position logit deviation of the device / of the dtype baseline (worst prompt).",
+        description="Median over positions of the device's logit error / the baseline's (worst prompt).",
     )
     device_error: float | None = Field(
         None, description="The device's median deviation (nats), worst prompt."
     )
     baseline_error: float | None = Field(
         None, description="The baseline's median deviation (nats), same prompt."
+    )
+    q90_ratio: float | None = Field(
+        None,
+        description="90th percentile over positions of the logit error / the baseline's (worst prompt).",
+    )
+    peak_ratio: float | None = Field(
+        None,
+        description="Largest logit error over positions / the baseline's largest (worst prompt).",
+    )
+    kl_ratio: float | None = Field(
+        None,
+        description="Mean whole-vocabulary KL divergence from the reference / the baseline's (worst prompt).",
     )
     rmse_ratio: float | None = Field(
         None,
@@ -107,14 +156,25 @@ class Verification(BaseModel):
     bad_tokens: int | None = Field(
         None, description="Mismatches beyond the dtype's noise (each one FAILs)."
     )
+    router_ties: int | None = Field(
+        None,
+        description="Positions whose mixture-of-experts routing was nearly tied in the reference (left out of q90, peak and kl).",
+    )
     first_mismatch: int | None = Field(
         None, description="Index (over all prompts' generated tokens) of the first mismatch."
     )
+    float32_precision: Float32Precision | None = Field(
+        None,
+        description="For float32 runs: the arithmetic the baseline reproduced (ieee, tf32, bf16).",
+    )
     reason: str | None = None
     parameters: dict[str, float] = Field(default_factory=dict)
+    prompt_statistics: list[PromptStatistics] = Field(
+        default_factory=list, description="Every prompt's statistics, device and baseline."
+    )
     positions: list[dict[str, Any]] = Field(
         default_factory=list,
-        description="Per prompt and position: token, reference argmax, margin, baseline deviation, verdict.",
+        description="Per prompt and position: token, reference argmax, margin, baseline and device deviation and KL, router tie, verdict.",
     )
 
 
