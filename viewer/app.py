@@ -19,6 +19,7 @@ import streamlit as st
 
 from model_support.viewer import views
 from model_support.viewer.data import StackFile
+from model_support.viewer.markup import inline_code, literal
 from model_support.viewer.queries import version_key
 
 RESULTS_ENV = "MODEL_SUPPORT_RESULTS"
@@ -106,14 +107,17 @@ def main() -> None:
     try:
         files = views.stack_files(uri)
     except (OSError, ValueError) as exc:
-        st.error(f"Cannot read the results at `{uri}`: {type(exc).__name__}: {exc}")
+        st.error(
+            f"Cannot read the results at {inline_code(uri)}: {literal(type(exc).__name__)}: "
+            f"{literal(exc)}"
+        )
         files = []
     _seed_from_query_params(files)
 
     st.title("Does it run on Trainium?")
     st.caption(
         "Popular Hugging Face models, run unmodified through TorchNeuron "
-        f'(`torch.compile(backend="neuron")`). Results from `{uri}`.'
+        f'(`torch.compile(backend="neuron")`). Results from {inline_code(uri)}.'
     )
 
     with st.sidebar:
@@ -140,7 +144,7 @@ def main() -> None:
         search = st.text_input("Search models", key="q", placeholder="part of a name, e.g. qwen")
         task_choice = st.selectbox("Task", [ALL_TASKS, *views.TASKS], key="task")
         if not files:
-            st.info(f"No results yet under `{uri}` (no data/*.parquet).")
+            st.info(f"No results yet under {inline_code(uri)} (no `data/*.parquet`).")
 
     current = next(
         (f for f in files if f.compiler_label == compiler and f.library_label == library), None

@@ -43,7 +43,7 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "model_id", "task", "result", "error_class", "error", "exclusion_reason", "neuron_cores",
     "wall_time_s", "compile_time_s", "peak_device_memory_bytes", "decode_tokens_per_s",
     "verified_exact", "error_ratio", "mismatches", "near_ties", "bad_tokens", "first_mismatch",
-    "verification_reason", "verification_json", "text", "neuronx_cc", "compiler", "run_py",
+    "verification_reason", "verification_json", "text", "texts", "prompts", "neuronx_cc", "compiler", "run_py",
     "packages", "stack", "run_id", "source", "backend", "compile_backend", "dtype", "parallelism",
     "revision", "resolved_revision", "torch", "torch_neuronx", "started_at", "finished_at",
     "recorded_at",
@@ -197,13 +197,14 @@ _SPACE = re.compile(r"\s+")
 SIGNATURE_LENGTH = 200
 
 
-def error_signature(error: str | None) -> str:
+def error_signature(error: object) -> str:
     """A normalized signature of an error message, so the same failure in many models groups.
 
     Uses the message's first non-empty line (the traceback tail differs per model) and replaces
-    paths, quoted names, hex addresses/hashes and numbers with placeholders.
+    paths, quoted names, hex addresses/hashes and numbers with placeholders. A missing message
+    (None or a missing value: a FAIL has a verdict, not an error) is "(no message)".
     """
-    if error is None or not error.strip():
+    if not isinstance(error, str) or not error.strip():
         return "(no message)"
     line = next(part for part in error.strip().splitlines() if part.strip())
     line = _PATH.sub("<path>", line)

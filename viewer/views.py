@@ -31,6 +31,7 @@ from model_support.viewer.data import (
     list_stack_files,
     read_columns,
 )
+from model_support.viewer.markup import inline_code, literal
 from model_support.vocabulary import Result, Task
 
 RANKING_TTL_S = 900
@@ -155,16 +156,16 @@ def view_selected(ctx: Context) -> pd.DataFrame:
     try:
         selected, where = load_selected(ctx.results_uri)
     except (ViewerDataError, SelectionError) as exc:
-        st.error(str(exc))
+        st.error(literal(exc))
         return pd.DataFrame(columns=["model"])
     if selected is None:
         st.info(
-            f"No selected list in this dataset (looked for {where}). Add one with entries such as "
+            f"No selected list in this dataset (looked for {inline_code(where)}). Add one with entries such as "
             "`- model: Qwen/Qwen3-0.6B` / `task: text-generation` (and `reason:` for a model left out on purpose)."
         )
         return pd.DataFrame(columns=["model"])
     st.caption(
-        f"The curated list kept with the dataset ({len(selected.models)} models, from `{where}`)."
+        f"The curated list kept with the dataset ({len(selected.models)} models, from {inline_code(where)})."
     )
     frame = read(ctx, [ctx.current] if ctx.current else [], queries.LIST_COLUMNS)
     table = queries.selected_table(selected.rows(), frame)
@@ -188,11 +189,12 @@ def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
     tables = []
     for task in [ctx.task] if ctx.task else TASKS:
         result = ranking(ctx.results_uri, task, sort, DEFAULT_LIMIT, ctx.hub_endpoint)
-        st.subheader(f"{task}")
+        st.subheader(literal(task))
         if result.ranking is None:
             st.warning(
-                f"No ranking of {task} models: the Hub could not be reached ({result.live_error}) "
-                f"and there is no stored ranking ({result.snapshot_error})."
+                f"No ranking of {literal(task)} models: the Hub could not be reached "
+                f"({literal(result.live_error)}) and there is no stored ranking "
+                f"({literal(result.snapshot_error)})."
             )
             continue
         fetched = result.ranking.fetched_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -202,7 +204,7 @@ def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
                 f"{format_age(result.ranking.age())} old (fetched {fetched})."
             )
         else:
-            st.caption(f"Live from {result.ranking.endpoint}, fetched {fetched}.")
+            st.caption(f"Live from {inline_code(result.ranking.endpoint)}, fetched {fetched}.")
         table = queries.ranking_table(result.ranking, frame)
         table = (
             table[table["model"].str.contains(ctx.search.strip(), case=False, regex=False)]
@@ -352,7 +354,7 @@ def _gib(value: object) -> str:
 
 def details(ctx: Context, model_id: str) -> None:
     """Everything about one model's result on the current stack, and how to reproduce it."""
-    st.subheader(model_id)
+    st.subheader(literal(model_id))
     rows = read(
         ctx, [ctx.current] if ctx.current else [], tuple(queries.DETAIL_COLUMNS), model_id=model_id
     )
@@ -363,7 +365,7 @@ def details(ctx: Context, model_id: str) -> None:
     )
     if rows.empty:
         where = stack_label(ctx.current) if ctx.current else "this dataset"
-        st.info(f"{model_id} has no result with {where}.")
+        st.info(f"{literal(model_id)} has no result with {literal(where)}.")
         elsewhere = queries.versions_of(
             read(
                 ctx,
@@ -376,12 +378,34 @@ def details(ctx: Context, model_id: str) -> None:
         if elsewhere:
             st.markdown(
                 "It has results with: "
-                + ", ".join(f"compiler {c} / library {lib}" for c, lib in elsewhere)
+                + ", ".join(
+                    f"compiler {literal(c)} / library {literal(lib)}" for c, lib in elsewhere
+                )
                 + ". Pick one in the sidebar."
             )
         return
     for _, row in rows.iterrows():
         _details_row(row)
+
+
+def _strings(value: object) -> list[str]:
+    """A list column's value (None, a list or an array of strings) as a list."""
+    if value is None or isinstance(value, float):
+        return []
+    return [str(v) for v in value]  # type: ignore[attr-defined]
+
+
+def _generated_text(row: pd.Series) -> None:
+    """Each prompt (shown as a Python literal, so its line breaks show) and what it generated."""
+    texts = _strings(row["texts"]) or ([row["text"]] if isinstance(row["text"], str) else [])
+    if not texts:
+        return
+    prompts = _strings(row["prompts"])
+    st.markdown("**Generated text**")
+    for index, text in enumerate(texts):
+        prompt = prompts[index] if index < len(prompts) else None
+        st.caption(literal(f"prompt {index + 1}: {prompt!r}" if prompt else f"prompt {index + 1}"))
+        st.text(text)
 
 
 def _details_row(row: pd.Series) -> None:
@@ -395,7 +419,8 @@ def _details_row(row: pd.Series) -> None:
         else None
     )
     st.markdown(
-        f"**{row['task']}** — :{colour}-background[{result}]" + (f" `{why}`" if why else "")
+        f"**{literal(row['task'])}** — :{colour}-background[{literal(result)}]"
+        + (f" {inline_code(why)}" if isinstance(why, str) and why else "")
     )
     cols = st.columns(5)
     cols[0].metric("cores", "—" if pd.isna(row["neuron_cores"]) else int(row["neuron_cores"]))
@@ -411,7 +436,7 @@ def _details_row(row: pd.Series) -> None:
         st.code(row["error"], language=None, wrap_lines=True)
     st.markdown("**Verification**")
     if isinstance(row["verification_reason"], str):
-        st.write(row["verification_reason"])
+        st.markdown(literal(row["verification_reason"]))
     figures = {
         "exact": row["verified_exact"],
         "error ratio": row["error_ratio"],
@@ -433,9 +458,7 @@ def _details_row(row: pd.Series) -> None:
             if isinstance(row["verification_json"], str)
             else {}
         )
-    if isinstance(row["text"], str) and row["text"]:
-        st.markdown("**Generated text (first prompt)**")
-        st.text(row["text"])
+    _generated_text(row)
 
     st.markdown("**Reproduce**")
     run_py = row["run_py"] if isinstance(row["run_py"], str) else ""
@@ -466,7 +489,7 @@ def _details_row(row: pd.Series) -> None:
         )
     else:
         st.markdown(
-            f"2. No compile cache applies: this run did not use neuronx-cc (compiler: {row['compiler'] or 'unknown'}); "
+            f"2. No compile cache applies: this run did not use neuronx-cc (compiler: {literal(row['compiler'] or 'unknown')}); "
             "the public NEFF cache only serves Trainium runs."
         )
     st.markdown("3. Save `run.py` and run it:")
