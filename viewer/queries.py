@@ -7,7 +7,7 @@ a plain DataFrame in the matrix's columns (model_support.dataset.MATRIX_SCHEMA).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import pandas as pd
 from packaging.version import InvalidVersion, Version
@@ -365,8 +365,3 @@ def versions_of(frame: pd.DataFrame, model_id: str) -> list[tuple[str, str]]:
     rows = frame[frame["model_id"] == model_id]
     pairs = {(str(r.compiler_version), str(r.library_version)) for r in rows.itertuples()}
     return sorted(pairs, key=lambda p: (version_key(p[0]), version_key(p[1])))
-
-
-def unique_sorted(values: Sequence[str]) -> list[str]:
-    """Distinct values in version order, newest first."""
-    return sorted(set(values), key=version_key, reverse=True)
