@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 from huggingface_hub import DatasetCardData
 
+from model_support.models import is_local_path
 from model_support.records import ResultDocument, RunRecord, Stack
 from model_support.vocabulary import (
     ERROR_CLASS_MEANINGS,
@@ -116,8 +117,15 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "model_id",
         _STRING,
-        "Hub model id (org/name) or the local checkpoint path that was tested.",
-        lambda s: s.doc.model,
+        "Hub model id (org/name); for a local checkpoint a readable id (local/<folder name>, or "
+        "the name it was recorded under, e.g. demo/tiny-llama).",
+        lambda s: s.record.model_id,
+    ),
+    Column(
+        "model_path",
+        _STRING,
+        "The local checkpoint directory that was tested (on the machine that ran it); null for a Hub model.",
+        lambda s: s.doc.model if is_local_path(s.doc.model) else None,
     ),
     Column(
         "revision",

@@ -4,7 +4,8 @@ Each public function is a torch.compile backend usable as ``--compile-backend
 model_support.faults:<name>``. It receives the FX graph Dynamo captured from the model's forward,
 corrupts one well-defined place (found through the nodes' ``nn_module_stack``), and runs the
 graph. They imitate real compiler bugs: numeric noise in one layer, a lost attention head, a
-mis-routed mixture-of-experts layer. ``benign`` runs the graph unchanged (the control).
+mis-routed mixture-of-experts layer, a crash (``buggy_compiler``, which the demo uses).
+``benign`` runs the graph unchanged (the control).
 
 The layer is chosen by ``MODEL_SUPPORT_FAULT_LAYER`` (default: the last decoder layer for
 noise/head faults, the first for routing), so a test can aim at any layer. In a sharded run,
@@ -189,3 +190,22 @@ def hang_worker(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> C
         while True:
             time.sleep(3600)
     return gm.forward
+
+
+class InjectedCompilerError(RuntimeError):
+    """What ``buggy_compiler`` raises: a compiler crashing on a graph it cannot lower."""
+
+
+def buggy_compiler(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+    """A compiler with two bugs, to show what failures look like in results (used by the demo).
+
+    A graph with mixture-of-experts routing fails to compile (ERROR, class compile); any other
+    graph is miscompiled the way ``noise_100pct`` does it (the verdict FAILs it).
+    """
+    routers = _layer_nodes(gm, "mlp.gate") or _layer_nodes(gm, "block_sparse_moe.gate")
+    if routers:
+        raise InjectedCompilerError(
+            f"buggy_compiler cannot lower the expert routing of layer {min(routers)} "
+            "(an injected compiler failure)"
+        )
+    return noise_100pct(gm, example_inputs)

@@ -292,7 +292,7 @@ class ResultsStore:
         """The latest record per (model, task) within each matrix key."""
         latest: dict[tuple[MatrixKey, str, str], RunRecord] = {}
         for record in self.records(strict=strict):
-            slot = (matrix_key(record), record.document.model, record.document.task)
+            slot = (matrix_key(record), record.model_id, record.document.task)
             current = latest.get(slot)
             if current is None or recency(record) > recency(current):
                 latest[slot] = record

@@ -20,7 +20,7 @@ import streamlit as st
 from model_support.viewer import views
 from model_support.viewer.data import StackFile
 from model_support.viewer.markup import inline_code, literal
-from model_support.viewer.queries import version_key
+from model_support.viewer.queries import newest_first, version_key
 
 RESULTS_ENV = "MODEL_SUPPORT_RESULTS"
 HUB_ENDPOINT_ENV = "MODEL_SUPPORT_HUB_ENDPOINT"
@@ -123,20 +123,14 @@ def main() -> None:
     with st.sidebar:
         st.header("Browse")
         label = st.radio("View", list(VIEWS.values()), key="view")
-        compilers = sorted(
-            {f.compiler_label for f in files},
-            key=lambda lab: version_key(lab.split(" ", 1)[-1]),
-            reverse=True,
-        )
+        compilers = newest_first((f.compiler_label, f.compiler_version) for f in files)
         if st.session_state.get("compiler") not in compilers:
             st.session_state.pop("compiler", None)
         compiler = (
             st.selectbox("Compiler version", compilers, key="compiler") if compilers else None
         )
-        libraries = sorted(
-            {f.library_label for f in files if f.compiler_label == compiler},
-            key=lambda lab: version_key(lab.split(" ", 1)[-1]),
-            reverse=True,
+        libraries = newest_first(
+            (f.library_label, f.library_version) for f in files if f.compiler_label == compiler
         )
         if st.session_state.get("library") not in libraries:
             st.session_state.pop("library", None)
@@ -153,9 +147,9 @@ def main() -> None:
         results_uri=uri,
         files=tuple(
             sorted(
-                files,
+                sorted(files, key=lambda f: (f.compiler_label, f.library_label)),
                 key=lambda f: (version_key(f.compiler_version), version_key(f.library_version)),
-                reverse=True,
+                reverse=True,  # newest first; one version's stacks stay in name order
             )
         ),
         current=current,

@@ -35,12 +35,14 @@ LIST_COLUMNS: tuple[str, ...] = (
     "peak_device_memory_bytes",
     "recorded_at",
 )
-TRIAGE_COLUMNS: tuple[str, ...] = ("model_id", "task", "result", "error_class", "error")
+TRIAGE_COLUMNS: tuple[str, ...] = (
+    "model_id", "task", "result", "error_class", "error", "verification_reason",
+)  # fmt: skip
 COMPARE_COLUMNS: tuple[str, ...] = ("model_id", "task", "result", "error_class", "wall_time_s")
 PASS_RATE_COLUMNS: tuple[str, ...] = ("compiler", "compiler_version", "model_id", "result")
 SCATTER_COLUMNS: tuple[str, ...] = ("model_id", "task", "result", "wall_time_s", "parameters")
 DETAIL_COLUMNS: tuple[str, ...] = (
-    "model_id", "task", "result", "error_class", "error", "exclusion_reason", "neuron_cores",
+    "model_id", "model_path", "task", "result", "error_class", "error", "exclusion_reason", "neuron_cores",
     "wall_time_s", "compile_time_s", "peak_device_memory_bytes", "decode_tokens_per_s",
     "verified_exact", "error_ratio", "mismatches", "near_ties", "bad_tokens", "first_mismatch",
     "verification_reason", "verification_json", "text", "texts", "prompts", "neuronx_cc", "compiler", "run_py",
@@ -58,6 +60,20 @@ def version_key(version: str | None) -> tuple[int, Version | str]:
         return (2, Version(version))
     except InvalidVersion:
         return (1, version)
+
+
+def newest_first(labelled: Iterable[tuple[str, str | None]]) -> list[str]:
+    """Distinct labels by their version, newest first; labels of one version in name order.
+
+    (A dataset of CPU runs holds several compilers at one torch version: the order, and so the
+    stack the page opens on, must not depend on set iteration order.)
+    """
+    by_name = sorted(set(labelled))
+    return list(
+        dict.fromkeys(
+            label for label, _ in sorted(by_name, key=lambda i: version_key(i[1]), reverse=True)
+        )
+    )
 
 
 def search(frame: pd.DataFrame, text: str | None) -> pd.DataFrame:
@@ -200,13 +216,17 @@ SIGNATURE_LENGTH = 200
 def error_signature(error: object) -> str:
     """A normalized signature of an error message, so the same failure in many models groups.
 
-    Uses the message's first non-empty line (the traceback tail differs per model) and replaces
-    paths, quoted names, hex addresses/hashes and numbers with placeholders. A missing message
-    (None or a missing value: a FAIL has a verdict, not an error) is "(no message)".
+    Uses the message's first non-empty line (the traceback tail differs per model), with the
+    next one when it ends in a colon (a wrapper such as "BackendCompilerFailed: ... raised:"
+    introducing the real error), and replaces paths, quoted names, hex addresses/hashes and
+    numbers with placeholders. A missing message (None or a missing value) is "(no message)".
     """
     if not isinstance(error, str) or not error.strip():
         return "(no message)"
-    line = next(part for part in error.strip().splitlines() if part.strip())
+    lines = [part.strip() for part in error.strip().splitlines() if part.strip()]
+    line = lines[0]
+    if line.endswith(":") and len(lines) > 1:
+        line = f"{line} {lines[1]}"
     line = _PATH.sub("<path>", line)
     line = _QUOTED.sub("<name>", line)
     line = _HEX.sub("<hex>", line)
@@ -215,18 +235,38 @@ def error_signature(error: object) -> str:
     return line[:SIGNATURE_LENGTH]
 
 
+def failure_messages(failed: pd.DataFrame) -> pd.Series:
+    """What each failure says: its error, else (a FAIL: the verdict rejected the output) the
+    verification's reason; None where neither was recorded."""
+    messages = failed["error"].astype("object")
+    if "verification_reason" in failed.columns:
+        messages = messages.where(messages.notna(), failed["verification_reason"].astype("object"))
+    return messages.where(messages.notna(), None)
+
+
+def failure_signatures(failed: pd.DataFrame) -> list[str]:
+    """The signature of each failure: of its error, else of the verdict's first reason (a FAIL
+    lists up to a few bad tokens and the error ratio, separated by "; ")."""
+    errors = failed["error"].astype("object")
+    if "verification_reason" in failed.columns:
+        reasons = failed["verification_reason"].astype("object")
+    else:
+        reasons = pd.Series(None, index=failed.index, dtype="object")
+    return [
+        error_signature(
+            e if isinstance(e, str) else r.split("; ")[0] if isinstance(r, str) else None
+        )
+        for e, r in zip(errors, reasons, strict=True)
+    ]
+
+
 def triage(frame: pd.DataFrame, max_models: int = 5) -> pd.DataFrame:
     """Failures (FAIL/ERROR/TIMEOUT) grouped by error signature, largest groups first."""
     columns = ["signature", "count", "results", "error classes", "models", "example"]
     failed = frame[frame["result"].isin(NOT_PASSING)]
     if failed.empty:
         return pd.DataFrame(columns=columns)
-    failed = failed.assign(
-        signature=[
-            error_signature(e)
-            for e in failed["error"].astype("object").where(failed["error"].notna(), None)
-        ]
-    )
+    failed = failed.assign(message=failure_messages(failed), signature=failure_signatures(failed))
     rows = []
     for signature, group in failed.groupby("signature", sort=False):
         models = sorted(group["model_id"].unique())
@@ -240,7 +280,9 @@ def triage(frame: pd.DataFrame, max_models: int = 5) -> pd.DataFrame:
                 "results": ", ".join(sorted(group["result"].unique())),
                 "error classes": ", ".join(sorted(group["error_class"].dropna().unique())),
                 "models": shown,
-                "example": group["error"].dropna().iloc[0] if group["error"].notna().any() else "",
+                "example": group["message"].dropna().iloc[0]
+                if group["message"].notna().any()
+                else "",
             }
         )
     table = pd.DataFrame(rows, columns=columns)
@@ -255,8 +297,8 @@ def models_with_signature(frame: pd.DataFrame, signature: str) -> list[str]:
     return sorted(
         {
             m
-            for m, e in zip(failed["model_id"], failed["error"], strict=True)
-            if error_signature(e) == signature
+            for m, s in zip(failed["model_id"], failure_signatures(failed), strict=True)
+            if s == signature
         }
     )
 

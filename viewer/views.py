@@ -225,7 +225,8 @@ def view_triage(ctx: Context) -> pd.DataFrame:
     frame = current_frame(ctx, queries.TRIAGE_COLUMNS)
     groups = queries.triage(frame)
     st.caption(
-        "Failures (FAIL, ERROR, TIMEOUT) grouped by the first line of their error with numbers, "
+        "Failures (FAIL, ERROR, TIMEOUT) grouped by the first line of their error (for a FAIL, the "
+        "verdict's reason) with numbers, "
         "addresses, paths and quoted names stripped."
     )
     if groups.empty:
@@ -261,10 +262,10 @@ def view_compare(ctx: Context) -> pd.DataFrame:
         return pd.DataFrame(columns=["model"])
     labels = [stack_label(f) for f in ctx.files]
     after_index = ctx.files.index(ctx.current) if ctx.current in ctx.files else 0
+    # Compare with the next older stack; the newest one's neighbour when this is the oldest.
+    before_index = after_index + 1 if after_index + 1 < len(labels) else after_index - 1
     left, right = st.columns(2)
-    before_label = left.selectbox(
-        "Before", labels, index=min(after_index + 1, len(labels) - 1), key="before"
-    )
+    before_label = left.selectbox("Before", labels, index=before_index, key="before")
     after_label = right.selectbox("After", labels, index=after_index, key="after")
     before = ctx.files[labels.index(before_label)]
     after = ctx.files[labels.index(after_label)]
@@ -422,6 +423,10 @@ def _details_row(row: pd.Series) -> None:
         f"**{literal(row['task'])}** — :{colour}-background[{literal(result)}]"
         + (f" {inline_code(why)}" if isinstance(why, str) and why else "")
     )
+    if isinstance(row["model_path"], str) and row["model_path"]:
+        st.caption(
+            f"Local checkpoint {inline_code(row['model_path'])} (on the machine that ran it)"
+        )
     cols = st.columns(5)
     cols[0].metric("cores", "—" if pd.isna(row["neuron_cores"]) else int(row["neuron_cores"]))
     cols[1].metric("wall time (compile incl.)", _seconds(row["wall_time_s"]))
