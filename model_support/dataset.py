@@ -413,6 +413,19 @@ MATRIX_SCHEMA: pa.Schema = pa.schema([pa.field(c.name, c.type, nullable=True) fo
 
 MATRIX_COLUMNS: tuple[str, ...] = tuple(c.name for c in COLUMNS)
 
+MATRIX_ROW_GROUP_BYTES = 8 * 2**20
+"""Target size of a matrix file's row groups (uncompressed). Rows are sorted by model id, so a
+reader looking for one model (the viewer's details) decodes only the row groups whose model_id
+statistics can hold it: one group of a few MiB instead of the whole file."""
+
+
+def matrix_row_group_rows(table: pa.Table) -> int:
+    """Rows per row group for ``table``: about MATRIX_ROW_GROUP_BYTES each (64 rows at least)."""
+    if table.num_rows == 0:
+        return 1
+    row_bytes = max(table.nbytes // table.num_rows, 1)
+    return max(64, min(table.num_rows, MATRIX_ROW_GROUP_BYTES // row_bytes))
+
 
 # ---------------------------------------------------------------------------------------------
 # Placement

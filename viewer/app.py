@@ -183,7 +183,7 @@ def main() -> None:
     options = (
         []
         if table is None
-        else list(dict.fromkeys(table["model"].astype(str)))[: views.MAX_DETAIL_OPTIONS]
+        else [str(m) for m in pd.unique(table["model"])[: views.MAX_DETAIL_OPTIONS]]
     )
     chosen = st.session_state.get("model")
     if chosen and chosen not in options:

@@ -47,6 +47,8 @@ RESULT_COLOURS = {
     Result.EXCLUDED.value: "gray",
 }
 TASKS = [t.value for t in Task]
+DICTIONARY_COLUMNS = ("task", "result", "why", "change", "before", "after", "error class after")
+DICTIONARY_ABOVE_ROWS = 1000
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,9 @@ def stack_files(results_uri: str) -> list[StackFile]:
     return list_stack_files(results_uri)
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
+# A resource cache (no copy on each use, unlike cache_data): frames are never modified in place
+# (pandas copy-on-write), and copying 100k rows on every rerun cost more than the rest.
+@st.cache_resource(show_spinner=False, max_entries=64)
 def _read(
     results_uri: str,
     files: tuple[tuple[str, str], ...],
@@ -122,6 +126,12 @@ def show_table(table: pd.DataFrame, key: str) -> str | None:
             "peak device memory (GiB)", format="%.2f"
         ),
     }
+    if len(table) > DICTIONARY_ABOVE_ROWS:
+        # Few distinct values: sent as Arrow dictionaries, the page's largest message shrinks by
+        # almost half (it is serialized and hashed on every rerun).
+        table = table.astype(
+            {c: "category" for c in DICTIONARY_COLUMNS if c in table.columns}, copy=False
+        )
     event = st.dataframe(
         table,
         hide_index=True,
@@ -146,7 +156,7 @@ def summary(frame: pd.DataFrame) -> None:
     """Counts per result state as a row of metrics."""
     counts = frame["result"].value_counts() if not frame.empty else pd.Series(dtype=int)
     columns = st.columns(len(Result) + 1)
-    columns[0].metric("models", f"{frame['model_id'].nunique() if not frame.empty else 0:,}")
+    columns[0].metric("models", f"{frame['model_id'].nunique():,}")
     for column, state in zip(columns[1:], Result, strict=True):
         column.metric(state.value, f"{int(counts.get(state.value, 0)):,}")
 

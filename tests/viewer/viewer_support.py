@@ -154,10 +154,12 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _fresh_streamlit_caches() -> Iterator[None]:
-    """st.cache_data is process-wide: each test starts from a clean cache."""
+    """Streamlit's caches are process-wide: each test starts from clean ones."""
     st.cache_data.clear()
+    st.cache_resource.clear()
     yield
     st.cache_data.clear()
+    st.cache_resource.clear()
 
 
 # ---------------------------------------------------------------------------------------------
