@@ -123,7 +123,9 @@ def demo(
                 store.add(record)
                 print_record(record)
         except BaseException:
-            # Ctrl-C, SIGTERM or a failure: stop every run (their whole process groups) now.
+            # Ctrl-C, SIGTERM or a failure: start no more runs, stop the running ones (their
+            # whole process groups) now.
+            pool.shutdown(wait=False, cancel_futures=True)
             cancel.set()
             raise
     store.materialize()

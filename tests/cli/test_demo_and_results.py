@@ -6,14 +6,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import transformers
 from filelock import FileLock
+from processes import processes_with
 from streamlit.testing.v1 import AppTest
 
 from model_support.checkpoints import DemoModel
@@ -264,3 +268,33 @@ def test_the_viewer_shows_each_view_on_the_demo_dataset(
     charts = page.get("vega_lite_chart")
     assert len(charts) == 2
     assert all(name in str(charts[0].proto) for name in ("aot_eager", "inductor", FAULTY_BACKEND))
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_stopping_the_demo_stops_its_runs(
+    stop: signal.Signals, demo_models: dict[str, DemoModel], tmp_path: Path
+) -> None:
+    marker = f"demo-{uuid.uuid4().hex}"
+    process = subprocess.Popen(
+        [CLI, "demo", "--results", str(tmp_path / "results")],
+        env={**os.environ, "MODEL_SUPPORT_DEMO_MARKER": marker},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:  # wait until run.py processes are working
+            if ": load …" in line:
+                break
+        assert len(processes_with(marker)) >= 2  # the demo and at least one run.py
+        process.send_signal(stop)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode != 0
+    deadline = time.monotonic() + 30
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_with(marker) == []  # no run.py (or worker) outlived the demo
