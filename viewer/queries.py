@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 from packaging.version import InvalidVersion, Version
 
-from model_support.rankings import Ranking
 from model_support.vocabulary import Result
+
+if TYPE_CHECKING:
+    from model_support.rankings import Ranking
 
 NOT_PASSING = (Result.FAIL.value, Result.ERROR.value, Result.TIMEOUT.value)
 """Outcomes of a model that ran (or tried to) and did not pass; what triage groups."""

@@ -11,18 +11,11 @@ import json
 import shlex
 from dataclasses import dataclass
 from datetime import UTC
+from typing import TYPE_CHECKING
 
-import altair as alt
 import pandas as pd
 import streamlit as st
 
-from model_support.rankings import (
-    DEFAULT_LIMIT,
-    RankingResult,
-    RankingSort,
-    format_age,
-    get_ranking,
-)
 from model_support.selection import SelectionError, load_selected
 from model_support.viewer import queries
 from model_support.viewer.data import (
@@ -33,6 +26,11 @@ from model_support.viewer.data import (
 )
 from model_support.viewer.markup import inline_code, literal
 from model_support.vocabulary import Result, Task
+
+if TYPE_CHECKING:
+    # Imported where used: the Hub client and altair cost a second or two of a fresh server's
+    # first page, and only the ranking and chart views need them.
+    from model_support.rankings import RankingResult, RankingSort
 
 RANKING_TTL_S = 900
 FILE_LIST_TTL_S = 30
@@ -107,6 +105,8 @@ def ranking(
     results_uri: str, task: str, sort: RankingSort, limit: int, endpoint: str | None
 ) -> RankingResult:
     """The Hub ranking (live, else the stored snapshot), cached for RANKING_TTL_S seconds."""
+    from model_support.rankings import get_ranking
+
     return get_ranking(results_uri, task, sort, limit=limit, endpoint=endpoint)
 
 
@@ -195,6 +195,8 @@ def view_all(ctx: Context) -> pd.DataFrame:
 
 def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
     """The Hub's ranking per task beside our results (tested or not, excluded with the reason)."""
+    from model_support.rankings import DEFAULT_LIMIT, format_age
+
     frame = read(ctx, [ctx.current] if ctx.current else [], queries.LIST_COLUMNS)
     tables = []
     for task in [ctx.task] if ctx.task else TASKS:
@@ -300,6 +302,8 @@ def view_compare(ctx: Context) -> pd.DataFrame:
 
 def view_charts(ctx: Context) -> None:
     """Pass rate per compiler version; wall time against parameter count."""
+    import altair as alt
+
     st.subheader("Pass rate per compiler version")
     everything = queries.with_task(read(ctx, ctx.files, queries.PASS_RATE_COLUMNS), ctx.task)
     rates = queries.pass_rate_by_compiler(everything)
