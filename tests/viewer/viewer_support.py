@@ -272,10 +272,10 @@ def build_hostile_dataset(root: Path) -> ResultsStore:
         error=HOSTILE_ERROR,
         **common,
     )
-    for document in (failed, errored):
+    for number, document in enumerate((failed, errored)):
         store.add(
             RunRecord(
-                run_id=new_run_id(document.model, START),
+                run_id=f"20261001T120000000000Z-hostile{number}",
                 document=document,
                 run_py=RUN_PY.format(model="hostile"),
                 recorded_at=START + timedelta(minutes=2),
