@@ -27,6 +27,7 @@ import pyarrow as pa
 from huggingface_hub import DatasetCardData
 
 from model_support.config import VerificationConfig
+from model_support.models import is_local_path
 from model_support.records import ResultDocument, RunRecord, Stack
 from model_support.vocabulary import (
     ERROR_CLASS_MEANINGS,
@@ -123,8 +124,15 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "model_id",
         _STRING,
-        "Hub model id (org/name) or the local checkpoint path that was tested.",
-        lambda s: s.doc.model,
+        "Hub model id (org/name); for a local checkpoint a readable id (local/<folder name>, or "
+        "the name it was recorded under, e.g. demo/tiny-llama).",
+        lambda s: s.record.model_id,
+    ),
+    Column(
+        "model_path",
+        _STRING,
+        "The local checkpoint directory that was tested (on the machine that ran it); null for a Hub model.",
+        lambda s: s.doc.model if is_local_path(s.doc.model) else None,
     ),
     Column(
         "revision",
@@ -482,6 +490,19 @@ MATRIX_SCHEMA: pa.Schema = pa.schema([pa.field(c.name, c.type, nullable=True) fo
 """The one schema of every matrix file (so a directory of them reads as one table)."""
 
 MATRIX_COLUMNS: tuple[str, ...] = tuple(c.name for c in COLUMNS)
+
+MATRIX_ROW_GROUP_BYTES = 8 * 2**20
+"""Target size of a matrix file's row groups (uncompressed). Rows are sorted by model id, so a
+reader looking for one model (the viewer's details) decodes only the row groups whose model_id
+statistics can hold it: one group of a few MiB instead of the whole file."""
+
+
+def matrix_row_group_rows(table: pa.Table) -> int:
+    """Rows per row group for ``table``: about MATRIX_ROW_GROUP_BYTES each (64 rows at least)."""
+    if table.num_rows == 0:
+        return 1
+    row_bytes = max(table.nbytes // table.num_rows, 1)
+    return max(64, min(table.num_rows, MATRIX_ROW_GROUP_BYTES // row_bytes))
 
 
 # ---------------------------------------------------------------------------------------------

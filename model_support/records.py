@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from model_support.models import readable_model_id
 from model_support.vocabulary import (
     ErrorClass,
     ExclusionReason,
@@ -263,6 +264,15 @@ class RunRecord(BaseModel):
 
     run_id: str
     document: ResultDocument
+    # ---- readable ids: how results name the model (document.model keeps what run.py loaded)
+    model_id: str = Field(
+        default_factory=lambda data: (
+            readable_model_id(data["document"].model) if "document" in data else ""
+        ),
+        description="The model's id in results: a Hub id as is; a local checkpoint as "
+        "local/<folder name> unless the recorder named it (e.g. demo/tiny-llama).",
+    )
+    # ----
     run_py: str = Field(
         ..., description="The exact run.py that ran (or would have run, for EXCLUDED)."
     )

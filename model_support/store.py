@@ -45,6 +45,7 @@ from model_support.dataset import (
     has_versions,
     matrix_file_stem,
     matrix_key,
+    matrix_row_group_rows,
     recency,
     record_to_row,
     render_card,
@@ -292,7 +293,7 @@ class ResultsStore:
         """The latest record per (model, task) within each matrix key."""
         latest: dict[tuple[MatrixKey, str, str], RunRecord] = {}
         for record in self.records(strict=strict):
-            slot = (matrix_key(record), record.document.model, record.document.task)
+            slot = (matrix_key(record), record.model_id, record.document.task)
             current = latest.get(slot)
             if current is None or recency(record) > recency(current):
                 latest[slot] = record
@@ -327,7 +328,11 @@ class ResultsStore:
             table = rows_to_table(record_to_row(r) for r in groups[key])
             metadata = {MATRIX_KEY_METADATA: json.dumps(key.__dict__, sort_keys=True).encode()}
             buffer = io.BytesIO()
-            pq.write_table(table.replace_schema_metadata(metadata), buffer)
+            pq.write_table(
+                table.replace_schema_metadata(metadata),
+                buffer,
+                row_group_size=matrix_row_group_rows(table),
+            )
             name = f"{stems[key]}.parquet"
             outputs[f"{data_dir}/{name}"] = buffer.getvalue()
             counts = Counter(str(r.document.result.value) for r in groups[key])

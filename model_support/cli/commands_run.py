@@ -8,6 +8,7 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -276,6 +277,7 @@ def summary(record: RunRecord) -> dict[str, object]:
     return {
         "run_id": record.run_id,
         "model": doc.model,
+        "model_id": record.model_id,
         "task": doc.task,
         "result": doc.result.value,
         "error_class": doc.error_class.value if doc.error_class else None,
@@ -304,7 +306,7 @@ def print_record(record: RunRecord) -> None:
     if doc.error_class:
         head += f" ({doc.error_class.value})"
     out.print(
-        f"{head}  {doc.model}  [dim]{doc.task} · {doc.backend} · {doc.compile_backend} · {doc.cores} core(s)[/]"
+        f"{head}  {record.model_id}  [dim]{doc.task} · {doc.backend} · {doc.compile_backend} · {doc.cores} core(s)[/]"
     )
     t, m, v = doc.timings, doc.memory, doc.verification
     if t.wall_time_s is not None:
@@ -358,10 +360,18 @@ def run(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (the run summary).")
     ] = False,
+    model_id: Annotated[
+        str | None,
+        typer.Option(
+            "--model-id",
+            help="Name a local checkpoint in results (namespace/name; default local/<folder>).",
+        ),
+    ] = None,
 ) -> None:
     """Test one model here: load, compile, generate, verify; record the result."""
     from model_support.execution import BackgroundRun, run_local
 
+    name_record = record_namer(model, model_id)
     config = build_config(
         model,
         backend=backend,
@@ -396,6 +406,7 @@ def run(
         background.cancel()
         progress.discard()
         if isinstance(planned, RunRecord):
+            planned = name_record(planned)
             store.add_and_materialize(planned)
             if as_json:
                 print(json.dumps(summary(planned)))
@@ -407,6 +418,7 @@ def run(
                 f"[cyan]sized: {planned.cores} cores, {planned.parallelism.value} parallel[/]"
             )
         record = run_local(planned, timeout_s=timeout, on_stage=progress.show)
+    record = name_record(record)
     store.add_and_materialize(record)
     if as_json:
         print(json.dumps(summary(record)))
@@ -415,6 +427,26 @@ def run(
         console.print(f"[dim]recorded {record.run_id} in {results}[/]")
     if record.document.result in (Result.ERROR, Result.TIMEOUT):
         raise typer.Exit(1)
+
+
+def record_namer(model: str, model_id: str | None) -> Callable[[RunRecord], RunRecord]:
+    """What gives a record of ``model`` the id chosen with --model-id (checked before anything
+    runs or reaches the Hub)."""
+    from model_support.models import check_model_id
+
+    if model_id is None:
+        return lambda record: record
+    try:
+        check_model_id(model_id)
+    except BadModelReference as exc:
+        raise fail(f"--model-id: {exc}") from exc
+    try:
+        local = resolve_model(model).is_local
+    except BadModelReference as exc:
+        raise fail(str(exc)) from exc
+    if not local:
+        raise fail(f"--model-id names local checkpoints; {model!r} is named by its Hub id")
+    return lambda record: record.model_copy(update={"model_id": model_id})
 
 
 def script(
