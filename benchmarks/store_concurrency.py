@@ -30,7 +30,7 @@ def _writer(
     start = datetime(2026, 11, 1, tzinfo=UTC)
     records = [
         RunRecord(
-            run_id=new_run_id("bench"),
+            run_id=new_run_id(),
             run_py="# run.py\n",
             document=ResultDocument(
                 model=f"org/model-{writer:02d}-{i:04d}",

@@ -207,7 +207,7 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "result",
         _STRING,
-        "Outcome: PASS, FAIL, ERROR, TIMEOUT or EXCLUDED (see Result states).",
+        f"Outcome: {', '.join(r.value for r in Result)} (see Result states).",
         lambda s: _enum_value(s.doc.result),
     ),
     Column(

@@ -1,7 +1,8 @@
-"""Local execution of a rendered run.py, and turning result documents into run records.
+"""Local execution of a rendered run.py: a subprocess here, as a Job's container runs it there.
 
-The CLI runs run.py as a subprocess here; the operator runs the same file as a Job's container
-command. Both end in `record_from_document`, so a record means the same thing wherever it ran.
+The CLI runs run.py as a subprocess; the operator runs the same file as a Job's container
+command. Both turn the document into a record with :func:`model_support.records.record_from_document`,
+so a record means the same thing wherever it ran.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ from model_support.records import (
     PROGRESS_MARKER,
     ResultDocument,
     RunRecord,
-    new_run_id,
+    failure_document,
     parse_result_line,
+    record_from_document,
 )
 from model_support.script import render_script
-from model_support.vocabulary import ErrorClass, ExclusionReason, Result
+from model_support.vocabulary import ErrorClass, Result
 
 
 class RunCancelled(RuntimeError):
@@ -46,74 +48,6 @@ class StageEvent:
     status: str
     seconds: float | None = None
     detail: str | None = None
-
-
-def record_from_document(
-    document: ResultDocument,
-    run_py: str,
-    *,
-    source: str = "cli",
-    labels: dict[str, str] | None = None,
-    run_id: str | None = None,
-) -> RunRecord:
-    """Wrap a result document and the exact script that produced it into an immutable record."""
-    return RunRecord(
-        run_id=run_id or new_run_id(document.model),
-        document=document,
-        run_py=run_py,
-        source=source,
-        labels=labels or {},
-    )
-
-
-def failure_document(
-    config: RunConfig,
-    result: Result,
-    *,
-    error_class: ErrorClass | None,
-    error: str,
-    started_at: datetime | None = None,
-    stage: str | None = None,
-    total_s: float | None = None,
-) -> ResultDocument:
-    """A result document for a run that produced none itself (timeout, killed, OOM-killed, no output)."""
-    doc = ResultDocument(
-        model=config.model,
-        revision=config.revision,
-        task=config.task.value,
-        backend=config.backend.value,
-        compile_backend=config.compile_backend,
-        dtype=config.dtype,
-        cores=config.cores,
-        parallelism=config.parallelism,
-        max_new_tokens=config.max_new_tokens,
-        prompts=list(config.prompts),
-        result=result,
-        error_class=error_class,
-        error=error,
-        stage=stage,
-        started_at=started_at,
-        finished_at=datetime.now(UTC),
-    )
-    doc.timings.total_s = total_s
-    return doc
-
-
-def excluded_record(
-    config: RunConfig,
-    reason: ExclusionReason,
-    message: str,
-    *,
-    source: str = "cli",
-    labels: dict[str, str] | None = None,
-) -> RunRecord:
-    """A record for a model deliberately not run; holds the run.py that would have run."""
-    now = datetime.now(UTC)
-    document = failure_document(
-        config, Result.EXCLUDED, error_class=None, error=message, started_at=now
-    )
-    record = record_from_document(document, render_script(config), source=source, labels=labels)
-    return record.model_copy(update={"exclusion_reason": reason})
 
 
 def _python_for_runner() -> str:

@@ -127,7 +127,7 @@ def make_record(
         finished_at=finished if ran else None,
     )
     return RunRecord(
-        run_id=run_id or new_run_id(model),
+        run_id=run_id or new_run_id(),
         document=document,
         run_py="# run.py\nCONFIG = {}\n",
         source="cli",
@@ -205,7 +205,7 @@ def test_racing_writers_of_one_run_id_exactly_one_wins(store: ResultsStore) -> N
     context = multiprocessing.get_context("fork")
     barrier = context.Barrier(4)
     outcome: multiprocessing.Queue = context.Queue()
-    run_id = new_run_id("x")
+    run_id = new_run_id()
     workers = [
         context.Process(
             target=_add_same_id, args=(store.uri, run_id, f"org/m{i}", barrier, outcome)

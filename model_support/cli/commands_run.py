@@ -19,7 +19,7 @@ from rich.table import Table
 from model_support.config import RunConfig
 from model_support.execution import StageEvent
 from model_support.models import BadModelReference, resolve_model
-from model_support.records import RunRecord
+from model_support.records import RunRecord, excluded_record
 from model_support.vocabulary import Backend, Parallelism, Result, Task
 
 console = Console(stderr=True)
@@ -84,7 +84,6 @@ def plan_cores(
     config: RunConfig, instance: str | None, lnc: int | None, max_cores: int
 ) -> RunConfig | RunRecord:
     """Size the model: the config with the planned cores, or an EXCLUDED record (not yet stored)."""
-    from model_support.execution import excluded_record
     from model_support.hub import is_unreachable
     from model_support.sizing import Exclusion, size_model
 
@@ -267,6 +266,7 @@ RESULT_STYLE = {
     Result.ERROR: "bold yellow",
     Result.TIMEOUT: "bold magenta",
     Result.EXCLUDED: "dim",
+    Result.UNVERIFIED: "bold blue",
 }
 
 
