@@ -289,8 +289,10 @@ class BackgroundRun:
         self.config = config
         self._cancel = threading.Event()
         self._outcome: RunRecord | BaseException | None = None
+        # Not a daemon: were the caller to exit without cancel(), the interpreter still waits
+        # for the run (which then ends, kills its process group and removes its folder).
         self._thread = threading.Thread(
-            target=self._run, args=(kwargs,), name="background-run", daemon=True
+            target=self._run, args=(kwargs,), name="background-run", daemon=False
         )
         self._thread.start()
 

@@ -359,11 +359,7 @@ def plan_from_metadata(
             f"{meta.model} has {what}; model-support tests {', '.join(supported)}.",
         )
     if meta.tensors is None:
-        return exclude(
-            ExclusionReason.NO_SAFETENSORS,
-            f"{meta.model} publishes no safetensors weights (no model.safetensors or "
-            "model.safetensors.index.json); pickle checkpoints are not loaded.",
-        )
+        return exclude(ExclusionReason.NO_SAFETENSORS, no_safetensors_message(meta.model))
 
     degrees = _degrees(max_cores, hw)
     largest_valid: MemoryBreakdown | None = None
@@ -392,6 +388,15 @@ def plan_from_metadata(
         f"{largest_valid.degree} each core needs {_gib(largest_valid.total)} of "
         f"{_gib(hw.bytes_per_core)}.",
         closest=largest_valid,
+    )
+
+
+def no_safetensors_message(model: str) -> str:
+    """Why a model without safetensors weights is not run (sizing and ``run --cores`` alike)."""
+    return (
+        f"{model} publishes no safetensors weights (no model.safetensors or "
+        "model.safetensors.index.json); pickle checkpoints are not loaded, since unpickling "
+        "can run code."
     )
 
 
@@ -516,9 +521,10 @@ def metadata_from_config(
     text: Any
     if known and model_type is not None:
         fields = {k: v for k, v in config.items() if k != "model_type"}
+        _check_counts(model, config)
         try:
             cfg = AutoConfig.for_model(model_type, **fields)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, ArithmeticError) as e:
             raise MetadataError(
                 f"config.json of {model} is not a valid {model_type} config: {e}"
             ) from e
@@ -536,6 +542,12 @@ def metadata_from_config(
     if head_dim is None and heads and hidden:
         head_dim = hidden // heads
     kv_heads = _first_int(text, "num_key_value_heads", "num_kv_heads") or heads
+    for name, value in (("attention heads", heads), ("key-value heads", kv_heads)):
+        if value is not None and value < 1:
+            raise MetadataError(
+                f"config.json of {model} gives {value} {name}; a model needs at least one: "
+                "fix the config"
+            )
     return ModelMetadata(
         model=model,
         revision=revision,
@@ -554,6 +566,30 @@ def metadata_from_config(
         tp_plan=tp_plan,
         tensors=_loaded_names(model_type if known else None, tensors) if tensors else tensors,
     )
+
+
+_COUNT_FIELDS = (
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_hidden_layers",
+    "hidden_size",
+    "head_dim",
+    "vocab_size",
+)
+
+
+def _check_counts(model: str, config: dict[str, Any]) -> None:
+    """Counts a model cannot have zero (or fewer) of, checked before transformers divides by them."""
+    for part in (config, config.get("text_config")):
+        if not isinstance(part, dict):
+            continue
+        for name in _COUNT_FIELDS:
+            value = part.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+                raise MetadataError(
+                    f"config.json of {model} sets {name} to {value}; it must be a positive "
+                    "integer: fix the config"
+                )
 
 
 def _head_plan(architectures: list[str]) -> dict[str, str]:

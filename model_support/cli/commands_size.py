@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from model_support.hardware import INSTANCE_KINDS
+from model_support.hub import is_unreachable, unreachable_message
 from model_support.sizing import DTYPE_BYTES, Exclusion, MemoryBreakdown, Plan, size_model
 
 EXIT_EXCLUDED = 3
@@ -78,7 +79,7 @@ def register(app: typer.Typer) -> None:
         lnc: Annotated[
             int | None, typer.Option(help="trn2 logical core size, 1 or 2 (default 2).")
         ] = None,
-        max_cores: Annotated[int, typer.Option(help="Most cores one test may use.")] = 16,
+        max_cores: Annotated[int, typer.Option(min=1, help="Most cores one test may use.")] = 16,
         dtype: Annotated[
             str, typer.Option(help=f"Run dtype: {', '.join(DTYPE_BYTES)}.")
         ] = "bfloat16",
@@ -109,6 +110,11 @@ def register(app: typer.Typer) -> None:
             )
         except ValueError as e:  # bad arguments, unknown model/revision, unreadable checkpoint
             err.print(f"[bold red]error:[/] {e}")
+            raise typer.Exit(EXIT_BAD_INPUT) from e
+        except Exception as e:
+            if not is_unreachable(e):
+                raise
+            err.print(f"[bold red]error:[/] {unreachable_message(model, e)}")
             raise typer.Exit(EXIT_BAD_INPUT) from e
         if as_json:
             typer.echo(json.dumps(result.model_dump(mode="json")))

@@ -13,9 +13,15 @@ from pathlib import Path
 import pytest
 
 from model_support.config import RunConfig
-from model_support.execution import RunOutput, StageEvent, parse_stage_event, run_script
+from model_support.execution import (
+    RunOutput,
+    StageEvent,
+    parse_stage_event,
+    run_local,
+    run_script,
+)
 from model_support.records import PROGRESS_MARKER, RESULT_MARKER, ResultDocument
-from model_support.vocabulary import Result
+from model_support.vocabulary import ErrorClass, Result
 
 CONFIG = RunConfig(model="org/model")
 
@@ -111,3 +117,24 @@ def test_stage_events_are_validated() -> None:
     output = RunOutput()
     output.feed(PROGRESS_MARKER + "{")
     assert output.last_stage is None and list(output.tail) == [PROGRESS_MARKER + "{"]
+
+
+@pytest.mark.slow
+def test_run_py_loads_safetensors_only(tiny_llama_path: Path, tmp_path: Path) -> None:
+    """A pickle checkpoint is never unpickled, even when run.py is run without the CLI's checks."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    pickled = tmp_path / "pickled"
+    shutil.copytree(tiny_llama_path, pickled)
+    weights = pickled / "model.safetensors"
+    torch.save(load_file(weights), pickled / "pytorch_model.bin")
+    weights.unlink()
+    config = RunConfig(
+        model=str(pickled), dtype="float32", compile_backend="aot_eager", max_new_tokens=2
+    )
+    document = run_local(config, timeout_s=300).document
+    assert (document.result, document.error_class) == (Result.ERROR, ErrorClass.LOAD)
+    assert "safetensors" in (document.error or "")
