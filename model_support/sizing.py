@@ -5,8 +5,8 @@ weight is ever downloaded. The result is a :class:`Plan` (cores, parallelism, pe
 breakdown) or an :class:`Exclusion` with a reason code from
 :class:`model_support.vocabulary.ExclusionReason`.
 
-Memory model (per core, for a parallel degree ``d``)
-----------------------------------------------------
+Memory model (per core, for a parallel degree ``d``; with sources in docs/memory-model.md)
+----------------------------------------------------------------------------------------
 * **weights**: every tensor's element count times the run dtype's width (bf16: 2 bytes).
   Floating-point tensors are counted in the run dtype, whatever they are stored in; integer and
   8-bit float tensors (quantized weights, scales) at their stored width. A tensor is *sharded*

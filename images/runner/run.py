@@ -647,7 +647,7 @@ def distributed_setup(ctx: RunContext):
     if ctx.config["parallelism"] == "expert":
         # Experts split over the ranks, dense layers whole on every rank. transformers refuses an
         # empty tensor-parallel plan ("has no tp_plan"), so every entry of the model's plan is made
-        # a replication; the expert-parallel plan takes precedence for the experts (REFERENCE.md).
+        # a replication; the expert-parallel plan takes precedence for the experts (docs/memory-model.md).
         import transformers
 
         auto_config = transformers.AutoConfig.from_pretrained(
