@@ -49,9 +49,14 @@ smallest valid degree that fits is chosen. When none fits: ``too-large`` if some
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.metadata
+import json
+import logging
 import math
 import os
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 from huggingface_hub import get_token
@@ -78,6 +83,7 @@ _STORED_BYTES: dict[str, int] = {
     "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
 }  # fmt: skip
 _EXPERT_RE = re.compile(r"(?:^|\.)experts(?:\.|$)")
+log = logging.getLogger(__name__)
 
 
 class MetadataError(ValueError):
@@ -604,6 +610,67 @@ def _head_plan(architectures: list[str]) -> dict[str, str]:
     return {}
 
 
+SIZING_CACHE_ENV = "MODEL_SUPPORT_SIZING_CACHE"
+
+
+def sizing_cache_dir() -> Path:
+    """Where sized metadata is remembered: ``$MODEL_SUPPORT_SIZING_CACHE``, else
+    ~/.cache/model-support/sizing."""
+    configured = os.environ.get(SIZING_CACHE_ENV)
+    if configured:
+        return Path(configured).expanduser()
+    return Path.home() / ".cache" / "model-support" / "sizing"
+
+
+@functools.cache
+def _code_fingerprint() -> str:
+    """What :func:`metadata_from_config` depends on besides its arguments: this module's code
+    and the installed transformers (its config classes and parallel plans)."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(importlib.metadata.version("transformers").encode())
+    return digest.hexdigest()
+
+
+def remembered_metadata(
+    config: dict[str, Any], tensors: list[TensorSpec] | None, **kwargs: Any
+) -> ModelMetadata:
+    """:func:`metadata_from_config`, remembered on disk by everything its answer depends on.
+
+    Deriving the metadata imports transformers and torch (seconds of CPU, which a speculative
+    run started beside sizing also needs); sizing the same checkpoint again with the same
+    transformers and the same code reads the answer back instead. The key covers the whole
+    config, every tensor's name, dtype and shape, the arguments and the code, so a changed
+    checkpoint or upgrade is never answered from an old entry. The cache is optional: an
+    unreadable entry is recomputed, an unwritable folder only means nothing is remembered.
+    """
+    material = json.dumps(
+        {
+            "config": config,
+            "tensors": None if tensors is None else [[t.name, t.dtype, t.shape] for t in tensors],
+            "arguments": kwargs,
+            "code": _code_fingerprint(),
+        },
+        sort_keys=True,
+        default=str,
+    )
+    path = sizing_cache_dir() / f"{hashlib.sha256(material.encode()).hexdigest()}.json"
+    try:
+        return ModelMetadata.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as exc:  # damaged entry: derive it again
+        log.debug("sizing cache entry %s is unreadable (%s); recomputing", path, exc)
+    meta = metadata_from_config(config, tensors, **kwargs)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        temp.write_text(meta.model_dump_json(), encoding="utf-8")
+        os.replace(temp, path)
+    except OSError as exc:
+        log.debug("sizing cache %s is not writable (%s); not remembered", path.parent, exc)
+    return meta
+
+
 def read_metadata(
     model: str,
     revision: str | None = None,
@@ -619,7 +686,7 @@ def read_metadata(
     """
     if os.path.isdir(model):
         config = hub.local_config(model)
-        return metadata_from_config(
+        return remembered_metadata(
             config, hub.local_tensors(model), model=model, revision=revision, source="local",
             task=task,
         )  # fmt: skip
@@ -654,7 +721,7 @@ def read_metadata(
         )  # fmt: skip
     except RemoteEntryNotFoundError as e:
         raise MetadataError(f"{model} has no config.json; it is not a transformers model") from e
-    return metadata_from_config(
+    return remembered_metadata(
         config, tensors, model=model, revision=revision, source="hub", task=task, gated=gated,
         token_available=bool(effective_token),
     )  # fmt: skip
@@ -701,6 +768,7 @@ __all__ = [
     "metadata_from_config",
     "plan_from_metadata",
     "read_metadata",
+    "remembered_metadata",
     "size_model",
     "valid_parallelism",
 ]

@@ -52,9 +52,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
@@ -78,6 +77,9 @@ from model_support.dataset import (
 )
 from model_support.records import RunRecord, Stack
 from model_support.vocabulary import Result
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 RECORDS_DIR = "records"
 DATA_DIR = "data"
@@ -167,12 +169,12 @@ class MatrixFile:
     path: str
 
 
-_NULLABLE_DTYPES = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}
-
-
 def _to_pandas(table: pa.Table) -> pd.DataFrame:
     """Arrow -> pandas keeping integers integers and booleans booleans where values are missing."""
-    return table.to_pandas(types_mapper=_NULLABLE_DTYPES.get)
+    import pandas as pd  # only readers of the matrix pay for importing pandas, not writers
+
+    nullable = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}
+    return table.to_pandas(types_mapper=nullable.get)
 
 
 def _check_run_id(run_id: str) -> None:
