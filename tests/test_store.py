@@ -627,3 +627,30 @@ def test_an_unwritable_location_is_found_before_anything_is_written(tmp_path: Pa
 def test_unknown_protocols_are_a_clear_error() -> None:
     with pytest.raises(StoreLocationError, match="Protocol not known: nosuch"):
         ResultsStore("nosuch://x")
+
+
+def test_object_store_materializers_take_turns(tmp_path: Path) -> None:
+    """Without flock (object stores), a lease file created exclusively serializes materializers."""
+    import threading
+
+    uri = f"memory://results-{uuid.uuid4().hex}"
+    errors: list[BaseException] = []
+
+    def writer(w: int) -> None:
+        try:
+            store = ResultsStore(uri)
+            for i in range(5):
+                store.add_and_materialize(make_record(f"org/t{w}-{i}", neuron=i % 2 == 0))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    store = ResultsStore(uri)
+    assert len(store.matrix(columns=["model_id"])) == 20
+    assert not store.fs.exists(f"{store.root}/index/lock.json")  # released
+    fsspec.filesystem("memory").rm(store.root, recursive=True)
