@@ -529,10 +529,11 @@ def run(
         trust_remote_code=trust_remote_code,
         judge_model=judge_model,
     )
-    store = open_store(results, allow_other_files=force)
     try:
         with stopped_by_signals():
-            record = _test(config, cores, instance, lnc, max_cores, timeout, as_json)
+            store, record = _test(
+                config, results, force, cores, instance, lnc, max_cores, timeout, as_json
+            )
             stored = save_record(store, record, results)
     except Stopped as stop:
         console.print(
@@ -556,42 +557,48 @@ def run(
 
 def _test(
     config: RunConfig,
+    results: str,
+    force: bool,
     cores: int | None,
     instance: str | None,
     lnc: int | None,
     max_cores: int,
     timeout: float,
     as_json: bool,
-) -> RunRecord:
-    """Size (unless ``cores``) and run the test; its record (EXCLUDED when it is not run)."""
+) -> tuple[ResultsStore, RunRecord]:
+    """Check the store, size (unless ``cores``) and run the test; the store and the record
+    (EXCLUDED when the model is not run)."""
     from model_support.execution import BackgroundRun, run_local
 
-    if cores is not None:
-        excluded = weights_exclusion(config)
-        if excluded is not None:
-            return excluded
     progress = StageProgress(quiet=as_json)
-    # run.py starts at once; sizing (without --cores) overlaps with it. Its progress is held
-    # back until sizing agrees, so a cancelled run shows nothing.
+    # run.py starts at once (it spends seconds importing torch and transformers); checking the
+    # results store, the weights and sizing overlap with that. Its progress is held back until
+    # they agree, so a refused or cancelled run shows nothing.
     progress.hold()
     background = BackgroundRun(config, timeout_s=timeout, on_stage=progress.show)
     try:
-        planned = config if cores is not None else plan_cores(config, instance, lnc, max_cores)
+        store = open_store(results, allow_other_files=force)
+        planned: RunConfig | RunRecord
+        if cores is None:
+            planned = plan_cores(config, instance, lnc, max_cores)
+        else:
+            planned = weights_exclusion(config) or config
         if planned == config:
             progress.release()
-            return background.result()
+            return store, background.result()
     finally:
-        # Whatever happened (sizing chose otherwise, an error, a signal), the speculative run
-        # and its process group are gone before this goes on; after its own end, a no-op.
+        # Whatever happened (a refusal, sizing chose otherwise, an error, a signal), the
+        # speculative run and its process group are gone before this goes on; after its own
+        # end, a no-op.
         background.cancel()
     progress.discard()
     if isinstance(planned, RunRecord):
-        return planned
+        return store, planned
     if not as_json:
         console.print(
             f"[cyan]sized: {planned.cores} cores, {planned.parallelism.value} parallel[/]"
         )
-    return run_local(planned, timeout_s=timeout, on_stage=progress.show)
+    return store, run_local(planned, timeout_s=timeout, on_stage=progress.show)
 
 
 def script(
