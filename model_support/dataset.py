@@ -635,7 +635,8 @@ exact `run.py` that reproduces it. Rows from other torch.compile backends (for e
 on CPU) use the same format.
 
 This directory is a materialized view: the source of truth is the immutable run records under
-`records/`, and the files under `data/` (and this card) are regenerated from them.
+`records/`, and the files under `data/` (and this card) are regenerated from them; `index/` says
+which records they hold, so a new record rewrites only the file it belongs to.
 
 ## Files
 
