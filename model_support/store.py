@@ -44,7 +44,10 @@ import io
 import json
 import os
 import re
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 import uuid
 import warnings
@@ -90,6 +93,10 @@ MATRIX_KEY_METADATA = b"model_support.matrix_key"
 """Parquet key-value metadata naming the file's (compiler, version, library, version); it also
 marks the file as written by :meth:`ResultsStore.materialize`, the only files it ever deletes."""
 
+PARALLEL_FROM = 20_000
+"""A materialize that reads at least this many records spreads the work over processes."""
+MAX_WORKERS = 4
+"""At most this many processes read and parse records at once."""
 LOCK_WAIT_S = 600.0
 """Longest a materialize waits for another one to finish."""
 LEASE_S = 600.0
@@ -136,6 +143,10 @@ class CorruptRecord(StoreError, ValueError):
             "ResultsStore.add, so this file was changed by something else: restore it from a "
             "backup or move it out of records/ (the matrix is rebuilt from the records that remain)."
         )
+
+    def __reduce__(self) -> tuple[type[CorruptRecord], tuple[str, str]]:
+        # Raised in a worker process of a parallel materialize, it is re-raised in the parent.
+        return (CorruptRecord, (self.path, self.reason))
 
 
 class StoreLocationError(StoreError, ValueError):
@@ -205,6 +216,7 @@ class ResultsStore:
         """
         self.uri = os.fspath(uri)
         self._fallback_stack = fallback_stack
+        self._storage_options = dict(storage_options or {})
         try:
             fs, root = url_to_fs(self.uri, **(storage_options or {}))
         except (ValueError, ImportError) as exc:  # unknown protocol / its package not installed
@@ -511,9 +523,7 @@ class ResultsStore:
         gone_keys = set() if index is None else {index[r] for r in index.keys() - listed}
         previous_keys = [] if index is None else sorted(map(_key_from_json, set(index.values())))
 
-        additions: dict[MatrixKey, list[RunRecord]] = defaultdict(list)
-        for record in self._read_records(sorted(listed - folded.keys()), strict):
-            additions[matrix_key(record)].append(record)
+        additions, placed = self._fold(sorted(listed - folded.keys()), strict)
         members: dict[str, list[str]] = defaultdict(list)
         for run_id, key_text in folded.items():
             members[key_text].append(run_id)
@@ -533,11 +543,13 @@ class ResultsStore:
             base = None
             if index is not None and _key_json(key) not in gone_keys and previous is not None:
                 base = self._matrix_table(f"{data_dir}/{previous}.parquet")
+            added = additions.get(key)
             if base is None:  # rebuild this file from every record it holds
                 held = self._read_records(sorted(members.get(_key_json(key), [])), strict)
-                tables[key] = _latest_table([*held, *additions.get(key, [])], key)
+                parts = [_latest_table(held, key)] if held else []
+                tables[key] = _combine([*parts, *([added] if added is not None else [])])
             else:
-                tables[key] = _merge(base, additions.get(key, []), key)
+                tables[key] = base if added is None else _merge(base, added)
 
         card_files = []
         for key in keys:
@@ -566,12 +578,47 @@ class ResultsStore:
         for stale in sorted(on_disk - produced):
             if self._is_matrix_file(f"{data_dir}/{stale}"):
                 self.fs.rm_file(f"{data_dir}/{stale}")
-        for key, added in additions.items():
-            text = _key_json(key)
-            folded.update((record.run_id, text) for record in added)
+        folded.update(placed)
         self._write_index(folded)
         paths = [f"{data_dir}/{stems[key]}.parquet" for key in sorted(keys, key=lambda k: stems[k])]
         return [self._public(p) for p in [*paths, card_path]]
+
+    def _fold(
+        self, run_ids: list[str], strict: bool
+    ) -> tuple[dict[MatrixKey, pa.Table], dict[str, str]]:
+        """The records of ``run_ids``, as the latest row per (model, task) of each matrix file
+        they belong to, and where each record went (run id -> matrix key).
+
+        Many records (a first or full materialize) are read and turned into rows by several
+        processes at once, one contiguous share of the run ids each: parsing 100,000 records
+        is CPU work that one core does in seconds. Their partial files are combined exactly as
+        one process would have chosen (:func:`_combine`).
+        """
+        workers = min(os.cpu_count() or 1, MAX_WORKERS)
+        if len(run_ids) < PARALLEL_FROM or workers < 2:
+            return _fold_records(self._read_records(run_ids, strict))
+        size = -(-len(run_ids) // workers)
+        shares = [run_ids[i : i + size] for i in range(0, len(run_ids), size)]
+        helpers = [
+            _FoldHelper(self.uri, self._storage_options, share, strict) for share in shares[1:]
+        ]
+        try:
+            parts = [_fold_records(self._read_records(shares[0], strict))]
+            for helper in helpers:
+                tables, placed, problems = helper.result()
+                for problem in problems:
+                    warnings.warn(problem, CorruptRecordWarning, stacklevel=4)
+                parts.append((tables, placed))
+        finally:
+            for helper in helpers:
+                helper.stop()
+        merged: dict[MatrixKey, list[pa.Table]] = defaultdict(list)
+        placed_all: dict[str, str] = {}
+        for tables_part, placed_part in parts:
+            for key, table in tables_part.items():
+                merged[key].append(table)
+            placed_all.update(placed_part)
+        return {key: _combine(tables) for key, tables in merged.items()}, placed_all
 
     def _matrix_table(self, path: str) -> pa.Table | None:
         """A matrix file's rows, or None when it is missing, unreadable, not ours or outdated."""
@@ -783,42 +830,183 @@ def _latest_table(records: Sequence[RunRecord], key: MatrixKey) -> pa.Table:
     return records_to_table(winners, [key] * len(winners))
 
 
-def _merge(base: pa.Table, additions: Sequence[RunRecord], key: MatrixKey) -> pa.Table:
-    """``base`` (a matrix file's rows) with ``additions`` folded in: per (model, task) the latest
-    of the row already there and the new records, exactly as a rebuild would choose."""
-    if not additions:
-        return base
-    newest: dict[tuple[str, str], RunRecord] = {}
-    for record in additions:
-        slot = (record.document.model, record.document.task)
-        if slot not in newest or recency(record) > recency(newest[slot]):
-            newest[slot] = record
-    rows = {
-        slot: i
-        for i, slot in enumerate(
-            zip(base.column("model_id").to_pylist(), base.column("task").to_pylist(), strict=True)
+def _fold_records(records: Sequence[RunRecord]) -> tuple[dict[MatrixKey, pa.Table], dict[str, str]]:
+    """Records grouped by matrix key into "latest row per (model, task)" tables, and where
+    each record went (run id -> matrix key as JSON)."""
+    grouped: dict[MatrixKey, list[RunRecord]] = defaultdict(list)
+    for record in records:
+        grouped[matrix_key(record)].append(record)
+    placed: dict[str, str] = {}
+    for key, group in grouped.items():
+        text = _key_json(key)
+        placed.update((record.run_id, text) for record in group)
+    return {key: _latest_table(group, key) for key, group in grouped.items()}, placed
+
+
+class _FoldHelper:
+    """A helper process folding a share of the records (``python -m model_support.store_worker``).
+
+    A plain subprocess rather than multiprocessing: it never re-imports the caller's main
+    module (a script without a ``__main__`` guard would run again) and never forks a process
+    that has threads. The share goes in on stdin as JSON (storage options stay out of the
+    process list); the answer comes back on stdout as a JSON header line followed by each
+    table's Arrow IPC bytes.
+    """
+
+    def __init__(
+        self, uri: str, storage_options: dict[str, Any], run_ids: list[str], strict: bool
+    ) -> None:
+        request: dict[str, Any] = {
+            "uri": uri,
+            "storage_options": storage_options,
+            "run_ids": run_ids,
+            "strict": strict,
+        }
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "model_support.store_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
-        if slot in newest
+        self._answer: tuple[bytes, bytes] | BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._talk, args=(json.dumps(request).encode(),), daemon=True
+        )
+        self._thread.start()
+
+    def _talk(self, request: bytes) -> None:
+        try:
+            self._answer = self._proc.communicate(request)
+        except BaseException as exc:  # handed to the caller by result()
+            self._answer = exc
+
+    def result(self) -> tuple[dict[MatrixKey, pa.Table], dict[str, str], list[str]]:
+        """Wait for the helper: its tables, where each record went, its warnings."""
+        self._thread.join()
+        if isinstance(self._answer, BaseException):
+            raise self._answer
+        assert self._answer is not None
+        out, err = self._answer
+        header_line, _, body = out.partition(b"\n")
+        try:
+            header = json.loads(header_line)
+        except ValueError:
+            tail = err.decode(errors="replace")[-2000:]
+            raise StoreError(
+                f"a materialize helper process exited with status {self._proc.returncode} "
+                f"without an answer:\n{tail}"
+            ) from None
+        if "corrupt" in header:
+            raise CorruptRecord(*header["corrupt"])
+        if "error" in header:
+            raise StoreError(f"a materialize helper process failed: {header['error']}")
+        tables = {}
+        offset = 0
+        for key_text, size in header["tables"]:
+            tables[_key_from_json(key_text)] = _from_ipc(body[offset : offset + size])
+            offset += size
+        return tables, header["placed"], header["problems"]
+
+    def stop(self) -> None:
+        """Make sure the helper is gone (after its answer, or when the caller gave up)."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._thread.join(timeout=30)
+
+
+def fold_share(request: dict[str, Any]) -> bytes:
+    """The helper's side of :class:`_FoldHelper`: fold the share, answer in the protocol."""
+    store = ResultsStore(request["uri"], request["storage_options"])
+    try:
+        with warnings.catch_warnings(record=True) as caught, _no_cyclic_gc():
+            warnings.simplefilter("always", CorruptRecordWarning)
+            tables, placed = _fold_records(
+                store._read_records(request["run_ids"], request["strict"])
+            )
+    except CorruptRecord as exc:
+        return json.dumps({"corrupt": [exc.path, exc.reason]}).encode() + b"\n"
+    except StoreError as exc:
+        return json.dumps({"error": str(exc)}).encode() + b"\n"
+    problems = [str(w.message) for w in caught if issubclass(w.category, CorruptRecordWarning)]
+    blobs = [(_key_json(key), _to_ipc(table)) for key, table in tables.items()]
+    header = {
+        "tables": [[key_text, len(blob)] for key_text, blob in blobs],
+        "placed": placed,
+        "problems": problems,
     }
+    return json.dumps(header).encode() + b"\n" + b"".join(blob for _, blob in blobs)
+
+
+def _to_ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _from_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all().cast(MATRIX_SCHEMA)
+
+
+def _recencies(table: pa.Table) -> list[tuple[Any, str]]:
+    """Each row's "latest" sort key, as :func:`model_support.dataset.recency` gives it for the
+    record the row came from: (finished_at, else recorded_at; run_id)."""
+    finished = table.column("finished_at").to_pylist()
+    recorded = table.column("recorded_at").to_pylist()
+    run_ids = table.column("run_id").to_pylist()
+    return [(f or r, i) for f, r, i in zip(finished, recorded, run_ids, strict=True)]
+
+
+def _slots(table: pa.Table) -> list[tuple[str, str]]:
+    return list(
+        zip(table.column("model_id").to_pylist(), table.column("task").to_pylist(), strict=True)
+    )
+
+
+def _combine(tables: Sequence[pa.Table]) -> pa.Table:
+    """Tables of one matrix file (each already latest per slot) as one: per (model, task) the
+    latest row of any of them, in the file's row order."""
+    if len(tables) == 1:
+        return tables[0]
+    if not tables:
+        return MATRIX_SCHEMA.empty_table()
+    table = pa.concat_tables(tables)
+    best: dict[tuple[str, str], int] = {}
+    when = _recencies(table)
+    slots = _slots(table)
+    for i, slot in enumerate(slots):
+        j = best.get(slot)
+        if j is None or when[i] > when[j]:
+            best[slot] = i
+    # The file's row order, (model_id, task, run_id); when[i][1] is the row's run id.
+    order = sorted(best.values(), key=lambda i: (*slots[i], when[i][1]))
+    return table.take(pa.array(order, pa.int64())).combine_chunks()
+
+
+def _merge(base: pa.Table, added: pa.Table) -> pa.Table:
+    """``base`` (a matrix file's rows) with ``added`` (new rows of the same file, latest per
+    slot) folded in: per (model, task) the latest of the two, exactly as a rebuild would
+    choose, the new rows spliced into place without re-sorting what is already in order."""
+    if added.num_rows > max(1000, base.num_rows // 10):
+        return _combine([base, added])  # many new rows: one sort is cheaper than splicing
+    rows = {slot: i for i, slot in enumerate(_slots(base))}
+    added_when = _recencies(added)
     replaced: set[int] = set()
-    winners: list[RunRecord] = []
-    for slot, record in newest.items():
+    winners: list[int] = []
+    for j, slot in enumerate(_slots(added)):
         i = rows.get(slot)
         if i is not None:
-            finished = base.column("finished_at")[i].as_py()
             there = (
-                finished or base.column("recorded_at")[i].as_py(),
+                base.column("finished_at")[i].as_py() or base.column("recorded_at")[i].as_py(),
                 base.column("run_id")[i].as_py(),
             )
-            if there >= recency(record):
+            if there >= added_when[j]:
                 continue  # the row already there is as recent (or the same record folded again)
             replaced.add(i)
-        winners.append(record)
+        winners.append(j)
     if not winners:
         return base
-    added = records_to_table(winners, [key] * len(winners))  # in MATRIX_ORDER
-    # Splice the new rows into the sorted base (no re-sort of what is already in order): an
-    # insertion goes before the row it sorts before, a replaced row is skipped.
+    new = added.take(pa.array(winners, pa.int64()))  # still in the file's row order
     order = list(
         zip(
             base.column("model_id").to_pylist(),
@@ -828,9 +1016,9 @@ def _merge(base: pa.Table, additions: Sequence[RunRecord], key: MatrixKey) -> pa
         )
     )
     new_order = zip(
-        added.column("model_id").to_pylist(),
-        added.column("task").to_pylist(),
-        added.column("run_id").to_pylist(),
+        new.column("model_id").to_pylist(),
+        new.column("task").to_pylist(),
+        new.column("run_id").to_pylist(),
         strict=True,
     )
     events = sorted(
@@ -844,7 +1032,7 @@ def _merge(base: pa.Table, additions: Sequence[RunRecord], key: MatrixKey) -> pa
             pieces.append(base.slice(start, position - start))
             start = position
         if kind == 0:
-            pieces.append(added.slice(j, 1))
+            pieces.append(new.slice(j, 1))
         else:
             start = position + 1
     pieces.append(base.slice(start))

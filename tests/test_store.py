@@ -654,3 +654,38 @@ def test_object_store_materializers_take_turns(tmp_path: Path) -> None:
     assert len(store.matrix(columns=["model_id"])) == 20
     assert not store.fs.exists(f"{store.root}/index/lock.json")  # released
     fsspec.filesystem("memory").rm(store.root, recursive=True)
+
+
+def test_a_large_materialize_spread_over_processes_gives_the_same_files(
+    store: ResultsStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parallel fold (used from PARALLEL_FROM records on) chooses exactly what one process
+    chooses, also when versions of one model land in different processes' shares."""
+    import model_support.store as store_module
+
+    for i in range(40):
+        store.add(
+            make_record(
+                f"org/m{i % 7}",
+                list(Result)[i % 4],
+                neuron=i % 3 != 0,
+                finished=T0 + timedelta(minutes=(i * 37) % 11),
+            )
+        )
+    store.materialize(rebuild=True)
+    sequential = _data_files(store)
+    card = (Path(store.root) / "README.md").read_bytes()
+    monkeypatch.setattr(store_module, "PARALLEL_FROM", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    for path in (Path(store.root) / "data").iterdir():
+        path.unlink()
+    store.materialize(rebuild=True)
+    assert _data_files(store) == sequential
+    assert (Path(store.root) / "README.md").read_bytes() == card
+    # A corrupt record in a worker's share is named in this process, as without workers.
+    last = sorted((Path(store.root) / "records").iterdir())[-1]
+    last.write_text("{")
+    with pytest.raises(CorruptRecord, match=last.name):
+        store.materialize(rebuild=True)
+    with pytest.warns(CorruptRecordWarning, match=last.name):
+        store.materialize(rebuild=True, strict=False)
