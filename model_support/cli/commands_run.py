@@ -96,7 +96,7 @@ NOT_DURABLE = {
 def open_store(location: str, *, allow_other_files: bool = False) -> ResultsStore:
     """The results store at ``location``, checked before anything runs: it must be durable,
     writable, and either new, empty or a results store already. Exits 2 with what to do."""
-    from model_support.store import ResultsStore, StoreError
+    from model_support.store import NotAResultsStore, ResultsStore, StoreError
 
     protocol = location.split("://", 1)[0].lower() if "://" in location else "file"
     if protocol in NOT_DURABLE:
@@ -108,9 +108,10 @@ def open_store(location: str, *, allow_other_files: bool = False) -> ResultsStor
         store = ResultsStore(location)
         store.check_location(allow_other_files=allow_other_files)
         store.check_writable()
+    except NotAResultsStore as exc:
+        raise fail(f"{exc} (pass --force to add a results store beside them)") from exc
     except StoreError as exc:
-        hint = " (or pass --force to add a results store beside them)"
-        raise fail(f"{exc}{hint if 'already holds other files' in str(exc) else ''}") from exc
+        raise fail(str(exc)) from exc
     return store
 
 
@@ -439,11 +440,9 @@ def save_record(store: ResultsStore, record: RunRecord, results: str) -> bool:
     the temporary folder when that is not writable), and the error says where; a stored record
     whose matrix update failed is folded in by the next materialize.
     """
-    from model_support.store import StoreError
-
     try:
         store.add(record)
-    except (OSError, StoreError) as exc:
+    except Exception as exc:  # whatever the store's failure, the result is kept and said where
         kept = keep_unsaved(record)
         console.print(
             f"[bold red]error:[/] could not record the result in {results} ({exc}). The record "
@@ -453,7 +452,7 @@ def save_record(store: ResultsStore, record: RunRecord, results: str) -> bool:
         return False
     try:
         store.materialize()
-    except (OSError, StoreError) as exc:
+    except Exception as exc:  # the record is stored: the next materialize folds it in
         console.print(
             f"[bold yellow]warning:[/] recorded {record.run_id} in {results}, but the matrix "
             f"could not be updated ({exc}); the next run with --results {results} updates it"
