@@ -1,4 +1,8 @@
-"""Typed records: the result document run.py writes and the immutable RunRecord stored from it."""
+"""Typed records: the result document run.py writes and the immutable RunRecord stored from it.
+
+The builders at the end (:func:`record_from_document`, :func:`failure_document`,
+:func:`excluded_record`) are the one way a record is made, by the CLI and the operator alike.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from model_support.config import RunConfig
 from model_support.models import readable_model_id
+from model_support.script import render_script
 from model_support.vocabulary import (
     ErrorClass,
     ExclusionReason,
@@ -26,8 +32,16 @@ PROGRESS_MARKER = "MODEL_SUPPORT_STAGE "
 """Prefix of run.py's progress lines (one JSON object each: stage, status, seconds)."""
 
 
+_FORBID = ConfigDict(extra="forbid")
+"""Every field of run.py's document is declared here: an unknown one is a bug (or a pod printing
+more than it was asked to), never data to keep silently. tests/test_records.py holds run.py's
+document and these classes to the same fields."""
+
+
 class Timings(BaseModel):
     """Seconds per stage of a run; None where the stage did not run."""
+
+    model_config = _FORBID
 
     load_s: float | None = None
     first_generate_s: float | None = Field(
@@ -55,6 +69,8 @@ class Timings(BaseModel):
 
 class Memory(BaseModel):
     """Peak memory. Device figures come from the allocator (cuda/neuron) or the process (cpu)."""
+
+    model_config = _FORBID
 
     peak_device_memory_bytes: int | None = None
     device_memory_source: str | None = Field(
@@ -114,7 +130,7 @@ class PromptStatistics(BaseModel):
 class Verification(BaseModel):
     """The verdict's figures, kept whole so thresholds can be re-judged from the dataset."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = _FORBID
 
     passed: bool | None = None
     exact: bool | None = Field(None, description="Every token equals the float32 reference argmax.")
@@ -182,7 +198,7 @@ class Verification(BaseModel):
 class Stack(BaseModel):
     """Versions of everything that decides the outcome."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = _FORBID
 
     python: str | None = None
     torch: str | None = None
@@ -206,12 +222,16 @@ class Stack(BaseModel):
         description="Where lnc came from: NEURON_LOGICAL_NC_CONFIG, the node's config file, "
         "or the instance type's default.",
     )
+    origin: str | None = Field(
+        None,
+        description='"writer": versions of the process that stored an EXCLUDED record (nothing ran); None: run.py\'s own.',
+    )
 
 
 class ResultDocument(BaseModel):
     """What run.py writes: one JSON object (file + marked last stdout line)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = _FORBID
 
     schema_version: int = 1
     model: str
@@ -251,7 +271,7 @@ class ResultDocument(BaseModel):
     finished_at: datetime | None = None
 
 
-def new_run_id(model: str, now: datetime | None = None) -> str:
+def new_run_id(now: datetime | None = None) -> str:
     """A unique, sortable, path-safe run id: UTC timestamp + a random suffix."""
     now = now or datetime.now(UTC)
     return f"{now:%Y%m%dT%H%M%S%fZ}-{uuid.uuid4().hex[:12]}"
@@ -260,7 +280,7 @@ def new_run_id(model: str, now: datetime | None = None) -> str:
 class RunRecord(BaseModel):
     """One immutable record in the results store: a result document plus how it came to be."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     run_id: str
     document: ResultDocument
@@ -299,3 +319,71 @@ def parse_result_line(stdout: str) -> ResultDocument | None:
         if line.startswith(RESULT_MARKER):
             return ResultDocument.model_validate(json.loads(line[len(RESULT_MARKER) :]))
     return None
+
+
+def record_from_document(
+    document: ResultDocument,
+    run_py: str,
+    *,
+    source: str = "cli",
+    labels: dict[str, str] | None = None,
+    run_id: str | None = None,
+) -> RunRecord:
+    """Wrap a result document and the exact script that produced it into an immutable record."""
+    return RunRecord(
+        run_id=run_id or new_run_id(),
+        document=document,
+        run_py=run_py,
+        source=source,
+        labels=labels or {},
+    )
+
+
+def failure_document(
+    config: RunConfig,
+    result: Result,
+    *,
+    error_class: ErrorClass | None,
+    error: str,
+    started_at: datetime | None = None,
+    stage: str | None = None,
+    total_s: float | None = None,
+) -> ResultDocument:
+    """A result document for a run that produced none itself (timeout, killed, OOM-killed, no output)."""
+    doc = ResultDocument(
+        model=config.model,
+        revision=config.revision,
+        task=config.task.value,
+        backend=config.backend.value,
+        compile_backend=config.compile_backend,
+        dtype=config.dtype,
+        cores=config.cores,
+        parallelism=config.parallelism,
+        max_new_tokens=config.max_new_tokens,
+        prompts=list(config.prompts),
+        result=result,
+        error_class=error_class,
+        error=error,
+        stage=stage,
+        started_at=started_at,
+        finished_at=datetime.now(UTC),
+    )
+    doc.timings.total_s = total_s
+    return doc
+
+
+def excluded_record(
+    config: RunConfig,
+    reason: ExclusionReason,
+    message: str,
+    *,
+    source: str = "cli",
+    labels: dict[str, str] | None = None,
+) -> RunRecord:
+    """A record for a model deliberately not run; holds the run.py that would have run."""
+    now = datetime.now(UTC)
+    document = failure_document(
+        config, Result.EXCLUDED, error_class=None, error=message, started_at=now
+    )
+    record = record_from_document(document, render_script(config), source=source, labels=labels)
+    return record.model_copy(update={"exclusion_reason": reason})

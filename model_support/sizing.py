@@ -5,8 +5,8 @@ weight is ever downloaded. The result is a :class:`Plan` (cores, parallelism, pe
 breakdown) or an :class:`Exclusion` with a reason code from
 :class:`model_support.vocabulary.ExclusionReason`.
 
-Memory model (per core, for a parallel degree ``d``)
-----------------------------------------------------
+Memory model (per core, for a parallel degree ``d``; with sources in docs/memory-model.md)
+----------------------------------------------------------------------------------------
 * **weights**: every tensor's element count times the run dtype's width (bf16: 2 bytes).
   Floating-point tensors are counted in the run dtype, whatever they are stored in; integer and
   8-bit float tensors (quantized weights, scales) at their stored width. A tensor is *sharded*
@@ -49,9 +49,14 @@ smallest valid degree that fits is chosen. When none fits: ``too-large`` if some
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.metadata
+import json
+import logging
 import math
 import os
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 from huggingface_hub import get_token
@@ -78,6 +83,7 @@ _STORED_BYTES: dict[str, int] = {
     "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
 }  # fmt: skip
 _EXPERT_RE = re.compile(r"(?:^|\.)experts(?:\.|$)")
+log = logging.getLogger(__name__)
 
 
 class MetadataError(ValueError):
@@ -359,11 +365,7 @@ def plan_from_metadata(
             f"{meta.model} has {what}; model-support tests {', '.join(supported)}.",
         )
     if meta.tensors is None:
-        return exclude(
-            ExclusionReason.NO_SAFETENSORS,
-            f"{meta.model} publishes no safetensors weights (no model.safetensors or "
-            "model.safetensors.index.json); pickle checkpoints are not loaded.",
-        )
+        return exclude(ExclusionReason.NO_SAFETENSORS, no_safetensors_message(meta.model))
 
     degrees = _degrees(max_cores, hw)
     largest_valid: MemoryBreakdown | None = None
@@ -392,6 +394,15 @@ def plan_from_metadata(
         f"{largest_valid.degree} each core needs {_gib(largest_valid.total)} of "
         f"{_gib(hw.bytes_per_core)}.",
         closest=largest_valid,
+    )
+
+
+def no_safetensors_message(model: str) -> str:
+    """Why a model without safetensors weights is not run (sizing and ``run --cores`` alike)."""
+    return (
+        f"{model} publishes no safetensors weights (no model.safetensors or "
+        "model.safetensors.index.json); pickle checkpoints are not loaded, since unpickling "
+        "can run code."
     )
 
 
@@ -516,9 +527,10 @@ def metadata_from_config(
     text: Any
     if known and model_type is not None:
         fields = {k: v for k, v in config.items() if k != "model_type"}
+        _check_counts(model, config)
         try:
             cfg = AutoConfig.for_model(model_type, **fields)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, ArithmeticError) as e:
             raise MetadataError(
                 f"config.json of {model} is not a valid {model_type} config: {e}"
             ) from e
@@ -536,6 +548,12 @@ def metadata_from_config(
     if head_dim is None and heads and hidden:
         head_dim = hidden // heads
     kv_heads = _first_int(text, "num_key_value_heads", "num_kv_heads") or heads
+    for name, value in (("attention heads", heads), ("key-value heads", kv_heads)):
+        if value is not None and value < 1:
+            raise MetadataError(
+                f"config.json of {model} gives {value} {name}; a model needs at least one: "
+                "fix the config"
+            )
     return ModelMetadata(
         model=model,
         revision=revision,
@@ -556,6 +574,30 @@ def metadata_from_config(
     )
 
 
+_COUNT_FIELDS = (
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_hidden_layers",
+    "hidden_size",
+    "head_dim",
+    "vocab_size",
+)
+
+
+def _check_counts(model: str, config: dict[str, Any]) -> None:
+    """Counts a model cannot have zero (or fewer) of, checked before transformers divides by them."""
+    for part in (config, config.get("text_config")):
+        if not isinstance(part, dict):
+            continue
+        for name in _COUNT_FIELDS:
+            value = part.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+                raise MetadataError(
+                    f"config.json of {model} sets {name} to {value}; it must be a positive "
+                    "integer: fix the config"
+                )
+
+
 def _head_plan(architectures: list[str]) -> dict[str, str]:
     """The plan entries of the task head class (e.g. ``lm_head``), which the base plan omits."""
     import transformers
@@ -566,6 +608,67 @@ def _head_plan(architectures: list[str]) -> dict[str, str]:
         if isinstance(plan, dict):
             return dict(plan)
     return {}
+
+
+SIZING_CACHE_ENV = "MODEL_SUPPORT_SIZING_CACHE"
+
+
+def sizing_cache_dir() -> Path:
+    """Where sized metadata is remembered: ``$MODEL_SUPPORT_SIZING_CACHE``, else
+    ~/.cache/model-support/sizing."""
+    configured = os.environ.get(SIZING_CACHE_ENV)
+    if configured:
+        return Path(configured).expanduser()
+    return Path.home() / ".cache" / "model-support" / "sizing"
+
+
+@functools.cache
+def _code_fingerprint() -> str:
+    """What :func:`metadata_from_config` depends on besides its arguments: this module's code
+    and the installed transformers (its config classes and parallel plans)."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(importlib.metadata.version("transformers").encode())
+    return digest.hexdigest()
+
+
+def remembered_metadata(
+    config: dict[str, Any], tensors: list[TensorSpec] | None, **kwargs: Any
+) -> ModelMetadata:
+    """:func:`metadata_from_config`, remembered on disk by everything its answer depends on.
+
+    Deriving the metadata imports transformers and torch (seconds of CPU, which a speculative
+    run started beside sizing also needs); sizing the same checkpoint again with the same
+    transformers and the same code reads the answer back instead. The key covers the whole
+    config, every tensor's name, dtype and shape, the arguments and the code, so a changed
+    checkpoint or upgrade is never answered from an old entry. The cache is optional: an
+    unreadable entry is recomputed, an unwritable folder only means nothing is remembered.
+    """
+    material = json.dumps(
+        {
+            "config": config,
+            "tensors": None if tensors is None else [[t.name, t.dtype, t.shape] for t in tensors],
+            "arguments": kwargs,
+            "code": _code_fingerprint(),
+        },
+        sort_keys=True,
+        default=str,
+    )
+    path = sizing_cache_dir() / f"{hashlib.sha256(material.encode()).hexdigest()}.json"
+    try:
+        return ModelMetadata.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as exc:  # damaged entry: derive it again
+        log.debug("sizing cache entry %s is unreadable (%s); recomputing", path, exc)
+    meta = metadata_from_config(config, tensors, **kwargs)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        temp.write_text(meta.model_dump_json(), encoding="utf-8")
+        os.replace(temp, path)
+    except OSError as exc:
+        log.debug("sizing cache %s is not writable (%s); not remembered", path.parent, exc)
+    return meta
 
 
 def read_metadata(
@@ -583,7 +686,7 @@ def read_metadata(
     """
     if os.path.isdir(model):
         config = hub.local_config(model)
-        return metadata_from_config(
+        return remembered_metadata(
             config, hub.local_tensors(model), model=model, revision=revision, source="local",
             task=task,
         )  # fmt: skip
@@ -618,7 +721,7 @@ def read_metadata(
         )  # fmt: skip
     except RemoteEntryNotFoundError as e:
         raise MetadataError(f"{model} has no config.json; it is not a transformers model") from e
-    return metadata_from_config(
+    return remembered_metadata(
         config, tensors, model=model, revision=revision, source="hub", task=task, gated=gated,
         token_available=bool(effective_token),
     )  # fmt: skip
@@ -665,6 +768,7 @@ __all__ = [
     "metadata_from_config",
     "plan_from_metadata",
     "read_metadata",
+    "remembered_metadata",
     "size_model",
     "valid_parallelism",
 ]

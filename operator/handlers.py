@@ -25,7 +25,6 @@ import kopf
 from pydantic import ValidationError
 
 from model_support.config import RunConfig
-from model_support.execution import excluded_record, failure_document, record_from_document
 from model_support.operator import metrics
 from model_support.operator.kube import AlreadyExists, Kube, api_client
 from model_support.operator.manifests import (
@@ -53,7 +52,14 @@ from model_support.operator.resource import (
 )
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import SpecError, TestSpec, parse_spec
-from model_support.records import ResultDocument, RunRecord, parse_result_line
+from model_support.records import (
+    ResultDocument,
+    RunRecord,
+    excluded_record,
+    failure_document,
+    parse_result_line,
+    record_from_document,
+)
 from model_support.script import read_config, render_script
 from model_support.sizing import Exclusion, size_model
 from model_support.store import RecordExists, ResultsStore
@@ -70,6 +76,7 @@ _EVENT_REASON = {
     Result.ERROR: "Errored",
     Result.TIMEOUT: "TimedOut",
     Result.EXCLUDED: "Excluded",
+    Result.UNVERIFIED: "Unverified",
 }
 
 

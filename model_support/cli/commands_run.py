@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import math
 import os
 import re
+import signal
 import sys
+import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from pydantic import ValidationError
@@ -20,8 +24,11 @@ from rich.table import Table
 from model_support.config import RunConfig
 from model_support.execution import StageEvent
 from model_support.models import BadModelReference, resolve_model
-from model_support.records import RunRecord
-from model_support.vocabulary import Backend, Parallelism, Result, Task
+from model_support.records import RunRecord, excluded_record
+from model_support.vocabulary import Backend, ExclusionReason, Parallelism, Result, Task
+
+if TYPE_CHECKING:
+    from model_support.store import ResultsStore
 
 console = Console(stderr=True)
 # Piped output (CI logs, `| less`) gets a wide table rather than 80 folded columns.
@@ -46,7 +53,8 @@ CompileOpt = Annotated[
     ),
 ]
 CoresOpt = Annotated[
-    int | None, typer.Option(help="Cores to shard over (default: sized from the model's metadata).")
+    int | None,
+    typer.Option(min=1, help="Cores to shard over (default: sized from the model's metadata)."),
 ]
 ParallelismOpt = Annotated[
     Parallelism | None,
@@ -61,11 +69,50 @@ InstanceOpt = Annotated[
 LncOpt = Annotated[
     int | None, typer.Option(help="Logical NeuronCore config for sizing (trn2: 1 or 2).")
 ]
-MaxCoresOpt = Annotated[int, typer.Option(help="Most cores sizing may choose.")]
-TokensOpt = Annotated[int, typer.Option("--max-new-tokens", help="Tokens to generate.")]
+MaxCoresOpt = Annotated[int, typer.Option(min=1, help="Most cores sizing may choose.")]
+TokensOpt = Annotated[int, typer.Option("--max-new-tokens", min=1, help="Tokens to generate.")]
 RemoteOpt = Annotated[
     bool, typer.Option("--trust-remote-code", help="Allow code from the model's repository.")
 ]
+
+
+def positive_seconds(value: float) -> float:
+    """A typer callback: a time limit must be a finite number of seconds above zero."""
+    if not math.isfinite(value) or value <= 0:
+        raise typer.BadParameter(
+            f"{value!r} is not a time limit: give a number of seconds greater than 0"
+        )
+    return value
+
+
+NOT_DURABLE = {
+    "memory": "memory:// keeps results only inside this command's process, so they are lost "
+    "when it exits",
+    "http": "http:// locations are read-only",
+    "https": "https:// locations are read-only",
+}
+
+
+def open_store(location: str, *, allow_other_files: bool = False) -> ResultsStore:
+    """The results store at ``location``, checked before anything runs: it must be durable,
+    writable, and either new, empty or a results store already. Exits 2 with what to do."""
+    from model_support.store import NotAResultsStore, ResultsStore, StoreError
+
+    protocol = location.split("://", 1)[0].lower() if "://" in location else "file"
+    if protocol in NOT_DURABLE:
+        raise fail(
+            f"--results {location!r}: {NOT_DURABLE[protocol]}; give a folder or a durable, "
+            "writable URI (s3://bucket/path, hf://datasets/org/name)"
+        )
+    try:
+        store = ResultsStore(location)
+        store.check_location(allow_other_files=allow_other_files)
+        store.check_writable()
+    except NotAResultsStore as exc:
+        raise fail(f"{exc} (pass --force to add a results store beside them)") from exc
+    except StoreError as exc:
+        raise fail(str(exc)) from exc
+    return store
 
 
 def default_instance(backend: Backend) -> str:
@@ -85,7 +132,6 @@ def plan_cores(
     config: RunConfig, instance: str | None, lnc: int | None, max_cores: int
 ) -> RunConfig | RunRecord:
     """Size the model: the config with the planned cores, or an EXCLUDED record (not yet stored)."""
-    from model_support.execution import excluded_record
     from model_support.hub import is_unreachable
     from model_support.sizing import Exclusion, size_model
 
@@ -155,11 +201,9 @@ def pin_revision(config: RunConfig) -> RunConfig:
 
 def unreachable_hub(model: str, exc: BaseException) -> typer.Exit:
     """The error for a Hub that does not answer, naming the endpoint tried."""
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    return fail(
-        f"could not reach the Hugging Face Hub at {endpoint} to read {model!r} ({exc}); "
-        "check the network or HF_ENDPOINT, or give a local checkpoint directory"
-    )
+    from model_support.hub import unreachable_message
+
+    return fail(unreachable_message(model, exc))
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -268,6 +312,7 @@ RESULT_STYLE = {
     Result.ERROR: "bold yellow",
     Result.TIMEOUT: "bold magenta",
     Result.EXCLUDED: "dim",
+    Result.UNVERIFIED: "bold blue",
 }
 
 
@@ -331,6 +376,104 @@ def print_record(record: RunRecord) -> None:
         out.print(f"  [dim]»[/] {text[:120]!r}")
 
 
+class Stopped(BaseException):
+    """SIGINT or SIGTERM reached the command: unwind (stopping run.py) and exit 128 + signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into :class:`Stopped` in the main thread while the body runs.
+
+    Every cleanup then runs as the exception unwinds: run.py's whole process group is killed
+    and its temporary folder removed (run.py runs in a session of its own, so a terminal's
+    Ctrl-C reaches only this process, which must stop it).
+    """
+
+    def stop(signum: int, frame: object) -> None:
+        raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def weights_exclusion(config: RunConfig) -> RunRecord | None:
+    """With --cores (no sizing), what sizing would refuse anyway: a model without safetensors
+    weights. Recorded as EXCLUDED with sizing's own message, so both paths say the same."""
+    from model_support.hub import CheckpointError, hub_api, is_unreachable, local_tensors
+    from model_support.sizing import no_safetensors_message
+
+    if Path(config.model).is_dir():
+        try:
+            has_safetensors = local_tensors(config.model) is not None
+        except CheckpointError as exc:
+            raise fail(f"cannot load {config.model!r}: {exc}") from exc
+    else:
+        try:
+            info = hub_api(os.environ.get("HF_ENDPOINT"), os.environ.get("HF_TOKEN")).model_info(
+                config.model, revision=config.revision
+            )
+        except Exception as exc:
+            if not is_unreachable(exc):
+                raise
+            raise unreachable_hub(config.model, exc) from exc
+        names = [s.rfilename for s in info.siblings or []]
+        # No file list (a gated repository): run.py's safetensors-only load decides.
+        has_safetensors = not names or any(n.endswith(".safetensors") for n in names)
+    if has_safetensors:
+        return None
+    return excluded_record(
+        config, ExclusionReason.NO_SAFETENSORS, no_safetensors_message(config.model)
+    )
+
+
+def save_record(store: ResultsStore, record: RunRecord, results: str) -> bool:
+    """Store ``record`` and bring the matrix up to date; True when the record is stored.
+
+    A record that cannot be stored is kept as a file on this machine (the current folder, or
+    the temporary folder when that is not writable), and the error says where; a stored record
+    whose matrix update failed is folded in by the next materialize.
+    """
+    try:
+        store.add(record)
+    except Exception as exc:  # whatever the store's failure, the result is kept and said where
+        kept = keep_unsaved(record)
+        console.print(
+            f"[bold red]error:[/] could not record the result in {results} ({exc}). The record "
+            f"is kept in {kept}: copy it to {results}/records/ when the store is back; the next "
+            "run there adds it to the matrix"
+        )
+        return False
+    try:
+        store.materialize()
+    except Exception as exc:  # the record is stored: the next materialize folds it in
+        console.print(
+            f"[bold yellow]warning:[/] recorded {record.run_id} in {results}, but the matrix "
+            f"could not be updated ({exc}); the next run with --results {results} updates it"
+        )
+    return True
+
+
+def keep_unsaved(record: RunRecord) -> Path:
+    """Write ``record`` as a local file (current folder, else the temporary folder); its path."""
+    name = f"model-support-unsaved-{record.run_id}.json"
+    for folder in (Path.cwd(), Path(tempfile.gettempdir())):
+        path = folder / name
+        try:
+            path.write_text(record.to_json(), encoding="utf-8")
+        except OSError:
+            continue
+        return path
+    raise OSError(f"could not write {name} in the current or the temporary folder")
+
+
 def run(
     model: ModelArg,
     backend: BackendOpt = Backend.AUTO,
@@ -351,11 +494,22 @@ def run(
     results: Annotated[
         str, typer.Option(help="Results store location (path or fsspec URI).")
     ] = DEFAULT_RESULTS,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Add a results store to an existing folder that holds other files "
+            "(none of them is changed).",
+        ),
+    ] = False,
     instance: InstanceOpt = None,
     lnc: LncOpt = None,
     max_cores: MaxCoresOpt = 16,
     timeout: Annotated[
-        float, typer.Option(help="Seconds before the run is stopped (TIMEOUT).")
+        float,
+        typer.Option(
+            help="Seconds before the run is stopped (TIMEOUT).", callback=positive_seconds
+        ),
     ] = 3600.0,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (the run summary).")
@@ -369,8 +523,6 @@ def run(
     ] = None,
 ) -> None:
     """Test one model here: load, compile, generate, verify; record the result."""
-    from model_support.execution import BackgroundRun, run_local
-
     name_record = record_namer(model, model_id)
     config = build_config(
         model,
@@ -385,46 +537,29 @@ def run(
         trust_remote_code=trust_remote_code,
         judge_model=judge_model,
     )
-
-    progress = StageProgress(quiet=as_json)
-    # run.py starts at once; sizing (without --cores) and opening the store overlap with it.
-    # Its progress is held back until sizing agrees, so a cancelled run shows nothing.
-    progress.hold()
-    background = BackgroundRun(config, timeout_s=timeout, on_stage=progress.show)
     try:
-        from model_support.store import ResultsStore
-
-        store = ResultsStore(results)
-        planned = config if cores is not None else plan_cores(config, instance, lnc, max_cores)
-    except BaseException:
-        background.cancel()
-        raise
-    if planned == config:
-        progress.release()
-        record = background.result()
-    else:
-        background.cancel()
-        progress.discard()
-        if isinstance(planned, RunRecord):
-            planned = name_record(planned)
-            store.add_and_materialize(planned)
-            if as_json:
-                print(json.dumps(summary(planned)))
-            else:
-                print_record(planned)
-            raise typer.Exit(3)
-        if not as_json:
-            console.print(
-                f"[cyan]sized: {planned.cores} cores, {planned.parallelism.value} parallel[/]"
+        with stopped_by_signals():
+            store, record = _test(
+                config, results, force, cores, instance, lnc, max_cores, timeout, as_json
             )
-        record = run_local(planned, timeout_s=timeout, on_stage=progress.show)
-    record = name_record(record)
-    store.add_and_materialize(record)
+            record = name_record(record)
+            stored = save_record(store, record, results)
+    except Stopped as stop:
+        console.print(
+            f"[bold yellow]stopped ({stop}):[/] run.py and its workers were stopped; nothing "
+            "was recorded"
+        )
+        raise typer.Exit(128 + stop.signum) from None
     if as_json:
         print(json.dumps(summary(record)))
     else:
         print_record(record)
-        console.print(f"[dim]recorded {record.run_id} in {results}[/]")
+        if stored:
+            console.print(f"[dim]recorded {record.run_id} in {results}[/]")
+    if not stored:
+        raise typer.Exit(1)
+    if record.exclusion_reason is not None:
+        raise typer.Exit(3)
     if record.document.result in (Result.ERROR, Result.TIMEOUT):
         raise typer.Exit(1)
 
@@ -447,6 +582,52 @@ def record_namer(model: str, model_id: str | None) -> Callable[[RunRecord], RunR
     if not local:
         raise fail(f"--model-id names local checkpoints; {model!r} is named by its Hub id")
     return lambda record: record.model_copy(update={"model_id": model_id})
+
+
+def _test(
+    config: RunConfig,
+    results: str,
+    force: bool,
+    cores: int | None,
+    instance: str | None,
+    lnc: int | None,
+    max_cores: int,
+    timeout: float,
+    as_json: bool,
+) -> tuple[ResultsStore, RunRecord]:
+    """Check the store, size (unless ``cores``) and run the test; the store and the record
+    (EXCLUDED when the model is not run)."""
+    from model_support.execution import BackgroundRun, run_local
+
+    progress = StageProgress(quiet=as_json)
+    # run.py starts at once (it spends seconds importing torch and transformers); checking the
+    # results store, the weights and sizing overlap with that. Its progress is held back until
+    # they agree, so a refused or cancelled run shows nothing.
+    progress.hold()
+    background = BackgroundRun(config, timeout_s=timeout, on_stage=progress.show)
+    try:
+        store = open_store(results, allow_other_files=force)
+        planned: RunConfig | RunRecord
+        if cores is None:
+            planned = plan_cores(config, instance, lnc, max_cores)
+        else:
+            planned = weights_exclusion(config) or config
+        if planned == config:
+            progress.release()
+            return store, background.result()
+    finally:
+        # Whatever happened (a refusal, sizing chose otherwise, an error, a signal), the
+        # speculative run and its process group are gone before this goes on; after its own
+        # end, a no-op.
+        background.cancel()
+    progress.discard()
+    if isinstance(planned, RunRecord):
+        return store, planned
+    if not as_json:
+        console.print(
+            f"[cyan]sized: {planned.cores} cores, {planned.parallelism.value} parallel[/]"
+        )
+    return store, run_local(planned, timeout_s=timeout, on_stage=progress.show)
 
 
 def script(
@@ -522,10 +703,14 @@ def results(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of rows.")] = False,
 ) -> None:
     """Show the results matrix (latest result per model and task, per stack)."""
-    from model_support.store import ResultsStore
+    from model_support.store import ResultsStore, StoreError
 
-    store = ResultsStore(location)
-    if not store.matrix_files():
+    try:
+        store = ResultsStore(location)
+        files = store.matrix_files()
+    except StoreError as exc:
+        raise fail(str(exc)) from exc
+    if not files:
         raise fail(
             f"no results at {location!r}: run `model-support run MODEL --results {location}` first",
             1,
@@ -567,14 +752,14 @@ def results(
             row.task,
             result_text,
             _fmt(row.neuron_cores, "{:.0f}"),
-            str(row.parallelism),
-            f"{row.compiler} {row.compiler_version}",
-            str(row.library_version),
+            _text(row.parallelism),
+            " ".join(_text(v) for v in (row.compiler, row.compiler_version) if not _missing(v)),
+            _text(row.library_version),
             _fmt(row.wall_time_s, "{:.2f}"),
             _fmt(row.decode_tokens_per_s, "{:.0f}"),
             _fmt(
                 None
-                if row.peak_device_memory_bytes is None
+                if _missing(row.peak_device_memory_bytes)
                 else row.peak_device_memory_bytes / 2**20,
                 "{:.0f}",
             ),
@@ -582,10 +767,20 @@ def results(
     out.print(table)
 
 
+def _missing(value: object) -> bool:
+    """None, NaN, or pandas' NA: a value the matrix does not have."""
+    import pandas as pd  # loaded already by the matrix read that produced ``value``
+
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def _text(value: object) -> str:
+    """A cell: the value as text, blank when missing (never "None", "nan" or "<NA>")."""
+    return "" if _missing(value) else str(value)
+
+
 def _fmt(value: object, pattern: str) -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        return "—"
-    return pattern.format(value)
+    return "" if _missing(value) else pattern.format(value)
 
 
 def register(app: typer.Typer) -> None:

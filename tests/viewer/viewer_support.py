@@ -109,7 +109,7 @@ def make_record(
         finished_at=when + timedelta(minutes=3),
     )
     return RunRecord(
-        run_id=new_run_id(model, when),
+        run_id=new_run_id(when),
         document=document,
         run_py=RUN_PY.format(model=model),
         source="cli",
