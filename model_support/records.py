@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,6 +16,10 @@ RESULT_MARKER = "MODEL_SUPPORT_RESULT "
 
 PROGRESS_MARKER = "MODEL_SUPPORT_STAGE "
 """Prefix of run.py's progress lines (one JSON object each: stage, status, seconds)."""
+
+
+PACKAGE_PIN = r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*$"
+"""One entry of a document's ``packages``: an installed distribution as ``name==version``."""
 
 
 class Timings(BaseModel):
@@ -152,7 +156,7 @@ class ResultDocument(BaseModel):
     verification: Verification = Field(default_factory=lambda: Verification())
     judge: dict[str, Any] | None = None
     stack: Stack = Field(default_factory=lambda: Stack())
-    packages: list[str] = Field(
+    packages: list[Annotated[str, Field(pattern=PACKAGE_PIN, max_length=300)]] = Field(
         default_factory=list, description="Every installed distribution as name==version."
     )
     started_at: datetime | None = None

@@ -17,14 +17,17 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from model_support.config import RunConfig
+from model_support.delivery import DeliveryArea, DeliveryError
 from model_support.execution import excluded_record, failure_document, record_from_document
 from model_support.operator import metrics
 from model_support.operator.kube import AlreadyExists, Kube, api_client
@@ -33,15 +36,27 @@ from model_support.operator.manifests import (
     TestRef,
     build_configmap,
     build_job,
+    delivery_target,
     labels_for,
 )
-from model_support.operator.outcome import INFRA_RESULTS, JobState, Reading, read_job, stuck_reason
+from model_support.operator.outcome import (
+    INFRA_RESULTS,
+    RUNNER_MESSAGE_PREFIX,
+    DocumentSource,
+    JobState,
+    Reading,
+    Unavailable,
+    read_job,
+    stuck_reason,
+    trusted_document,
+)
 from model_support.operator.resource import (
     FIELD_MANAGER,
     GROUP,
     LABEL_ATTEMPT,
     LABEL_GENERATION,
     LABEL_MANAGED_BY,
+    LABEL_RECORDED,
     LABEL_TEST,
     LABEL_UID,
     MANAGED_BY,
@@ -154,6 +169,14 @@ class Materializer:
                 self._pending = False
 
 
+@dataclass(frozen=True)
+class _Retry:
+    """When a deferred recording is tried again, and the delay that led there (for backoff)."""
+
+    next_at: float
+    delay: float
+
+
 @dataclass
 class Reconciler:
     """The operator's logic, bound to its settings, an API client and the results stores."""
@@ -166,6 +189,8 @@ class Reconciler:
         self.materializers: dict[str, Materializer] = {}
         self._lock = threading.Lock()
         self._running: set[tuple[str, int, int]] = set()
+        self._retries: dict[str, _Retry] = {}
+        self._finishing: set[str] = set()
 
     # ---------------------------------------------------------------- helpers
 
@@ -173,9 +198,13 @@ class Reconciler:
         """An Event on the test (posted with our client, so it works from any thread)."""
         self.kube.post_event(_plain(test), kind, reason, message[:_MESSAGE_LIMIT])
 
+    def store_uri(self, spec: TestSpec | None) -> str:
+        """The results store URI of a test (its spec's `results`, else the operator's)."""
+        return (spec.results if spec is not None else None) or self.settings.results_uri
+
     def store_for(self, spec: TestSpec | None) -> ResultsStore:
         """The results store of a test (its spec's `results`, else the operator's)."""
-        uri = (spec.results if spec is not None else None) or self.settings.results_uri
+        uri = self.store_uri(spec)
         with self._lock:
             if uri not in self._stores:
                 self._stores[uri] = ResultsStore(uri)
@@ -333,6 +362,7 @@ class Reconciler:
             attempt=attempt,
             run_id=run_id_for(ref.uid, ref.generation, attempt),
             settings=self.settings,
+            deliver_to=delivery_target(self.store_uri(spec), self.settings),
         )
         try:
             self.kube.create_job(job)
@@ -438,8 +468,15 @@ class Reconciler:
             if (job.get("status") or {}).get("active"):
                 self._mark_running(ref, attempt, job)
             return
-        test = self._current_test(ref, attempt)
+        test = self._current_test(ref, attempt, completed=True)
         if test is None:
+            return
+        if (test.get("status") or {}).get("phase") == COMPLETED:
+            if LABEL_RECORDED not in labels and event_type != "DELETED":
+                # Recorded, but the operator stopped before it released the Job to its TTL.
+                self.kube.mark_job_recorded(
+                    ref.namespace, job_name, self.settings.ttl_seconds_after_finished
+                )
             return
         pods = self.kube.list_pods(ref.namespace, labels_for(ref, attempt))
         reading = read_job(job, pods)
@@ -450,13 +487,40 @@ class Reconciler:
                 f"the runner Job {job_name} was deleted before it finished",
                 pod_name=reading.pod_name,
             )
-        if reading.state == JobState.NODE_LOST and attempt < self.settings.max_attempts:
+        if (
+            reading.state == JobState.NODE_LOST
+            and attempt < self.settings.max_attempts
+            and not self._delivered(test, ref, attempt)
+        ):
             self._retry(test, ref, attempt, reading)
             return
-        self.finish(test, ref, attempt, job_name, reading)
+        self.finish(
+            test,
+            ref,
+            attempt,
+            job_name,
+            reading,
+            ended_at=_ended_at(job),
+            final=event_type == "DELETED",
+        )
 
-    def _current_test(self, ref: TestRef, attempt: int) -> dict[str, Any] | None:
-        """The test a Job serves, if that Job is still the test's current, unfinished attempt."""
+    def _delivered(self, test: dict[str, Any], ref: TestRef, attempt: int) -> bool:
+        """Whether the runner of this attempt delivered its document (so it finished)."""
+        try:
+            spec = parse_spec(dict(test.get("spec") or {}))
+        except SpecError:
+            spec = None
+        try:
+            area = DeliveryArea(self.store_uri(spec))
+            return area.get(run_id_for(ref.uid, ref.generation, attempt)) is not None
+        except (DeliveryError, ValueError):
+            return False
+
+    def _current_test(
+        self, ref: TestRef, attempt: int, *, completed: bool = False
+    ) -> dict[str, Any] | None:
+        """The test a Job serves, if that Job is still the test's current, unfinished attempt
+        (``completed``: finished ones too)."""
         test = self.kube.get_test(ref.namespace, ref.name)
         if test is None or test["metadata"].get("uid") != ref.uid:
             return None  # deleted (its children go with it)
@@ -468,7 +532,7 @@ class Reconciler:
             or int(status.get("attempt") or 0) != attempt
         ):
             return None  # superseded by a spec change or a retry
-        if status.get("phase") == COMPLETED:
+        if status.get("phase") == COMPLETED and not completed:
             return None  # a terminal phase is never overwritten
         return test
 
@@ -511,6 +575,7 @@ class Reconciler:
         job = build_job(
             ref, spec, placement, job_name=job_name, configmap_name=cm_name, attempt=attempt + 1,
             run_id=run_id_for(ref.uid, ref.generation, attempt + 1), settings=self.settings,
+            deliver_to=delivery_target(self.store_uri(spec), self.settings),
         )  # fmt: skip
         try:
             self.kube.create_job(job)
@@ -547,9 +612,48 @@ class Reconciler:
     # ---------------------------------------------------------------- the end of a run
 
     def finish(
-        self, test: dict[str, Any], ref: TestRef, attempt: int, job_name: str, reading: Reading
-    ) -> None:
-        """Turn a finished Job into one run record and the test's final status."""
+        self,
+        test: dict[str, Any],
+        ref: TestRef,
+        attempt: int,
+        job_name: str,
+        reading: Reading,
+        *,
+        ended_at: datetime | None = None,
+        final: bool = False,
+    ) -> bool:
+        """Turn a finished Job into one run record and the test's final status.
+
+        Returns False when nothing was recorded yet: the result document could not be read
+        (``Unavailable``) or the store refused the record. Both are retried by the watchdog,
+        with a condition and an Event on the test; neither is ever recorded as the model's
+        result. A result that stays unreadable past ``result_unavailable_limit_s`` after
+        ``ended_at`` (at once when ``final``: the Job is gone) is recorded as
+        ERROR/infrastructure.
+        """
+        run_id = run_id_for(ref.uid, ref.generation, attempt)
+        with self._lock:
+            retry = self._retries.get(run_id)
+            if run_id in self._finishing or (retry and time.monotonic() < retry.next_at):
+                return False  # another thread is at it, or its backoff has not elapsed
+            self._finishing.add(run_id)
+        try:
+            return self._finish(test, ref, attempt, job_name, reading, run_id, ended_at, final)
+        finally:
+            with self._lock:
+                self._finishing.discard(run_id)
+
+    def _finish(
+        self,
+        test: dict[str, Any],
+        ref: TestRef,
+        attempt: int,
+        job_name: str,
+        reading: Reading,
+        run_id: str,
+        ended_at: datetime | None,
+        final: bool,
+    ) -> bool:
         spec: TestSpec | None
         try:
             spec = parse_spec(dict(test.get("spec") or {}))
@@ -557,69 +661,166 @@ class Reconciler:
             spec = (
                 None  # recorded in the operator's store; the spec was valid when the Job was made
             )
-        run_py = self._run_py(ref)
+        store = self.store_for(spec)
+        run_py = self._run_py(ref, test, spec)
         config = read_config(run_py)
-        document = self._document(ref, reading, config)
-        run_id = run_id_for(ref.uid, ref.generation, attempt)
+        found = self._document(ref, reading, config, store.uri, run_id)
+        if isinstance(found, Unavailable):
+            waited = (datetime.now(UTC) - ended_at).total_seconds() if ended_at else 0.0
+            if not final and waited < self.settings.result_unavailable_limit_s:
+                self._defer(test, ref, run_id, "ResultUnavailable", found.reason)
+                return False
+            found = (
+                failure_document(
+                    config,
+                    Result.ERROR,
+                    error_class=ErrorClass.INFRASTRUCTURE,
+                    error=f"no result document could be read ({found.reason}); "
+                    "the runner's outcome is unknown, so no verdict on the model",
+                ),
+                DocumentSource.OPERATOR,
+            )
+        document, source = found
+        document = trusted_document(document, config)
         record = record_from_document(
             document,
             run_py,
             source="operator",
-            labels=self._labels(ref, job_name, attempt),
+            labels={**self._labels(ref, job_name, attempt), "document_source": source.value},
             run_id=run_id,
         )
-        self.record(spec, record)
+        try:
+            self.record(spec, record)
+        except Exception as exc:  # any store failure: classified as the store being unavailable
+            log.exception("recording run %s in %s failed; retrying", run_id, store.uri)
+            self._defer(
+                test,
+                ref,
+                run_id,
+                "StoreUnavailable",
+                f"the results store {store.uri} refused the record: {exc}",
+            )
+            return False
+        with self._lock:
+            self._retries.pop(run_id, None)
+        if source is DocumentSource.DELIVERY:
+            try:
+                DeliveryArea(store.uri).remove(run_id)
+            except DeliveryError:
+                log.warning("run %s is recorded; its delivery stays until removed by hand", run_id)
         self._complete(test, ref, document, run_id)
+        self.kube.mark_job_recorded(
+            ref.namespace, job_name, self.settings.ttl_seconds_after_finished
+        )
+        return True
 
-    def _run_py(self, ref: TestRef) -> str:
+    def _defer(
+        self, test: dict[str, Any], ref: TestRef, run_id: str, reason: str, message: str
+    ) -> None:
+        """Retry later with backoff; say why on the test (a condition, and an Event once)."""
+        with self._lock:
+            previous = self._retries.get(run_id)
+            delay = min(
+                self.settings.retry_cap_s,
+                previous.delay * 2 if previous else self.settings.watchdog_interval_s,
+            )
+            self._retries[run_id] = _Retry(time.monotonic() + delay, delay)
+        status = test.get("status") or {}
+        current: dict[str, Any] = next(
+            (c for c in status.get("conditions") or [] if c.get("type") == "Recorded"), {}
+        )
+        if current.get("reason") == reason and current.get("status") == "False":
+            return  # already said; the condition's message keeps the first occurrence
+        conditions = set_condition(
+            status.get("conditions"), "Recorded", False, reason, message, ref.generation
+        )
+        patched = self.kube.patch_test_status(ref.namespace, ref.name, {"conditions": conditions})
+        if patched is not None:
+            test["status"] = patched.get("status") or {}
+        self.event(test, "Warning", reason, f"{message}; retrying in {delay:g} s")
+
+    def _run_py(self, ref: TestRef, test: dict[str, Any], spec: TestSpec | None) -> str:
         """The run.py that ran: the ConfigMap's, byte for byte (else rendered again from the spec)."""
         name = child_name(ref.name, ref.uid, ref.generation)
         cm = self.kube.read_configmap(ref.namespace, name)
         if cm is not None:
             return str(cm["data"]["run.py"])
-        raise kopf.TemporaryError(
-            f"ConfigMap {ref.namespace}/{name} with the run.py of this run is missing", delay=30
-        )
-
-    def _document(self, ref: TestRef, reading: Reading, config: RunConfig) -> ResultDocument:
-        """The runner's own result document, else one for the infrastructure outcome."""
-        if reading.state in (JobState.SUCCEEDED, JobState.FAILED):
-            sources: list[tuple[str, str | None]] = []
-            if reading.pod_name:
-                sources.append(
-                    (
-                        "log",
-                        self.kube.pod_log(
-                            ref.namespace,
-                            reading.pod_name,
-                            RUNNER_CONTAINER,
-                            self.settings.log_tail_lines,
-                        ),
-                    )
-                )
-            sources.append(("termination message", reading.termination_message))
-            problems = []
-            for where, text in sources:
-                if not text:
-                    continue
-                try:
-                    document = parse_result_line(text)
-                except (ValueError, ValidationError) as exc:
-                    problems.append(f"the result line in the {where} is malformed: {exc}")
-                    continue
-                if document is not None:
-                    return document
-            detail = "; ".join(problems) or "no result line in the log or the termination message"
-            code = reading.exit_code
-            error_class = ErrorClass.OUT_OF_MEMORY if code == 137 else ErrorClass.RUNTIME
-            return failure_document(
-                config,
-                Result.ERROR,
-                error_class=error_class,
-                error=f"{reading.message} without a readable result document ({detail}). Termination message:\n{reading.termination_message or '(none)'}",
+        status = test.get("status") or {}
+        if spec is None or not status.get("cores"):
+            raise RuntimeError(
+                f"ConfigMap {ref.namespace}/{name} with the run.py of this run is missing and "
+                "the test no longer says how it ran"
             )
-        result, infra_class = INFRA_RESULTS[reading.state]
-        return failure_document(config, result, error_class=infra_class, error=reading.message)
+        log.warning("ConfigMap %s/%s is gone; recording run.py rendered again", ref.namespace, name)
+        parallelism = Parallelism(status.get("parallelism") or Parallelism.NONE.value)
+        return render_script(spec.run_config(int(status["cores"]), parallelism))
+
+    def _document(
+        self, ref: TestRef, reading: Reading, config: RunConfig, store_uri: str, run_id: str
+    ) -> tuple[ResultDocument, DocumentSource] | Unavailable:
+        """The runner's document: delivered, else from the log, else from the termination
+        message; else one the operator writes for the Job's outcome; else Unavailable."""
+        problems: list[str] = []
+        try:
+            delivered = DeliveryArea(store_uri).get(run_id)
+        except (DeliveryError, ValueError) as exc:
+            return Unavailable(f"the delivery area could not be read: {exc}")
+        if delivered is not None:
+            try:
+                return ResultDocument.model_validate_json(delivered), DocumentSource.DELIVERY
+            except ValidationError as exc:
+                problems.append(f"the delivered document is malformed: {_short(str(exc))}")
+        if reading.state in INFRA_RESULTS:
+            result, infra_class = INFRA_RESULTS[reading.state]
+            return (
+                failure_document(config, result, error_class=infra_class, error=reading.message),
+                DocumentSource.OPERATOR,
+            )
+        texts: list[tuple[DocumentSource, str | None]] = []
+        if reading.pod_name:
+            try:
+                text = self.kube.pod_log(
+                    ref.namespace, reading.pod_name, RUNNER_CONTAINER, self.settings.log_tail_lines
+                )
+            except ApiException as exc:
+                return Unavailable(f"the runner's log could not be read: {exc.status} {exc.reason}")
+            texts.append((DocumentSource.LOG, text))
+        texts.append((DocumentSource.TERMINATION_MESSAGE, reading.termination_message))
+        for source, text in texts:
+            if not text:
+                continue
+            try:
+                document = parse_result_line(text)
+            except (ValueError, ValidationError) as exc:
+                problems.append(
+                    f"the result line in the {source.value} is malformed: {_short(str(exc))}"
+                )
+                continue
+            if document is not None:
+                return document, source
+        if reading.pod_name is None:
+            return Unavailable(
+                "the runner pod is gone and no result document was delivered"
+                + (f" ({'; '.join(problems)})" if problems else "")
+            )
+        message = reading.termination_message or ""
+        if message.startswith(RUNNER_MESSAGE_PREFIX):
+            # The runner ran and says why run.py left no document (e.g. killed by SIGKILL
+            # without the container being OOMKilled).
+            error_class, error = ErrorClass.RUNTIME, f"{reading.message}: {message}"
+        else:
+            # Not even the runner's own message: the runner itself did not run as it should.
+            error_class = ErrorClass.INFRASTRUCTURE
+            error = (
+                f"{reading.message} and the runner left no result document and no message of "
+                "its own (is model_support installed in the runner image?)"
+                + (f"; {'; '.join(problems)}" if problems else "")
+                + f". Termination message:\n{message or '(none)'}"
+            )
+        return (
+            failure_document(config, Result.ERROR, error_class=error_class, error=error),
+            DocumentSource.OPERATOR,
+        )
 
     def _complete(
         self, test: dict[str, Any], ref: TestRef, document: ResultDocument, run_id: str
@@ -712,6 +913,20 @@ class Reconciler:
         return ended
 
 
+def _ended_at(job: dict[str, Any]) -> datetime | None:
+    """When a Job finished: its completionTime, else its terminal condition's transition."""
+    status = job.get("status") or {}
+    stamps = [status.get("completionTime")] + [
+        c.get("lastTransitionTime")
+        for c in status.get("conditions") or []
+        if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+    ]
+    for stamp in stamps:
+        if stamp:
+            return datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    return None
+
+
 def _resync_finished_jobs(reconciler: Reconciler) -> int:
     """Finish tests whose Job ended but whose completion was never handled.
 
@@ -721,7 +936,9 @@ def _resync_finished_jobs(reconciler: Reconciler) -> int:
     """
     offered = 0
     for namespace in reconciler.watched_namespaces():
-        for job in reconciler.kube.list_jobs(namespace, {LABEL_MANAGED_BY: MANAGED_BY}):
+        for job in reconciler.kube.list_jobs(
+            namespace, {LABEL_MANAGED_BY: MANAGED_BY}, without=(LABEL_RECORDED,)
+        ):
             if read_job(job, []).state != JobState.ACTIVE:
                 reconciler.on_job(job, "RESYNC")
                 offered += 1

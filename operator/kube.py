@@ -15,7 +15,7 @@ from typing import Any, cast
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from model_support.operator.resource import FIELD_MANAGER, GROUP, PLURAL, VERSION
+from model_support.operator.resource import FIELD_MANAGER, GROUP, LABEL_RECORDED, PLURAL, VERSION
 
 
 class AlreadyExists(Exception):
@@ -51,13 +51,16 @@ def _json(response: Any) -> dict[str, Any]:
     return dict(json.loads(response.data))
 
 
-def _matches(obj: dict[str, Any], selector: dict[str, str]) -> bool:
+def _matches(obj: dict[str, Any], selector: dict[str, str], without: tuple[str, ...] = ()) -> bool:
     labels = (obj.get("metadata") or {}).get("labels") or {}
-    return all(labels.get(k) == v for k, v in selector.items())
+    return all(labels.get(k) == v for k, v in selector.items()) and not any(
+        k in labels for k in without
+    )
 
 
-def _selector(labels: dict[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+def _selector(labels: dict[str, str], without: tuple[str, ...] = ()) -> str:
+    """A label selector: every ``labels`` pair, and none of the ``without`` keys."""
+    return ",".join([f"{k}={v}" for k, v in sorted(labels.items())] + [f"!{k}" for k in without])
 
 
 class Kube:
@@ -107,9 +110,12 @@ class Kube:
             if exc.status != 404:
                 raise
 
-    def list_jobs(self, namespace: str | None, labels: dict[str, str]) -> list[dict[str, Any]]:
-        """Jobs with all of ``labels`` in ``namespace`` (None = every namespace)."""
-        selector = _selector(labels)
+    def list_jobs(
+        self, namespace: str | None, labels: dict[str, str], without: tuple[str, ...] = ()
+    ) -> list[dict[str, Any]]:
+        """Jobs with all of ``labels`` and none of the ``without`` label keys in ``namespace``
+        (None = every namespace)."""
+        selector = _selector(labels, without)
         if namespace is None:
             response = self.batch.list_job_for_all_namespaces(
                 label_selector=selector, _preload_content=False
@@ -118,7 +124,23 @@ class Kube:
             response = self.batch.list_namespaced_job(
                 namespace, label_selector=selector, _preload_content=False
             )
-        return [j for j in _json(response).get("items") or [] if _matches(j, labels)]
+        return [j for j in _json(response).get("items") or [] if _matches(j, labels, without)]
+
+    def mark_job_recorded(self, namespace: str, name: str, ttl_seconds: int) -> None:
+        """Label a Job whose result is recorded and let the TTL controller collect it now.
+
+        Runner Jobs are created without ``ttlSecondsAfterFinished`` so nothing collects them
+        (and their pods and logs) before the result is recorded; a missing Job is fine.
+        """
+        body = {
+            "metadata": {"labels": {LABEL_RECORDED: "true"}},
+            "spec": {"ttlSecondsAfterFinished": ttl_seconds},
+        }
+        try:
+            self.batch.patch_namespaced_job(name, namespace, body, _preload_content=False)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     def list_pods(self, namespace: str | None, labels: dict[str, str]) -> list[dict[str, Any]]:
         """Pods with all of ``labels`` in ``namespace`` (None = every namespace)."""

@@ -35,15 +35,25 @@ EXTRA_PACKAGES_DIR = "/work/extra-packages"
 RUN_PY_KEY = "run.py"
 ANNOTATION_RUN_ID = "modelsupport.dev/run-id"
 
-# The NEFF cache goes back to its target after run.py, whatever run.py's exit status; the
-# status is kept so the pod (and the Job) still fail or succeed as run.py did. Paths come
-# from env vars, so no spec value is ever spliced into this script.
-_SYNC_BACK = (
-    "python3 run.py; status=$?; "
-    'hf buckets sync "$TORCH_NEURONX_NEFF_CACHE_DIR" "$MODEL_SUPPORT_CACHE_TARGET" 1>&2 '
-    '|| echo "model-support: NEFF cache upload to $MODEL_SUPPORT_CACHE_TARGET failed" 1>&2; '
-    'exit "$status"'
-)
+RESULT_FILE = "result.json"
+TERMINATION_LOG = "/dev/termination-log"
+
+
+def runner_command(
+    run_id: str, deliver_to: str | None, cache_target: str | None, neff_cache_dir: str
+) -> list[str]:
+    """The runner container's argv: run.py through model_support.runner_pod (no shell).
+
+    The runner delivers the result document to ``deliver_to``'s delivery area under ``run_id``,
+    writes the termination message, then pushes the NEFF cache to ``cache_target`` if given.
+    """
+    command = ["python3", "-m", "model_support.runner_pod", "--run-id", run_id]
+    if deliver_to is not None:
+        command += ["--deliver-to", deliver_to]
+    command += ["--result-file", RESULT_FILE, "--termination-log", TERMINATION_LOG]
+    if cache_target is not None:
+        command += ["--push-cache", neff_cache_dir, cache_target]
+    return command
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,24 @@ def build_configmap(test: TestRef, name: str, run_py: str) -> dict[str, Any]:
     }
 
 
+def _is_local(uri: str) -> bool:
+    return "://" not in uri
+
+
+def delivery_target(store_uri: str, settings: OperatorSettings) -> str | None:
+    """Where a runner pod can deliver for a test whose store is ``store_uri``, or None.
+
+    A remote store (s3://, hf://, ...) is reachable from the pod as it is. A local path is
+    reachable only on the shared results volume (``results_volume_claim``), under its mount.
+    """
+    if not _is_local(store_uri):
+        return store_uri
+    if settings.results_volume_claim is None or not _is_local(settings.results_uri):
+        return None
+    root = settings.results_uri.rstrip("/")
+    return store_uri if store_uri == root or store_uri.startswith(root + "/") else None
+
+
 def _gib(n_bytes: int) -> str:
     return f"{max(1, math.ceil(n_bytes / 2**30))}Gi"
 
@@ -126,8 +154,13 @@ def build_job(
     attempt: int,
     run_id: str,
     settings: OperatorSettings,
+    deliver_to: str | None = None,
 ) -> dict[str, Any]:
-    """The runner Job: ``python3 run.py`` from the ConfigMap, sized and placed for the profile."""
+    """The runner Job: ``python3 run.py`` from the ConfigMap, sized and placed for the profile.
+
+    ``deliver_to`` is the results store the runner delivers its document to (None: it cannot
+    reach one; the operator then reads the log and the termination message).
+    """
     profile = spec.profile_info
     labels = labels_for(test, attempt)
     image = spec.image or settings.runner_image
@@ -220,11 +253,16 @@ def build_job(
             }
         )
 
-    if cache is not None and cache.target is not None:
-        command = ["/bin/sh", "-c", _SYNC_BACK]
-        env.append({"name": "MODEL_SUPPORT_CACHE_TARGET", "value": cache.target})
-    else:
-        command = ["python3", RUN_PY_KEY]
+    command = runner_command(
+        run_id,
+        deliver_to,
+        cache.target if cache is not None else None,
+        settings.neff_cache_dir,
+    )
+    env.extend(settings.runner_env)
+    if settings.results_volume_claim is not None and _is_local(settings.results_uri):
+        # A local-path store lives on a shared volume: the runner delivers into the same path.
+        mounts.append({"name": "results", "mountPath": settings.results_uri})
 
     memory = _gib(placement.host_memory_bytes)
     resources: dict[str, dict[str, str]] = {
@@ -281,6 +319,15 @@ def build_job(
             {"name": "tmp", "emptyDir": {}},
         ],
     }
+    if any(m["name"] == "results" for m in mounts):
+        pod_spec["volumes"].append(
+            {
+                "name": "results",
+                "persistentVolumeClaim": {"claimName": settings.results_volume_claim},
+            }
+        )
+    if settings.runner_env_from:
+        pod_spec["containers"][0]["envFrom"] = list(settings.runner_env_from)
     if init_containers:
         pod_spec["initContainers"] = init_containers
     if node_selector:
@@ -300,7 +347,6 @@ def build_job(
     job_spec: dict[str, Any] = {
         "backoffLimit": 0,
         "activeDeadlineSeconds": spec.timeoutSeconds,
-        "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
         "template": {"metadata": {"labels": labels}, "spec": pod_spec},
     }
     if spec.queueName:

@@ -11,7 +11,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from model_support.config import RunConfig
 from model_support.operator.resource import RUNNER_CONTAINER
+from model_support.records import ResultDocument
 from model_support.vocabulary import ErrorClass, Result
 
 IMAGE_PULL_REASONS = frozenset(
@@ -178,3 +180,67 @@ INFRA_RESULTS: dict[JobState, tuple[Result, ErrorClass | None]] = {
     JobState.INFRASTRUCTURE: (Result.ERROR, ErrorClass.INFRASTRUCTURE),
 }
 """The result recorded for a Job that ended without a result document of its own."""
+
+
+class DocumentSource(StrEnum):
+    """Where the recorded result document came from (kept in the record's labels)."""
+
+    DELIVERY = "delivery"  # the runner delivered it to the store (the normal case)
+    LOG = "log"  # the marked last line of the runner's log
+    TERMINATION_MESSAGE = "termination-message"  # compact copy in the pod's status
+    OPERATOR = "operator"  # none was readable: the operator wrote one for the Job's outcome
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """No result document could be read *yet*: retried, never recorded as the model's result."""
+
+    reason: str
+
+
+RUNNER_MESSAGE_PREFIX = "model-support runner:"
+"""How the runner's own termination message starts when run.py left no document."""
+
+IDENTITY_FIELDS = ("model", "revision", "task", "cores", "parallelism", "compile_backend", "dtype")
+"""What a test asked for: taken from the test's config, never from what a pod printed."""
+
+
+def identity_problems(document: ResultDocument, config: RunConfig) -> list[str]:
+    """Where ``document`` contradicts the test's config (empty when it agrees)."""
+    asked: dict[str, Any] = {
+        "model": config.model,
+        "revision": config.revision,
+        "task": config.task.value,
+        "cores": config.cores,
+        "parallelism": config.parallelism.value,
+        "dtype": config.dtype,
+    }
+    if config.compile_backend is not None:  # None: run.py records the backend it chose
+        asked["compile_backend"] = config.compile_backend
+    said = document.model_dump(mode="json")
+    return [
+        f"{field} is {said.get(field)!r}, the test asked for {value!r}"
+        for field, value in asked.items()
+        if said.get(field) != value
+    ]
+
+
+def trusted_document(document: ResultDocument, config: RunConfig) -> ResultDocument:
+    """The document to record: as the runner wrote it when it agrees with the test, else an
+    ERROR that says where it disagrees (what a pod printed never names what was tested)."""
+    problems = identity_problems(document, config)
+    if not problems:
+        return document
+    from model_support.execution import failure_document
+
+    return failure_document(
+        config,
+        Result.ERROR,
+        error_class=ErrorClass.INFRASTRUCTURE,
+        error=(
+            "the runner's result document disagrees with the test ("
+            + "; ".join(problems)
+            + f"), so its {document.result.value} is not recorded as this model's result: "
+            "check the runner image and what else runs in the pod"
+        ),
+    )

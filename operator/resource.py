@@ -22,6 +22,8 @@ LABEL_UID = f"{GROUP}/test-uid"
 LABEL_GENERATION = f"{GROUP}/generation"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+LABEL_RECORDED = f"{GROUP}/recorded"
+"""Set on a runner Job once its result is recorded: the watchdog lists only Jobs without it."""
 
 RUNNER_CONTAINER = "runner"
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -24,7 +26,28 @@ class OperatorSettings(BaseModel):
         None, description="Kubernetes API URL; None = in-cluster service account, else kubeconfig."
     )
     ttl_seconds_after_finished: int = Field(
-        3600, ge=0, description="Finished Jobs (and their pods, logs) are kept this long."
+        3600,
+        ge=0,
+        description="A runner Job (its pods, logs) is kept this long after its result is recorded; never deleted before.",
+    )
+    results_volume_claim: str | None = Field(
+        None,
+        description="PVC holding a local-path results store; mounted into runner pods so they deliver there.",
+    )
+    runner_env: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Extra env of runner containers (Kubernetes EnvVar objects), e.g. the store's endpoint.",
+    )
+    runner_env_from: list[dict[str, Any]] = Field(
+        default_factory=list, description="envFrom of runner containers (EnvFromSource objects)."
+    )
+    result_unavailable_limit_s: float = Field(
+        3600.0,
+        gt=0,
+        description="A finished Job whose result document cannot be read is retried this long, then recorded ERROR/infrastructure.",
+    )
+    retry_cap_s: float = Field(
+        600.0, gt=0, description="Longest wait between retries of a failing store write."
     )
     max_attempts: int = Field(
         3, ge=1, le=10, description="Attempts per generation when a node is lost."

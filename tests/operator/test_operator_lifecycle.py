@@ -24,10 +24,14 @@ SPEC = {"model": "Qwen/Qwen3-0.6B", "profile": "trn2", "cores": 1, "hubTokenSecr
 
 def runner_log(result: Result, **fields: Any) -> str:
     """What run.py prints: progress, then its result document as the marked last line."""
-    document = ResultDocument(
-        model="Qwen/Qwen3-0.6B", task="text-generation", result=result, **fields
-    )
+    document = document_for(result, **fields)
     return "loading\ncompiling\n" + RESULT_MARKER + document.model_dump_json() + "\n"
+
+
+def document_for(result: Result, **fields: Any) -> ResultDocument:
+    """A document as run.py writes it for SPEC (what the test asked for, and the outcome)."""
+    asked = {"model": "Qwen/Qwen3-0.6B", "task": "text-generation", "dtype": "bfloat16"}
+    return ResultDocument.model_validate({**asked, "result": result, **fields})
 
 
 def records(h: Harness) -> list[Any]:
@@ -75,7 +79,10 @@ async def test_pass_lifecycle(harness: Harness) -> None:
     # The Job: one NeuronCore on a trn2 node, the token from the Secret, never retried.
     pod_spec = job["spec"]["template"]["spec"]
     runner = pod_spec["containers"][0]
-    assert runner["command"] == ["python3", "run.py"]
+    # run.py runs through the runner entry point, which makes its result durable (no shell).
+    assert runner["command"][:3] == ["python3", "-m", "model_support.runner_pod"]
+    assert runner["command"][runner["command"].index("--run-id") + 1] == run_id_for(uid, 1, 1)
+    assert "ttlSecondsAfterFinished" not in job["spec"]  # never collected before it is recorded
     assert runner["resources"]["limits"]["aws.amazon.com/neuroncore"] == "1"
     assert pod_spec["nodeSelector"] == {"node.kubernetes.io/instance-type": "trn2.48xlarge"}
     assert {
@@ -118,6 +125,16 @@ async def test_pass_lifecycle(harness: Harness) -> None:
     assert record.run_id == status["runId"] and record.source == "operator"
     assert record.run_py == cm["data"]["run.py"] and record.document.result == Result.PASS
     assert record.labels["test"] == "qwen" and record.labels["attempt"] == "1"
+    assert record.labels["document_source"] == "log"  # nothing was delivered in this test
+
+    # Recorded: the Job is labelled so and handed to the TTL controller only now.
+    async def released() -> dict[str, Any] | None:
+        found = await h.get(f"{JOBS_URL}/{job['metadata']['name']}")
+        recorded = found and found["metadata"]["labels"].get("modelsupport.dev/recorded")
+        return found if recorded == "true" else None
+
+    finished = await h.wait_for(released, what="the recorded Job released to its TTL")
+    assert finished["spec"]["ttlSecondsAfterFinished"] == h.settings.ttl_seconds_after_finished
 
     reasons = [e["reason"] for e in await h.events()]
     assert "JobCreated" in reasons and "Passed" in reasons
@@ -260,8 +277,10 @@ async def test_termination_message_fallback_and_unreadable_output(harness: Harne
         job2, pod2, exit_code=3, log="Traceback: boom\n", termination_message="Traceback: boom"
     )
     status = await h.wait_status("second", lambda s: s.get("phase") == "Completed", "Completed")
-    assert (status["result"], status["errorClass"]) == ("ERROR", "runtime")
-    assert "without a readable result document" in status["message"]
+    # Neither a document nor the runner's own message: the runner itself did not run (an
+    # image without model_support, say), which is no verdict on the model.
+    assert (status["result"], status["errorClass"]) == ("ERROR", "infrastructure")
+    assert "no result document and no message of its own" in status["message"]
 
 
 async def test_node_loss_retries_then_records(harness: Harness) -> None:

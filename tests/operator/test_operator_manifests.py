@@ -241,9 +241,13 @@ def test_full_job_manifest(tmp_path: Path) -> None:
     }
     assert env["TORCH_NEURONX_NEFF_CACHE_DIR"]["value"] == SETTINGS.neff_cache_dir
     assert env["NEURON_LOGICAL_NC_CONFIG"]["value"] == "2"
-    # With a cache target the command syncs back after run.py; user values only come from env.
-    assert runner["command"][:2] == ["/bin/sh", "-c"] and "hf://" not in runner["command"][2]
-    assert env["MODEL_SUPPORT_CACHE_TARGET"]["value"] == "hf://buckets/me/neff/x"
+    # No shell: the cache target is one argument of the runner's after-run hook.
+    assert runner["command"] == [
+        "python3", "-m", "model_support.runner_pod", "--run-id", run_id_for(REF.uid, REF.generation, 1),
+        "--result-file", "result.json", "--termination-log", "/dev/termination-log",
+        "--push-cache", SETTINGS.neff_cache_dir, "hf://buckets/me/neff/x",
+    ]  # fmt: skip
+    assert "/bin/sh" not in str(job)
     init = {c["name"]: c for c in pod["initContainers"]}
     assert init["neff-cache-fetch"]["command"] == [
         "hf",
@@ -261,7 +265,8 @@ def test_minimal_job_and_cpu_profile() -> None:
     job = job_for({"model": "Qwen/Qwen3-0.6B", "cores": 1}, cores=1, parallelism=Parallelism.NONE)
     validate(job)
     runner = job["spec"]["template"]["spec"]["containers"][0]
-    assert runner["command"] == ["python3", "run.py"]
+    assert runner["command"][:3] == ["python3", "-m", "model_support.runner_pod"]
+    assert "--push-cache" not in runner["command"] and "--deliver-to" not in runner["command"]
     assert "suspend" not in job["spec"] and "initContainers" not in job["spec"]["template"]["spec"]
     cpu = job_for(
         {"model": "/models/tiny", "profile": "cpu", "cores": 1},
