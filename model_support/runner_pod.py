@@ -60,6 +60,17 @@ DELIVERY_DEADLINE_S = 300.0
 CACHE_PUSH_TIMEOUT_S = 3600.0
 _STOP_GRACE_S = 20.0
 
+RUNNER_MESSAGE_PREFIX = "model-support runner:"
+"""How the runner's own termination message starts when run.py left no document."""
+STOPPED_MESSAGE = (
+    f"{RUNNER_MESSAGE_PREFIX} run.py was stopped by a signal from outside (a disruption or "
+    "the Job's deadline); it wrote no result document."
+)
+KILLED_MESSAGE = (
+    f"{RUNNER_MESSAGE_PREFIX} run.py was killed by SIGKILL (the container's OOMKilled reason "
+    "says whether memory ran out); it wrote no result document."
+)
+
 _COMPACT_VERIFICATION = (
     "passed",
     "exact",
@@ -291,12 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     document = document_for(outcome, cwd / args.result_file, script_path)
 
     if document is None:
-        why = (
-            "stopped by a signal from outside (a disruption or the Job's deadline)"
-            if outcome.stopped
-            else "killed by SIGKILL (the container's OOMKilled reason says whether memory ran out)"
-        )
-        message = f"model-support runner: run.py was {why}; it wrote no result document."
+        message = STOPPED_MESSAGE if outcome.stopped else KILLED_MESSAGE
         print(message, file=sys.stderr, flush=True)
         _write_termination_message(args.termination_log, message)
         return exit_code

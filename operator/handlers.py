@@ -41,11 +41,12 @@ from model_support.operator.manifests import (
 )
 from model_support.operator.outcome import (
     INFRA_RESULTS,
-    RUNNER_MESSAGE_PREFIX,
     DocumentSource,
     JobState,
     Reading,
     Unavailable,
+    WaitKind,
+    pod_waiting,
     read_job,
     stuck_reason,
     trusted_document,
@@ -55,6 +56,7 @@ from model_support.operator.resource import (
     GROUP,
     LABEL_ATTEMPT,
     LABEL_GENERATION,
+    LABEL_KUEUE_QUEUE,
     LABEL_MANAGED_BY,
     LABEL_RECORDED,
     LABEL_TEST,
@@ -69,6 +71,7 @@ from model_support.operator.resource import (
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import SpecError, TestSpec, parse_spec
 from model_support.records import ResultDocument, RunRecord, parse_result_line
+from model_support.runner_pod import RUNNER_MESSAGE_PREFIX
 from model_support.script import read_config, render_script
 from model_support.sizing import Exclusion, size_model
 from model_support.store import RecordExists, ResultsStore
@@ -76,7 +79,10 @@ from model_support.vocabulary import ErrorClass, Parallelism, Result
 
 log = logging.getLogger(__name__)
 
-PENDING, RUNNING, COMPLETED, INVALID = "Pending", "Running", "Completed", "Invalid"
+PENDING, QUEUED, RUNNING = "Pending", "Queued", "Running"
+COMPLETED, INVALID = "Completed", "Invalid"
+ACTIVE_PHASES = (PENDING, QUEUED, RUNNING)
+_PHASE_ORDER = {QUEUED: 0, PENDING: 1, RUNNING: 2}
 GiB = 2**30
 _MESSAGE_LIMIT = 2000
 _EVENT_REASON = {
@@ -188,7 +194,7 @@ class Reconciler:
         self._stores: dict[str, ResultsStore] = {}
         self.materializers: dict[str, Materializer] = {}
         self._lock = threading.Lock()
-        self._running: set[tuple[str, int, int]] = set()
+        self._phases: dict[tuple[str, int, int], tuple[str, str]] = {}
         self._retries: dict[str, _Retry] = {}
         self._finishing: set[str] = set()
 
@@ -270,7 +276,7 @@ class Reconciler:
             meta["namespace"], meta["name"], meta["uid"], int(meta.get("generation") or 1)
         )
         if status.get("observedGeneration") == ref.generation and status.get("phase"):
-            if resumed and status.get("phase") in (PENDING, RUNNING):
+            if resumed and status.get("phase") in ACTIVE_PHASES:
                 self._check_job_exists(body, ref, status)
             return  # this generation is handled; its Job's events carry it on
         conditions = status.get("conditions")
@@ -322,8 +328,13 @@ class Reconciler:
         conditions = set_condition(
             conditions, "Recorded", False, "Running", "no result yet", ref.generation
         )
+        if spec.queueName:
+            conditions = set_condition(
+                conditions, "Queued", True, "KueueAdmission",
+                f"waiting for Kueue to admit the Job (LocalQueue {spec.queueName})", ref.generation,
+            )  # fmt: skip
         patch.status.update(
-            phase=PENDING,
+            phase=QUEUED if spec.queueName else PENDING,
             observedGeneration=ref.generation,
             cores=placement.cores,
             parallelism=placement.parallelism.value,
@@ -337,6 +348,9 @@ class Reconciler:
             exclusionReason=None,
             message=None,
             conditions=conditions,
+        )
+        self._phases[(ref.uid, ref.generation, attempt)] = (
+            (QUEUED, "KueueAdmission") if spec.queueName else (PENDING, "JobCreated")
         )
         self.event(
             body,
@@ -376,7 +390,7 @@ class Reconciler:
         old_job = status.get("jobName")
         if (
             old_job
-            and status.get("phase") in (PENDING, RUNNING)
+            and status.get("phase") in ACTIVE_PHASES
             and status.get("observedGeneration") != ref.generation
         ):
             self.kube.delete_job(ref.namespace, old_job)
@@ -465,8 +479,7 @@ class Reconciler:
         job_name = meta["name"]
         reading = read_job(job, [])
         if reading.state == JobState.ACTIVE and event_type != "DELETED":
-            if (job.get("status") or {}).get("active"):
-                self._mark_running(ref, attempt, job)
+            self._progress(ref, attempt, job)
             return
         test = self._current_test(ref, attempt, completed=True)
         if test is None:
@@ -536,30 +549,85 @@ class Reconciler:
             return None  # a terminal phase is never overwritten
         return test
 
-    def _mark_running(self, ref: TestRef, attempt: int, job: dict[str, Any]) -> None:
+    def _progress(self, ref: TestRef, attempt: int, job: dict[str, Any]) -> None:
+        """Move the test forward as its active Job does: Queued (Kueue has not admitted it),
+        Pending (admitted, no pod ready), Running (a runner pod is ready)."""
+        job_status, job_spec = job.get("status") or {}, job.get("spec") or {}
+        if int(job_status.get("ready") or 0) > 0:
+            self._set_phase(
+                ref, attempt, RUNNING, "Running", True, "PodReady", "a runner pod is ready",
+                started=job_status.get("startTime"),
+            )  # fmt: skip
+        elif job_spec.get("suspend"):
+            queue = (job.get("metadata") or {}).get("labels", {}).get(LABEL_KUEUE_QUEUE)
+            self._set_phase(
+                ref, attempt, QUEUED, "Queued", True, "KueueAdmission",
+                f"waiting for Kueue to admit the Job (LocalQueue {queue})",
+            )  # fmt: skip
+        else:
+            self._set_phase(
+                ref, attempt, PENDING, "Queued", False, "Admitted", "the Job is admitted",
+                only_from=QUEUED,
+            )  # fmt: skip
+
+    def _set_phase(
+        self,
+        ref: TestRef,
+        attempt: int,
+        phase: str,
+        condition: str,
+        value: bool,
+        reason: str,
+        message: str,
+        *,
+        started: str | None = None,
+        only_from: str | None = None,
+        backwards: bool = False,
+        event: tuple[str, str] | None = None,
+    ) -> None:
+        """Set an active test's phase (and one condition) unless it is already there.
+
+        Phases only move forward (Queued -> Pending -> Running) unless ``backwards`` (a pod
+        that lost its node goes back to waiting); ``only_from`` restricts the move to one phase.
+        """
         key = (ref.uid, ref.generation, attempt)
-        if key in self._running:
-            return
+        known = self._phases.get(key)
+        if known is not None and (
+            known == (phase, reason)
+            or (only_from is not None and known[0] != only_from)
+            or (not backwards and _PHASE_ORDER[phase] < _PHASE_ORDER.get(known[0], 0))
+        ):
+            return  # nothing to change, by what this operator last set: no request
         test = self._current_test(ref, attempt)
         if test is None:
             return
         status = test.get("status") or {}
-        if status.get("phase") == PENDING:
+        current = status.get("phase")
+        current_reason = next(
+            (c.get("reason") for c in status.get("conditions") or [] if c.get("type") == condition),
+            None,
+        )
+        if (current, current_reason) == (phase, reason) or current not in _PHASE_ORDER:
+            self._phases[key] = (phase, reason)
+            return
+        if only_from is not None and current != only_from:
+            return
+        if not backwards and _PHASE_ORDER[phase] < _PHASE_ORDER[current]:
+            return
+        conditions = set_condition(
+            status.get("conditions"), condition, value, reason, message, ref.generation
+        )
+        if phase == RUNNING:
             conditions = set_condition(
-                status.get("conditions"),
-                "Running",
-                True,
-                "PodRunning",
-                "the runner pod is running",
-                ref.generation,
+                conditions, "Queued", False, "Started", "a runner pod is ready", ref.generation
             )
-            started = (job.get("status") or {}).get("startTime") or _now()
-            self.kube.patch_test_status(
-                ref.namespace,
-                ref.name,
-                {"phase": RUNNING, "startedAt": started, "conditions": conditions},
-            )
-        self._running.add(key)
+        patch: dict[str, Any] = {"phase": phase, "conditions": conditions}
+        if phase == RUNNING:
+            patch["startedAt"] = started or _now()
+        self.kube.patch_test_status(ref.namespace, ref.name, patch)
+        self._phases[key] = (phase, reason)
+        if event is not None:
+            self.event(test, event[0], event[1], message)
 
     def _retry(self, test: dict[str, Any], ref: TestRef, attempt: int, reading: Reading) -> None:
         """Node lost: the same run.py again in a new Job (attempt + 1); bounded by max_attempts."""
@@ -602,6 +670,7 @@ class Reconciler:
                 "conditions": conditions,
             },
         )
+        self._phases[(ref.uid, ref.generation, attempt + 1)] = (PENDING, "NodeLost")
         self.event(
             test,
             "Warning",
@@ -825,6 +894,9 @@ class Reconciler:
     def _complete(
         self, test: dict[str, Any], ref: TestRef, document: ResultDocument, run_id: str
     ) -> None:
+        with self._lock:
+            for key in [k for k in list(self._phases) if k[0] == ref.uid]:
+                del self._phases[key]
         status = test.get("status") or {}
         summary = document.result.value + (
             f"/{document.error_class.value}" if document.error_class else ""
@@ -876,41 +948,62 @@ class Reconciler:
         """The namespaces to list children in; [None] means every namespace."""
         return list(self.settings.namespaces) if self.settings.namespaces else [None]
 
-    def check_stuck(self, now: datetime | None = None) -> int:
-        """End tests whose runner pod cannot start (unschedulable / image pull) past the limits."""
+    def check_waiting(self, now: datetime | None = None) -> int:
+        """Look at pending runner pods: a pod no node fits makes its test Queued (or ends it,
+        past ``unschedulable_limit_s`` when set); an image that cannot be pulled past its limit
+        (counted from scheduling) ends the test. Returns the number of tests ended."""
         ended = 0
         for namespace in self.watched_namespaces():
-            for pod in self.kube.list_pods(namespace, {LABEL_MANAGED_BY: MANAGED_BY}):
+            for pod in self.kube.list_pods(
+                namespace, {LABEL_MANAGED_BY: MANAGED_BY}, phase="Pending"
+            ):
+                ref, attempt = self._pod_owner(pod)
+                if ref is None:
+                    continue
                 why = stuck_reason(
                     pod,
                     now=now,
                     unschedulable_limit_s=self.settings.unschedulable_limit_s,
                     image_pull_limit_s=self.settings.image_pull_limit_s,
                 )
-                if why is None:
+                if why is not None:
+                    test = self._current_test(ref, attempt)
+                    if test is None:
+                        continue
+                    job_name = child_name(ref.name, ref.uid, ref.generation, attempt)
+                    reading = Reading(
+                        JobState.INFRASTRUCTURE, f"runner pod {pod['metadata']['name']} {why}"
+                    )
+                    if self.finish(test, ref, attempt, job_name, reading, final=True):
+                        self.kube.delete_job(ref.namespace, job_name)
+                        ended += 1
                     continue
-                labels = pod["metadata"]["labels"]
-                ref = TestRef(
-                    pod["metadata"]["namespace"],
-                    labels[LABEL_TEST],
-                    labels[LABEL_UID],
-                    int(labels[LABEL_GENERATION]),
-                )
-                attempt = int(labels[LABEL_ATTEMPT])
-                test = self._current_test(ref, attempt)
-                if test is None:
-                    continue
-                job_name = child_name(ref.name, ref.uid, ref.generation, attempt)
-                self.finish(
-                    test,
-                    ref,
-                    attempt,
-                    job_name,
-                    Reading(JobState.INFRASTRUCTURE, f"runner pod {pod['metadata']['name']} {why}"),
-                )
-                self.kube.delete_job(ref.namespace, job_name)
-                ended += 1
+                waiting = pod_waiting(pod, now)
+                if waiting is not None and waiting.kind is WaitKind.UNSCHEDULABLE:
+                    self._set_phase(
+                        ref, attempt, QUEUED, "Queued", True, "Unschedulable",
+                        f"waiting for capacity: {waiting.message}", backwards=True,
+                        event=("Normal", "WaitingForCapacity"),
+                    )  # fmt: skip
+                else:
+                    self._set_phase(
+                        ref, attempt, PENDING, "Queued", False, "Scheduled",
+                        "the runner pod is scheduled", only_from=QUEUED,
+                    )  # fmt: skip
         return ended
+
+    def _pod_owner(self, pod: dict[str, Any]) -> tuple[TestRef | None, int]:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        try:
+            ref = TestRef(
+                pod["metadata"]["namespace"],
+                labels[LABEL_TEST],
+                labels[LABEL_UID],
+                int(labels[LABEL_GENERATION]),
+            )
+            return ref, int(labels[LABEL_ATTEMPT])
+        except (KeyError, ValueError):
+            return None, 0
 
 
 def _ended_at(job: dict[str, Any]) -> datetime | None:
@@ -1003,7 +1096,7 @@ async def _watchdog(reconciler: Reconciler) -> None:
     interval = reconciler.settings.watchdog_interval_s
     while True:
         await asyncio.sleep(interval)
-        for check in (reconciler.check_stuck, lambda: _resync_finished_jobs(reconciler)):
+        for check in (reconciler.check_waiting, lambda: _resync_finished_jobs(reconciler)):
             try:
                 await asyncio.to_thread(check)
             except Exception:

@@ -142,18 +142,27 @@ class Kube:
             if exc.status != 404:
                 raise
 
-    def list_pods(self, namespace: str | None, labels: dict[str, str]) -> list[dict[str, Any]]:
-        """Pods with all of ``labels`` in ``namespace`` (None = every namespace)."""
+    def list_pods(
+        self, namespace: str | None, labels: dict[str, str], phase: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Pods with all of ``labels`` (and in ``phase``, if given: filtered on the server) in
+        ``namespace`` (None = every namespace)."""
         selector = _selector(labels)
+        fields = f"status.phase={phase}" if phase else None
         if namespace is None:
             response = self.core.list_pod_for_all_namespaces(
-                label_selector=selector, _preload_content=False
+                label_selector=selector, field_selector=fields, _preload_content=False
             )
         else:
             response = self.core.list_namespaced_pod(
-                namespace, label_selector=selector, _preload_content=False
+                namespace, label_selector=selector, field_selector=fields, _preload_content=False
             )
-        return [p for p in _json(response).get("items") or [] if _matches(p, labels)]
+        return [
+            p
+            for p in _json(response).get("items") or []
+            if _matches(p, labels)
+            and (phase is None or (p.get("status") or {}).get("phase") == phase)
+        ]
 
     def pod_log(self, namespace: str, name: str, container: str, tail_lines: int) -> str | None:
         """The tail of a container's log, or None if the pod (or its log) is gone."""

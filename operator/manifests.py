@@ -34,6 +34,7 @@ WORKDIR = "/work"
 EXTRA_PACKAGES_DIR = "/work/extra-packages"
 RUN_PY_KEY = "run.py"
 ANNOTATION_RUN_ID = "modelsupport.dev/run-id"
+ANNOTATION_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 
 RESULT_FILE = "result.json"
 TERMINATION_LOG = "/dev/termination-log"
@@ -345,9 +346,31 @@ def build_job(
     if spec.queueName:
         job_labels[LABEL_KUEUE_QUEUE] = spec.queueName
     job_spec: dict[str, Any] = {
+        # Disruptions (eviction, preemption, node drain: pods with a DisruptionTarget condition)
+        # are not counted and the pod is replaced; any container's non-zero exit is the run's
+        # own outcome and fails the Job at once. Other pod failures (a node lost without the
+        # condition) fail it too; the operator then retries in a new Job (max_attempts).
         "backoffLimit": 0,
+        "podFailurePolicy": {
+            "rules": [
+                {
+                    "action": "Ignore",
+                    "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                },
+                {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [0]}},
+            ]
+        },
+        # A replacement waits until its predecessor has ended: it needs the same NeuronCores.
+        "podReplacementPolicy": "Failed",
         "activeDeadlineSeconds": spec.timeoutSeconds,
-        "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        "template": {
+            "metadata": {
+                "labels": labels,
+                # Karpenter must not consolidate the node under a running test.
+                "annotations": {ANNOTATION_DO_NOT_DISRUPT: "true"},
+            },
+            "spec": pod_spec,
+        },
     }
     if spec.queueName:
         # Kueue admits the Job by unsuspending it.

@@ -50,17 +50,20 @@ class OperatorSettings(BaseModel):
         600.0, gt=0, description="Longest wait between retries of a failing store write."
     )
     max_attempts: int = Field(
-        3, ge=1, le=10, description="Attempts per generation when a node is lost."
+        3,
+        ge=1,
+        le=10,
+        description="Runner Jobs per generation when a pod fails for the cluster's reasons without a DisruptionTarget condition (node lost, stopped from outside). Disruptions with it are retried by the Job itself.",
     )
-    unschedulable_limit_s: float = Field(
-        1800.0,
+    unschedulable_limit_s: float | None = Field(
+        None,
         gt=0,
-        description="A runner pod unschedulable this long ends the test ERROR/infrastructure.",
+        description="A runner pod unschedulable this long ends the test ERROR/infrastructure; None (default) = wait for capacity as long as it takes, phase Queued.",
     )
     image_pull_limit_s: float = Field(
         600.0,
         gt=0,
-        description="A runner pod failing to pull its image this long ends the test ERROR/infrastructure.",
+        description="A runner pod failing to pull its image this long after it was scheduled ends the test ERROR/infrastructure.",
     )
     watchdog_interval_s: float = Field(
         30.0, gt=0, description="How often stuck runner pods are looked for."

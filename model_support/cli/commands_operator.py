@@ -41,11 +41,13 @@ def register(app: typer.Typer) -> None:
         ] = 9090,
         no_metrics: Annotated[bool, typer.Option("--no-metrics", help="Serve no metrics.")] = False,
         unschedulable_limit: Annotated[
-            float,
+            float | None,
             typer.Option(
-                "--unschedulable-limit", help="Seconds a runner pod may stay unschedulable."
+                "--unschedulable-limit",
+                help="Seconds a runner pod may stay unschedulable before the test is recorded "
+                "ERROR/infrastructure (default: wait for capacity, phase Queued).",
             ),
-        ] = 1800.0,
+        ] = None,
         image_pull_limit: Annotated[
             float,
             typer.Option(

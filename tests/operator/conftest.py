@@ -21,7 +21,6 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
             results_uri=str(tmp_path / "results"),
             api_server=str(srv.url).rstrip("/"),
             runner_image="registry.example/model-support/runner:test",
-            unschedulable_limit_s=0.5,
             image_pull_limit_s=0.5,
             watchdog_interval_s=0.2,
             namespaces=["default"],

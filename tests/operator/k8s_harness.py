@@ -292,17 +292,28 @@ class Harness:
         return created
 
     async def run_pod(self, pod: dict[str, Any]) -> None:
+        """The runner container started and the pod is Ready (the Job counts it in .ready)."""
         await self.patch(
             f"{PODS_URL}/{pod['metadata']['name']}/status",
             {
                 "status": {
                     "phase": "Running",
+                    "conditions": [
+                        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now()},
+                        {"type": "Ready", "status": "True", "lastTransitionTime": now()},
+                    ],
                     "containerStatuses": [
-                        {"name": RUNNER_CONTAINER, "state": {"running": {"startedAt": now()}}}
+                        {
+                            "name": RUNNER_CONTAINER,
+                            "ready": True,
+                            "state": {"running": {"startedAt": now()}},
+                        }
                     ],
                 }
             },
         )
+        job = pod["metadata"]["labels"]["job-name"]
+        await self.patch(f"{JOBS_URL}/{job}/status", {"status": {"ready": 1}})
 
     async def end_pod(
         self,
@@ -338,13 +349,15 @@ class Harness:
             },
         )
         kind, reason = job_condition or (
-            ("Complete", "Completed") if exit_code == 0 else ("Failed", "BackoffLimitExceeded")
+            # The runner Job's podFailurePolicy fails it at once on a non-zero exit code.
+            ("Complete", "Completed") if exit_code == 0 else ("Failed", "PodFailurePolicy")
         )
         await self.patch(
             f"{JOBS_URL}/{job['metadata']['name']}/status",
             {
                 "status": {
                     "active": 0,
+                    "ready": 0,
                     "succeeded" if kind == "Complete" else "failed": 1,
                     "conditions": [
                         {
@@ -358,3 +371,32 @@ class Harness:
                 }
             },
         )
+
+    async def disrupt_pod(self, pod: dict[str, Any], reason: str = "EvictionByEvictionAPI") -> None:
+        """A disruption as the Job controller sees it with our podFailurePolicy: the pod fails
+        with a DisruptionTarget condition and exit 143, the Job stays active (rule Ignore) and
+        will get a replacement pod (start_pod again)."""
+        await self.patch(
+            f"{PODS_URL}/{pod['metadata']['name']}/status",
+            {
+                "status": {
+                    "phase": "Failed",
+                    "conditions": [
+                        {
+                            "type": "DisruptionTarget",
+                            "status": "True",
+                            "reason": reason,
+                            "lastTransitionTime": now(),
+                        }
+                    ],
+                    "containerStatuses": [
+                        {
+                            "name": RUNNER_CONTAINER,
+                            "state": {"terminated": {"exitCode": 143, "reason": "Error"}},
+                        }
+                    ],
+                }
+            },
+        )
+        job = pod["metadata"]["labels"]["job-name"]
+        await self.patch(f"{JOBS_URL}/{job}/status", {"status": {"active": 0, "ready": 0}})

@@ -88,7 +88,8 @@ current-context: kmock
     finally:
         proc.send_signal(signal.SIGINT)
         try:
-            output, _ = proc.communicate(timeout=30)
+            # Off the loop: kmock serves on it, and the stopping operator may still call it.
+            output, _ = await asyncio.to_thread(proc.communicate, timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
             output, _ = proc.communicate()

@@ -289,12 +289,9 @@ async def test_node_loss_retries_then_records(harness: Harness) -> None:
     test, job = await start(h)
     uid = test["metadata"]["uid"]
     pod = await h.start_pod(job)
-    lost = {
-        "reason": "NodeLost",
-        "conditions": [
-            {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}
-        ],
-    }
+    # A node lost without a DisruptionTarget condition (so the Job's podFailurePolicy could
+    # not ignore it): the Job fails, and the operator tries again in a new Job.
+    lost = {"reason": "NodeLost", "message": "node ip-10-0-0-1 is not ready"}
     await h.end_pod(job, pod, exit_code=137, log=None, pod_extra=lost)
     [retry] = await h.wait_job(child_name("qwen", uid, 1, 2))
     assert retry["metadata"]["labels"]["modelsupport.dev/attempt"] == "2"
@@ -307,7 +304,7 @@ async def test_node_loss_retries_then_records(harness: Harness) -> None:
     await h.end_pod(retry, pod2, exit_code=137, log=None, pod_extra=lost)
     status = await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
     assert (status["result"], status["errorClass"]) == ("ERROR", "infrastructure")
-    assert "node was lost" in status["message"]
+    assert "disrupted (NodeLost)" in status["message"]
     assert [r.run_id for r in records(h)] == [run_id_for(uid, 1, 2)]
 
 
@@ -330,8 +327,9 @@ async def test_image_pull_failure_past_the_limit(harness: Harness) -> None:
     assert len(records(h)) == 1
 
 
-async def test_unschedulable_past_the_limit(harness: Harness) -> None:
+async def test_unschedulable_past_the_configured_limit(harness: Harness) -> None:
     h = harness
+    h.settings.unschedulable_limit_s = 0.5  # configured: waiting longer is recorded
     _, job = await start(h)
     unschedulable = {
         "type": "PodScheduled",

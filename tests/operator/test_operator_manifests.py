@@ -213,6 +213,13 @@ def test_full_job_manifest(tmp_path: Path) -> None:
     validate(job)
     spec = job["spec"]
     assert (spec["backoffLimit"], spec["activeDeadlineSeconds"], spec["suspend"]) == (0, 5400, True)
+    # Disruptions are retried by the Job; the runner's own exit codes end it at once.
+    assert spec["podFailurePolicy"]["rules"] == [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [0]}},
+    ]
+    assert spec["podReplacementPolicy"] == "Failed"
+    assert spec["template"]["metadata"]["annotations"] == {"karpenter.sh/do-not-disrupt": "true"}
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "trainium"
     pod = spec["template"]["spec"]
     assert pod["schedulerName"] == "my-scheduler" and pod["restartPolicy"] == "Never"
@@ -345,9 +352,27 @@ def test_job_readings() -> None:
     )
     assert read_job(_job("Failed", "BackoffLimitExceeded"), [lost]).state == JobState.NODE_LOST
     evicted = _pod({"exitCode": 137}, reason="Evicted", message="low on memory")
-    assert (
-        read_job(_job("Failed", "BackoffLimitExceeded"), [evicted]).state == JobState.INFRASTRUCTURE
-    )
+    assert read_job(_job("Failed", "PodFailurePolicy"), [evicted]).state == JobState.NODE_LOST
+    # Exit 137 is not out-of-memory by itself: only the container's OOMKilled reason is.
+    killed = _pod({"exitCode": 137, "reason": "Error"})
+    assert read_job(_job("Failed", "PodFailurePolicy"), [killed]).state == JobState.FAILED
+    from model_support.runner_pod import STOPPED_MESSAGE
+
+    stopped = _pod({"exitCode": 143, "message": STOPPED_MESSAGE})
+    assert read_job(_job("Failed", "PodFailurePolicy"), [stopped]).state == JobState.NODE_LOST
+    init_failed = _pod({"exitCode": 0})
+    init_failed["status"]["initContainerStatuses"] = [
+        {"name": "extra-packages", "state": {"terminated": {"exitCode": 1, "message": "no such"}}}
+    ]
+    reading = read_job(_job("Failed", "PodFailurePolicy"), [init_failed])
+    assert reading.state == JobState.INFRASTRUCTURE and "extra-packages" in reading.message
+    # The pod that decided a finished Job is the one that was not disrupted.
+    replaced = _pod({"exitCode": 143}, conditions=[{"type": "DisruptionTarget", "status": "True"}])
+    replaced["metadata"]["name"] = "first"
+    final = _pod({"exitCode": 0})
+    final["metadata"]["name"] = "second"
+    assert read_job(_job("Complete", "Completed"), [final, replaced]).pod_name == "second"
+    assert read_job(_job("Complete", "Completed"), [replaced, final]).pod_name == "second"
 
 
 def test_stuck_pods() -> None:
@@ -378,6 +403,32 @@ def test_stuck_pods() -> None:
         stuck_reason(pending, now=now, unschedulable_limit_s=30, image_pull_limit_s=300) is not None
     )
     assert stuck_reason(pending, now=now, unschedulable_limit_s=120, image_pull_limit_s=300) is None
+    # Unschedulable for any time is only waiting unless a limit is configured.
+    assert (
+        stuck_reason(pending, now=now, unschedulable_limit_s=None, image_pull_limit_s=300) is None
+    )
+    # The image-pull limit counts from scheduling, not from the pod's creation (00:00 here).
+    queued_then_pulling = _pod(
+        phase="Pending",
+        conditions=[
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-01-01T00:08:00Z"}
+        ],
+    )
+    queued_then_pulling["status"]["containerStatuses"] = [
+        {"name": "runner", "state": {"waiting": {"reason": "ImagePullBackOff"}}}
+    ]
+    assert (
+        stuck_reason(
+            queued_then_pulling, now=now, unschedulable_limit_s=None, image_pull_limit_s=300
+        )
+        is None
+    )
+    assert "ImagePullBackOff" in (
+        stuck_reason(
+            queued_then_pulling, now=now, unschedulable_limit_s=None, image_pull_limit_s=60
+        )
+        or ""
+    )
 
 
 # ------------------------------------------------------------------------- the Helm chart
