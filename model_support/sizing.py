@@ -84,6 +84,10 @@ class MetadataError(ValueError):
     """The model's metadata cannot be read (not found, no config); says what to check."""
 
 
+class ModelNotFound(MetadataError):
+    """No such model or revision (or no access to it): the reference itself is wrong."""
+
+
 class ModelMetadata(BaseModel):
     """What sizing needs to know about a model, read from config.json and safetensors headers.
 
@@ -588,18 +592,18 @@ def read_metadata(
             task=task,
         )  # fmt: skip
     if model.startswith((".", "/", "~")):
-        raise MetadataError(f"no checkpoint directory at {model}")
+        raise ModelNotFound(f"no checkpoint directory at {model}")
     effective_token = token or get_token()
     api = hub.hub_api(endpoint)
     try:
         info = hub.hub_model_info(api, model, revision, effective_token)
     except RepositoryNotFoundError as e:
-        raise MetadataError(
+        raise ModelNotFound(
             f"no model {model!r} on {api.endpoint} (or it is private and the token has no "
             "access); check the id"
         ) from e
     except RevisionNotFoundError as e:
-        raise MetadataError(
+        raise ModelNotFound(
             f"{model} has no revision {revision!r}; check the branch/tag/commit"
         ) from e
     gated = bool(info.gated)
@@ -660,6 +664,7 @@ __all__ = [
     "MemoryBreakdown",
     "MetadataError",
     "ModelMetadata",
+    "ModelNotFound",
     "Plan",
     "memory_at",
     "metadata_from_config",

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from model_support.operator.resource import (
+    ANNOTATION_TEST_NAME,
     API_VERSION,
     KIND,
     LABEL_ATTEMPT,
@@ -366,8 +367,11 @@ def build_job(
         "template": {
             "metadata": {
                 "labels": labels,
-                # Karpenter must not consolidate the node under a running test.
-                "annotations": {ANNOTATION_DO_NOT_DISRUPT: "true"},
+                "annotations": {
+                    ANNOTATION_TEST_NAME: test.name,
+                    # Karpenter must not consolidate the node under a running test.
+                    ANNOTATION_DO_NOT_DISRUPT: "true",
+                },
             },
             "spec": pod_spec,
         },
@@ -382,7 +386,7 @@ def build_job(
             "name": job_name,
             "namespace": test.namespace,
             "labels": job_labels,
-            "annotations": {ANNOTATION_RUN_ID: run_id},
+            "annotations": {ANNOTATION_RUN_ID: run_id, ANNOTATION_TEST_NAME: test.name},
             "ownerReferences": [owner_reference(test)],
         },
         "spec": job_spec,

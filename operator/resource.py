@@ -25,6 +25,9 @@ LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 LABEL_RECORDED = f"{GROUP}/recorded"
 """Set on a runner Job once its result is recorded: the watchdog lists only Jobs without it."""
 
+ANNOTATION_TEST_NAME = f"{GROUP}/test-name"
+"""The test's full name on its Job and pods (names go up to 253 characters, labels to 63)."""
+
 RUNNER_CONTAINER = "runner"
 
 _MAX_NAME = 63  # Job names end up in the pod label job-name, which is limited to 63 characters.

@@ -89,7 +89,33 @@ class OperatorSettings(BaseModel):
         None, description="ServiceAccount of runner pods (no API access needed)."
     )
     read_token_secrets: bool = Field(
-        True, description="Read a spec's hubTokenSecret to size gated models (needs `get secrets`)."
+        False,
+        description="Read a spec's hubTokenSecret (only Secrets labelled modelsupport.dev/hub-token=true) to size gated models; needs `get secrets`.",
+    )
+    allowed_results_prefixes: list[str] = Field(
+        default_factory=list,
+        description="Store URIs a test's spec.results may point under; empty = only results_uri.",
+    )
+    sizing_max_retries: int = Field(
+        12,
+        ge=0,
+        description="Transient sizing failures (Hub 5xx, timeouts) are retried this often, with backoff capped at retry_cap_s, then recorded ERROR/infrastructure.",
+    )
+    sizing_retry_base_s: float = Field(
+        15.0, gt=0, description="First delay of the sizing retries (doubled each time)."
+    )
+    hub_endpoint: str | None = Field(
+        None,
+        description="Hugging Face Hub endpoint for sizing; None = HF_ENDPOINT, else huggingface.co.",
+    )
+    request_timeout_s: float = Field(
+        30.0, gt=0, description="Deadline of every API request the operator makes."
+    )
+    watch_timeout_s: float = Field(
+        300.0, gt=0, description="A watch stream is renewed after this long."
+    )
+    list_page_size: int = Field(
+        500, ge=1, description="Objects per page of every list call (paginated with continue)."
     )
     namespaces: list[str] = Field(default_factory=list)
     all_namespaces: bool = False

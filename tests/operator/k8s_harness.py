@@ -280,7 +280,11 @@ class Harness:
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name, "labels": labels},
+            "metadata": {
+                "name": name,
+                "labels": labels,
+                "annotations": dict(template["metadata"].get("annotations") or {}),
+            },
             "spec": template["spec"],
             "status": {"phase": "Pending", **status},
         }
@@ -348,6 +352,12 @@ class Harness:
                 }
             },
         )
+        await self.finish_job(job, exit_code=exit_code, job_condition=job_condition)
+
+    async def finish_job(
+        self, job: dict[str, Any], *, exit_code: int, job_condition: tuple[str, str] | None = None
+    ) -> None:
+        """The Job controller's part: the Job's terminal condition after its pod ended."""
         kind, reason = job_condition or (
             # The runner Job's podFailurePolicy fails it at once on a non-zero exit code.
             ("Complete", "Completed") if exit_code == 0 else ("Failed", "PodFailurePolicy")

@@ -101,6 +101,9 @@ async def test_pass_lifecycle(harness: Harness) -> None:
         "Sized": "True",
         "JobCreated": "True",
         "Recorded": "False",
+        "Ready": "False",  # kstatus: in progress
+        "Reconciling": "True",
+        "Stalled": "False",
     }
 
     pod = await h.start_pod(job)

@@ -166,18 +166,85 @@ def test_invalid_specs_are_refused(
         parse_spec(spec)
 
 
-def test_cel_rules_have_the_operator_twin() -> None:
-    """The x-kubernetes-validations rules cannot run here; the operator enforces each of them."""
-    for bad, message in [
-        ({"model": "a/b", "profile": "trn1", "lnc": 1}, "lnc"),
-        ({"model": "a/b", "profile": "inf2", "cores": 30, "parallelism": "tensor"}, "24 cores"),
-        ({"model": "a/b", "profile": "trn2", "cores": 100, "parallelism": "tensor"}, "64 cores"),
-        ({"model": "a/b", "parallelism": "tensor"}, "together with cores"),
-        ({"model": "a/b", "cores": 4}, "needs parallelism"),
-    ]:
-        with pytest.raises(SpecError, match=message):
-            parse_spec(bad)
-    parse_spec({"model": "a/b", "profile": "trn2", "lnc": 1, "cores": 100, "parallelism": "tensor"})
+def _defaulted(schema: dict[str, Any], value: Any) -> Any:
+    """``value`` with the schema's defaults filled in, as the API server does before CEL runs."""
+    if not isinstance(value, dict) or schema.get("type") != "object":
+        return value
+    result = dict(value)
+    for name, prop in (schema.get("properties") or {}).items():
+        if name not in result and "default" in prop:
+            result[name] = copy.deepcopy(prop["default"])
+        if name in result:
+            result[name] = _defaulted(prop, result[name])
+    return result
+
+
+def _cel_rules(
+    schema: dict[str, Any], path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], str, str]]:
+    """Every x-kubernetes-validations rule of a schema, with the path of the object it guards."""
+    rules = [(path, r["rule"], r["message"]) for r in schema.get("x-kubernetes-validations") or []]
+    for name, prop in (schema.get("properties") or {}).items():
+        rules += _cel_rules(prop, (*path, name))
+    return rules
+
+
+def cel_violations(crd: dict[str, Any], spec: dict[str, Any]) -> list[str]:
+    """The messages of the CRD's CEL rules a spec breaks, evaluated by cel-python."""
+    import celpy
+
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    env = celpy.Environment()
+    spec = _defaulted(schema, spec)
+    broken = []
+    for path, rule, message in _cel_rules(schema):
+        target: Any = spec
+        for part in path:
+            target = target.get(part) if isinstance(target, dict) else None
+        if target is None:
+            continue  # a rule on an absent object does not run
+        program = env.program(env.compile(rule))
+        if not bool(program.evaluate({"self": celpy.json_to_cel(target)})):
+            broken.append(message)
+    return broken
+
+
+def test_cel_rules_and_the_operator_agree(
+    crd: dict[str, Any], schema: jsonschema.Validator
+) -> None:
+    """The CRD's CEL rules (run by cel-python, as the API server runs them) refuse exactly the
+    specs the operator refuses: neither can drift from the other."""
+    import itertools
+
+    cases = 0
+    for profile, lnc, cores, parallelism in itertools.product(
+        ["trn2", "trn1", "inf2", "cpu"],
+        [None, 1, 2],
+        [None, 1, 4, 30, 64, 100],
+        [None, "none", "tensor"],
+    ):
+        spec: dict[str, Any] = {"model": "a/b", "profile": profile}
+        for key, value in (("lnc", lnc), ("cores", cores), ("parallelism", parallelism)):
+            if value is not None:
+                spec[key] = value
+        body = {"apiVersion": "modelsupport.dev/v1alpha1", "kind": "ModelSupportTest",
+                "metadata": {"name": "x"}, "spec": spec}  # fmt: skip
+        api_accepts = schema.is_valid(body) and not cel_violations(crd, spec)
+        try:
+            parse_spec(spec)
+            operator_accepts = True
+        except SpecError:
+            operator_accepts = False
+        assert api_accepts == operator_accepts, (spec, cel_violations(crd, spec))
+        cases += 1
+    assert cases == 216
+    # Each rule is exercised by at least one refused spec, with its own message.
+    assert "lnc (logical NeuronCore config) applies only to the trn2 profile." in cel_violations(
+        crd, {"model": "a/b", "profile": "trn1", "lnc": 1}
+    )
+    assert cel_violations(crd, {"model": "a/b", "compileCache": {}}) == [
+        "compileCache needs a source, a target, or both."
+    ]
 
 
 def test_examples_are_valid(schema: jsonschema.Validator) -> None:
@@ -219,7 +286,10 @@ def test_full_job_manifest(tmp_path: Path) -> None:
         {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [0]}},
     ]
     assert spec["podReplacementPolicy"] == "Failed"
-    assert spec["template"]["metadata"]["annotations"] == {"karpenter.sh/do-not-disrupt": "true"}
+    assert spec["template"]["metadata"]["annotations"] == {
+        "karpenter.sh/do-not-disrupt": "true",
+        "modelsupport.dev/test-name": REF.name,  # the full name: labels stop at 63 characters
+    }
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "trainium"
     pod = spec["template"]["spec"]
     assert pod["schedulerName"] == "my-scheduler" and pod["restartPolicy"] == "Never"

@@ -84,9 +84,9 @@ async def test_an_unreadable_result_is_retried_never_recorded_as_the_models(h: H
     _, job = await start(h)
     status = await pending(h)
     pod = await h.start_pod(job)
-    await h.end_pod(job, pod, exit_code=0, log=None)
     # The pod is gone (node removed) and nothing has arrived in the store yet.
     await h.delete(f"/api/v1/namespaces/default/pods/{pod['metadata']['name']}")
+    await h.finish_job(job, exit_code=0)
     waiting = await h.wait_status(
         "qwen",
         lambda s: conditions(s).get("Recorded", {}).get("reason") == "ResultUnavailable",
@@ -107,8 +107,8 @@ async def test_unreadable_for_too_long_is_infrastructure_not_a_verdict(h: Harnes
     h.settings.result_unavailable_limit_s = 0.5
     _, job = await start(h)
     pod = await h.start_pod(job)
-    await h.end_pod(job, pod, exit_code=0, log=None)
     await h.delete(f"/api/v1/namespaces/default/pods/{pod['metadata']['name']}")
+    await h.finish_job(job, exit_code=0)
     done = await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
     assert (done["result"], done["errorClass"]) == ("ERROR", "infrastructure")
     assert "no result document could be read" in done["message"]
