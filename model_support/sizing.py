@@ -64,6 +64,7 @@ from huggingface_hub.errors import (
 from pydantic import BaseModel, ConfigDict, Field
 
 from model_support import hub
+from model_support.config import RunConfig
 from model_support.hardware import HardwareProfile, get_profile
 from model_support.hub import TensorSpec
 from model_support.vocabulary import ExclusionReason, Parallelism, Task
@@ -114,6 +115,9 @@ class ModelMetadata(BaseModel):
     num_experts: int = 0
     tp_plan: dict[str, str] | None = None
     tensors: list[TensorSpec] | None = None
+    image_tokens: int = Field(
+        0, ge=0, description="Tokens one image adds to a prompt (image-text-to-text models)."
+    )
 
 
 class MemoryBreakdown(BaseModel):
@@ -168,6 +172,7 @@ class Plan(BaseModel):
     batch: int
     max_length: int
     parameters: int
+    checkpoint_bytes: int = Field(0, description="Bytes of the safetensors weights as stored.")
     memory: MemoryBreakdown
     total_bytes: int
     headroom_bytes: int
@@ -318,9 +323,13 @@ def plan_from_metadata(
     batch: int = 3,
     max_length: int = 160,
     trust_remote_code: bool = False,
+    cores: int | None = None,
+    parallelism: Parallelism | None = None,
 ) -> Plan | Exclusion:
     """Size ``meta`` on ``profile``: the smallest valid degree that fits, or an Exclusion.
 
+    ``cores`` (with ``parallelism``) overrides the degree only: the plan is made at that degree
+    (noted when it does not fit), every exclusion other than a size one still applies.
     Pure: reads nothing but its arguments. Raises ValueError for bad arguments.
     """
     _validate_run(dtype, batch, max_length, max_cores)
@@ -368,6 +377,18 @@ def plan_from_metadata(
             f"{meta.model} publishes no safetensors weights (no model.safetensors or "
             "model.safetensors.index.json); pickle checkpoints are not loaded.",
         )
+
+    if cores is not None:
+        split = parallelism or (Parallelism.NONE if cores == 1 else Parallelism.TENSOR)
+        mem = memory_at(meta, hw, cores, split, dtype=dtype, batch=batch, max_length=max_length)
+        plan = _plan(meta, hw, mem, dtype, batch, max_length, max(max_cores, cores))
+        if not mem.fits:
+            note = (
+                f"{cores} core(s) given: sizing expects {_gib(mem.total)} per core of "
+                f"{_gib(hw.bytes_per_core)}, so the run may run out of device memory"
+            )
+            plan = plan.model_copy(update={"notes": [*plan.notes, note]})
+        return plan
 
     degrees = _degrees(max_cores, hw)
     largest_valid: MemoryBreakdown | None = None
@@ -435,6 +456,7 @@ def _plan(
         batch=batch,
         max_length=max_length,
         parameters=sum(t.numel for t in meta.tensors or []),
+        checkpoint_bytes=sum(t.numel * _STORED_BYTES.get(t.dtype, 4) for t in meta.tensors or []),
         memory=mem,
         total_bytes=mem.total,
         headroom_bytes=mem.headroom,
@@ -541,6 +563,7 @@ def metadata_from_config(
         head_dim = hidden // heads
     kv_heads = _first_int(text, "num_key_value_heads", "num_kv_heads") or heads
     return ModelMetadata(
+        image_tokens=_image_tokens(config),
         model=model,
         revision=revision,
         source=source,
@@ -558,6 +581,20 @@ def metadata_from_config(
         tp_plan=tp_plan,
         tensors=_loaded_names(model_type if known else None, tensors) if tensors else tensors,
     )
+
+
+def _image_tokens(config: dict[str, Any]) -> int:
+    """Tokens one image adds to a prompt: the config's image_seq_length, else one per patch of
+    the vision tower (plus its class token); 0 for a text-only model."""
+    direct = _first_int(config, "image_seq_length", "mm_tokens_per_image", "num_image_tokens")
+    if direct:
+        return direct
+    vision = config.get("vision_config")
+    if isinstance(vision, dict):
+        size, patch = _first_int(vision, "image_size"), _first_int(vision, "patch_size")
+        if size and patch:
+            return (size // patch) ** 2 + 1
+    return 0
 
 
 def _head_plan(architectures: list[str]) -> dict[str, str]:
@@ -658,6 +695,55 @@ def size_model(
     )  # fmt: skip
 
 
+PROMPT_OVERHEAD_TOKENS = 16
+"""Special tokens a tokenizer may add around a prompt (BOS, EOS, role markers)."""
+CHAT_TEMPLATE_TOKENS = 64
+"""Tokens of the chat template run.py wraps an image prompt in."""
+
+
+def run_shape(config: RunConfig, image_tokens: int = 0) -> tuple[int, int]:
+    """(batch, longest sequence) of the run ``config`` describes, as run.py will run it.
+
+    batch = the number of prompts (one batch); the sequence = the longest prompt + the new
+    tokens. A prompt's token count is bounded by its UTF-8 bytes (byte-level BPE and
+    byte-fallback tokenizers emit at most one token per byte) plus special tokens; an image
+    prompt adds the chat template and the image's tokens.
+    """
+    longest = max(len(p.encode("utf-8")) for p in config.prompts) + PROMPT_OVERHEAD_TOKENS
+    if config.task == Task.IMAGE_TEXT_TO_TEXT:
+        longest += CHAT_TEMPLATE_TOKENS + image_tokens
+    return len(config.prompts), longest + config.max_new_tokens
+
+
+def size_run(
+    config: RunConfig,
+    *,
+    profile: str = "trn2",
+    lnc: int | None = None,
+    max_cores: int = 16,
+    cores: int | None = None,
+    token: str | None = None,
+    endpoint: str | None = None,
+) -> Plan | Exclusion:
+    """Size the run ``config`` describes: the one entry point of the CLI and the operator.
+
+    Model, revision, task, dtype, prompts and new tokens come from ``config``, so what is sized
+    is what runs (:func:`run_shape`). ``cores`` overrides the core count only (with
+    ``config.parallelism``): the plan, its parameter count and checkpoint size are still read
+    from the model. Raises MetadataError (ModelNotFound) when the model cannot be read.
+    """
+    hw = get_profile(profile, lnc)
+    meta = read_metadata(
+        config.model, config.revision, task=config.task.value, token=token, endpoint=endpoint
+    )
+    batch, max_length = run_shape(config, meta.image_tokens)
+    return plan_from_metadata(
+        meta, profile=hw, max_cores=max_cores, dtype=config.dtype, batch=batch,
+        max_length=max_length, trust_remote_code=config.trust_remote_code, cores=cores,
+        parallelism=config.parallelism if cores is not None else None,
+    )  # fmt: skip
+
+
 __all__ = [
     "DTYPE_BYTES",
     "Exclusion",
@@ -670,6 +756,8 @@ __all__ = [
     "metadata_from_config",
     "plan_from_metadata",
     "read_metadata",
+    "run_shape",
     "size_model",
+    "size_run",
     "valid_parallelism",
 ]

@@ -26,8 +26,12 @@ from model_support.operator.resource import (
 )
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import TestSpec
+from model_support.sizing import Plan
 from model_support.vocabulary import Parallelism
 
+GiB = 2**30
+DEFAULT_LNC = 2
+"""trn2's logical NeuronCore config when a test names none (what sizing assumes)."""
 NEURONCORE_RESOURCE = "aws.amazon.com/neuroncore"
 NEURON_TAINT = "aws.amazon.com/neuron"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -72,11 +76,24 @@ class TestRef:
 
 @dataclass(frozen=True)
 class Placement:
-    """How many cores a test gets and how much host memory its pod requests."""
+    """How many cores a test gets, the host memory for its float32 reference, and the size of
+    the checkpoint it downloads (for the pod's ephemeral storage)."""
 
     cores: int
     parallelism: Parallelism
     host_memory_bytes: int
+    checkpoint_bytes: int = 0
+
+
+def placement_for(plan: Plan, settings: OperatorSettings) -> Placement:
+    """The pod-level placement of a sized plan.
+
+    The verdict's reference pass runs in float32 on the host: 4 bytes per parameter, times
+    ``host_memory_factor`` for the loaded run-dtype copy and headroom, never below the floor.
+    """
+    floor = int(settings.min_host_memory_gib * GiB)
+    host = int(plan.parameters * 4 * settings.host_memory_factor)
+    return Placement(plan.cores, plan.parallelism, max(floor, host), plan.checkpoint_bytes)
 
 
 def labels_for(test: TestRef, attempt: int | None = None) -> dict[str, str]:
@@ -173,6 +190,9 @@ def build_job(
         {"name": "HF_HOME", "value": f"{WORKDIR}/hf-home"},
         {"name": "TORCH_NEURONX_NEFF_CACHE_DIR", "value": settings.neff_cache_dir},
         {"name": "MODEL_SUPPORT_RUN_ID", "value": run_id},
+        # The root filesystem is read-only: every cache goes to a writable volume.
+        {"name": "HOME", "value": "/tmp/home"},
+        {"name": "XDG_CACHE_HOME", "value": "/tmp/cache"},
     ]
     if spec.hubTokenSecret is not None:
         # The token comes from the Secret at run time; it is never in the ConfigMap or the spec.
@@ -187,8 +207,6 @@ def build_job(
                 },
             }
         )
-    if spec.lnc is not None:
-        env.append({"name": "NEURON_LOGICAL_NC_CONFIG", "value": str(spec.lnc)})
     if spec.extraPackages:
         env.append({"name": "PYTHONPATH", "value": EXTRA_PACKAGES_DIR})
 
@@ -196,6 +214,7 @@ def build_job(
     container_security = {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
@@ -209,6 +228,7 @@ def build_job(
         },
         {"name": "neff-cache", "mountPath": settings.neff_cache_dir},
         {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "shm", "mountPath": "/dev/shm"},
     ]
 
     init_containers: list[dict[str, Any]] = []
@@ -266,9 +286,21 @@ def build_job(
         # A local-path store lives on a shared volume: the runner delivers into the same path.
         mounts.append({"name": "results", "mountPath": settings.results_uri})
 
-    memory = _gib(placement.host_memory_bytes)
+    # /dev/shm is memory: one worker per core, counted in the memory request and limit.
+    shm_bytes = int(settings.shm_per_core_gib * GiB) * placement.cores
+    memory = _gib(placement.host_memory_bytes + shm_bytes)
+    # /work holds the checkpoint download (HF_HOME) and extra packages; /tmp and the NEFF
+    # cache the compilers' files. Each emptyDir is capped; the pod requests their sum.
+    work_bytes = placement.checkpoint_bytes + int(settings.work_headroom_gib * GiB)
+    tmp_bytes = int(settings.tmp_size_gib * GiB)
+    neff_bytes = int(settings.neff_cache_size_gib * GiB)
+    storage = _gib(work_bytes + tmp_bytes + neff_bytes)
     resources: dict[str, dict[str, str]] = {
-        "requests": {"cpu": _cpu(placement.cores * settings.cpu_per_core), "memory": memory},
+        "requests": {
+            "cpu": _cpu(placement.cores * settings.cpu_per_core),
+            "memory": memory,
+            "ephemeral-storage": storage,
+        },
         "limits": {"memory": memory},
     }
     node_selector: dict[str, str] = {}
@@ -281,6 +313,9 @@ def build_job(
     instance_type = spec.instanceType or profile.instance_type
     if instance_type is not None:
         node_selector[INSTANCE_TYPE_LABEL] = instance_type
+    if profile.name == "trn2" and settings.lnc_node_label:
+        # LNC is a node setting: select nodes configured with the LNC this test was sized for.
+        node_selector[settings.lnc_node_label] = str(spec.lnc or DEFAULT_LNC)
     node_selector.update(spec.scheduling.nodeSelector)
     tolerations.extend(t.model_dump(exclude_none=True) for t in spec.scheduling.tolerations)
 
@@ -309,7 +344,7 @@ def build_job(
             }
         ],
         "volumes": [
-            {"name": "work", "emptyDir": {}},
+            {"name": "work", "emptyDir": {"sizeLimit": _gib(work_bytes)}},
             {
                 "name": "run-script",
                 "configMap": {
@@ -317,8 +352,9 @@ def build_job(
                     "items": [{"key": RUN_PY_KEY, "path": RUN_PY_KEY}],
                 },
             },
-            {"name": "neff-cache", "emptyDir": {}},
-            {"name": "tmp", "emptyDir": {}},
+            {"name": "neff-cache", "emptyDir": {"sizeLimit": _gib(neff_bytes)}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": _gib(tmp_bytes)}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": _gib(shm_bytes)}},
         ],
     }
     if any(m["name"] == "results" for m in mounts):
@@ -336,8 +372,12 @@ def build_job(
         pod_spec["nodeSelector"] = node_selector
     if tolerations:
         pod_spec["tolerations"] = tolerations
-    if spec.scheduling.schedulerName:
-        pod_spec["schedulerName"] = spec.scheduling.schedulerName
+    scheduler = spec.scheduling.schedulerName
+    if scheduler is None and profile.neuron and placement.cores > 1:
+        # More than one core must be connected cores: the Neuron scheduler extension's job.
+        scheduler = settings.scheduler_name
+    if scheduler:
+        pod_spec["schedulerName"] = scheduler
     if spec.scheduling.priorityClassName:
         pod_spec["priorityClassName"] = spec.scheduling.priorityClassName
     if settings.service_account:

@@ -40,6 +40,7 @@ from model_support.operator.manifests import (
     build_configmap,
     build_job,
     delivery_target,
+    placement_for,
 )
 from model_support.operator.outcome import (
     INFRA_RESULTS,
@@ -83,9 +84,9 @@ from model_support.operator.status import (
 from model_support.records import ResultDocument, RunRecord, parse_result_line
 from model_support.runner_pod import RUNNER_MESSAGE_PREFIX
 from model_support.script import read_config, render_script
-from model_support.sizing import Exclusion, MetadataError, ModelNotFound, size_model
+from model_support.sizing import Exclusion, MetadataError, ModelNotFound, size_run
 from model_support.store import RecordExists, ResultsStore
-from model_support.vocabulary import ErrorClass, Parallelism, Result
+from model_support.vocabulary import ErrorClass, ExclusionReason, Parallelism, Result
 
 log = logging.getLogger(__name__)
 
@@ -274,25 +275,27 @@ class Reconciler:
         return value
 
     def place(self, spec: TestSpec, namespace: str) -> Placement | Exclusion:
-        """Cores and host memory: the spec's override, else sized from the checkpoint.
+        """Cores, host memory and storage of a test, sized from the model and the test's own
+        config (the same entry point as the CLI's); ``spec.cores`` overrides the core count only.
 
         Raises InvalidTest, LoadFailure or Transient (see :func:`classify_sizing_error`).
         """
-        floor = int(self.settings.min_host_memory_gib * GiB)
-        if spec.cores is not None:
-            return Placement(spec.cores, spec.parallelism or Parallelism.NONE, floor)
+        if spec.lnc is not None and spec.profile == "trn2" and not self.settings.lnc_node_label:
+            raise InvalidTest(
+                f"spec.lnc={spec.lnc} needs nodes labelled with their LNC, and this operator "
+                "has no lncNodeLabel configured (chart value runner.lncNodeLabel); LNC is a "
+                "node setting, not one a pod can choose"
+            )
         token = self.hub_token(spec, namespace)
+        config = spec.run_config(spec.cores or 1, spec.parallelism or Parallelism.NONE)
         try:
-            plan = size_model(
-                spec.model,
-                spec.revision,
+            plan = size_run(
+                config,
                 profile=spec.profile,
                 lnc=spec.lnc,
                 max_cores=spec.maxCores,
-                dtype=spec.dtype,
-                task=spec.task.value,
+                cores=spec.cores,
                 token=token,
-                trust_remote_code=spec.trustRemoteCode,
                 endpoint=self.settings.hub_endpoint or os.environ.get("HF_ENDPOINT"),
             )
         except Exception as exc:
@@ -302,17 +305,15 @@ class Reconciler:
             if (
                 spec.hubTokenSecret is not None
                 and token is None
-                and plan.reason.value == ("gated-without-token")
+                and plan.reason is ExclusionReason.GATED_WITHOUT_TOKEN
             ):
                 raise InvalidTest(
                     f"{spec.model} is gated and this operator does not read Secrets "
-                    "(readHubTokenSecrets is off): set spec.cores and spec.parallelism so no "
-                    "sizing is needed, or enable readHubTokenSecrets"
+                    "(readHubTokenSecrets is off); enable readHubTokenSecrets, or test it with "
+                    "`model-support run` where the token is"
                 )
             return plan
-        # The verdict's reference pass runs in float32 on the host: 4 bytes per parameter.
-        host = int(plan.parameters * 4 * self.settings.host_memory_factor)
-        return Placement(plan.cores, plan.parallelism, max(floor, host))
+        return placement_for(plan, self.settings)
 
     # ---------------------------------------------------------------- test created / changed / resumed
 
@@ -429,6 +430,7 @@ class Reconciler:
                 cores=placement.cores,
                 parallelism=placement.parallelism,
                 hostMemoryBytes=placement.host_memory_bytes,
+                checkpointBytes=placement.checkpoint_bytes,
                 attempt=attempt,
                 configMapName=cm_name,
                 jobName=job_name,
@@ -809,6 +811,7 @@ class Reconciler:
             int(status["cores"]),
             Parallelism(status.get("parallelism") or Parallelism.NONE.value),
             int(status.get("hostMemoryBytes") or self.settings.min_host_memory_gib * GiB),
+            int(status.get("checkpointBytes") or 0),
         )
         cm_name = child_name(ref.name, ref.uid, ref.generation)
         job_name = child_name(ref.name, ref.uid, ref.generation, attempt + 1)

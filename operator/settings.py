@@ -82,6 +82,30 @@ class OperatorSettings(BaseModel):
         description="Host memory per byte of float32 parameters: the CPU reference runs in float32, plus the loaded run-dtype copy and headroom.",
     )
     neff_cache_dir: str = "/var/cache/neff"
+    shm_per_core_gib: float = Field(
+        1.0,
+        gt=0,
+        description="/dev/shm (a memory-backed emptyDir) per worker; run.py starts one worker per core. Counted in the memory request.",
+    )
+    work_headroom_gib: float = Field(
+        4.0,
+        ge=0,
+        description="Scratch space of /work beyond the checkpoint download (HF_HOME lives there).",
+    )
+    tmp_size_gib: float = Field(
+        10.0, gt=0, description="sizeLimit of /tmp (compiler and inductor scratch)."
+    )
+    neff_cache_size_gib: float = Field(
+        20.0, gt=0, description="sizeLimit of the local NEFF compile cache."
+    )
+    scheduler_name: str | None = Field(
+        None,
+        description="Scheduler of runner pods on more than one NeuronCore (the Neuron scheduler extension places connected cores); a test's scheduling.schedulerName wins.",
+    )
+    lnc_node_label: str | None = Field(
+        None,
+        description="Node label holding a trn2 node's logical NeuronCore config (LNC); runner pods select nodes with the LNC they were sized for. Without it a test cannot ask for an LNC.",
+    )
     log_tail_lines: int = Field(
         400, ge=10, description="Lines of the runner's log read for the result line."
     )

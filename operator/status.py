@@ -138,6 +138,7 @@ class TestStatus(BaseModel):
     parallelism: Parallelism | None = None
     attempt: int | None = Field(None, ge=0)
     hostMemoryBytes: int | None = Field(None, ge=0)
+    checkpointBytes: int | None = Field(None, ge=0)
     jobName: str | None = None
     configMapName: str | None = None
     runId: str | None = None

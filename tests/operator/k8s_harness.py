@@ -180,7 +180,7 @@ class Harness:
         self,
         check: Callable[[], Any],
         *,
-        timeout: float = 15,
+        timeout: float = 60,
         what: str = "the condition",
         interval: float = 0.05,
     ) -> Any:
@@ -248,7 +248,7 @@ class Harness:
         return dict(test.get("status") or {})
 
     async def wait_status(
-        self, name: str, check: Callable[[dict[str, Any]], bool], what: str, timeout: float = 15
+        self, name: str, check: Callable[[dict[str, Any]], bool], what: str, timeout: float = 60
     ) -> dict[str, Any]:
         async def probe() -> dict[str, Any] | None:
             status = await self.test_status(name)

@@ -54,6 +54,7 @@ current-context: kmock
     )
     live_port, metrics_port = _free_port(), _free_port()
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    env["HF_ENDPOINT"] = str(harness.settings.hub_endpoint)  # the stand-in Hub sizing reads
     proc = subprocess.Popen(
         [
             CLI,

@@ -420,5 +420,8 @@ async def test_sizing_places_a_model_that_fits(harness: Harness, tiny_llama_path
     status = await h.wait_status("sized", lambda s: s.get("phase") == "Pending", "Pending")
     assert status["cores"] == 1 and status["parallelism"] == "none"
     assert {c["type"]: c["reason"] for c in status["conditions"]}["Sized"] == "Sized"
-    limits = job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert limits["aws.amazon.com/neuroncore"] == "1" and limits["memory"] == "16Gi"
+    resources = job["spec"]["template"]["spec"]["containers"][0]["resources"]
+    # The floor of host memory (16 GiB) plus /dev/shm for its one worker (1 GiB).
+    assert resources["limits"]["aws.amazon.com/neuroncore"] == "1"
+    assert resources["limits"]["memory"] == "17Gi"
+    assert resources["requests"]["ephemeral-storage"] == "35Gi"  # checkpoint + 4 + 10 + 20 GiB

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -189,12 +190,19 @@ def _cel_rules(
     return rules
 
 
+@functools.cache
+def _cel_program(rule: str) -> Any:
+    import celpy
+
+    env = celpy.Environment()
+    return env.program(env.compile(rule))
+
+
 def cel_violations(crd: dict[str, Any], spec: dict[str, Any]) -> list[str]:
     """The messages of the CRD's CEL rules a spec breaks, evaluated by cel-python."""
     import celpy
 
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    env = celpy.Environment()
     spec = _defaulted(schema, spec)
     broken = []
     for path, rule, message in _cel_rules(schema):
@@ -203,8 +211,7 @@ def cel_violations(crd: dict[str, Any], spec: dict[str, Any]) -> list[str]:
             target = target.get(part) if isinstance(target, dict) else None
         if target is None:
             continue  # a rule on an absent object does not run
-        program = env.program(env.compile(rule))
-        if not bool(program.evaluate({"self": celpy.json_to_cel(target)})):
+        if not bool(_cel_program(rule).evaluate({"self": celpy.json_to_cel(target)})):
             broken.append(message)
     return broken
 
@@ -260,19 +267,60 @@ def test_examples_are_valid(schema: jsonschema.Validator) -> None:
 
 
 def job_for(
-    spec_dict: dict[str, Any], cores: int = 4, parallelism: Parallelism = Parallelism.TENSOR
+    spec_dict: dict[str, Any],
+    cores: int = 4,
+    parallelism: Parallelism = Parallelism.TENSOR,
+    settings: OperatorSettings = SETTINGS,
+    checkpoint_bytes: int = 0,
 ) -> dict[str, Any]:
     spec = parse_spec(spec_dict)
     return build_job(
         REF,
         spec,
-        Placement(cores, parallelism, 40 * GiB),
+        Placement(cores, parallelism, 40 * GiB, checkpoint_bytes),
         job_name=child_name(REF.name, REF.uid, REF.generation, 1),
         configmap_name=child_name(REF.name, REF.uid, REF.generation),
         attempt=1,
         run_id=run_id_for(REF.uid, REF.generation, 1),
-        settings=SETTINGS,
+        settings=settings,
     )
+
+
+def test_scheduler_and_lnc_come_from_the_operators_settings() -> None:
+    settings = SETTINGS.model_copy(
+        update={"scheduler_name": "neuron-scheduler", "lnc_node_label": "example.com/lnc"}
+    )
+    multi = job_for(
+        {"model": "a/b", "cores": 4, "parallelism": "tensor", "lnc": 1}, settings=settings
+    )
+    validate(multi)
+    pod = multi["spec"]["template"]["spec"]
+    assert pod["schedulerName"] == "neuron-scheduler"  # more than one core: connected cores
+    assert pod["nodeSelector"]["example.com/lnc"] == "1"  # nodes configured with LNC=1
+    env = {e["name"] for e in pod["containers"][0]["env"]}
+    assert "NEURON_LOGICAL_NC_CONFIG" not in env
+    single = job_for(
+        {"model": "a/b", "cores": 1}, cores=1, parallelism=Parallelism.NONE, settings=settings
+    )
+    single_pod = single["spec"]["template"]["spec"]
+    assert "schedulerName" not in single_pod  # one core: the default scheduler places it
+    assert single_pod["nodeSelector"]["example.com/lnc"] == "2"  # sized for trn2's default LNC
+    own = job_for(
+        {
+            "model": "a/b",
+            "cores": 4,
+            "parallelism": "tensor",
+            "scheduling": {"schedulerName": "mine"},
+        },
+        settings=settings,
+    )
+    assert own["spec"]["template"]["spec"]["schedulerName"] == "mine"  # a test's choice wins
+    # The checkpoint download is part of /work's size and of the storage request.
+    big = job_for({"model": "a/b", "cores": 4, "parallelism": "tensor"}, checkpoint_bytes=100 * GiB)
+    big_pod = big["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in big_pod["volumes"]}
+    assert volumes["work"]["emptyDir"]["sizeLimit"] == "104Gi"
+    assert big_pod["containers"][0]["resources"]["requests"]["ephemeral-storage"] == "134Gi"
 
 
 def test_full_job_manifest(tmp_path: Path) -> None:
@@ -306,7 +354,13 @@ def test_full_job_manifest(tmp_path: Path) -> None:
     )
     runner = pod["containers"][0]
     assert runner["resources"]["requests"]["aws.amazon.com/neuroncore"] == "4"
-    assert runner["resources"]["limits"] == {"memory": "40Gi", "aws.amazon.com/neuroncore": "4"}
+    # 40 GiB for the reference + /dev/shm of 1 GiB per worker (memory-backed, so counted).
+    assert runner["resources"]["limits"] == {"memory": "44Gi", "aws.amazon.com/neuroncore": "4"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "4Gi"}
+    assert all("sizeLimit" in v["emptyDir"] for v in volumes.values() if "emptyDir" in v)
+    assert runner["resources"]["requests"]["ephemeral-storage"] == "34Gi"  # 4 + 10 + 20, no ckpt
+    assert runner["securityContext"]["readOnlyRootFilesystem"] is True
     assert runner["resources"]["requests"]["cpu"] == "8000m"
     assert runner["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert runner["securityContext"]["allowPrivilegeEscalation"] is False
@@ -317,7 +371,8 @@ def test_full_job_manifest(tmp_path: Path) -> None:
         "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
     }
     assert env["TORCH_NEURONX_NEFF_CACHE_DIR"]["value"] == SETTINGS.neff_cache_dir
-    assert env["NEURON_LOGICAL_NC_CONFIG"]["value"] == "2"
+    # LNC is the node's: never set per pod (here no node label is configured to select by).
+    assert "NEURON_LOGICAL_NC_CONFIG" not in env
     # No shell: the cache target is one argument of the runner's after-run hook.
     assert runner["command"] == [
         "python3", "-m", "model_support.runner_pod", "--run-id", run_id_for(REF.uid, REF.generation, 1),
