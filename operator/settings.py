@@ -1,16 +1,38 @@
-"""Operator settings: defaults for every test, limits of the infrastructure classification."""
+"""Operator settings: defaults for every test, limits of the infrastructure classification.
+
+The Helm chart hands them to the operator as one JSON object (env ``MODEL_SUPPORT_SETTINGS``)
+with camelCase keys: a field ``unschedulable_limit_s`` is ``unschedulableLimitSeconds``,
+``min_host_memory_gib`` is ``minHostMemoryGiB``. The chart's ``settings:`` value holds any of
+them; a few have chart values of their own (see :func:`settings_from_values`, which the chart's
+template mirrors and a test keeps in step). Unknown keys are refused, naming the key.
+"""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+
+def chart_key(field: str) -> str:
+    """The camelCase key of a settings field in the chart (``_s`` = Seconds, ``_gib`` = GiB)."""
+    if field.endswith("_s"):
+        return to_camel(field[:-2]) + "Seconds"
+    if field.endswith("_gib"):
+        return to_camel(field[:-4]) + "GiB"
+    return to_camel(field)
+
+
+DEFAULT_RUNNER_IMAGE = "public.ecr.aws/model-support/runner:0.1.0"
+"""The chart's runnerImage default (values.yaml), so the CLI renders what the chart deploys."""
 
 
 class OperatorSettings(BaseModel):
     """Everything the operator needs besides the resources it watches."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", alias_generator=chart_key, populate_by_name=True)
 
     results_uri: str = Field(
         ...,
@@ -18,7 +40,7 @@ class OperatorSettings(BaseModel):
         description="Default results store URI (a spec's `results` overrides it).",
     )
     runner_image: str = Field(
-        "public.ecr.aws/model-support/runner:latest",
+        DEFAULT_RUNNER_IMAGE,
         description="Runner image used when a spec names none.",
     )
     image_pull_policy: str = "IfNotPresent"
@@ -146,3 +168,64 @@ class OperatorSettings(BaseModel):
     metrics_port: int | None = Field(
         9090, description="Prometheus /metrics port; None = no metrics server."
     )
+
+
+SETTINGS_ENV = "MODEL_SUPPORT_SETTINGS"
+"""The environment variable the chart passes the settings in (one JSON object)."""
+
+
+def settings_from_json(text: str, **overrides: Any) -> OperatorSettings:
+    """Settings from the chart's JSON object (camelCase keys), with ``overrides`` (by field
+    name) on top."""
+    try:
+        data = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{SETTINGS_ENV} is not a JSON object: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{SETTINGS_ENV} must be a JSON object, not {type(data).__name__}")
+    return OperatorSettings.model_validate(
+        {**data, **{chart_key(key): value for key, value in overrides.items()}}
+    )
+
+
+def settings_from_values(values: dict[str, Any]) -> OperatorSettings:
+    """The operator's settings for Helm values (only what differs from values.yaml is needed).
+
+    Mirrors the chart's ``model-support.settings`` template: top-level chart values first,
+    then the ``settings:`` block (camelCase keys) over them.
+    """
+    results = values.get("results")
+    if not results:
+        raise ValueError(
+            "the chart value `results` is required: where run records go, e.g. "
+            "--set results=s3://my-bucket/model-support"
+        )
+    namespaces = list(values.get("watchNamespaces") or [])
+    volume = values.get("resultsVolume") or {}
+    base: dict[str, Any] = {
+        "resultsUri": results,
+        "namespaces": namespaces,
+        "allNamespaces": not namespaces,
+        "readTokenSecrets": bool(values.get("readHubTokenSecrets", False)),
+    }
+    if values.get("runnerImage"):
+        base["runnerImage"] = values["runnerImage"]
+    if volume.get("enabled"):
+        base["resultsVolumeClaim"] = volume.get("claimName")
+    if values.get("allowedResultsPrefixes"):
+        base["allowedResultsPrefixes"] = list(values["allowedResultsPrefixes"])
+    runner = values.get("runner") or {}
+    for value_key, settings_key in (
+        ("schedulerName", "schedulerName"),
+        ("lncNodeLabel", "lncNodeLabel"),
+        ("serviceAccountName", "serviceAccount"),
+    ):
+        if runner.get(value_key):
+            base[settings_key] = runner[value_key]
+    if runner.get("env"):
+        base["runnerEnv"] = list(runner["env"])
+    if runner.get("envFrom"):
+        base["runnerEnvFrom"] = list(runner["envFrom"])
+    metrics = values.get("metrics") or {}
+    base["metricsPort"] = metrics.get("port", 9090) if metrics.get("enabled", True) else None
+    return OperatorSettings.model_validate({**base, **(values.get("settings") or {})})

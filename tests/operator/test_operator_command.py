@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -54,7 +55,10 @@ current-context: kmock
     )
     live_port, metrics_port = _free_port(), _free_port()
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    env["HF_ENDPOINT"] = str(harness.settings.hub_endpoint)  # the stand-in Hub sizing reads
+    # Settings as the Helm chart passes them: one JSON object, camelCase keys.
+    env["MODEL_SUPPORT_SETTINGS"] = json.dumps(
+        {"runnerImage": "registry.example/runner:1", "hubEndpoint": harness.settings.hub_endpoint}
+    )
     proc = subprocess.Popen(
         [
             CLI,
@@ -62,8 +66,6 @@ current-context: kmock
             "--all-namespaces",
             "--results",
             str(tmp_path / "results"),
-            "--runner-image",
-            "registry.example/runner:1",
             "--liveness",
             f"http://127.0.0.1:{live_port}/healthz",
             "--metrics-port",

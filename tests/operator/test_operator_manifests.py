@@ -563,33 +563,156 @@ def test_chart_crd_is_the_crd() -> None:
     assert (CHART / "crds" / "modelsupporttests.yaml").read_text() == CRD_PATH.read_text()
 
 
-@pytest.mark.parametrize(
-    "values", [{}, {"watchNamespaces": ["ml", "research"], "rbac": {"readHubTokenSecrets": False}}]
-)
-def test_chart_renders_valid_least_privilege_manifests(values: dict[str, Any]) -> None:
-    report = helm_python.lint(str(CHART), copy.deepcopy(values), strict=True)
-    assert report["errors"] == [] and not [m for m in report["messages"] if m["severity"] >= 2]
+def render_chart(values: dict[str, Any]) -> list[dict[str, Any]]:
     rendered = helm_python.Chart.load(str(CHART)).render(
         copy.deepcopy(values), name="ms", namespace="model-support"
     )
-    docs = [d for text in rendered.values() for d in yaml.safe_load_all(text) if d]
+    return [d for text in rendered.values() for d in yaml.safe_load_all(text) if d]
+
+
+def chart_settings(docs: list[dict[str, Any]]) -> OperatorSettings:
+    """The settings the rendered Deployment hands the operator (env MODEL_SUPPORT_SETTINGS)."""
+    from model_support.operator.settings import SETTINGS_ENV, settings_from_json
+
+    deployment = next(
+        d for d in docs if d["kind"] == "Deployment" and "viewer" not in d["metadata"]["name"]
+    )
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    return settings_from_json(env[SETTINGS_ENV]["value"])
+
+
+def test_the_chart_needs_a_results_store() -> None:
+    with pytest.raises(Exception, match="`results` is required"):
+        render_chart({})
+    from model_support.operator.settings import settings_from_values
+
+    with pytest.raises(ValueError, match="`results` is required"):
+        settings_from_values({})
+
+
+VALUES = [
+    {"results": "s3://bucket/model-support"},
+    {
+        "results": "s3://bucket/model-support",
+        "watchNamespaces": ["ml", "research"],
+        "readHubTokenSecrets": True,
+        "allowedResultsPrefixes": ["s3://bucket/"],
+        "runner": {
+            "schedulerName": "my-scheduler",
+            "lncNodeLabel": "example.com/lnc",
+            "serviceAccountName": "runner",
+            "env": [{"name": "AWS_REGION", "value": "us-west-2"}],
+            "envFrom": [{"secretRef": {"name": "store-credentials"}}],
+        },
+        "settings": {"unschedulableLimitSeconds": 3600, "minHostMemoryGiB": 32, "maxAttempts": 5},
+        "metrics": {"enabled": False},
+    },
+    {
+        "results": "/var/lib/model-support/results",
+        "resultsVolume": {"enabled": True, "claimName": "results-rwx"},
+        "viewer": {"enabled": True},
+        "serviceMonitor": {"enabled": True},
+        "env": [{"name": "AWS_REGION", "value": "eu-west-1"}],
+        "extraVolumes": [{"name": "ca", "configMap": {"name": "ca-bundle"}}],
+        "extraVolumeMounts": [{"name": "ca", "mountPath": "/etc/ssl/custom"}],
+    },
+]
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_chart_renders_valid_least_privilege_manifests(values: dict[str, Any]) -> None:
+    report = helm_python.lint(str(CHART), copy.deepcopy(values), strict=True)
+    assert report["errors"] == [] and not [m for m in report["messages"] if m["severity"] >= 2]
+    docs = render_chart(values)
     for doc in docs:
+        if doc["kind"] == "ServiceMonitor":  # a Prometheus Operator CRD: no built-in schema
+            assert doc["spec"]["endpoints"] == [{"port": "metrics", "interval": "30s"}]
+            continue
         validate(doc)
     kinds = sorted(d["kind"] for d in docs)
-    deployment = next(d for d in docs if d["kind"] == "Deployment")
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    deployment = next(d for d in docs if d["metadata"]["name"] == "ms-operator")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
-    rules = [r for d in docs if d["kind"] in ("Role", "ClusterRole") for r in d["rules"]]
+    # Read-only root: every cache the operator writes is on the /tmp volume.
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["HF_HOME"].startswith("/tmp/") and env["HOME"].startswith("/tmp/")
+    assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/tmp"}
+    rules = [
+        r
+        for d in docs
+        if d["kind"] in ("Role", "ClusterRole")
+        and not d["metadata"]["name"].endswith(("-edit", "-view"))
+        for r in d["rules"]
+    ]
     verbs = {
         (g, res): set(r["verbs"]) for r in rules for g in r["apiGroups"] for res in r["resources"]
     }
     assert "*" not in {v for vs in verbs.values() for v in vs}
-    assert verbs[("batch", "jobs")] == {"get", "list", "watch", "create", "delete"}
+    assert verbs[("batch", "jobs")] == {"get", "list", "watch", "create", "delete", "patch"}
     assert verbs[("", "pods/log")] == {"get"}
-    if values:
-        assert kinds.count("Role") == 2 and ("", "secrets") not in verbs
-        assert "--namespace=ml" in container["args"]
+    assert verbs[("modelsupport.dev", "modelsupporttests/finalizers")] == {"update"}
+    settings = chart_settings(docs)
+    from model_support.operator.settings import settings_from_values
+
+    # The chart's template and settings_from_values (used by `model-support render`) agree.
+    assert settings == settings_from_values(values)
+    if values.get("readHubTokenSecrets"):
+        assert verbs[("", "secrets")] == {"get"} and settings.read_token_secrets
     else:
-        assert "ClusterRole" in kinds and verbs[("", "secrets")] == {"get"}
-        assert "--all-namespaces" in container["args"]
+        assert ("", "secrets") not in verbs and not settings.read_token_secrets
+    if values.get("watchNamespaces"):
+        assert kinds.count("Role") == 2 and settings.namespaces == ["ml", "research"]
+        assert settings.scheduler_name == "my-scheduler" and settings.unschedulable_limit_s == 3600
+        assert settings.runner_env_from == [{"secretRef": {"name": "store-credentials"}}]
+        assert settings.metrics_port is None and "Service" not in kinds
+    else:
+        assert "ClusterRole" in kinds and settings.all_namespaces
+    if values.get("resultsVolume"):
+        assert settings.results_volume_claim == "results-rwx"
+        assert {"name": "ca", "mountPath": "/etc/ssl/custom"} in container["volumeMounts"]
+        viewer = next(
+            d for d in docs if d["metadata"]["name"] == "ms-viewer" and d["kind"] == "Deployment"
+        )
+        assert viewer["spec"]["template"]["spec"]["containers"][0]["args"][:2] == [
+            "viewer", "--results=/var/lib/model-support/results",
+        ]  # fmt: skip
+        assert "ServiceMonitor" in kinds
+
+
+def test_namespace_users_get_aggregated_roles() -> None:
+    docs = render_chart(VALUES[0])
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+    edit, view = roles["ms-operator-edit"], roles["ms-operator-view"]
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert "create" in edit["rules"][0]["verbs"]
+    assert set(view["rules"][0]["verbs"]) == {"get", "list", "watch"}
+
+
+def test_runner_pods_may_reach_only_dns_and_https() -> None:
+    docs = render_chart({**VALUES[0], "watchNamespaces": ["ml", "research"]})
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    assert sorted(p["metadata"]["namespace"] for p in policies) == ["ml", "research"]
+    policy = policies[0]["spec"]
+    # The selector is what the operator puts on every runner pod.
+    from model_support.operator.resource import LABEL_MANAGED_BY, MANAGED_BY
+
+    assert policy["podSelector"]["matchLabels"] == {LABEL_MANAGED_BY: MANAGED_BY}
+    assert policy["ingress"] == [] and set(policy["policyTypes"]) == {"Ingress", "Egress"}
+    dns, https = policy["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert [p["port"] for p in https["ports"]] == [443]
+    assert https["to"][0]["ipBlock"] == {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}
+
+
+def test_a_misspelt_setting_is_refused_by_name() -> None:
+    from pydantic import ValidationError
+
+    from model_support.operator.settings import settings_from_values
+
+    with pytest.raises(ValidationError, match="unschedulableLimitSecs"):
+        settings_from_values({"results": "s3://b/x", "settings": {"unschedulableLimitSecs": 5}})
