@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -24,23 +23,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
-from huggingface_hub.errors import HfHubHTTPError
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from model_support.config import RunConfig
 from model_support.delivery import DeliveryArea, DeliveryError
 from model_support.execution import excluded_record, failure_document, record_from_document
-from model_support.hub import is_unreachable
 from model_support.operator import metrics
 from model_support.operator.kube import AlreadyExists, Kube
 from model_support.operator.manifests import (
     Placement,
     TestRef,
-    build_configmap,
-    build_job,
-    delivery_target,
-    placement_for,
 )
 from model_support.operator.outcome import (
     INFRA_RESULTS,
@@ -53,6 +46,15 @@ from model_support.operator.outcome import (
     read_job,
     stuck_reason,
     trusted_document,
+)
+from model_support.operator.planning import (
+    InvalidTest,
+    LoadFailure,
+    Transient,
+    check_store_allowed,
+    children,
+    place,
+    store_uri,
 )
 from model_support.operator.recording import Materializer
 from model_support.operator.resource import (
@@ -84,9 +86,9 @@ from model_support.operator.status import (
 from model_support.records import ResultDocument, RunRecord, parse_result_line
 from model_support.runner_pod import RUNNER_MESSAGE_PREFIX
 from model_support.script import read_config, render_script
-from model_support.sizing import Exclusion, MetadataError, ModelNotFound, size_run
+from model_support.sizing import Exclusion
 from model_support.store import RecordExists, ResultsStore
-from model_support.vocabulary import ErrorClass, ExclusionReason, Parallelism, Result
+from model_support.vocabulary import ErrorClass, Parallelism, Result
 
 log = logging.getLogger(__name__)
 
@@ -107,36 +109,6 @@ def _short(text: str | None) -> str:
         return ""
     first = text.strip().splitlines()[0] if text.strip() else ""
     return first[:MESSAGE_LIMIT]
-
-
-class InvalidTest(Exception):
-    """The test cannot run as written (phase Invalid, nothing recorded); says what to fix."""
-
-
-class LoadFailure(Exception):
-    """The model itself cannot be read (malformed config or checkpoint): ERROR/load, recorded."""
-
-
-class Transient(Exception):
-    """Sizing could not reach what it reads (Hub 5xx, timeouts): retried with capped backoff."""
-
-
-def classify_sizing_error(exc: BaseException) -> type[Exception]:
-    """Which of InvalidTest / LoadFailure / Transient a sizing failure is."""
-    if isinstance(exc, ModelNotFound | FileNotFoundError):
-        return InvalidTest
-    if isinstance(exc, HfHubHTTPError):
-        code = exc.response.status_code if exc.response is not None else None
-        if code in (401, 403):
-            return InvalidTest
-        if code is None or code >= 500 or code == 429:
-            return Transient
-        return InvalidTest if code == 404 else LoadFailure
-    if is_unreachable(exc) or isinstance(exc, ConnectionError | TimeoutError):
-        return Transient
-    if isinstance(exc, MetadataError | ValueError):
-        return LoadFailure
-    return Transient
 
 
 @dataclass(frozen=True)
@@ -205,7 +177,7 @@ class Reconciler:
 
     def store_uri(self, spec: TestSpec | None) -> str:
         """The results store URI of a test (its spec's `results`, else the operator's)."""
-        return (spec.results if spec is not None else None) or self.settings.results_uri
+        return store_uri(spec, self.settings)
 
     def store_for(self, spec: TestSpec | None) -> ResultsStore:
         """The results store of a test (its spec's `results`, else the operator's)."""
@@ -236,22 +208,6 @@ class Reconciler:
             metrics.WALL_SECONDS.observe(record.document.timings.wall_time_s)
         return True
 
-    def check_store_allowed(self, spec: TestSpec) -> None:
-        """A test may write only under the operator's allowed store prefixes."""
-        if spec.results is None:
-            return
-        allowed = self.settings.allowed_results_prefixes or [self.settings.results_uri]
-        target = spec.results.rstrip("/")
-        for prefix in allowed:
-            root = prefix.rstrip("/")
-            if target == root or target.startswith(root + "/"):
-                return
-        raise InvalidTest(
-            f"spec.results {spec.results!r} is outside the stores this operator may write to "
-            f"({', '.join(allowed)}); remove spec.results or ask the operator's admin to allow "
-            "it (chart value allowedResultsPrefixes)"
-        )
-
     # ---------------------------------------------------------------- sizing
 
     def hub_token(self, spec: TestSpec, namespace: str) -> str | None:
@@ -275,45 +231,9 @@ class Reconciler:
         return value
 
     def place(self, spec: TestSpec, namespace: str) -> Placement | Exclusion:
-        """Cores, host memory and storage of a test, sized from the model and the test's own
-        config (the same entry point as the CLI's); ``spec.cores`` overrides the core count only.
-
-        Raises InvalidTest, LoadFailure or Transient (see :func:`classify_sizing_error`).
-        """
-        if spec.lnc is not None and spec.profile == "trn2" and not self.settings.lnc_node_label:
-            raise InvalidTest(
-                f"spec.lnc={spec.lnc} needs nodes labelled with their LNC, and this operator "
-                "has no lncNodeLabel configured (chart value runner.lncNodeLabel); LNC is a "
-                "node setting, not one a pod can choose"
-            )
-        token = self.hub_token(spec, namespace)
-        config = spec.run_config(spec.cores or 1, spec.parallelism or Parallelism.NONE)
-        try:
-            plan = size_run(
-                config,
-                profile=spec.profile,
-                lnc=spec.lnc,
-                max_cores=spec.maxCores,
-                cores=spec.cores,
-                token=token,
-                endpoint=self.settings.hub_endpoint or os.environ.get("HF_ENDPOINT"),
-            )
-        except Exception as exc:
-            kind = classify_sizing_error(exc)
-            raise kind(f"sizing {spec.model} failed: {exc}") from exc
-        if isinstance(plan, Exclusion):
-            if (
-                spec.hubTokenSecret is not None
-                and token is None
-                and plan.reason is ExclusionReason.GATED_WITHOUT_TOKEN
-            ):
-                raise InvalidTest(
-                    f"{spec.model} is gated and this operator does not read Secrets "
-                    "(readHubTokenSecrets is off); enable readHubTokenSecrets, or test it with "
-                    "`model-support run` where the token is"
-                )
-            return plan
-        return placement_for(plan, self.settings)
+        """Cores, host memory and storage of a test (see :func:`planning.place`), with the
+        token of its hubTokenSecret when the operator may read it."""
+        return place(spec, self.settings, token=self.hub_token(spec, namespace))
 
     # ---------------------------------------------------------------- test created / changed / resumed
 
@@ -341,7 +261,7 @@ class Reconciler:
         self._delete_superseded_job(ref, status)
         try:
             spec = parse_spec(dict(body.get("spec") or {}))
-            self.check_store_allowed(spec)
+            check_store_allowed(spec, self.settings)
             placement = self.place(spec, ref.namespace)
         except (SpecError, InvalidTest) as exc:
             self._invalid(body, ref, str(exc), patch)
@@ -452,27 +372,17 @@ class Reconciler:
         self, ref: TestRef, spec: TestSpec, placement: Placement, run_py: str, attempt: int
     ) -> tuple[str, str]:
         """Create (or adopt) the ConfigMap and the Job of one attempt; returns their names."""
-        cm_name = child_name(ref.name, ref.uid, ref.generation)
-        job_name = child_name(ref.name, ref.uid, ref.generation, attempt)
+        configmap, job = children(ref, spec, placement, self.settings, attempt, run_py)
         with contextlib.suppress(AlreadyExists):  # 409: made by an earlier try of this handler
-            self.kube.create_configmap(build_configmap(ref, cm_name, run_py))
-        job = build_job(
-            ref,
-            spec,
-            placement,
-            job_name=job_name,
-            configmap_name=cm_name,
-            attempt=attempt,
-            run_id=run_id_for(ref.uid, ref.generation, attempt),
-            settings=self.settings,
-            deliver_to=delivery_target(self.store_uri(spec), self.settings),
-        )
+            self.kube.create_configmap(configmap)
         try:
             self.kube.create_job(job)
             metrics.JOBS_CREATED.inc()
         except AlreadyExists:
-            log.info("Job %s/%s already exists; adopting it", ref.namespace, job_name)
-        return cm_name, job_name
+            log.info(
+                "Job %s/%s already exists; adopting it", ref.namespace, job["metadata"]["name"]
+            )
+        return configmap["metadata"]["name"], job["metadata"]["name"]
 
     def _delete_superseded_job(self, ref: TestRef, status: dict[str, Any]) -> None:
         """A spec change supersedes the running Job of the previous generation."""
@@ -813,13 +723,8 @@ class Reconciler:
             int(status.get("hostMemoryBytes") or self.settings.min_host_memory_gib * GiB),
             int(status.get("checkpointBytes") or 0),
         )
-        cm_name = child_name(ref.name, ref.uid, ref.generation)
-        job_name = child_name(ref.name, ref.uid, ref.generation, attempt + 1)
-        job = build_job(
-            ref, spec, placement, job_name=job_name, configmap_name=cm_name, attempt=attempt + 1,
-            run_id=run_id_for(ref.uid, ref.generation, attempt + 1), settings=self.settings,
-            deliver_to=delivery_target(self.store_uri(spec), self.settings),
-        )  # fmt: skip
+        _, job = children(ref, spec, placement, self.settings, attempt + 1, run_py="")
+        job_name = job["metadata"]["name"]
         try:
             self.kube.create_job(job)
             metrics.JOBS_CREATED.inc()
