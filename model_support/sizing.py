@@ -52,6 +52,7 @@ import functools
 import math
 import os
 import re
+import threading
 from typing import Any, Literal
 
 from huggingface_hub import get_token
@@ -515,7 +516,36 @@ def _loaded_names(model_type: str | None, tensors: list[TensorSpec]) -> list[Ten
     ]
 
 
+_TRANSFORMERS_LOCK = threading.RLock()
+"""transformers' lazily loaded modules are not safe to first touch from several threads at once
+("cannot import name 'CONFIG_MAPPING'"); the operator sizes from a thread pool."""
+
+
 def metadata_from_config(
+    config: dict[str, Any],
+    tensors: list[TensorSpec] | None,
+    *,
+    model: str,
+    revision: str | None = None,
+    source: Literal["hub", "local"] = "hub",
+    task: str | None = None,
+    gated: bool = False,
+    token_available: bool = False,
+) -> ModelMetadata:
+    """Build :class:`ModelMetadata` from a config.json dict and safetensors tensor list.
+
+    Known architectures go through transformers' config class (no weights, no model): it
+    resolves attribute aliases, nested text configs and the class-level ``base_model_tp_plan``.
+    ``task`` None: the task of the config's architectures. Safe to call from several threads.
+    """
+    with _TRANSFORMERS_LOCK:
+        return _metadata_from_config(
+            config, tensors, model=model, revision=revision, source=source, task=task,
+            gated=gated, token_available=token_available,
+        )  # fmt: skip
+
+
+def _metadata_from_config(
     config: dict[str, Any],
     tensors: list[TensorSpec] | None,
     *,

@@ -1,5 +1,10 @@
 """kopf handlers: the thin layer between kopf's events and the :class:`Reconciler`.
 
+Both kinds are watched with event handlers only: the reconciler is level-based (state in the
+test's status, children named deterministically), so kopf persists nothing of its own on the
+tests (no progress or diff-base annotations: one API request less per test), and the watchdog
+offers again what an event could not finish.
+
 Handlers are synchronous on purpose: the reconciler uses the blocking Kubernetes client and the
 results store, and kopf runs synchronous handlers in its thread pool, off its event loop.
 """
@@ -78,21 +83,10 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
         return kopf.login_via_client(**kwargs)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    def observe_test(body: kopf.Body, type: str | None, **_: Any) -> None:
-        reconciler.observe_test(_plain(body), type)
-
-    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
-    def resume_test(
-        body: kopf.Body, status: kopf.Status, patch: kopf.Patch, retry: int, **_: Any
-    ) -> None:
-        reconciler.reconcile(_plain(body), dict(status), patch, resumed=True, retry=retry)
-
-    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
-    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)
-    def reconcile_test(
-        body: kopf.Body, status: kopf.Status, patch: kopf.Patch, retry: int, **_: Any
-    ) -> None:
-        reconciler.reconcile(_plain(body), dict(status), patch, resumed=False, retry=retry)
+    def test_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+        # Level-based: every event (type None: listed at startup) brings the test's current
+        # generation to its Job; nothing but the status is written (no kopf annotations).
+        reconciler.on_test(_plain(body), type)
 
     @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: MANAGED_BY}, registry=registry)
     def job_event(body: kopf.Body, type: str | None, **_: Any) -> None:
@@ -111,7 +105,7 @@ async def _watchdog(reconciler: Reconciler) -> None:
     interval = reconciler.settings.watchdog_interval_s
     while True:
         await asyncio.sleep(interval)
-        for check in (reconciler.check_waiting, reconciler.resync_jobs):
+        for check in (reconciler.retry_tests, reconciler.check_waiting, reconciler.resync_jobs):
             try:
                 await asyncio.to_thread(check)
             except Exception:

@@ -142,6 +142,7 @@ class TestStatus(BaseModel):
     jobName: str | None = None
     configMapName: str | None = None
     runId: str | None = None
+    runScriptSha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     wallTimeSeconds: float | None = None
     compileSeconds: float | None = None
     decodeTokensPerSecond: float | None = None

@@ -55,6 +55,10 @@ class Emulator(kmock.KubernetesEmulator):
             meta = request.data.setdefault("metadata", {})
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:8]
+        if request.method.value in ("POST", "PATCH") and isinstance(request.data, dict):
+            # Every write gets a new, larger resourceVersion, as on a real API server (the
+            # operator orders what it sees of an object by it).
+            request.data.setdefault("metadata", {})["resourceVersion"] = str(next(_counter))
         if self.history is not None:
             if (
                 not request.headers.get("User-Agent", "").startswith("kmock/")

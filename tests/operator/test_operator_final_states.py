@@ -81,7 +81,7 @@ async def test_a_253_character_name_runs_to_its_result(harness: Harness) -> None
     [record] = records(h)
     assert record.labels["test"] == name and record.labels["test_uid"] == test["metadata"]["uid"]
     events = [e for e in await h.events() if e["involvedObject"]["name"] == name]
-    assert {"JobCreated", "Passed"} <= {e["reason"] for e in events}
+    assert "Passed" in {e["reason"] for e in events}
 
 
 # ------------------------------------------------------------------------- generations, kstatus

@@ -188,3 +188,34 @@ async def test_the_runner_message_for_sigkill_without_oomkilled_is_runtime(
     # Not OOMKilled by the container's own reason: no out-of-memory verdict is invented.
     assert (done["result"], done["errorClass"]) == ("ERROR", ErrorClass.RUNTIME.value)
     assert "SIGKILL" in done["message"]
+
+
+async def test_a_run_recorded_before_a_crash_completes_with_what_was_recorded(
+    h: Harness,
+) -> None:
+    """The operator stopped between storing the record and writing the status: the status it
+    writes later shows the stored record, not whatever can (or cannot) be read now."""
+    from model_support.records import RunRecord
+    from model_support.store import ResultsStore
+
+    _, job = await start(h)
+    status = await pending(h)
+    pod = await h.start_pod(job)
+    await h.stop_operator()
+    cm = await h.get(f"/api/v1/namespaces/default/configmaps/{status['configMapName']}")
+    assert cm is not None
+    ResultsStore(str(h.results)).add(
+        RunRecord(
+            run_id=status["runId"],
+            document=document_for(Result.FAIL, error="wrong token at 3"),
+            run_py=cm["data"]["run.py"],
+            source="operator",
+        )
+    )
+    # The delivery was already removed, the pod and its log are gone.
+    await h.delete(f"/api/v1/namespaces/default/pods/{pod['metadata']['name']}")
+    await h.finish_job(job, exit_code=0)
+    await h.start_operator()
+    done = await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
+    assert (done["result"], done["message"]) == ("FAIL", "wrong token at 3")
+    assert [r.document.result for r in records(h)] == [Result.FAIL]
