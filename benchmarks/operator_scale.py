@@ -157,7 +157,12 @@ async def measure(
 
     async def recorded() -> bool:
         phases = [t.get("status", {}).get("phase") for t in await h.items(TESTS_URL)]
-        return sum(1 for p in phases if p == "Completed") >= n_tests
+        released = [
+            j
+            for j in await h.items(JOBS_URL)
+            if "modelsupport.dev/recorded" in j["metadata"]["labels"]
+        ]
+        return sum(1 for p in phases if p == "Completed") >= n_tests and len(released) >= n_tests
 
     await h.wait_for(recorded, timeout=900, what="every test Completed", interval=1.0)
     done_s = time.monotonic() - t0
