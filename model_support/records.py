@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,6 +36,9 @@ _FORBID = ConfigDict(extra="forbid")
 """Every field of run.py's document is declared here: an unknown one is a bug (or a pod printing
 more than it was asked to), never data to keep silently. tests/test_records.py holds run.py's
 document and these classes to the same fields."""
+
+PACKAGE_PIN = r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*$"
+"""One entry of a document's ``packages``: an installed distribution as ``name==version``."""
 
 
 class Timings(BaseModel):
@@ -264,7 +267,7 @@ class ResultDocument(BaseModel):
     verification: Verification = Field(default_factory=lambda: Verification())
     judge: dict[str, Any] | None = None
     stack: Stack = Field(default_factory=lambda: Stack())
-    packages: list[str] = Field(
+    packages: list[Annotated[str, Field(pattern=PACKAGE_PIN, max_length=300)]] = Field(
         default_factory=list, description="Every installed distribution as name==version."
     )
     started_at: datetime | None = None

@@ -56,6 +56,7 @@ import logging
 import math
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -69,6 +70,7 @@ from huggingface_hub.errors import (
 from pydantic import BaseModel, ConfigDict, Field
 
 from model_support import hub
+from model_support.config import RunConfig
 from model_support.hardware import HardwareProfile, get_profile
 from model_support.hub import TensorSpec
 from model_support.vocabulary import ExclusionReason, Parallelism, Task
@@ -88,6 +90,10 @@ log = logging.getLogger(__name__)
 
 class MetadataError(ValueError):
     """The model's metadata cannot be read (not found, no config); says what to check."""
+
+
+class ModelNotFound(MetadataError):
+    """No such model or revision (or no access to it): the reference itself is wrong."""
 
 
 class ModelMetadata(BaseModel):
@@ -116,6 +122,9 @@ class ModelMetadata(BaseModel):
     num_experts: int = 0
     tp_plan: dict[str, str] | None = None
     tensors: list[TensorSpec] | None = None
+    image_tokens: int = Field(
+        0, ge=0, description="Tokens one image adds to a prompt (image-text-to-text models)."
+    )
 
 
 class MemoryBreakdown(BaseModel):
@@ -170,6 +179,7 @@ class Plan(BaseModel):
     batch: int
     max_length: int
     parameters: int
+    checkpoint_bytes: int = Field(0, description="Bytes of the safetensors weights as stored.")
     memory: MemoryBreakdown
     total_bytes: int
     headroom_bytes: int
@@ -320,9 +330,13 @@ def plan_from_metadata(
     batch: int = 3,
     max_length: int = 160,
     trust_remote_code: bool = False,
+    cores: int | None = None,
+    parallelism: Parallelism | None = None,
 ) -> Plan | Exclusion:
     """Size ``meta`` on ``profile``: the smallest valid degree that fits, or an Exclusion.
 
+    ``cores`` (with ``parallelism``) overrides the degree only: the plan is made at that degree
+    (noted when it does not fit), every exclusion other than a size one still applies.
     Pure: reads nothing but its arguments. Raises ValueError for bad arguments.
     """
     _validate_run(dtype, batch, max_length, max_cores)
@@ -366,6 +380,18 @@ def plan_from_metadata(
         )
     if meta.tensors is None:
         return exclude(ExclusionReason.NO_SAFETENSORS, no_safetensors_message(meta.model))
+
+    if cores is not None:
+        split = parallelism or (Parallelism.NONE if cores == 1 else Parallelism.TENSOR)
+        mem = memory_at(meta, hw, cores, split, dtype=dtype, batch=batch, max_length=max_length)
+        plan = _plan(meta, hw, mem, dtype, batch, max_length, max(max_cores, cores))
+        if not mem.fits:
+            note = (
+                f"{cores} core(s) given: sizing expects {_gib(mem.total)} per core of "
+                f"{_gib(hw.bytes_per_core)}, so the run may run out of device memory"
+            )
+            plan = plan.model_copy(update={"notes": [*plan.notes, note]})
+        return plan
 
     degrees = _degrees(max_cores, hw)
     largest_valid: MemoryBreakdown | None = None
@@ -442,6 +468,7 @@ def _plan(
         batch=batch,
         max_length=max_length,
         parameters=sum(t.numel for t in meta.tensors or []),
+        checkpoint_bytes=sum(t.numel * _STORED_BYTES.get(t.dtype, 4) for t in meta.tensors or []),
         memory=mem,
         total_bytes=mem.total,
         headroom_bytes=mem.headroom,
@@ -500,7 +527,36 @@ def _loaded_names(model_type: str | None, tensors: list[TensorSpec]) -> list[Ten
     ]
 
 
+_TRANSFORMERS_LOCK = threading.RLock()
+"""transformers' lazily loaded modules are not safe to first touch from several threads at once
+("cannot import name 'CONFIG_MAPPING'"); the operator sizes from a thread pool."""
+
+
 def metadata_from_config(
+    config: dict[str, Any],
+    tensors: list[TensorSpec] | None,
+    *,
+    model: str,
+    revision: str | None = None,
+    source: Literal["hub", "local"] = "hub",
+    task: str | None = None,
+    gated: bool = False,
+    token_available: bool = False,
+) -> ModelMetadata:
+    """Build :class:`ModelMetadata` from a config.json dict and safetensors tensor list.
+
+    Known architectures go through transformers' config class (no weights, no model): it
+    resolves attribute aliases, nested text configs and the class-level ``base_model_tp_plan``.
+    ``task`` None: the task of the config's architectures. Safe to call from several threads.
+    """
+    with _TRANSFORMERS_LOCK:
+        return _metadata_from_config(
+            config, tensors, model=model, revision=revision, source=source, task=task,
+            gated=gated, token_available=token_available,
+        )  # fmt: skip
+
+
+def _metadata_from_config(
     config: dict[str, Any],
     tensors: list[TensorSpec] | None,
     *,
@@ -555,6 +611,7 @@ def metadata_from_config(
                 "fix the config"
             )
     return ModelMetadata(
+        image_tokens=_image_tokens(config),
         model=model,
         revision=revision,
         source=source,
@@ -596,6 +653,20 @@ def _check_counts(model: str, config: dict[str, Any]) -> None:
                     f"config.json of {model} sets {name} to {value}; it must be a positive "
                     "integer: fix the config"
                 )
+
+
+def _image_tokens(config: dict[str, Any]) -> int:
+    """Tokens one image adds to a prompt: the config's image_seq_length, else one per patch of
+    the vision tower (plus its class token); 0 for a text-only model."""
+    direct = _first_int(config, "image_seq_length", "mm_tokens_per_image", "num_image_tokens")
+    if direct:
+        return direct
+    vision = config.get("vision_config")
+    if isinstance(vision, dict):
+        size, patch = _first_int(vision, "image_size"), _first_int(vision, "patch_size")
+        if size and patch:
+            return (size // patch) ** 2 + 1
+    return 0
 
 
 def _head_plan(architectures: list[str]) -> dict[str, str]:
@@ -691,18 +762,18 @@ def read_metadata(
             task=task,
         )  # fmt: skip
     if model.startswith((".", "/", "~")):
-        raise MetadataError(f"no checkpoint directory at {model}")
+        raise ModelNotFound(f"no checkpoint directory at {model}")
     effective_token = token or get_token()
     api = hub.hub_api(endpoint)
     try:
         info = hub.hub_model_info(api, model, revision, effective_token)
     except RepositoryNotFoundError as e:
-        raise MetadataError(
+        raise ModelNotFound(
             f"no model {model!r} on {api.endpoint} (or it is private and the token has no "
             "access); check the id"
         ) from e
     except RevisionNotFoundError as e:
-        raise MetadataError(
+        raise ModelNotFound(
             f"{model} has no revision {revision!r}; check the branch/tag/commit"
         ) from e
     gated = bool(info.gated)
@@ -757,18 +828,70 @@ def size_model(
     )  # fmt: skip
 
 
+PROMPT_OVERHEAD_TOKENS = 16
+"""Special tokens a tokenizer may add around a prompt (BOS, EOS, role markers)."""
+CHAT_TEMPLATE_TOKENS = 64
+"""Tokens of the chat template run.py wraps an image prompt in."""
+
+
+def run_shape(config: RunConfig, image_tokens: int = 0) -> tuple[int, int]:
+    """(batch, longest sequence) of the run ``config`` describes, as run.py will run it.
+
+    batch = the number of prompts (one batch); the sequence = the longest prompt + the new
+    tokens. A prompt's token count is bounded by its UTF-8 bytes (byte-level BPE and
+    byte-fallback tokenizers emit at most one token per byte) plus special tokens; an image
+    prompt adds the chat template and the image's tokens.
+    """
+    longest = max(len(p.encode("utf-8")) for p in config.prompts) + PROMPT_OVERHEAD_TOKENS
+    if config.task == Task.IMAGE_TEXT_TO_TEXT:
+        longest += CHAT_TEMPLATE_TOKENS + image_tokens
+    return len(config.prompts), longest + config.max_new_tokens
+
+
+def size_run(
+    config: RunConfig,
+    *,
+    profile: str = "trn2",
+    lnc: int | None = None,
+    max_cores: int = 16,
+    cores: int | None = None,
+    token: str | None = None,
+    endpoint: str | None = None,
+) -> Plan | Exclusion:
+    """Size the run ``config`` describes: the one entry point of the CLI and the operator.
+
+    Model, revision, task, dtype, prompts and new tokens come from ``config``, so what is sized
+    is what runs (:func:`run_shape`). ``cores`` overrides the core count only (with
+    ``config.parallelism``): the plan, its parameter count and checkpoint size are still read
+    from the model. Raises MetadataError (ModelNotFound) when the model cannot be read.
+    """
+    hw = get_profile(profile, lnc)
+    meta = read_metadata(
+        config.model, config.revision, task=config.task.value, token=token, endpoint=endpoint
+    )
+    batch, max_length = run_shape(config, meta.image_tokens)
+    return plan_from_metadata(
+        meta, profile=hw, max_cores=max_cores, dtype=config.dtype, batch=batch,
+        max_length=max_length, trust_remote_code=config.trust_remote_code, cores=cores,
+        parallelism=config.parallelism if cores is not None else None,
+    )  # fmt: skip
+
+
 __all__ = [
     "DTYPE_BYTES",
     "Exclusion",
     "MemoryBreakdown",
     "MetadataError",
     "ModelMetadata",
+    "ModelNotFound",
     "Plan",
     "memory_at",
     "metadata_from_config",
     "plan_from_metadata",
     "read_metadata",
     "remembered_metadata",
+    "run_shape",
     "size_model",
+    "size_run",
     "valid_parallelism",
 ]

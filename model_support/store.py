@@ -366,7 +366,13 @@ class ResultsStore:
         return f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
 
     def _write_local_temp(self, path: str, data: bytes) -> str:
-        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        directory = path.rsplit("/", 1)[0]
+        try:
+            self.fs.makedirs(directory, exist_ok=True)
+        except FileExistsError as exc:  # a file where the folder should be: not "record exists"
+            raise StoreError(
+                f"{directory} exists but is not a folder; the store cannot be written"
+            ) from exc
         temp = self._temp_path(path)
         with open(temp, "wb") as handle:
             handle.write(data)

@@ -146,7 +146,10 @@ class Repo:
             "siblings": [{"rfilename": name} for name in sorted(files)],
         }
         if "config.json" in files:
-            data["config"] = json.loads(files["config.json"])
+            try:
+                data["config"] = json.loads(files["config.json"])
+            except json.JSONDecodeError:
+                data["config"] = None  # as the Hub does for a config it cannot parse
         params = self.safetensors_parameters(revision)
         if params is not None:
             data["safetensors"] = {"parameters": params, "total": sum(params.values())}
@@ -204,6 +207,16 @@ class HubServer:
     def log(self, entry: dict[str, Any]) -> None:
         with self._lock:
             self.requests.append(entry)
+
+    def fail_next(self, count: int, status: int = 503) -> None:
+        """Answer the next ``count`` requests with ``status`` (an outage, as the Hub has them)."""
+        with self._lock:
+            self._failures = [status] * count
+
+    def take_failure(self) -> int | None:
+        with self._lock:
+            failures = getattr(self, "_failures", [])
+            return failures.pop() if failures else None
 
 
 _RESOLVE = re.compile(r"^/(?P<repo>.+?)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
@@ -283,6 +296,10 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             self._route(head=False)
 
         def _route(self, *, head: bool) -> None:
+            failure = hub.take_failure()
+            if failure is not None:
+                self._error(failure, "ServiceUnavailable", "the Hub is having a bad day", head=head)
+                return
             parts = urlsplit(self.path)
             path = parts.path
             hub.log(

@@ -7,6 +7,7 @@ import typer
 from model_support.cli import (
     commands_demo,
     commands_operator,
+    commands_render,
     commands_run,
     commands_size,
     commands_sweep,
@@ -26,6 +27,7 @@ for _module in (
     commands_demo,
     commands_viewer,
     commands_operator,
+    commands_render,
     commands_sweep,
 ):
     _module.register(app)

@@ -133,20 +133,16 @@ def plan_cores(
 ) -> RunConfig | RunRecord:
     """Size the model: the config with the planned cores, or an EXCLUDED record (not yet stored)."""
     from model_support.hub import is_unreachable
-    from model_support.sizing import Exclusion, size_model
+    from model_support.sizing import Exclusion, size_run
 
     try:
-        planned = size_model(
-            config.model,
-            config.revision,
+        # The same entry point as the operator's, fed from the same config (prompts, tokens).
+        planned = size_run(
+            config,
             profile=instance or default_instance(config.backend),
             lnc=lnc,
             max_cores=max_cores,
-            dtype=config.dtype,
-            batch=len(config.prompts),
-            task=config.task.value,
             token=os.environ.get("HF_TOKEN"),
-            trust_remote_code=config.trust_remote_code,
         )
     except ValueError as exc:
         raise fail(f"cannot size {config.model!r}: {exc}") from exc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -54,6 +55,10 @@ current-context: kmock
     )
     live_port, metrics_port = _free_port(), _free_port()
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    # Settings as the Helm chart passes them: one JSON object, camelCase keys.
+    env["MODEL_SUPPORT_SETTINGS"] = json.dumps(
+        {"runnerImage": "registry.example/runner:1", "hubEndpoint": harness.settings.hub_endpoint}
+    )
     log_path = tmp_path / "operator.log"
     # The operator is an asyncio subprocess writing to a file: waiting for it never blocks the
     # event loop that serves kmock (the operator's last requests on shutdown must get answers),
@@ -65,8 +70,6 @@ current-context: kmock
             "--all-namespaces",
             "--results",
             str(tmp_path / "results"),
-            "--runner-image",
-            "registry.example/runner:1",
             "--liveness",
             f"http://127.0.0.1:{live_port}/healthz",
             "--metrics-port",
