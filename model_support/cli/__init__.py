@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from model_support.cli import (
+    commands_cache,
     commands_demo,
     commands_operator,
     commands_render,
@@ -29,5 +30,6 @@ for _module in (
     commands_operator,
     commands_render,
     commands_sweep,
+    commands_cache,
 ):
     _module.register(app)

@@ -136,6 +136,7 @@ __all__ = [
     "attach",
     "check_target",
     "describe_prefix",
+    "guarded",
     "installed_compiler_cache",
     "list_target",
     "prune",
