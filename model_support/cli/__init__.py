@@ -6,6 +6,7 @@ import typer
 
 from model_support.cli import (
     commands_cache,
+    commands_dataset,
     commands_demo,
     commands_operator,
     commands_render,
@@ -31,5 +32,6 @@ for _module in (
     commands_render,
     commands_sweep,
     commands_cache,
+    commands_dataset,
 ):
     _module.register(app)
