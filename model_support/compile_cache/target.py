@@ -107,6 +107,25 @@ class Target:
     def _full(self, prefix: str, name: str = "") -> str:
         return "/".join(p for p in (self.root, prefix, name) if p)
 
+    def check(self) -> None:
+        """Raise :class:`TargetUnavailable` when the target's store (its bucket) does not exist.
+
+        A missing folder under it is an empty cache (the first push creates it); a missing
+        bucket is a mistake to report, not a cache to treat as empty.
+        """
+        bucket = self.root.split("/", 1)[0]
+        try:
+            found = self.fs.exists(bucket)
+        except Exception as exc:
+            if not is_store_error(exc):
+                raise
+            raise unavailable(self.uri, "open", exc) from exc
+        if not found:
+            raise TargetUnavailable(
+                f"the compile cache target {redact(self.uri)} is in a bucket that does not exist "
+                f"or cannot be seen with these credentials ({bucket}); create it or fix the URI"
+            )
+
     def prefixes(self) -> list[str]:
         """The compiler prefixes present under the root."""
         try:
@@ -199,6 +218,9 @@ class LocalTarget(Target):
         except OSError as exc:
             raise unavailable(self.uri, "write", exc) from exc
 
+    def check(self) -> None:
+        return  # a folder that does not exist yet is an empty cache
+
     def objects(self, prefix: str) -> list[StoredObject]:
         # Our own temporary files (a push in progress) are not objects yet.
         return [o for o in super().objects(prefix) if not o.name.rsplit("/", 1)[-1].startswith(".")]
@@ -214,6 +236,22 @@ class HfBucketTarget(Target):
         super().__init__(uri, fs, root)
         self.bucket_id = bucket_id
         self.path_in_bucket = path.strip("/")
+
+    def check(self) -> None:
+        from huggingface_hub.errors import BucketNotFoundError
+
+        try:
+            self.fs._api.bucket_info(self.bucket_id)  # type: ignore[attr-defined]
+        except BucketNotFoundError as exc:
+            raise TargetUnavailable(
+                f"the compile cache target {self.uri} names bucket {self.bucket_id}, which does "
+                "not exist or is not visible with this token (HF_TOKEN); create it with "
+                f"`hf buckets create {self.bucket_id}` or fix the URI"
+            ) from exc
+        except Exception as exc:
+            if not is_store_error(exc):
+                raise
+            raise unavailable(self.uri, "open", exc) from exc
 
     def download(self, prefix: str, name: str, destination: Path) -> None:
         try:

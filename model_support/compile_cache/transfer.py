@@ -144,7 +144,9 @@ def _session(
     storage_options: dict[str, Any] | None,
 ) -> _Session:
     compiler = compiler or installed_compiler_cache()
-    return _Session(compiler, open_target(target, compiler, storage_options))
+    resolved = open_target(target, compiler, storage_options)
+    resolved.target.check()
+    return _Session(compiler, resolved)
 
 
 def _by_path(kind: str, objects: list[StoredObject]) -> tuple[dict[str, list[RemoteEntry]], int]:

@@ -96,7 +96,7 @@ def test_an_unreachable_target_fails_the_command_unless_keep_going(tmp_path: Pat
     }
     failed = cli(["cache", "pull", "s3://nowhere/cache"], env)
     assert failed.returncode == 1
-    assert "could not list the compile cache at s3://nowhere/cache" in " ".join(
+    assert "could not open the compile cache at s3://nowhere/cache" in " ".join(
         failed.stderr.split()
     )
     report_file = tmp_path / "pull.json"
