@@ -115,16 +115,16 @@ class Target:
         """
         bucket = self.root.split("/", 1)[0]
         try:
-            found = self.fs.exists(bucket)
+            self.fs.ls(bucket, detail=False)  # unlike exists(), says why it cannot see it
+        except FileNotFoundError as exc:
+            raise TargetUnavailable(
+                f"the compile cache target {redact(self.uri)} is in a bucket that does not exist "
+                f"or cannot be seen with these credentials ({bucket}); create it or fix the URI"
+            ) from exc
         except Exception as exc:
             if not is_store_error(exc):
                 raise
             raise unavailable(self.uri, "open", exc) from exc
-        if not found:
-            raise TargetUnavailable(
-                f"the compile cache target {redact(self.uri)} is in a bucket that does not exist "
-                f"or cannot be seen with these credentials ({bucket}); create it or fix the URI"
-            )
 
     def prefixes(self) -> list[str]:
         """The compiler prefixes present under the root."""

@@ -344,3 +344,14 @@ def test_prune_removes_truncated_and_expired_entries_but_not_a_push_in_progress(
     assert len(done.removed) == 1 and len(stored(f"{target}/{PREFIX}")) == 4
     expired = prune(target, compiler=compiler, now=lambda: tomorrow, older_than=timedelta(hours=2))
     assert len(expired.removed) == 4 and stored(f"{target}/{PREFIX}") == {}
+
+
+def test_a_missing_bucket_is_an_error_but_a_missing_folder_is_an_empty_cache(
+    s3_target: str, inductor_dir: Path, tmp_path: Path
+) -> None:
+    from model_support.compile_cache import TargetUnavailable
+
+    with pytest.raises(TargetUnavailable, match="bucket that does not exist"):
+        pull("s3://no-such-bucket-here/cache", compiler=inductor_cache(inductor_dir))
+    empty = pull(f"{s3_target}/not-pushed-yet", compiler=inductor_cache(tmp_path / "fresh"))
+    assert (empty.entries, empty.error) == (0, None)
