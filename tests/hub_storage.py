@@ -14,13 +14,14 @@ pandas and pyarrow) and ``datasets.load_dataset`` use:
   folders) and ``POST /api/datasets/<id>/paths-info/<rev>`` (form ``paths``);
 * ``HEAD``/``GET /datasets/<id>/resolve/<rev>/<path>`` (downloads, ranges: 206);
 * ``POST /api/validate-yaml`` (``create_commit`` checks a README's metadata first);
-* ``POST /api/datasets/<id>/preupload/<rev>``: every file is answered ``regular`` with the oid
-  (git blob sha1) of the file the revision already has, so unchanged files are left out of a
-  commit by the client itself. ``lfs`` is never asked for: the client would then upload the
-  bytes through Xet (hf_xet), whose storage protocol this stand-in does not serve;
-* ``POST /api/datasets/<id>/commit/<rev>`` (ndjson): ``file`` (base64), ``deletedFile``,
-  ``deletedFolder``; a ``parentCommit`` that is not the branch head is refused with 412, as
-  the Hub does, and the commit is applied whole or not at all.
+* ``POST /api/datasets/<id>/preupload/<rev>``: ``lfs`` for ``*.parquet`` and the other
+  suffixes the Hub's default ``.gitattributes`` stores in LFS, ``regular`` otherwise, with the
+  oid of the file the revision already has (sha256 / git blob sha1), so unchanged files are
+  left out of a commit by the client itself;
+* ``POST /api/datasets/<id>/commit/<rev>`` (ndjson): ``file`` (base64), ``lfsFile`` (an object
+  uploaded through Xet, found by its sha256), ``deletedFile``, ``deletedFolder``; a
+  ``parentCommit`` that is not the branch head is refused with 412, as the Hub does, and the
+  commit is applied whole or not at all.
 
 Storage buckets -- what ``HfFileSystem`` (``hf://buckets/...``), ``list_bucket_tree`` and
 ``batch_bucket_files`` use:
@@ -28,14 +29,22 @@ Storage buckets -- what ``HfFileSystem`` (``hf://buckets/...``), ``list_bucket_t
 * ``POST /api/buckets/<ns>/<name>`` (create), ``GET /api/buckets/<id>`` (info);
 * ``GET /api/buckets/<id>/tree[/<prefix>]`` (recursive or not), ``POST .../paths-info``;
 * ``HEAD``/``GET /buckets/<id>/resolve/<path>`` (plain HTTP bytes, ranges);
-* ``POST /api/buckets/<id>/batch`` (ndjson): ``deleteFile``, and ``addFile``/``copyFile`` of
-  content the stand-in already holds (by its xet hash);
-* ``GET /api/buckets/<id>/xet-write-token``: answered 501. Uploading new bytes to a bucket goes
-  through Xet: hf_xet (Rust) chunks the file, uploads xorbs and a binary shard to the CAS
-  server named in the token, and the Hub then serves the file from Xet. That content-addressed
-  storage service is not served here, so a push to ``hf://buckets`` fails at this point (as
-  against an unreachable Xet service), and tests place bucket objects directly
-  (:meth:`HubStorage.put_bucket_file`), as an upload would have left them.
+* ``POST /api/buckets/<id>/batch`` (ndjson): ``addFile``/``copyFile`` by xet hash, ``deleteFile``.
+
+Xet, the storage service uploads go through (hf_xet, in Rust, speaks it; the protocol is
+published at huggingface.co/docs/xet), as far as uploads need it:
+
+* ``GET /api/{buckets/<id>,datasets/<id>}/xet-write-token[/<rev>]`` -> access token, expiry
+  and the service URL (this server, under ``/xet-cas``);
+* ``GET /xet-cas/v1/chunks/<ns>/<hash>`` (global deduplication): 404, so everything is sent;
+* ``POST /xet-cas/v1/xorbs/default/<hash>``: the xorb's chunks are decoded (8-byte headers;
+  none, LZ4 or byte-grouped LZ4) and kept;
+* ``POST /xet-cas/v1/shards``: each file of the shard's file info section is rebuilt from its
+  terms (xorb, chunk range), so buckets and LFS commits can name it by xet hash or sha256;
+* not served: ``xorb-grants`` and ``v2/shards`` (404: hf_xet 1.8 falls back to direct xorb
+  uploads and ``v1/shards``), and the reconstruction API (``/v1/reconstructions/<hash>``) that
+  hf_xet's own downloads use. Listings therefore carry no xet hash for repository files, and
+  every read in the tests is a plain HTTP GET of ``resolve``, which the real Hub also serves.
 """
 
 from __future__ import annotations
@@ -44,7 +53,9 @@ import base64
 import hashlib
 import json
 import re
+import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
@@ -105,10 +116,10 @@ class BucketFile:
     content: bytes
     mtime: str
     uploaded_at: str
+    xet_hash: str = ""  # the hash Xet gave the upload; placed files get their sha256
 
-    @property
-    def xet_hash(self) -> str:
-        return hashlib.sha256(self.content).hexdigest()
+    def __post_init__(self) -> None:
+        self.xet_hash = self.xet_hash or hashlib.sha256(self.content).hexdigest()
 
 
 @dataclass
@@ -118,15 +129,101 @@ class Bucket:
     created_at: str = field(default_factory=_now)
 
 
+def xet_hex(raw: bytes) -> str:
+    """A 32-byte Xet hash as the API writes it: each 8-byte group little-endian, in order."""
+    return "".join(raw[i : i + 8][::-1].hex() for i in range(0, 32, 8))
+
+
+def _ungroup4(data: bytes) -> bytes:
+    """Undo Xet's byte grouping (bytes i, i+4, i+8, ... stored together, for i in 0..3)."""
+    n = len(data)
+    sizes = [(n - i + 3) // 4 for i in range(4)]
+    groups, start = [], 0
+    for size in sizes:
+        groups.append(data[start : start + size])
+        start += size
+    out = bytearray(n)
+    for i, group in enumerate(groups):
+        out[i::4] = group
+    return bytes(out)
+
+
+def parse_xorb(blob: bytes) -> list[bytes]:
+    """The chunks of a serialized xorb: 8-byte headers (version, compressed size (3 bytes),
+    compression, uncompressed size (3 bytes)), each followed by its compressed bytes."""
+    import lz4.frame
+
+    chunks, offset = [], 0
+    while offset + 8 <= len(blob):
+        version = blob[offset]
+        compressed = int.from_bytes(blob[offset + 1 : offset + 4], "little")
+        scheme = blob[offset + 4]
+        size = int.from_bytes(blob[offset + 5 : offset + 8], "little")
+        if version != 0 or scheme > 2 or offset + 8 + compressed > len(blob):
+            break  # the footer (hashes and boundaries) follows the chunks
+        data = blob[offset + 8 : offset + 8 + compressed]
+        if scheme == 1:
+            data = lz4.frame.decompress(data)
+        elif scheme == 2:
+            data = _ungroup4(lz4.frame.decompress(data))
+        if len(data) != size:
+            raise ValueError(f"xorb chunk of {len(data)} bytes, header says {size}")
+        chunks.append(data)
+        offset += 8 + compressed
+    return chunks
+
+
+def parse_shard_files(shard: bytes) -> dict[str, list[tuple[str, int, int]]]:
+    """File hash -> its terms (xorb hash, first chunk, end chunk) from a shard's file info
+    section: after the 48-byte header, per file a 48-byte header (hash, flags, entry count),
+    its 48-byte entries, then verification entries and a metadata entry when flagged; a
+    header whose hash is all 0xFF ends the section."""
+    files: dict[str, list[tuple[str, int, int]]] = {}
+    offset = 48
+    while offset + 48 <= len(shard):
+        file_hash = shard[offset : offset + 32]
+        if file_hash == b"\xff" * 32:
+            break
+        flags, count = struct.unpack_from("<II", shard, offset + 32)
+        offset += 48
+        terms = []
+        for _ in range(count):
+            xorb = shard[offset : offset + 32]
+            _flags, _bytes, start, end = struct.unpack_from("<IIII", shard, offset + 32)
+            terms.append((xet_hex(xorb), start, end))
+            offset += 48
+        offset += 48 * count * bool(flags & (1 << 31)) + 48 * bool(flags & (1 << 30))
+        files[xet_hex(file_hash)] = terms
+    return files
+
+
+@dataclass
+class XetStore:
+    """What uploads through the Xet protocol leave: xorbs (their chunks) and files (rebuilt from
+    the shards' file info, so they can be served over plain HTTP)."""
+
+    xorbs: dict[str, list[bytes]] = field(default_factory=dict)
+    files: dict[str, bytes] = field(default_factory=dict)  # by xet hash (buckets name them so)
+    by_sha256: dict[str, bytes] = field(default_factory=dict)  # by sha256 (LFS pointers do)
+
+    def add_shard(self, shard: bytes) -> None:
+        for file_hash, terms in parse_shard_files(shard).items():
+            content = b"".join(b"".join(self.xorbs[xorb][start:end]) for xorb, start, end in terms)
+            self.files[file_hash] = content
+            self.by_sha256[hashlib.sha256(content).hexdigest()] = content
+
+
 class HubStorage:
     """Dataset repositories and buckets held in memory; the routes that serve them."""
 
     def __init__(self) -> None:
         self.datasets: dict[str, DatasetRepo] = {}
         self.buckets: dict[str, Bucket] = {}
+        self.xet = XetStore()
         self.commit_requests = 0
         self.lock = threading.Lock()
         self.before_commit: list[Any] = []  # callables run (once each) as a commit arrives
+        self.xet_refused = False  # write tokens are refused (a Hub token without write access)
 
     # ---- for tests
     def dataset(self, repo_id: str) -> DatasetRepo:
@@ -147,10 +244,12 @@ class HubStorage:
         with self.lock:
             return self.buckets.setdefault(bucket_id, Bucket(bucket_id))
 
-    def put_bucket_file(self, bucket_id: str, path: str, content: bytes) -> None:
+    def put_bucket_file(
+        self, bucket_id: str, path: str, content: bytes, xet_hash: str = ""
+    ) -> None:
         """Store a bucket file as a finished upload leaves it."""
         stamp = _now()
-        self.bucket(bucket_id).files[path] = BucketFile(content, stamp, stamp)
+        self.bucket(bucket_id).files[path] = BucketFile(content, stamp, stamp, xet_hash)
 
     # ---- routing
     def handle(self, handler: BaseHTTPRequestHandler, method: str) -> bool:
@@ -305,6 +404,26 @@ def _info(storage: HubStorage, reply: _Reply, match: re.Match[str], query: Any) 
     )
 
 
+LFS_SUFFIXES = (".parquet", ".arrow", ".safetensors", ".bin")
+"""Paths stored through LFS/Xet, as the Hub's default .gitattributes has them."""
+
+
+def _file_entry(path: str, content: bytes) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "type": "file",
+        "path": path,
+        "size": len(content),
+        "oid": git_blob_sha(content),
+    }
+    if path.endswith(LFS_SUFFIXES):
+        entry["lfs"] = {
+            "oid": hashlib.sha256(content).hexdigest(),
+            "size": len(content),
+            "pointerSize": 134,
+        }
+    return entry
+
+
 def _entries(files: dict[str, bytes], folder: str, recursive: bool) -> list[dict[str, Any]] | None:
     prefix = folder.strip("/") + "/" if folder.strip("/") else ""
     out: dict[str, dict[str, Any]] = {}
@@ -395,9 +514,14 @@ def _preupload(storage: HubStorage, reply: _Reply, match: re.Match[str], query: 
     answer = []
     for item in files:
         existing = commit.files.get(item["path"])
-        entry = {"path": item["path"], "uploadMode": "regular", "shouldIgnore": False}
+        lfs = item["path"].endswith(LFS_SUFFIXES) and item["size"] > 0
+        entry = {
+            "path": item["path"],
+            "uploadMode": "lfs" if lfs else "regular",
+            "shouldIgnore": False,
+        }
         if existing is not None:
-            entry["oid"] = git_blob_sha(existing)
+            entry["oid"] = hashlib.sha256(existing).hexdigest() if lfs else git_blob_sha(existing)
         answer.append(entry)
     reply.json({"files": answer, "commitOid": commit.oid})
 
@@ -437,9 +561,11 @@ def _commit(storage: HubStorage, reply: _Reply, match: re.Match[str], query: Any
                 folder = value["path"].rstrip("/") + "/"
                 files = {n: c for n, c in files.items() if not n.startswith(folder)}
             elif key == "lfsFile":
-                return reply.error(
-                    400, "BadRequest", "LFS/Xet files are not served by this stand-in"
-                )
+                content = storage.xet.by_sha256.get(value["oid"])
+                if content is None:
+                    message = f"{value['path']}: no uploaded object with sha256 {value['oid']}"
+                    return reply.error(422, "LfsObjectMissing", message)
+                files[value["path"]] = content
         commit = repo._append(files, header.get("summary", ""), repo.head)
     reply.json(
         {
@@ -536,12 +662,15 @@ def _bucket_batch(storage: HubStorage, reply: _Reply, match: re.Match[str], quer
         return
     failed = []
     known = {f.xet_hash: f.content for b in storage.buckets.values() for f in b.files.values()}
+    known.update(storage.xet.files)
     operations = [json.loads(line) for line in reply.body().splitlines() if line.strip()]
     for op in operations:
         if op["type"] == "deleteFile":
             bucket.files.pop(op["path"], None)
         elif op["xetHash"] in known:
-            storage.put_bucket_file(bucket.bucket_id, op["path"], known[op["xetHash"]])
+            storage.put_bucket_file(
+                bucket.bucket_id, op["path"], known[op["xetHash"]], op["xetHash"]
+            )
         else:
             failed.append(
                 {"path": op["path"], "error": "content not stored here (Xet is not served)"}
@@ -560,11 +689,35 @@ def _bucket_resolve(storage: HubStorage, reply: _Reply, match: re.Match[str], qu
 
 
 def _xet_token(storage: HubStorage, reply: _Reply, match: re.Match[str], query: Any) -> None:
-    reply.error(
-        501,
-        "NotImplemented",
-        "Xet storage (the content-addressed service bucket uploads go through) is not served by the local Hub stand-in",
+    """A token for the Xet storage service, which this server also plays (under /xet-cas)."""
+    if storage.xet_refused:
+        return reply.error(403, "Forbidden", "this token has no write access to the bucket")
+    reply.json(
+        {
+            "accessToken": "stand-in-xet-token",
+            "exp": int(time.time()) + 3600,
+            "casUrl": f"{reply.base}/xet-cas",
+        }
     )
+
+
+def _xet_chunk(storage: HubStorage, reply: _Reply, match: re.Match[str], query: Any) -> None:
+    reply.error(404, "NotFound", "no global deduplication here")  # the client uploads everything
+
+
+def _xet_xorb(storage: HubStorage, reply: _Reply, match: re.Match[str], query: Any) -> None:
+    chunks = parse_xorb(reply.body())
+    with storage.lock:
+        inserted = match["hash"] not in storage.xet.xorbs
+        storage.xet.xorbs[match["hash"]] = chunks
+    reply.json({"was_inserted": inserted})
+
+
+def _xet_shard(storage: HubStorage, reply: _Reply, match: re.Match[str], query: Any) -> None:
+    shard = reply.body()
+    with storage.lock:
+        storage.xet.add_shard(shard)
+    reply.json({"result": 1})
 
 
 _DATASET = r"(?P<repo>[^/]+/[^/]+)"
@@ -583,10 +736,14 @@ _ROUTES: list[tuple[re.Pattern[str], str, Any]] = [
     (re.compile(rf"^/api/datasets/{_DATASET}(?:/revision/(?P<rev>[^/]+))?$"), "GET", _info),
     (re.compile(rf"^/datasets/{_DATASET}/resolve/(?P<rev>[^/]+)/(?P<file>.+)$"), "GET", _resolve),
     (re.compile(rf"^/api/buckets/{_BUCKET}/xet-(?:write|read)-token$"), "GET", _xet_token),
+    (re.compile(rf"^/api/datasets/{_DATASET}/xet-(?:write|read)-token/[^/]+$"), "GET", _xet_token),
     (re.compile(rf"^/api/buckets/{_BUCKET}/tree(?:/(?P<prefix>.*))?$"), "GET", _bucket_tree),
     (re.compile(rf"^/api/buckets/{_BUCKET}/paths-info$"), "POST", _bucket_paths_info),
     (re.compile(rf"^/api/buckets/{_BUCKET}/batch$"), "POST", _bucket_batch),
     (re.compile(rf"^/api/buckets/{_BUCKET}$"), "POST", _bucket_create),
     (re.compile(rf"^/api/buckets/{_BUCKET}$"), "GET", _bucket_info),
     (re.compile(rf"^/buckets/{_BUCKET}/resolve/(?P<path>.+)$"), "GET", _bucket_resolve),
+    (re.compile(r"^/xet-cas/v1/chunks/[^/]+/[0-9a-f]{64}$"), "GET", _xet_chunk),
+    (re.compile(r"^/xet-cas/v1/xorbs/default/(?P<hash>[0-9a-f]{64})$"), "POST", _xet_xorb),
+    (re.compile(r"^/xet-cas/v1/shards$"), "POST", _xet_shard),
 ]

@@ -3,6 +3,7 @@ Hub stand-in; then the published dataset read back the ways its users read it.""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -85,6 +86,9 @@ def test_a_publish_is_one_commit_of_the_matrix_the_card_and_the_selected_list(
     for path, data in files.items():
         assert data == (results / path).read_bytes()  # exactly what was materialized
     assert report.commit == hub.storage.datasets[REPO].head and report.attempts == 1
+    # the Parquet files went through Xet, as on the Hub; the card and the list inline
+    parquet = results / "data" / "neuronx-cc-2.28.7631.0__transformers-5.24.0.parquet"
+    assert hashlib.sha256(parquet.read_bytes()).hexdigest() in hub.storage.xet.by_sha256
     # the history: the repository's initial commit, then this publish
     assert len(hub.storage.datasets[REPO].commits) == 2
 

@@ -64,8 +64,15 @@ def _compiler_or_none(backend: str | None) -> CompilerCache | None:
         return None
 
 
+RUN_TRANSFER_DEADLINE_S = 1800.0
+"""How long a test waits for a pull or push before giving it up (recorded as its error)."""
+
+
 def pull_for_run(
-    target: str, backend: str | None = None, storage_options: dict[str, Any] | None = None
+    target: str,
+    backend: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    deadline_s: float | None = RUN_TRANSFER_DEADLINE_S,
 ) -> TransferReport:
     """Pull before a test: never raises for a cache failure (it is the report's ``error``)."""
     compiler = _compiler_or_none(backend)
@@ -77,11 +84,14 @@ def pull_for_run(
             storage_options=storage_options,
         )
 
-    return guarded(run, "pull", target, compiler)
+    return guarded(run, "pull", target, compiler, deadline_s)
 
 
 def push_for_run(
-    target: str, backend: str | None = None, storage_options: dict[str, Any] | None = None
+    target: str,
+    backend: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    deadline_s: float | None = RUN_TRANSFER_DEADLINE_S,
 ) -> TransferReport:
     """Push after a test, whatever its outcome: never raises for a cache failure."""
     compiler = _compiler_or_none(backend)
@@ -93,7 +103,7 @@ def push_for_run(
             storage_options=storage_options,
         )
 
-    return guarded(run, "push", target, compiler)
+    return guarded(run, "push", target, compiler, deadline_s)
 
 
 def attach(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -437,24 +438,54 @@ def guarded(
     direction: Literal["pull", "push"],
     target: str,
     compiler: CompilerCache | None,
+    deadline_s: float | None = None,
 ) -> TransferReport:
     """Run a pull or push for a test: a failure becomes the report's ``error`` (class: message)
-    instead of an exception, so the test's own result is never changed by the cache."""
+    instead of an exception, so the test's own result is never changed by the cache.
+
+    With ``deadline_s`` the transfer runs in a background thread and is given up after that
+    long (the Hub's clients retry an unavailable store for minutes): the report then says so,
+    and the thread is left to finish or die with the process. Objects and entries appear whole
+    or not at all, so an abandoned transfer leaves nothing half-written behind.
+    """
     started = time.monotonic()
-    try:
-        return operation()
-    except Exception as exc:
-        if not (isinstance(exc, CompileCacheError) or is_store_error(exc)):
-            raise
-        label = getattr(exc, "label", None) or "target-unavailable"
+
+    def failed(error: str) -> TransferReport:
         return TransferReport(
             direction=direction,
             target=_safe_uri(target),
             prefix=compiler.prefix if compiler else "",
             local_dir=str(compiler.local_dir) if compiler else "",
             seconds=time.monotonic() - started,
-            error=f"{label}: {exc}",
+            error=error,
         )
+
+    outcome: list[TransferReport | BaseException] = []
+
+    def attempt() -> None:
+        try:
+            outcome.append(operation())
+        except BaseException as exc:  # handed to the caller below
+            outcome.append(exc)
+
+    if deadline_s is None:
+        attempt()
+    else:
+        worker = threading.Thread(target=attempt, name=f"compile-cache-{direction}", daemon=True)
+        worker.start()
+        worker.join(deadline_s)
+        if not outcome:
+            return failed(
+                f"deadline: the {direction} did not finish within {deadline_s:g} s and was "
+                "left behind (the store is slow or unavailable)"
+            )
+    result = outcome[0]
+    if isinstance(result, TransferReport):
+        return result
+    if not (isinstance(result, CompileCacheError) or is_store_error(result)):
+        raise result
+    label = getattr(result, "label", None) or "target-unavailable"
+    return failed(f"{label}: {result}")
 
 
 def _safe_uri(uri: str) -> str:

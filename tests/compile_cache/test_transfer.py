@@ -6,6 +6,7 @@ import fcntl
 import hashlib
 import os
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -355,3 +356,17 @@ def test_a_missing_bucket_is_an_error_but_a_missing_folder_is_an_empty_cache(
         pull("s3://no-such-bucket-here/cache", compiler=inductor_cache(inductor_dir))
     empty = pull(f"{s3_target}/not-pushed-yet", compiler=inductor_cache(tmp_path / "fresh"))
     assert (empty.entries, empty.error) == (0, None)
+
+
+def test_a_transfer_past_its_deadline_is_given_up_and_recorded(tmp_path: Path) -> None:
+    from model_support.compile_cache import TransferReport, guarded
+
+    def hangs() -> TransferReport:
+        time.sleep(3)  # a store that does not answer (the Hub's clients retry for minutes)
+        raise AssertionError("the caller stopped waiting long before")
+
+    started = time.monotonic()
+    report = guarded(hangs, "push", "s3://slow/cache", inductor_cache(tmp_path), deadline_s=0.2)
+    assert time.monotonic() - started < 2
+    assert report.error is not None and report.error.startswith("deadline: the push did not finish")
+    assert report.prefix == PREFIX
