@@ -174,6 +174,13 @@ READERS = textwrap.dedent(
     latest = [s for s in stacks if s.compiler_version == "2.28.7631.0"]
     viewer = read_columns(uri, [latest[0].path], ["model_id", "result"])
     loaded = load_dataset("{repo}", split="train")
+    from streamlit.testing.v1 import AppTest
+    page = AppTest.from_file(sys.argv[1], default_timeout=60)
+    page.run()
+    selected = page.dataframe[0].value if not page.exception else None
+    page = AppTest.from_file(sys.argv[1], default_timeout=60)
+    page.query_params["model"] = X
+    page.run()
     one_file = load_dataset("{repo}", "neuronx-cc-2.27.100.0__transformers-5.24.0", split="train")
     print(json.dumps({{
         "pandas": sorted(zip(rows.neuronx_cc, rows.result)),
@@ -181,6 +188,9 @@ READERS = textwrap.dedent(
         "viewer": sorted(zip(viewer.model_id, viewer.result)),
         "datasets": sorted(zip(loaded["model_id"], loaded["result"])),
         "config": list(one_file["result"]),
+        "viewer_page": None if selected is None else sorted(zip(selected["model"], selected["result"])),
+        "viewer_details": [c.value for c in page.code if c.value.startswith("# run.py")],
+        "viewer_errors": [str(e.value) for e in page.exception],
     }}))
     """
 )
@@ -203,8 +213,11 @@ def test_the_published_dataset_reads_with_pandas_the_viewer_and_datasets(
     script = tmp_path / "read.py"
     script.write_text(READERS.format(repo=REPO))
     env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf-home")}
+    app = str(Path(__file__).resolve().parents[1] / "viewer" / "app.py")
+    env["MODEL_SUPPORT_RESULTS"] = URI
+    env["MODEL_SUPPORT_HUB_ENDPOINT"] = "http://127.0.0.1:9"  # rankings unreachable: not needed
     read = subprocess.run(
-        [sys.executable, str(script)],
+        [sys.executable, str(script), app],
         capture_output=True,
         text=True,
         env=env,
@@ -222,6 +235,10 @@ def test_the_published_dataset_reads_with_pandas_the_viewer_and_datasets(
         ["meta-llama/Llama-3.2-1B", "FAIL"],
     ]
     assert seen["config"] == ["ERROR"]
+    # the viewer itself on the published dataset: the selected list, then a model's details
+    assert seen["viewer_errors"] == []
+    assert seen["viewer_page"] == [["Qwen/Qwen3-0.6B", "PASS"]]
+    assert seen["viewer_details"] == ["# run.py for Qwen/Qwen3-0.6B\n"]
 
 
 def test_the_publish_command_refuses_a_bad_repository_uri(results: Path) -> None:
