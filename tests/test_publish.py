@@ -238,7 +238,7 @@ def test_the_published_dataset_reads_with_pandas_the_viewer_and_datasets(
     # the viewer itself on the published dataset: the selected list, then a model's details
     assert seen["viewer_errors"] == []
     assert seen["viewer_page"] == [["Qwen/Qwen3-0.6B", "PASS"]]
-    assert seen["viewer_details"] == ["# run.py for Qwen/Qwen3-0.6B\n"]
+    assert seen["viewer_details"] == ["# run.py for Qwen/Qwen3-0.6B"]  # st.code drops the newline
 
 
 def test_the_publish_command_refuses_a_bad_repository_uri(results: Path) -> None:
