@@ -137,7 +137,7 @@ class CacheTransferFigures(BaseModel):
     never by run.py. A failed transfer keeps ``error``; the test's result is never changed by it.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _FORBID
 
     entries: int = Field(0, description="Complete cache entries transferred.")
     bytes: int = Field(0, description="Bytes of those entries.")
@@ -160,7 +160,7 @@ class CacheTransferFigures(BaseModel):
 class CompileCacheFigures(BaseModel):
     """What the compile cache did for one run: where it lives, what was pulled and pushed."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _FORBID
 
     target: str = Field(..., description="The cache's root URI (without the compiler prefix).")
     prefix: str = Field(

@@ -43,9 +43,7 @@ def record(model: str, result: str, neuronx_cc: str, minutes: int = 0) -> RunRec
         started_at=when,
         finished_at=when + timedelta(minutes=2),
     )
-    return RunRecord(
-        run_id=new_run_id(model, when), document=document, run_py=f"# run.py for {model}\n"
-    )
+    return RunRecord(run_id=new_run_id(when), document=document, run_py=f"# run.py for {model}\n")
 
 
 @pytest.fixture
