@@ -538,8 +538,8 @@ def _details_row(row: pd.Series) -> None:
         st.code(command, language="bash")
     else:
         st.markdown(
-            f"2. No shared compile cache is recorded for this compiler ({literal(row['compiler'] or 'unknown')}); "
-            "the run compiles from scratch."
+            f"2. No shared compile cache holds this run's entries (compiler: {literal(row['compiler'] or 'unknown')}); "
+            "it compiles from scratch."
         )
     st.markdown("3. Save `run.py` and run it:")
     st.code("python3 run.py", language="bash")
