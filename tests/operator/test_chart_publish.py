@@ -26,12 +26,15 @@ def render(values: dict[str, Any]) -> list[dict[str, Any]]:
     return [d for text in rendered.values() for d in yaml.safe_load_all(text) if d]
 
 
+RESULTS = "s3://bucket/model-support"
+
+
 def test_no_cronjob_unless_asked_for() -> None:
-    assert not [d for d in render({}) if d["kind"] == "CronJob"]
+    assert not [d for d in render({"results": RESULTS}) if d["kind"] == "CronJob"]
 
 
 def test_the_publish_cronjob_commits_the_dataset_on_a_schedule() -> None:
-    values = {"results": "s3://bucket/model-support", "publish": PUBLISH}
+    values = {"results": RESULTS, "publish": PUBLISH}
     report = helm_python.lint(str(CHART), copy.deepcopy(values), strict=True)
     assert report["errors"] == []
     (cron,) = [d for d in render(values) if d["kind"] == "CronJob"]
@@ -54,4 +57,4 @@ def test_the_publish_cronjob_commits_the_dataset_on_a_schedule() -> None:
 @pytest.mark.parametrize("repository", ["", "hf://org/name", "s3://bucket/x"])
 def test_a_publish_without_a_dataset_repository_is_refused_at_render(repository: str) -> None:
     with pytest.raises(Exception, match="hf://datasets/ORG/NAME"):
-        render({"publish": {**PUBLISH, "repository": repository}})
+        render({"results": RESULTS, "publish": {**PUBLISH, "repository": repository}})
