@@ -112,7 +112,9 @@ def attach(
     push_report: TransferReport | None,
 ) -> ResultDocument:
     """The document with the cache figures beside the result (the result is not changed)."""
-    reports = [r for r in (pull_report, push_report) if r is not None]
+    # The push's target when there is one: it then holds every entry the run used (pulled
+    # entries are local entries too), so it is where a reproduction should pull from.
+    reports = [r for r in (push_report, pull_report) if r is not None]
     if not reports:
         return document
     figures = CompileCacheFigures(
