@@ -370,3 +370,27 @@ def test_a_transfer_past_its_deadline_is_given_up_and_recorded(tmp_path: Path) -
     assert time.monotonic() - started < 2
     assert report.error is not None and report.error.startswith("deadline: the push did not finish")
     assert report.prefix == PREFIX
+
+
+def test_the_figures_beside_a_result_name_where_the_run_pushed(
+    inductor_dir: Path, tmp_path: Path
+) -> None:
+    """Pulled from a read-only source, pushed to the team's target: the record points at the
+    target, which now holds every entry the run used; the result itself is untouched."""
+    from model_support.compile_cache import attach
+    from model_support.records import ResultDocument
+    from model_support.vocabulary import Result
+
+    source, team = str(tmp_path / "public"), str(tmp_path / "team")
+    push(source, compiler=inductor_cache(inductor_dir))
+    local = inductor_cache(tmp_path / "machine")
+    pulled = pull(source, compiler=local)
+    pushed = push(team, compiler=local)
+    document = ResultDocument(model="org/m", task="text-generation", result=Result.PASS)
+    recorded = attach(document, pulled, pushed)
+    assert recorded.result == Result.PASS and document.compile_cache is None
+    figures = recorded.compile_cache
+    assert figures is not None and (figures.target, figures.prefix) == (team, PREFIX)
+    assert figures.pull is not None and figures.push is not None
+    assert figures.pull.entries == figures.push.entries == 5
+    assert stored(f"{team}/{PREFIX}").keys() == stored(f"{source}/{PREFIX}").keys()
