@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -60,6 +61,7 @@ def s3_target() -> tuple[str, dict[str, str], Any]:
     """An S3 bucket on moto's server (the real S3 protocol) and the env that reaches it."""
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no request log between the figures
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
