@@ -134,6 +134,32 @@ def _enum_value(value: Any) -> str | None:
     return None if value is None else str(getattr(value, "value", value))
 
 
+def _cache_figure(s: _Source, direction: str, name: str) -> Any:
+    """One figure of the run's compile cache pull or push; None where there was none."""
+    cache = s.doc.compile_cache
+    transfer = getattr(cache, direction) if cache is not None else None
+    return None if transfer is None else getattr(transfer, name)
+
+
+def _cache_skipped(s: _Source) -> int | None:
+    cache = s.doc.compile_cache
+    if cache is None:
+        return None
+    return sum(t.skipped for t in (cache.pull, cache.push) if t is not None)
+
+
+def _cache_error(s: _Source) -> str | None:
+    cache = s.doc.compile_cache
+    if cache is None:
+        return None
+    errors = [
+        f"{name}: {t.error}"
+        for name, t in (("pull", cache.pull), ("push", cache.push))
+        if t and t.error
+    ]
+    return "; ".join(errors) or None
+
+
 _STRING = pa.string()
 _INT = pa.int64()
 _FLOAT = pa.float64()
@@ -347,6 +373,81 @@ COLUMNS: tuple[Column, ...] = (
         lambda s: s.doc.compilation.cache_hit,
     ),
     # ---- end of the Trainium path's columns
+    # ---- compile cache (model_support/compile_cache): hits during the run, transfers around it
+    Column(
+        "compile_cache_hits",
+        _INT,
+        "Compiled graphs served by the compile cache during the run (TorchNeuron's NEFF cache "
+        "on neuron, inductor's FX graph cache elsewhere).",
+        lambda s: s.doc.compilation.cache_hits,
+    ),
+    Column(
+        "compile_cache_misses",
+        _INT,
+        "Graphs compiled from scratch during the run (new compile cache entries).",
+        lambda s: s.doc.compilation.cache_misses,
+    ),
+    Column(
+        "compile_cache_target",
+        _STRING,
+        "Root URI of the compile cache pulled before and pushed after the run; null = none.",
+        lambda s: s.doc.compile_cache.target if s.doc.compile_cache else None,
+    ),
+    Column(
+        "compile_cache_prefix",
+        _STRING,
+        "The compiler prefix under that root: neuronxcc-<version> or inductor-torch-<version>.",
+        lambda s: s.doc.compile_cache.prefix if s.doc.compile_cache else None,
+    ),
+    Column(
+        "compile_cache_pulled_entries",
+        _INT,
+        "Complete, verified cache entries pulled before the run.",
+        lambda s: _cache_figure(s, "pull", "entries"),
+    ),
+    Column(
+        "compile_cache_pulled_bytes",
+        _INT,
+        "Bytes of the entries pulled before the run.",
+        lambda s: _cache_figure(s, "pull", "bytes"),
+    ),
+    Column(
+        "compile_cache_pull_s",
+        _FLOAT,
+        "Seconds the pull took (not part of wall_time_s).",
+        lambda s: _cache_figure(s, "pull", "seconds"),
+    ),
+    Column(
+        "compile_cache_pushed_entries",
+        _INT,
+        "New cache entries pushed after the run.",
+        lambda s: _cache_figure(s, "push", "entries"),
+    ),
+    Column(
+        "compile_cache_pushed_bytes",
+        _INT,
+        "Bytes of the entries pushed after the run.",
+        lambda s: _cache_figure(s, "push", "bytes"),
+    ),
+    Column(
+        "compile_cache_push_s",
+        _FLOAT,
+        "Seconds the push took (not part of wall_time_s).",
+        lambda s: _cache_figure(s, "push", "seconds"),
+    ),
+    Column(
+        "compile_cache_skipped",
+        _INT,
+        "Entries left out of the pull and push: incomplete locally, or corrupt/truncated in the target.",
+        lambda s: _cache_skipped(s),
+    ),
+    Column(
+        "compile_cache_error",
+        _STRING,
+        "Why a pull or push failed (the result is unaffected); null when both worked.",
+        lambda s: _cache_error(s),
+    ),
+    # ---- end of the compile cache's columns
     # verification
     Column(
         "verified_exact",

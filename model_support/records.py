@@ -130,6 +130,48 @@ class PromptStatistics(BaseModel):
     kl_ratio: float | None = None
 
 
+class CacheTransferFigures(BaseModel):
+    """One compile cache transfer: the pull before run.py, or the push after it.
+
+    Filled by the harness around run.py (``model-support run --compile-cache``, the runner pod),
+    never by run.py. A failed transfer keeps ``error``; the test's result is never changed by it.
+    """
+
+    model_config = _FORBID
+
+    entries: int = Field(0, description="Complete cache entries transferred.")
+    bytes: int = Field(0, description="Bytes of those entries.")
+    seconds: float | None = Field(None, description="Wall time of the transfer.")
+    skipped: int = Field(
+        0,
+        description="Entries left out: incomplete locally (push) or corrupt/truncated in the "
+        "target (pull); each one is named in the transfer's report.",
+    )
+    unverified: int = Field(
+        0,
+        description="Pulled entries that carry no content hash (a plain mirror such as the "
+        "public NEFF bucket): accepted on their layout and size alone.",
+    )
+    error: str | None = Field(
+        None, description="Why the transfer failed (class: message); null when it did not."
+    )
+
+
+class CompileCacheFigures(BaseModel):
+    """What the compile cache did for one run: where it lives, what was pulled and pushed."""
+
+    model_config = _FORBID
+
+    target: str = Field(..., description="The cache's root URI (without the compiler prefix).")
+    prefix: str = Field(
+        ...,
+        description="The compiler prefix derived from the installed stack: "
+        "neuronxcc-<version> or inductor-torch-<version>.",
+    )
+    pull: CacheTransferFigures | None = Field(None, description="The pull before run.py.")
+    push: CacheTransferFigures | None = Field(None, description="The push after run.py.")
+
+
 class Verification(BaseModel):
     """The verdict's figures, kept whole so thresholds can be re-judged from the dataset."""
 
@@ -261,6 +303,11 @@ class ResultDocument(BaseModel):
     timings: Timings = Field(default_factory=lambda: Timings())
     memory: Memory = Field(default_factory=lambda: Memory())
     compilation: Compilation = Field(default_factory=lambda: Compilation())
+    compile_cache: CompileCacheFigures | None = Field(
+        None,
+        description="Compile cache transfers around the run (filled by the harness, not run.py); "
+        "null when no cache target was given.",
+    )
     prompts: list[str] = Field(default_factory=list)
     tokens: list[list[int]] = Field(default_factory=list)
     text: list[str] = Field(default_factory=list)

@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
+from hub_storage import HubStorage
+
 SORT_KEYS = {
     "downloads": "downloads",
     "likes": "likes",
@@ -163,8 +165,16 @@ class HubServer:
     Use as a context manager; ``url`` is the endpoint to give ``HfApi(endpoint=...)``.
     """
 
-    def __init__(self, repos: list[Repo] | None = None, *, page_size: int = 1000) -> None:
+    def __init__(
+        self,
+        repos: list[Repo] | None = None,
+        *,
+        page_size: int = 1000,
+        storage: HubStorage | None = None,
+    ) -> None:
         self.repos: dict[str, Repo] = {}
+        # Dataset repositories (commits) and storage buckets: tests/hub_storage.py.
+        self.storage = storage
         self.page_size = page_size
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -295,6 +305,18 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             self._route(head=False)
 
+        def do_POST(self) -> None:
+            hub.log(
+                {
+                    "method": "POST",
+                    "path": unquote(urlsplit(self.path).path),
+                    "range": None,
+                    "token_sent": self._token() is not None,
+                }
+            )
+            if hub.storage is None or not hub.storage.handle(self, "POST"):
+                self._error(404, "NotFound", f"no route for POST {urlsplit(self.path).path}")
+
         def _route(self, *, head: bool) -> None:
             failure = hub.take_failure()
             if failure is not None:
@@ -310,6 +332,8 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                     "token_sent": self._token() is not None,
                 }
             )
+            if hub.storage is not None and hub.storage.handle(self, "HEAD" if head else "GET"):
+                return None
             if path == "/api/models":
                 return self._list(parse_qs(parts.query))
             tree = _TREE.match(path)

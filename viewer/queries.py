@@ -7,7 +7,7 @@ a plain DataFrame in the matrix's columns (model_support.dataset.MATRIX_SCHEMA).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -53,6 +53,44 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "revision", "resolved_revision", "torch", "torch_neuronx", "started_at", "finished_at",
     "recorded_at",
 )  # fmt: skip
+
+COMPILE_CACHE_COLUMNS: tuple[str, ...] = (
+    "compiler_version", "compile_cache_hits", "compile_cache_misses", "compile_cache_target",
+    "compile_cache_prefix", "compile_cache_pulled_entries", "compile_cache_pulled_bytes",
+    "compile_cache_pull_s", "compile_cache_pushed_entries", "compile_cache_pushed_bytes",
+    "compile_cache_push_s", "compile_cache_skipped", "compile_cache_error",
+)  # fmt: skip
+"""What the details show about the compile cache (absent from datasets older than it)."""
+
+PUBLIC_NEFF_CACHE = "hf://buckets/aws-neuron/torch-neuronx-neff-cache"
+"""The public TorchNeuron NEFF cache (one neuronxcc-<version> prefix per compiler)."""
+
+
+def _text(row: Mapping[str, object], name: str) -> str | None:
+    value = row.get(name)
+    return value if isinstance(value, str) and value else None
+
+
+def compile_cache_pull(row: Mapping[str, object]) -> tuple[str, str] | None:
+    """The exact pull command for a row's compiler version, and where that cache is from.
+
+    The run's own cache target when it recorded one, else the public NEFF cache for a
+    Trainium row; None when no shared cache holds this compiler's entries.
+    """
+    from model_support.compile_cache import pull_command
+
+    prefix = _text(row, "compile_cache_prefix")
+    if prefix is None and _text(row, "neuronx_cc"):
+        prefix = f"neuronxcc-{_text(row, 'neuronx_cc')}"
+    if prefix is None and _text(row, "compiler") == "inductor" and _text(row, "torch"):
+        prefix = f"inductor-torch-{_text(row, 'torch')}"
+    target = _text(row, "compile_cache_target")
+    origin = "the cache this run pulled and pushed"
+    if target is None and prefix is not None and prefix.startswith("neuronxcc-"):
+        target, origin = PUBLIC_NEFF_CACHE, "the public TorchNeuron NEFF cache"
+    if prefix is None or target is None:
+        return None
+    return pull_command(target, prefix), origin
 
 
 def version_key(version: str | None) -> tuple[int, Version | str]:

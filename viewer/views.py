@@ -8,7 +8,6 @@ chosen results location, stack and filters. Data comes through the cached reader
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass
 from datetime import UTC
 from typing import TYPE_CHECKING
@@ -36,7 +35,6 @@ RANKING_TTL_S = 900
 FILE_LIST_TTL_S = 30
 MAX_DETAIL_OPTIONS = 2000
 """The details picker lists at most this many models of the current table (search narrows it)."""
-NEFF_CACHE_BUCKET = "hf://buckets/aws-neuron/torch-neuronx-neff-cache"
 RESULT_COLOURS = {
     Result.PASS.value: "green",
     Result.FAIL.value: "red",
@@ -371,7 +369,10 @@ def details(ctx: Context, model_id: str) -> None:
     """Everything about one model's result on the current stack, and how to reproduce it."""
     st.subheader(literal(model_id))
     rows = read(
-        ctx, [ctx.current] if ctx.current else [], tuple(queries.DETAIL_COLUMNS), model_id=model_id
+        ctx,
+        [ctx.current] if ctx.current else [],
+        tuple(queries.DETAIL_COLUMNS) + queries.COMPILE_CACHE_COLUMNS,
+        model_id=model_id,
     )
     rows = (
         queries.with_task(rows, ctx.task)
@@ -423,6 +424,38 @@ def _generated_text(row: pd.Series) -> None:
         st.text(text)
 
 
+def _compile_cache(row: pd.Series) -> None:
+    """The compile cache figures of a run: hits during it, what was pulled and pushed."""
+    if pd.isna(row.get("compile_cache_hits")) and not isinstance(
+        row.get("compile_cache_target"), str
+    ):
+        return
+    st.markdown("**Compile cache**")
+    figures = {
+        "hits": row.get("compile_cache_hits"),
+        "misses": row.get("compile_cache_misses"),
+        "pulled entries": row.get("compile_cache_pulled_entries"),
+        "pulled MiB": row.get("compile_cache_pulled_bytes"),
+        "pull s": row.get("compile_cache_pull_s"),
+        "pushed entries": row.get("compile_cache_pushed_entries"),
+        "pushed MiB": row.get("compile_cache_pushed_bytes"),
+        "push s": row.get("compile_cache_push_s"),
+        "skipped": row.get("compile_cache_skipped"),
+    }
+    for key in ("pulled MiB", "pushed MiB"):
+        if not pd.isna(figures[key]):
+            figures[key] = round(int(figures[key]) / 2**20, 2)  # type: ignore[call-overload]
+    st.dataframe(
+        pd.DataFrame([{k: (None if pd.isna(v) else v) for k, v in figures.items()}]),
+        hide_index=True,
+    )
+    if isinstance(row.get("compile_cache_target"), str):
+        where = f"{row['compile_cache_target']}/{row.get('compile_cache_prefix') or ''}"
+        st.caption(f"Cache: {inline_code(where)}")
+    if isinstance(row.get("compile_cache_error"), str):
+        st.caption(f"The cache failed (the result stands): {literal(row['compile_cache_error'])}")
+
+
 def _details_row(row: pd.Series) -> None:
     result = str(row["result"])
     colour = RESULT_COLOURS.get(result, "blue")
@@ -450,6 +483,7 @@ def _details_row(row: pd.Series) -> None:
         "decode tokens/s",
         "—" if pd.isna(row["decode_tokens_per_s"]) else f"{row['decode_tokens_per_s']:.1f}",
     )
+    _compile_cache(row)
     if isinstance(row["error"], str) and row["error"]:
         st.markdown("**Error**")
         st.code(row["error"], language=None, wrap_lines=True)
@@ -494,22 +528,18 @@ def _details_row(row: pd.Series) -> None:
         )
         with st.expander(f"Packages ({len(packages)})"):
             st.code("\n".join(packages), language=None)
-    neuronx_cc = (
-        row["neuronx_cc"] if isinstance(row["neuronx_cc"], str) and row["neuronx_cc"] else None
-    )
-    if neuronx_cc:
+    pull = queries.compile_cache_pull(row)
+    if pull is not None:
+        command, origin = pull
         st.markdown(
-            "2. Fetch the public compile cache for this compiler version (saves compiling again):"
+            f"2. Pull {origin} for this compiler version (saves compiling again; the "
+            "installed compiler must be the same version, which step 1 gives):"
         )
-        cache = shlex.quote(f"{NEFF_CACHE_BUCKET}/neuronxcc-{neuronx_cc}")
-        st.code(
-            f"hf buckets sync {cache} /tmp/neff_cache\nexport TORCH_NEURONX_NEFF_CACHE_DIR=/tmp/neff_cache",
-            language="bash",
-        )
+        st.code(command, language="bash")
     else:
         st.markdown(
-            f"2. No compile cache applies: this run did not use neuronx-cc (compiler: {literal(row['compiler'] or 'unknown')}); "
-            "the public NEFF cache only serves Trainium runs."
+            f"2. No shared compile cache holds this run's entries (compiler: {literal(row['compiler'] or 'unknown')}); "
+            "it compiles from scratch."
         )
     st.markdown("3. Save `run.py` and run it:")
     st.code("python3 run.py", language="bash")

@@ -1565,6 +1565,8 @@ def new_document(config: dict) -> dict:
         "timings": {},
         "memory": {},
         "compilation": {},
+        # Filled by whatever runs run.py with a compile cache (it pulls before, pushes after).
+        "compile_cache": None,
         "prompts": list(config["prompts"]),
         "tokens": [],
         "text": [],

@@ -5,6 +5,8 @@ from __future__ import annotations
 import typer
 
 from model_support.cli import (
+    commands_cache,
+    commands_dataset,
     commands_demo,
     commands_operator,
     commands_render,
@@ -29,5 +31,7 @@ for _module in (
     commands_operator,
     commands_render,
     commands_sweep,
+    commands_cache,
+    commands_dataset,
 ):
     _module.register(app)

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from model_support.cli import commands_cache
 from model_support.config import RunConfig
 from model_support.execution import StageEvent
 from model_support.models import BadModelReference, resolve_model
@@ -336,6 +337,7 @@ def summary(record: RunRecord) -> dict[str, object]:
         "verification": doc.verification.model_dump(exclude={"positions"}),
         "text": doc.text,
         "judge": doc.judge,
+        "compile_cache": doc.compile_cache.model_dump() if doc.compile_cache else None,
     }
 
 
@@ -498,6 +500,13 @@ def run(
             "(none of them is changed).",
         ),
     ] = False,
+    compile_cache: Annotated[
+        str | None,
+        typer.Option(
+            help="Compile cache root (path, s3://, hf://buckets/): pulled before, pushed after; "
+            "the compiler prefix comes from the installed stack."
+        ),
+    ] = None,
     instance: InstanceOpt = None,
     lnc: LncOpt = None,
     max_cores: MaxCoresOpt = 16,
@@ -533,11 +542,13 @@ def run(
         trust_remote_code=trust_remote_code,
         judge_model=judge_model,
     )
+    cache = commands_cache.before_run(compile_cache, config.backend, quiet=as_json)
     try:
         with stopped_by_signals():
             store, record = _test(
                 config, results, force, cores, instance, lnc, max_cores, timeout, as_json
             )
+            record = commands_cache.after_run(cache, record)
             record = name_record(record)
             stored = save_record(store, record, results)
     except Stopped as stop:
