@@ -41,7 +41,18 @@ RESULT_COLOURS = {
     Result.ERROR.value: "orange",
     Result.TIMEOUT.value: "violet",
     Result.EXCLUDED.value: "gray",
+    Result.UNVERIFIED.value: "blue",
 }
+"""Streamlit's badge colour per result (every result has one: a test checks it)."""
+RESULT_CHART_COLOURS = {
+    Result.PASS.value: "#21a366",
+    Result.FAIL.value: "#e0474c",
+    Result.ERROR.value: "#f28e2b",
+    Result.TIMEOUT.value: "#9467bd",
+    Result.EXCLUDED.value: "#9a9a9a",
+    Result.UNVERIFIED.value: "#4c78a8",
+}
+"""The same results' colours in charts (hex: altair needs exact colours)."""
 TASKS = [t.value for t in Task]
 DICTIONARY_COLUMNS = ("task", "result", "why", "change", "before", "after", "error class after")
 DICTIONARY_ABOVE_ROWS = 1000
@@ -343,8 +354,8 @@ def view_charts(ctx: Context) -> None:
             color=alt.Color(
                 "result:N",
                 scale=alt.Scale(
-                    domain=list(RESULT_COLOURS),
-                    range=["#21a366", "#e0474c", "#f28e2b", "#9467bd", "#9a9a9a"],
+                    domain=list(RESULT_CHART_COLOURS),
+                    range=list(RESULT_CHART_COLOURS.values()),
                 ),
             ),
             tooltip=["model", "parameters", "wall time (s)", "result"],
@@ -458,7 +469,7 @@ def _compile_cache(row: pd.Series) -> None:
 
 def _details_row(row: pd.Series) -> None:
     result = str(row["result"])
-    colour = RESULT_COLOURS.get(result, "blue")
+    colour = RESULT_COLOURS.get(result, "gray")
     why = (
         row["error_class"]
         if result == Result.ERROR.value
