@@ -113,7 +113,7 @@ def objects(h: Harness, plural: str) -> list[dict[str, Any]]:
     ]
 
 
-def tests_of(h: Harness, sweep: str) -> list[dict[str, Any]]:
+def children_of(h: Harness, sweep: str) -> list[dict[str, Any]]:
     return [
         t
         for t in objects(h, "modelsupporttests")
@@ -145,7 +145,7 @@ class CapWatch:
             "jobs",
         ):
             return
-        tests = tests_of(self.h, self.sweep)
+        tests = children_of(self.h, self.sweep)
         active = [t for t in tests if unfinished(t)]
         uids = {t["metadata"]["uid"] for t in tests}
         jobs = [
@@ -227,7 +227,7 @@ async def test_200_models_never_more_than_8_running_and_all_done(sh: Harness) ->
     # The API never held more than 8 unfinished tests (or Jobs) of the sweep, and did hold 8.
     assert cap.samples > 400
     assert cap.max_tests == 8 and cap.max_jobs <= 8
-    tests = tests_of(sh, "nightly")
+    tests = children_of(sh, "nightly")
     assert len(tests) == 200
     assert {t["metadata"]["annotations"][ANNOTATION_MODEL] for t in tests} == {
         model_id(i) for i in range(200)
@@ -283,7 +283,7 @@ async def test_a_restarted_operator_leaves_no_duplicate_test_job_or_record(sh: H
         )
         assert kubelet.error is None, kubelet.error
     assert status["counts"]["passed"] == 40 and status["counts"]["running"] == 0
-    tests = tests_of(sh, "restart")
+    tests = children_of(sh, "restart")
     names = [t["metadata"]["name"] for t in tests]
     assert len(tests) == 40 and len(set(names)) == 40
     assert sorted(t["metadata"]["annotations"][ANNOTATION_MODEL] for t in tests) == models
@@ -318,7 +318,7 @@ async def test_a_rerank_mid_sweep_neither_kills_nor_duplicates(
             await sh.wait_for(
                 lambda: sorted(kubelet.running.values()) == first, what="3 runners running"
             )
-            before = {t["metadata"]["name"]: t for t in tests_of(sh, "trend")}
+            before = {t["metadata"]["name"]: t for t in children_of(sh, "trend")}
             jobs_before = {j["metadata"]["name"] for j in objects(sh, "jobs")}
             assert len(before) == 3 and len(jobs_before) == 3
             # The Hub re-ranks: models 0 and 1 (running) and 5 (queued) fall out of the top 6,
@@ -336,7 +336,7 @@ async def test_a_rerank_mid_sweep_neither_kills_nor_duplicates(
                 "the new ranking",
             )
             # Nothing was killed or re-made: the same 3 tests, generation 1, Jobs untouched.
-            after = {t["metadata"]["name"]: t for t in tests_of(sh, "trend")}
+            after = {t["metadata"]["name"]: t for t in children_of(sh, "trend")}
             assert after.keys() == before.keys()
             assert all(after[n]["metadata"]["uid"] == before[n]["metadata"]["uid"] for n in after)
             assert all(t["metadata"]["generation"] == 1 for t in after.values())
@@ -351,7 +351,7 @@ async def test_a_rerank_mid_sweep_neither_kills_nor_duplicates(
             for i, downloads in original.items():
                 sweep_hub.repos[model_id(i)].downloads = downloads
         assert kubelet.error is None, kubelet.error
-    tests = tests_of(sh, "trend")
+    tests = children_of(sh, "trend")
     by_model = collections.Counter(t["metadata"]["annotations"][ANNOTATION_MODEL] for t in tests)
     # The 6 ranked now, plus the 2 that left while running (kept, finished, recorded); the
     # queued model that left (5) was never made.
@@ -407,7 +407,7 @@ async def test_a_new_epoch_or_stack_retests_once_and_an_unchanged_sweep_does_not
         )
         assert third["runKey"] not in (first["runKey"], second["runKey"])
         assert kubelet.error is None, kubelet.error
-    tests = tests_of(sh, "epochs")
+    tests = children_of(sh, "epochs")
     assert len(tests) == 5
     assert all(t["metadata"]["generation"] == 3 for t in tests)
     assert all(t["spec"]["epoch"] == 20261105 for t in tests)
