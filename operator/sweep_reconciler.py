@@ -632,7 +632,8 @@ class SweepReconciler:
         uid = meta["uid"]
         new = status.patch()
         old = body.get("status") or {}
-        if all(old.get(k) == v for k, v in new.items()):
+        # What the API server stores of the patch: its nulls remove fields.
+        if _stored(old) == _stored(new):
             with self._lock:
                 self._dirty.discard(uid)
             return
@@ -680,6 +681,15 @@ def _typed(conditions: list[dict[str, Any]]) -> list[Any]:
     from model_support.operator.status import Condition
 
     return [Condition.model_validate(c) for c in conditions]
+
+
+def _stored(value: Any) -> Any:
+    """A merge patch as the API server stores it: null fields are absent."""
+    if isinstance(value, dict):
+        return {k: _stored(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_stored(v) for v in value]
+    return value
 
 
 def _condition_states(status: dict[str, Any]) -> dict[str, str]:

@@ -385,8 +385,22 @@ class SweepStatus(BaseModel):
             return parsed
 
     def patch(self) -> dict[str, Any]:
-        """The whole status as a merge patch."""
-        return dict(self.model_dump(mode="json", exclude_none=False))
+        """The whole status as a merge patch: an unset field of an object is null (removed
+        from what is stored); inside a list (which a merge patch replaces whole) it is left
+        out, since the schema has no nullable fields."""
+        return dict(_without_nulls_in_lists(self.model_dump(mode="json")))
+
+
+def _without_nulls_in_lists(value: Any, in_list: bool = False) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: _without_nulls_in_lists(v, in_list)
+            for k, v in value.items()
+            if not (in_list and v is None)
+        }
+    if isinstance(value, list):
+        return [_without_nulls_in_lists(v, True) for v in value]
+    return value
 
 
 SweepState = Literal["done", "testing", "ranking", "invalid"]
