@@ -18,7 +18,9 @@ def sweep(
         str, typer.Argument(help="Sweep name (a DNS label); every test carries it as a label.")
     ],
     task: Annotated[Task, typer.Option(help="Hub pipeline task to rank.")] = Task.TEXT_GENERATION,
-    sort: Annotated[str, typer.Option(help="Ranking: downloads, trending_score or likes.")] = "downloads",
+    sort: Annotated[
+        str, typer.Option(help="Ranking: downloads, trending_score or likes.")
+    ] = "downloads",
     limit: Annotated[int, typer.Option(help="How many top models.", min=1, max=1000)] = 50,
     profile: Annotated[
         str, typer.Option(help="Instance profile of every test (trn2, trn1, inf2, cpu).")
