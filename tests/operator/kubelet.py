@@ -1,4 +1,5 @@
-"""A stand-in for the Job controller, the scheduler, the kubelet and the runner, for many Jobs.
+"""The kubelet stand-in of k8s_harness (Harness.finish_job ...), driven for many Jobs at once:
+the Job controller, the scheduler, the kubelet and the runner of every runner Job.
 
 It plays every runner Job kmock holds, as a node would run it: the pod becomes ready (the
 test goes Running), the runner delivers the result document of the run.py in the Job's
@@ -129,18 +130,4 @@ class Kubelet:
             DeliveryArea(str(self.results)).put, run_id, document.model_dump_json().encode()
         )
         del self.running[name]
-        await self.h.patch(
-            f"{JOBS_URL}/{name}/status",
-            {
-                "status": {
-                    "active": 0,
-                    "ready": 0,
-                    "succeeded": 1,
-                    "completionTime": now(),
-                    "conditions": [
-                        {"type": "Complete", "status": "True", "reason": "Completed",
-                         "lastTransitionTime": now()},
-                    ],
-                }
-            },
-        )  # fmt: skip
+        await self.h.finish_job(job, exit_code=0)  # the Job controller's part, as in every test

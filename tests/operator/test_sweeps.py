@@ -131,34 +131,57 @@ def unfinished(test: dict[str, Any]) -> bool:
 
 class CapWatch:
     """After every write the API server takes, counts the sweep's unfinished tests and their
-    unfinished Jobs: the cap as the API shows it over time, not as the operator believes."""
+    unfinished Jobs: the cap as the API shows it over time, not as the operator believes.
+
+    Incremental (only the written object is read, from kmock's store) so that it keeps up with
+    hundreds of tests without slowing the loop that serves kmock.
+    """
 
     def __init__(self, h: Harness, sweep: str) -> None:
         self.h, self.sweep = h, sweep
         self.max_tests = 0
         self.max_jobs = 0
         self.samples = 0
+        self.tests: dict[str, bool] = {}  # test name -> unfinished
+        self.uids: set[str] = set()
+        self.jobs: dict[str, bool] = {}  # Job name -> unfinished
+        self._keys: dict[str, Any] = {}
+
+    def _object(self, plural: str, request: kmock.Request) -> dict[str, Any] | None:
+        name = request.name or ((request.data or {}).get("metadata") or {}).get("name")
+        if plural not in self._keys:
+            found = next((k[0] for k in self.h.k.objects if k[0].plural == plural), None)
+            if found is None:
+                return None
+            self._keys[plural] = found
+        try:
+            stored = self.h.k.objects[self._keys[plural], request.namespace or NS, name]
+        except KeyError:
+            return None
+        return None if stored.deleted else dict(stored.raw)
 
     def __call__(self, request: kmock.Request) -> None:
-        if request.resource is None or request.resource.plural not in (
-            "modelsupporttests",
-            "jobs",
-        ):
+        plural = request.resource.plural if request.resource else None
+        if plural not in ("modelsupporttests", "jobs"):
             return
-        tests = children_of(self.h, self.sweep)
-        active = [t for t in tests if unfinished(t)]
-        uids = {t["metadata"]["uid"] for t in tests}
-        jobs = [
-            j
-            for j in objects(self.h, "jobs")
-            if j["metadata"]["labels"].get("modelsupport.dev/test-uid") in uids
-            and not any(
+        obj = self._object(plural, request)
+        if obj is None:
+            return
+        meta = obj["metadata"]
+        if plural == "modelsupporttests":
+            if (meta.get("labels") or {}).get(LABEL_SWEEP) != self.sweep:
+                return
+            self.uids.add(meta["uid"])
+            self.tests[meta["name"]] = unfinished(obj)
+        else:
+            if meta["labels"].get("modelsupport.dev/test-uid") not in self.uids:
+                return
+            self.jobs[meta["name"]] = not any(
                 c.get("type") in ("Complete", "Failed")
-                for c in j.get("status", {}).get("conditions") or []
+                for c in (obj.get("status") or {}).get("conditions") or []
             )
-        ]
-        self.max_tests = max(self.max_tests, len(active))
-        self.max_jobs = max(self.max_jobs, len(jobs))
+        self.max_tests = max(self.max_tests, sum(self.tests.values()))
+        self.max_jobs = max(self.max_jobs, sum(self.jobs.values()))
         self.samples += 1
 
 
