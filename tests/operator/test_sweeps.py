@@ -440,3 +440,64 @@ async def test_a_new_epoch_or_stack_retests_once_and_an_unchanged_sweep_does_not
     assert collections.Counter(r.document.model for r in stored) == dict.fromkeys(models, 3)
     assert len(objects(sh, "jobs")) == 15
     assert len(await sh.items(JOBS_URL)) == 15
+
+
+async def test_a_source_that_cannot_be_read_is_retried_and_an_invalid_sweep_stalls(
+    sh: Harness,
+) -> None:
+    from model_support.selection import SelectedEntry, SelectedList, save_selected
+
+    await start(sh)
+    async with Kubelet(sh, sh.results) as kubelet:
+        await create_sweep(
+            sh, "broken", {"source": {"models": [{"model": "a/b"}]}, "template": {"cores": 4}}
+        )
+        await create_sweep(sh, "curated", {"source": {"selected": {}}, "template": {"cores": 1}})
+        # No selected list yet: the sweep says so and waits; nothing is created.
+        waiting = await wait_sweep(
+            sh,
+            "curated",
+            lambda s: any(
+                c["type"] == "Ranked" and c["reason"] == "RankingFailed"
+                for c in s.get("conditions") or []
+            ),
+            "the ranking failure",
+        )
+        assert "there is no selected list" in " ".join(
+            c["message"] for c in waiting["conditions"] if c["type"] == "Ranked"
+        )
+        assert not ready(waiting) and children_of(sh, "curated") == []
+        # An invalid spec (CEL would refuse it; the operator refuses it too): Stalled, no test.
+        broken = await wait_sweep(
+            sh,
+            "broken",
+            lambda s: any(
+                c["type"] == "Stalled" and c["status"] == "True" for c in s.get("conditions") or []
+            ),
+            "the invalid sweep stalled",
+        )
+        assert "parallelism" in broken["message"] and children_of(sh, "broken") == []
+        # The list appears: the retry ranks it (the model left out on purpose is not tested).
+        save_selected(
+            str(sh.results),
+            SelectedList(
+                models=[
+                    SelectedEntry(model=model_id(1)),
+                    SelectedEntry(model=model_id(2)),
+                    SelectedEntry(model=model_id(3), reason="needs a custom kernel"),
+                ]
+            ),
+        )
+        done = await wait_sweep(
+            sh, "curated", lambda s: ready(s) and s["counts"]["done"] == 2, "the selected list"
+        )
+        assert kubelet.error is None, kubelet.error
+    assert done["source"] == "selected" and done["counts"]["passed"] == 2
+    assert sorted(
+        t["metadata"]["annotations"][ANNOTATION_MODEL] for t in children_of(sh, "curated")
+    ) == [model_id(1), model_id(2)]
+    events = [e for e in await sh.events() if e.get("reason") == "RankingFailed"]
+    assert len(events) == 1  # said once, not at every retry
+    snapshot = ResultsStore(str(sh.results)).latest_ranking_snapshot()
+    assert snapshot is not None and snapshot.kind == "selected"
+    assert snapshot.models == [model_id(1), model_id(2)]
