@@ -17,6 +17,7 @@ import yaml
 from conftest import MODEL
 from k8s_harness import CLAIM_TEMPLATES_URL, JOBS_URL, TESTS_URL, Harness
 from test_operator_lifecycle import records, runner_log
+from test_render import TEST_UID, chart_values, manifest, render, strip_server_fields
 
 from model_support.operator.dra import DraError, device_claim
 from model_support.operator.manifests import Placement, TestRef, build_job
@@ -255,6 +256,33 @@ async def test_a_retried_run_claims_from_the_same_template_and_passes(harness: H
     assert status["result"] == "PASS" and status["attempt"] == 2
     assert [r.document.result for r in records(h)] == [Result.PASS]
     assert (await h.get(f"{TESTS_URL}/qwen")) is not None and len(await h.items(JOBS_URL)) == 2
+
+
+async def test_render_prints_the_claim_template_the_operator_creates(
+    harness: Harness, tmp_path: Path
+) -> None:
+    h = harness
+    values = chart_values(h, neuron={"dra": {"enabled": True}})
+    h.settings = settings_from_values(values).model_copy(
+        update={
+            "api_server": h.settings.api_server,
+            "namespaces": ["default"],
+            "all_namespaces": False,
+            "metrics_port": None,
+            "watchdog_interval_s": 0.2,
+        }
+    )
+    spec = spec_for(16, 1)
+    await h.start_operator()
+    await h.create_test("qwen", dict(spec), uid=TEST_UID)
+    [job] = await h.wait_job()
+    [template] = await h.items(CLAIM_TEMPLATES_URL)
+    result, documents = render(tmp_path, [manifest("qwen", spec, uid=TEST_UID)], values)
+    assert result.exit_code == 0, result.output
+    _, rendered_template, rendered_job = documents
+    assert rendered_template == strip_server_fields(template)
+    assert rendered_job == strip_server_fields(job)
+    assert_claims_devices(rendered_template, 2, 4, 1)
 
 
 # ------------------------------------------------------------------------- the chart
