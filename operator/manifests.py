@@ -1,8 +1,8 @@
 """Builders of the Kubernetes manifests the operator creates: pure functions, plain dicts.
 
-Every manifest is validated against the Kubernetes 1.33 schemas in tests/operator/. User values
-only ever land in typed fields (args lists, env values), never in a shell string, so nothing a
-spec holds can become a command.
+Every manifest is validated against the Kubernetes 1.33 schemas in tests/operator/ (1.34 with
+DRA claims). User values only ever land in typed fields (args lists, env values), never in a
+shell string, so nothing a spec holds can become a command.
 """
 
 from __future__ import annotations
