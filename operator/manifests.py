@@ -1,8 +1,8 @@
 """Builders of the Kubernetes manifests the operator creates: pure functions, plain dicts.
 
-Every manifest is validated against the Kubernetes 1.33 schemas in tests/operator/. User values
-only ever land in typed fields (args lists, env values), never in a shell string, so nothing a
-spec holds can become a command.
+Every manifest is validated against the Kubernetes 1.33 schemas in tests/operator/ (1.34 with
+DRA claims). User values only ever land in typed fields (args lists, env values), never in a
+shell string, so nothing a spec holds can become a command.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from model_support.operator.dra import container_claims, dra_settings, pod_claims
 from model_support.operator.resource import (
     ANNOTATION_TEST_NAME,
     API_VERSION,
@@ -23,6 +24,7 @@ from model_support.operator.resource import (
     LABEL_UID,
     MANAGED_BY,
     RUNNER_CONTAINER,
+    child_name,
 )
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import TestSpec
@@ -119,6 +121,12 @@ def owner_reference(test: TestRef) -> dict[str, Any]:
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def claim_template_name(test: TestRef) -> str:
+    """Name of a test generation's ResourceClaimTemplate (DRA): one per generation, shared by
+    its attempts (each pod gets its own claim from it)."""
+    return child_name(test.name, test.uid, test.generation)
 
 
 def build_configmap(test: TestRef, name: str, run_py: str) -> dict[str, Any]:
@@ -295,7 +303,7 @@ def build_job(
     tmp_bytes = int(settings.tmp_size_gib * GiB)
     neff_bytes = int(settings.neff_cache_size_gib * GiB)
     storage = _gib(work_bytes + tmp_bytes + neff_bytes)
-    resources: dict[str, dict[str, str]] = {
+    resources: dict[str, Any] = {
         "requests": {
             "cpu": _cpu(placement.cores * settings.cpu_per_core),
             "memory": memory,
@@ -305,7 +313,12 @@ def build_job(
     }
     node_selector: dict[str, str] = {}
     tolerations: list[dict[str, Any]] = []
-    if profile.neuron:
+    dra = dra_settings(spec, settings) if profile.neuron else None
+    if dra is not None:
+        # Whole devices through the DRA driver's claim (its template sets the LNC).
+        resources["claims"] = container_claims()
+        tolerations.append({"key": NEURON_TAINT, "operator": "Exists", "effect": "NoSchedule"})
+    elif profile.neuron:
         # Extended resources need requests == limits; the device plugin sets NEURON_RT_VISIBLE_CORES.
         resources["requests"][NEURONCORE_RESOURCE] = str(placement.cores)
         resources["limits"][NEURONCORE_RESOURCE] = str(placement.cores)
@@ -313,7 +326,7 @@ def build_job(
     instance_type = spec.instanceType or profile.instance_type
     if instance_type is not None:
         node_selector[INSTANCE_TYPE_LABEL] = instance_type
-    if profile.name == "trn2" and settings.lnc_node_label:
+    if profile.name == "trn2" and settings.lnc_node_label and dra is None:
         # LNC is a node setting: select nodes configured with the LNC this test was sized for.
         node_selector[settings.lnc_node_label] = str(spec.lnc or DEFAULT_LNC)
     node_selector.update(spec.scheduling.nodeSelector)
@@ -366,6 +379,8 @@ def build_job(
         )
     if settings.runner_env_from:
         pod_spec["containers"][0]["envFrom"] = list(settings.runner_env_from)
+    if dra is not None:
+        pod_spec["resourceClaims"] = pod_claims(claim_template_name(test))
     if init_containers:
         pod_spec["initContainers"] = init_containers
     if node_selector:
@@ -373,8 +388,9 @@ def build_job(
     if tolerations:
         pod_spec["tolerations"] = tolerations
     scheduler = spec.scheduling.schedulerName
-    if scheduler is None and profile.neuron and placement.cores > 1:
-        # More than one core must be connected cores: the Neuron scheduler extension's job.
+    if scheduler is None and profile.neuron and placement.cores > 1 and dra is None:
+        # More than one core must be connected cores: the Neuron scheduler extension's job
+        # (under DRA the claim's connected-group constraint is).
         scheduler = settings.scheduler_name
     if scheduler:
         pod_spec["schedulerName"] = scheduler

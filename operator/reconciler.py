@@ -52,6 +52,7 @@ from model_support.operator.planning import (
     Transient,
     check_store_allowed,
     children,
+    claim_template,
     place,
     store_uri,
 )
@@ -440,6 +441,7 @@ class Reconciler:
         configmap, job = children(ref, spec, placement, self.settings, attempt, run_py)
         with contextlib.suppress(AlreadyExists):  # 409: made by an earlier try of this handler
             self.kube.create_configmap(configmap)
+        self._create_claim_template(ref, spec, placement)
         try:
             self.kube.create_job(job)
             metrics.JOBS_CREATED.inc()
@@ -448,6 +450,13 @@ class Reconciler:
                 "Job %s/%s already exists; adopting it", ref.namespace, job["metadata"]["name"]
             )
         return configmap["metadata"]["name"], job["metadata"]["name"]
+
+    def _create_claim_template(self, ref: TestRef, spec: TestSpec, placement: Placement) -> None:
+        """Create (or adopt) the generation's ResourceClaimTemplate when cores come via DRA."""
+        template = claim_template(ref, spec, placement, self.settings)
+        if template is not None:
+            with contextlib.suppress(AlreadyExists):  # shared by the generation's attempts
+                self.kube.create_resource_claim_template(template)
 
     def _delete_superseded_job(self, ref: TestRef, status: dict[str, Any]) -> None:
         """A spec change supersedes the running Job of the previous generation."""
@@ -817,6 +826,7 @@ class Reconciler:
         )
         _, job = children(ref, spec, placement, self.settings, attempt + 1, run_py="")
         job_name = job["metadata"]["name"]
+        self._create_claim_template(ref, spec, placement)  # in case it was deleted by hand
         try:
             self.kube.create_job(job)
             metrics.JOBS_CREATED.inc()
