@@ -824,9 +824,15 @@ class Reconciler:
             int(status.get("hostMemoryBytes") or self.settings.min_host_memory_gib * GiB),
             int(status.get("checkpointBytes") or 0),
         )
-        _, job = children(ref, spec, placement, self.settings, attempt + 1, run_py="")
+        try:
+            _, job = children(ref, spec, placement, self.settings, attempt + 1, run_py="")
+            self._create_claim_template(ref, spec, placement)  # in case it was deleted by hand
+        except InvalidTest as exc:
+            # The operator's settings changed since the first attempt (e.g. DRA's default LNC
+            # removed): no record, since the model did nothing wrong; the message says what to fix.
+            self._invalid(test, ref, f"cannot retry after {reading.message}: {exc}")
+            return
         job_name = job["metadata"]["name"]
-        self._create_claim_template(ref, spec, placement)  # in case it was deleted by hand
         try:
             self.kube.create_job(job)
             metrics.JOBS_CREATED.inc()

@@ -258,6 +258,28 @@ async def test_a_retried_run_claims_from_the_same_template_and_passes(harness: H
     assert (await h.get(f"{TESTS_URL}/qwen")) is not None and len(await h.items(JOBS_URL)) == 2
 
 
+async def test_a_retry_after_the_dra_default_was_removed_is_invalid_not_a_result(
+    harness: Harness,
+) -> None:
+    """Settings changed between attempts: the test says what to fix; no record, no new Job."""
+    from model_support.runner_pod import STOPPED_MESSAGE
+
+    h = harness
+    h.settings = dra_settings(h)
+    await h.start_operator()
+    await h.create_test("qwen", spec_for(1, None))
+    [first_job] = await h.wait_job()
+    await h.stop_operator()
+    h.settings = dra_settings(h, default_lnc=None)
+    await h.start_operator()
+    first = await h.start_pod(first_job)
+    await h.end_pod(first_job, first, exit_code=143, log=None, termination_message=STOPPED_MESSAGE)
+    status = await h.wait_status("qwen", lambda s: s.get("phase") == "Invalid", "Invalid")
+    assert "cannot retry" in status["message"] and "spec.lnc" in status["message"]
+    assert records(h) == []
+    assert len(await h.items(JOBS_URL)) == 1
+
+
 async def test_render_prints_the_claim_template_the_operator_creates(
     harness: Harness, tmp_path: Path
 ) -> None:
