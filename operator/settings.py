@@ -115,7 +115,7 @@ class OperatorSettings(BaseModel):
     )
     compile_cache_deadline_s: float = Field(
         1800.0,
-        gt=0,
+        ge=1,  # `model-support cache pull --deadline` takes no less
         description="How long a runner pod's compile cache pull (init step) or push (after run.py) may take before it is given up and recorded as the cache's error.",
     )
     shm_per_core_gib: float = Field(
