@@ -86,6 +86,29 @@ def check_store_allowed(spec: TestSpec, settings: OperatorSettings) -> None:
     )
 
 
+def check_compile_cache(spec: TestSpec, settings: OperatorSettings) -> None:
+    """A compile cache path in a spec must lie on the operator's compile cache volume, the
+    only filesystem a runner pod shares with anything that outlives it."""
+    cache = spec.compileCache
+    if cache is None:
+        return
+    root = settings.compile_cache_volume_path.rstrip("/")
+    for field, path in (("source", cache.source), ("target", cache.target)):
+        if path is None or "://" in path:
+            continue
+        if settings.compile_cache_volume_claim is None:
+            raise InvalidTest(
+                f"spec.compileCache.{field} {path!r} is a path, and this operator has no compile "
+                "cache volume (setting compileCacheVolumeClaim); use hf://buckets/... or "
+                "s3://..., or ask the operator's admin for a compile cache volume"
+            )
+        if path.rstrip("/") != root and not path.startswith(root + "/"):
+            raise InvalidTest(
+                f"spec.compileCache.{field} {path!r} is not on the compile cache volume, "
+                f"which runner pods mount at {root}: use a path under {root}/"
+            )
+
+
 def place(
     spec: TestSpec, settings: OperatorSettings, *, token: str | None
 ) -> Placement | Exclusion:

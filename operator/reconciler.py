@@ -50,6 +50,7 @@ from model_support.operator.planning import (
     InvalidTest,
     LoadFailure,
     Transient,
+    check_compile_cache,
     check_store_allowed,
     children,
     claim_template,
@@ -325,6 +326,7 @@ class Reconciler:
         try:
             spec = parse_spec(dict(body.get("spec") or {}))
             check_store_allowed(spec, self.settings)
+            check_compile_cache(spec, self.settings)
             placement = self.place(spec, ref.namespace)
         except (SpecError, InvalidTest) as exc:
             self._invalid(body, ref, str(exc))

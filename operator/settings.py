@@ -125,6 +125,20 @@ class OperatorSettings(BaseModel):
         description="Host memory per byte of float32 parameters: the CPU reference runs in float32, plus the loaded run-dtype copy and headroom.",
     )
     neff_cache_dir: str = "/var/cache/neff"
+    compile_cache_volume_claim: str | None = Field(
+        None,
+        description="PVC holding compile caches named by absolute paths in spec.compileCache; mounted at compileCacheVolumePath in runner pods.",
+    )
+    compile_cache_volume_path: str = Field(
+        "/var/cache/model-support/compile-caches",
+        pattern=r"^/.+",
+        description="Where the compile cache PVC is mounted; a spec's compileCache paths must lie under it.",
+    )
+    compile_cache_deadline_s: float = Field(
+        1800.0,
+        ge=1,  # `model-support cache pull --deadline` takes no less
+        description="How long a runner pod's compile cache pull (init step) or push (after run.py) may take before it is given up and recorded as the cache's error.",
+    )
     shm_per_core_gib: float = Field(
         1.0,
         gt=0,
