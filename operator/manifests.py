@@ -108,8 +108,11 @@ def build_configmap(test: TestRef, name: str, run_py: str) -> dict[str, Any]:
     }
 
 
-def _gib(n_bytes: int) -> str:
-    return f"{max(1, math.ceil(n_bytes / 2**30))}Gi"
+def _memory(n_bytes: int) -> str:
+    """A memory quantity rounded up: whole GiB, or MiB below one GiB (a small configured floor)."""
+    if n_bytes < 2**30:
+        return f"{max(1, math.ceil(n_bytes / 2**20))}Mi"
+    return f"{math.ceil(n_bytes / 2**30)}Gi"
 
 
 def _cpu(value: float) -> str:
@@ -226,7 +229,7 @@ def build_job(
     else:
         command = ["python3", RUN_PY_KEY]
 
-    memory = _gib(placement.host_memory_bytes)
+    memory = _memory(placement.host_memory_bytes)
     resources: dict[str, dict[str, str]] = {
         "requests": {"cpu": _cpu(placement.cores * settings.cpu_per_core), "memory": memory},
         "limits": {"memory": memory},

@@ -55,6 +55,13 @@ def register(app: typer.Typer) -> None:
         max_attempts: Annotated[
             int, typer.Option("--max-attempts", help="Attempts per test after node loss.")
         ] = 3,
+        min_host_memory: Annotated[
+            float,
+            typer.Option(
+                "--min-host-memory",
+                help="Smallest host memory (GiB) a runner pod requests; sizing asks more for big models.",
+            ),
+        ] = 16.0,
         verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
     ) -> None:
         """Reconcile ModelSupportTest resources into runner Jobs and record their results."""
@@ -74,6 +81,7 @@ def register(app: typer.Typer) -> None:
                 unschedulable_limit_s=unschedulable_limit,
                 image_pull_limit_s=image_pull_limit,
                 max_attempts=max_attempts,
+                min_host_memory_gib=min_host_memory,
                 **extra,
             )
             run_operator(settings, liveness=liveness)

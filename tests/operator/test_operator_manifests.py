@@ -274,6 +274,31 @@ def test_minimal_job_and_cpu_profile() -> None:
     assert "aws.amazon.com/neuroncore" not in pod["containers"][0]["resources"]["limits"]
 
 
+def test_a_small_host_memory_floor_is_requested_in_mebibytes() -> None:
+    spec = parse_spec({"model": "/models/tiny", "profile": "cpu", "cores": 1})
+    small = build_job(
+        REF,
+        spec,
+        Placement(1, Parallelism.NONE, int(0.375 * GiB)),
+        job_name="j",
+        configmap_name="c",
+        attempt=1,
+        run_id="r",
+        settings=SETTINGS,
+    )
+    validate(small)
+    resources = small["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources["limits"]["memory"] == resources["requests"]["memory"] == "384Mi"
+    rendered = helm_python.Chart.load(str(CHART)).render(
+        {"minHostMemoryGiB": 0.375}, name="ms", namespace="model-support"
+    )
+    docs = [d for text in rendered.values() for d in yaml.safe_load_all(text) if d]
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert (
+        "--min-host-memory=0.375" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+
+
 def test_configmap_holds_the_rendered_script() -> None:
     spec = parse_spec(full_spec())
     config = spec.run_config(4, Parallelism.TENSOR)
