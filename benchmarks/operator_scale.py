@@ -18,7 +18,7 @@ from pathlib import Path
 
 import kmock
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "operator"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from k8s_harness import JOBS_URL, TESTS_URL, Emulator, Harness, declare_resources
 
 from model_support.operator.settings import OperatorSettings
