@@ -511,12 +511,11 @@ class Node:
                 await self._call(container.stop, timeout=int(grace_s))
 
     async def kill_pod(self, pod: Pod) -> None:
-        """The pod's process is killed outright (SIGKILL), as when its node dies."""
+        """The pod's processes are killed outright (SIGKILL); returns once the signal is sent."""
         pod.stop_reason = pod.stop_reason or "Killed"
         for container in list(pod.containers.values()):
             with contextlib.suppress(docker.errors.APIError):
                 await self._call(container.kill)
-        await pod.done.wait()
 
     async def evict(self, pod: Pod, *, grace_s: float | None = None) -> None:
         """What an Eviction (POST pods/NAME/eviction) does: DisruptionTarget, then graceful delete.

@@ -16,7 +16,7 @@ import urllib.request
 from typing import Any
 
 import pytest
-from conftest import TINY_LLAMA_REPO, Cluster
+from cluster import TINY_LLAMA_REPO, Cluster
 from hubserver import HubServer
 from k8s_harness import CMS_URL, JOBS_URL, NS, PODS_URL
 from kubelet import Pod
@@ -172,6 +172,7 @@ async def test_an_operator_killed_mid_run_records_the_run_once(cluster: Cluster)
     runner = await running_stage(c)
     await c.node.kill_pod(first_operator)  # SIGKILL: no cleanup, no goodbye
     assert not runner.done.is_set(), "the run ended before the operator was killed"
+    await c.node.wait_for(first_operator.done.is_set, timeout=120, what="the killed operator")
     await c.start_operator()  # the Deployment's replacement pod
     status = await c.wait_completed("restarted")
 

@@ -10,7 +10,7 @@ import json
 import uuid
 from typing import Any
 
-from conftest import Cluster
+from cluster import Cluster
 from k8s_harness import CMS_URL, JOBS_URL, NS, PODS_URL
 
 PROBE = r"""
