@@ -75,7 +75,7 @@ LLAVA_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- 'ASSISTANT:' -}}{%- endif -%}"
 )
 
-# Shapes shared by every text stack: hidden 64, 2 layers, as in REFERENCE.md. Training, not a
+# Shapes shared by every text stack: hidden 64, 2 layers, built and run in seconds. Training, not a
 # large initializer_range, is what makes these models decisive: with 0.1 instead of the usual
 # 0.02 the same 400 steps end at a higher loss (1.3 against 1.0) and smaller top-2 margins.
 _INIT_RANGE = 0.02
@@ -91,6 +91,7 @@ _TEXT_SHAPE: dict[str, Any] = {
     "tie_word_embeddings": False,
 }
 _VISION_IMAGE_SIZE = 32
+LOW_MARGIN_STEPS = 150
 _VISION_PATCH_SIZE = 8
 
 
@@ -249,12 +250,63 @@ DEMO_MODELS: tuple[DemoModel, ...] = (
 )
 
 
+# Fixtures of the verdict's fault-injection suite (tests/runner/test_fault_injection.py): more
+# architectures, and a model whose predictions are not decisive. Built into the same cache as
+# the demo models, by name, but not part of the demo.
+VERIFICATION_MODELS: tuple[DemoModel, ...] = (
+    DemoModel(
+        name="tiny-gemma2-softcap",
+        task=Task.TEXT_GENERATION,
+        kind=ModelKind.DENSE,
+        architecture="Gemma2ForCausalLM",
+        description=(
+            "Gemma2 decoder: final-logit and attention-logit softcapping, a sliding-window "
+            "(16 tokens) layer then a global one, hidden 64, 2 layers."
+        ),
+        config_class="Gemma2Config",
+        config={
+            **_TEXT_SHAPE,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 16,
+            "sliding_window": 16,
+            "final_logit_softcapping": 30.0,
+            "attn_logit_softcapping": 50.0,
+        },
+    ),
+    DemoModel(
+        name="tiny-phi3-partial-rotary",
+        task=Task.TEXT_GENERATION,
+        kind=ModelKind.DENSE,
+        architecture="Phi3ForCausalLM",
+        description="Phi3 decoder: fused qkv and gate/up projections, rotary on half of each head.",
+        config_class="Phi3Config",
+        config={**_TEXT_SHAPE, "partial_rotary_factor": 0.5},
+    ),
+    DemoModel(
+        name="tiny-llama-low-margin",
+        task=Task.TEXT_GENERATION,
+        kind=ModelKind.DENSE,
+        architecture="LlamaForCausalLM",
+        description=(
+            "The tiny Llama trained far less: median top-1/top-2 margin about 0.5 nats on the "
+            "default prompts, as undecided as a real model, so token flips are cheap."
+        ),
+        config_class="LlamaConfig",
+        config=dict(_TEXT_SHAPE),
+        recipe=TrainingRecipe(steps=LOW_MARGIN_STEPS, learning_rate=2e-3),
+    ),
+)
+
+
 def demo_model(name: str) -> DemoModel:
-    """Return the catalogue entry called ``name`` (not built; see ``build_demo_models``)."""
-    for model in DEMO_MODELS:
+    """Return the catalogue entry called ``name`` (not built; see ``build_demo_models``).
+
+    Both catalogues are searched: the demo's and the verification fixtures'.
+    """
+    for model in (*DEMO_MODELS, *VERIFICATION_MODELS):
         if model.name == name:
             return model
-    known = ", ".join(m.name for m in DEMO_MODELS)
+    known = ", ".join(m.name for m in (*DEMO_MODELS, *VERIFICATION_MODELS))
     raise ValueError(f"unknown demo model {name!r}; known demo models: {known}")
 
 
@@ -537,3 +589,90 @@ def _llava_processor(tokenizer: PreTrainedTokenizerFast) -> Any:
         image_token=IMAGE_TOKEN,
         num_additional_image_tokens=1,  # CLIP's CLS token, dropped by the "default" strategy
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Header-only checkpoints: a real model's shape without its weights (enough to size, not to load)
+
+LLAMA_3_1_405B_CONFIG: Mapping[str, Any] = {
+    # The published meta-llama/Llama-3.1-405B config.json, as far as sizing reads it.
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 16384,
+    "intermediate_size": 53248,
+    "num_hidden_layers": 126,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+OVERSIZED_DEMO_NAME = "llama-405b-headers"
+"""The demo's model too large to test: Llama-3.1-405B's shape, safetensors headers only."""
+
+
+def llama_tensors(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every weight of a Llama-architecture checkpoint with ``config``."""
+    hidden, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
+    heads, kv_heads = int(config["num_attention_heads"]), int(config["num_key_value_heads"])
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    inter, vocab = int(config["intermediate_size"]), int(config["vocab_size"])
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (heads * head_dim, hidden),
+            p + "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+            p + "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+            p + "self_attn.o_proj.weight": (hidden, heads * head_dim),
+            p + "mlp.gate_proj.weight": (inter, hidden),
+            p + "mlp.up_proj.weight": (inter, hidden),
+            p + "mlp.down_proj.weight": (hidden, inter),
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+        }
+    shapes["model.norm.weight"] = (hidden,)
+    if not config.get("tie_word_embeddings", False):
+        shapes["lm_head.weight"] = (vocab, hidden)
+    return shapes
+
+
+def build_header_only_checkpoint(
+    dest: Path, name: str, config: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
+) -> Path:
+    """``dest/name`` holding ``config.json`` and a ``model.safetensors`` that is only a header.
+
+    The header lists every tensor (BF16, ``shapes``) with offsets into data that is not there:
+    sizing reads headers only, so it sizes the model as if the weights were present, while
+    loading it fails. Rewritten only when its contents differ (each file replaced atomically).
+    """
+    if not _DIRECTORY_NAME.fullmatch(name):
+        raise ValueError(f"checkpoint name {name!r} cannot be a directory name")
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", "content": "header only"}}
+    offset = 0
+    for tensor, shape in shapes.items():
+        size = math.prod(shape) * 2  # BF16
+        header[tensor] = {
+            "dtype": "BF16",
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    files = {
+        "config.json": json.dumps(dict(config), indent=2, sort_keys=True).encode(),
+        "model.safetensors": len(raw).to_bytes(8, "little") + raw,
+    }
+    target = Path(dest) / name
+    target.mkdir(parents=True, exist_ok=True)
+    for file_name, data in files.items():
+        path = target / file_name
+        if path.is_file() and path.read_bytes() == data:
+            continue
+        temp = target / f".{file_name}.{uuid.uuid4().hex}.tmp"
+        temp.write_bytes(data)
+        os.replace(temp, path)
+    return target

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from model_support.vocabulary import Backend, Parallelism, Task
+from model_support.vocabulary import Backend, Float32Precision, Parallelism, Task
 
 Dtype = Literal["bfloat16", "float16", "float32"]
 
@@ -19,7 +19,7 @@ DEFAULT_IMAGE_PROMPT = "Describe this image."
 
 
 class VerificationConfig(BaseModel):
-    """Thresholds of the verdict (see images/runner/run.py, verify()).
+    """Thresholds of the verdict (see images/runner/run.py, verdict(), and docs/verification.md).
 
     Defaults come from the fault-injection suite (tests/runner/test_fault_injection.py).
     """
@@ -40,12 +40,52 @@ class VerificationConfig(BaseModel):
     max_error_ratio: float = Field(
         3.0,
         gt=0,
-        description="FAIL when the device's logit error is more than this multiple of the dtype baseline's.",
+        description="FAIL when the median over positions of the device's logit error is more than this multiple of the baseline's.",
+    )
+    max_q90_ratio: float = Field(
+        3.5,
+        gt=0,
+        description="FAIL when the 90th percentile over positions of the logit error is more than this multiple of the baseline's.",
+    )
+    max_peak_ratio: float = Field(
+        4.0,
+        gt=0,
+        description="FAIL when the largest logit error over positions is more than this multiple of the baseline's.",
+    )
+    max_kl_ratio: float = Field(
+        10.0,
+        gt=0,
+        description="FAIL when the mean whole-vocabulary KL divergence from the reference is more than this multiple of the baseline's.",
     )
     error_floor: float = Field(
         1e-3,
         gt=0,
-        description="Smallest baseline error (nats RMSE) used as the ratio's denominator.",
+        description="Smallest baseline logit error (nats) used as a ratio's denominator.",
+    )
+    kl_floor: float = Field(
+        1e-6,
+        gt=0,
+        description="Smallest baseline KL divergence (nats) used as the KL ratio's denominator.",
+    )
+    router_tie_multiple: float = Field(
+        3.0,
+        ge=0,
+        description="A mixture-of-experts router decision is a near-tie (either expert is correct) when the reference's top-k gap is within this multiple of the baseline's router-logit deviation.",
+    )
+    router_tie_floor: float = Field(
+        1e-4,
+        ge=0,
+        description="Smallest router gap (logits) counted as a near-tie, for baselines without deviation.",
+    )
+    router_tie_share: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="Largest share of a prompt's positions excused from the q90, peak and kl checks as router near-ties.",
+    )
+    float32_precision: Float32Precision = Field(
+        Float32Precision.AUTO,
+        description="Arithmetic a float32 run's baseline reproduces: ieee (strict), tf32 or bf16 matmul operands with float32 accumulation; auto = the backend's (neuron bf16, cuda tf32, cpu ieee).",
     )
 
 

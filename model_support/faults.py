@@ -2,18 +2,33 @@
 
 Each public function is a torch.compile backend usable as ``--compile-backend
 model_support.faults:<name>``. It receives the FX graph Dynamo captured from the model's forward,
-corrupts one well-defined place (found through the nodes' ``nn_module_stack``), and runs the
-graph. They imitate real compiler bugs: numeric noise in one layer, a lost attention head, a
-mis-routed mixture-of-experts layer. ``benign`` runs the graph unchanged (the control).
+changes one well-defined place (found through the nodes' ``nn_module_stack``), and runs the
+graph. Faults imitate real compiler bugs:
+
+- everywhere: noise of a few sizes on one layer's MLP output, a lost attention head, two
+  experts' routing swapped, a 10% scaling inside a layer (a norm weight read with the wrong convention);
+- in time: noise that starts late in decoding (``late_noise_20pct``), or hits one batch row at
+  one decode step only (``one_row_step_noise_*``);
+- in the vocabulary: a bias on every token outside each position's top 64 (``vocab_tail_bias``),
+  or on one rare token (``rare_token_bias``), invisible in the reference's top tokens.
+
+Benign backends change the arithmetic the way a correct compiler may: ``benign`` runs the graph
+unchanged (the control); ``tf32_matmuls`` and ``bf16_matmuls`` round every matmul operand to
+TF32 / bfloat16 with float32 accumulation (TF32 tensor cores, Neuron's default auto-cast);
+``bf16_logits`` rounds the logits to bfloat16; ``router_flip`` picks the other expert where a
+mixture-of-experts router is nearly tied, at one or two decode positions. ``buggy_compiler``
+(used by the demo) corrupts some graphs and fails to compile others.
 
 The layer is chosen by ``MODEL_SUPPORT_FAULT_LAYER`` (default: the last decoder layer for
-noise/head faults, the first for routing), so a test can aim at any layer. In a sharded run,
-``MODEL_SUPPORT_FAULT_RANK`` limits a fault to one worker (the others compile correctly), the way
-a miscompile on one core would look. ``kill_worker`` kills its own process and ``hang_worker`` stops answering (default rank 1).
+noise/head/scale faults, the first for routing swaps, the last for router flips), so a test can
+aim at any layer. In a sharded run, ``MODEL_SUPPORT_FAULT_RANK`` limits a fault to one worker
+(the others compile correctly), the way a miscompile on one core would look. ``kill_worker`` kills
+its own process and ``hang_worker`` stops answering (default rank 1).
 """
 
 from __future__ import annotations
 
+import _operator  # operator's C module: this project has its own top-level `operator`
 import os
 import re
 import signal
@@ -90,6 +105,22 @@ def _noise(x: torch.Tensor, scale: float) -> torch.Tensor:
     return (x.float() + noise * x.float().std() * scale).to(x.dtype)
 
 
+def _output_node(nodes: list[fx.Node]) -> fx.Node:
+    """The last tensor-valued operation of a module whose value is used: its output.
+
+    A method such as reshape counts; an in-place copy whose result nobody reads does not (a
+    tensor-parallel layer ends with ``out.copy_(all_reduce(out))``: its output is what the
+    all-reduce hands to that copy).
+    """
+    ops = [n for n in nodes if n.op in ("call_function", "call_method", "call_module")]
+    tensors = [
+        n
+        for n in ops
+        if n.users and isinstance(n.meta.get("example_value", n.meta.get("val")), torch.Tensor)
+    ]
+    return (tensors or ops)[-1]
+
+
 def _noisy_layer(
     scale: float, label: str
 ) -> Callable[[fx.GraphModule, Sequence[torch.Tensor]], CompiledFn]:
@@ -99,8 +130,7 @@ def _noisy_layer(
         layers = _layer_nodes(gm, "mlp")
         layer = _pick_layer(layers, default_last=True)
         if layer is not None:
-            output = [n for n in layers[layer] if n.op == "call_function"][-1]
-            _insert_after(gm, output, _noise, scale)
+            _insert_after(gm, _output_node(layers[layer]), _noise, scale)
         _report(label, layer is not None, f"layer {layer} mlp output")
         return gm.forward
 
@@ -112,6 +142,266 @@ noise_1pct = _noisy_layer(0.01, "noise_1pct")
 noise_5pct = _noisy_layer(0.05, "noise_5pct")
 noise_20pct = _noisy_layer(0.20, "noise_20pct")
 noise_100pct = _noisy_layer(1.00, "noise_100pct")
+
+
+class _Steps:
+    """Which generation step the compiled forward runs: 0 for the prefill, then 1, 2, ...
+
+    Observes the token embeddings (batch, sequence, hidden) at the start of every forward; a
+    forward over more than one position is a prefill and restarts the count, so every generate
+    call sees the same steps. Shared by the prefill and the decode graph of one backend.
+    """
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def observe(self, embeddings: torch.Tensor) -> torch.Tensor:
+        self.step = 0 if embeddings.shape[1] > 1 else self.step + 1
+        return embeddings
+
+
+def _watch_steps(gm: fx.GraphModule, steps: _Steps) -> bool:
+    """Insert ``steps.observe`` after the token embedding; False when the graph has none."""
+    embeddings = [n for n in gm.graph.nodes if (_module_path(n) or "").endswith("embed_tokens")]
+    if not embeddings:
+        return False
+    _insert_after(gm, _output_node(embeddings), steps.observe)
+    return True
+
+
+def _timed_noise(
+    label: str, scale: float, first_step: int, last_step: int | None, row: int | None
+) -> Callable[[fx.GraphModule, Sequence[torch.Tensor]], CompiledFn]:
+    """Noise on the last layer's MLP output at decode steps [first_step, last_step], one row or all."""
+    steps = _Steps()
+
+    def corrupt(x: torch.Tensor) -> torch.Tensor:
+        if steps.step < first_step or (last_step is not None and steps.step > last_step):
+            return x
+        if row is None:
+            return _noise(x, scale)
+        out = x.clone()
+        out[row] = _noise(x[row], scale)
+        return out
+
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+        if not _on_faulty_rank():
+            return gm.forward
+        layers = _layer_nodes(gm, "mlp")
+        layer = _pick_layer(layers, default_last=True)
+        landed = layer is not None and _watch_steps(gm, steps)
+        if landed and layer is not None:
+            _insert_after(gm, _output_node(layers[layer]), corrupt)
+        _report(label, landed, f"layer {layer} mlp output, steps >= {first_step}")
+        return gm.forward
+
+    backend.__name__ = label
+    return backend
+
+
+# The last 8 of 32 positions: a quarter, which a median over positions cannot see.
+late_noise_20pct = _timed_noise("late_noise_20pct", 0.20, 24, None, None)
+# Batch row 1 at decode step 16 only: one position of one prompt.
+one_row_step_noise_20pct = _timed_noise("one_row_step_noise_20pct", 0.20, 16, 16, 1)
+one_row_step_noise_100pct = _timed_noise("one_row_step_noise_100pct", 1.00, 16, 16, 1)
+
+
+def _module_output(gm: fx.GraphModule, suffix: str) -> tuple[int | None, fx.Node | None]:
+    """The output node of ``layers.<i>.<suffix>`` in the chosen layer (default: the last)."""
+    layers = _layer_nodes(gm, suffix)
+    layer = _pick_layer(layers, default_last=True)
+    return layer, (_output_node(layers[layer]) if layer is not None else None)
+
+
+def _scale(x: torch.Tensor, factor: float) -> torch.Tensor:
+    return x * factor
+
+
+def _scaled(
+    label: str, suffix: str, factor: float
+) -> Callable[[fx.GraphModule, Sequence[torch.Tensor]], CompiledFn]:
+    """Multiply one module's output in the last layer by ``factor`` (a wrong constant)."""
+
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+        if not _on_faulty_rank():
+            return gm.forward
+        layer, node = _module_output(gm, suffix)
+        if node is not None:
+            _insert_after(gm, node, _scale, factor)
+        _report(label, node is not None, f"layer {layer} {suffix} output x{factor:g}")
+        return gm.forward
+
+    backend.__name__ = label
+    return backend
+
+
+# A norm weight read with the wrong convention (Gemma's 1 + w), 10% off: the attention's inputs
+# are scaled. (Scaling a projection's output instead is invisible where a norm follows it.)
+scale_norm_10pct = _scaled("scale_norm_10pct", "input_layernorm", 1.10)
+
+
+def _lm_head(gm: fx.GraphModule) -> fx.Node | None:
+    nodes = [n for n in gm.graph.nodes if (_module_path(n) or "").endswith("lm_head")]
+    return _output_node(nodes) if nodes else None
+
+
+TAIL_FROM = 64  # tokens ranked below this at a position form the tail
+TAIL_BIAS = 1.0  # nats added to every tail logit: the top tokens' log-probs barely move
+RARE_BIAS = 6.0  # nats added to one rare token: its probability stays negligible
+
+
+def _bias_tail(logits: torch.Tensor) -> torch.Tensor:
+    threshold = torch.topk(logits, TAIL_FROM, dim=-1).values[..., -1:]
+    return torch.where(logits < threshold, logits + TAIL_BIAS, logits)
+
+
+def vocab_tail_bias(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+    """Raise every logit outside each position's top TAIL_FROM tokens by TAIL_BIAS nats."""
+    if not _on_faulty_rank():
+        return gm.forward
+    node = _lm_head(gm)
+    if node is not None:
+        _insert_after(gm, node, _bias_tail)
+    _report("vocab_tail_bias", node is not None, f"lm_head, below the top {TAIL_FROM}")
+    return gm.forward
+
+
+def _rare_token_bias() -> Callable[[fx.GraphModule, Sequence[torch.Tensor]], CompiledFn]:
+    chosen: list[int] = []  # shared by the prefill and the decode graph
+
+    def bias(logits: torch.Tensor) -> torch.Tensor:
+        if not chosen:
+            chosen.append(int(torch.argmin(logits.reshape(-1, logits.shape[-1])[-1])))
+        out = logits.clone()
+        out[..., chosen[0]] += RARE_BIAS
+        return out
+
+    def rare_token_bias(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+        """Raise one rare token's logit (the lowest at the first call) by RARE_BIAS nats."""
+        if not _on_faulty_rank():
+            return gm.forward
+        node = _lm_head(gm)
+        if node is not None:
+            _insert_after(gm, node, bias)
+        _report("rare_token_bias", node is not None, "lm_head, one rare token")
+        return gm.forward
+
+    return rare_token_bias
+
+
+rare_token_bias = _rare_token_bias()
+
+
+def _bf16_round(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16).to(x.dtype) if x.is_floating_point() else x
+
+
+def bf16_logits(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+    """Round the logits to bfloat16 (a float32 run whose output stage is bf16): benign noise."""
+    node = _lm_head(gm)
+    if node is not None:
+        _insert_after(gm, node, _bf16_round)
+    _report("bf16_logits", node is not None, "lm_head output")
+    return gm.forward
+
+
+def _tf32_round(x: torch.Tensor) -> torch.Tensor:
+    """Round float32 values to TF32 (10 mantissa bits), to nearest."""
+    if x.dtype != torch.float32:
+        return x
+    bits = x.contiguous().view(torch.int32)
+    rounded = (bits + 0x1000) & ~0x1FFF  # add half of the dropped 13 bits, then drop them
+    return rounded.view(torch.float32)
+
+
+# Operands of these ops are what a matrix engine reads (activations and weights alike).
+_MATMUL_OPERANDS: dict[Any, tuple[int, ...]] = {
+    torch._C._nn.linear: (0, 1),
+    torch.matmul: (0, 1),
+    torch.bmm: (0, 1),
+    torch.mm: (0, 1),
+    torch.baddbmm: (1, 2),
+    torch.addmm: (1, 2),
+    torch._C._nn.scaled_dot_product_attention: (0, 1, 2),
+}
+if hasattr(torch, "_grouped_mm"):
+    _MATMUL_OPERANDS[torch._grouped_mm] = (0, 1)
+
+
+def _rounded_matmuls(
+    label: str, rounding: Callable[[torch.Tensor], torch.Tensor]
+) -> Callable[[fx.GraphModule, Sequence[torch.Tensor]], CompiledFn]:
+    """Round the operands of every matmul in the graph; products and sums stay float32."""
+
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+        count = 0
+        for node in list(gm.graph.nodes):
+            if node.op != "call_function":
+                continue
+            operands = _MATMUL_OPERANDS.get(node.target)
+            if operands is None and node.target is _operator.matmul:
+                operands = (0, 1)
+            if operands is None:
+                continue
+            for index in operands:
+                if index < len(node.args) and isinstance(node.args[index], fx.Node):
+                    with gm.graph.inserting_before(node):
+                        rounded = gm.graph.call_function(rounding, (node.args[index],))
+                    node.update_arg(index, rounded)
+            count += 1
+        gm.recompile()
+        _report(label, count > 0, f"{count} matmuls")
+        return gm.forward
+
+    backend.__name__ = label
+    return backend
+
+
+tf32_matmuls = _rounded_matmuls("tf32_matmuls", _tf32_round)
+bf16_matmuls = _rounded_matmuls("bf16_matmuls", _bf16_round)
+
+
+ROUTER_TIE = 0.01  # router-logit gap below which a bf16 device may pick either expert
+
+
+def router_flip(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+    """Where one MoE layer's router is nearly tied at the top-k boundary, pick the other expert.
+
+    Benign: a correct reduced-precision run does this where rounding reverses a near-tie. At
+    most two decode tokens per generation are flipped (the first whose gap is below
+    ROUTER_TIE), in the last MoE layer by default.
+    """
+    layers = _layer_nodes(gm, "mlp.gate") or _layer_nodes(gm, "block_sparse_moe.gate")
+    layer = _pick_layer(layers, default_last=True)
+    steps = _Steps()
+    flips: list[int] = []
+    if layer is None or not _watch_steps(gm, steps):
+        _report("router_flip", False, "no router")
+        return gm.forward
+    topk = next((n for n in layers[layer] if n.target is torch.topk), None)
+    k_arg = topk.args[1] if topk is not None and len(topk.args) > 1 else 2
+    k = k_arg if isinstance(k_arg, int) else 2
+
+    def flip(logits: torch.Tensor) -> torch.Tensor:
+        if steps.step == 0:
+            flips.clear()  # a new generation: its prefill is never touched
+            return logits
+        if len(flips) >= 2:
+            return logits
+        ordered = torch.sort(logits.float(), dim=-1, descending=True)
+        gaps = ordered.values[:, k - 1] - ordered.values[:, k]
+        out = logits.clone()
+        for token in torch.nonzero(gaps < ROUTER_TIE).flatten().tolist()[: 2 - len(flips)]:
+            inside, outside = ordered.indices[token, k - 1], ordered.indices[token, k]
+            out[token, inside], out[token, outside] = logits[token, outside], logits[token, inside]
+            flips.append(steps.step)
+            print(f"[fault] router_flip: step {steps.step} token {token}", file=sys.stderr)
+        return out
+
+    router_logits = next(n for n in layers[layer] if n.op == "call_function")
+    _insert_after(gm, router_logits, flip)
+    _report("router_flip", True, f"layer {layer} router (top-{k})")
+    return gm.forward
 
 
 def _zero_slice(x: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -189,3 +479,22 @@ def hang_worker(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> C
         while True:
             time.sleep(3600)
     return gm.forward
+
+
+class InjectedCompilerError(RuntimeError):
+    """What ``buggy_compiler`` raises: a compiler crashing on a graph it cannot lower."""
+
+
+def buggy_compiler(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+    """A compiler with two bugs, to show what failures look like in results (used by the demo).
+
+    A graph with mixture-of-experts routing fails to compile (ERROR, class compile); any other
+    graph is miscompiled the way ``noise_100pct`` does it (the verdict FAILs it).
+    """
+    routers = _layer_nodes(gm, "mlp.gate") or _layer_nodes(gm, "block_sparse_moe.gate")
+    if routers:
+        raise InjectedCompilerError(
+            f"buggy_compiler cannot lower the expert routing of layer {min(routers)} "
+            "(an injected compiler failure)"
+        )
+    return noise_100pct(gm, example_inputs)

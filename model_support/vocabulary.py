@@ -18,6 +18,7 @@ class Result(StrEnum):
     ERROR = "ERROR"
     TIMEOUT = "TIMEOUT"
     EXCLUDED = "EXCLUDED"
+    UNVERIFIED = "UNVERIFIED"
 
 
 RESULT_MEANINGS: dict[Result, str] = {
@@ -29,8 +30,8 @@ RESULT_MEANINGS: dict[Result, str] = {
     Result.FAIL: (
         "The model ran to the end but the verification rejected it: a generated token the "
         "reference clearly disagrees with (beyond the run dtype's own noise), or a logit error "
-        "beyond the bound relative to a correct run in the same dtype. The verification fields "
-        "say where and by how much."
+        "beyond the bound relative to a correct run in the same dtype. `failed_checks` names the "
+        "checks that failed; the verification fields say where and by how much."
     ),
     Result.ERROR: (
         "The test stopped before a verdict; `error_class` says at which stage (see the error "
@@ -40,6 +41,11 @@ RESULT_MEANINGS: dict[Result, str] = {
     Result.EXCLUDED: (
         "The model was deliberately not run; `exclusion_reason` says why (for example too "
         "large for the maximum number of cores, or it needs remote code)."
+    ),
+    Result.UNVERIFIED: (
+        "The model loaded, compiled and generated the requested tokens, but the test's config "
+        "disabled the verification: whether the tokens are right is unknown. Never counted as "
+        "PASS; its timings and memory are measured as for any other run."
     ),
 }
 
@@ -116,3 +122,104 @@ class Backend(StrEnum):
     NEURON = "neuron"
     CUDA = "cuda"
     CPU = "cpu"
+
+
+class VerdictCheck(StrEnum):
+    """The checks of the verdict (run.py, verdict()); a FAIL lists the ones that failed."""
+
+    TOKENS = "tokens"
+    MEDIAN = "median"
+    Q90 = "q90"
+    PEAK = "peak"
+    KL = "kl"
+
+
+VERDICT_CHECK_MEANINGS: dict[VerdictCheck, str] = {
+    VerdictCheck.TOKENS: (
+        "A generated token is not the reference's argmax and the reference prefers its own "
+        "token by more than the run dtype's noise allows at that position (not a near-tie)."
+    ),
+    VerdictCheck.MEDIAN: (
+        "The median over a prompt's positions of the logit error (largest log-probability "
+        "deviation over the reference's top 8 tokens and the generated one) exceeds its bound "
+        "times the baseline's median: a fault everywhere."
+    ),
+    VerdictCheck.Q90: (
+        "The 90th percentile over positions of the logit error exceeds its bound times the "
+        "baseline's: a fault in part of the run, such as one that starts late in decoding."
+    ),
+    VerdictCheck.PEAK: (
+        "The largest logit error over positions exceeds its bound times the baseline's largest: "
+        "a fault at a few positions, such as one batch row wrong at one step."
+    ),
+    VerdictCheck.KL: (
+        "The mean over positions of the KL divergence of the device's whole next-token "
+        "distribution from the reference's exceeds its bound times the baseline's: probability "
+        "moved anywhere in the vocabulary, including its tail outside the top tokens."
+    ),
+}
+
+
+class Float32Precision(StrEnum):
+    """The arithmetic a float32 run's compile backend may use, which its baseline reproduces."""
+
+    AUTO = "auto"
+    IEEE = "ieee"
+    TF32 = "tf32"
+    BF16 = "bf16"
+
+
+FLOAT32_PRECISION_MEANINGS: dict[Float32Precision, str] = {
+    Float32Precision.AUTO: "The backend's default (see FLOAT32_PRECISION_DEFAULTS).",
+    Float32Precision.IEEE: "Strict float32: the baseline is the float32 reference itself.",
+    Float32Precision.TF32: (
+        "Matmul and convolution operands rounded to TF32 (10 mantissa bits), float32 "
+        "accumulation: TensorFloat-32 tensor cores."
+    ),
+    Float32Precision.BF16: (
+        "Matmul operands rounded to bfloat16, float32 accumulation: Neuron's default auto-cast."
+    ),
+}
+
+FLOAT32_PRECISION_DEFAULTS: dict[Backend, Float32Precision] = {
+    Backend.NEURON: Float32Precision.BF16,
+    Backend.CUDA: Float32Precision.TF32,
+    Backend.CPU: Float32Precision.IEEE,
+}
+"""What ``auto`` means per backend (docs/verification.md gives the reasons and sources)."""
+
+PASS_GUARANTEES: tuple[str, ...] = (
+    "The model loaded unmodified with from_pretrained, its forward compiled, and it generated "
+    "every requested token greedily with a static cache on the recorded backend.",
+    "Every generated token is the float32 reference's choice, or a near-tie: the reference "
+    "prefers its own token by less than near_tie_multiple times what a correct run's "
+    "arithmetic moves it at that position.",
+    "On every prompt, the device's log-probabilities of the reference's top 8 tokens and of the "
+    "generated token deviate from the reference by at most the bound times a correct run's "
+    "deviation in the same arithmetic (the baseline), in the median, the 90th percentile and "
+    "the maximum over positions: a fault everywhere, in part of the run, or at a single step.",
+    "On every prompt, the device's whole next-token distribution, the vocabulary's tail "
+    "included, diverges from the reference's (mean KL divergence over positions) by at most "
+    "the bound times the baseline's.",
+    "For a float32 run, a correct run's arithmetic is the recorded float32_precision: strict "
+    "float32 (ieee), or TF32 / bfloat16 matmul operands with float32 accumulation.",
+)
+"""What a PASS guarantees, for the tested prompts (dataset card, README, docs/verification.md)."""
+
+PASS_BLIND_SPOTS: tuple[str, ...] = (
+    "Whatever the test's inputs do not reach: other prompts, longer contexts, other batch "
+    "sizes, sampling instead of greedy decoding.",
+    "Faults of the size of a correct run's own rounding: for example noise of 5% of one "
+    "layer's output in bfloat16, or a 10% scaling of a Gemma2 layer's attention inputs, which "
+    "its norms mostly undo (about 1.5 times a bfloat16 run's own error).",
+    "A fault at one or a few positions that stays under the peak bound times the baseline's "
+    "largest deviation: for example 20% noise at one step of one prompt.",
+    "Positions where a mixture-of-experts router was nearly tied in the reference (at most "
+    "router_tie_share of a prompt's positions) are judged by the median and token checks only.",
+    "Changes confined to tokens of negligible probability: the KL divergence weighs each "
+    "token by its probability.",
+    "Errors the reference shares: it runs the same transformers code on CPU, so a bug in the "
+    "modelling code or a bad checkpoint passes.",
+    "Speed and memory: recorded, never judged.",
+)
+"""What a PASS cannot see."""

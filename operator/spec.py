@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from model_support.config import RunConfig, VerificationConfig
-from model_support.vocabulary import Backend, Parallelism, Task
+from model_support.vocabulary import Backend, Float32Precision, Parallelism, Task
 
 ProfileName = Literal["trn2", "trn1", "inf2", "cpu"]
 
@@ -30,7 +30,7 @@ class Profile:
 
 
 PROFILES: dict[str, Profile] = {
-    # trn2.48xlarge: 64 logical cores at LNC=2 (default), 128 at LNC=1 (see REFERENCE.md).
+    # trn2.48xlarge: 64 logical cores at LNC=2 (default), 128 at LNC=1 (see docs/hardware.md).
     "trn2": Profile("trn2", "trn2.48xlarge", True, 64, Backend.NEURON),
     "trn1": Profile("trn1", "trn1.32xlarge", True, 32, Backend.NEURON),
     "inf2": Profile("inf2", "inf2.48xlarge", True, 24, Backend.NEURON),
@@ -63,7 +63,15 @@ class VerificationSpec(_Camel):
     nearTieMultiple: float | None = Field(None, gt=0)
     nearTieFloor: float | None = Field(None, ge=0)
     maxErrorRatio: float | None = Field(None, gt=0)
+    maxQ90Ratio: float | None = Field(None, gt=0)
+    maxPeakRatio: float | None = Field(None, gt=0)
+    maxKlRatio: float | None = Field(None, gt=0)
     errorFloor: float | None = Field(None, gt=0)
+    klFloor: float | None = Field(None, gt=0)
+    routerTieMultiple: float | None = Field(None, ge=0)
+    routerTieFloor: float | None = Field(None, ge=0)
+    routerTieShare: float | None = Field(None, ge=0, le=1)
+    float32Precision: Float32Precision | None = None
 
 
 class CompileCacheSpec(_Camel):
@@ -158,7 +166,15 @@ class TestSpec(_Camel):
                 "near_tie_multiple": self.verification.nearTieMultiple,
                 "near_tie_floor": self.verification.nearTieFloor,
                 "max_error_ratio": self.verification.maxErrorRatio,
+                "max_q90_ratio": self.verification.maxQ90Ratio,
+                "max_peak_ratio": self.verification.maxPeakRatio,
+                "max_kl_ratio": self.verification.maxKlRatio,
                 "error_floor": self.verification.errorFloor,
+                "kl_floor": self.verification.klFloor,
+                "router_tie_multiple": self.verification.routerTieMultiple,
+                "router_tie_floor": self.verification.routerTieFloor,
+                "router_tie_share": self.verification.routerTieShare,
+                "float32_precision": self.verification.float32Precision,
             }.items()
             if value is not None
         }

@@ -254,3 +254,62 @@ def test_card_column_table_comes_from_the_column_list() -> None:
         assert f"| `{column.name}` | {column.type} |" in table
         assert column.description.replace("|", "\\|") in table
     assert len(table.splitlines()) == len(COLUMNS) + 2
+
+
+def test_a_fail_row_says_which_checks_failed_it_with_every_ratio() -> None:
+    verification = Verification(
+        passed=False,
+        exact=True,
+        failed_checks=["peak", "kl"],
+        error_ratio=1.2,
+        q90_ratio=1.1,
+        peak_ratio=15.9,
+        kl_ratio=12.5,
+        router_ties=2,
+        float32_precision="bf16",
+        mismatches=0,
+        near_ties=0,
+        bad_tokens=0,
+        reason="peak: prompt 1's largest logit error 1.9 is 15.9x the baseline's 0.12 (bound 4x)",
+        parameters={"max_peak_ratio": 4.0, "max_kl_ratio": 10.0},
+    )
+    row = record_to_row(record(result=Result.FAIL, dtype="float32", verification=verification))
+    assert row["failed_checks"] == ["peak", "kl"]
+    assert (row["error_ratio"], row["q90_ratio"], row["peak_ratio"], row["kl_ratio"]) == (
+        1.2,
+        1.1,
+        15.9,
+        12.5,
+    )
+    assert (row["router_ties"], row["float32_precision"]) == (2, "bf16")
+    table = rows_to_table([row])
+    assert table.schema.field("failed_checks").type == pa.list_(pa.string())
+    # A PASS has no failed check; an older record without the new figures reads as nulls.
+    old = record_to_row(record())
+    assert old["failed_checks"] == [] and old["peak_ratio"] is None
+    assert old["float32_precision"] is None
+
+
+def test_card_says_what_a_pass_guarantees_and_which_check_fails_a_run() -> None:
+    from model_support.dataset import render_card
+    from model_support.vocabulary import PASS_BLIND_SPOTS, PASS_GUARANTEES, VerdictCheck
+
+    card = render_card([])
+    section = card.split("## The verdict: what a PASS guarantees", 1)[1].split("\n## ", 1)[0]
+    for text in (*PASS_GUARANTEES, *PASS_BLIND_SPOTS):
+        assert text in section
+    for check in VerdictCheck:
+        assert f"- `{check.value}`" in section
+    assert "`failed_checks`" in section
+    assert "neuron `bf16`, cuda `tf32`, cpu `ieee`" in section
+    assert "(default bound 4x)" in section  # the peak bound, from VerificationConfig
+
+
+def test_the_verification_docs_state_the_same_guarantees_as_the_card() -> None:
+    from pathlib import Path
+
+    from model_support.vocabulary import PASS_BLIND_SPOTS, PASS_GUARANTEES
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "verification.md").read_text()
+    for text in (*PASS_GUARANTEES, *PASS_BLIND_SPOTS):
+        assert f"- {text}" in docs

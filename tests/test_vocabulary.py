@@ -9,10 +9,15 @@ from model_support.script import template_text
 from model_support.vocabulary import (
     ERROR_CLASS_MEANINGS,
     EXCLUSION_MEANINGS,
+    FLOAT32_PRECISION_DEFAULTS,
+    FLOAT32_PRECISION_MEANINGS,
     RESULT_MEANINGS,
+    VERDICT_CHECK_MEANINGS,
     ErrorClass,
     ExclusionReason,
+    Float32Precision,
     Result,
+    VerdictCheck,
 )
 
 
@@ -46,3 +51,15 @@ def test_every_state_class_and_reason_is_documented() -> None:
     assert all(
         len(text) > 20 for text in [*RESULT_MEANINGS.values(), *ERROR_CLASS_MEANINGS.values()]
     )
+
+
+def test_runner_verdict_checks_and_float32_precisions_match_the_vocabulary() -> None:
+    assert tuple(_runner_constant("VERDICT_CHECKS")) == tuple(c.value for c in VerdictCheck)
+    assert tuple(_runner_constant("FLOAT32_PRECISIONS")) == tuple(
+        p.value for p in Float32Precision if p is not Float32Precision.AUTO
+    )
+    assert _runner_constant("FLOAT32_PRECISION_BY_BACKEND") == {
+        backend.value: precision.value for backend, precision in FLOAT32_PRECISION_DEFAULTS.items()
+    }
+    assert set(VERDICT_CHECK_MEANINGS) == set(VerdictCheck)
+    assert set(FLOAT32_PRECISION_MEANINGS) == set(Float32Precision)

@@ -4,8 +4,9 @@ No public base image can be pulled on these machines, and pip inside a build can
 package index. So:
 
 * the base is Debian bookworm made from Debian's packages (``debootstrap --variant=minbase`` with
-  python3 and pip, imported with ``docker import``); it plays the production bases' part (a Python
-  image for the operator, the Neuron DLC for the runner), passed as the ``BASE_IMAGE`` build arg;
+  python3 and pip, imported with ``docker import``); it plays the operator's production base (a
+  Python image), and with CPU torch added (``dlc-stand-in.Dockerfile``) the runner's (the Neuron
+  DLC, which carries torch), passed as the ``BASE_IMAGE`` build arg;
 * the wheels come from a wheelhouse built on the host (``pip wheel`` of the package's
   dependencies, the runner's pinned transformers / huggingface_hub, CPU torch), constrained to the
   versions installed in this virtualenv, served over HTTP on 127.0.0.1 to a ``--network host``
@@ -51,6 +52,8 @@ CACHE = Path(
 IMAGE_PREFIX = "model-support-test"
 RUNNER_DOCKERFILE = "images/runner/Dockerfile"
 OPERATOR_DOCKERFILE = "operator/Dockerfile"
+# The runner's base here: Debian + CPU torch, in the Neuron DLC's place (it carries torch).
+DLC_STAND_IN_DOCKERFILE = "tests/containers/dlc-stand-in.Dockerfile"
 
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = os.environ.get("MODEL_SUPPORT_DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -361,8 +364,16 @@ def build_images(client: docker.DockerClient, log: list[str]) -> Images:
     with _build_lock():
         base = debian_base(client, log)
         wheels = wheelhouse(log)
+        dlc = build_image(
+            client,
+            name="dlc-stand-in",
+            dockerfile=DLC_STAND_IN_DOCKERFILE,
+            base=base,
+            wheels=wheels,
+            log=log,
+        )
         runner = build_image(
-            client, name="runner", dockerfile=RUNNER_DOCKERFILE, base=base, wheels=wheels, log=log
+            client, name="runner", dockerfile=RUNNER_DOCKERFILE, base=dlc, wheels=wheels, log=log
         )
         operator = build_image(
             client,

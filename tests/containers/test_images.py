@@ -9,7 +9,7 @@ import docker
 from container_images import OPERATOR_DOCKERFILE, REPO, RUNNER_DOCKERFILE, Images
 
 RUN_AS_USER_CHECK = (
-    "import json, os, importlib.metadata as m; import model_support.cli, s3fs; "
+    "import json, os, importlib.metadata as m; import model_support.runner_pod, s3fs; "
     "print(json.dumps({'uid': os.getuid(), 'cwd': os.getcwd(), "
     "'transformers': m.version('transformers'), 'hub': m.version('huggingface_hub')}))"
 )
@@ -62,7 +62,7 @@ def test_the_operator_image_starts_on_a_read_only_root(
     config = docker_client.images.get(images.operator).attrs["Config"]
     assert config["Entrypoint"] == ["model-support"] and config["User"] == "10001:10001"
     help_text = _run(docker_client, images.operator, ["operator", "--help"], tmpfs={"/tmp": ""})
-    assert "--results" in help_text and "--min-host-memory" in help_text
+    assert "--results" in help_text and "MODEL_SUPPORT_SETTINGS" in help_text
     check = "import s3fs, kopf, model_support.operator.handlers; print('ok')"
     imports = _run(docker_client, images.operator, [], entrypoint=["python3", "-c", check])
     assert imports.strip() == "ok"

@@ -90,7 +90,7 @@ def test_deep_link_opens_the_model_details(page: AppTest) -> None:
     assert "# model-support run.py for Qwen/Qwen3-1.7B" in text  # the run.py
     assert "python3 run.py" in text
     assert (
-        f"hf buckets sync hf://buckets/aws-neuron/torch-neuronx-neff-cache/neuronxcc-{NEW_CC} /tmp/neff_cache"
+        f"model-support cache pull hf://buckets/aws-neuron/torch-neuronx-neff-cache/neuronxcc-{NEW_CC}"
         in text
     )
     assert "torch-neuronx==2.13.0" in text  # packages to install

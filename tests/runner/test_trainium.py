@@ -1,0 +1,576 @@
+"""run.py's Trainium path, tested on CPU: no Neuron library can be installed here.
+
+What is tested is our logic: which backend is chosen, which NeuronCore each worker gets, which
+LNC is in effect, where peak memory is read from, how compilation is counted and how Neuron's
+documented error messages are classified. Where TorchNeuron itself would be needed, a small fake
+stands in for it the way the real one presents itself (a ``torch_neuronx`` module, the
+``torch.neuron`` device module and a ``neuron`` torch.compile backend); the sources of every fact
+and message are in docs/trainium.md.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import re
+import sys
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch._dynamo.backends.registry as dynamo_registry
+from hypothesis import given
+from hypothesis import strategies as st
+
+from model_support.config import RunConfig
+from model_support.records import Compilation, ResultDocument, Stack
+from model_support.runner import run as runner
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# --------------------------------------------------------------------------- fakes
+
+
+def _fake_module(name: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, loader=None)
+    return module
+
+
+@pytest.fixture
+def xla_era_torch_neuronx(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch-neuronx 2.9 and earlier: imports, but registers no neuron device or compile backend."""
+    monkeypatch.setitem(sys.modules, "torch_neuronx", _fake_module("torch_neuronx"))
+    monkeypatch.delattr(torch, "neuron", raising=False)
+
+
+class FakeNeuronDevice:
+    """What ``torch.neuron`` offers (torch_neuronx's device module), recording calls."""
+
+    def __init__(self, peak: int | None = 123, stats: dict | None = None) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        if peak is not None:
+            self.max_memory_allocated = self._record("max_memory_allocated", peak)
+        if stats is not None:
+            self.memory_stats = self._record("memory_stats", stats)
+
+    def _record(self, name: str, value: Any) -> Callable[..., Any]:
+        def call(device: Any = None) -> Any:
+            self.calls.append((name, device))
+            return value
+
+        return call
+
+    def synchronize(self, device: Any = None) -> None:
+        self.calls.append(("synchronize", device))
+
+
+@pytest.fixture
+def native_torch_neuronx(monkeypatch: pytest.MonkeyPatch) -> FakeNeuronDevice:
+    """TorchNeuron: torch.neuron exists and "neuron" is a registered torch.compile backend."""
+    device = FakeNeuronDevice()
+    monkeypatch.setitem(sys.modules, "torch_neuronx", _fake_module("torch_neuronx"))
+    monkeypatch.setattr(torch, "neuron", device, raising=False)
+
+    def neuron_backend(gm: Any, example_inputs: Any) -> Any:
+        return gm.forward
+
+    neuron_backend._tags = ()  # type: ignore[attr-defined]
+    monkeypatch.setitem(dynamo_registry._BACKENDS, "neuron", None)
+    monkeypatch.setitem(dynamo_registry._COMPILER_FNS, "neuron", neuron_backend)
+    return device
+
+
+@pytest.fixture
+def clean_neuron_env() -> Iterator[None]:
+    """No Neuron runtime variables at the start; whatever run.py sets is undone afterwards."""
+    keys = ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_LOGICAL_NC_CONFIG")
+    saved = {key: os.environ.pop(key, None) for key in keys}
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+# --------------------------------------------------------------------------- base image
+
+
+def test_the_runner_image_is_built_on_a_pinned_torchneuron_image() -> None:
+    dockerfile = (ROOT / "images/runner/Dockerfile").read_text()
+    match = re.search(r"^ARG BASE_IMAGE=(\S+)$", dockerfile, re.MULTILINE)
+    assert match, "the Dockerfile declares no default BASE_IMAGE"
+    image = match.group(1)
+    assert image == runner.TORCHNEURON_BASE_IMAGE  # run.py names the same image in its errors
+    repository, _, tag = image.rpartition(":")
+    assert repository == "public.ecr.aws/neuron/pytorch-training-neuronx"
+    assert tag != "latest" and "@" not in tag
+    # <torch>-neuronx-py<python>-sdk<Neuron SDK>-ubuntu<release>, torch 2.13+ (TorchNeuron).
+    parsed = re.fullmatch(
+        r"(\d+)\.(\d+)\.\d+-neuronx-py3\d+-sdk(\d+)\.(\d+)\.\d+-ubuntu[\d.]+", tag
+    )
+    assert parsed, tag
+    torch_major, torch_minor, sdk_major, sdk_minor = map(int, parsed.groups())
+    assert (torch_major, torch_minor) >= (2, 13) and (sdk_major, sdk_minor) >= (2, 33)
+
+
+# --------------------------------------------------------------------------- backend selection
+
+
+def test_native_backend_decision() -> None:
+    assert runner.native_neuron_problem(True, ["inductor", "neuron"], "2.14.3.0") is None
+    both = runner.native_neuron_problem(False, ["inductor"], "2.9.0.2.15.32035")
+    assert both and "2.9.0.2.15.32035" in both
+    assert 'torch.neuron device module or the "neuron" torch.compile backend' in both
+    assert runner.TORCHNEURON_BASE_IMAGE in both and "PyTorch/XLA" in both
+    no_backend = runner.native_neuron_problem(True, ["inductor"], "2.14.3.0")
+    assert no_backend and '"neuron" torch.compile backend' in no_backend
+    no_module = runner.native_neuron_problem(False, ["neuron"], None)
+    assert no_module and "torch.neuron device module" in no_module
+
+
+def test_without_torch_neuronx_auto_runs_on_cpu() -> None:
+    assert runner.select_backend("auto") == "cpu"  # this machine: no torch_neuronx, no CUDA
+
+
+def test_an_xla_era_torch_neuronx_is_an_infrastructure_error(xla_era_torch_neuronx: None) -> None:
+    with pytest.raises(runner.InfrastructureError, match="PyTorch/XLA") as raised:
+        runner.select_backend("auto")
+    assert runner.TORCHNEURON_BASE_IMAGE in str(raised.value)
+    assert runner.classify("setup", raised.value) == "infrastructure"
+
+
+def test_torchneuron_is_chosen(native_torch_neuronx: FakeNeuronDevice) -> None:
+    assert runner.select_backend("auto") == "neuron"
+    assert runner.select_backend("neuron") == "neuron"
+    assert runner.select_backend("cpu") == "cpu"  # a forced backend still wins
+
+
+def test_a_torch_neuronx_that_fails_to_import_is_an_infrastructure_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "torch_neuronx"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise ImportError('libnrt.so.1: cannot open')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torch_neuronx", raising=False)
+    with pytest.raises(runner.InfrastructureError, match=re.escape("libnrt.so.1")):
+        runner.select_backend("auto")
+
+
+def _config(**kwargs: Any) -> dict:
+    return RunConfig(model="org/model", **kwargs).model_dump(mode="json")
+
+
+def test_an_xla_era_run_records_the_error_and_the_image(
+    xla_era_torch_neuronx: None, clean_neuron_env: None
+) -> None:
+    doc = runner.execute(runner.RunContext(_config()))
+    assert os.environ["NEURON_RT_NUM_CORES"] == "1"  # narrowed to one core before the import
+    assert (doc["result"], doc["error_class"], doc["stage"]) == ("ERROR", "infrastructure", "setup")
+    assert runner.TORCHNEURON_BASE_IMAGE in doc["error"]
+    ResultDocument.model_validate(doc)  # the record stays valid
+
+
+def test_too_few_cores_fail_a_sharded_worker_before_the_runtime_starts(
+    native_torch_neuronx: FakeNeuronDevice,
+    clean_neuron_env: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "8-9")
+    ctx = runner.RunContext(_config(cores=4, parallelism="tensor"), rank=0, world_size=4)
+    doc = runner.execute(ctx)
+    assert (doc["error_class"], doc["stage"]) == ("infrastructure", "setup")
+    assert "4 workers need 4 NeuronCores" in doc["error"] and "'8-9'" in doc["error"]
+    assert doc["backend"] is None  # failed before choosing the backend: nothing was started
+
+
+# --------------------------------------------------------------------------- one core per worker
+
+
+def test_visible_cores_forms() -> None:
+    assert runner.parse_visible_cores("3") == [3]
+    assert runner.parse_visible_cores("0-3") == [0, 1, 2, 3]
+    assert runner.parse_visible_cores("3,4,5") == [3, 4, 5]
+    assert runner.parse_visible_cores("3-5,6") == [3, 4, 5, 6]
+    assert runner.parse_visible_cores(" 8 - 9 , 12 ") == [8, 9, 12]
+
+
+@pytest.mark.parametrize("spec", ["", "a", "0-", "-3", "5-3", "1,,2", "0-3,2", "1.5"])
+def test_malformed_visible_cores_are_refused_clearly(spec: str) -> None:
+    with pytest.raises(runner.InfrastructureError, match="NEURON_RT_VISIBLE_CORES"):
+        runner.parse_visible_cores(spec)
+
+
+@st.composite
+def _core_ranges(draw: st.DrawFn) -> tuple[str, list[int]]:
+    """A NEURON_RT_VISIBLE_CORES value of ascending, disjoint ranges and single cores."""
+    cores: list[int] = []
+    parts: list[str] = []
+    start = draw(st.integers(0, 8))
+    for _ in range(draw(st.integers(1, 5))):
+        length = draw(st.integers(1, 6))
+        parts.append(str(start) if length == 1 else f"{start}-{start + length - 1}")
+        cores.extend(range(start, start + length))
+        start += length + draw(st.integers(0, 3))
+    return ",".join(parts), cores
+
+
+@given(_core_ranges())
+def test_parsing_expands_every_range(case: tuple[str, list[int]]) -> None:
+    spec, cores = case
+    assert runner.parse_visible_cores(spec) == cores
+
+
+@given(_core_ranges(), st.data())
+def test_each_rank_gets_its_own_visible_core(
+    case: tuple[str, list[int]], data: st.DataObject
+) -> None:
+    spec, cores = case
+    world_size = data.draw(st.integers(1, len(cores)))
+    envs = [
+        runner.neuron_core_env(
+            {"NEURON_RT_VISIBLE_CORES": spec, "NEURON_RT_NUM_CORES": "64"}, r, world_size
+        )
+        for r in range(world_size)
+    ]
+    assigned = [env["NEURON_RT_VISIBLE_CORES"] for env in envs]
+    assert assigned == [str(core) for core in cores[:world_size]]  # rank r: the r-th core
+    assert all(env["NEURON_RT_NUM_CORES"] is None for env in envs)  # a stale count is unset
+
+
+@given(_core_ranges(), st.integers(1, 3))
+def test_fewer_visible_cores_than_ranks_fail_clearly(
+    case: tuple[str, list[int]], extra: int
+) -> None:
+    spec, cores = case
+    world_size = len(cores) + extra
+    with pytest.raises(runner.InfrastructureError, match=f"need {world_size} NeuronCores"):
+        runner.neuron_core_env({"NEURON_RT_VISIBLE_CORES": spec}, 0, world_size)
+
+
+def test_a_bare_host_defaults_to_one_free_core_or_the_first_cores() -> None:
+    assert runner.neuron_core_env({}, 0, 1) == {"NEURON_RT_NUM_CORES": "1"}
+    assert runner.neuron_core_env({"NEURON_RT_NUM_CORES": "8"}, 0, 1) == {
+        "NEURON_RT_NUM_CORES": "1"
+    }
+    assert [runner.neuron_core_env({}, r, 4)["NEURON_RT_VISIBLE_CORES"] for r in range(4)] == [
+        "0",
+        "1",
+        "2",
+        "3",
+    ]
+
+
+def test_a_single_core_pod_keeps_its_allocated_core() -> None:
+    assert runner.neuron_core_env({"NEURON_RT_VISIBLE_CORES": "37"}, 0, 1) == {
+        "NEURON_RT_VISIBLE_CORES": "37",
+        "NEURON_RT_NUM_CORES": None,
+    }
+
+
+def test_apply_env_sets_and_unsets(monkeypatch: pytest.MonkeyPatch, clean_neuron_env: None) -> None:
+    monkeypatch.setenv("NEURON_RT_NUM_CORES", "4")
+    runner.apply_env({"NEURON_RT_VISIBLE_CORES": "5", "NEURON_RT_NUM_CORES": None})
+    assert os.environ["NEURON_RT_VISIBLE_CORES"] == "5" and "NEURON_RT_NUM_CORES" not in os.environ
+
+
+# --------------------------------------------------------------------------- LNC
+
+
+@pytest.mark.parametrize(
+    ("environ", "config_file", "instance", "expected"),
+    [
+        (
+            {"NEURON_LOGICAL_NC_CONFIG": "1"},
+            "NEURON_LOGICAL_NC_CONFIG=2",
+            "trn2.48xlarge",
+            (1, "NEURON_LOGICAL_NC_CONFIG"),
+        ),
+        ({}, "NEURON_LOGICAL_NC_CONFIG=1\n", "trn2.48xlarge", (1, runner.LNC_CONFIG_FILE)),
+        ({}, None, "trn2.48xlarge", (2, "default for trn2")),
+        ({}, None, "trn1.32xlarge", (1, "default for trn1")),
+        ({}, None, None, (None, None)),
+        ({"NEURON_LOGICAL_NC_CONFIG": " "}, "", "inf2.xlarge", (1, "default for inf2")),
+    ],
+)
+def test_effective_lnc(
+    environ: dict, config_file: str | None, instance: str | None, expected: tuple
+) -> None:
+    assert runner.effective_lnc(environ, config_file, instance) == expected
+
+
+def test_an_unsupported_lnc_is_an_infrastructure_error() -> None:
+    with pytest.raises(runner.InfrastructureError, match="only 1 and 2"):
+        runner.effective_lnc({"NEURON_LOGICAL_NC_CONFIG": "4"}, None, "trn2.48xlarge")
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def test_memory_stats_peaks_nested_and_flat() -> None:
+    nested = {"allocated_bytes": {"current": 10, "peak": 90}, "num_ooms": 0}
+    assert runner.peak_from_stats(nested) == 90  # TorchNeuron's memory_stats()
+    assert runner.peak_from_stats({"allocated_bytes": {"all": {"peak": 70}}}) == 70
+    assert runner.peak_from_stats({"allocated_bytes.all.peak": 50}) == 50  # torch.accelerator
+    assert runner.peak_from_stats({}) is None
+    assert runner.peak_from_stats({"reserved_bytes": {"peak": 3}}) is None
+
+
+def test_peak_memory_sources_in_order() -> None:
+    accelerator = types.SimpleNamespace(
+        max_memory_allocated=lambda index: 200,
+        memory_stats=lambda index: {"allocated_bytes.all.peak": 400},
+    )
+    neuron = FakeNeuronDevice(peak=100, stats={"allocated_bytes": {"peak": 300}})
+
+    def first(neuron_module: Any, accelerator_memory: Any) -> tuple[int | None, str | None]:
+        return runner.first_peak(runner.neuron_peak_sources(neuron_module, accelerator_memory, 3))
+
+    assert first(neuron, accelerator) == (100, "torch.neuron.max_memory_allocated")
+    assert neuron.calls == [("max_memory_allocated", 3)]  # this rank's device, and nothing else
+    assert first(
+        FakeNeuronDevice(peak=None, stats={"allocated_bytes": {"peak": 300}}), accelerator
+    ) == (
+        200,
+        "torch.accelerator.memory.max_memory_allocated",
+    )
+    nested_only = FakeNeuronDevice(peak=None, stats={"allocated_bytes": {"peak": 300}})
+    assert first(nested_only, None) == (
+        300,
+        'torch.neuron.memory_stats()["allocated_bytes"]["peak"]',
+    )
+    flat_only = types.SimpleNamespace(memory_stats=lambda index: {"allocated_bytes.all.peak": 400})
+    assert first(None, flat_only) == (
+        400,
+        'torch.accelerator.memory.memory_stats()["allocated_bytes.all.peak"]',
+    )
+    assert first(None, None) == (None, None)
+
+
+def test_an_unreadable_stat_falls_through_to_the_next_source() -> None:
+    empty_stats = FakeNeuronDevice(peak=None, stats={})
+    accelerator = types.SimpleNamespace(memory_stats=lambda index: {"allocated_bytes.all.peak": 5})
+    assert runner.first_peak(runner.neuron_peak_sources(empty_stats, accelerator, None)) == (
+        5,
+        'torch.accelerator.memory.memory_stats()["allocated_bytes.all.peak"]',
+    )
+
+
+def test_neuron_peak_is_read_after_synchronizing(native_torch_neuronx: FakeNeuronDevice) -> None:
+    peak, source = runner.device_peak_memory("neuron", torch.device("cpu", 2))
+    assert (peak, source) == (123, "torch.neuron.max_memory_allocated")
+    # The Neuron allocator is asynchronous: synchronize before any reading.
+    assert [name for name, _ in native_torch_neuronx.calls] == [
+        "synchronize",
+        "max_memory_allocated",
+    ]
+    assert native_torch_neuronx.calls[1] == ("max_memory_allocated", 2)
+
+
+def test_the_device_name_comes_from_get_device_properties(
+    native_torch_neuronx: FakeNeuronDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[Any] = []
+
+    def properties(device: Any = None) -> types.SimpleNamespace:
+        seen.append(device)
+        return types.SimpleNamespace(name="Trainium2", total_memory=24 * 2**30)
+
+    monkeypatch.setattr(native_torch_neuronx, "get_device_properties", properties, raising=False)
+    assert runner.device_name("neuron", "neuron:1") == "Trainium2" and seen == ["neuron:1"]
+    assert runner.device_name("cpu")  # the processor elsewhere
+
+
+# --------------------------------------------------------------------------- compilation
+
+
+def _counts(**kwargs: Any) -> Any:
+    values = dict(
+        graphs=0,
+        graph_breaks=0,
+        fx_cache_hits=0,
+        fx_cache_misses=0,
+        neuron_graphs=None,
+        neff_entries=None,
+    )
+    values.update(kwargs)
+    return runner.CompileCounts(**values)
+
+
+def test_a_cold_inductor_compile() -> None:
+    summary = runner.compilation_summary(
+        _counts(graphs=5, graph_breaks=1), _counts(graphs=7, graph_breaks=2, fx_cache_misses=2)
+    )
+    assert summary == {
+        "graphs": 2,
+        "graph_breaks": 1,
+        "cache_hits": 0,
+        "cache_misses": 2,
+        "cache_hit": False,
+        "cache": "inductor-fx-graph",
+        "source": "torch._dynamo.utils.counters",
+    }
+
+
+def test_a_warm_inductor_compile_is_a_cache_hit() -> None:
+    summary = runner.compilation_summary(_counts(), _counts(graphs=2, fx_cache_hits=2))
+    assert (summary["cache_hit"], summary["cache_hits"], summary["cache_misses"]) == (True, 2, 0)
+
+
+def test_a_backend_without_a_cache_records_no_cache_verdict() -> None:
+    summary = runner.compilation_summary(_counts(), _counts(graphs=2))  # e.g. aot_eager
+    assert summary["graphs"] == 2 and summary["cache_hit"] is None and summary["cache"] is None
+
+
+def test_neuron_counts_graphs_by_torchneuron_and_misses_by_new_neffs() -> None:
+    before = _counts(graphs=1, neuron_graphs=4, neff_entries=10)
+    cold = runner.compilation_summary(before, _counts(graphs=3, neuron_graphs=6, neff_entries=12))
+    assert (cold["graphs"], cold["cache_misses"], cold["cache_hits"], cold["cache_hit"]) == (
+        2,
+        2,
+        0,
+        False,
+    )
+    assert (cold["source"], cold["cache"]) == ("torch.neuron.get_dynamo_metrics", "neff")
+    warm = runner.compilation_summary(before, _counts(graphs=3, neuron_graphs=6, neff_entries=10))
+    assert (warm["cache_hits"], warm["cache_misses"], warm["cache_hit"]) == (2, 0, True)
+
+
+def test_neff_cache_entries_count_only_complete_files(tmp_path: Path) -> None:
+    key = "0123456789abcdef0123456789abcdef"
+    shard = tmp_path / key[:2] / key[2:4]
+    shard.mkdir(parents=True)
+    (shard / f"{key}.neff").write_bytes(b"neff")
+    (shard / f"{key[::-1]}.neff").write_bytes(b"")  # zero size reads as a miss
+    (shard / ".tmp.AbC123").write_bytes(b"half")  # a write under way
+    (tmp_path / "locks").mkdir()
+    (tmp_path / "locks" / f"{key}.lock").write_bytes(b"")
+    assert runner.count_neff_entries(str(tmp_path)) == 1
+    assert runner.neff_cache_dir({}) == "/tmp/neff_cache"
+    assert (
+        runner.neff_cache_dir({"TORCH_NEURONX_NEFF_CACHE_DIR": "/var/cache/neff"})
+        == "/var/cache/neff"
+    )
+    assert runner.neff_cache_dir({"TORCH_NEURONX_NEFF_DISABLE_CACHE": "1"}) is None
+
+
+def test_dynamo_counts_a_graph_break_and_the_shapes(tmp_path: Path) -> None:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        y = torch.sin(x)
+        torch._dynamo.graph_break()
+        return torch.cos(y)
+
+    before = runner.read_compile_counts("cpu")
+    compiled = torch.compile(forward, backend="aot_eager", dynamic=False)
+    compiled(torch.ones(3))
+    compiled(torch.ones(5))  # a new shape: static shapes compile again
+    summary = runner.compilation_summary(before, runner.read_compile_counts("cpu"))
+    assert summary["graphs"] == 4 and summary["graph_breaks"] >= 1
+    assert summary["cache_hit"] is None  # aot_eager consults no cache
+
+
+def test_the_document_declares_every_new_field() -> None:
+    assert set(runner.compilation_summary(_counts(), _counts())) == set(Compilation.model_fields)
+    assert set(runner.collect_stack("cpu")) <= set(Stack.model_fields)
+    assert (
+        "compilation" in runner.new_document(_config())
+        and "compilation" in ResultDocument.model_fields
+    )
+
+
+# --------------------------------------------------------------------------- error classes
+
+
+NEURON_MESSAGES = [
+    # Neuron Runtime OOM report (neuron-runtime/explore/device-memory.rst)
+    (
+        "generate",
+        "RuntimeError: Failed to allocate 4.000GB (alignment: none, usage: tensors) on ND 0:NC 4",
+        "out-of-memory",
+    ),
+    # Neuron Runtime, insufficient memory at model load (neuron-runtime/nrt-troubleshoot.rst)
+    (
+        "compile",
+        "kernel: [12345] neuron:mc_alloc: device mempool [0:0] total 1073741568 occupied 960539030 needed 1272 available 768",
+        "out-of-memory",
+    ),
+    # neuronx-cc NCC_EOOM001 / NCC_EOOM002 (compiler/error-codes)
+    (
+        "compile",
+        "NCC_EOOM001: The combined memory needed for the model's activation tensors exceeds the high-bandwidth memory limit.",
+        "out-of-memory",
+    ),
+    (
+        "compile",
+        "[NCC_EOOM002] The combined memory needed for the model tensors exceeds the high-bandwidth memory limit.",
+        "out-of-memory",
+    ),
+    # neuronx-cc XCG815 (compile log published with a Neuron cache entry)
+    (
+        "compile",
+        "[XCG815] Estimated peak HBM usage (17.282846) exceeds 16GB. Neff won't be able to load on chip",
+        "out-of-memory",
+    ),
+    # neuronx-cc errors that are the model's (compiler/error-codes)
+    ("compile", "NCC_EUOC002: An unsupported operator was used.", "compile"),
+    (
+        "compile",
+        "NCC_EMOD025: Dynamic shape is not supported. The Neuron compiler requires all tensor dimensions to be statically sized.",
+        "compile",
+    ),
+    (
+        "generate",
+        "NCC_EVRF004: Complex data types are not supported on the Neuron device.",
+        "compile",
+    ),
+    (
+        "compile",
+        "Failed compilation with ['neuronx-cc', 'compile', '--target=trn2', '--framework=XLA']",
+        "compile",
+    ),
+    # neuronx-cc NCC_EARG001: LNC not supported by the target, the node's configuration
+    (
+        "compile",
+        "NCC_EARG001: Unsupported Logical Neuron Core (LNC) configuration.",
+        "infrastructure",
+    ),
+    # Neuron Runtime: cores held by another process (neuron-runtime/nrt-troubleshoot.rst)
+    (
+        "setup",
+        "NRT:nrt_allocate_neuron_cores NeuronCore(s) not available - Requested:nc1-nc1 Available:0",
+        "infrastructure",
+    ),
+    # Neuron Runtime hardware errors (neuron-runtime/nrt-troubleshoot.rst)
+    (
+        "generate",
+        "(FATAL-RT-UNDEFINED-STATE) [ND 0][NC 0] Uncorrectable memory error is detected, metadata: 0x16.",
+        "infrastructure",
+    ),
+    (
+        "generate",
+        "(FATAL-RT-UNDEFINED-STATE) Uncorrectable HBM memory error is detected. Execution results may be invalid.",
+        "infrastructure",
+    ),
+    ("generate", "[MLA 0][NC 0] DMA TX engine 0 is in an abort state", "infrastructure"),
+    # TorchNeuron's process group: more than one core visible to a worker
+    (
+        "setup",
+        "AssertionError: Attempted to have more than one device per process in distributed setup",
+        "infrastructure",
+    ),
+]
+
+
+@pytest.mark.parametrize(("stage", "message", "expected"), NEURON_MESSAGES)
+def test_documented_neuron_messages_are_classified(stage: str, message: str, expected: str) -> None:
+    assert runner.classify(stage, RuntimeError(message)) == expected
+
+
+def test_the_error_classes_used_are_in_the_vocabulary() -> None:
+    assert {expected for _, _, expected in NEURON_MESSAGES} <= set(runner.ERROR_CLASSES)
