@@ -22,6 +22,7 @@ import contextlib
 import functools
 import hashlib
 import http.server
+import io
 import json
 import os
 import re
@@ -322,12 +323,16 @@ def build_image(
     base: str,
     wheels: Wheelhouse,
     log: list[str],
+    with_context: bool = True,
 ) -> str:
-    """Build ``dockerfile`` on ``base`` offline from ``wheels`` (or find it built already)."""
+    """Build ``dockerfile`` on ``base`` offline from ``wheels`` (or find it built already).
+
+    ``with_context=False``: a Dockerfile that copies nothing is built without the repository as
+    its context, so source changes neither rebuild it nor enter its hash.
+    """
     base_id = client.images.get(base).id
-    digest = _digest(
-        (REPO / dockerfile).read_bytes(), _context_digest(dockerfile), base_id, wheels.digest
-    )[:16]
+    context = _context_digest(dockerfile) if with_context else ""
+    digest = _digest((REPO / dockerfile).read_bytes(), context, base_id, wheels.digest)[:16]
     repository = f"{IMAGE_PREFIX}/{name}"
     tag = f"{repository}:{digest}"
     if _image(client, tag) is not None:
@@ -335,9 +340,13 @@ def build_image(
     started = time.monotonic()
     output: list[str] = []
     with serve(wheels.path) as url:
+        source: dict[str, Any] = (
+            {"path": str(REPO), "dockerfile": dockerfile}
+            if with_context
+            else {"fileobj": io.BytesIO((REPO / dockerfile).read_bytes())}
+        )
         stream = client.api.build(
-            path=str(REPO),
-            dockerfile=dockerfile,
+            **source,
             tag=tag,
             buildargs={"BASE_IMAGE": base, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": url},
             network_mode="host",
@@ -371,6 +380,7 @@ def build_images(client: docker.DockerClient, log: list[str]) -> Images:
             base=base,
             wheels=wheels,
             log=log,
+            with_context=False,
         )
         runner = build_image(
             client, name="runner", dockerfile=RUNNER_DOCKERFILE, base=dlc, wheels=wheels, log=log
