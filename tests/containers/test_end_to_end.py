@@ -158,6 +158,8 @@ async def test_a_pod_log_lost_before_it_is_read_still_yields_the_real_result(
     record = await only_record(c)
     assert record.document.result == Result.PASS and record.run_id == status["runId"]
     assert len(record.document.tokens[0]) == SPEC["maxNewTokens"]  # the real result, not a guess
+    runners = [p.name for p in c.node.pods.values() if p.labels.get("job-name")]
+    assert runners and not [k for k in c.h.logs if k.split("/")[0] in runners]  # no log served
 
 
 async def test_an_operator_killed_mid_run_records_the_run_once(cluster: Cluster) -> None:
