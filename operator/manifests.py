@@ -204,6 +204,13 @@ def _gib(n_bytes: int) -> str:
     return f"{max(1, math.ceil(n_bytes / 2**30))}Gi"
 
 
+def _memory(n_bytes: int) -> str:
+    """A memory quantity rounded up: whole GiB, or MiB below one GiB (a small configured floor)."""
+    if n_bytes < 2**30:
+        return f"{max(1, math.ceil(n_bytes / 2**20))}Mi"
+    return f"{math.ceil(n_bytes / 2**30)}Gi"
+
+
 def _cpu(value: float) -> str:
     return f"{max(1, math.ceil(value * 1000))}m"
 
@@ -344,7 +351,7 @@ def build_job(
 
     # /dev/shm is memory: one worker per core, counted in the memory request and limit.
     shm_bytes = int(settings.shm_per_core_gib * GiB) * placement.cores
-    memory = _gib(placement.host_memory_bytes + shm_bytes)
+    memory = _memory(placement.host_memory_bytes + shm_bytes)
     # /work holds the checkpoint download (HF_HOME) and extra packages; /tmp and the NEFF
     # cache the compilers' files. Each emptyDir is capped; the pod requests their sum.
     work_bytes = placement.checkpoint_bytes + int(settings.work_headroom_gib * GiB)

@@ -536,6 +536,27 @@ def test_minimal_job_and_cpu_profile() -> None:
     assert "aws.amazon.com/neuroncore" not in pod["containers"][0]["resources"]["limits"]
 
 
+def test_a_small_host_memory_floor_is_requested_in_mebibytes() -> None:
+    spec = parse_spec({"model": "/models/tiny", "profile": "cpu", "cores": 1})
+    settings = SETTINGS.model_copy(update={"min_host_memory_gib": 0.375, "shm_per_core_gib": 0.125})
+    small = build_job(
+        REF,
+        spec,
+        Placement(1, Parallelism.NONE, int(0.375 * GiB)),
+        job_name="j",
+        configmap_name="c",
+        attempt=1,
+        run_id="r",
+        settings=settings,
+    )
+    validate(small)
+    resources = small["spec"]["template"]["spec"]["containers"][0]["resources"]
+    # 384 MiB of host memory plus 128 MiB of /dev/shm, not rounded up to a whole GiB.
+    assert resources["limits"]["memory"] == resources["requests"]["memory"] == "512Mi"
+    docs = render_chart({"results": "s3://b/r", "settings": {"minHostMemoryGiB": 0.375}})
+    assert chart_settings(docs).min_host_memory_gib == 0.375
+
+
 def test_configmap_holds_the_rendered_script() -> None:
     spec = parse_spec(full_spec())
     config = spec.run_config(4, Parallelism.TENSOR)
