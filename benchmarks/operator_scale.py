@@ -33,7 +33,6 @@ from typing import Any
 
 import kmock
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from hubserver import HubServer, Repo
 from k8s_harness import JOBS_URL, TESTS_URL, Emulator, Harness, declare_resources, now

@@ -6,7 +6,7 @@ The stand-in Hub serves N text-generation models (copies of a tiny checkpoint) r
 downloads. The operator ranks them through the real client, stores the ranking snapshot,
 creates the sweep's tests (at most ``--max-running`` unfinished at once), sizes each test from
 its checkpoint through the real client, and launches its Job; the kubelet stand-in
-(tests/operator/kubelet.py) plays every runner (ready, delivery of the result document of the
+(tests/operator/kmock_kubelet.py) plays every runner (ready, delivery of the result document of the
 Job's own run.py, Job complete); the operator records each result and the sweep counts it.
 
 Printed: time to the ranking, to the last Job and to the sweep's Ready; the most unfinished
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "operator
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from hubserver import HubServer, Repo
 from k8s_harness import NS, Emulator, Harness, declare_resources
-from kubelet import Kubelet
+from kmock_kubelet import Kubelet
 
 from model_support.checkpoints import build_demo_models, default_cache_dir
 from model_support.operator.resource import GROUP, LABEL_SWEEP, SWEEP_KIND, SWEEP_PLURAL, VERSION

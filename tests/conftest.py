@@ -76,7 +76,7 @@ _SESSION_STARTED = time.time()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Print the fault-injection confusion tables this session wrote (also under xdist)."""
+    """Print the fault-injection tables and the image build log this session wrote (also under xdist)."""
     artifacts = Path(__file__).resolve().parents[1] / "test-artifacts"
     started = _SESSION_STARTED
     tables = sorted(artifacts.glob("fault-injection-*.md")) if artifacts.is_dir() else []
@@ -85,3 +85,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("verification fidelity (fault injection)")
         for table in fresh:
             terminalreporter.write_line(table.read_text())
+    images = artifacts / "container-images.txt"
+    if images.is_file() and images.stat().st_mtime >= started:
+        terminalreporter.section("container images (built, or found built by content hash)")
+        terminalreporter.write_line(images.read_text())

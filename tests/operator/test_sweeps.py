@@ -12,7 +12,7 @@ import kmock
 import pytest
 from hubserver import HubServer, Repo
 from k8s_harness import JOBS_URL, NS, Emulator, Harness, declare_resources
-from kubelet import Kubelet
+from kmock_kubelet import Kubelet
 
 from model_support.operator.resource import (
     ANNOTATION_MODEL,

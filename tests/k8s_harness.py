@@ -39,6 +39,7 @@ JOBS_URL = f"/apis/batch/v1/namespaces/{NS}/jobs"
 PODS_URL = f"/api/v1/namespaces/{NS}/pods"
 CMS_URL = f"/api/v1/namespaces/{NS}/configmaps"
 EVENTS_URL = f"/api/v1/namespaces/{NS}/events"
+CLAIM_TEMPLATES_URL = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaimtemplates"
 MERGE = {"Content-Type": "application/merge-patch+json"}
 _counter = itertools.count(1)
 
@@ -48,7 +49,7 @@ def now() -> str:
 
 
 class Emulator(kmock.KubernetesEmulator):
-    """kmock plus what a real API server does that kopf relies on (metadata.generateName).
+    """kmock plus what a real API server does that clients rely on (generateName, uid, ...).
 
     ``history`` bounds the request log: kmock matches every request against its whole history
     (quadratic in the number of requests), so a scale run keeps only the recent ones and counts
@@ -65,6 +66,10 @@ class Emulator(kmock.KubernetesEmulator):
             meta = request.data.setdefault("metadata", {})
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:8]
+            # What the API server sets on every object created (clients such as the operator's
+            # send none of these; the Job controller stand-in tells Jobs apart by uid).
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", now())
         if request.method.value in ("POST", "PATCH") and isinstance(request.data, dict):
             # Every write gets a new, larger resourceVersion, as on a real API server (the
             # operator orders what it sees of an object by it).
@@ -131,6 +136,13 @@ def declare_resources(server: kmock.KubernetesEmulator) -> None:
         subresources={"status"},
         verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
     )
+    # DRA (Kubernetes >= 1.34) is not among kmock's bundled kinds.
+    server.resources["resource.k8s.io/v1/resourceclaimtemplates"] = kmock.ResourceInfo(
+        kind="ResourceClaimTemplate",
+        singular="resourceclaimtemplate",
+        namespaced=True,
+        verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+    )
 
 
 class OperatorThread:
@@ -181,7 +193,7 @@ class Harness:
         self.settings = settings
         self.results = results
         self.operator: OperatorThread | None = None
-        self.logs: dict[str, str] = {}
+        self.logs: dict[str, str] = {}  # pod name (or POD/CONTAINER) -> its log
         self.failing_log_reads = 0  # the next N pod-log reads answer 503 (an API server hiccup)
         server["get", kmock.resource("", "v1", "pods"), kmock.subresource("log")] << self._serve_log
 
@@ -191,9 +203,20 @@ class Harness:
             raise kmock.KubernetesError(
                 status=503, reason="ServiceUnavailable", message="try again"
             )
-        if request.name not in self.logs:
+        # A pod's log, or one container's ("POD/CONTAINER", as the Docker kubelet stand-in keeps them).
+        container = request.params.get("container")
+        key = (
+            f"{request.name}/{container}"
+            if f"{request.name}/{container}" in self.logs
+            else request.name
+        )
+        if key not in self.logs:
             raise kmock.KubernetesObjectNotFoundError()
-        return self.logs[request.name].encode()
+        text = self.logs[key]
+        tail = request.params.get("tailLines")
+        if tail is not None:
+            text = "".join(text.splitlines(keepends=True)[-int(tail) :])
+        return text.encode()
 
     async def start_operator(self) -> None:
         """Start kopf and wait until its watches on tests and Jobs are open."""
@@ -285,8 +308,16 @@ class Harness:
         return list(listing["items"])
 
     async def patch(self, url: str, data: dict[str, Any]) -> dict[str, Any]:
+        result = await self.patch_if_exists(url, data)
+        assert result is not None, f"{url} does not exist"
+        return result
+
+    async def patch_if_exists(self, url: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        """A merge patch with a new resourceVersion (so watchers see a change); None on 404."""
         data.setdefault("metadata", {})["resourceVersion"] = str(next(_counter))
         response = await self.k.patch(url, json=data, headers=MERGE)
+        if response.status == 404:
+            return None
         assert response.status == 200, await response.text()
         return dict(await response.json())
 
