@@ -19,8 +19,8 @@ from huggingface_hub.errors import HTTPError
 from huggingface_hub.utils import get_session
 from pydantic import BaseModel, Field, ValidationError
 
-RankingSort = Literal["trending_score", "downloads"]
-RANKING_SORTS: tuple[RankingSort, ...] = ("trending_score", "downloads")
+RankingSort = Literal["trending_score", "downloads", "likes"]
+RANKING_SORTS: tuple[RankingSort, ...] = ("trending_score", "downloads", "likes")
 DEFAULT_LIMIT = 50
 PROBE_TIMEOUT_S = 5.0
 """How long the reachability probe waits. list_models itself retries for ~25 s on connection
@@ -97,8 +97,10 @@ def fetch_ranking(
     endpoint: str | None = None,
     token: str | bool | None = None,
     probe_timeout_s: float = PROBE_TIMEOUT_S,
+    library: str | None = None,
 ) -> Ranking:
-    """Fetch the Hub's ranking of ``task`` models sorted by ``sort`` (descending), top ``limit``.
+    """Fetch the Hub's ranking of ``task`` models sorted by ``sort`` (descending), top ``limit``
+    (only models of ``library``, e.g. transformers, when given).
 
     Raises RankingError when the Hub cannot be reached or answers with an error.
     """
@@ -114,7 +116,13 @@ def fetch_ranking(
         )
         probe.raise_for_status()
         infos = list(
-            api.list_models(sort=sort, pipeline_tag=task, limit=limit, expand=list(_EXPAND))  # type: ignore[arg-type]
+            api.list_models(
+                sort=sort,
+                pipeline_tag=task,
+                filter=library,  # the Hub lists a model's library among its tags
+                limit=limit,
+                expand=list(_EXPAND),  # type: ignore[arg-type]
+            )
         )
     except (HTTPError, OSError) as exc:
         raise RankingError(

@@ -8,6 +8,7 @@ lives only as long as its process)::
     README.md                    the dataset card, regenerated with the matrix
     index/materialized.txt       which records the matrix holds: run id -> matrix key
     index/.lock                  (local stores) held while a materialize runs
+    rankings/snapshots/*.json    what sweeps ranked (time, source, model ids), one file each
 
 Writers only ever create new record files with unique names, so any number of processes can
 add records at once. The matrix, card and index are derived. :meth:`ResultsStore.materialize`
@@ -79,6 +80,7 @@ from model_support.dataset import (
     render_card,
     writer_stack,
 )
+from model_support.ranking_snapshots import RankingSnapshot
 from model_support.records import RunRecord, Stack
 from model_support.vocabulary import Result
 
@@ -90,6 +92,7 @@ DATA_DIR = "data"
 INDEX_DIR = "index"
 INDEX_NAME = "materialized.txt"
 CARD_NAME = "README.md"
+SNAPSHOTS_DIR = "rankings/snapshots"
 MATRIX_KEY_METADATA = b"model_support.matrix_key"
 """Parquet key-value metadata naming the file's (compiler, version, library, version); it also
 marks the file as written by :meth:`ResultsStore.materialize`, the only files it ever deletes."""
@@ -797,6 +800,45 @@ class ResultsStore:
             paths, filesystem=self.fs, schema=MATRIX_SCHEMA, columns=columns, filters=filters
         )
         return _to_pandas(table)
+
+    # -- ranking snapshots --------------------------------------------------------------------
+    # What a sweep ranked, kept with the dataset (see model_support.ranking_snapshots). Created
+    # once each, like records, and never folded into the matrix.
+
+    def add_ranking_snapshot(self, snapshot: RankingSnapshot) -> str:
+        """Store a ranking snapshot; returns its path (the same snapshot twice is one file)."""
+        path = self._path(SNAPSHOTS_DIR, snapshot.file_name())
+        # Its name holds its content hash: a file already there is this snapshot.
+        with contextlib.suppress(FileExistsError):
+            self._create(path, snapshot.model_dump_json(indent=1).encode())
+        return self._public(path)
+
+    def ranking_snapshots(self) -> list[RankingSnapshot]:
+        """Every stored ranking snapshot, oldest first; an unreadable file raises StoreError."""
+        directory = self._path(SNAPSHOTS_DIR)
+        names = self._names(directory, ".json")
+        snapshots = []
+        for name, data in zip(
+            names, self._read_many([f"{directory}/{n}" for n in names]), strict=True
+        ):
+            if isinstance(data, Exception):
+                raise StoreError(f"ranking snapshot {name} could not be read: {data}") from data
+            try:
+                snapshots.append(RankingSnapshot.model_validate_json(data))
+            except ValidationError as exc:
+                raise StoreError(
+                    f"ranking snapshot {self._public(f'{directory}/{name}')} is malformed "
+                    f"({exc.error_count()} problems, first: {exc.errors()[0]['msg']})"
+                ) from exc
+        return snapshots
+
+    def latest_ranking_snapshot(self, task: str | None = None) -> RankingSnapshot | None:
+        """The newest ranking snapshot (of ``task``, when given; snapshots without a task count
+        for every task); None when there is none."""
+        for snapshot in reversed(self.ranking_snapshots()):
+            if task is None or snapshot.task in (None, task):
+                return snapshot
+        return None
 
 
 def _read_local(path: str) -> bytes | OSError:

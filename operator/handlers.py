@@ -27,10 +27,12 @@ from model_support.operator.resource import (
     LABEL_MANAGED_BY,
     MANAGED_BY,
     PLURAL,
+    SWEEP_PLURAL,
     VERSION,
 )
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.status import set_condition
+from model_support.operator.sweep_reconciler import SweepReconciler, run_ticker
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +40,13 @@ log = logging.getLogger(__name__)
 def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf.OperatorRegistry:
     """A kopf registry with the operator's handlers (a fresh one per operator, tests included)."""
     registry = kopf.OperatorRegistry()
-    reconciler = Reconciler(
-        settings,
-        kube
-        or Kube(
-            api_client(settings.api_server),
-            request_timeout_s=settings.request_timeout_s,
-            page_size=settings.list_page_size,
-        ),
+    kube = kube or Kube(
+        api_client(settings.api_server),
+        request_timeout_s=settings.request_timeout_s,
+        page_size=settings.list_page_size,
     )
+    reconciler = Reconciler(settings, kube)
+    sweeps = SweepReconciler(settings, kube)
     watchdog: dict[str, asyncio.Task[None]] = {}
 
     @kopf.on.startup(registry=registry)
@@ -67,14 +67,16 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
         # Only our Jobs travel from the API server: the selector is applied there, not here.
         settings.watching.label_selectors["batch", "jobs"] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
         watchdog["task"] = asyncio.create_task(_watchdog(reconciler), name="model-support watchdog")
+        watchdog["sweeps"] = asyncio.create_task(run_ticker(sweeps), name="model-support sweeps")
 
     @kopf.on.cleanup(registry=registry)
     async def stop_watchdog(**_: Any) -> None:
-        task = watchdog.pop("task", None)
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for name in ("task", "sweeps"):
+            task = watchdog.pop(name, None)
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -86,7 +88,14 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
     def test_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         # Level-based: every event (type None: listed at startup) brings the test's current
         # generation to its Job; nothing but the status is written (no kopf annotations).
-        reconciler.on_test(_plain(body), type)
+        test = _plain(body)
+        reconciler.on_test(test, type)
+        sweeps.on_test(test, type)  # a sweep's test: its sweep may go on
+
+    @kopf.on.event(GROUP, VERSION, SWEEP_PLURAL, registry=registry)
+    def sweep_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+        # Level-based like tests: the ranking and the tests it made are in the API.
+        sweeps.on_sweep(_plain(body), type)
 
     @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: MANAGED_BY}, registry=registry)
     def job_event(body: kopf.Body, type: str | None, **_: Any) -> None:

@@ -19,7 +19,14 @@ from typing import Any, cast
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from model_support.operator.resource import FIELD_MANAGER, GROUP, LABEL_RECORDED, PLURAL, VERSION
+from model_support.operator.resource import (
+    FIELD_MANAGER,
+    GROUP,
+    LABEL_RECORDED,
+    PLURAL,
+    SWEEP_PLURAL,
+    VERSION,
+)
 
 
 class AlreadyExists(Exception):
@@ -270,6 +277,70 @@ class Kube:
                     VERSION,
                     namespace,
                     PLURAL,
+                    name,
+                    {"status": status},
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    # ------------------------------------------------------------- what sweeps need of tests
+
+    def create_test(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a ModelSupportTest; AlreadyExists on 409 (the caller adopts it)."""
+
+        def create(namespace: str, obj: Any, **kwargs: Any) -> Any:
+            return self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, obj, **kwargs
+            )
+
+        return self._create(create, body)
+
+    def list_tests(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """ModelSupportTests with all of ``labels`` in ``namespace`` (every page)."""
+
+        def namespaced(ns: str, **kwargs: Any) -> Any:
+            return self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, **kwargs)
+
+        def everywhere(**kwargs: Any) -> Any:
+            return self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kwargs)
+
+        tests = self._list(namespaced, everywhere, namespace, label_selector=_selector(labels))
+        return [t for t in tests if _matches(t, labels)]
+
+    def patch_test(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge ``patch`` into a test (metadata and spec); None if the test is gone."""
+        try:
+            return _json(
+                self._call(
+                    self.custom.patch_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    PLURAL,
+                    name,
+                    patch,
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def patch_sweep_status(
+        self, namespace: str, name: str, status: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Merge ``status`` into a sweep's status subresource; None if the sweep is gone."""
+        try:
+            return _json(
+                self._call(
+                    self.custom.patch_namespaced_custom_object_status,
+                    GROUP,
+                    VERSION,
+                    namespace,
+                    SWEEP_PLURAL,
                     name,
                     {"status": status},
                 )

@@ -279,7 +279,13 @@ class Reconciler:
         self.observe_test(body, event_type)
         if event_type == "DELETED":
             return
-        self.reconcile(body, resumed=event_type is None)
+        # A late event (older than what this process wrote or saw since, e.g. the startup
+        # listing after the test was completed) must not undo a handled generation: act on
+        # the newest view.
+        uid = (body.get("metadata") or {}).get("uid")
+        with self._lock:
+            newest = self.tests.get(uid, body) if uid else body
+        self.reconcile(newest, resumed=event_type is None)
 
     def reconcile(self, body: dict[str, Any], *, resumed: bool = False) -> None:
         """Bring one generation of a test to a running Job (or a recorded final state)."""

@@ -202,6 +202,21 @@ class OperatorSettings(BaseModel):
     list_page_size: int = Field(
         500, ge=1, description="Objects per page of every list call (paginated with continue)."
     )
+    sweep_status_interval_s: float = Field(
+        2.0,
+        gt=0,
+        description="A sweep's status is written at most this often (counts change with every test); a change of its conditions is written at once.",
+    )
+    sweep_min_refresh_s: float = Field(
+        300.0,
+        gt=0,
+        description="Shortest interval between two rankings of one sweep, whatever its refreshSeconds says (the Hub is shared).",
+    )
+    sweep_resync_s: float = Field(
+        300.0,
+        gt=0,
+        description="A sweep with work left lists its tests from the API this often (the watch keeps them current in between).",
+    )
     namespaces: list[str] = Field(default_factory=list)
     all_namespaces: bool = False
     metrics_port: int | None = Field(

@@ -182,6 +182,8 @@ class TestSpec(_Camel):
     trustRemoteCode: bool = False
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     queueName: str | None = Field(None, max_length=63, pattern=DNS_LABEL_PATTERN)
+    epoch: int | None = Field(None, ge=0)
+    """Changing it re-runs the test (a new generation); nothing else reads it."""
 
     @model_validator(mode="after")
     def _consistent(self) -> TestSpec:

@@ -1,26 +1,37 @@
 """Sweeps: a Hub ranking turned into ModelSupportTest manifests, for GitOps to apply.
 
-A sweep is plain data: one resource per ranked model, named deterministically from the model
-id (so re-generating a sweep updates the same resources instead of adding new ones), labelled
+A sweep is plain data for users without the ModelSupportSweep CRD: one resource per ranked
+model, named ``<sweep>-<profile>-<model slug>-<hash>`` (two sweeps, or two profiles, never write
+the same resource; re-generating a sweep updates the same resources instead of adding new ones),
+sorted by name and without the rank (a re-ranking changes only what entered or left), labelled
 with the sweep's name, and validated with the operator's own spec model before it is written.
+
+Each resource says it must not be pruned (Argo CD's ``Prune=false`` sync option, Flux's
+``kustomize.toolkit.fluxcd.io/prune: disabled``): a model that drops out of the ranking leaves
+the generated file, but its test (and a Job still running) stays until someone deletes it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from model_support.operator.resource import GROUP, VERSION
+from model_support.operator.resource import (
+    ANNOTATION_MODEL,
+    API_VERSION,
+    KIND,
+    LABEL_SWEEP,
+)
 from model_support.operator.spec import parse_spec
+from model_support.operator.sweep_resource import MAX_SWEEP_NAME, child_name
 from model_support.rankings import Ranking
 
-KIND = "ModelSupportTest"
-LABEL_SWEEP = f"{GROUP}/sweep"
-ANNOTATION_MODEL = f"{GROUP}/model"
-ANNOTATION_RANK = f"{GROUP}/rank"
-_NAME_LIMIT = 63
+PRUNE_SAFE = {
+    "argocd.argoproj.io/sync-options": "Prune=false",
+    "kustomize.toolkit.fluxcd.io/prune": "disabled",
+}
+"""Annotations that keep Argo CD and Flux from deleting a test that left the generated file."""
 
 
 @dataclass(frozen=True)
@@ -38,20 +49,17 @@ class SweepOptions:
     max_cores: int = 16
 
 
-def resource_name(model_id: str) -> str:
-    """A DNS-1123 label for a model id: readable slug + a short hash (ids differing only in
-    case or punctuation, like Org/Model-1.5 and org/model-1-5, must not collide)."""
-    digest = hashlib.sha256(model_id.encode()).hexdigest()[:8]
-    slug = re.sub(r"[^a-z0-9]+", "-", model_id.lower()).strip("-")
-    slug = slug[: _NAME_LIMIT - len(digest) - 1].rstrip("-") or "model"
-    return f"{slug}-{digest}"
-
-
 def sweep_manifests(ranking: Ranking, options: SweepOptions) -> list[dict[str, Any]]:
-    """One ModelSupportTest per ranked model, in rank order; raises SpecError on a bad option."""
-    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", options.name):
+    """One ModelSupportTest per ranked model, sorted by name; raises SpecError on a bad
+    option and ValueError on a bad sweep name."""
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", options.name):
         raise ValueError(
             f"sweep name {options.name!r} must be a DNS label (lowercase letters, digits, '-')"
+        )
+    if len(options.name) > MAX_SWEEP_NAME:
+        raise ValueError(
+            f"sweep name {options.name!r} has {len(options.name)} characters; use at most "
+            f"{MAX_SWEEP_NAME} (its tests are named <sweep>-<profile>-<model>-<hash>, at most 63)"
         )
     manifests = []
     for ranked in ranking.models:
@@ -78,13 +86,13 @@ def sweep_manifests(ranking: Ranking, options: SweepOptions) -> list[dict[str, A
             spec["queueName"] = options.queue_name
         parse_spec(spec)  # the operator's own validation: a sweep never holds a test it refuses
         metadata: dict[str, Any] = {
-            "name": resource_name(ranked.model_id),
+            "name": child_name(options.name, ranked.model_id, options.profile),
             "labels": {LABEL_SWEEP: options.name},
-            "annotations": {ANNOTATION_MODEL: ranked.model_id, ANNOTATION_RANK: str(ranked.rank)},
+            "annotations": {ANNOTATION_MODEL: ranked.model_id, **PRUNE_SAFE},
         }
         if options.namespace:
             metadata["namespace"] = options.namespace
         manifests.append(
-            {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": metadata, "spec": spec}
+            {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
         )
-    return manifests
+    return sorted(manifests, key=lambda m: str(m["metadata"]["name"]))

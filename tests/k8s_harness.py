@@ -22,7 +22,15 @@ import kmock
 import kopf
 
 from model_support.operator.handlers import build_registry
-from model_support.operator.resource import GROUP, KIND, PLURAL, RUNNER_CONTAINER, VERSION
+from model_support.operator.resource import (
+    GROUP,
+    KIND,
+    PLURAL,
+    RUNNER_CONTAINER,
+    SWEEP_KIND,
+    SWEEP_PLURAL,
+    VERSION,
+)
 from model_support.operator.settings import OperatorSettings
 
 NS = "default"
@@ -50,6 +58,8 @@ class Emulator(kmock.KubernetesEmulator):
 
     history: int | None = None
     operator_requests: collections.Counter[str]
+    observers: tuple[Callable[[kmock.Request], None], ...] = ()
+    """Called after every request that wrote an object (a test's view of the API over time)."""
 
     async def _handle(self, request: kmock.Request) -> Any:
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):
@@ -64,6 +74,7 @@ class Emulator(kmock.KubernetesEmulator):
             # Every write gets a new, larger resourceVersion, as on a real API server (the
             # operator orders what it sees of an object by it).
             request.data.setdefault("metadata", {})["resourceVersion"] = str(next(_counter))
+            self._server_fields(request)
         if self.history is not None:
             if (
                 not request.headers.get("User-Agent", "").startswith("kmock/")
@@ -74,7 +85,36 @@ class Emulator(kmock.KubernetesEmulator):
                 self.operator_requests[f"{request.method.value} {resource}{sub}"] += 1
             if len(self._requests) > 2 * self.history:
                 del self._requests[: -self.history]
-        return await super()._handle(request)
+        response = await super()._handle(request)
+        if self.observers and request.method.value in ("POST", "PATCH", "DELETE"):
+            for observe in self.observers:
+                observe(request)
+        return response
+
+    def _server_fields(self, request: kmock.Request) -> None:
+        """What a real API server fills in: uid and creationTimestamp on create; for custom
+        resources metadata.generation, 1 on create and +1 when a write changes the spec (a
+        client cannot set these; tests that do are left alone)."""
+        meta = request.data.setdefault("metadata", {})
+        if request.action == kmock.action.CREATE:
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", now())
+        if request.resource is None or request.resource.group != GROUP or request.subresource:
+            return
+        if request.action == kmock.action.CREATE:
+            meta.setdefault("generation", 1)
+        elif (
+            request.action == kmock.action.UPDATE
+            and "spec" in request.data
+            and ("generation" not in meta)
+        ):
+            key = (request.resource, request.namespace, request.name)
+            if key not in self._objects or self._objects[key].deleted:
+                return
+            current = self._objects[key].raw
+            spec = current.get("spec") or {}
+            if any(spec.get(k) != v for k, v in request.data["spec"].items()):
+                meta["generation"] = int((current.get("metadata") or {}).get("generation") or 1) + 1
 
 
 def declare_resources(server: kmock.KubernetesEmulator) -> None:
@@ -84,6 +124,14 @@ def declare_resources(server: kmock.KubernetesEmulator) -> None:
         kind=KIND,
         singular="modelsupporttest",
         shortnames={"mst"},
+        namespaced=True,
+        subresources={"status"},
+        verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+    )
+    server.resources[f"{GROUP}/{VERSION}/{SWEEP_PLURAL}"] = kmock.ResourceInfo(
+        kind=SWEEP_KIND,
+        singular="modelsupportsweep",
+        shortnames={"mss"},
         namespaced=True,
         subresources={"status"},
         verbs={"get", "list", "watch", "create", "update", "patch", "delete"},

@@ -29,6 +29,7 @@ from model_support.vocabulary import Result, Task
 if TYPE_CHECKING:
     # Imported where used: the Hub client and altair cost a second or two of a fresh server's
     # first page, and only the ranking and chart views need them.
+    from model_support.ranking_snapshots import RankingSnapshot
     from model_support.rankings import RankingResult, RankingSort
 
 RANKING_TTL_S = 900
@@ -117,6 +118,35 @@ def ranking(
     from model_support.rankings import get_ranking
 
     return get_ranking(results_uri, task, sort, limit=limit, endpoint=endpoint)
+
+
+@st.cache_data(ttl=RANKING_TTL_S, show_spinner=False)
+def sweep_snapshot(results_uri: str, task: str) -> RankingSnapshot | None:
+    """The newest ranking a sweep tested ``task`` models from (rankings/snapshots/), if any."""
+    from model_support.store import ResultsStore
+
+    return ResultsStore(results_uri).latest_ranking_snapshot(task)
+
+
+def show_sweep(ctx: Context, task: str, frame: pd.DataFrame) -> None:
+    """What the last sweep of ``task`` ranked, when, and how much of it this stack has."""
+    from model_support.store import StoreError
+
+    try:
+        swept = sweep_snapshot(ctx.results_uri, task)
+    except StoreError as exc:
+        st.warning(f"The sweeps' ranking snapshots could not be read: {literal(exc)}")
+        return
+    if swept is None:
+        return
+    taken = swept.taken_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    tested = set(frame["model_id"]) if "model_id" in frame.columns else set()
+    done = sum(1 for model in swept.models if model in tested)
+    who = f"Sweep {literal(swept.sweep)}" if swept.sweep else "A sweep"
+    st.caption(
+        f"{who} ranked {len(swept.models)} models ({literal(swept.source)}) on {taken}; "
+        f"{done} of them have a result on this stack."
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,6 +241,7 @@ def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
     for task in [ctx.task] if ctx.task else TASKS:
         result = ranking(ctx.results_uri, task, sort, DEFAULT_LIMIT, ctx.hub_endpoint)
         st.subheader(literal(task))
+        show_sweep(ctx, task, frame)
         if result.ranking is None:
             st.warning(
                 f"No ranking of {literal(task)} models: the Hub could not be reached "

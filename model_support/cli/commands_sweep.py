@@ -18,7 +18,9 @@ def sweep(
         str, typer.Argument(help="Sweep name (a DNS label); every test carries it as a label.")
     ],
     task: Annotated[Task, typer.Option(help="Hub pipeline task to rank.")] = Task.TEXT_GENERATION,
-    sort: Annotated[str, typer.Option(help="Ranking: downloads or trending_score.")] = "downloads",
+    sort: Annotated[
+        str, typer.Option(help="Ranking: downloads, trending_score or likes.")
+    ] = "downloads",
     limit: Annotated[int, typer.Option(help="How many top models.", min=1, max=1000)] = 50,
     profile: Annotated[
         str, typer.Option(help="Instance profile of every test (trn2, trn1, inf2, cpu).")
@@ -45,7 +47,8 @@ def sweep(
         Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")
     ] = None,
 ) -> None:
-    """Print one ModelSupportTest per model of a Hub ranking (multi-document YAML)."""
+    """Print one ModelSupportTest per model of a Hub ranking (multi-document YAML), sorted by
+    name, for clusters without the ModelSupportSweep CRD."""
     import yaml
 
     from model_support.operator.spec import SpecError

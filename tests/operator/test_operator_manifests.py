@@ -800,6 +800,11 @@ def test_chart_renders_valid_least_privilege_manifests(values: dict[str, Any]) -
     assert verbs[("batch", "jobs")] == {"get", "list", "watch", "create", "delete", "patch"}
     assert verbs[("", "pods/log")] == {"get"}
     assert verbs[("modelsupport.dev", "modelsupporttests/finalizers")] == {"update"}
+    # Sweeps: read, status written, tests created and re-run, owner references set.
+    assert verbs[("modelsupport.dev", "modelsupportsweeps")] == {"get", "list", "watch"}
+    assert verbs[("modelsupport.dev", "modelsupportsweeps/status")] == {"get", "patch"}
+    assert verbs[("modelsupport.dev", "modelsupportsweeps/finalizers")] == {"update"}
+    assert verbs[("modelsupport.dev", "modelsupporttests")] >= {"create", "patch"}
     settings = chart_settings(docs)
     from model_support.operator.settings import settings_from_values
 

@@ -12,8 +12,9 @@ from hubserver import HubServer, Repo
 from typer.testing import CliRunner
 
 from model_support.cli import app
+from model_support.operator.resource import ANNOTATION_MODEL, LABEL_SWEEP
 from model_support.operator.spec import parse_spec
-from model_support.operator.sweep import LABEL_SWEEP, resource_name
+from model_support.operator.sweep_resource import child_name
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "modelsupporttests.yaml"
 runner = CliRunner()
@@ -52,41 +53,78 @@ def test_a_sweep_is_one_valid_resource_per_ranked_model(hub: HubServer, tmp_path
     )
     assert result.exit_code == 0, result.output
     docs = list(yaml.safe_load_all(result.stdout))
-    # Text-generation only, by downloads, in rank order.
-    assert [d["spec"]["model"] for d in docs] == [
-        "meta-llama/Llama-3.2-1B",
+    # Text-generation only (the top 3 by downloads), sorted by name, not by rank.
+    assert sorted(d["spec"]["model"] for d in docs) == [
         "Qwen/Qwen3-0.6B",
         "Qwen/Qwen3-0.6b",
+        "meta-llama/Llama-3.2-1B",
     ]
+    names = [d["metadata"]["name"] for d in docs]
+    assert names == sorted(names) and len(set(names)) == 3  # case-only differences stay apart
     schema = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    names = set()
-    for rank, doc in enumerate(docs, start=1):
+    for doc in docs:
         jsonschema.Draft4Validator(schema).validate(doc)
         parse_spec(doc["spec"])
-        assert doc["kind"] == "ModelSupportTest" and doc["metadata"]["namespace"] == "tests"
-        assert doc["metadata"]["labels"][LABEL_SWEEP] == "nightly"
-        assert doc["metadata"]["annotations"]["modelsupport.dev/rank"] == str(rank)
+        meta = doc["metadata"]
+        assert doc["kind"] == "ModelSupportTest" and meta["namespace"] == "tests"
+        assert meta["labels"][LABEL_SWEEP] == "nightly"
+        # The sweep and the profile are in the name; nothing volatile (no rank) is annotated;
+        # Argo CD and Flux are told not to prune a test whose model left the ranking.
+        assert meta["name"] == child_name("nightly", doc["spec"]["model"], "trn2")
+        assert meta["name"].startswith("nightly-trn2-")
+        assert meta["annotations"] == {
+            ANNOTATION_MODEL: doc["spec"]["model"],
+            "argocd.argoproj.io/sync-options": "Prune=false",
+            "kustomize.toolkit.fluxcd.io/prune": "disabled",
+        }
         assert (
             doc["spec"]["hubTokenSecret"] == {"name": "hf"}
             and doc["spec"]["queueName"] == "trainium"
         )
-        names.add(doc["metadata"]["name"])
-    assert len(names) == 3  # ids differing only in case get distinct names
+
+
+def test_sweeps_and_profiles_never_share_a_resource_and_a_reranking_is_a_small_diff(
+    hub: HubServer,
+) -> None:
+    def generate(*args: str) -> str:
+        result = runner.invoke(app, ["sweep", *args, "--sort", "downloads", "--limit", "2"])
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    def names(text: str) -> set[str]:
+        return {d["metadata"]["name"] for d in yaml.safe_load_all(text)}
+
+    nightly = generate("nightly")
+    assert names(nightly).isdisjoint(names(generate("weekly")))
+    assert names(nightly).isdisjoint(names(generate("nightly", "--profile", "trn1")))
+    # Re-ranked (same top 2, other order): the same bytes. A new entrant: only its document
+    # is added and the leaver's removed; the model that stayed is unchanged.
+    hub.repos["Qwen/Qwen3-0.6B"].downloads = 950
+    assert generate("nightly") == nightly
+    hub.repos["Qwen/Qwen3-0.6b"].downloads = 999
+    after = list(yaml.safe_load_all(generate("nightly")))
+    before = list(yaml.safe_load_all(nightly))
+    kept = [d for d in before if d["spec"]["model"] == "Qwen/Qwen3-0.6B"]
+    assert kept and kept[0] in after
+    assert {d["spec"]["model"] for d in after} == {"Qwen/Qwen3-0.6B", "Qwen/Qwen3-0.6b"}
 
 
 def test_resource_names_are_dns_labels_and_stable() -> None:
     long_id = "some-organisation/" + "a-very-long-model-name-" * 5
     for model_id in ("Qwen/Qwen3-0.6B", long_id, "x/---"):
-        name = resource_name(model_id)
-        assert len(name) <= 63 and name == resource_name(model_id)
-        assert name[0].isalnum() and name[-1].isalnum() and name == name.lower()
+        for sweep, profile in (("nightly", "trn2"), ("s" * 40, "inf2"), ("s", None)):
+            name = child_name(sweep, model_id, profile)
+            assert len(name) <= 63 and name == child_name(sweep, model_id, profile)
+            assert name[0].isalnum() and name[-1].isalnum() and name == name.lower()
+            assert name.startswith(f"{sweep}-{profile}-" if profile else f"{sweep}-")
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["sweep", "Bad_Name"], "must be a DNS label"),
-        (["sweep", "ok", "--sort", "likes"], "use one of trending_score, downloads"),
+        (["sweep", "ok", "--sort", "stars"], "use one of trending_score, downloads, likes"),
+        (["sweep", "s" * 41], "use at most 40"),
         (["sweep", "ok", "--profile", "trn9"], "spec.profile"),
     ],
 )

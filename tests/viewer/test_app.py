@@ -146,6 +146,36 @@ def test_trending_view_marks_untested_and_excluded(
     assert (copy / "rankings" / "text-generation-trending_score.json").is_file()
 
 
+def test_trending_view_says_what_the_last_sweep_ranked_and_when(
+    page: AppTest, dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from datetime import UTC, datetime
+
+    from model_support.ranking_snapshots import RankingSnapshot
+
+    copy = tmp_path / "results"
+    shutil.copytree(dataset, copy)
+    store = ResultsStore(copy)
+    store.add_ranking_snapshot(
+        RankingSnapshot(
+            taken_at=datetime(2026, 11, 30, 2, 5, tzinfo=UTC),
+            kind="hub",
+            source="hub:trending/text-generation/top3",
+            models=["Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B", "someone/not-yet-run"],
+            task="text-generation",
+            sweep="ml/nightly",
+        )
+    )
+    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(copy))
+    page.query_params.update(view="trending", task="text-generation")
+    page.run()
+    assert not page.exception
+    [caption] = [c.value for c in page.caption if "ranked 3 models" in c.value]
+    # The sweep's names are shown literally (escaped markdown); the time and the share as is.
+    assert caption.startswith("Sweep ml") and "nightly" in caption and "top3" in caption
+    assert caption.endswith("on 2026-11-30 02:05 UTC; 2 of them have a result on this stack.")
+
+
 def test_downloads_view_offline_uses_the_stored_ranking(
     page: AppTest, hub: str, dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

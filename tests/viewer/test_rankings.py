@@ -38,6 +38,26 @@ def test_fetch_by_downloads_sends_the_hub_query(hub: str) -> None:
     assert next(m for m in llama if m.model_id == "meta-llama/Llama-3.2-1B").gated == "manual"
 
 
+def test_fetch_by_likes_and_library(hub: str) -> None:
+    """The sweeps' sorts and library filter go to the Hub's own query."""
+    by_likes = fetch_ranking("text-generation", "likes", limit=50, endpoint=hub)
+    likes = [m.likes or 0 for m in by_likes.models]
+    assert likes == sorted(likes, reverse=True) and by_likes.sort == "likes"
+    everything = fetch_ranking("text-generation", "downloads", limit=50, endpoint=hub)
+    libraries = {m.library_name for m in everything.models}
+    for library in libraries - {None}:
+        only = fetch_ranking(
+            "text-generation", "downloads", limit=50, endpoint=hub, library=library
+        )
+        assert only.models and {m.library_name for m in only.models} == {library}
+    assert (
+        fetch_ranking(
+            "text-generation", "downloads", endpoint=hub, library="no-such-library"
+        ).models
+        == []
+    )
+
+
 def test_live_ranking_is_stored_with_the_dataset(hub: str, tmp_path: Path) -> None:
     result = get_ranking(str(tmp_path), "text-generation", "downloads", endpoint=hub)
     assert result.source == "live" and result.save_error is None
@@ -83,7 +103,7 @@ def test_read_only_location_keeps_the_live_ranking(hub: str, tmp_path: Path) -> 
 
 def test_bad_arguments_are_refused(hub: str) -> None:
     with pytest.raises(RankingError, match="unknown ranking sort"):
-        fetch_ranking("text-generation", "likes", endpoint=hub)  # type: ignore[arg-type]
+        fetch_ranking("text-generation", "stars", endpoint=hub)  # type: ignore[arg-type]
     with pytest.raises(RankingError, match="at least 1"):
         fetch_ranking("text-generation", "downloads", limit=0, endpoint=hub)
 

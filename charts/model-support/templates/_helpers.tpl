@@ -25,15 +25,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* The namespaced permissions: what the operator does where tests live. */}}
 {{- define "model-support.rules" -}}
+# create: a ModelSupportSweep's tests (patch: a sweep re-runs a finished one).
 - apiGroups: [modelsupport.dev]
   resources: [modelsupporttests]
-  verbs: [get, list, watch, patch]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [modelsupport.dev]
   resources: [modelsupporttests/status]
   verbs: [get, patch]
+- apiGroups: [modelsupport.dev]
+  resources: [modelsupportsweeps]
+  verbs: [get, list, watch]
+- apiGroups: [modelsupport.dev]
+  resources: [modelsupportsweeps/status]
+  verbs: [get, patch]
 # Children carry owner references with blockOwnerDeletion: that needs update on finalizers.
 - apiGroups: [modelsupport.dev]
-  resources: [modelsupporttests/finalizers]
+  resources: [modelsupporttests/finalizers, modelsupportsweeps/finalizers]
   verbs: [update]
 - apiGroups: [""]
   resources: [configmaps]

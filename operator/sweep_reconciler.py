@@ -1,0 +1,717 @@
+"""The operator's logic for ModelSupportSweeps: a ranking becomes owned ModelSupportTests, at
+most ``maxRunning`` unfinished at once; their results become the sweep's counts.
+
+State lives in the API: the ranking the sweep works from is in its status, its tests are
+found by label and owner, each test's name is derived from the sweep and the model, and a
+create that meets 409 adopts what is there. What this process keeps in memory is a ledger of
+the sweep's tests, filled by listing them from the API (once per sweep after a start, and every
+``sweep_resync_s`` while work is left) and kept current by the watch and by its own writes. The
+ledger can only lag behind the API by showing a test as unfinished longer than it is, so a
+decision taken from it never exceeds the cap; a restarted operator lists before it creates
+anything, so it neither exceeds the cap nor makes a second test for a model.
+
+Methods are synchronous: kopf runs them in its thread pool (the sweep's tick from the watchdog
+task, through ``asyncio.to_thread``). One sweep is reconciled by one thread at a time; an event
+that arrives meanwhile makes that thread go round once more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from model_support.operator.kube import AlreadyExists, Kube
+from model_support.operator.planning import InvalidTest, check_store_allowed, store_uri
+from model_support.operator.resource import (
+    ANNOTATION_MODEL,
+    ANNOTATION_SWEEP_RUN,
+    LABEL_SWEEP,
+    SWEEP_KIND,
+)
+from model_support.operator.settings import OperatorSettings
+from model_support.operator.spec import SpecError, parse_spec
+from model_support.operator.status import MESSAGE_LIMIT, Phase, condition, set_condition
+from model_support.operator.sweep_resource import (
+    HUB_SORTS,
+    RankingState,
+    SweepCounts,
+    SweepModel,
+    SweepSpec,
+    SweepState,
+    SweepStatus,
+    build_child,
+    child_name,
+    child_spec,
+    describe_source,
+    parse_sweep,
+    rerun_patch,
+    run_key,
+    source_key,
+    stack_of,
+    sweep_conditions,
+)
+from model_support.ranking_snapshots import RankingSnapshot
+from model_support.vocabulary import Result
+
+log = logging.getLogger(__name__)
+
+_RESULT_COUNTS = {
+    Result.PASS.value: "passed",
+    Result.FAIL.value: "failed",
+    Result.ERROR.value: "errored",
+    Result.TIMEOUT.value: "timedOut",
+    Result.EXCLUDED.value: "excluded",
+    Result.UNVERIFIED.value: "unverified",
+}
+_DONE_PHASES = (Phase.COMPLETED.value, Phase.INVALID.value)
+
+
+class RankingFailure(Exception):
+    """The source could not be read now (Hub unreachable, no selected list yet): retried."""
+
+
+@dataclass(frozen=True)
+class ChildView:
+    """What the sweep needs to know of one of its tests."""
+
+    name: str
+    uid: str
+    model: str
+    run_key: str | None
+    generation: int
+    observed_generation: int | None
+    phase: str | None
+    result: str | None
+    spec_fields: frozenset[str]
+    resource_version: str
+
+    @classmethod
+    def of(cls, test: dict[str, Any]) -> ChildView:
+        meta = test.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        status = test.get("status") or {}
+        spec = test.get("spec") or {}
+        observed = status.get("observedGeneration")
+        return cls(
+            name=meta["name"],
+            uid=meta.get("uid") or "",
+            model=annotations.get(ANNOTATION_MODEL) or str(spec.get("model") or ""),
+            run_key=annotations.get(ANNOTATION_SWEEP_RUN),
+            generation=int(meta.get("generation") or 1),
+            observed_generation=int(observed) if observed is not None else None,
+            phase=status.get("phase"),
+            result=status.get("result"),
+            spec_fields=frozenset(spec),
+            resource_version=str(meta.get("resourceVersion") or ""),
+        )
+
+    @property
+    def done(self) -> bool:
+        """Finished: its current generation is Completed (a result) or Invalid."""
+        return self.observed_generation == self.generation and self.phase in _DONE_PHASES
+
+    @property
+    def active(self) -> bool:
+        """Counts against the cap: created and not finished, whatever its phase."""
+        return not self.done
+
+
+def _newer(candidate: str, known: str) -> bool:
+    if candidate.isdigit() and known.isdigit():
+        return int(candidate) >= int(known)
+    return True  # opaque resourceVersions: the latest seen wins
+
+
+def sweep_owner(test: dict[str, Any]) -> str | None:
+    """The uid of the sweep that controls ``test``, or None."""
+    for ref in (test.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == SWEEP_KIND and ref.get("controller"):
+            return str(ref.get("uid"))
+    return None
+
+
+@dataclass
+class _Ledger:
+    """The tests of one sweep as this process knows them."""
+
+    children: dict[str, ChildView] = field(default_factory=dict)
+    listed_at: float | None = None
+
+
+@dataclass
+class SweepReconciler:
+    """Reconciles ModelSupportSweeps; see the module docstring."""
+
+    settings: OperatorSettings
+    kube: Kube
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self.sweeps: dict[str, dict[str, Any]] = {}
+        """Every watched sweep by uid, as last seen (watch events and our own writes)."""
+        self._ledgers: dict[str, _Ledger] = {}
+        self._busy: set[str] = set()
+        self._again: set[str] = set()
+        self._dirty: set[str] = set()
+        self._written_at: dict[str, float] = {}
+        self._ranking_retry: dict[str, tuple[float, float]] = {}  # uid -> (next at, delay)
+        self._stores: dict[str, Any] = {}
+
+    # ---------------------------------------------------------------- events
+
+    def on_sweep(self, body: dict[str, Any], event_type: str | None) -> None:
+        """A sweep changed (or was listed at startup: ``event_type`` None)."""
+        uid = (body.get("metadata") or {}).get("uid")
+        if not uid:
+            return
+        if event_type == "DELETED":
+            with self._lock:
+                for table in (self.sweeps, self._ledgers, self._written_at, self._ranking_retry):
+                    table.pop(uid, None)
+                self._dirty.discard(uid)
+            return  # its tests go with it (owner references); their records stay
+        self._observe(body)
+        self.reconcile(uid)
+
+    def on_test(self, body: dict[str, Any], event_type: str | None) -> None:
+        """A test changed: if a sweep owns it, keep its ledger current and let the sweep go on
+        when the test finished (or vanished)."""
+        uid = sweep_owner(body)
+        if uid is None:
+            return
+        view = ChildView.of(body)
+        with self._lock:
+            ledger = self._ledgers.setdefault(uid, _Ledger())
+            known = ledger.children.get(view.name)
+            if event_type == "DELETED":
+                if known is not None and known.uid == view.uid:
+                    del ledger.children[view.name]
+                changed = known is not None
+            elif known is None or _newer(view.resource_version, known.resource_version):
+                ledger.children[view.name] = view
+                changed = known is None or (known.done, known.result, known.phase) != (
+                    view.done, view.result, view.phase,
+                )  # fmt: skip
+            else:
+                changed = False
+            wanted = changed and uid in self.sweeps
+        if wanted:
+            self.reconcile(uid)
+
+    def tick(self) -> int:
+        """Reconcile sweeps with something due: a status write held back, a ranking to
+        refresh or retry, a resync. Returns how many were reconciled."""
+        due = []
+        clock = time.monotonic()
+        with self._lock:
+            for uid, body in self.sweeps.items():
+                if uid in self._dirty or self._due(uid, body, clock):
+                    due.append(uid)
+        for uid in due:
+            try:
+                self.reconcile(uid)
+            except Exception:
+                log.exception("reconciling sweep %s failed; the next tick tries again", uid)
+        return len(due)
+
+    def _due(self, uid: str, body: dict[str, Any], clock: float) -> bool:
+        status = SweepStatus.read(body.get("status"))
+        retry = self._ranking_retry.get(uid)
+        if retry is not None:
+            return clock >= retry[0]
+        if condition(body.get("status") or {}, "Ready").get("status") == "True":
+            return self._refresh_due(body, status)
+        ledger = self._ledgers.get(uid)
+        return ledger is None or ledger.listed_at is None or (
+            clock - ledger.listed_at >= self.settings.sweep_resync_s
+        ) or self._refresh_due(body, status)  # fmt: skip
+
+    def _refresh_due(self, body: dict[str, Any], status: SweepStatus) -> bool:
+        try:
+            spec = parse_sweep(dict(body.get("spec") or {}))
+        except SpecError:
+            return False
+        refresh = spec.source.refresh_seconds
+        if refresh is None or status.ranking is None:
+            return False
+        interval = max(float(refresh), self.settings.sweep_min_refresh_s)
+        return _age_s(status.ranking.fetchedAt) >= interval
+
+    # ---------------------------------------------------------------- one sweep
+
+    def reconcile(self, uid: str) -> None:
+        """Bring one sweep forward; a concurrent call makes the running one go round again."""
+        with self._lock:
+            if uid in self._busy:
+                self._again.add(uid)
+                return
+            self._busy.add(uid)
+        try:
+            while True:
+                self._reconcile(uid)
+                with self._lock:
+                    if uid not in self._again:
+                        self._busy.discard(uid)
+                        return
+                    self._again.discard(uid)
+        except BaseException:
+            with self._lock:
+                self._busy.discard(uid)
+                self._again.discard(uid)
+                self._dirty.add(uid)  # the tick tries again
+            raise
+
+    def _reconcile(self, uid: str) -> None:
+        body = self.sweeps.get(uid)
+        if body is None:
+            return
+        meta = body["metadata"]
+        generation = int(meta.get("generation") or 1)
+        status = SweepStatus.read(body.get("status"))
+        try:
+            spec = parse_sweep(dict(body.get("spec") or {}))
+            check_store_allowed(
+                parse_spec(child_spec(spec, _PLACEHOLDER, image=None)), self.settings
+            )
+        except (SpecError, InvalidTest) as exc:
+            self._publish(body, self._invalid(status, generation, str(exc)), urgent=True)
+            return
+        key = run_key(spec, self.settings)
+        wanted_source = source_key(spec, key)
+        ranking = status.ranking
+        stale = ranking is None or ranking.sourceKey != wanted_source
+        waiting = False
+        if stale or self._refresh_due(body, status):
+            fresh = self._rank(body, spec, key, wanted_source, status)
+            if fresh is not None:
+                ranking = fresh
+            elif stale:
+                waiting = True  # show where the old ranking stands; start nothing until ranked
+        if ranking is None:
+            status.observedGeneration, status.runKey, status.epoch = generation, key, spec.epoch
+            status.source = describe_source(spec)
+            message = condition(_plain(status), "Ranked").get("message") or "ranking the source"
+            status.message = message[:MESSAGE_LIMIT]
+            status.conditions = _typed(
+                sweep_conditions(_plain(status)["conditions"], "ranking", generation, message)
+            )
+            self._publish(body, status, urgent=True)
+            return
+        children = self._children(uid, meta["namespace"], meta["name"])
+        if not waiting:
+            self._fill_slots(body, spec, key, ranking, children)
+        status = self._status(
+            body, spec, key, ranking, self._ledger_view(uid), status, generation, waiting=waiting
+        )
+        self._publish(body, status)
+
+    # ---------------------------------------------------------------- ranking
+
+    def _rank(
+        self,
+        body: dict[str, Any],
+        spec: SweepSpec,
+        key: str,
+        wanted_source: str,
+        status: SweepStatus,
+    ) -> RankingState | None:
+        """Rank the source now; store the snapshot; None (and a retry later) on failure."""
+        uid = body["metadata"]["uid"]
+        clock = time.monotonic()
+        with self._lock:
+            retry = self._ranking_retry.get(uid)
+        if retry is not None and clock < retry[0]:
+            return None
+        meta = body["metadata"]
+        try:
+            entries, snapshot = self.rank(spec, key)
+        except RankingFailure as exc:
+            delay = min(self.settings.retry_cap_s, retry[1] * 2 if retry else 5.0)
+            with self._lock:
+                self._ranking_retry[uid] = (clock + delay, delay)
+            message = f"{exc}; trying again in {delay:g} s"
+            log.warning("sweep %s/%s: %s", meta["namespace"], meta["name"], message)
+            first = condition(_plain(status), "Ranked").get("reason") != "RankingFailed"
+            status.conditions = _typed(
+                set_condition(
+                    _plain(status)["conditions"],
+                    "Ranked",
+                    False,
+                    "RankingFailed",
+                    message,
+                    int(meta.get("generation") or 1),
+                )
+            )
+            if first:
+                self.kube.post_event(body, "Warning", "RankingFailed", message[:MESSAGE_LIMIT])
+            return None
+        with self._lock:
+            self._ranking_retry.pop(uid, None)
+        snapshot = snapshot.model_copy(
+            update={"sweep": f"{meta['namespace']}/{meta['name']}", "epoch": spec.epoch}
+        )
+        where: str | None
+        try:
+            where = self.store(spec).add_ranking_snapshot(snapshot)
+        except Exception as exc:  # the store's failure must not stop the tests: say so, go on
+            where = None
+            log.warning("sweep %s: the ranking snapshot could not be stored: %s", uid, exc)
+            self.kube.post_event(
+                body, "Warning", "SnapshotNotStored",
+                f"the ranking snapshot could not be stored in the results store: {exc}"[
+                    :MESSAGE_LIMIT
+                ],
+            )  # fmt: skip
+        fetched = snapshot.taken_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+        ranking = RankingState(
+            source=snapshot.source,
+            sourceKey=wanted_source,
+            fetchedAt=fetched,
+            models=entries,
+            snapshot=where,
+        )
+        message = f"ranked {len(entries)} models from {snapshot.source}"
+        status.conditions = _typed(
+            set_condition(
+                _plain(status)["conditions"],
+                "Ranked",
+                True,
+                "Ranked",
+                message,
+                int(meta.get("generation") or 1),
+            )
+        )
+        self.kube.post_event(body, "Normal", "Ranked", message)
+        return ranking
+
+    def rank(self, spec: SweepSpec, key: str) -> tuple[list[SweepModel], RankingSnapshot]:
+        """The sweep's models in order, and the snapshot that records them; raises
+        RankingFailure when the source cannot be read now."""
+        from model_support.ranking_snapshots import now as snapshot_now
+
+        source = spec.source
+        taken_at = snapshot_now()
+        common: dict[str, Any] = {
+            "source": describe_source(spec),
+            "run_key": key,
+            "stack": stack_of(spec, self.settings),
+        }
+        if source.models is not None:
+            entries = [
+                SweepModel(model=m.model, revision=m.revision, task=m.task) for m in source.models
+            ]
+            extra: dict[str, Any] = {"kind": "models"}
+        elif source.hub is not None:
+            from model_support.rankings import RankingError, fetch_ranking
+
+            hub = source.hub
+            try:
+                ranking = fetch_ranking(
+                    hub.task.value,
+                    HUB_SORTS[hub.sort],  # type: ignore[arg-type]
+                    limit=hub.limit,
+                    endpoint=self.settings.hub_endpoint or os.environ.get("HF_ENDPOINT"),
+                    library=hub.library,
+                )
+            except RankingError as exc:
+                raise RankingFailure(str(exc)) from exc
+            entries = [SweepModel(model=m.model_id, task=hub.task) for m in ranking.models]
+            taken_at = ranking.fetched_at
+            extra = {
+                "kind": "hub", "task": hub.task.value, "sort": ranking.sort, "limit": hub.limit,
+                "library": hub.library, "endpoint": ranking.endpoint,
+            }  # fmt: skip
+        else:
+            from model_support.selection import SelectionError, load_selected
+
+            uri = (
+                source.selected.results if source.selected else None
+            ) or self.settings.results_uri
+            try:
+                selected, where = load_selected(uri)
+            except (SelectionError, OSError) as exc:
+                raise RankingFailure(f"the selected list could not be read: {exc}") from exc
+            if selected is None:
+                raise RankingFailure(f"there is no selected list ({where})")
+            entries = [
+                SweepModel(model=e.model, task=e.task) for e in selected.models if e.reason is None
+            ]
+            extra = {"kind": "selected"}
+        unique: dict[str, SweepModel] = {}
+        for entry in entries:
+            unique.setdefault(entry.model, entry)  # a model listed twice is tested once
+        models = list(unique.values())
+        snapshot = RankingSnapshot(
+            taken_at=taken_at, models=[m.model for m in models], **common, **extra
+        )
+        return models, snapshot
+
+    def store(self, spec: SweepSpec) -> Any:
+        """The results store of the sweep's tests (where its snapshots go too)."""
+        from model_support.store import ResultsStore
+
+        uri = store_uri(parse_spec(child_spec(spec, _PLACEHOLDER, image=None)), self.settings)
+        with self._lock:
+            if uri not in self._stores:
+                self._stores[uri] = ResultsStore(uri)
+            return self._stores[uri]
+
+    # ---------------------------------------------------------------- the sweep's tests
+
+    def _children(self, uid: str, namespace: str, name: str) -> dict[str, ChildView]:
+        """The ledger, listed from the API first when it is not known or due a resync."""
+        with self._lock:
+            ledger = self._ledgers.setdefault(uid, _Ledger())
+            fresh = ledger.listed_at is not None and (
+                time.monotonic() - ledger.listed_at < self.settings.sweep_resync_s
+            )
+        if not fresh:
+            listed = {
+                view.name: view
+                for view in (
+                    ChildView.of(t)
+                    for t in self.kube.list_tests(namespace, {LABEL_SWEEP: name})
+                    if sweep_owner(t) == uid
+                )
+            }
+            with self._lock:
+                # Only this thread creates this sweep's tests; what the watch brought while the
+                # list was read may be newer than the list.
+                for child_name_, known in ledger.children.items():
+                    view = listed.get(child_name_)
+                    if view is not None and not _newer(
+                        view.resource_version, known.resource_version
+                    ):
+                        listed[child_name_] = known
+                ledger.children = listed
+                ledger.listed_at = time.monotonic()
+        return self._ledger_view(uid)
+
+    def _ledger_view(self, uid: str) -> dict[str, ChildView]:
+        with self._lock:
+            return dict(self._ledgers.setdefault(uid, _Ledger()).children)
+
+    def _remember(self, uid: str, test: dict[str, Any]) -> None:
+        view = ChildView.of(test)
+        with self._lock:
+            ledger = self._ledgers.setdefault(uid, _Ledger())
+            known = ledger.children.get(view.name)
+            if known is None or _newer(view.resource_version, known.resource_version):
+                ledger.children[view.name] = view
+
+    def _fill_slots(
+        self,
+        body: dict[str, Any],
+        spec: SweepSpec,
+        key: str,
+        ranking: RankingState,
+        children: dict[str, ChildView],
+    ) -> None:
+        """Create (or re-run) tests of ranked models, best ranked first, while slots are free.
+
+        Never touches an unfinished test: a model that left the ranking keeps running, and a
+        test of an earlier run key is re-run only once it finished.
+        """
+        meta = body["metadata"]
+        uid = meta["uid"]
+        free = spec.concurrency.maxRunning - sum(1 for c in children.values() if c.active)
+        for entry in ranking.models:
+            if free <= 0:
+                return
+            name = child_name(meta["name"], entry.model)
+            child = children.get(name)
+            if child is not None and (child.active or child.run_key == key):
+                continue
+            if child is None:
+                try:
+                    created = self.kube.create_test(
+                        build_child(body, spec, entry, key, self.settings)
+                    )
+                except AlreadyExists:
+                    existing = self._adopt(uid, meta["namespace"], name)
+                    if existing is None:
+                        continue  # another sweep's (a deleted predecessor's) test: not ours
+                    free -= 1 if ChildView.of(existing).active else 0
+                    continue
+                self._remember(uid, created)
+            else:
+                patch = rerun_patch(spec, entry, key, self.settings, set(child.spec_fields))
+                patched = self.kube.patch_test(meta["namespace"], name, patch)
+                if patched is None:
+                    continue  # deleted meanwhile: the watch says so, the next pass creates it
+                self._remember(uid, patched)
+            free -= 1
+
+    def _adopt(self, uid: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A 409 on create: the test exists (made before a restart); ours if we own it."""
+        existing = self.kube.get_test(namespace, name)
+        if existing is None or sweep_owner(existing) != uid:
+            log.warning(
+                "test %s/%s exists and is not this sweep's; leaving it alone", namespace, name
+            )
+            return None
+        self._remember(uid, existing)
+        return existing
+
+    # ---------------------------------------------------------------- status
+
+    def _status(
+        self,
+        body: dict[str, Any],
+        spec: SweepSpec,
+        key: str,
+        ranking: RankingState,
+        children: dict[str, ChildView],
+        previous: SweepStatus,
+        generation: int,
+        *,
+        waiting: bool = False,
+    ) -> SweepStatus:
+        name = body["metadata"]["name"]
+        counts = SweepCounts(models=len(ranking.models))
+        ranked = set()
+        for entry in ranking.models:
+            child = children.get(child_name(name, entry.model))
+            ranked.add(child_name(name, entry.model))
+            if child is None or (child.done and child.run_key != key):
+                counts.queued += 1
+            elif child.done:
+                counts.done += 1
+                if child.phase == Phase.INVALID.value:
+                    counts.invalid += 1
+                elif child.result in _RESULT_COUNTS:
+                    field_name = _RESULT_COUNTS[child.result]
+                    setattr(counts, field_name, getattr(counts, field_name) + 1)
+        counts.running = sum(1 for c in children.values() if c.active)
+        counts.retained = sum(1 for n in children if n not in ranked)
+        finished = counts.done == counts.models and counts.running == 0 and not waiting
+        state: SweepState = "ranking" if waiting else "done" if finished else "testing"
+        message = (
+            f"{counts.done} of {counts.models} models tested ({counts.passed} PASS, "
+            f"{counts.failed} FAIL, {counts.errored} ERROR, {counts.timedOut} TIMEOUT, "
+            f"{counts.excluded} EXCLUDED, {counts.invalid} invalid); {counts.running} running, "
+            f"{counts.queued} queued"
+            + (f", {counts.retained} retained from earlier rankings" if counts.retained else "")
+        )
+        if waiting:
+            message = (
+                f"waiting for a new ranking ({condition(_plain(previous), 'Ranked').get('message')}); "
+                + message
+            )
+        conditions = sweep_conditions(_plain(previous)["conditions"], state, generation, message)
+        return SweepStatus(
+            observedGeneration=generation,
+            runKey=key,
+            epoch=spec.epoch,
+            source=describe_source(spec),
+            lastRankedAt=ranking.fetchedAt,
+            ranking=ranking,
+            counts=counts,
+            message=message[:MESSAGE_LIMIT],
+            conditions=_typed(conditions),
+        )
+
+    def _invalid(self, status: SweepStatus, generation: int, message: str) -> SweepStatus:
+        status.observedGeneration = generation
+        status.message = message[:MESSAGE_LIMIT]
+        status.conditions = _typed(
+            sweep_conditions(_plain(status)["conditions"], "invalid", generation, message)
+        )
+        return status
+
+    def _publish(self, body: dict[str, Any], status: SweepStatus, *, urgent: bool = False) -> None:
+        """Write the status when it changed: at once when its conditions, generation or
+        ranking changed, else at most every ``sweep_status_interval_s`` (the tick writes what
+        was held back)."""
+        meta = body["metadata"]
+        uid = meta["uid"]
+        new = status.patch()
+        old = body.get("status") or {}
+        # What the API server stores of the patch: its nulls remove fields.
+        if _stored(old) == _stored(new):
+            with self._lock:
+                self._dirty.discard(uid)
+            return
+        urgent = urgent or any(
+            old.get(k) != new.get(k) for k in ("observedGeneration", "runKey", "lastRankedAt")
+        ) or _condition_states(old) != _condition_states(new)  # fmt: skip
+        clock = time.monotonic()
+        with self._lock:
+            last = self._written_at.get(uid)
+            if (
+                not urgent
+                and last is not None
+                and clock - last < self.settings.sweep_status_interval_s
+            ):
+                self._dirty.add(uid)
+                return
+            self._written_at[uid] = clock
+            self._dirty.discard(uid)
+        patched = self.kube.patch_sweep_status(meta["namespace"], meta["name"], new)
+        if patched is not None:
+            self._observe(patched)
+        previous_ready = condition(old, "Ready").get("status")
+        if condition(new, "Ready").get("status") == "True" and previous_ready != "True":
+            self.kube.post_event(
+                body, "Normal", "Done", str(new.get("message") or "")[:MESSAGE_LIMIT]
+            )
+
+    def _observe(self, body: dict[str, Any]) -> None:
+        uid = body["metadata"]["uid"]
+        with self._lock:
+            known = self.sweeps.get(uid)
+            rv = str(body["metadata"].get("resourceVersion") or "")
+            if known is None or _newer(rv, str(known["metadata"].get("resourceVersion") or "")):
+                self.sweeps[uid] = body
+
+
+_PLACEHOLDER = SweepModel(model="org/placeholder")
+
+
+def _plain(status: SweepStatus) -> dict[str, Any]:
+    return status.model_dump(mode="json")
+
+
+def _typed(conditions: list[dict[str, Any]]) -> list[Any]:
+    from model_support.operator.status import Condition
+
+    return [Condition.model_validate(c) for c in conditions]
+
+
+def _stored(value: Any) -> Any:
+    """A merge patch as the API server stores it: null fields are absent."""
+    if isinstance(value, dict):
+        return {k: _stored(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_stored(v) for v in value]
+    return value
+
+
+def _condition_states(status: dict[str, Any]) -> dict[str, str]:
+    return {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+
+
+def _age_s(stamp: str) -> float:
+    from datetime import UTC, datetime
+
+    when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return (datetime.now(UTC) - when).total_seconds()
+
+
+async def run_ticker(sweeps: SweepReconciler) -> None:
+    """Call :meth:`SweepReconciler.tick` every ``sweep_status_interval_s`` (off the loop)."""
+    interval = min(sweeps.settings.sweep_status_interval_s, sweeps.settings.watchdog_interval_s)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await asyncio.to_thread(sweeps.tick)
+        except Exception:
+            log.exception("the sweeps' tick failed; trying again in %s s", interval)
+
+
+__all__ = ["ChildView", "RankingFailure", "SweepReconciler", "run_ticker", "sweep_owner"]

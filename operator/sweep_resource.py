@@ -1,0 +1,424 @@
+"""The ModelSupportSweep resource: its spec and status as typed models, and the tests it makes.
+
+Pure of the cluster (the reconciler in ``sweep_reconciler.py`` does the API calls). What lives
+here decides the sweep's semantics:
+
+* **names**: a sweep's test for a model is ``<sweep>-<model slug>-<8 hex of sha256(model id)>``
+  (at most 63 characters, a DNS label): the same model always gets the same test, whatever its
+  rank, and ids that differ only in case or punctuation get different tests;
+* **run key**: a hash of ``spec.epoch`` and the stack (image, profile, compiler and library
+  versions). A test whose run key is the sweep's current one is not run again; a new run key
+  re-runs each test once (a new generation of the same test), never while it is running;
+* **source key**: a hash of the source and the run key: when it changes the sweep ranks again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from model_support.operator.resource import (
+    ANNOTATION_MODEL,
+    ANNOTATION_SWEEP_RUN,
+    API_VERSION,
+    LABEL_SWEEP,
+    SWEEP_KIND,
+)
+from model_support.operator.settings import OperatorSettings
+from model_support.operator.spec import (
+    DNS_LABEL_PATTERN,
+    IMAGE_PATTERN,
+    MODEL_PATTERN,
+    REVISION_PATTERN,
+    ProfileName,
+    SpecError,
+    TestSpec,
+    parse_spec,
+)
+from model_support.operator.status import Condition, set_condition
+from model_support.vocabulary import Task
+
+MAX_SWEEP_NAME = 40
+"""A sweep's name leaves room for a readable model slug in its tests' 63-character names."""
+MAX_NAME = 63
+HUB_SORTS = {"trending": "trending_score", "downloads": "downloads", "likes": "likes"}
+"""The sweep's sort names and the Hub's sort keys."""
+LIBRARY_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9.+_-]*$"
+OWNED_FIELDS = frozenset({"model", "revision", "task", "profile", "image", "queueName", "epoch"})
+"""Test fields a sweep sets itself (from its source, stack, concurrency and epoch)."""
+TEMPLATE_FIELDS = frozenset(TestSpec.model_fields) - OWNED_FIELDS
+"""Test fields a sweep's template may set for every test."""
+
+
+class _Camel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ListedModel(_Camel):
+    """One model of an explicit list."""
+
+    model: str = Field(..., min_length=1, max_length=200, pattern=MODEL_PATTERN)
+    revision: str | None = Field(None, min_length=1, max_length=255, pattern=REVISION_PATTERN)
+    task: Task = Task.TEXT_GENERATION
+
+
+class HubSource(_Camel):
+    """A Hub ranking: the top ``limit`` models of ``task`` by ``sort``."""
+
+    sort: Literal["trending", "downloads", "likes"] = "trending"
+    task: Task = Task.TEXT_GENERATION
+    limit: int = Field(50, ge=1, le=1000)
+    library: str | None = Field(None, max_length=63, pattern=LIBRARY_PATTERN)
+    refreshSeconds: int | None = Field(None, ge=1)
+
+
+class SelectedSource(_Camel):
+    """The dataset's selected list (``selected.yaml`` of a results store)."""
+
+    results: str | None = Field(None, min_length=1, max_length=1024)
+    refreshSeconds: int | None = Field(None, ge=1)
+
+
+class Source(_Camel):
+    """Exactly one of: an explicit list, a Hub ranking, the selected list."""
+
+    models: list[ListedModel] | None = Field(None, min_length=1, max_length=1000)
+    hub: HubSource | None = None
+    selected: SelectedSource | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Source:
+        given = [k for k in ("models", "hub", "selected") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one source: models (a list), hub (a ranking) or selected "
+                f"(the dataset's selected list); got {', '.join(given) or 'none'}"
+            )
+        return self
+
+    @property
+    def refresh_seconds(self) -> int | None:
+        """How often the source is ranked again while the sweep runs (None: per run key)."""
+        if self.hub is not None:
+            return self.hub.refreshSeconds
+        if self.selected is not None:
+            return self.selected.refreshSeconds
+        return None
+
+
+class Stack(_Camel):
+    """What is tested on: a new stack (any field) tests every model again."""
+
+    image: str | None = Field(None, min_length=1, max_length=512, pattern=IMAGE_PATTERN)
+    profile: ProfileName = "trn2"
+    compilerVersion: str | None = Field(None, max_length=64, pattern=VERSION_PATTERN)
+    libraryVersion: str | None = Field(None, max_length=64, pattern=VERSION_PATTERN)
+
+
+class Concurrency(_Camel):
+    """How many of the sweep's tests may be unfinished at once, and their Kueue queue."""
+
+    maxRunning: int = Field(8, ge=1, le=1000)
+    queueName: str | None = Field(None, max_length=63, pattern=DNS_LABEL_PATTERN)
+
+
+class SweepSpec(_Camel):
+    """spec of a ModelSupportSweep (see crds/modelsupportsweeps.yaml for every field)."""
+
+    source: Source
+    stack: Stack = Field(default_factory=Stack)
+    template: dict[str, Any] = Field(default_factory=dict)
+    concurrency: Concurrency = Field(default_factory=Concurrency)
+    epoch: int = Field(0, ge=0)
+
+
+class SweepModel(BaseModel):
+    """One model a sweep tests (an entry of its ranking)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    revision: str | None = None
+    task: Task = Task.TEXT_GENERATION
+
+
+def parse_sweep(spec: dict[str, Any]) -> SweepSpec:
+    """Validate a sweep's spec, its template included (as the tests it makes would be
+    validated); raises SpecError naming each bad field."""
+    try:
+        sweep = SweepSpec.model_validate(dict(spec))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"spec.{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise SpecError(
+            f"invalid ModelSupportSweep spec: {problems}. Fix the resource and apply it again."
+        ) from exc
+    owned = sorted(set(sweep.template) & OWNED_FIELDS)
+    if owned:
+        raise SpecError(
+            f"spec.template sets {', '.join(owned)}, which the sweep sets itself (model, "
+            "revision and task from spec.source; image and profile from spec.stack; queueName "
+            "from spec.concurrency; epoch from spec.epoch): remove them from the template"
+        )
+    try:
+        parse_spec(child_spec(sweep, SweepModel(model="org/placeholder"), image=None))
+    except SpecError as exc:
+        raise SpecError(
+            "spec.template and spec.stack do not make a valid test: "
+            + str(exc).replace("invalid ModelSupportTest spec: ", "").replace("spec.", "template.")
+        ) from exc
+    return sweep
+
+
+def image_of(sweep: SweepSpec, settings: OperatorSettings) -> str:
+    """The runner image of the sweep's tests (its stack's, else the operator's)."""
+    return sweep.stack.image or settings.runner_image
+
+
+def stack_of(sweep: SweepSpec, settings: OperatorSettings) -> dict[str, str]:
+    """The stack as recorded with a ranking snapshot (only the fields that are set)."""
+    stack = {"image": image_of(sweep, settings), "profile": sweep.stack.profile}
+    for key in ("compilerVersion", "libraryVersion"):
+        value = getattr(sweep.stack, key)
+        if value:
+            stack[key] = value
+    return stack
+
+
+def _digest(data: Any, size: int = 16) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:size]
+
+
+def run_key(sweep: SweepSpec, settings: OperatorSettings) -> str:
+    """The epoch + stack key: a test made under another key is run again (once).
+
+    The operator's default runner image counts when the stack names none, so upgrading it
+    re-tests the sweeps that follow it.
+    """
+    return _digest({"epoch": sweep.epoch, "stack": stack_of(sweep, settings)})
+
+
+def source_key(sweep: SweepSpec, key: str) -> str:
+    """Changes when the source (its refresh interval aside) or the run key changes."""
+    source = sweep.source.model_dump(mode="json", exclude_none=True)
+    for kind in ("hub", "selected"):
+        if kind in source:
+            source[kind].pop("refreshSeconds", None)
+    return _digest({"source": source, "run": key})
+
+
+def describe_source(sweep: SweepSpec) -> str:
+    """The source in a few words (the Source printer column)."""
+    source = sweep.source
+    if source.hub is not None:
+        text = f"hub:{source.hub.sort}/{source.hub.task.value}/top{source.hub.limit}"
+        return text + (f"/{source.hub.library}" if source.hub.library else "")
+    if source.models is not None:
+        return f"models:{len(source.models)}"
+    return "selected"
+
+
+def child_name(sweep: str, model_id: str, profile: str | None = None) -> str:
+    """The name of a sweep's test for ``model_id``: stable, unique per sweep, a DNS label.
+
+    ``profile`` is part of the name for flat sweeps (two profiles are two sets of resources);
+    a ModelSupportSweep's tests keep their names when the stack changes (a new generation).
+    """
+    digest = hashlib.sha256(model_id.encode()).hexdigest()[:8]
+    prefix = f"{sweep}-{profile}-" if profile else f"{sweep}-"
+    room = MAX_NAME - len(prefix) - len(digest) - 1
+    if room < 1:
+        raise ValueError(
+            f"sweep name {sweep!r} is too long for its tests' names; use at most "
+            f"{MAX_SWEEP_NAME} characters"
+        )
+    slug = re.sub(r"[^a-z0-9]+", "-", model_id.lower()).strip("-")[:room].strip("-") or "model"
+    return f"{prefix}{slug}-{digest}"
+
+
+def child_spec(sweep: SweepSpec, entry: SweepModel, *, image: str | None) -> dict[str, Any]:
+    """The spec of the test of ``entry``: the template, then what the sweep sets itself."""
+    spec = dict(sweep.template)
+    spec.update(model=entry.model, task=entry.task.value, profile=sweep.stack.profile)
+    if entry.revision:
+        spec["revision"] = entry.revision
+    if image:
+        spec["image"] = image
+    if sweep.concurrency.queueName:
+        spec["queueName"] = sweep.concurrency.queueName
+    spec["epoch"] = sweep.epoch
+    return spec
+
+
+def owner_reference(sweep: dict[str, Any]) -> dict[str, Any]:
+    """The sweep as the controller of its tests (deleting the sweep deletes them)."""
+    meta = sweep["metadata"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": SWEEP_KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def build_child(
+    sweep: dict[str, Any],
+    spec: SweepSpec,
+    entry: SweepModel,
+    key: str,
+    settings: OperatorSettings,
+) -> dict[str, Any]:
+    """The ModelSupportTest a sweep creates for one model.
+
+    Only our own labels and annotations: copying the sweep's (e.g. Argo CD's tracking label
+    app.kubernetes.io/instance) would make GitOps tools take the test for theirs and prune it.
+    """
+    meta = sweep["metadata"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ModelSupportTest",
+        "metadata": {
+            "name": child_name(meta["name"], entry.model),
+            "namespace": meta["namespace"],
+            "labels": {LABEL_SWEEP: meta["name"]},
+            "annotations": {ANNOTATION_MODEL: entry.model, ANNOTATION_SWEEP_RUN: key},
+            "ownerReferences": [owner_reference(sweep)],
+        },
+        "spec": child_spec(spec, entry, image=image_of(spec, settings)),
+    }
+
+
+def rerun_patch(
+    spec: SweepSpec,
+    entry: SweepModel,
+    key: str,
+    settings: OperatorSettings,
+    current_fields: set[str],
+) -> dict[str, Any]:
+    """A merge patch that makes a finished test a new generation under run key ``key``
+    (fields the new spec no longer has are removed)."""
+    new = child_spec(spec, entry, image=image_of(spec, settings))
+    removed = dict.fromkeys(current_fields - set(new))
+    return {"metadata": {"annotations": {ANNOTATION_SWEEP_RUN: key}}, "spec": {**removed, **new}}
+
+
+# ----------------------------------------------------------------------------- status
+
+
+class SweepCounts(BaseModel):
+    """How the sweep's models stand (the printer columns read these)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    models: int = Field(0, description="Models in the current ranking.")
+    queued: int = Field(
+        0,
+        description="Ranked models waiting for a slot (no test yet, or one of an earlier run key).",
+    )
+    running: int = Field(
+        0, description="Tests not finished, ranked or retained (at most maxRunning)."
+    )
+    done: int = Field(0, description="Ranked models finished under the current run key.")
+    passed: int = 0
+    failed: int = 0
+    errored: int = 0
+    timedOut: int = 0
+    excluded: int = 0
+    unverified: int = 0
+    invalid: int = Field(0, description="Tests that cannot run as written (phase Invalid).")
+    retained: int = Field(0, description="Tests of models that left the ranking, kept as they are.")
+
+
+class RankingState(BaseModel):
+    """The ranking the sweep works from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str
+    sourceKey: str
+    fetchedAt: str
+    models: list[SweepModel] = Field(default_factory=list)
+    snapshot: str | None = Field(None, description="Where the snapshot is in the results store.")
+
+
+class SweepStatus(BaseModel):
+    """status of a ModelSupportSweep (see crds/modelsupportsweeps.yaml)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    observedGeneration: int | None = Field(None, ge=0)
+    runKey: str | None = None
+    epoch: int | None = None
+    source: str | None = None
+    lastRankedAt: str | None = None
+    ranking: RankingState | None = None
+    counts: SweepCounts = Field(default_factory=SweepCounts)
+    message: str | None = Field(None, max_length=4096)
+    conditions: list[Condition] = Field(default_factory=list)
+
+    @classmethod
+    def read(cls, status: dict[str, Any] | None) -> SweepStatus:
+        """Parse a status read from the API; a part that does not parse is dropped (it is
+        written again from the sweep's state)."""
+        known = {k: v for k, v in (status or {}).items() if k in cls.model_fields}
+        try:
+            return cls.model_validate(known)
+        except ValidationError:
+            ranking = known.pop("ranking", None)
+            try:
+                parsed = cls.model_validate({k: v for k, v in known.items() if k != "counts"})
+            except ValidationError:
+                parsed = cls()
+            try:
+                parsed.ranking = RankingState.model_validate(ranking) if ranking else None
+            except ValidationError:
+                parsed.ranking = None
+            return parsed
+
+    def patch(self) -> dict[str, Any]:
+        """The whole status as a merge patch: an unset field of an object is null (removed
+        from what is stored); inside a list (which a merge patch replaces whole) it is left
+        out, since the schema has no nullable fields."""
+        return dict(_without_nulls_in_lists(self.model_dump(mode="json")))
+
+
+def _without_nulls_in_lists(value: Any, in_list: bool = False) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: _without_nulls_in_lists(v, in_list)
+            for k, v in value.items()
+            if not (in_list and v is None)
+        }
+    if isinstance(value, list):
+        return [_without_nulls_in_lists(v, True) for v in value]
+    return value
+
+
+SweepState = Literal["done", "testing", "ranking", "invalid"]
+
+
+def sweep_conditions(
+    previous: list[dict[str, Any]] | None, state: SweepState, generation: int, message: str
+) -> list[dict[str, Any]]:
+    """Ready and Progressing, plus kstatus's Reconciling and Stalled, for ``state``."""
+    ready = state == "done"
+    reason = {"done": "Done", "testing": "Testing", "ranking": "Ranking", "invalid": "InvalidSpec"}[
+        state
+    ]
+    progressing = state in ("testing", "ranking")
+    conditions = set_condition(previous, "Ready", ready, reason, message, generation)
+    conditions = set_condition(conditions, "Progressing", progressing, reason, message, generation)
+    conditions = set_condition(conditions, "Reconciling", progressing, reason, message, generation)
+    return set_condition(
+        conditions, "Stalled", state == "invalid", reason, message if state == "invalid" else
+        "not stalled", generation,
+    )  # fmt: skip

@@ -1,0 +1,133 @@
+"""The kubelet stand-in of k8s_harness (Harness.finish_job ...), driven for many Jobs at once:
+the Job controller, the scheduler, the kubelet and the runner of every runner Job.
+
+It plays every runner Job kmock holds, as a node would run it: the pod becomes ready (the
+test goes Running), the runner delivers the result document of the run.py in the Job's
+ConfigMap to the results store, the Job completes. Which result each model gets, and which
+models' runners wait (to keep tests running while a test looks), are the test's choice.
+
+Everything runs on the loop that serves kmock and never blocks it: Jobs are found in kmock's
+object store (in memory), writes go through kmock's HTTP API (so watch events fire), and the
+delivery is written in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from k8s_harness import JOBS_URL, Harness, now
+
+from model_support.config import RunConfig
+from model_support.delivery import DeliveryArea
+from model_support.records import ResultDocument, Stack, Timings, failure_document
+from model_support.script import read_config
+from model_support.vocabulary import ErrorClass, Result
+
+STACK = Stack(torch="2.13.0", transformers="5.24.0", torch_neuronx="2.13.0", neuronx_cc="2.28")
+
+
+def runner_document(config: RunConfig, result: Result) -> ResultDocument:
+    """What a runner of ``config`` reports for ``result`` (the test's identity, our stack)."""
+    if result is Result.PASS:
+        document = failure_document(config, result, error_class=None, error="")
+        return document.model_copy(
+            update={"error": None, "stack": STACK, "timings": Timings(wall_time_s=12.0)}
+        )
+    error_class = ErrorClass.VERIFICATION if result is Result.FAIL else ErrorClass.RUNTIME
+    document = failure_document(config, result, error_class=error_class, error=f"{result} here")
+    return document.model_copy(update={"stack": STACK})
+
+
+class Kubelet:
+    """Plays every runner Job of the emulated cluster until stopped.
+
+    ``result_for(model)`` chooses each run's result (PASS by default); while ``hold(model)``
+    is true the runner of that model stays running. ``played`` lists the Jobs played, in order.
+    """
+
+    def __init__(
+        self,
+        h: Harness,
+        results: Path,
+        *,
+        result_for: Callable[[str], Result] | None = None,
+        hold: Callable[[str], bool] | None = None,
+        interval: float = 0.02,
+    ) -> None:
+        self.h = h
+        self.results = results
+        self.result_for = result_for or (lambda _: Result.PASS)
+        self.hold = hold or (lambda _: False)
+        self.interval = interval
+        self.played: list[str] = []
+        self.running: dict[str, str] = {}
+        """Job name -> model, for runners that are ready and not finished."""
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._main: asyncio.Task[None] | None = None
+        self.error: BaseException | None = None
+
+    async def __aenter__(self) -> Kubelet:
+        self._main = asyncio.create_task(self._loop(), name="kubelet stand-in")
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        for task in [self._main, *self._tasks]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every runner Job kmock holds now (from its object store: no request)."""
+        return [
+            obj.raw
+            for (resource, _, _), obj in self.h.k.objects.items()
+            if resource.plural == "jobs" and not obj.deleted
+        ]
+
+    async def _loop(self) -> None:
+        seen: set[str] = set()
+        while True:
+            for job in self.jobs():
+                name = job["metadata"]["name"]
+                if name not in seen:
+                    seen.add(name)
+                    task = asyncio.create_task(self._play(job), name=f"runner {name}")
+                    self._tasks.add(task)
+                    task.add_done_callback(self._done)
+            await asyncio.sleep(self.interval)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and self.error is None:
+            self.error = task.exception()
+
+    async def _play(self, job: dict[str, Any]) -> None:
+        name = job["metadata"]["name"]
+        volumes = job["spec"]["template"]["spec"]["volumes"]
+        cm_name = next(v["configMap"]["name"] for v in volumes if "configMap" in v)
+        [cm] = [
+            obj.raw
+            for (resource, _, cm_key), obj in self.h.k.objects.items()
+            if resource.plural == "configmaps" and cm_key == cm_name and not obj.deleted
+        ] or [None]
+        assert cm is not None, f"Job {name} mounts ConfigMap {cm_name}, which does not exist"
+        config = read_config(cm["data"]["run.py"])
+        await self.h.patch(
+            f"{JOBS_URL}/{name}/status", {"status": {"active": 1, "ready": 1, "startTime": now()}}
+        )
+        self.played.append(name)
+        self.running[name] = config.model
+        while self.hold(config.model):
+            await asyncio.sleep(self.interval)
+        document = runner_document(config, self.result_for(config.model))
+        run_id = job["metadata"]["annotations"]["modelsupport.dev/run-id"]
+        await asyncio.to_thread(
+            DeliveryArea(str(self.results)).put, run_id, document.model_dump_json().encode()
+        )
+        del self.running[name]
+        await self.h.finish_job(job, exit_code=0)  # the Job controller's part, as in every test

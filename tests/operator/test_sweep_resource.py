@@ -1,0 +1,273 @@
+"""The ModelSupportSweep CRD and the pure rules of a sweep (names, run key, specs, status),
+checked against the real schemas and the CRD's CEL rules (run by cel-python)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from test_operator_manifests import cel_violations, validate
+
+from model_support.operator.settings import OperatorSettings
+from model_support.operator.spec import SpecError, parse_spec
+from model_support.operator.sweep_resource import (
+    OWNED_FIELDS,
+    RankingState,
+    SweepCounts,
+    SweepModel,
+    SweepStatus,
+    build_child,
+    child_name,
+    parse_sweep,
+    rerun_patch,
+    run_key,
+    source_key,
+    sweep_conditions,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+SWEEP_CRD = ROOT / "crds" / "modelsupportsweeps.yaml"
+TEST_CRD = ROOT / "crds" / "modelsupporttests.yaml"
+SETTINGS = OperatorSettings(results_uri="/tmp/r", runner_image="registry.example/runner:1")
+
+
+@pytest.fixture(scope="module")
+def crd() -> dict[str, Any]:
+    return dict(yaml.safe_load(SWEEP_CRD.read_text()))
+
+
+@pytest.fixture(scope="module")
+def schema(crd: dict[str, Any]) -> jsonschema.Validator:
+    return jsonschema.Draft4Validator(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+
+
+def body(spec: dict[str, Any], name: str = "nightly") -> dict[str, Any]:
+    return {
+        "apiVersion": "modelsupport.dev/v1alpha1",
+        "kind": "ModelSupportSweep",
+        "metadata": {"name": name, "namespace": "ml", "uid": "u-1"},
+        "spec": spec,
+    }
+
+
+HUB = {"source": {"hub": {"sort": "trending", "limit": 200, "library": "transformers"}}}
+
+
+def test_the_sweep_crd_is_valid_and_the_chart_holds_the_same(crd: dict[str, Any]) -> None:
+    validate(crd)
+    version = crd["spec"]["versions"][0]
+    assert crd["spec"]["names"]["kind"] == "ModelSupportSweep"
+    assert crd["spec"]["names"]["shortNames"] == ["mss"]
+    assert version["subresources"] == {"status": {}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"] if "priority" not in c]
+    assert columns == ["Source", "Models", "Done", "Pass", "Fail", "Error", "Excluded", "Age"]
+    chart_copy = ROOT / "charts" / "model-support" / "crds" / "modelsupportsweeps.yaml"
+    assert chart_copy.read_text() == SWEEP_CRD.read_text()
+
+
+def test_the_template_is_the_test_spec_less_what_the_sweep_sets(crd: dict[str, Any]) -> None:
+    """One schema for a test's fields: the sweep's template may not drift from the test CRD."""
+    test_spec = yaml.safe_load(TEST_CRD.read_text())["spec"]["versions"][0]["schema"][
+        "openAPIV3Schema"
+    ]["properties"]["spec"]
+    sweep_spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    template = sweep_spec["properties"]["template"]["properties"]
+    assert template == {k: v for k, v in test_spec["properties"].items() if k not in OWNED_FIELDS}
+    assert set(test_spec["properties"]) >= OWNED_FIELDS
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        HUB,
+        {"source": {"models": [{"model": "Qwen/Qwen3-0.6B"}, {"model": "a/b", "revision": "v1"}]}},
+        {"source": {"selected": {}}, "stack": {"profile": "cpu"}, "epoch": 20261130},
+        {
+            **HUB,
+            "stack": {"image": "reg.example/r:2.28", "compilerVersion": "2.28.1"},
+            "template": {"cores": 4, "parallelism": "tensor", "hubTokenSecret": {"name": "hf"}},
+            "concurrency": {"maxRunning": 16, "queueName": "trainium"},
+        },
+    ],
+)
+def test_valid_sweeps_pass_schema_cel_and_operator(
+    crd: dict[str, Any], schema: jsonschema.Validator, spec: dict[str, Any]
+) -> None:
+    schema.validate(body(spec))
+    assert cel_violations(crd, spec) == []
+    parse_sweep(spec)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"source": {**HUB["source"], "models": [{"model": "a/b"}]}}, "exactly one source"),
+        ({"source": {}}, "exactly one source"),
+        ({**HUB, "stack": {"profile": "trn1"}, "template": {"lnc": 1}}, "lnc"),
+        (
+            {
+                **HUB,
+                "stack": {"profile": "inf2"},
+                "template": {"cores": 30, "parallelism": "tensor"},
+            },
+            "24",
+        ),
+        ({**HUB, "template": {"cores": 4}}, "parallelism"),
+    ],
+)
+def test_cel_rules_and_the_operator_refuse_the_same_sweeps(
+    crd: dict[str, Any], spec: dict[str, Any], message: str
+) -> None:
+    assert any(message in m for m in cel_violations(crd, spec)), cel_violations(crd, spec)
+    with pytest.raises(SpecError, match=message):
+        parse_sweep(spec)
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"source": {"hub": {"sort": "stars"}}}, "sort"),
+        ({"source": {"hub": {"limit": 1001}}}, "limit"),
+        ({"source": {"hub": {"library": "Not A Library"}}}, "library"),
+        ({**HUB, "concurrency": {"maxRunning": 0}}, "maxRunning"),
+        ({**HUB, "epoch": -1}, "epoch"),
+        ({"source": {"models": [{"model": "org/x; rm -rf /"}]}}, "model"),
+    ],
+)
+def test_bad_fields_are_refused_by_schema_and_operator(
+    schema: jsonschema.Validator, spec: dict[str, Any], field: str
+) -> None:
+    errors = list(schema.iter_errors(body(spec)))
+    assert any(field in "/".join(str(p) for p in e.absolute_path) for e in errors), errors
+    with pytest.raises(SpecError, match=field):
+        parse_sweep(spec)
+
+
+def test_a_long_sweep_name_is_refused_by_cel(crd: dict[str, Any]) -> None:
+    import celpy
+
+    [rule] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["x-kubernetes-validations"]
+    env = celpy.Environment()
+    program = env.program(env.compile(rule["rule"]))
+    for name, ok in (("s" * 40, True), ("s" * 41, False)):
+        activation = {"self": celpy.json_to_cel({"metadata": {"name": name}})}
+        assert bool(program.evaluate(activation)) is ok
+    # The longest name leaves room for a readable slug of any model in a 63-character name.
+    name = child_name("s" * 40, "some-org/" + "m" * 100)
+    assert len(name) == 63 and name.startswith("s" * 40 + "-some-org-")
+
+
+def test_the_template_may_not_set_what_the_sweep_sets() -> None:
+    for owned in sorted(OWNED_FIELDS):
+        with pytest.raises(SpecError, match=f"spec.template sets {owned}"):
+            parse_sweep({**HUB, "template": {owned: "x"}})
+
+
+def test_children_are_valid_tests_named_per_sweep_and_model(schema: jsonschema.Validator) -> None:
+    test_schema = jsonschema.Draft4Validator(
+        yaml.safe_load(TEST_CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    )
+    spec = parse_sweep(
+        {
+            **HUB,
+            "stack": {"profile": "trn2"},
+            "template": {"maxNewTokens": 16},
+            "concurrency": {"queueName": "trainium"},
+            "epoch": 3,
+        }
+    )
+    entry = SweepModel(model="Qwen/Qwen3-0.6B", revision="v2")
+    key = run_key(spec, SETTINGS)
+    child = build_child(body({}), spec, entry, key, SETTINGS)
+    test_schema.validate(child)
+    validate_spec = parse_spec(child["spec"])
+    assert validate_spec.epoch == 3 and validate_spec.queueName == "trainium"
+    assert child["spec"]["image"] == SETTINGS.runner_image and child["spec"]["revision"] == "v2"
+    meta = child["metadata"]
+    assert meta["name"] == child_name("nightly", "Qwen/Qwen3-0.6B")
+    assert meta["ownerReferences"] == [
+        {"apiVersion": "modelsupport.dev/v1alpha1", "kind": "ModelSupportSweep",
+         "name": "nightly", "uid": "u-1", "controller": True, "blockOwnerDeletion": True}
+    ]  # fmt: skip
+    # Another sweep, or a model differing only in case, never shares the name.
+    assert child_name("weekly", "Qwen/Qwen3-0.6B") != meta["name"]
+    assert child_name("nightly", "qwen/qwen3-0.6b") != meta["name"]
+
+
+def test_the_run_key_follows_the_epoch_and_the_stack_only() -> None:
+    base = parse_sweep(HUB)
+    key = run_key(base, SETTINGS)
+    same = [
+        {**HUB, "template": {"maxNewTokens": 8}},
+        {**HUB, "concurrency": {"maxRunning": 2}},
+        {"source": {"hub": {"sort": "downloads"}}},  # another ranking, same stack
+    ]
+    for spec in same:
+        assert run_key(parse_sweep(spec), SETTINGS) == key
+    other = [
+        {**HUB, "epoch": 1},
+        {**HUB, "stack": {"image": "reg.example/r:2"}},
+        {**HUB, "stack": {"profile": "trn1"}},
+        {**HUB, "stack": {"compilerVersion": "2.29"}},
+    ]
+    keys = {run_key(parse_sweep(spec), SETTINGS) for spec in other}
+    assert len(keys) == len(other) and key not in keys
+    # The operator's default image is part of a stack that names none: upgrading it re-tests.
+    upgraded = SETTINGS.model_copy(update={"runner_image": "registry.example/runner:2"})
+    assert run_key(base, upgraded) != key
+    # refreshSeconds does not make a new ranking source; the limit does.
+    refreshed = {"source": {"hub": {**HUB["source"]["hub"], "refreshSeconds": 600}}}  # type: ignore[dict-item]
+    assert source_key(parse_sweep(refreshed), key) == source_key(base, key)
+    longer = {"source": {"hub": {**HUB["source"]["hub"], "limit": 300}}}  # type: ignore[dict-item]
+    assert source_key(parse_sweep(longer), key) != source_key(base, key)
+
+
+def test_a_rerun_patch_replaces_the_spec_and_the_run_key() -> None:
+    spec = parse_sweep({**HUB, "epoch": 2, "template": {"maxNewTokens": 8}})
+    patch = rerun_patch(
+        spec, SweepModel(model="a/b"), "k2", SETTINGS, {"model", "task", "cores", "epoch"}
+    )
+    assert patch["metadata"]["annotations"] == {"modelsupport.dev/sweep-run": "k2"}
+    assert patch["spec"]["cores"] is None  # a field the template dropped is removed
+    assert patch["spec"]["epoch"] == 2 and patch["spec"]["maxNewTokens"] == 8
+
+
+def test_the_status_the_operator_writes_fits_the_crd(crd: dict[str, Any]) -> None:
+    status_schema = jsonschema.Draft4Validator(
+        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"],
+        format_checker=jsonschema.FormatChecker(),
+    )
+    conditions = sweep_conditions(None, "testing", 2, "3 of 10 models tested")
+    status = SweepStatus(
+        observedGeneration=2,
+        runKey="abc",
+        epoch=0,
+        source="hub:trending/text-generation/top10",
+        lastRankedAt="2026-11-30T20:00:00Z",
+        ranking=RankingState(
+            source="hub:trending/text-generation/top10",
+            sourceKey="s",
+            fetchedAt="2026-11-30T20:00:00Z",
+            models=[SweepModel(model="a/b")],
+            snapshot="/r/rankings/snapshots/x.json",
+        ),
+        counts=SweepCounts(models=10, done=3, passed=2, failed=1, running=2, queued=5),
+        message="3 of 10 models tested",
+        conditions=conditions,  # type: ignore[arg-type]
+    )
+    status_schema.validate(status.patch())
+    assert SweepStatus.read(status.patch()) == status
+    # kstatus: testing is Ready=False, Reconciling=True; done is Ready=True; invalid is Stalled.
+    states = {c["type"]: c["status"] for c in conditions}
+    assert states == {"Ready": "False", "Progressing": "True", "Reconciling": "True",
+                      "Stalled": "False"}  # fmt: skip
+    done = {c["type"]: c["status"] for c in sweep_conditions(conditions, "done", 2, "all done")}
+    assert done["Ready"] == "True" and done["Reconciling"] == "False"
+    invalid = sweep_conditions(conditions, "invalid", 3, "bad spec")
+    assert {c["type"]: c["status"] for c in invalid}["Stalled"] == "True"
+    # A status with a part that no longer parses is read without it (rewritten from state).
+    broken = {**status.patch(), "ranking": {"models": "not a list"}}
+    assert SweepStatus.read(broken).ranking is None
