@@ -40,6 +40,8 @@ PODS_URL = f"/api/v1/namespaces/{NS}/pods"
 CMS_URL = f"/api/v1/namespaces/{NS}/configmaps"
 EVENTS_URL = f"/api/v1/namespaces/{NS}/events"
 CLAIM_TEMPLATES_URL = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaimtemplates"
+MODEL = "Qwen/Qwen3-0.6B"
+"""The model the operator tests name: served by the stand-in Hub (a tiny checkpoint)."""
 MERGE = {"Content-Type": "application/merge-patch+json"}
 _counter = itertools.count(1)
 

@@ -8,12 +8,9 @@ from pathlib import Path
 import kmock
 import pytest
 from hubserver import HubServer, Repo
-from k8s_harness import Emulator, Harness, declare_resources
+from k8s_harness import MODEL, Emulator, Harness, declare_resources
 
 from model_support.operator.settings import OperatorSettings
-
-MODEL = "Qwen/Qwen3-0.6B"
-"""The model the operator tests name: served by the stand-in Hub (a tiny checkpoint)."""
 
 
 @pytest.fixture(scope="session")

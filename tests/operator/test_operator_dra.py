@@ -14,8 +14,7 @@ import helm_python
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import MODEL
-from k8s_harness import CLAIM_TEMPLATES_URL, JOBS_URL, TESTS_URL, Harness
+from k8s_harness import CLAIM_TEMPLATES_URL, JOBS_URL, MODEL, TESTS_URL, Harness
 from test_operator_lifecycle import records, runner_log
 from test_render import TEST_UID, chart_values, manifest, render, strip_server_fields
 
