@@ -129,6 +129,11 @@ class VerificationConfig(BaseModel):
         gt=0,
         description="Smallest baseline KL divergence (nats) used as the KL ratio's denominator.",
     )
+    relative_error_floor: float = Field(
+        1e-5,
+        gt=0,
+        description="Smallest baseline error used as a ratio's denominator for the relative measures of embeddings (angle, length) and latents: about float32's own rounding, so strict float32 runs are held to it.",
+    )
     router_tie_multiple: float = Field(
         3.0,
         ge=0,

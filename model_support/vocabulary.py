@@ -167,6 +167,7 @@ class VerdictCheck(StrEnum):
     COSINE = "cosine"
     NORM = "norm"
     LATENTS = "latents"
+    DENOISER = "denoiser"
 
 
 VERDICT_CHECK_MEANINGS: dict[VerdictCheck, str] = {
@@ -212,6 +213,11 @@ VERDICT_CHECK_MEANINGS: dict[VerdictCheck, str] = {
     VerdictCheck.LATENTS: (
         "Text-to-image: the relative error of the latents after each denoising step (per "
         "prompt), in the median or the maximum over steps, exceeds its bound times the baseline's."
+    ),
+    VerdictCheck.DENOISER: (
+        "Text-to-image: the relative error of the denoiser's prediction at each step, against "
+        "the float32 reference denoiser fed the device's own inputs (teacher forced), in the "
+        "median or the maximum over steps, exceeds its bound times the baseline's."
     ),
 }
 

@@ -767,6 +767,7 @@ VERDICT_CHECKS = (
     "cosine",
     "norm",
     "latents",
+    "denoiser",
 )
 # Matmul-like ops and the positions of the operands a matrix engine reads.
 MATMUL_OPERANDS = {
@@ -1249,10 +1250,14 @@ class TaskScenario(abc.ABC):
         """What the device produced, moved to CPU, for the document and the verdict."""
 
     @abc.abstractmethod
-    def verdict_for(
+    def score(
         self, config: dict, processor, generation: Generation, dtype_name: str, precision: str
-    ) -> dict:
-        """Score the float32 reference and the baseline on CPU and return the verdict."""
+    ):
+        """The float32 CPU reference and the baseline (same pass in the run's arithmetic)."""
+
+    @abc.abstractmethod
+    def judge(self, config: dict, generation: Generation, scored, label: str) -> dict:
+        """The verdict on what the device produced, given the scored reference (pure)."""
 
     def pad_token_id(self, processor) -> int | None:
         return None
@@ -1278,8 +1283,9 @@ class TaskScenario(abc.ABC):
         start = time.perf_counter()
         params = config["verification"]
         precision = float32_precision(params, backend) if dtype_name == "float32" else None
-        verification = self.verdict_for(
-            config, processor, generation, dtype_name, precision or "ieee"
+        scored = self.score(config, processor, generation, dtype_name, precision or "ieee")
+        verification = self.judge(
+            config, generation, scored, precision_label(dtype_name, precision or "ieee")
         )
         verification["float32_precision"] = precision
         return verification, time.perf_counter() - start
@@ -1341,10 +1347,13 @@ def _figure(value: float) -> float:
     return float(f"{float(value):.6g}")
 
 
-def item_statistics(check: str, device_errors, baseline_errors, params: dict) -> dict:
+def item_statistics(
+    check: str, device_errors, baseline_errors, params: dict, floor_name: str = "error_floor"
+) -> dict:
     """Median and maximum over items of the device's error, each against the baseline's same.
 
-    The ratio's denominator is at least ``error_floor``; the median's bound is
+    The ratio's denominator is at least ``params[floor_name]`` (``error_floor`` for nats,
+    ``relative_error_floor`` for relative measures); the median's bound is
     ``max_error_ratio``, the maximum's ``max_peak_ratio`` (as for the text verdict's median
     and peak over positions).
     """
@@ -1361,9 +1370,7 @@ def item_statistics(check: str, device_errors, baseline_errors, params: dict) ->
         baseline_figure = _quantile(baseline_errors, q)
         stats[f"{name}_device"] = _figure(device_figure)
         stats[f"{name}_baseline"] = _figure(baseline_figure)
-        stats[f"{name}_ratio"] = round(
-            device_figure / max(baseline_figure, params["error_floor"]), 6
-        )
+        stats[f"{name}_ratio"] = round(device_figure / max(baseline_figure, params[floor_name]), 6)
         stats[f"{name}_bound"] = float(bound)
     return stats
 
@@ -1464,17 +1471,19 @@ class TextGeneration(TaskScenario):
         text = tokenizer_of(loaded.processor).batch_decode(generated, skip_special_tokens=True)
         return Generation(generated, device_logits, text=text)
 
-    def verdict_for(self, config, processor, generation, dtype_name, precision):
-        scored = score_reference(
+    def score(self, config, processor, generation, dtype_name, precision):
+        return score_reference(
             config, processor, config["prompts"], generation.tokens, dtype_name, precision
         )
+
+    def judge(self, config, generation, scored, label):
         return verdict(
             scored["reference"],
             scored["baseline"],
             generation.device_logits,
             generation.tokens,
             config["verification"],
-            dtype_name=precision_label(dtype_name, precision),
+            dtype_name=label,
             router_gaps=scored["router_gaps"],
             router_noise=scored["router_noise"],
         )
@@ -1565,7 +1574,7 @@ class EncoderDecoderGeneration(TaskScenario):
             outputs={"prefix": sequences[:, :-n], "inputs": cpu_inputs, "start": start},
         )
 
-    def verdict_for(self, config, processor, generation, dtype_name, precision):
+    def score(self, config, processor, generation, dtype_name, precision):
         import torch
 
         tokens = generation.tokens
@@ -1575,7 +1584,7 @@ class EncoderDecoderGeneration(TaskScenario):
             start = generation.outputs["start"]
             prefix = torch.full((tokens.shape[0], 1), int(start), dtype=tokens.dtype)
 
-        def score(model):
+        def teacher_forced(model):
             dtype = next(model.parameters()).dtype
             logprobs = []
             for i in range(tokens.shape[0]):
@@ -1590,10 +1599,17 @@ class EncoderDecoderGeneration(TaskScenario):
                 logprobs.append(torch.log_softmax(window, dim=-1))
             return logprobs
 
-        reference, baseline = reference_and_baseline(self, config, dtype_name, precision, score)
-        label = precision_label(dtype_name, precision)
+        return reference_and_baseline(self, config, dtype_name, precision, teacher_forced)
+
+    def judge(self, config, generation, scored, label):
+        reference, baseline = scored
         result = verdict(
-            reference, baseline, generation.device_logits, tokens, config["verification"], label
+            reference,
+            baseline,
+            generation.device_logits,
+            generation.tokens,
+            config["verification"],
+            label,
         )
         result["method"] = self.method
         return result
@@ -1690,12 +1706,14 @@ class SentenceEmbeddings(TaskScenario):
     def collect(self, config, loaded, out):
         return Generation(None, None, outputs=out.double().cpu())
 
-    def verdict_for(self, config, processor, generation, dtype_name, precision):
+    def score(self, config, processor, generation, dtype_name, precision):
         sentences = list(config["prompts"])
-        reference, baseline = reference_and_baseline(
+        return reference_and_baseline(
             self, config, dtype_name, precision, lambda model: encode_sentences(model, sentences)
         )
-        label = precision_label(dtype_name, precision)
+
+    def judge(self, config, generation, scored, label):
+        reference, baseline = scored
         return embedding_verdict(
             reference, baseline, generation.outputs, config["verification"], label
         )
@@ -1791,9 +1809,9 @@ def embedding_verdict(
                 "ranking_near_ties": ties,
             }
         )
-    cosine = item_statistics("cosine", angle_dev, angle_base, params)
+    cosine = item_statistics("cosine", angle_dev, angle_base, params, "relative_error_floor")
     cosine["what"] = "angle to the reference embedding (radians)"
-    norm = item_statistics("norm", norm_dev, norm_base, params)
+    norm = item_statistics("norm", norm_dev, norm_base, params, "relative_error_floor")
     norm["what"] = "relative error of the embedding's length"
     choices = {
         "check": "ranking",
@@ -1869,18 +1887,20 @@ class Classification(TaskScenario):
         cpu_inputs = {k: v.cpu() for k, v in loaded.inputs.items() if hasattr(v, "cpu")}
         return Generation(None, logits, text=text, outputs=cpu_inputs)
 
-    def verdict_for(self, config, processor, generation, dtype_name, precision):
+    def score(self, config, processor, generation, dtype_name, precision):
         import torch
 
         inputs = generation.outputs
 
-        def score(model):
+        def class_logprobs(model):
             dtype = next(model.parameters()).dtype
             batch = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
             return torch.log_softmax(model(**batch).logits.double(), dim=-1)
 
-        reference, baseline = reference_and_baseline(self, config, dtype_name, precision, score)
-        label = precision_label(dtype_name, precision)
+        return reference_and_baseline(self, config, dtype_name, precision, class_logprobs)
+
+    def judge(self, config, generation, scored, label):
+        reference, baseline = scored
         return classification_verdict(
             reference, baseline, generation.device_logits, config["verification"], label
         )
@@ -1998,7 +2018,8 @@ def classification_verdict(
                 "verdict": judged,
             }
         )
-    logits = item_statistics("logits", device_err, baseline_err, params)
+    # A log-probability deviation is its probability's relative error: the relative floor.
+    logits = item_statistics("logits", device_err, baseline_err, params, "relative_error_floor")
     logits["what"] = "log-probability error over the top classes (nats)"
     choices = {
         "check": "top1",
@@ -2019,8 +2040,15 @@ def classification_verdict(
 
 
 class TextToImage(TaskScenario):
-    """A diffusers text-to-image pipeline: a few denoising steps from a fixed seed, the
-    denoiser (``unet`` or ``transformer``) compiled; the latents after every step are kept."""
+    """A diffusers text-to-image pipeline: a few denoising steps from a fixed seed with the
+    denoiser (``unet`` or ``transformer``) compiled.
+
+    Kept per step: the latents after it, and the denoiser's inputs and prediction. The verdict
+    compares both with the float32 reference, relative to the baseline: the trajectory (the
+    latents, free running from the same noise) and, teacher forced, the reference denoiser's
+    prediction from the device's own inputs at every step (as text is scored teacher forced),
+    which the scheduler's rounding and the compounding of earlier steps do not blur.
+    """
 
     tasks = ("text-to-image",)
     method = "latents"
@@ -2056,19 +2084,43 @@ class TextToImage(TaskScenario):
         model.to(dtype=dtype)
 
     def call(self, config, loaded, quick=False):
-        return denoise(loaded.model, loaded.inputs, int(config["denoising_steps"]))
+        return denoise(loaded.model, loaded.inputs, int(config["denoising_steps"]), record=True)
 
     def collect(self, config, loaded, out):
-        return Generation(None, None, outputs=[step.double().cpu() for step in out])
+        return Generation(None, None, outputs=out)
 
-    def verdict_for(self, config, processor, generation, dtype_name, precision):
+    def score(self, config, processor, generation, dtype_name, precision):
         prompts, steps = list(config["prompts"]), int(config["denoising_steps"])
-        reference, baseline = reference_and_baseline(
-            self, config, dtype_name, precision, lambda pipe: denoise(pipe, prompts, steps)
+        calls = generation.outputs["calls"]
+
+        def trajectory_and_predictions(pipe):
+            denoiser = denoiser_of(pipe)
+            dtype = next(denoiser.parameters()).dtype
+            predictions = [
+                first_tensor(denoiser(*cast_floats(args, dtype), **cast_floats(kwargs, dtype)))
+                .double()
+                .cpu()
+                for args, kwargs, _ in calls
+            ]
+            return denoise(pipe, prompts, steps)["latents"], predictions
+
+        return reference_and_baseline(
+            self, config, dtype_name, precision, trajectory_and_predictions
         )
-        label = precision_label(dtype_name, precision)
+
+    def judge(self, config, generation, scored, label):
+        (reference, reference_predictions), (baseline, baseline_predictions) = scored
         return latent_verdict(
-            reference, baseline, generation.outputs, config["verification"], label
+            reference,
+            baseline,
+            generation.outputs["latents"],
+            config["verification"],
+            label,
+            predictions=(
+                reference_predictions,
+                baseline_predictions,
+                [prediction for _, _, prediction in generation.outputs["calls"]],
+            ),
         )
 
 
@@ -2081,62 +2133,150 @@ def denoiser_of(pipeline):
     raise ValueError(f"{type(pipeline).__name__} has no unet or transformer component to compile")
 
 
-def denoise(pipeline, prompts: list[str], steps: int) -> list:
-    """Run the pipeline from SEED; the latents after every denoising step (on CPU, float64)."""
+def first_tensor(output):
+    """A denoiser's prediction: its output tensor, or the first of a tuple / output class."""
+    return output if hasattr(output, "dim") else output[0]
+
+
+def map_tensors(value, fn):
+    """``fn`` applied to every tensor in nested tuples, lists and dicts (others kept)."""
+    if hasattr(value, "dim"):
+        return fn(value)
+    if isinstance(value, dict):
+        return {key: map_tensors(item, fn) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_tensors(item, fn) for item in value)
+    return value
+
+
+def cast_floats(value, dtype):
+    """Floating-point tensors of a nested structure in ``dtype`` (on CPU)."""
+    return map_tensors(value, lambda t: t.cpu().to(dtype) if t.is_floating_point() else t.cpu())
+
+
+def denoise(pipeline, prompts: list[str], steps: int, record: bool = False) -> dict:
+    """Run the pipeline from SEED: the latents after every step (CPU, float64) and, with
+    ``record``, every denoiser call's inputs and prediction (CPU, as computed)."""
     import torch
 
     latents: list = []
+    calls: list = []
 
     def keep(pipe, step, timestep, tensors):
         latents.append(tensors["latents"].detach().clone())
         return tensors
 
-    pipeline(
-        prompt=prompts,
-        num_inference_steps=steps,
-        generator=torch.Generator("cpu").manual_seed(SEED),
-        output_type="pt",
-        callback_on_step_end=keep,
-    )
-    return [step.double().cpu() for step in latents]
+    def note(module, args, kwargs, output):
+        detached = (
+            map_tensors(args, lambda t: t.detach().clone()),
+            map_tensors(kwargs, lambda t: t.detach().clone()),
+            first_tensor(output).detach().clone(),
+        )
+        calls.append(detached)
+
+    hook = denoiser_of(pipeline).register_forward_hook(note, with_kwargs=True) if record else None
+    try:
+        pipeline(
+            prompt=prompts,
+            num_inference_steps=steps,
+            generator=torch.Generator("cpu").manual_seed(SEED),
+            output_type="pt",
+            callback_on_step_end=keep,
+        )
+    finally:
+        if hook is not None:
+            hook.remove()
+    return {
+        "latents": [step.double().cpu() for step in latents],
+        "calls": [
+            (map_tensors(a, lambda t: t.cpu()), map_tensors(k, lambda t: t.cpu()), p.double().cpu())
+            for a, k, p in calls
+        ],
+    }
 
 
-def latent_verdict(reference, baseline, device, params: dict, dtype_name: str = "bfloat16") -> dict:
-    """Judge the device's latents, step by step, against the reference and baseline (pure).
-
-    Each argument is the list of latents after every denoising step (batch first). An item is
-    one prompt at one step; its error is the relative error of its latents,
-    ||device - reference|| / ||reference||. Check latents: the median and the maximum over
-    items against the baseline's same statistic (bounds ``max_error_ratio``, ``max_peak_ratio``).
-    Both runs start from the same noise, so a fault at any step shows from that step on.
-    """
+def _relative_rows(value, reference):
+    """Per batch row, ||value - reference|| / ||reference|| (float64)."""
     import torch
 
+    ref = torch.as_tensor(reference).double()
+    rows = ref.reshape(ref.shape[0], -1)
+    diff = torch.as_tensor(value).double().reshape(rows.shape) - rows
+    return diff.norm(dim=-1) / rows.norm(dim=-1).clamp_min(1e-300)
+
+
+def latent_verdict(
+    reference,
+    baseline,
+    device,
+    params: dict,
+    dtype_name: str = "bfloat16",
+    predictions=None,
+) -> dict:
+    """Judge a text-to-image run step by step against the reference and baseline (pure).
+
+    ``reference``, ``baseline``, ``device``: the latents after every denoising step (batch
+    first); the runs start from the same noise. ``predictions``: (reference, baseline, device)
+    lists of the denoiser's prediction at every step, the reference's and the baseline's
+    computed from the device's own inputs (teacher forced). Per step and batch row, an error is
+    a relative error, ||x - reference|| / ||reference||. Checks, each the median and the maximum
+    over (step, row) items against the baseline's same statistic (bounds ``max_error_ratio``,
+    ``max_peak_ratio``):
+
+    - denoiser: the device's predictions (a wrong timestep, a stale step, a corrupted block
+      shows at the step it happens, whatever the scheduler does with it);
+    - latents: the trajectory, what the pipeline hands on.
+    """
     if not (len(reference) == len(baseline) == len(device)):
         raise ValueError(
             f"steps differ: reference {len(reference)}, baseline {len(baseline)}, device {len(device)}"
         )
-    device_err, baseline_err, items = [], [], []
+    metrics, items = [], []
+    if predictions is not None:
+        ref_pred, base_pred, dev_pred = predictions
+        if not (len(ref_pred) == len(base_pred) == len(dev_pred)):
+            raise ValueError(
+                "the denoiser predictions of reference, baseline and device differ in number"
+            )
+        device_err, baseline_err = [], []
+        for step, (ref, base, dev) in enumerate(zip(ref_pred, base_pred, dev_pred, strict=True)):
+            dev_rel, base_rel = _relative_rows(dev, ref), _relative_rows(base, ref)
+            for row in range(dev_rel.shape[0]):
+                device_err.append(float(dev_rel[row]))
+                baseline_err.append(float(base_rel[row]))
+                items.append(
+                    {
+                        "check": "denoiser",
+                        "step": step,
+                        "row": row,
+                        "device_error": _figure(dev_rel[row]),
+                        "baseline_error": _figure(base_rel[row]),
+                    }
+                )
+        denoiser = item_statistics(
+            "denoiser", device_err, baseline_err, params, "relative_error_floor"
+        )
+        denoiser["what"] = "relative error of the denoiser's prediction from the device's inputs"
+        metrics.append(denoiser)
+    device_err, baseline_err = [], []
     for step, (ref, base, dev) in enumerate(zip(reference, baseline, device, strict=True)):
-        ref, base, dev = (torch.as_tensor(x).double() for x in (ref, base, dev))
-        rows = ref.reshape(ref.shape[0], -1)
-        scale = rows.norm(dim=-1).clamp_min(1e-300)
-        dev_rel = (dev.reshape(rows.shape) - rows).norm(dim=-1) / scale
-        base_rel = (base.reshape(rows.shape) - rows).norm(dim=-1) / scale
-        for row in range(rows.shape[0]):
+        dev_rel, base_rel = _relative_rows(dev, ref), _relative_rows(base, ref)
+        for row in range(dev_rel.shape[0]):
             device_err.append(float(dev_rel[row]))
             baseline_err.append(float(base_rel[row]))
             items.append(
                 {
+                    "check": "latents",
                     "step": step,
-                    "prompt": row,
+                    "row": row,
                     "device_error": _figure(dev_rel[row]),
                     "baseline_error": _figure(base_rel[row]),
                 }
             )
-    latents = item_statistics("latents", device_err, baseline_err, params)
+    latents = item_statistics("latents", device_err, baseline_err, params, "relative_error_floor")
     latents["what"] = "relative latent error after a denoising step"
-    return task_verdict("latents", [latents], {}, items, params, dtype_name)
+    metrics.append(latents)
+    return task_verdict("latents", metrics, {}, items, params, dtype_name)
 
 
 # ---- the task table
