@@ -99,10 +99,20 @@ def current_frame(ctx: Context, columns: tuple[str, ...]) -> pd.DataFrame:
 
 @st.cache_data(ttl=RANKING_TTL_S, show_spinner="Fetching the Hub ranking…")
 def ranking(
-    results_uri: str, task: str, sort: RankingSort, limit: int, endpoint: str | None
+    results_uri: str,
+    task: str,
+    sort: RankingSort,
+    limit: int,
+    endpoint: str | None,
+    unreachable: str | None = None,
 ) -> RankingResult:
-    """The Hub ranking (live, else the stored snapshot), cached for RANKING_TTL_S seconds."""
-    return get_ranking(results_uri, task, sort, limit=limit, endpoint=endpoint)
+    """The Hub ranking (live, else the stored snapshot), cached for RANKING_TTL_S seconds.
+
+    ``unreachable``: the Hub already failed for another task: read only the snapshot.
+    """
+    return get_ranking(
+        results_uri, task, sort, limit=limit, endpoint=endpoint, unreachable=unreachable
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,15 +196,16 @@ def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
     """The Hub's ranking per task beside our results (tested or not, excluded with the reason)."""
     frame = read(ctx, [ctx.current] if ctx.current else [], queries.LIST_COLUMNS)
     tables = []
+    unreachable: str | None = None  # once the Hub fails, the other tasks read their snapshots
+    missing: list[tuple[str, RankingResult]] = []
     for task in [ctx.task] if ctx.task else TASKS:
-        result = ranking(ctx.results_uri, task, sort, DEFAULT_LIMIT, ctx.hub_endpoint)
-        st.subheader(f"{task}")
+        result = ranking(ctx.results_uri, task, sort, DEFAULT_LIMIT, ctx.hub_endpoint, unreachable)
+        if result.source != "live" and result.live_error:
+            unreachable = unreachable or result.live_error
         if result.ranking is None:
-            st.warning(
-                f"No ranking of {task} models: the Hub could not be reached ({result.live_error}) "
-                f"and there is no stored ranking ({result.snapshot_error})."
-            )
+            missing.append((task, result))
             continue
+        st.subheader(f"{task}")
         fetched = result.ranking.fetched_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
         if result.source == "snapshot":
             st.warning(
@@ -215,6 +226,14 @@ def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
         picked = show_table(table.reset_index(drop=True), key=f"table-{sort}-{task}")
         if picked:
             st.session_state["model"] = picked
+    if missing:
+        # One warning for every task without a ranking (the Hub's reason is the same for all).
+        first = missing[0][1]
+        st.warning(
+            f"No ranking of {', '.join(task for task, _ in missing)} models: the Hub could not "
+            f"be reached ({unreachable or first.live_error}) and there is no stored ranking "
+            f"({first.snapshot_error}{'; likewise for the others' if len(missing) > 1 else ''})."
+        )
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["model"])
 
 
@@ -427,14 +446,21 @@ def _details_row(row: pd.Series) -> None:
             pd.DataFrame([{k: (None if pd.isna(v) else v) for k, v in figures.items()}]),
             hide_index=True,
         )
-    with st.expander("Whole verification (JSON)"):
-        st.json(
-            json.loads(row["verification_json"])
-            if isinstance(row["verification_json"], str)
-            else {}
+    verification = (
+        json.loads(row["verification_json"]) if isinstance(row["verification_json"], str) else {}
+    )
+    measures = queries.verdict_measures(verification)
+    if not measures.empty:  # embeddings, classification, text-to-image: each measure's figures
+        st.caption(
+            f"Compared: {verification.get('method')}; ratios are the device's to the baseline's."
         )
+        st.dataframe(measures, hide_index=True)
+        with st.expander("Per input / per step"):
+            st.dataframe(queries.verdict_items(verification), hide_index=True)
+    with st.expander("Whole verification (JSON)"):
+        st.json(verification)
     if isinstance(row["text"], str) and row["text"]:
-        st.markdown("**Generated text (first prompt)**")
+        st.markdown(f"**{queries.output_label(str(row['task']))}**")
         st.text(row["text"])
 
     st.markdown("**Reproduce**")
