@@ -27,8 +27,9 @@ def demo(
     ] = "aot_eager",
     timeout: Annotated[float, typer.Option(help="Seconds per model before TIMEOUT.")] = 900.0,
 ) -> None:
-    """Build tiny Llama, Qwen3, Qwen3-MoE and Llava checkpoints, test each, print the table."""
-    from model_support.checkpoints import build_demo_models, default_cache_dir
+    """Build tiny Llama, Qwen3, Qwen3-MoE and Llava checkpoints and one per other task family
+    (embeddings, seq2seq, speech, classification, text-to-image), test each, print the table."""
+    from model_support.checkpoints import TASK_MODELS, build_demo_models, default_cache_dir
     from model_support.config import RunConfig
     from model_support.execution import run_local
     from model_support.store import ResultsStore
@@ -36,6 +37,8 @@ def demo(
     store = ResultsStore(location)
     dest = models_dir or default_cache_dir()
     names = ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-llava"]
+    # One model of each task family beyond text generation (issue 13).
+    names += [model.name for model in TASK_MODELS]
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # the status line says what is happening

@@ -11,12 +11,13 @@ import pandas as pd
 import pytest
 import transformers
 
-from model_support.checkpoints import DemoModel
+from model_support.checkpoints import TASK_MODELS, DemoModel
 
 pytestmark = pytest.mark.slow
 
 CLI = str(Path(sys.executable).with_name("model-support"))
 DEMO_NAMES = ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-llava"]
+DEMO_NAMES += [model.name for model in TASK_MODELS]  # one per task family beyond text generation
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +40,8 @@ def test_demo_tests_every_model_and_prints_the_table(demo_results: tuple[Path, s
     _, stdout = demo_results
     for name in DEMO_NAMES:
         assert name in stdout
-    assert "model-support results (4 rows)" in stdout
-    assert stdout.count("PASS") >= 8  # a line per run and a row per model
+    assert f"model-support results ({len(DEMO_NAMES)} rows)" in stdout
+    assert stdout.count("PASS") >= 2 * len(DEMO_NAMES)  # a line per run and a row per model
 
 
 @pytest.mark.parametrize("name", DEMO_NAMES)
