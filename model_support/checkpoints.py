@@ -75,7 +75,7 @@ LLAVA_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- 'ASSISTANT:' -}}{%- endif -%}"
 )
 
-# Shapes shared by every text stack: hidden 64, 2 layers, as in REFERENCE.md. Training, not a
+# Shapes shared by every text stack: hidden 64, 2 layers, built and run in seconds. Training, not a
 # large initializer_range, is what makes these models decisive: with 0.1 instead of the usual
 # 0.02 the same 400 steps end at a higher loss (1.3 against 1.0) and smaller top-2 margins.
 _INIT_RANGE = 0.02
@@ -774,3 +774,90 @@ def _llava_processor(tokenizer: PreTrainedTokenizerFast) -> Any:
         image_token=IMAGE_TOKEN,
         num_additional_image_tokens=1,  # CLIP's CLS token, dropped by the "default" strategy
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Header-only checkpoints: a real model's shape without its weights (enough to size, not to load)
+
+LLAMA_3_1_405B_CONFIG: Mapping[str, Any] = {
+    # The published meta-llama/Llama-3.1-405B config.json, as far as sizing reads it.
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 16384,
+    "intermediate_size": 53248,
+    "num_hidden_layers": 126,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+OVERSIZED_DEMO_NAME = "llama-405b-headers"
+"""The demo's model too large to test: Llama-3.1-405B's shape, safetensors headers only."""
+
+
+def llama_tensors(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every weight of a Llama-architecture checkpoint with ``config``."""
+    hidden, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
+    heads, kv_heads = int(config["num_attention_heads"]), int(config["num_key_value_heads"])
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    inter, vocab = int(config["intermediate_size"]), int(config["vocab_size"])
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (heads * head_dim, hidden),
+            p + "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+            p + "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+            p + "self_attn.o_proj.weight": (hidden, heads * head_dim),
+            p + "mlp.gate_proj.weight": (inter, hidden),
+            p + "mlp.up_proj.weight": (inter, hidden),
+            p + "mlp.down_proj.weight": (hidden, inter),
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+        }
+    shapes["model.norm.weight"] = (hidden,)
+    if not config.get("tie_word_embeddings", False):
+        shapes["lm_head.weight"] = (vocab, hidden)
+    return shapes
+
+
+def build_header_only_checkpoint(
+    dest: Path, name: str, config: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
+) -> Path:
+    """``dest/name`` holding ``config.json`` and a ``model.safetensors`` that is only a header.
+
+    The header lists every tensor (BF16, ``shapes``) with offsets into data that is not there:
+    sizing reads headers only, so it sizes the model as if the weights were present, while
+    loading it fails. Rewritten only when its contents differ (each file replaced atomically).
+    """
+    if not _DIRECTORY_NAME.fullmatch(name):
+        raise ValueError(f"checkpoint name {name!r} cannot be a directory name")
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", "content": "header only"}}
+    offset = 0
+    for tensor, shape in shapes.items():
+        size = math.prod(shape) * 2  # BF16
+        header[tensor] = {
+            "dtype": "BF16",
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    files = {
+        "config.json": json.dumps(dict(config), indent=2, sort_keys=True).encode(),
+        "model.safetensors": len(raw).to_bytes(8, "little") + raw,
+    }
+    target = Path(dest) / name
+    target.mkdir(parents=True, exist_ok=True)
+    for file_name, data in files.items():
+        path = target / file_name
+        if path.is_file() and path.read_bytes() == data:
+            continue
+        temp = target / f".{file_name}.{uuid.uuid4().hex}.tmp"
+        temp.write_bytes(data)
+        os.replace(temp, path)
+    return target

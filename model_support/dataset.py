@@ -18,15 +18,20 @@ import importlib.metadata
 import json
 import platform
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+
+# mypy reads this repository's operator/ folder as the top-level "operator"; this is the stdlib's.
+from operator import attrgetter  # type: ignore[attr-defined,unused-ignore]
 from typing import Any
 
 import pyarrow as pa
 from huggingface_hub import DatasetCardData
+from pydantic import BaseModel
 
 from model_support.config import VerificationConfig
+from model_support.models import is_local_path
 from model_support.records import ResultDocument, RunRecord, Stack
 from model_support.vocabulary import (
     ERROR_CLASS_MEANINGS,
@@ -55,7 +60,9 @@ LIBRARY = "transformers"
 UNKNOWN = "unknown"
 """Stands in for a missing compiler or version in matrix file names."""
 
-TEXT_SEPARATOR = "\n"
+MATRIX_FORMAT_VERSION = 3
+"""Bump when what a column holds changes without the schema changing (a getter below): stores
+rebuild their matrix from the records when it differs from the one their index was made with."""
 
 
 @dataclass(frozen=True, order=True)
@@ -109,8 +116,49 @@ def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
+def _model_json(value: BaseModel) -> str:
+    """A record part as JSON in its declared field order (deterministic, and fast)."""
+    return value.model_dump_json()
+
+
+def _field(path: str) -> Callable[[_Source], Any]:
+    """A column that is one field of the record, e.g. ``"doc.timings.load_s"``.
+
+    ``operator.attrgetter`` reads it in C: a matrix of 100,000 rows is built noticeably faster
+    than with one Python function call per cell.
+    """
+    getter: Callable[[_Source], Any] = attrgetter(path)
+    return getter
+
+
 def _enum_value(value: Any) -> str | None:
     return None if value is None else str(getattr(value, "value", value))
+
+
+def _cache_figure(s: _Source, direction: str, name: str) -> Any:
+    """One figure of the run's compile cache pull or push; None where there was none."""
+    cache = s.doc.compile_cache
+    transfer = getattr(cache, direction) if cache is not None else None
+    return None if transfer is None else getattr(transfer, name)
+
+
+def _cache_skipped(s: _Source) -> int | None:
+    cache = s.doc.compile_cache
+    if cache is None:
+        return None
+    return sum(t.skipped for t in (cache.pull, cache.push) if t is not None)
+
+
+def _cache_error(s: _Source) -> str | None:
+    cache = s.doc.compile_cache
+    if cache is None:
+        return None
+    errors = [
+        f"{name}: {t.error}"
+        for name, t in (("pull", cache.pull), ("push", cache.push))
+        if t and t.error
+    ]
+    return "; ".join(errors) or None
 
 
 _STRING = pa.string()
@@ -124,32 +172,39 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "model_id",
         _STRING,
-        "Hub model id (org/name) or the local checkpoint path that was tested.",
-        lambda s: s.doc.model,
+        "Hub model id (org/name); for a local checkpoint a readable id (local/<folder name>, or "
+        "the name it was recorded under, e.g. demo/tiny-llama).",
+        lambda s: s.record.model_id,
+    ),
+    Column(
+        "model_path",
+        _STRING,
+        "The local checkpoint directory that was tested (on the machine that ran it); null for a Hub model.",
+        lambda s: s.doc.model if is_local_path(s.doc.model) else None,
     ),
     Column(
         "revision",
         _STRING,
         "Requested Hub revision (branch, tag or commit); null = main.",
-        lambda s: s.doc.revision,
+        _field("doc.revision"),
     ),
     Column(
         "resolved_revision",
         _STRING,
         "Commit the requested revision resolved to when the test ran.",
-        lambda s: s.doc.resolved_revision,
+        _field("doc.resolved_revision"),
     ),
     Column(
         "task",
         _STRING,
         "Hub pipeline tag tested: text-generation, image-text-to-text, feature-extraction, sentence-similarity, text2text-generation, automatic-speech-recognition, image-classification, text-classification or text-to-image.",
-        lambda s: s.doc.task,
+        _field("doc.task"),
     ),
     Column(
         "backend",
         _STRING,
         "Device backend run.py executed on: neuron, cuda or cpu.",
-        lambda s: s.doc.backend,
+        _field("doc.backend"),
     ),
     # placement: which matrix file the row is in
     Column(
@@ -162,129 +217,129 @@ COLUMNS: tuple[Column, ...] = (
         "compiler",
         _STRING,
         "neuronx-cc on the neuron backend, else the torch.compile backend (inductor, aot_eager, module:function).",
-        lambda s: s.key.compiler,
+        _field("key.compiler"),
     ),
     Column(
         "compiler_version",
         _STRING,
         "Version of `compiler`: the neuronx-cc version, or the torch version for torch.compile backends.",
-        lambda s: s.key.compiler_version,
+        _field("key.compiler_version"),
     ),
-    Column("library", _STRING, "Modelling library: transformers.", lambda s: s.key.library),
-    Column("library_version", _STRING, "Version of `library`.", lambda s: s.key.library_version),
-    Column("torch", _STRING, "PyTorch version.", lambda s: s.doc.stack.torch),
+    Column("library", _STRING, "Modelling library: transformers.", _field("key.library")),
+    Column("library_version", _STRING, "Version of `library`.", _field("key.library_version")),
+    Column("torch", _STRING, "PyTorch version.", _field("doc.stack.torch")),
     Column(
         "torch_neuronx",
         _STRING,
         "torch-neuronx version; null off Trainium.",
-        lambda s: s.doc.stack.torch_neuronx,
+        _field("doc.stack.torch_neuronx"),
     ),
     # how it was run
     Column(
         "neuron_cores",
         _INT,
         "Cores the model was run on (NeuronCores on Trainium, processes elsewhere).",
-        lambda s: s.doc.cores,
+        _field("doc.cores"),
     ),
     Column(
         "parallelism",
         _STRING,
         "How the model was split over cores: none, tensor or expert.",
-        lambda s: _enum_value(s.doc.parallelism),
+        _field("doc.parallelism"),  # a StrEnum is its value
     ),
     Column(
         "dtype",
         _STRING,
         "Weight and compute dtype (bfloat16, float16, float32).",
-        lambda s: s.doc.dtype,
+        _field("doc.dtype"),
     ),
     Column(
         "compile_backend",
         _STRING,
         "torch.compile backend as configured for the run.",
-        lambda s: s.doc.compile_backend,
+        _field("doc.compile_backend"),
     ),
-    Column("max_new_tokens", _INT, "Tokens generated per prompt.", lambda s: s.doc.max_new_tokens),
+    Column("max_new_tokens", _INT, "Tokens generated per prompt.", _field("doc.max_new_tokens")),
     Column(
         "parameters",
         _INT,
         "Total parameter count of the model as loaded (null where loading failed).",
-        lambda s: s.doc.parameters,
+        _field("doc.parameters"),
     ),
     # outcome
     Column(
         "result",
         _STRING,
-        "Outcome: PASS, FAIL, ERROR, TIMEOUT or EXCLUDED (see Result states).",
-        lambda s: _enum_value(s.doc.result),
+        f"Outcome: {', '.join(r.value for r in Result)} (see Result states).",
+        _field("doc.result"),  # a StrEnum is its value
     ),
     Column(
         "error_class",
         _STRING,
         "For ERROR: the stage that failed (see Error classes).",
-        lambda s: _enum_value(s.doc.error_class),
+        _field("doc.error_class"),  # a StrEnum is its value
     ),
     Column(
         "error",
         _STRING,
         "For ERROR/TIMEOUT: the message (and traceback tail).",
-        lambda s: s.doc.error,
+        _field("doc.error"),
     ),
-    Column("stage", _STRING, "Last stage of run.py reached.", lambda s: s.doc.stage),
+    Column("stage", _STRING, "Last stage of run.py reached.", _field("doc.stage")),
     Column(
         "exclusion_reason",
         _STRING,
         "For EXCLUDED: the reason code (see Exclusion reasons).",
-        lambda s: _enum_value(s.record.exclusion_reason),
+        _field("record.exclusion_reason"),  # a StrEnum is its value
     ),
     # timings and memory
     Column(
         "wall_time_s",
         _FLOAT,
         "Seconds for load + compile + generate (the CPU reference pass excluded).",
-        lambda s: s.doc.timings.wall_time_s,
+        _field("doc.timings.wall_time_s"),
     ),
     Column(
         "compile_time_s",
         _FLOAT,
         "Seconds of compilation: first generate call minus the steady one.",
-        lambda s: s.doc.timings.compile_s,
+        _field("doc.timings.compile_s"),
     ),
     Column(
         "load_time_s",
         _FLOAT,
         "Seconds to load tokenizer/processor and weights.",
-        lambda s: s.doc.timings.load_s,
+        _field("doc.timings.load_s"),
     ),
     Column(
         "first_generate_s",
         _FLOAT,
         "Seconds of the first generate call (includes compilation).",
-        lambda s: s.doc.timings.first_generate_s,
+        _field("doc.timings.first_generate_s"),
     ),
     Column(
         "steady_generate_s",
         _FLOAT,
         "Seconds of a second, identical generate call (compiled).",
-        lambda s: s.doc.timings.steady_generate_s,
+        _field("doc.timings.steady_generate_s"),
     ),
     Column(
         "decode_tokens_per_s",
         _FLOAT,
         "Generated tokens (all prompts) per second of decoding, prefill excluded.",
-        lambda s: s.doc.timings.decode_tokens_per_s,
+        _field("doc.timings.decode_tokens_per_s"),
     ),
     Column(
         "peak_device_memory_bytes",
         _INT,
         "Peak device memory in bytes (allocator on neuron/cuda, the process on cpu).",
-        lambda s: s.doc.memory.peak_device_memory_bytes,
+        _field("doc.memory.peak_device_memory_bytes"),
     ),
     Column(
         "host_peak_rss_bytes",
         _INT,
         "Peak resident memory of the host process in bytes.",
-        lambda s: s.doc.memory.host_peak_rss_bytes,
+        _field("doc.memory.host_peak_rss_bytes"),
     ),
     # ---- Trainium path: memory source, LNC, compilation (run.py's stack / memory / compilation)
     Column(
@@ -319,42 +374,117 @@ COLUMNS: tuple[Column, ...] = (
         lambda s: s.doc.compilation.cache_hit,
     ),
     # ---- end of the Trainium path's columns
+    # ---- compile cache (model_support/compile_cache): hits during the run, transfers around it
+    Column(
+        "compile_cache_hits",
+        _INT,
+        "Compiled graphs served by the compile cache during the run (TorchNeuron's NEFF cache "
+        "on neuron, inductor's FX graph cache elsewhere).",
+        lambda s: s.doc.compilation.cache_hits,
+    ),
+    Column(
+        "compile_cache_misses",
+        _INT,
+        "Graphs compiled from scratch during the run (new compile cache entries).",
+        lambda s: s.doc.compilation.cache_misses,
+    ),
+    Column(
+        "compile_cache_target",
+        _STRING,
+        "Root URI of the compile cache pulled before and pushed after the run; null = none.",
+        lambda s: s.doc.compile_cache.target if s.doc.compile_cache else None,
+    ),
+    Column(
+        "compile_cache_prefix",
+        _STRING,
+        "The compiler prefix under that root: neuronxcc-<version> or inductor-torch-<version>.",
+        lambda s: s.doc.compile_cache.prefix if s.doc.compile_cache else None,
+    ),
+    Column(
+        "compile_cache_pulled_entries",
+        _INT,
+        "Complete, verified cache entries pulled before the run.",
+        lambda s: _cache_figure(s, "pull", "entries"),
+    ),
+    Column(
+        "compile_cache_pulled_bytes",
+        _INT,
+        "Bytes of the entries pulled before the run.",
+        lambda s: _cache_figure(s, "pull", "bytes"),
+    ),
+    Column(
+        "compile_cache_pull_s",
+        _FLOAT,
+        "Seconds the pull took (not part of wall_time_s).",
+        lambda s: _cache_figure(s, "pull", "seconds"),
+    ),
+    Column(
+        "compile_cache_pushed_entries",
+        _INT,
+        "New cache entries pushed after the run.",
+        lambda s: _cache_figure(s, "push", "entries"),
+    ),
+    Column(
+        "compile_cache_pushed_bytes",
+        _INT,
+        "Bytes of the entries pushed after the run.",
+        lambda s: _cache_figure(s, "push", "bytes"),
+    ),
+    Column(
+        "compile_cache_push_s",
+        _FLOAT,
+        "Seconds the push took (not part of wall_time_s).",
+        lambda s: _cache_figure(s, "push", "seconds"),
+    ),
+    Column(
+        "compile_cache_skipped",
+        _INT,
+        "Entries left out of the pull and push: incomplete locally, or corrupt/truncated in the target.",
+        lambda s: _cache_skipped(s),
+    ),
+    Column(
+        "compile_cache_error",
+        _STRING,
+        "Why a pull or push failed (the result is unaffected); null when both worked.",
+        lambda s: _cache_error(s),
+    ),
+    # ---- end of the compile cache's columns
     # verification
     Column(
         "verified_exact",
         _BOOL,
         "Every generated token equals the float32 reference's argmax.",
-        lambda s: s.doc.verification.exact,
+        _field("doc.verification.exact"),
     ),
     Column(
         "error_ratio",
         _FLOAT,
         "Median over positions of the device's logit error / the baseline's (worst prompt): the `median` check.",
-        lambda s: s.doc.verification.error_ratio,
+        _field("doc.verification.error_ratio"),
     ),
     Column(
         "mismatches",
         _INT,
         "Generated tokens that differ from the reference argmax.",
-        lambda s: s.doc.verification.mismatches,
+        _field("doc.verification.mismatches"),
     ),
     Column(
         "near_ties",
         _INT,
         "Mismatches accepted as within the dtype's noise.",
-        lambda s: s.doc.verification.near_ties,
+        _field("doc.verification.near_ties"),
     ),
     Column(
         "bad_tokens",
         _INT,
         "Mismatches beyond the dtype's noise (any one FAILs the test).",
-        lambda s: s.doc.verification.bad_tokens,
+        _field("doc.verification.bad_tokens"),
     ),
     Column(
         "first_mismatch",
         _INT,
         "Index (over all prompts' generated tokens) of the first mismatch.",
-        lambda s: s.doc.verification.first_mismatch,
+        _field("doc.verification.first_mismatch"),
     ),
     # ---- verdict statistics (issue 10): which check failed, and every check's worst ratio ----
     Column(
@@ -398,13 +528,13 @@ COLUMNS: tuple[Column, ...] = (
         "verification_reason",
         _STRING,
         "The verdict's explanation in words.",
-        lambda s: s.doc.verification.reason,
+        _field("doc.verification.reason"),
     ),
     Column(
         "verification_json",
         _STRING,
         "The whole verification (thresholds, per-position figures) as JSON, to re-judge with other thresholds.",
-        lambda s: _json(s.doc.verification.model_dump(mode="json")),
+        lambda s: _model_json(s.doc.verification),
     ),
     # what it produced
     Column(
@@ -417,53 +547,53 @@ COLUMNS: tuple[Column, ...] = (
         "texts",
         pa.list_(_STRING),
         "Generated text for every prompt, in prompt order.",
-        lambda s: list(s.doc.text),
+        _field("doc.text"),
     ),
-    Column("prompts", pa.list_(_STRING), "The prompts, in order.", lambda s: list(s.doc.prompts)),
+    Column("prompts", pa.list_(_STRING), "The prompts, in order.", _field("doc.prompts")),
     # provenance
     Column(
         "instance_type",
         _STRING,
         "Machine type the test ran on (e.g. trn2.48xlarge), when known.",
-        lambda s: s.doc.stack.instance_type,
+        _field("doc.stack.instance_type"),
     ),
     Column(
         "device_name",
         _STRING,
         "Accelerator name reported by the backend, when known.",
-        lambda s: s.doc.stack.device_name,
+        _field("doc.stack.device_name"),
     ),
     Column(
         "stack",
         _STRING,
         "JSON object of every recorded version (python, torch, transformers, torch_neuronx, neuronx_cc, ...). "
         '`"origin": "writer"` marks versions filled in by the process that stored an EXCLUDED record.',
-        lambda s: _json(s.doc.stack.model_dump(mode="json")),
+        lambda s: _model_json(s.doc.stack),
     ),
     Column(
         "packages",
         pa.list_(_STRING),
         "Every installed distribution as name==version.",
-        lambda s: list(s.doc.packages),
+        _field("doc.packages"),
     ),
     Column(
         "run_py",
         _STRING,
         "The exact run.py that ran (for EXCLUDED: the one that would have run). Save it and run it to reproduce.",
-        lambda s: s.record.run_py,
+        _field("record.run_py"),
     ),
     Column(
         "run_id",
         _STRING,
         "Unique id of the run record (records/<run_id>.json in the store).",
-        lambda s: s.record.run_id,
+        _field("record.run_id"),
     ),
-    Column("source", _STRING, "Who ran the test: cli, operator, demo.", lambda s: s.record.source),
+    Column("source", _STRING, "Who ran the test: cli, operator, demo.", _field("record.source")),
     Column(
         "labels",
         _STRING,
         "The record's free labels (CR name, sweep name) as a JSON object.",
-        lambda s: _json(s.record.labels),
+        lambda s: _json(s.record.labels) if s.record.labels else "{}",
     ),
     Column(
         "started_at", _TIMESTAMP, "When run.py started (UTC).", lambda s: _utc(s.doc.started_at)
@@ -483,6 +613,19 @@ MATRIX_SCHEMA: pa.Schema = pa.schema([pa.field(c.name, c.type, nullable=True) fo
 """The one schema of every matrix file (so a directory of them reads as one table)."""
 
 MATRIX_COLUMNS: tuple[str, ...] = tuple(c.name for c in COLUMNS)
+
+MATRIX_ROW_GROUP_BYTES = 8 * 2**20
+"""Target size of a matrix file's row groups (uncompressed). Rows are sorted by model id, so a
+reader looking for one model (the viewer's details) decodes only the row groups whose model_id
+statistics can hold it: one group of a few MiB instead of the whole file."""
+
+
+def matrix_row_group_rows(table: pa.Table) -> int:
+    """Rows per row group for ``table``: about MATRIX_ROW_GROUP_BYTES each (64 rows at least)."""
+    if table.num_rows == 0:
+        return 1
+    row_bytes = max(table.nbytes // table.num_rows, 1)
+    return max(64, min(table.num_rows, MATRIX_ROW_GROUP_BYTES // row_bytes))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -560,10 +703,32 @@ def recency(record: RunRecord) -> tuple[datetime, str]:
     return (when, record.run_id)
 
 
+MATRIX_ORDER = [("model_id", "ascending"), ("task", "ascending"), ("run_id", "ascending")]
+"""Row order of every matrix file: the same records always give the same bytes."""
+
+
 def rows_to_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
     """Rows as an Arrow table in :data:`MATRIX_SCHEMA`, sorted by (model_id, task, run_id)."""
     ordered = sorted(rows, key=lambda r: (r["model_id"], r["task"], r["run_id"]))
     return pa.Table.from_pylist(ordered, schema=MATRIX_SCHEMA)
+
+
+def records_to_table(records: Sequence[RunRecord], keys: Sequence[MatrixKey]) -> pa.Table:
+    """Records (placed at ``keys``) as one Arrow table in :data:`MATRIX_SCHEMA`, in
+    :data:`MATRIX_ORDER`: the rows :func:`record_to_row` gives, built a column at a time."""
+    sources = sorted(
+        (_Source(record=r, doc=r.document, key=k) for r, k in zip(records, keys, strict=True)),
+        key=lambda s: (s.record.model_id, s.doc.task, s.record.run_id),  # = MATRIX_ORDER
+    )
+    getters = [c.get for c in COLUMNS]
+    # Row by row, then transposed: each record's objects are read while they are in the CPU's
+    # cache, twice as fast at 100,000 records as reading one column through all of them.
+    rows = [[get(source) for get in getters] for source in sources]
+    columns = zip(*rows, strict=True) if rows else ([] for _ in COLUMNS)
+    arrays = [
+        pa.array(list(values), type=c.type) for values, c in zip(columns, COLUMNS, strict=True)
+    ]
+    return pa.Table.from_arrays(arrays, schema=MATRIX_SCHEMA)
 
 
 _VERSION_FIELDS = ("python", "torch", "transformers", "torch_neuronx", "neuronx_cc")
@@ -779,7 +944,8 @@ exact `run.py` that reproduces it. Rows from other torch.compile backends (for e
 on CPU) use the same format.
 
 This directory is a materialized view: the source of truth is the immutable run records under
-`records/`, and the files under `data/` (and this card) are regenerated from them.
+`records/`, and the files under `data/` (and this card) are regenerated from them; `index/` says
+which records they hold, so a new record rewrites only the file it belongs to.
 
 ## Files
 

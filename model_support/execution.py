@@ -1,7 +1,8 @@
-"""Local execution of a rendered run.py, and turning result documents into run records.
+"""Local execution of a rendered run.py: a subprocess here, as a Job's container runs it there.
 
-The CLI runs run.py as a subprocess here; the operator runs the same file as a Job's container
-command. Both end in `record_from_document`, so a record means the same thing wherever it ran.
+The CLI runs run.py as a subprocess; the operator runs the same file as a Job's container
+command. Both turn the document into a record with :func:`model_support.records.record_from_document`,
+so a record means the same thing wherever it ran.
 """
 
 from __future__ import annotations
@@ -15,23 +16,27 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
 from model_support.config import RunConfig
 from model_support.records import (
     PROGRESS_MARKER,
+    RESULT_MARKER,
     ResultDocument,
     RunRecord,
-    new_run_id,
+    failure_document,
     parse_result_line,
+    record_from_document,
 )
 from model_support.script import render_script
-from model_support.vocabulary import ErrorClass, ExclusionReason, Result
+from model_support.vocabulary import ErrorClass, Result
 
 
 class RunCancelled(RuntimeError):
@@ -46,74 +51,6 @@ class StageEvent:
     status: str
     seconds: float | None = None
     detail: str | None = None
-
-
-def record_from_document(
-    document: ResultDocument,
-    run_py: str,
-    *,
-    source: str = "cli",
-    labels: dict[str, str] | None = None,
-    run_id: str | None = None,
-) -> RunRecord:
-    """Wrap a result document and the exact script that produced it into an immutable record."""
-    return RunRecord(
-        run_id=run_id or new_run_id(document.model),
-        document=document,
-        run_py=run_py,
-        source=source,
-        labels=labels or {},
-    )
-
-
-def failure_document(
-    config: RunConfig,
-    result: Result,
-    *,
-    error_class: ErrorClass | None,
-    error: str,
-    started_at: datetime | None = None,
-    stage: str | None = None,
-    total_s: float | None = None,
-) -> ResultDocument:
-    """A result document for a run that produced none itself (timeout, killed, OOM-killed, no output)."""
-    doc = ResultDocument(
-        model=config.model,
-        revision=config.revision,
-        task=config.task.value,
-        backend=config.backend.value,
-        compile_backend=config.compile_backend,
-        dtype=config.dtype,
-        cores=config.cores,
-        parallelism=config.parallelism,
-        max_new_tokens=config.max_new_tokens,
-        prompts=list(config.prompts),
-        result=result,
-        error_class=error_class,
-        error=error,
-        stage=stage,
-        started_at=started_at,
-        finished_at=datetime.now(UTC),
-    )
-    doc.timings.total_s = total_s
-    return doc
-
-
-def excluded_record(
-    config: RunConfig,
-    reason: ExclusionReason,
-    message: str,
-    *,
-    source: str = "cli",
-    labels: dict[str, str] | None = None,
-) -> RunRecord:
-    """A record for a model deliberately not run; holds the run.py that would have run."""
-    now = datetime.now(UTC)
-    document = failure_document(
-        config, Result.EXCLUDED, error_class=None, error=message, started_at=now
-    )
-    record = record_from_document(document, render_script(config), source=source, labels=labels)
-    return record.model_copy(update={"exclusion_reason": reason})
 
 
 def _python_for_runner() -> str:
@@ -135,6 +72,8 @@ def run_script(
     A run past ``timeout_s`` is killed (its whole process group, so sharded workers go too) and
     gives TIMEOUT; a run that dies without a result document gives ERROR with the exit status.
     Setting ``cancel`` stops the run the same way and raises RunCancelled (nothing to record).
+    On every way out, an exception included (Ctrl-C, a signal turned into one), the process
+    group is killed and the directory removed before this returns or raises.
     """
     started = datetime.now(UTC)
     t0 = time.monotonic()
@@ -150,33 +89,27 @@ def run_script(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            errors="replace",  # a model printing invalid UTF-8 must not stop the reader
             start_new_session=True,
         )
-        lines: list[str] = []
+        output = RunOutput(on_stage, on_output)
+        assert proc.stdout is not None
         reader = threading.Thread(
-            target=_pump, args=(proc, lines, on_stage, on_output), daemon=True
+            target=output.pump, args=(proc.stdout,), name="run-output", daemon=True
         )
         reader.start()
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        timed_out = cancelled = False
-        while proc.poll() is None:
-            if cancel is not None and cancel.is_set():
-                cancelled = True
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                timed_out = True
-                break
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=0.1)
-        # run.py kills its own workers, but a run killed from outside cannot: reap the whole
-        # process group either way, so no worker outlives its run.
-        _kill_group(proc)
-        reader.join(timeout=30)
+        try:
+            timed_out, cancelled = _wait(proc, timeout_s, cancel)
+        finally:
+            # run.py kills its own workers, but a run stopped from outside cannot: reap the whole
+            # process group on every way out, so no worker outlives its run.
+            _kill_group(proc)
+            reader.join(timeout=30)
+        output.raise_callback_error()
         if cancelled:
             raise RunCancelled(f"run.py was stopped on request after {time.monotonic() - t0:.1f} s")
         elapsed = time.monotonic() - t0
-        stdout = "\n".join(lines)
-        last_stage = _last_stage(lines)
+        last_stage = output.last_stage
         if timed_out:
             return failure_document(
                 config,
@@ -187,7 +120,7 @@ def run_script(
                 stage=last_stage,
                 total_s=elapsed,
             )
-        document = _read_document(directory / config.result_path, stdout)
+        document = _read_document(directory / config.result_path, output.result_line)
         if document is not None:
             return document
         return failure_document(
@@ -196,7 +129,8 @@ def run_script(
             error_class=_classify_exit(proc.returncode),
             error=(
                 f"run.py exited with status {proc.returncode} without a result document "
-                f"(last stage: {last_stage or 'none'}). Output tail:\n" + "\n".join(lines[-30:])
+                f"(last stage: {last_stage or 'none'}). Output tail:\n"
+                + "\n".join(list(output.tail)[-30:])
             ),
             started_at=started,
             stage=last_stage,
@@ -204,29 +138,93 @@ def run_script(
         )
 
 
-def _pump(
-    proc: subprocess.Popen[str],
-    lines: list[str],
-    on_stage: Callable[[StageEvent], None] | None,
-    on_output: Callable[[str], None] | None,
-) -> None:
-    assert proc.stdout is not None
-    for raw in proc.stdout:
-        line = raw.rstrip("\n")
-        lines.append(line)
-        if line.startswith(PROGRESS_MARKER):
-            if on_stage is not None:
-                data = json.loads(line[len(PROGRESS_MARKER) :])
-                on_stage(StageEvent(**data))
-        elif on_output is not None:
-            on_output(line)
+def _wait(
+    proc: subprocess.Popen[str], timeout_s: float | None, cancel: threading.Event | None
+) -> tuple[bool, bool]:
+    """Wait for run.py to end, the deadline to pass or ``cancel``; (timed out, cancelled)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while proc.poll() is None:
+        if cancel is not None and cancel.is_set():
+            return False, True
+        if deadline is not None and time.monotonic() > deadline:
+            return True, False
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.1)
+    return False, False
 
 
-def _last_stage(lines: list[str]) -> str | None:
-    for line in reversed(lines):
-        if line.startswith(PROGRESS_MARKER):
-            return str(json.loads(line[len(PROGRESS_MARKER) :])["stage"])
-    return None
+class RunOutput:
+    """run.py's merged stdout and stderr as it streams in: progress, a bounded tail, the result.
+
+    :meth:`pump` reads until the pipe closes, whatever the child prints: a progress line that
+    is not a valid event (a model or library printing the marker) is kept as ordinary output,
+    and only the last :data:`TAIL_LINES` ordinary lines are kept, so a chatty run can neither
+    stop the reader (which would block run.py on a full pipe) nor fill the memory.
+    """
+
+    TAIL_LINES = 200
+
+    def __init__(
+        self,
+        on_stage: Callable[[StageEvent], None] | None = None,
+        on_output: Callable[[str], None] | None = None,
+    ) -> None:
+        self.on_stage = on_stage
+        self.on_output = on_output
+        self.tail: deque[str] = deque(maxlen=self.TAIL_LINES)
+        self.last_stage: str | None = None
+        self.result_line: str | None = None
+        self._callback_error: BaseException | None = None
+
+    def pump(self, stream: Iterable[str]) -> None:
+        """Read ``stream`` to its end (the reader thread's body)."""
+        for raw in stream:
+            self.feed(raw.rstrip("\n"))
+
+    def feed(self, line: str) -> None:
+        """Take one line of output."""
+        if line.startswith(RESULT_MARKER):
+            self.result_line = line  # the last one wins, as in parse_result_line
+            return
+        event = parse_stage_event(line) if line.startswith(PROGRESS_MARKER) else None
+        if event is not None:
+            self.last_stage = event.stage
+            self._call(self.on_stage, event)
+            return
+        self.tail.append(line)
+        self._call(self.on_output, line)
+
+    def _call(self, callback: Callable[[Any], None] | None, value: object) -> None:
+        if callback is None or self._callback_error is not None:
+            return
+        try:
+            callback(value)
+        except BaseException as exc:  # kept for the caller: the reader must go on draining
+            self._callback_error = exc
+
+    def raise_callback_error(self) -> None:
+        """Re-raise what a callback raised (after the run ended), if anything."""
+        if self._callback_error is not None:
+            raise self._callback_error
+
+
+def parse_stage_event(line: str) -> StageEvent | None:
+    """The progress event of a ``MODEL_SUPPORT_STAGE`` line; None when it is not a valid one."""
+    try:
+        data = json.loads(line[len(PROGRESS_MARKER) :])
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    stage, status = data.get("stage"), data.get("status")
+    seconds, detail = data.get("seconds"), data.get("detail")
+    if not isinstance(stage, str) or not isinstance(status, str):
+        return None
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int | float)):
+        return None
+    if detail is not None and not isinstance(detail, str):
+        return None
+    return StageEvent(stage=stage, status=status, seconds=seconds, detail=detail)
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
@@ -242,14 +240,14 @@ def _classify_exit(returncode: int | None) -> ErrorClass:
     return ErrorClass.RUNTIME
 
 
-def _read_document(path: Path, stdout: str) -> ResultDocument | None:
+def _read_document(path: Path, result_line: str | None) -> ResultDocument | None:
     """The result file if run.py wrote one, else the marked stdout line."""
     if path.exists():
         try:
             return ResultDocument.model_validate_json(path.read_text(encoding="utf-8"))
         except ValidationError as exc:
             raise RuntimeError(f"run.py wrote a malformed result document {path}: {exc}") from exc
-    return parse_result_line(stdout)
+    return parse_result_line(result_line) if result_line is not None else None
 
 
 def run_local(
@@ -291,8 +289,10 @@ class BackgroundRun:
         self.config = config
         self._cancel = threading.Event()
         self._outcome: RunRecord | BaseException | None = None
+        # Not a daemon: were the caller to exit without cancel(), the interpreter still waits
+        # for the run (which then ends, kills its process group and removes its folder).
         self._thread = threading.Thread(
-            target=self._run, args=(kwargs,), name="background-run", daemon=True
+            target=self._run, args=(kwargs,), name="background-run", daemon=False
         )
         self._thread.start()
 

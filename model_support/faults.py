@@ -16,7 +16,8 @@ Benign backends change the arithmetic the way a correct compiler may: ``benign``
 unchanged (the control); ``tf32_matmuls`` and ``bf16_matmuls`` round every matmul operand to
 TF32 / bfloat16 with float32 accumulation (TF32 tensor cores, Neuron's default auto-cast);
 ``bf16_logits`` rounds the logits to bfloat16; ``router_flip`` picks the other expert where a
-mixture-of-experts router is nearly tied, at one or two decode positions.
+mixture-of-experts router is nearly tied, at one or two decode positions. ``buggy_compiler``
+(used by the demo) corrupts some graphs and fails to compile others.
 
 The layer is chosen by ``MODEL_SUPPORT_FAULT_LAYER`` (default: the last decoder layer for
 noise/head/scale faults, the first for routing swaps, the last for router flips), so a test can
@@ -660,3 +661,22 @@ def denoiser_zero_head(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor
     where = _module_path(linear) if linear is not None else None
     _report("denoiser_zero_head", linear is not None, f"{where} head 0")
     return gm.forward
+
+
+class InjectedCompilerError(RuntimeError):
+    """What ``buggy_compiler`` raises: a compiler crashing on a graph it cannot lower."""
+
+
+def buggy_compiler(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+    """A compiler with two bugs, to show what failures look like in results (used by the demo).
+
+    A graph with mixture-of-experts routing fails to compile (ERROR, class compile); any other
+    graph is miscompiled the way ``noise_100pct`` does it (the verdict FAILs it).
+    """
+    routers = _layer_nodes(gm, "mlp.gate") or _layer_nodes(gm, "block_sparse_moe.gate")
+    if routers:
+        raise InjectedCompilerError(
+            f"buggy_compiler cannot lower the expert routing of layer {min(routers)} "
+            "(an injected compiler failure)"
+        )
+    return noise_100pct(gm, example_inputs)

@@ -1,10 +1,10 @@
 """Hardware profiles: how much memory one core has and how many cores one test may use.
 
 All figures live in ONE table (:data:`PROFILES`) so that a corrected figure (for example the
-per-core memory at LNC=1, still unconfirmed) is changed in one place. Source: the hardware table
-of REFERENCE.md (trn2.48xlarge: 16 Trainium2 devices of 96 GiB; LNC=2 gives 4 logical cores per
-device, 24 GiB each; LNC=1 gives 8 per device, ~12 GiB each; trn1: 2 cores of 16 GiB per device;
-inf2: 2 cores of 16 GiB per device).
+per-core memory at LNC=1, still unconfirmed) is changed in one place. Source: docs/hardware.md,
+which gives each figure with its public source (trn2.48xlarge: 16 Trainium2 devices of 96 GiB;
+LNC=2 gives 4 logical cores per device, 24 GiB each; LNC=1 gives 8 per device, ~12 GiB each;
+trn1: 2 cores of 16 GiB per device; inf2: 2 cores of 16 GiB per device).
 
 The local ``cpu`` and ``cuda`` profiles describe the machine sizing runs on, so that a model can
 be sized for a local run: ``cpu`` is one "core" holding the host's physical memory, ``cuda`` one

@@ -13,6 +13,7 @@ Library errors (gated, not found) are left to propagate: callers classify them.
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import HfApi
-from huggingface_hub.errors import NotASafetensorsRepoError
+from huggingface_hub.errors import NotASafetensorsRepoError, OfflineModeIsEnabled
 from huggingface_hub.hf_api import ModelInfo
 
 SAFETENSORS_SINGLE = "model.safetensors"
@@ -144,6 +145,20 @@ def hub_tensors(
         for file_meta in meta.files_metadata.values()
         for name, info in file_meta.tensors.items()
     ]
+
+
+def unreachable_message(model: str, exc: BaseException, endpoint: str | None = None) -> str:
+    """What to tell a user whose Hub request for ``model`` failed in transport (``is_unreachable``)."""
+    if isinstance(exc, OfflineModeIsEnabled):
+        return (
+            f"HF_HUB_OFFLINE is set, so {model!r} cannot be read from the Hugging Face Hub: "
+            "unset HF_HUB_OFFLINE, or give a local checkpoint directory"
+        )
+    where = endpoint or os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    return (
+        f"could not reach the Hugging Face Hub at {where} to read {model!r} ({exc}); "
+        "check the network or HF_ENDPOINT, or give a local checkpoint directory"
+    )
 
 
 def is_unreachable(exc: BaseException) -> bool:

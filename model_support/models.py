@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 
 # Hub ids: "name" (legacy, un-namespaced) or "org/name"; letters, digits, '-', '_', '.'.
 _HUB_ID = re.compile(
@@ -50,3 +50,39 @@ def resolve_model(model: str) -> ModelRef:
             f"{text!r} is not a valid Hub model id: expected 'org/name' with letters, digits, '-', '_' or '.'"
         )
     return ModelRef(text, is_local=False)
+
+
+# --- how results name a model ---------------------------------------------------------------
+
+LOCAL_NAMESPACE = "local"
+"""Namespace of a local checkpoint's id in results: ``local/<folder name>``."""
+_UNSAFE_ID = re.compile(r"[^A-Za-z0-9._-]+")
+_MODEL_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+
+
+def is_local_path(model: str) -> bool:
+    """Whether a tested model is a checkpoint path (absolute, as resolve_model makes it), not a Hub id."""
+    return PurePosixPath(model).is_absolute() or PureWindowsPath(model).is_absolute()
+
+
+def readable_model_id(model: str, namespace: str = LOCAL_NAMESPACE) -> str:
+    """How results name ``model``: a Hub id as it is; a checkpoint path as ``<namespace>/<folder>``.
+
+    A path is specific to one machine and unreadable in a table; the folder name is what people
+    call the checkpoint, and it stays the same when the folder moves. The path itself is kept
+    beside it (the matrix's ``model_path``; the document's ``model``).
+    """
+    if not is_local_path(model):
+        return model
+    folder = PureWindowsPath(model).name if "\\" in model else PurePosixPath(model).name
+    return f"{namespace}/{_UNSAFE_ID.sub('-', folder).strip('-.') or 'checkpoint'}"
+
+
+def check_model_id(model_id: str) -> str:
+    """``model_id`` if it can name a model in results (``namespace/name``, Hub-id characters)."""
+    if not _MODEL_ID.match(model_id) or "--" in model_id or ".." in model_id:
+        raise BadModelReference(
+            f"{model_id!r} cannot name a model in results: use 'namespace/name' with letters, "
+            "digits, '-', '_' or '.', e.g. 'local/my-checkpoint'"
+        )
+    return model_id

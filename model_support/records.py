@@ -1,14 +1,21 @@
-"""Typed records: the result document run.py writes and the immutable RunRecord stored from it."""
+"""Typed records: the result document run.py writes and the immutable RunRecord stored from it.
+
+The builders at the end (:func:`record_from_document`, :func:`failure_document`,
+:func:`excluded_record`) are the one way a record is made, by the CLI and the operator alike.
+"""
 
 from __future__ import annotations
 
 import json
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from model_support.config import RunConfig
+from model_support.models import readable_model_id
+from model_support.script import render_script
 from model_support.vocabulary import (
     ErrorClass,
     ExclusionReason,
@@ -25,8 +32,19 @@ PROGRESS_MARKER = "MODEL_SUPPORT_STAGE "
 """Prefix of run.py's progress lines (one JSON object each: stage, status, seconds)."""
 
 
+_FORBID = ConfigDict(extra="forbid")
+"""Every field of run.py's document is declared here: an unknown one is a bug (or a pod printing
+more than it was asked to), never data to keep silently. tests/test_records.py holds run.py's
+document and these classes to the same fields."""
+
+PACKAGE_PIN = r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*$"
+"""One entry of a document's ``packages``: an installed distribution as ``name==version``."""
+
+
 class Timings(BaseModel):
     """Seconds per stage of a run; None where the stage did not run."""
+
+    model_config = _FORBID
 
     load_s: float | None = None
     first_generate_s: float | None = Field(
@@ -55,6 +73,8 @@ class Timings(BaseModel):
 
 class Memory(BaseModel):
     """Peak memory. Device figures come from the allocator (cuda/neuron) or the process (cpu)."""
+
+    model_config = _FORBID
 
     peak_device_memory_bytes: int | None = None
     device_memory_source: str | None = Field(
@@ -118,6 +138,8 @@ class MetricStatistics(BaseModel):
     statistic, their ratio and its bound (issue 13: embeddings, classification, latents).
     """
 
+    model_config = _FORBID
+
     check: str = Field(description="cosine, norm, logits or latents: what is measured per item.")
     what: str | None = Field(None, description="The measure in words, with its unit.")
     items: int | None = None
@@ -131,10 +153,52 @@ class MetricStatistics(BaseModel):
     peak_bound: float | None = None
 
 
+class CacheTransferFigures(BaseModel):
+    """One compile cache transfer: the pull before run.py, or the push after it.
+
+    Filled by the harness around run.py (``model-support run --compile-cache``, the runner pod),
+    never by run.py. A failed transfer keeps ``error``; the test's result is never changed by it.
+    """
+
+    model_config = _FORBID
+
+    entries: int = Field(0, description="Complete cache entries transferred.")
+    bytes: int = Field(0, description="Bytes of those entries.")
+    seconds: float | None = Field(None, description="Wall time of the transfer.")
+    skipped: int = Field(
+        0,
+        description="Entries left out: incomplete locally (push) or corrupt/truncated in the "
+        "target (pull); each one is named in the transfer's report.",
+    )
+    unverified: int = Field(
+        0,
+        description="Pulled entries that carry no content hash (a plain mirror such as the "
+        "public NEFF bucket): accepted on their layout and size alone.",
+    )
+    error: str | None = Field(
+        None, description="Why the transfer failed (class: message); null when it did not."
+    )
+
+
+class CompileCacheFigures(BaseModel):
+    """What the compile cache did for one run: where it lives, what was pulled and pushed."""
+
+    model_config = _FORBID
+
+    target: str = Field(..., description="The cache's root URI (without the compiler prefix).")
+    prefix: str = Field(
+        ...,
+        description="The compiler prefix derived from the installed stack: "
+        "neuronxcc-<version> or inductor-torch-<version>.",
+    )
+    pull: CacheTransferFigures | None = Field(None, description="The pull before run.py.")
+    push: CacheTransferFigures | None = Field(None, description="The push after run.py.")
+
+
 class Verification(BaseModel):
     """The verdict's figures, kept whole so thresholds can be re-judged from the dataset."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = _FORBID
 
     passed: bool | None = None
     exact: bool | None = Field(None, description="Every token equals the float32 reference argmax.")
@@ -216,7 +280,7 @@ class Verification(BaseModel):
 class Stack(BaseModel):
     """Versions of everything that decides the outcome."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = _FORBID
 
     python: str | None = None
     torch: str | None = None
@@ -244,12 +308,16 @@ class Stack(BaseModel):
         description="Where lnc came from: NEURON_LOGICAL_NC_CONFIG, the node's config file, "
         "or the instance type's default.",
     )
+    origin: str | None = Field(
+        None,
+        description='"writer": versions of the process that stored an EXCLUDED record (nothing ran); None: run.py\'s own.',
+    )
 
 
 class ResultDocument(BaseModel):
     """What run.py writes: one JSON object (file + marked last stdout line)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = _FORBID
 
     schema_version: int = 1
     model: str
@@ -276,20 +344,25 @@ class ResultDocument(BaseModel):
     timings: Timings = Field(default_factory=lambda: Timings())
     memory: Memory = Field(default_factory=lambda: Memory())
     compilation: Compilation = Field(default_factory=lambda: Compilation())
+    compile_cache: CompileCacheFigures | None = Field(
+        None,
+        description="Compile cache transfers around the run (filled by the harness, not run.py); "
+        "null when no cache target was given.",
+    )
     prompts: list[str] = Field(default_factory=list)
     tokens: list[list[int]] = Field(default_factory=list)
     text: list[str] = Field(default_factory=list)
     verification: Verification = Field(default_factory=lambda: Verification())
     judge: dict[str, Any] | None = None
     stack: Stack = Field(default_factory=lambda: Stack())
-    packages: list[str] = Field(
+    packages: list[Annotated[str, Field(pattern=PACKAGE_PIN, max_length=300)]] = Field(
         default_factory=list, description="Every installed distribution as name==version."
     )
     started_at: datetime | None = None
     finished_at: datetime | None = None
 
 
-def new_run_id(model: str, now: datetime | None = None) -> str:
+def new_run_id(now: datetime | None = None) -> str:
     """A unique, sortable, path-safe run id: UTC timestamp + a random suffix."""
     now = now or datetime.now(UTC)
     return f"{now:%Y%m%dT%H%M%S%fZ}-{uuid.uuid4().hex[:12]}"
@@ -298,10 +371,19 @@ def new_run_id(model: str, now: datetime | None = None) -> str:
 class RunRecord(BaseModel):
     """One immutable record in the results store: a result document plus how it came to be."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     run_id: str
     document: ResultDocument
+    # ---- readable ids: how results name the model (document.model keeps what run.py loaded)
+    model_id: str = Field(
+        default_factory=lambda data: (
+            readable_model_id(data["document"].model) if "document" in data else ""
+        ),
+        description="The model's id in results: a Hub id as is; a local checkpoint as "
+        "local/<folder name> unless the recorder named it (e.g. demo/tiny-llama).",
+    )
+    # ----
     run_py: str = Field(
         ..., description="The exact run.py that ran (or would have run, for EXCLUDED)."
     )
@@ -328,3 +410,71 @@ def parse_result_line(stdout: str) -> ResultDocument | None:
         if line.startswith(RESULT_MARKER):
             return ResultDocument.model_validate(json.loads(line[len(RESULT_MARKER) :]))
     return None
+
+
+def record_from_document(
+    document: ResultDocument,
+    run_py: str,
+    *,
+    source: str = "cli",
+    labels: dict[str, str] | None = None,
+    run_id: str | None = None,
+) -> RunRecord:
+    """Wrap a result document and the exact script that produced it into an immutable record."""
+    return RunRecord(
+        run_id=run_id or new_run_id(),
+        document=document,
+        run_py=run_py,
+        source=source,
+        labels=labels or {},
+    )
+
+
+def failure_document(
+    config: RunConfig,
+    result: Result,
+    *,
+    error_class: ErrorClass | None,
+    error: str,
+    started_at: datetime | None = None,
+    stage: str | None = None,
+    total_s: float | None = None,
+) -> ResultDocument:
+    """A result document for a run that produced none itself (timeout, killed, OOM-killed, no output)."""
+    doc = ResultDocument(
+        model=config.model,
+        revision=config.revision,
+        task=config.task.value,
+        backend=config.backend.value,
+        compile_backend=config.compile_backend,
+        dtype=config.dtype,
+        cores=config.cores,
+        parallelism=config.parallelism,
+        max_new_tokens=config.max_new_tokens,
+        prompts=list(config.prompts),
+        result=result,
+        error_class=error_class,
+        error=error,
+        stage=stage,
+        started_at=started_at,
+        finished_at=datetime.now(UTC),
+    )
+    doc.timings.total_s = total_s
+    return doc
+
+
+def excluded_record(
+    config: RunConfig,
+    reason: ExclusionReason,
+    message: str,
+    *,
+    source: str = "cli",
+    labels: dict[str, str] | None = None,
+) -> RunRecord:
+    """A record for a model deliberately not run; holds the run.py that would have run."""
+    now = datetime.now(UTC)
+    document = failure_document(
+        config, Result.EXCLUDED, error_class=None, error=message, started_at=now
+    )
+    record = record_from_document(document, render_script(config), source=source, labels=labels)
+    return record.model_copy(update={"exclusion_reason": reason})

@@ -5,8 +5,8 @@ weight is ever downloaded. The result is a :class:`Plan` (cores, parallelism, pe
 breakdown) or an :class:`Exclusion` with a reason code from
 :class:`model_support.vocabulary.ExclusionReason`.
 
-Memory model (per core, for a parallel degree ``d``)
-----------------------------------------------------
+Memory model (per core, for a parallel degree ``d``; with sources in docs/memory-model.md)
+----------------------------------------------------------------------------------------
 * **weights**: every tensor's element count times the run dtype's width (bf16: 2 bytes).
   Floating-point tensors are counted in the run dtype, whatever they are stored in; integer and
   8-bit float tensors (quantized weights, scales) at their stored width. A tensor is *sharded*
@@ -49,9 +49,15 @@ smallest valid degree that fits is chosen. When none fits: ``too-large`` if some
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib.metadata
+import json
+import logging
 import math
 import os
 import re
+import threading
+from pathlib import Path
 from typing import Any, Literal
 
 from huggingface_hub import get_token
@@ -64,6 +70,7 @@ from huggingface_hub.errors import (
 from pydantic import BaseModel, ConfigDict, Field
 
 from model_support import hub
+from model_support.config import RunConfig
 from model_support.hardware import HardwareProfile, get_profile
 from model_support.hub import TensorSpec
 from model_support.vocabulary import (
@@ -84,10 +91,15 @@ _STORED_BYTES: dict[str, int] = {
     "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
 }  # fmt: skip
 _EXPERT_RE = re.compile(r"(?:^|\.)experts(?:\.|$)")
+log = logging.getLogger(__name__)
 
 
 class MetadataError(ValueError):
     """The model's metadata cannot be read (not found, no config); says what to check."""
+
+
+class ModelNotFound(MetadataError):
+    """No such model or revision (or no access to it): the reference itself is wrong."""
 
 
 class ModelMetadata(BaseModel):
@@ -121,6 +133,9 @@ class ModelMetadata(BaseModel):
     )
     components: dict[str, str] = Field(
         default_factory=dict, description="A diffusers pipeline's components: name -> class."
+    )
+    image_tokens: int = Field(
+        0, ge=0, description="Tokens one image adds to a prompt (image-text-to-text models)."
     )
 
 
@@ -176,6 +191,7 @@ class Plan(BaseModel):
     batch: int
     max_length: int
     parameters: int
+    checkpoint_bytes: int = Field(0, description="Bytes of the safetensors weights as stored.")
     memory: MemoryBreakdown
     total_bytes: int
     headroom_bytes: int
@@ -330,9 +346,13 @@ def plan_from_metadata(
     batch: int = 3,
     max_length: int = 160,
     trust_remote_code: bool = False,
+    cores: int | None = None,
+    parallelism: Parallelism | None = None,
 ) -> Plan | Exclusion:
     """Size ``meta`` on ``profile``: the smallest valid degree that fits, or an Exclusion.
 
+    ``cores`` (with ``parallelism``) overrides the degree only: the plan is made at that degree
+    (noted when it does not fit), every exclusion other than a size one still applies.
     Pure: reads nothing but its arguments. Raises ValueError for bad arguments.
     """
     _validate_run(dtype, batch, max_length, max_cores)
@@ -378,11 +398,19 @@ def plan_from_metadata(
     if unsupported is not None:
         return exclude(ExclusionReason.UNSUPPORTED_TASK, unsupported)
     if meta.tensors is None:
-        return exclude(
-            ExclusionReason.NO_SAFETENSORS,
-            f"{meta.model} publishes no safetensors weights (no model.safetensors or "
-            "model.safetensors.index.json); pickle checkpoints are not loaded.",
-        )
+        return exclude(ExclusionReason.NO_SAFETENSORS, no_safetensors_message(meta.model))
+
+    if cores is not None:
+        split = parallelism or (Parallelism.NONE if cores == 1 else Parallelism.TENSOR)
+        mem = memory_at(meta, hw, cores, split, dtype=dtype, batch=batch, max_length=max_length)
+        plan = _plan(meta, hw, mem, dtype, batch, max_length, max(max_cores, cores))
+        if not mem.fits:
+            note = (
+                f"{cores} core(s) given: sizing expects {_gib(mem.total)} per core of "
+                f"{_gib(hw.bytes_per_core)}, so the run may run out of device memory"
+            )
+            plan = plan.model_copy(update={"notes": [*plan.notes, note]})
+        return plan
 
     degrees = _degrees(max_cores, hw)
     largest_valid: MemoryBreakdown | None = None
@@ -411,6 +439,15 @@ def plan_from_metadata(
         f"{largest_valid.degree} each core needs {_gib(largest_valid.total)} of "
         f"{_gib(hw.bytes_per_core)}.",
         closest=largest_valid,
+    )
+
+
+def no_safetensors_message(model: str) -> str:
+    """Why a model without safetensors weights is not run (sizing and ``run --cores`` alike)."""
+    return (
+        f"{model} publishes no safetensors weights (no model.safetensors or "
+        "model.safetensors.index.json); pickle checkpoints are not loaded, since unpickling "
+        "can run code."
     )
 
 
@@ -452,6 +489,7 @@ def _plan(
         batch=batch,
         max_length=max_length,
         parameters=sum(t.numel for t in meta.tensors or []),
+        checkpoint_bytes=sum(t.numel * _STORED_BYTES.get(t.dtype, 4) for t in meta.tensors or []),
         memory=mem,
         total_bytes=mem.total,
         headroom_bytes=mem.headroom,
@@ -605,7 +643,36 @@ def _loaded_names(model_type: str | None, tensors: list[TensorSpec]) -> list[Ten
     ]
 
 
+_TRANSFORMERS_LOCK = threading.RLock()
+"""transformers' lazily loaded modules are not safe to first touch from several threads at once
+("cannot import name 'CONFIG_MAPPING'"); the operator sizes from a thread pool."""
+
+
 def metadata_from_config(
+    config: dict[str, Any],
+    tensors: list[TensorSpec] | None,
+    *,
+    model: str,
+    revision: str | None = None,
+    source: Literal["hub", "local"] = "hub",
+    task: str | None = None,
+    gated: bool = False,
+    token_available: bool = False,
+) -> ModelMetadata:
+    """Build :class:`ModelMetadata` from a config.json dict and safetensors tensor list.
+
+    Known architectures go through transformers' config class (no weights, no model): it
+    resolves attribute aliases, nested text configs and the class-level ``base_model_tp_plan``.
+    ``task`` None: the task of the config's architectures. Safe to call from several threads.
+    """
+    with _TRANSFORMERS_LOCK:
+        return _metadata_from_config(
+            config, tensors, model=model, revision=revision, source=source, task=task,
+            gated=gated, token_available=token_available,
+        )  # fmt: skip
+
+
+def _metadata_from_config(
     config: dict[str, Any],
     tensors: list[TensorSpec] | None,
     *,
@@ -632,9 +699,10 @@ def metadata_from_config(
     text: Any
     if known and model_type is not None:
         fields = {k: v for k, v in config.items() if k != "model_type"}
+        _check_counts(model, config)
         try:
             cfg = AutoConfig.for_model(model_type, **fields)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, ArithmeticError) as e:
             raise MetadataError(
                 f"config.json of {model} is not a valid {model_type} config: {e}"
             ) from e
@@ -652,7 +720,14 @@ def metadata_from_config(
     if head_dim is None and heads and hidden:
         head_dim = hidden // heads
     kv_heads = _first_int(text, "num_key_value_heads", "num_kv_heads") or heads
+    for name, value in (("attention heads", heads), ("key-value heads", kv_heads)):
+        if value is not None and value < 1:
+            raise MetadataError(
+                f"config.json of {model} gives {value} {name}; a model needs at least one: "
+                "fix the config"
+            )
     return ModelMetadata(
+        image_tokens=_image_tokens(config),
         model=model,
         revision=revision,
         source=source,
@@ -670,6 +745,44 @@ def metadata_from_config(
         tp_plan=tp_plan,
         tensors=_loaded_names(model_type if known else None, tensors) if tensors else tensors,
     )
+
+
+_COUNT_FIELDS = (
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_hidden_layers",
+    "hidden_size",
+    "head_dim",
+    "vocab_size",
+)
+
+
+def _check_counts(model: str, config: dict[str, Any]) -> None:
+    """Counts a model cannot have zero (or fewer) of, checked before transformers divides by them."""
+    for part in (config, config.get("text_config")):
+        if not isinstance(part, dict):
+            continue
+        for name in _COUNT_FIELDS:
+            value = part.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+                raise MetadataError(
+                    f"config.json of {model} sets {name} to {value}; it must be a positive "
+                    "integer: fix the config"
+                )
+
+
+def _image_tokens(config: dict[str, Any]) -> int:
+    """Tokens one image adds to a prompt: the config's image_seq_length, else one per patch of
+    the vision tower (plus its class token); 0 for a text-only model."""
+    direct = _first_int(config, "image_seq_length", "mm_tokens_per_image", "num_image_tokens")
+    if direct:
+        return direct
+    vision = config.get("vision_config")
+    if isinstance(vision, dict):
+        size, patch = _first_int(vision, "image_size"), _first_int(vision, "patch_size")
+        if size and patch:
+            return (size // patch) ** 2 + 1
+    return 0
 
 
 def _head_plan(architectures: list[str]) -> dict[str, str]:
@@ -711,6 +824,67 @@ def pipeline_metadata(
     )
 
 
+SIZING_CACHE_ENV = "MODEL_SUPPORT_SIZING_CACHE"
+
+
+def sizing_cache_dir() -> Path:
+    """Where sized metadata is remembered: ``$MODEL_SUPPORT_SIZING_CACHE``, else
+    ~/.cache/model-support/sizing."""
+    configured = os.environ.get(SIZING_CACHE_ENV)
+    if configured:
+        return Path(configured).expanduser()
+    return Path.home() / ".cache" / "model-support" / "sizing"
+
+
+@functools.cache
+def _code_fingerprint() -> str:
+    """What :func:`metadata_from_config` depends on besides its arguments: this module's code
+    and the installed transformers (its config classes and parallel plans)."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(importlib.metadata.version("transformers").encode())
+    return digest.hexdigest()
+
+
+def remembered_metadata(
+    config: dict[str, Any], tensors: list[TensorSpec] | None, **kwargs: Any
+) -> ModelMetadata:
+    """:func:`metadata_from_config`, remembered on disk by everything its answer depends on.
+
+    Deriving the metadata imports transformers and torch (seconds of CPU, which a speculative
+    run started beside sizing also needs); sizing the same checkpoint again with the same
+    transformers and the same code reads the answer back instead. The key covers the whole
+    config, every tensor's name, dtype and shape, the arguments and the code, so a changed
+    checkpoint or upgrade is never answered from an old entry. The cache is optional: an
+    unreadable entry is recomputed, an unwritable folder only means nothing is remembered.
+    """
+    material = json.dumps(
+        {
+            "config": config,
+            "tensors": None if tensors is None else [[t.name, t.dtype, t.shape] for t in tensors],
+            "arguments": kwargs,
+            "code": _code_fingerprint(),
+        },
+        sort_keys=True,
+        default=str,
+    )
+    path = sizing_cache_dir() / f"{hashlib.sha256(material.encode()).hexdigest()}.json"
+    try:
+        return ModelMetadata.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as exc:  # damaged entry: derive it again
+        log.debug("sizing cache entry %s is unreadable (%s); recomputing", path, exc)
+    meta = metadata_from_config(config, tensors, **kwargs)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        temp.write_text(meta.model_dump_json(), encoding="utf-8")
+        os.replace(temp, path)
+    except OSError as exc:
+        log.debug("sizing cache %s is not writable (%s); not remembered", path.parent, exc)
+    return meta
+
+
 def read_metadata(
     model: str,
     revision: str | None = None,
@@ -731,23 +905,23 @@ def read_metadata(
                 model, revision, *pipeline, source="local", task=task or Task.TEXT_TO_IMAGE.value
             )
         config = hub.local_config(model)
-        return metadata_from_config(
+        return remembered_metadata(
             config, hub.local_tensors(model), model=model, revision=revision, source="local",
             task=task,
         )  # fmt: skip
     if model.startswith((".", "/", "~")):
-        raise MetadataError(f"no checkpoint directory at {model}")
+        raise ModelNotFound(f"no checkpoint directory at {model}")
     effective_token = token or get_token()
     api = hub.hub_api(endpoint)
     try:
         info = hub.hub_model_info(api, model, revision, effective_token)
     except RepositoryNotFoundError as e:
-        raise MetadataError(
+        raise ModelNotFound(
             f"no model {model!r} on {api.endpoint} (or it is private and the token has no "
             "access); check the id"
         ) from e
     except RevisionNotFoundError as e:
-        raise MetadataError(
+        raise ModelNotFound(
             f"{model} has no revision {revision!r}; check the branch/tag/commit"
         ) from e
     gated = bool(info.gated)
@@ -781,7 +955,7 @@ def read_metadata(
         )  # fmt: skip
     except RemoteEntryNotFoundError as e:
         raise MetadataError(f"{model} has no config.json; it is not a transformers model") from e
-    return metadata_from_config(
+    return remembered_metadata(
         config, tensors, model=model, revision=revision, source="hub", task=task, gated=gated,
         token_available=bool(effective_token),
     )  # fmt: skip
@@ -817,17 +991,70 @@ def size_model(
     )  # fmt: skip
 
 
+PROMPT_OVERHEAD_TOKENS = 16
+"""Special tokens a tokenizer may add around a prompt (BOS, EOS, role markers)."""
+CHAT_TEMPLATE_TOKENS = 64
+"""Tokens of the chat template run.py wraps an image prompt in."""
+
+
+def run_shape(config: RunConfig, image_tokens: int = 0) -> tuple[int, int]:
+    """(batch, longest sequence) of the run ``config`` describes, as run.py will run it.
+
+    batch = the number of prompts (one batch); the sequence = the longest prompt + the new
+    tokens. A prompt's token count is bounded by its UTF-8 bytes (byte-level BPE and
+    byte-fallback tokenizers emit at most one token per byte) plus special tokens; an image
+    prompt adds the chat template and the image's tokens.
+    """
+    longest = max(len(p.encode("utf-8")) for p in config.prompts) + PROMPT_OVERHEAD_TOKENS
+    if config.task == Task.IMAGE_TEXT_TO_TEXT:
+        longest += CHAT_TEMPLATE_TOKENS + image_tokens
+    return len(config.prompts), longest + config.max_new_tokens
+
+
+def size_run(
+    config: RunConfig,
+    *,
+    profile: str = "trn2",
+    lnc: int | None = None,
+    max_cores: int = 16,
+    cores: int | None = None,
+    token: str | None = None,
+    endpoint: str | None = None,
+) -> Plan | Exclusion:
+    """Size the run ``config`` describes: the one entry point of the CLI and the operator.
+
+    Model, revision, task, dtype, prompts and new tokens come from ``config``, so what is sized
+    is what runs (:func:`run_shape`). ``cores`` overrides the core count only (with
+    ``config.parallelism``): the plan, its parameter count and checkpoint size are still read
+    from the model. Raises MetadataError (ModelNotFound) when the model cannot be read.
+    """
+    hw = get_profile(profile, lnc)
+    meta = read_metadata(
+        config.model, config.revision, task=config.task.value, token=token, endpoint=endpoint
+    )
+    batch, max_length = run_shape(config, meta.image_tokens)
+    return plan_from_metadata(
+        meta, profile=hw, max_cores=max_cores, dtype=config.dtype, batch=batch,
+        max_length=max_length, trust_remote_code=config.trust_remote_code, cores=cores,
+        parallelism=config.parallelism if cores is not None else None,
+    )  # fmt: skip
+
+
 __all__ = [
     "DTYPE_BYTES",
     "Exclusion",
     "MemoryBreakdown",
     "MetadataError",
     "ModelMetadata",
+    "ModelNotFound",
     "Plan",
     "memory_at",
     "metadata_from_config",
     "plan_from_metadata",
     "read_metadata",
+    "remembered_metadata",
+    "run_shape",
     "size_model",
+    "size_run",
     "valid_parallelism",
 ]

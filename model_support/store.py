@@ -1,35 +1,62 @@
 """The results store: immutable run records, and the matrix materialized from them.
 
-Layout under the root URI (any fsspec URL: a local path, ``memory://``, ``s3://``, ``hf://``)::
+Layout under the root URI (any fsspec URL: a local path, ``s3://``, ``hf://``; ``memory://``
+lives only as long as its process)::
 
-    records/<run_id>.json   one RunRecord each; created once, never overwritten
-    data/<stem>.parquet     the matrix: one file per (compiler version, library version) pair
-    README.md               the dataset card, regenerated with the matrix
+    records/<run_id>.json        one RunRecord each; created once, never overwritten
+    data/<stem>.parquet          the matrix: one file per (compiler version, library version) pair
+    README.md                    the dataset card, regenerated with the matrix
+    index/materialized.txt       which records the matrix holds: run id -> matrix key
+    index/.lock                  (local stores) held while a materialize runs
 
 Writers only ever create new record files with unique names, so any number of processes can
-add records at once. The matrix and card are derived: :meth:`ResultsStore.materialize` rebuilds
-them from the records, idempotently, and can be rerun at any time.
+add records at once. The matrix, card and index are derived. :meth:`ResultsStore.materialize`
+folds the records the index does not hold yet into the matrix files they belong to, rewriting
+only those (adding one record to a store of 100,000 rewrites one file); records that
+disappeared, a missing matrix file or an index made for another matrix format make it rebuild
+the files concerned from their records, and ``rebuild=True`` rebuilds everything. Losing the
+matrix, the card or the index loses nothing.
+
+Materializers exclude each other (``flock`` on ``index/.lock`` locally, a lease file elsewhere)
+and list the records only once they hold the lock, so the last materialize always reflects
+every record written before it started. The index is written last: a materialize that dies
+part way leaves records the index does not hold, and the next one folds them in again (folding
+a record twice changes nothing).
 
 Every write is atomic. Locally a file is written in full to a hidden temporary file in the same
 directory, then renamed over the target (``os.replace``) or, for records, hard-linked to its name
 (which fails if the name exists). On object stores a single PUT is atomic. Readers (pandas,
 pyarrow, the ``datasets`` library) skip the hidden ``.``-prefixed temporary files.
+
+Paths are never pattern-matched: a root such as ``res[1]`` or ``res*`` is a name like any other.
+Materialize deletes only matrix files it wrote itself (marked with ``model_support.matrix_key``
+Parquet metadata); anything else under ``data/`` is left alone.
 """
 
 from __future__ import annotations
 
+import bisect
+import contextlib
+import fcntl
+import gc
+import hashlib
 import io
 import json
 import os
 import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
 import uuid
 import warnings
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
@@ -39,29 +66,59 @@ from pydantic import ValidationError
 
 from model_support.dataset import (
     MATRIX_COLUMNS,
+    MATRIX_FORMAT_VERSION,
     MATRIX_SCHEMA,
     CardFile,
     MatrixKey,
     has_versions,
     matrix_file_stem,
     matrix_key,
+    matrix_row_group_rows,
     recency,
-    record_to_row,
+    records_to_table,
     render_card,
-    rows_to_table,
     writer_stack,
 )
 from model_support.records import RunRecord, Stack
 from model_support.vocabulary import Result
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 RECORDS_DIR = "records"
 DATA_DIR = "data"
+INDEX_DIR = "index"
+INDEX_NAME = "materialized.txt"
 CARD_NAME = "README.md"
 MATRIX_KEY_METADATA = b"model_support.matrix_key"
-"""Parquet key-value metadata naming the file's (compiler, version, library, version)."""
+"""Parquet key-value metadata naming the file's (compiler, version, library, version); it also
+marks the file as written by :meth:`ResultsStore.materialize`, the only files it ever deletes."""
+
+PARALLEL_FROM = 20_000
+"""A materialize that reads at least this many records spreads the work over processes."""
+MAX_WORKERS = 4
+"""At most this many processes read and parse records at once."""
+LOCK_WAIT_S = 600.0
+"""Longest a materialize waits for another one to finish."""
+LEASE_S = 600.0
+"""Object stores: a lock file older than this is taken to belong to a materializer that died."""
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
-_READ_BATCH = 256  # records fetched per fs.cat call (concurrent on object stores)
+_READ_BATCH = 256  # records fetched per request batch (concurrent on object stores)
+
+
+def matrix_format() -> str:
+    """Fingerprint of what matrix files hold: the schema and :data:`MATRIX_FORMAT_VERSION`."""
+    text = f"{MATRIX_FORMAT_VERSION}\n{MATRIX_SCHEMA}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _key_json(key: MatrixKey) -> str:
+    return json.dumps(key.__dict__, sort_keys=True)
+
+
+def _key_from_json(text: str) -> MatrixKey:
+    return MatrixKey(**json.loads(text))
 
 
 class StoreError(Exception):
@@ -88,6 +145,26 @@ class CorruptRecord(StoreError, ValueError):
             "backup or move it out of records/ (the matrix is rebuilt from the records that remain)."
         )
 
+    def __reduce__(self) -> tuple[type[CorruptRecord], tuple[str, str]]:
+        # Raised in a worker process of a parallel materialize, it is re-raised in the parent.
+        return (CorruptRecord, (self.path, self.reason))
+
+
+class StoreLocationError(StoreError, ValueError):
+    """The results location cannot be opened: an unknown protocol, or its filesystem is not installed."""
+
+
+class StoreNotWritable(StoreError, OSError):
+    """The results location cannot be written (permissions, credentials, unreachable, read-only)."""
+
+
+class NotAResultsStore(StoreError, ValueError):
+    """The location is an existing folder holding other files, and not a results store."""
+
+
+class StoreBusy(StoreError, TimeoutError):
+    """Another materialize held the store's lock for longer than :data:`LOCK_WAIT_S`."""
+
 
 class CorruptRecordWarning(UserWarning):
     """Issued by ``records(strict=False)`` for each corrupt record it leaves out."""
@@ -104,12 +181,12 @@ class MatrixFile:
     path: str
 
 
-_NULLABLE_DTYPES = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}
-
-
 def _to_pandas(table: pa.Table) -> pd.DataFrame:
     """Arrow -> pandas keeping integers integers and booleans booleans where values are missing."""
-    return table.to_pandas(types_mapper=_NULLABLE_DTYPES.get)
+    import pandas as pd  # only readers of the matrix pay for importing pandas, not writers
+
+    nullable = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}
+    return table.to_pandas(types_mapper=nullable.get)
 
 
 def _check_run_id(run_id: str) -> None:
@@ -140,7 +217,14 @@ class ResultsStore:
         """
         self.uri = os.fspath(uri)
         self._fallback_stack = fallback_stack
-        fs, root = url_to_fs(self.uri, **(storage_options or {}))
+        self._storage_options = dict(storage_options or {})
+        try:
+            fs, root = url_to_fs(self.uri, **(storage_options or {}))
+        except (ValueError, ImportError) as exc:  # unknown protocol / its package not installed
+            raise StoreLocationError(
+                f"cannot open the results location {self.uri!r}: {exc}. Give a folder, or a URI "
+                "whose filesystem is installed (s3:// needs s3fs; hf:// huggingface_hub)"
+            ) from exc
         self.fs: AbstractFileSystem = fs
         self.root: str = root.rstrip("/") or "/"
         self._local = isinstance(fs, LocalFileSystem)
@@ -162,6 +246,118 @@ class ResultsStore:
         _check_run_id(run_id)
         return self._public(self._path(RECORDS_DIR, f"{run_id}.json"))
 
+    # -- where the store is -----------------------------------------------------------------
+
+    def check_location(self, allow_other_files: bool = False) -> None:
+        """Refuse (:class:`NotAResultsStore`) a root that is a file, or an existing folder that
+        holds other files and no ``records/`` folder, unless ``allow_other_files``.
+
+        A new or empty folder, or an existing results store, is fine. Nothing is written.
+        """
+        try:
+            if self.fs.isfile(self.root):
+                raise NotAResultsStore(
+                    f"results location {self.uri!r} is a file: give a folder (new, empty, or an "
+                    "existing results store)"
+                )
+            self.fs.invalidate_cache(self.root)
+            entries = self.fs.ls(self.root, detail=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return  # nothing there yet (or a parent is a file: check_writable says so)
+        names = sorted({str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries})
+        if not names or RECORDS_DIR in names or allow_other_files:
+            return
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        raise NotAResultsStore(
+            f"results location {self.uri!r} already holds other files ({shown}) and is not a "
+            f"results store (it has no {RECORDS_DIR}/ folder). Give a new or empty folder, or "
+            f"ask explicitly to add a results store beside those files ({RECORDS_DIR}/, "
+            f"{DATA_DIR}/, {INDEX_DIR}/ and {CARD_NAME} are written; no other file is touched)"
+        )
+
+    def check_writable(self) -> None:
+        """Write and remove a probe file where records go, creating nothing that stays.
+
+        Finds an unwritable or unreachable store before a test runs rather than after it;
+        raises :class:`StoreNotWritable` with the cause.
+        """
+        try:
+            if self._local:
+                # The nearest folder that exists: the store itself, or where it would be created.
+                folder = Path(self.root)
+                while not folder.exists() and folder != folder.parent:
+                    folder = folder.parent
+                if (folder / RECORDS_DIR).is_dir():
+                    folder = folder / RECORDS_DIR
+                if not folder.is_dir():
+                    raise NotADirectoryError(f"{folder} is a file, not a folder")
+                with tempfile.NamedTemporaryFile(dir=folder, prefix=".model-support-probe-"):
+                    pass
+            else:
+                probe = self._path(RECORDS_DIR, f".model-support-probe-{uuid.uuid4().hex}")
+                self.fs.pipe_file(probe, b"probe")
+                self.fs.rm_file(probe)
+        except Exception as exc:  # any failure to write is the one answer: not writable, and why
+            raise StoreNotWritable(
+                f"cannot write to the results store {self.uri!r} ({type(exc).__name__}: {exc}); "
+                "check the location, its permissions or credentials, or choose another one"
+            ) from exc
+
+    # -- listing and reading, without pattern matching ----------------------------------------
+
+    def _names(self, directory: str, suffix: str) -> list[str]:
+        """Names of the visible files in ``directory`` ending in ``suffix``, sorted.
+
+        Listed, never globbed: brackets or stars in the store's path are plain characters.
+        """
+        if self._local:
+            try:
+                with os.scandir(directory) as entries:
+                    names = [
+                        e.name
+                        for e in entries
+                        if e.name.endswith(suffix) and not e.name.startswith(".") and e.is_file()
+                    ]
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+            return sorted(names)
+        self.fs.invalidate_cache(directory)  # object-store listings are cached by fsspec
+        try:
+            entries = self.fs.ls(directory, detail=True)
+        except FileNotFoundError:
+            return []
+        found = []
+        for entry in entries:
+            name = str(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
+            if entry.get("type") == "file" and name.endswith(suffix) and not name.startswith("."):
+                found.append(name)
+        return sorted(found)
+
+    def _read_many(self, paths: Sequence[str]) -> list[bytes | Exception]:
+        """The contents of ``paths`` (an exception in place of a file that could not be read)."""
+        if self._local:
+            return [_read_local(path) for path in paths]
+        out: list[bytes | Exception] = []
+        for start in range(0, len(paths), _READ_BATCH):
+            batch = list(paths[start : start + _READ_BATCH])
+            out += self.fs.cat_ranges(batch, 0, None, on_error="return")
+        return out
+
+    def _read_parquet(self, path: str, columns: list[str] | None = None) -> pa.Table:
+        if self._local:  # a plain path is never globbed by pyarrow; mapped, it is read fastest
+            return pq.read_table(path, columns=columns, memory_map=True)
+        with self.fs.open(path, "rb") as handle:
+            return pq.read_table(handle, columns=columns)
+
+    def _is_matrix_file(self, path: str) -> bool:
+        """Whether ``path`` is a matrix file this code wrote (it carries the matrix key)."""
+        try:
+            with self.fs.open(path, "rb") as handle:
+                metadata = pq.read_schema(handle).metadata or {}
+        except (OSError, pa.ArrowInvalid):
+            return False  # unreadable or not Parquet: not ours to delete
+        return MATRIX_KEY_METADATA in metadata
+
     # -- atomic writes ----------------------------------------------------------------------
 
     def _temp_path(self, path: str) -> str:
@@ -170,7 +366,13 @@ class ResultsStore:
         return f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
 
     def _write_local_temp(self, path: str, data: bytes) -> str:
-        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        directory = path.rsplit("/", 1)[0]
+        try:
+            self.fs.makedirs(directory, exist_ok=True)
+        except FileExistsError as exc:  # a file where the folder should be: not "record exists"
+            raise StoreError(
+                f"{directory} exists but is not a folder; the store cannot be written"
+            ) from exc
         temp = self._temp_path(path)
         with open(temp, "wb") as handle:
             handle.write(data)
@@ -260,19 +462,27 @@ class ResultsStore:
         A corrupt record raises :class:`CorruptRecord` naming the file. With ``strict=False`` it
         is left out instead, with a :class:`CorruptRecordWarning` naming the file.
         """
-        paths = sorted(self.fs.glob(self._path(RECORDS_DIR, "*.json")))
-        for start in range(0, len(paths), _READ_BATCH):
-            batch = paths[start : start + _READ_BATCH]
-            contents = self.fs.cat(batch, on_error="return")
-            for path in batch:
-                if isinstance(contents[path], FileNotFoundError):
-                    continue  # listed a moment ago, moved out since: no longer part of the store
-                try:
-                    yield self._parse(path, contents[path])
-                except CorruptRecord as exc:
-                    if strict:
-                        raise
-                    warnings.warn(str(exc), CorruptRecordWarning, stacklevel=2)
+        ids = self._record_ids()
+        for start in range(0, len(ids), _READ_BATCH):
+            yield from self._read_records(ids[start : start + _READ_BATCH], strict)
+
+    def _record_ids(self) -> list[str]:
+        return [n.removesuffix(".json") for n in self._names(self._path(RECORDS_DIR), ".json")]
+
+    def _read_records(self, run_ids: Sequence[str], strict: bool) -> list[RunRecord]:
+        """The records of ``run_ids`` that are still there, corrupt ones handled per ``strict``."""
+        paths = [self._path(RECORDS_DIR, f"{run_id}.json") for run_id in run_ids]
+        found = []
+        for path, data in zip(paths, self._read_many(paths), strict=True):
+            if isinstance(data, FileNotFoundError):
+                continue  # listed a moment ago, moved out since: no longer part of the store
+            try:
+                found.append(self._parse(path, data))
+            except CorruptRecord as exc:
+                if strict:
+                    raise
+                warnings.warn(str(exc), CorruptRecordWarning, stacklevel=3)
+        return found
 
     def get(self, run_id: str) -> RunRecord:
         """The record of ``run_id``; raises :class:`RecordNotFound` if there is none."""
@@ -288,21 +498,8 @@ class ResultsStore:
 
     # -- matrix -----------------------------------------------------------------------------
 
-    def _latest(self, strict: bool) -> dict[MatrixKey, list[RunRecord]]:
-        """The latest record per (model, task) within each matrix key."""
-        latest: dict[tuple[MatrixKey, str, str], RunRecord] = {}
-        for record in self.records(strict=strict):
-            slot = (matrix_key(record), record.document.model, record.document.task)
-            current = latest.get(slot)
-            if current is None or recency(record) > recency(current):
-                latest[slot] = record
-        groups: dict[MatrixKey, list[RunRecord]] = defaultdict(list)
-        for (key, _, _), record in latest.items():
-            groups[key].append(record)
-        return groups
-
     @staticmethod
-    def _stems(keys: list[MatrixKey]) -> dict[MatrixKey, str]:
+    def _stems(keys: Sequence[MatrixKey]) -> dict[MatrixKey, str]:
         stems = {key: matrix_file_stem(key) for key in keys}
         taken = Counter(stems.values())
         # Two keys whose sanitized names coincide both get a hash of their exact key.
@@ -310,56 +507,268 @@ class ResultsStore:
             key: matrix_file_stem(key, disambiguate=taken[stem] > 1) for key, stem in stems.items()
         }
 
-    def materialize(self, strict: bool = True) -> list[str]:
-        """Rebuild the matrix files and the dataset card from the records.
+    def materialize(self, strict: bool = True, *, rebuild: bool = False) -> list[str]:
+        """Bring the matrix files, the dataset card and the index up to date with the records.
+
+        Records the index does not hold yet are folded into the matrix files they belong to;
+        only those files are rewritten (and the card, when its counts change). A matrix file
+        whose records disappeared or that is missing is rebuilt from its records; with
+        ``rebuild`` (or without a usable index) every file is. The result is byte for byte what
+        a rebuild from the records gives. Files whose bytes would not change are not rewritten;
+        matrix files no longer produced are removed last, so a failure part way leaves every
+        file either old or new, all readable. ``strict`` is passed to :meth:`records`.
 
         Returns the paths that make up the matrix afterwards (data files, then README.md).
-        Files whose bytes would not change are not rewritten; files no longer produced are
-        removed last, so a failure part way leaves every file either old or new, all readable.
-        ``strict`` is passed to :meth:`records`.
         """
-        groups = self._latest(strict)
-        stems = self._stems(list(groups))
+        with self._exclusive(), _no_cyclic_gc():
+            return self._materialize(strict, rebuild)
+
+    def _materialize(self, strict: bool, rebuild: bool) -> list[str]:
+        listed = set(self._record_ids())  # listed under the lock: nothing written before is missed
+        index = None if rebuild else self._read_index()
+        folded = {} if index is None else {r: k for r, k in index.items() if r in listed}
+        gone_keys = set() if index is None else {index[r] for r in index.keys() - listed}
+        previous_keys = [] if index is None else sorted(map(_key_from_json, set(index.values())))
+
+        additions, placed = self._fold(sorted(listed - folded.keys()), strict)
+        members: dict[str, list[str]] = defaultdict(list)
+        for run_id, key_text in folded.items():
+            members[key_text].append(run_id)
+        keys = sorted({*map(_key_from_json, members), *additions})
+        stems = self._stems(keys)
+        previous_stems = self._stems(previous_keys)
         data_dir = self._path(DATA_DIR)
-        outputs: dict[str, bytes] = {}
-        card_files: list[CardFile] = []
-        for key in sorted(groups, key=lambda k: stems[k]):
-            table = rows_to_table(record_to_row(r) for r in groups[key])
-            metadata = {MATRIX_KEY_METADATA: json.dumps(key.__dict__, sort_keys=True).encode()}
-            buffer = io.BytesIO()
-            pq.write_table(table.replace_schema_metadata(metadata), buffer)
+        on_disk = set(self._names(data_dir, ".parquet"))
+
+        tables: dict[MatrixKey, pa.Table] = {}
+        for key in keys:
             name = f"{stems[key]}.parquet"
-            outputs[f"{data_dir}/{name}"] = buffer.getvalue()
-            counts = Counter(str(r.document.result.value) for r in groups[key])
+            previous = previous_stems.get(key)
+            changed = key in additions or _key_json(key) in gone_keys or previous != stems[key]
+            if index is not None and not changed and name in on_disk:
+                continue  # untouched: its file stays as it is
+            base = None
+            if index is not None and _key_json(key) not in gone_keys and previous is not None:
+                base = self._matrix_table(f"{data_dir}/{previous}.parquet")
+            added = additions.get(key)
+            if base is None:  # rebuild this file from every record it holds
+                held = self._read_records(sorted(members.get(_key_json(key), [])), strict)
+                parts = [_latest_table(held, key)] if held else []
+                tables[key] = _combine([*parts, *([added] if added is not None else [])])
+            else:
+                tables[key] = base if added is None else _merge(base, added)
+
+        card_files = []
+        for key in keys:
+            name = f"{stems[key]}.parquet"
+            results = (
+                tables[key].column("result")
+                if key in tables
+                else self._read_parquet(f"{data_dir}/{name}", columns=["result"]).column("result")
+            )
+            counts = Counter(str(v) for v in results.to_pylist())
             card_files.append(CardFile(key=key, path=f"{DATA_DIR}/{name}", results=dict(counts)))
 
-        existing = set(self.fs.glob(f"{data_dir}/*.parquet"))
-        for path, data in outputs.items():
-            self._write_if_changed(path, data, exists=path in existing)
+        for key, table in sorted(tables.items(), key=lambda kv: stems[kv[0]]):
+            metadata = {MATRIX_KEY_METADATA: _key_json(key).encode()}
+            buffer = io.BytesIO()
+            table = table.combine_chunks()
+            pq.write_table(
+                table.replace_schema_metadata(metadata),
+                buffer,
+                row_group_size=matrix_row_group_rows(table),
+            )
+            path = f"{data_dir}/{stems[key]}.parquet"
+            self._write_if_changed(
+                path, buffer.getvalue(), exists=path.rsplit("/", 1)[-1] in on_disk
+            )
         card_path = self._path(CARD_NAME)
         self._write_if_changed(
             card_path, render_card(card_files).encode(), exists=self.fs.exists(card_path)
         )
-        for stale in sorted(existing - set(outputs)):
-            self.fs.rm_file(stale)
-        return [self._public(p) for p in [*outputs, card_path]]
+        produced = {f"{stems[key]}.parquet" for key in keys}
+        for stale in sorted(on_disk - produced):
+            if self._is_matrix_file(f"{data_dir}/{stale}"):
+                self.fs.rm_file(f"{data_dir}/{stale}")
+        folded.update(placed)
+        self._write_index(folded)
+        paths = [f"{data_dir}/{stems[key]}.parquet" for key in sorted(keys, key=lambda k: stems[k])]
+        return [self._public(p) for p in [*paths, card_path]]
+
+    def _fold(
+        self, run_ids: list[str], strict: bool
+    ) -> tuple[dict[MatrixKey, pa.Table], dict[str, str]]:
+        """The records of ``run_ids``, as the latest row per (model, task) of each matrix file
+        they belong to, and where each record went (run id -> matrix key).
+
+        Many records (a first or full materialize) are read and turned into rows by several
+        processes at once, one contiguous share of the run ids each: parsing 100,000 records
+        is CPU work that one core does in seconds. Their partial files are combined exactly as
+        one process would have chosen (:func:`_combine`).
+        """
+        workers = min(os.cpu_count() or 1, MAX_WORKERS)
+        if len(run_ids) < PARALLEL_FROM or workers < 2:
+            return _fold_records(self._read_records(run_ids, strict))
+        size = -(-len(run_ids) // workers)
+        shares = [run_ids[i : i + size] for i in range(0, len(run_ids), size)]
+        helpers = [
+            _FoldHelper(self.uri, self._storage_options, share, strict) for share in shares[1:]
+        ]
+        try:
+            parts = [_fold_records(self._read_records(shares[0], strict))]
+            for helper in helpers:
+                tables, placed, problems = helper.result()
+                for problem in problems:
+                    warnings.warn(problem, CorruptRecordWarning, stacklevel=4)
+                parts.append((tables, placed))
+        finally:
+            for helper in helpers:
+                helper.stop()
+        merged: dict[MatrixKey, list[pa.Table]] = defaultdict(list)
+        placed_all: dict[str, str] = {}
+        for tables_part, placed_part in parts:
+            for key, table in tables_part.items():
+                merged[key].append(table)
+            placed_all.update(placed_part)
+        return {key: _combine(tables) for key, tables in merged.items()}, placed_all
+
+    def _matrix_table(self, path: str) -> pa.Table | None:
+        """A matrix file's rows, or None when it is missing, unreadable, not ours or outdated."""
+        try:
+            table = self._read_parquet(path)
+        except (FileNotFoundError, OSError, pa.ArrowInvalid):
+            return None
+        if MATRIX_KEY_METADATA not in (table.schema.metadata or {}):
+            return None
+        if table.schema.names != MATRIX_SCHEMA.names:
+            return None  # another format: rebuild
+        try:
+            # Exactly the written schema (Parquet reads lists back with other item names).
+            return table.cast(MATRIX_SCHEMA)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+
+    def _read_index(self) -> dict[str, str] | None:
+        """run id -> matrix key (JSON) of every record the matrix holds; None without a usable
+        index (none yet, unreadable, or made for another matrix format): then all is rebuilt.
+
+        The index is text: a JSON header (format, keys), then one ``<run id>\t<key number>`` line
+        per record (run ids hold no tabs or newlines), quick to read and write at 100,000 lines.
+        """
+        path = self._path(INDEX_DIR, INDEX_NAME)
+        try:
+            text = self.fs.cat_file(path).decode()
+            header_line, _, body = text.partition("\n")
+            header = json.loads(header_line)
+            if header.get("format") != matrix_format():
+                return None
+            keys = {str(i): key for i, key in enumerate(header["keys"])}
+            index = {}
+            for line in body.splitlines():
+                run_id, _, number = line.partition("\t")
+                index[run_id] = keys[number]
+            return index
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            warnings.warn(
+                f"the matrix index {self._public(path)} is unreadable ({exc}); rebuilding the "
+                "matrix from the records",
+                stacklevel=3,
+            )
+            return None
+
+    def _write_index(self, folded: dict[str, str]) -> None:
+        keys = sorted(set(folded.values()))
+        number = {key: str(i) for i, key in enumerate(keys)}
+        header = json.dumps({"format": matrix_format(), "keys": keys}, sort_keys=True)
+        lines = [header, *(f"{r}\t{number[folded[r]]}" for r in sorted(folded))]
+        self._replace(self._path(INDEX_DIR, INDEX_NAME), ("\n".join(lines) + "\n").encode())
 
     def _write_if_changed(self, path: str, data: bytes, exists: bool) -> None:
         if exists and self.fs.cat_file(path) == data:
             return  # idempotent: same records -> same bytes, nothing to write
         self._replace(path, data)
 
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Hold the store's materialize lock (waiting up to :data:`LOCK_WAIT_S`)."""
+        deadline = time.monotonic() + LOCK_WAIT_S
+        if self._local:
+            directory = self._path(INDEX_DIR)
+            os.makedirs(directory, exist_ok=True)
+            # flock: the kernel releases it when the holder dies, so a crash never leaves it held.
+            with open(f"{directory}/.lock", "a+b") as handle:
+                while True:
+                    try:
+                        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        self._wait_or_give_up(deadline)
+                try:
+                    yield
+                finally:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            return
+        with self._lease(deadline):
+            yield
+
+    @contextlib.contextmanager
+    def _lease(self, deadline: float) -> Iterator[None]:
+        """A lock file created exclusively; one older than :data:`LEASE_S` is a dead holder's."""
+        path = self._path(INDEX_DIR, "lock.json")
+        owner = uuid.uuid4().hex
+        while True:
+            body = json.dumps({"owner": owner, "expires": time.time() + LEASE_S}).encode()
+            try:
+                self.fs.pipe_file(path, body, mode="create")
+                break
+            except FileExistsError:
+                try:
+                    held = json.loads(self.fs.cat_file(path))
+                    expired = float(held["expires"]) < time.time()
+                except FileNotFoundError:
+                    continue  # released meanwhile
+                except (ValueError, KeyError, TypeError):
+                    expired = True  # not a lock this code wrote
+                if expired:
+                    with contextlib.suppress(FileNotFoundError):
+                        self.fs.rm_file(path)
+                    continue
+                self._wait_or_give_up(deadline)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                if json.loads(self.fs.cat_file(path)).get("owner") == owner:
+                    self.fs.rm_file(path)
+
+    def _wait_or_give_up(self, deadline: float) -> None:
+        if time.monotonic() > deadline:
+            raise StoreBusy(
+                f"another materialize of {self.uri} has held the store's lock for over "
+                f"{LOCK_WAIT_S:g} s; if none is running, remove {self._public(self._path(INDEX_DIR))}"
+                "/lock.json (object stores) and try again"
+            )
+        time.sleep(0.05)
+
     def matrix_files(self) -> list[MatrixFile]:
-        """The matrix's Parquet files and the (compiler, library) versions each holds."""
+        """The matrix's Parquet files and the (compiler, library) versions each holds.
+
+        Other Parquet files under ``data/`` (not written by :meth:`materialize`) are not part
+        of the matrix and are left out.
+        """
         files = []
-        for path in sorted(self.fs.glob(self._path(DATA_DIR, "*.parquet"))):
-            with self.fs.open(path, "rb") as handle:
-                metadata = pq.read_schema(handle).metadata or {}
+        data_dir = self._path(DATA_DIR)
+        for name in self._names(data_dir, ".parquet"):
+            path = f"{data_dir}/{name}"
+            try:
+                with self.fs.open(path, "rb") as handle:
+                    metadata = pq.read_schema(handle).metadata or {}
+            except pa.ArrowInvalid:
+                continue  # not Parquet at all: not a matrix file
             if MATRIX_KEY_METADATA not in metadata:
-                raise StoreError(
-                    f"{self._public(path)} was not written by ResultsStore.materialize (no "
-                    f"{MATRIX_KEY_METADATA.decode()} metadata): remove it from {DATA_DIR}/ and materialize again"
-                )
+                continue
             key = json.loads(metadata[MATRIX_KEY_METADATA])
             files.append(MatrixFile(path=self._public(path), **key))
         return files
@@ -379,7 +788,8 @@ class ResultsStore:
                 raise ValueError(
                     f"unknown matrix column(s) {unknown}; the columns are {list(MATRIX_COLUMNS)}"
                 )
-        paths = sorted(self.fs.glob(self._path(DATA_DIR, "*.parquet")))
+        data_dir = self._path(DATA_DIR)
+        paths = [f"{data_dir}/{f.path.rsplit('/', 1)[-1]}" for f in self.matrix_files()]
         if not paths:
             empty = MATRIX_SCHEMA.empty_table()
             return _to_pandas(empty.select(columns) if columns is not None else empty)
@@ -387,3 +797,256 @@ class ResultsStore:
             paths, filesystem=self.fs, schema=MATRIX_SCHEMA, columns=columns, filters=filters
         )
         return _to_pandas(table)
+
+
+def _read_local(path: str) -> bytes | OSError:
+    """A local file's bytes with plain system calls (no buffered file object: a full rebuild
+    reads 100,000 records), or the error that prevented it."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        return exc
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        return exc
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector: parsing 100,000 records makes millions of objects and
+    no cycles, and the collector's repeated passes over them cost a third of the time."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _latest_table(records: Sequence[RunRecord], key: MatrixKey) -> pa.Table:
+    """The matrix file of ``key``: the latest record per (model, task)."""
+    latest: dict[tuple[str, str], RunRecord] = {}
+    for record in records:
+        slot = (record.model_id, record.document.task)
+        current = latest.get(slot)
+        if current is None or recency(record) > recency(current):
+            latest[slot] = record
+    winners = list(latest.values())
+    return records_to_table(winners, [key] * len(winners))
+
+
+def _fold_records(records: Sequence[RunRecord]) -> tuple[dict[MatrixKey, pa.Table], dict[str, str]]:
+    """Records grouped by matrix key into "latest row per (model, task)" tables, and where
+    each record went (run id -> matrix key as JSON)."""
+    grouped: dict[MatrixKey, list[RunRecord]] = defaultdict(list)
+    for record in records:
+        grouped[matrix_key(record)].append(record)
+    placed: dict[str, str] = {}
+    for key, group in grouped.items():
+        text = _key_json(key)
+        placed.update((record.run_id, text) for record in group)
+    return {key: _latest_table(group, key) for key, group in grouped.items()}, placed
+
+
+class _FoldHelper:
+    """A helper process folding a share of the records (``python -m model_support.store_worker``).
+
+    A plain subprocess rather than multiprocessing: it never re-imports the caller's main
+    module (a script without a ``__main__`` guard would run again) and never forks a process
+    that has threads. The share goes in on stdin as JSON (storage options stay out of the
+    process list); the answer comes back on stdout as a JSON header line followed by each
+    table's Arrow IPC bytes.
+    """
+
+    def __init__(
+        self, uri: str, storage_options: dict[str, Any], run_ids: list[str], strict: bool
+    ) -> None:
+        request: dict[str, Any] = {
+            "uri": uri,
+            "storage_options": storage_options,
+            "run_ids": run_ids,
+            "strict": strict,
+        }
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "model_support.store_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        self._answer: tuple[bytes, bytes] | BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._talk, args=(json.dumps(request).encode(),), daemon=True
+        )
+        self._thread.start()
+
+    def _talk(self, request: bytes) -> None:
+        try:
+            self._answer = self._proc.communicate(request)
+        except BaseException as exc:  # handed to the caller by result()
+            self._answer = exc
+
+    def result(self) -> tuple[dict[MatrixKey, pa.Table], dict[str, str], list[str]]:
+        """Wait for the helper: its tables, where each record went, its warnings."""
+        self._thread.join()
+        if isinstance(self._answer, BaseException):
+            raise self._answer
+        assert self._answer is not None
+        out, err = self._answer
+        header_line, _, body = out.partition(b"\n")
+        try:
+            header = json.loads(header_line)
+        except ValueError:
+            tail = err.decode(errors="replace")[-2000:]
+            raise StoreError(
+                f"a materialize helper process exited with status {self._proc.returncode} "
+                f"without an answer:\n{tail}"
+            ) from None
+        if "corrupt" in header:
+            raise CorruptRecord(*header["corrupt"])
+        if "error" in header:
+            raise StoreError(f"a materialize helper process failed: {header['error']}")
+        tables = {}
+        offset = 0
+        for key_text, size in header["tables"]:
+            tables[_key_from_json(key_text)] = _from_ipc(body[offset : offset + size])
+            offset += size
+        return tables, header["placed"], header["problems"]
+
+    def stop(self) -> None:
+        """Make sure the helper is gone (after its answer, or when the caller gave up)."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._thread.join(timeout=30)
+
+
+def fold_share(request: dict[str, Any]) -> bytes:
+    """The helper's side of :class:`_FoldHelper`: fold the share, answer in the protocol."""
+    store = ResultsStore(request["uri"], request["storage_options"])
+    try:
+        with warnings.catch_warnings(record=True) as caught, _no_cyclic_gc():
+            warnings.simplefilter("always", CorruptRecordWarning)
+            tables, placed = _fold_records(
+                store._read_records(request["run_ids"], request["strict"])
+            )
+    except CorruptRecord as exc:
+        return json.dumps({"corrupt": [exc.path, exc.reason]}).encode() + b"\n"
+    except StoreError as exc:
+        return json.dumps({"error": str(exc)}).encode() + b"\n"
+    problems = [str(w.message) for w in caught if issubclass(w.category, CorruptRecordWarning)]
+    blobs = [(_key_json(key), _to_ipc(table)) for key, table in tables.items()]
+    header = {
+        "tables": [[key_text, len(blob)] for key_text, blob in blobs],
+        "placed": placed,
+        "problems": problems,
+    }
+    return json.dumps(header).encode() + b"\n" + b"".join(blob for _, blob in blobs)
+
+
+def _to_ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def _from_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all().cast(MATRIX_SCHEMA)
+
+
+def _recencies(table: pa.Table) -> list[tuple[Any, str]]:
+    """Each row's "latest" sort key, as :func:`model_support.dataset.recency` gives it for the
+    record the row came from: (finished_at, else recorded_at; run_id)."""
+    finished = table.column("finished_at").to_pylist()
+    recorded = table.column("recorded_at").to_pylist()
+    run_ids = table.column("run_id").to_pylist()
+    return [(f or r, i) for f, r, i in zip(finished, recorded, run_ids, strict=True)]
+
+
+def _slots(table: pa.Table) -> list[tuple[str, str]]:
+    return list(
+        zip(table.column("model_id").to_pylist(), table.column("task").to_pylist(), strict=True)
+    )
+
+
+def _combine(tables: Sequence[pa.Table]) -> pa.Table:
+    """Tables of one matrix file (each already latest per slot) as one: per (model, task) the
+    latest row of any of them, in the file's row order."""
+    if len(tables) == 1:
+        return tables[0]
+    if not tables:
+        return MATRIX_SCHEMA.empty_table()
+    table = pa.concat_tables(tables)
+    best: dict[tuple[str, str], int] = {}
+    when = _recencies(table)
+    slots = _slots(table)
+    for i, slot in enumerate(slots):
+        j = best.get(slot)
+        if j is None or when[i] > when[j]:
+            best[slot] = i
+    # The file's row order, (model_id, task, run_id); when[i][1] is the row's run id.
+    order = sorted(best.values(), key=lambda i: (*slots[i], when[i][1]))
+    return table.take(pa.array(order, pa.int64())).combine_chunks()
+
+
+def _merge(base: pa.Table, added: pa.Table) -> pa.Table:
+    """``base`` (a matrix file's rows) with ``added`` (new rows of the same file, latest per
+    slot) folded in: per (model, task) the latest of the two, exactly as a rebuild would
+    choose, the new rows spliced into place without re-sorting what is already in order."""
+    if added.num_rows > max(1000, base.num_rows // 10):
+        return _combine([base, added])  # many new rows: one sort is cheaper than splicing
+    rows = {slot: i for i, slot in enumerate(_slots(base))}
+    added_when = _recencies(added)
+    replaced: set[int] = set()
+    winners: list[int] = []
+    for j, slot in enumerate(_slots(added)):
+        i = rows.get(slot)
+        if i is not None:
+            there = (
+                base.column("finished_at")[i].as_py() or base.column("recorded_at")[i].as_py(),
+                base.column("run_id")[i].as_py(),
+            )
+            if there >= added_when[j]:
+                continue  # the row already there is as recent (or the same record folded again)
+            replaced.add(i)
+        winners.append(j)
+    if not winners:
+        return base
+    new = added.take(pa.array(winners, pa.int64()))  # still in the file's row order
+    order = list(
+        zip(
+            base.column("model_id").to_pylist(),
+            base.column("task").to_pylist(),
+            base.column("run_id").to_pylist(),
+            strict=True,
+        )
+    )
+    new_order = zip(
+        new.column("model_id").to_pylist(),
+        new.column("task").to_pylist(),
+        new.column("run_id").to_pylist(),
+        strict=True,
+    )
+    events = sorted(
+        [(bisect.bisect_left(order, k), 0, j) for j, k in enumerate(new_order)]
+        + [(i, 1, -1) for i in replaced]
+    )
+    pieces = []
+    start = 0
+    for position, kind, j in events:
+        if position > start:
+            pieces.append(base.slice(start, position - start))
+            start = position
+        if kind == 0:
+            pieces.append(new.slice(j, 1))
+        else:
+            start = position + 1
+    pieces.append(base.slice(start))
+    # One chunk per column, as a rebuild gives: the same rows write the same bytes.
+    return pa.concat_tables(pieces).combine_chunks()

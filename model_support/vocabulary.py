@@ -18,6 +18,7 @@ class Result(StrEnum):
     ERROR = "ERROR"
     TIMEOUT = "TIMEOUT"
     EXCLUDED = "EXCLUDED"
+    UNVERIFIED = "UNVERIFIED"
 
 
 RESULT_MEANINGS: dict[Result, str] = {
@@ -40,6 +41,11 @@ RESULT_MEANINGS: dict[Result, str] = {
     Result.EXCLUDED: (
         "The model was deliberately not run; `exclusion_reason` says why (for example too "
         "large for the maximum number of cores, or it needs remote code)."
+    ),
+    Result.UNVERIFIED: (
+        "The model loaded, compiled and generated the requested tokens, but the test's config "
+        "disabled the verification: whether the tokens are right is unknown. Never counted as "
+        "PASS; its timings and memory are measured as for any other run."
     ),
 }
 

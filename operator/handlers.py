@@ -1,13 +1,12 @@
-"""kopf handlers: a ModelSupportTest becomes a ConfigMap (run.py) and a runner Job; the Job's end
-becomes the test's status and one run record.
+"""kopf handlers: the thin layer between kopf's events and the :class:`Reconciler`.
 
-State lives in the resource's status, never in the operator: every child has a deterministic
-name per generation and attempt, a create that meets 409 adopts what is there, a completed test
-is never touched again, and the run id is derived from uid + generation + attempt, so an
-operator that restarts (or sees an event twice) records each run exactly once.
+Both kinds are watched with event handlers only: the reconciler is level-based (state in the
+test's status, children named deterministically), so kopf persists nothing of its own on the
+tests (no progress or diff-base annotations: one API request less per test), and the watchdog
+offers again what an event could not finish.
 
-Handlers are synchronous on purpose: they use the blocking Kubernetes client and the results
-store, and kopf runs synchronous handlers in its thread pool, off its event loop.
+Handlers are synchronous on purpose: the reconciler uses the blocking Kubernetes client and the
+results store, and kopf runs synchronous handlers in its thread pool, off its event loop.
 """
 
 from __future__ import annotations
@@ -16,722 +15,38 @@ import asyncio
 import contextlib
 import json
 import logging
-import threading
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import kopf
-from pydantic import ValidationError
 
-from model_support.config import RunConfig
-from model_support.execution import excluded_record, failure_document, record_from_document
-from model_support.operator import metrics
-from model_support.operator.kube import AlreadyExists, Kube, api_client
-from model_support.operator.manifests import (
-    Placement,
-    TestRef,
-    build_configmap,
-    build_job,
-    labels_for,
-)
-from model_support.operator.outcome import INFRA_RESULTS, JobState, Reading, read_job, stuck_reason
+from model_support.operator.kube import Kube, api_client
+from model_support.operator.reconciler import Reconciler
 from model_support.operator.resource import (
     FIELD_MANAGER,
     GROUP,
-    LABEL_ATTEMPT,
-    LABEL_GENERATION,
     LABEL_MANAGED_BY,
-    LABEL_TEST,
-    LABEL_UID,
     MANAGED_BY,
     PLURAL,
-    RUNNER_CONTAINER,
     VERSION,
-    child_name,
-    run_id_for,
 )
 from model_support.operator.settings import OperatorSettings
-from model_support.operator.spec import SpecError, TestSpec, parse_spec
-from model_support.records import ResultDocument, RunRecord, parse_result_line
-from model_support.script import read_config, render_script
-from model_support.sizing import Exclusion, size_model
-from model_support.store import RecordExists, ResultsStore
-from model_support.vocabulary import ErrorClass, Parallelism, Result
+from model_support.operator.status import set_condition
 
 log = logging.getLogger(__name__)
-
-PENDING, RUNNING, COMPLETED, INVALID = "Pending", "Running", "Completed", "Invalid"
-GiB = 2**30
-_MESSAGE_LIMIT = 2000
-_EVENT_REASON = {
-    Result.PASS: "Passed",
-    Result.FAIL: "Failed",
-    Result.ERROR: "Errored",
-    Result.TIMEOUT: "TimedOut",
-    Result.EXCLUDED: "Excluded",
-}
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def set_condition(
-    conditions: list[dict[str, Any]] | None,
-    kind: str,
-    status: bool,
-    reason: str,
-    message: str,
-    generation: int,
-) -> list[dict[str, Any]]:
-    """Conditions with ``kind`` set; lastTransitionTime moves only when the status changes."""
-    value = "True" if status else "False"
-    result = [dict(c) for c in conditions or [] if c.get("type") != kind]
-    previous = next((c for c in conditions or [] if c.get("type") == kind), None)
-    since = (
-        previous["lastTransitionTime"] if previous and previous.get("status") == value else _now()
-    )
-    result.append(
-        {
-            "type": kind,
-            "status": value,
-            "reason": reason,
-            "message": message[:_MESSAGE_LIMIT],
-            "lastTransitionTime": since,
-            "observedGeneration": generation,
-        }
-    )
-    return result
-
-
-def _short(text: str | None) -> str:
-    if not text:
-        return ""
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    return first[:_MESSAGE_LIMIT]
-
-
-class Materializer:
-    """Keeps one store's matrix current: at most one materialize running and one pending.
-
-    Records are the truth and the matrix is derived, so a burst of completions (a sweep) costs
-    a few materializations, not one each; a failed one is logged and redone on the next request.
-    """
-
-    def __init__(self, store: ResultsStore) -> None:
-        self.store = store
-        self._lock = threading.Lock()
-        self._running = False
-        self._pending = False
-        self.idle = threading.Event()
-        self.idle.set()
-
-    def request(self) -> None:
-        """Materialize soon (in a background thread)."""
-        with self._lock:
-            if self._running:
-                self._pending = True
-                return
-            self._running = True
-            self.idle.clear()
-        threading.Thread(target=self._loop, name="materialize", daemon=True).start()
-
-    def _loop(self) -> None:
-        while True:
-            try:
-                self.store.materialize()
-            except Exception:
-                log.exception(
-                    "materializing %s failed; records are intact, the next run redoes it",
-                    self.store.uri,
-                )
-            with self._lock:
-                if not self._pending:
-                    self._running = False
-                    self.idle.set()
-                    return
-                self._pending = False
-
-
-@dataclass
-class Reconciler:
-    """The operator's logic, bound to its settings, an API client and the results stores."""
-
-    settings: OperatorSettings
-    kube: Kube
-
-    def __post_init__(self) -> None:
-        self._stores: dict[str, ResultsStore] = {}
-        self.materializers: dict[str, Materializer] = {}
-        self._lock = threading.Lock()
-        self._running: set[tuple[str, int, int]] = set()
-
-    # ---------------------------------------------------------------- helpers
-
-    def event(self, test: Any, kind: str, reason: str, message: str) -> None:
-        """An Event on the test (posted with our client, so it works from any thread)."""
-        self.kube.post_event(_plain(test), kind, reason, message[:_MESSAGE_LIMIT])
-
-    def store_for(self, spec: TestSpec | None) -> ResultsStore:
-        """The results store of a test (its spec's `results`, else the operator's)."""
-        uri = (spec.results if spec is not None else None) or self.settings.results_uri
-        with self._lock:
-            if uri not in self._stores:
-                self._stores[uri] = ResultsStore(uri)
-                self.materializers[self._stores[uri].uri] = Materializer(self._stores[uri])
-            return self._stores[uri]
-
-    def record(self, spec: TestSpec | None, record: RunRecord) -> bool:
-        """Add a record; False if this run id is already stored (a replay: nothing to do)."""
-        store = self.store_for(spec)
-        try:
-            store.add(record)
-        except RecordExists:
-            log.info("run %s was already recorded; not recording it again", record.run_id)
-            return False
-        self.materializers[store.uri].request()
-        result = record.document.result
-        detail = (
-            record.exclusion_reason.value
-            if record.exclusion_reason
-            else (record.document.error_class.value if record.document.error_class else "")
-        )
-        metrics.TESTS.labels(result.value, detail).inc()
-        if record.document.timings.wall_time_s is not None:
-            metrics.WALL_SECONDS.observe(record.document.timings.wall_time_s)
-        return True
-
-    def place(self, spec: TestSpec, namespace: str) -> Placement | Exclusion:
-        """Cores and host memory: the spec's override, else sized from the checkpoint."""
-        floor = int(self.settings.min_host_memory_gib * GiB)
-        if spec.cores is not None:
-            return Placement(spec.cores, spec.parallelism or Parallelism.NONE, floor)
-        token = None
-        if spec.hubTokenSecret is not None and self.settings.read_token_secrets:
-            token = self.kube.secret_value(
-                namespace, spec.hubTokenSecret.name, spec.hubTokenSecret.key
-            )
-        profile = "cpu" if spec.profile == "cpu" else spec.profile
-        plan = size_model(
-            spec.model,
-            spec.revision,
-            profile=profile,
-            lnc=spec.lnc,
-            max_cores=spec.maxCores,
-            dtype=spec.dtype,
-            task=spec.task.value,
-            token=token,
-            trust_remote_code=spec.trustRemoteCode,
-        )
-        if isinstance(plan, Exclusion):
-            return plan
-        # The verdict's reference pass runs in float32 on the host: 4 bytes per parameter.
-        host = int(plan.parameters * 4 * self.settings.host_memory_factor)
-        return Placement(plan.cores, plan.parallelism, max(floor, host))
-
-    # ---------------------------------------------------------------- test created / changed / resumed
-
-    def reconcile(
-        self, body: kopf.Body, status: dict[str, Any], patch: kopf.Patch, resumed: bool
-    ) -> None:
-        """Bring one generation of a test to a running Job (or a recorded EXCLUDED)."""
-        meta = body["metadata"]
-        ref = TestRef(
-            meta["namespace"], meta["name"], meta["uid"], int(meta.get("generation") or 1)
-        )
-        if status.get("observedGeneration") == ref.generation and status.get("phase"):
-            if resumed and status.get("phase") in (PENDING, RUNNING):
-                self._check_job_exists(body, ref, status)
-            return  # this generation is handled; its Job's events carry it on
-        conditions = status.get("conditions")
-        try:
-            spec = parse_spec(dict(body.get("spec") or {}))
-        except SpecError as exc:
-            patch.status.update(
-                phase=INVALID,
-                observedGeneration=ref.generation,
-                message=str(exc)[:_MESSAGE_LIMIT],
-                conditions=set_condition(
-                    conditions, "Ready", False, "InvalidSpec", str(exc), ref.generation
-                ),
-            )
-            self.event(body, "Warning", "InvalidSpec", str(exc))
-            return
-        self._delete_superseded_job(ref, status)
-        try:
-            placement = self.place(spec, ref.namespace)
-        except (ValueError, OSError) as exc:
-            # Sizing could not read the model (not found, Hub unreachable): retry with backoff.
-            message = f"sizing {spec.model} failed: {exc}"
-            self.event(body, "Warning", "SizingFailed", message)
-            raise kopf.TemporaryError(message, delay=60) from exc
-        if isinstance(placement, Exclusion):
-            self._record_exclusion(body, ref, spec, placement, conditions, patch)
-            return
-        config = spec.run_config(placement.cores, placement.parallelism)
-        run_py = render_script(config)
-        attempt = 1
-        names = self._start(ref, spec, placement, run_py, attempt)
-        conditions = set_condition(
-            conditions,
-            "Sized",
-            True,
-            "Override" if spec.cores else "Sized",
-            f"{placement.cores} core(s), parallelism {placement.parallelism.value}",
-            ref.generation,
-        )
-        queued = f" queued in Kueue LocalQueue {spec.queueName}" if spec.queueName else ""
-        conditions = set_condition(
-            conditions,
-            "JobCreated",
-            True,
-            "JobCreated",
-            f"Job {names[1]} created{queued}",
-            ref.generation,
-        )
-        conditions = set_condition(
-            conditions, "Recorded", False, "Running", "no result yet", ref.generation
-        )
-        patch.status.update(
-            phase=PENDING,
-            observedGeneration=ref.generation,
-            cores=placement.cores,
-            parallelism=placement.parallelism.value,
-            hostMemoryBytes=placement.host_memory_bytes,
-            attempt=attempt,
-            configMapName=names[0],
-            jobName=names[1],
-            runId=run_id_for(ref.uid, ref.generation, attempt),
-            result=None,
-            errorClass=None,
-            exclusionReason=None,
-            message=None,
-            conditions=conditions,
-        )
-        self.event(
-            body,
-            "Normal",
-            "JobCreated",
-            f"runner Job {names[1]} on {placement.cores} core(s){queued}",
-        )
-
-    def _start(
-        self, ref: TestRef, spec: TestSpec, placement: Placement, run_py: str, attempt: int
-    ) -> tuple[str, str]:
-        """Create (or adopt) the ConfigMap and the Job of one attempt; returns their names."""
-        cm_name = child_name(ref.name, ref.uid, ref.generation)
-        job_name = child_name(ref.name, ref.uid, ref.generation, attempt)
-        with contextlib.suppress(AlreadyExists):  # 409: made by an earlier try of this handler
-            self.kube.create_configmap(build_configmap(ref, cm_name, run_py))
-        job = build_job(
-            ref,
-            spec,
-            placement,
-            job_name=job_name,
-            configmap_name=cm_name,
-            attempt=attempt,
-            run_id=run_id_for(ref.uid, ref.generation, attempt),
-            settings=self.settings,
-        )
-        try:
-            self.kube.create_job(job)
-            metrics.JOBS_CREATED.inc()
-        except AlreadyExists:
-            log.info("Job %s/%s already exists; adopting it", ref.namespace, job_name)
-        return cm_name, job_name
-
-    def _delete_superseded_job(self, ref: TestRef, status: dict[str, Any]) -> None:
-        """A spec change supersedes the running Job of the previous generation."""
-        old_job = status.get("jobName")
-        if (
-            old_job
-            and status.get("phase") in (PENDING, RUNNING)
-            and status.get("observedGeneration") != ref.generation
-        ):
-            self.kube.delete_job(ref.namespace, old_job)
-
-    def _record_exclusion(
-        self,
-        body: kopf.Body,
-        ref: TestRef,
-        spec: TestSpec,
-        exclusion: Exclusion,
-        conditions: list[dict[str, Any]] | None,
-        patch: kopf.Patch,
-    ) -> None:
-        config = spec.run_config(1, Parallelism.NONE)
-        record = excluded_record(
-            config,
-            exclusion.reason,
-            exclusion.message,
-            source="operator",
-            labels=self._labels(ref, None, 0),
-        )
-        run_id = run_id_for(ref.uid, ref.generation, 0)
-        self.record(spec, record.model_copy(update={"run_id": run_id}))
-        conditions = set_condition(
-            conditions, "Sized", False, "Excluded", exclusion.message, ref.generation
-        )
-        conditions = set_condition(
-            conditions, "Recorded", True, "Recorded", f"run {run_id} recorded", ref.generation
-        )
-        patch.status.update(
-            phase=COMPLETED,
-            observedGeneration=ref.generation,
-            result=Result.EXCLUDED.value,
-            exclusionReason=exclusion.reason.value,
-            errorClass=None,
-            message=exclusion.message[:_MESSAGE_LIMIT],
-            runId=run_id,
-            finishedAt=_now(),
-            conditions=conditions,
-        )
-        self.event(body, "Normal", "Excluded", f"{exclusion.reason.value}: {exclusion.message}")
-
-    def _labels(self, ref: TestRef, job_name: str | None, attempt: int) -> dict[str, str]:
-        labels = {
-            "namespace": ref.namespace,
-            "test": ref.name,
-            "test_uid": ref.uid,
-            "generation": str(ref.generation),
-        }
-        if job_name:
-            labels |= {"job": job_name, "attempt": str(attempt)}
-        return labels
-
-    def _check_job_exists(self, body: kopf.Body, ref: TestRef, status: dict[str, Any]) -> None:
-        """On restart: a test whose Job vanished while the operator was away gets an ERROR."""
-        job_name = status.get("jobName")
-        if job_name and self.kube.read_job(ref.namespace, job_name) is None:
-            attempt = int(status.get("attempt") or 1)
-            reading = Reading(
-                JobState.INFRASTRUCTURE,
-                f"the runner Job {job_name} disappeared before its result was read",
-            )
-            self.finish(dict(body), ref, attempt, job_name, reading)
-
-    # ---------------------------------------------------------------- runner Job events
-
-    def on_job(self, job: dict[str, Any], event_type: str) -> None:
-        """A runner Job changed: mark the test Running, retry after node loss, or finish it."""
-        meta = job.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        try:
-            ref = TestRef(
-                meta["namespace"],
-                labels[LABEL_TEST],
-                labels[LABEL_UID],
-                int(labels[LABEL_GENERATION]),
-            )
-            attempt = int(labels[LABEL_ATTEMPT])
-        except (KeyError, ValueError):
-            log.warning(
-                "Job %s/%s carries our label but not the test's labels; ignoring it",
-                meta.get("namespace"),
-                meta.get("name"),
-            )
-            return
-        job_name = meta["name"]
-        reading = read_job(job, [])
-        if reading.state == JobState.ACTIVE and event_type != "DELETED":
-            if (job.get("status") or {}).get("active"):
-                self._mark_running(ref, attempt, job)
-            return
-        test = self._current_test(ref, attempt)
-        if test is None:
-            return
-        pods = self.kube.list_pods(ref.namespace, labels_for(ref, attempt))
-        reading = read_job(job, pods)
-        if reading.state == JobState.ACTIVE:
-            # The Job was deleted under a running test (by hand, or its node pool went away).
-            reading = Reading(
-                JobState.INFRASTRUCTURE,
-                f"the runner Job {job_name} was deleted before it finished",
-                pod_name=reading.pod_name,
-            )
-        if reading.state == JobState.NODE_LOST and attempt < self.settings.max_attempts:
-            self._retry(test, ref, attempt, reading)
-            return
-        self.finish(test, ref, attempt, job_name, reading)
-
-    def _current_test(self, ref: TestRef, attempt: int) -> dict[str, Any] | None:
-        """The test a Job serves, if that Job is still the test's current, unfinished attempt."""
-        test = self.kube.get_test(ref.namespace, ref.name)
-        if test is None or test["metadata"].get("uid") != ref.uid:
-            return None  # deleted (its children go with it)
-        if int(test["metadata"].get("generation") or 1) != ref.generation:
-            return None  # the spec changed: this Job's generation is superseded
-        status = test.get("status") or {}
-        if (
-            status.get("observedGeneration") != ref.generation
-            or int(status.get("attempt") or 0) != attempt
-        ):
-            return None  # superseded by a spec change or a retry
-        if status.get("phase") == COMPLETED:
-            return None  # a terminal phase is never overwritten
-        return test
-
-    def _mark_running(self, ref: TestRef, attempt: int, job: dict[str, Any]) -> None:
-        key = (ref.uid, ref.generation, attempt)
-        if key in self._running:
-            return
-        test = self._current_test(ref, attempt)
-        if test is None:
-            return
-        status = test.get("status") or {}
-        if status.get("phase") == PENDING:
-            conditions = set_condition(
-                status.get("conditions"),
-                "Running",
-                True,
-                "PodRunning",
-                "the runner pod is running",
-                ref.generation,
-            )
-            started = (job.get("status") or {}).get("startTime") or _now()
-            self.kube.patch_test_status(
-                ref.namespace,
-                ref.name,
-                {"phase": RUNNING, "startedAt": started, "conditions": conditions},
-            )
-        self._running.add(key)
-
-    def _retry(self, test: dict[str, Any], ref: TestRef, attempt: int, reading: Reading) -> None:
-        """Node lost: the same run.py again in a new Job (attempt + 1); bounded by max_attempts."""
-        spec = parse_spec(dict(test.get("spec") or {}))
-        status = test.get("status") or {}
-        placement = Placement(
-            int(status["cores"]),
-            Parallelism(status.get("parallelism") or Parallelism.NONE.value),
-            int(status.get("hostMemoryBytes") or self.settings.min_host_memory_gib * GiB),
-        )
-        cm_name = child_name(ref.name, ref.uid, ref.generation)
-        job_name = child_name(ref.name, ref.uid, ref.generation, attempt + 1)
-        job = build_job(
-            ref, spec, placement, job_name=job_name, configmap_name=cm_name, attempt=attempt + 1,
-            run_id=run_id_for(ref.uid, ref.generation, attempt + 1), settings=self.settings,
-        )  # fmt: skip
-        try:
-            self.kube.create_job(job)
-            metrics.JOBS_CREATED.inc()
-            metrics.RETRIES.inc()
-        except AlreadyExists:
-            log.info("retry Job %s/%s already exists; adopting it", ref.namespace, job_name)
-        conditions = set_condition(
-            status.get("conditions"),
-            "JobCreated",
-            True,
-            "NodeLost",
-            f"{reading.message}; attempt {attempt + 1} in Job {job_name}",
-            ref.generation,
-        )
-        self.kube.patch_test_status(
-            ref.namespace,
-            ref.name,
-            {
-                "phase": PENDING,
-                "attempt": attempt + 1,
-                "jobName": job_name,
-                "runId": run_id_for(ref.uid, ref.generation, attempt + 1),
-                "conditions": conditions,
-            },
-        )
-        self.event(
-            test,
-            "Warning",
-            "NodeLost",
-            f"{reading.message}; retrying as Job {job_name} (attempt {attempt + 1})",
-        )
-
-    # ---------------------------------------------------------------- the end of a run
-
-    def finish(
-        self, test: dict[str, Any], ref: TestRef, attempt: int, job_name: str, reading: Reading
-    ) -> None:
-        """Turn a finished Job into one run record and the test's final status."""
-        spec: TestSpec | None
-        try:
-            spec = parse_spec(dict(test.get("spec") or {}))
-        except SpecError:
-            spec = (
-                None  # recorded in the operator's store; the spec was valid when the Job was made
-            )
-        run_py = self._run_py(ref)
-        config = read_config(run_py)
-        document = self._document(ref, reading, config)
-        run_id = run_id_for(ref.uid, ref.generation, attempt)
-        record = record_from_document(
-            document,
-            run_py,
-            source="operator",
-            labels=self._labels(ref, job_name, attempt),
-            run_id=run_id,
-        )
-        self.record(spec, record)
-        self._complete(test, ref, document, run_id)
-
-    def _run_py(self, ref: TestRef) -> str:
-        """The run.py that ran: the ConfigMap's, byte for byte (else rendered again from the spec)."""
-        name = child_name(ref.name, ref.uid, ref.generation)
-        cm = self.kube.read_configmap(ref.namespace, name)
-        if cm is not None:
-            return str(cm["data"]["run.py"])
-        raise kopf.TemporaryError(
-            f"ConfigMap {ref.namespace}/{name} with the run.py of this run is missing", delay=30
-        )
-
-    def _document(self, ref: TestRef, reading: Reading, config: RunConfig) -> ResultDocument:
-        """The runner's own result document, else one for the infrastructure outcome."""
-        if reading.state in (JobState.SUCCEEDED, JobState.FAILED):
-            sources: list[tuple[str, str | None]] = []
-            if reading.pod_name:
-                sources.append(
-                    (
-                        "log",
-                        self.kube.pod_log(
-                            ref.namespace,
-                            reading.pod_name,
-                            RUNNER_CONTAINER,
-                            self.settings.log_tail_lines,
-                        ),
-                    )
-                )
-            sources.append(("termination message", reading.termination_message))
-            problems = []
-            for where, text in sources:
-                if not text:
-                    continue
-                try:
-                    document = parse_result_line(text)
-                except (ValueError, ValidationError) as exc:
-                    problems.append(f"the result line in the {where} is malformed: {exc}")
-                    continue
-                if document is not None:
-                    return document
-            detail = "; ".join(problems) or "no result line in the log or the termination message"
-            code = reading.exit_code
-            error_class = ErrorClass.OUT_OF_MEMORY if code == 137 else ErrorClass.RUNTIME
-            return failure_document(
-                config,
-                Result.ERROR,
-                error_class=error_class,
-                error=f"{reading.message} without a readable result document ({detail}). Termination message:\n{reading.termination_message or '(none)'}",
-            )
-        result, infra_class = INFRA_RESULTS[reading.state]
-        return failure_document(config, result, error_class=infra_class, error=reading.message)
-
-    def _complete(
-        self, test: dict[str, Any], ref: TestRef, document: ResultDocument, run_id: str
-    ) -> None:
-        status = test.get("status") or {}
-        summary = document.result.value + (
-            f"/{document.error_class.value}" if document.error_class else ""
-        )
-        conditions = set_condition(
-            status.get("conditions"),
-            "Running",
-            False,
-            "Finished",
-            "the runner finished",
-            ref.generation,
-        )
-        conditions = set_condition(
-            conditions,
-            "Completed",
-            True,
-            summary.replace("/", "_").replace("-", "_"),
-            _short(document.error) or summary,
-            ref.generation,
-        )
-        conditions = set_condition(
-            conditions, "Recorded", True, "Recorded", f"run {run_id} recorded", ref.generation
-        )
-        timings, memory = document.timings, document.memory
-        new_status: dict[str, Any] = {
-            "phase": COMPLETED,
-            "result": document.result.value,
-            "errorClass": document.error_class.value if document.error_class else None,
-            "message": _short(document.error) or None,
-            "runId": run_id,
-            "wallTimeSeconds": timings.wall_time_s,
-            "compileSeconds": timings.compile_s,
-            "decodeTokensPerSecond": timings.decode_tokens_per_s,
-            "peakDeviceMemoryBytes": memory.peak_device_memory_bytes,
-            "hostPeakRssBytes": memory.host_peak_rss_bytes,
-            "finishedAt": _now(),
-            "conditions": conditions,
-        }
-        self.kube.patch_test_status(ref.namespace, ref.name, new_status)
-        warning = document.result not in (Result.PASS, Result.EXCLUDED)
-        message = f"{summary}: {_short(document.error)}" if document.error else summary
-        self.event(
-            test, "Warning" if warning else "Normal", _EVENT_REASON[document.result], message
-        )
-
-    # ---------------------------------------------------------------- stuck pods
-
-    def watched_namespaces(self) -> list[str | None]:
-        """The namespaces to list children in; [None] means every namespace."""
-        return list(self.settings.namespaces) if self.settings.namespaces else [None]
-
-    def check_stuck(self, now: datetime | None = None) -> int:
-        """End tests whose runner pod cannot start (unschedulable / image pull) past the limits."""
-        ended = 0
-        for namespace in self.watched_namespaces():
-            for pod in self.kube.list_pods(namespace, {LABEL_MANAGED_BY: MANAGED_BY}):
-                why = stuck_reason(
-                    pod,
-                    now=now,
-                    unschedulable_limit_s=self.settings.unschedulable_limit_s,
-                    image_pull_limit_s=self.settings.image_pull_limit_s,
-                )
-                if why is None:
-                    continue
-                labels = pod["metadata"]["labels"]
-                ref = TestRef(
-                    pod["metadata"]["namespace"],
-                    labels[LABEL_TEST],
-                    labels[LABEL_UID],
-                    int(labels[LABEL_GENERATION]),
-                )
-                attempt = int(labels[LABEL_ATTEMPT])
-                test = self._current_test(ref, attempt)
-                if test is None:
-                    continue
-                job_name = child_name(ref.name, ref.uid, ref.generation, attempt)
-                self.finish(
-                    test,
-                    ref,
-                    attempt,
-                    job_name,
-                    Reading(JobState.INFRASTRUCTURE, f"runner pod {pod['metadata']['name']} {why}"),
-                )
-                self.kube.delete_job(ref.namespace, job_name)
-                ended += 1
-        return ended
-
-
-def _resync_finished_jobs(reconciler: Reconciler) -> int:
-    """Finish tests whose Job ended but whose completion was never handled.
-
-    kopf does not retry event handlers: if the API failed while a Job's end was being read, the
-    test would stay Running until an operator restart. The watchdog offers every finished Job
-    again; ``on_job`` ignores tests already completed, so this is idempotent.
-    """
-    offered = 0
-    for namespace in reconciler.watched_namespaces():
-        for job in reconciler.kube.list_jobs(namespace, {LABEL_MANAGED_BY: MANAGED_BY}):
-            if read_job(job, []).state != JobState.ACTIVE:
-                reconciler.on_job(job, "RESYNC")
-                offered += 1
-    return offered
 
 
 def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf.OperatorRegistry:
     """A kopf registry with the operator's handlers (a fresh one per operator, tests included)."""
     registry = kopf.OperatorRegistry()
-    reconciler = Reconciler(settings, kube or Kube(api_client(settings.api_server)))
+    reconciler = Reconciler(
+        settings,
+        kube
+        or Kube(
+            api_client(settings.api_server),
+            request_timeout_s=settings.request_timeout_s,
+            page_size=settings.list_page_size,
+        ),
+    )
     watchdog: dict[str, asyncio.Task[None]] = {}
 
     @kopf.on.startup(registry=registry)
@@ -743,7 +58,14 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
         settings.posting.loggers = False  # our own Events only, not one per handler log line
         settings.execution.max_workers = 32
         settings.peering.standalone = True
-        settings.networking.request_timeout = 60
+        # Every call has a deadline; lists are fetched in pages.
+        settings.networking.request_timeout = reconciler.settings.request_timeout_s
+        settings.networking.connect_timeout = min(10.0, reconciler.settings.request_timeout_s)
+        settings.watching.server_timeout = reconciler.settings.watch_timeout_s
+        settings.watching.client_timeout = reconciler.settings.watch_timeout_s + 30
+        settings.watching.chunk_size = reconciler.settings.list_page_size
+        # Only our Jobs travel from the API server: the selector is applied there, not here.
+        settings.watching.label_selectors["batch", "jobs"] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
         watchdog["task"] = asyncio.create_task(_watchdog(reconciler), name="model-support watchdog")
 
     @kopf.on.cleanup(registry=registry)
@@ -760,14 +82,11 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
             return kopf.ConnectionInfo(server=settings.api_server, insecure=True)
         return kopf.login_via_client(**kwargs)
 
-    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
-    def resume_test(body: kopf.Body, status: kopf.Status, patch: kopf.Patch, **_: Any) -> None:
-        reconciler.reconcile(body, dict(status), patch, resumed=True)
-
-    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
-    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec", registry=registry)
-    def reconcile_test(body: kopf.Body, status: kopf.Status, patch: kopf.Patch, **_: Any) -> None:
-        reconciler.reconcile(body, dict(status), patch, resumed=False)
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    def test_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+        # Level-based: every event (type None: listed at startup) brings the test's current
+        # generation to its Job; nothing but the status is written (no kopf annotations).
+        reconciler.on_test(_plain(body), type)
 
     @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: MANAGED_BY}, registry=registry)
     def job_event(body: kopf.Body, type: str | None, **_: Any) -> None:
@@ -786,7 +105,7 @@ async def _watchdog(reconciler: Reconciler) -> None:
     interval = reconciler.settings.watchdog_interval_s
     while True:
         await asyncio.sleep(interval)
-        for check in (reconciler.check_stuck, lambda: _resync_finished_jobs(reconciler)):
+        for check in (reconciler.retry_tests, reconciler.check_waiting, reconciler.resync_jobs):
             try:
                 await asyncio.to_thread(check)
             except Exception:

@@ -1,21 +1,25 @@
 """The few Kubernetes API calls the operator makes, through the official client, as plain dicts.
 
 Handlers run in kopf's thread pool, so this blocking client never runs on kopf's event loop.
-Label selectors are also applied here on the client side: cheap, and correct even where a
-server (or an emulator) ignores them.
+Every call carries a request timeout (a stuck connection must not hold a worker thread
+forever), and every list is fetched in pages (``limit`` + ``continue``), so a cluster with
+thousands of runner pods costs bounded memory per request. Label and field selectors are sent
+to the server and also applied here: cheap, and correct even where a server (or an emulator)
+ignores them.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, cast
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from model_support.operator.resource import FIELD_MANAGER, GROUP, PLURAL, VERSION
+from model_support.operator.resource import FIELD_MANAGER, GROUP, LABEL_RECORDED, PLURAL, VERSION
 
 
 class AlreadyExists(Exception):
@@ -37,107 +41,167 @@ def api_client(server: str | None, pool_size: int = 32) -> kubernetes.client.Api
     return kubernetes.client.ApiClient(configuration)
 
 
-def _create(create: Any, body: dict[str, Any]) -> dict[str, Any]:
-    """Call a create_namespaced_* method; a 409 becomes AlreadyExists (adopt, don't fail)."""
-    try:
-        return _json(create(body["metadata"]["namespace"], cast(Any, body), _preload_content=False))
-    except ApiException as exc:
-        if exc.status == 409:
-            raise AlreadyExists(body["metadata"]["name"]) from exc
-        raise
-
-
 def _json(response: Any) -> dict[str, Any]:
     return dict(json.loads(response.data))
 
 
-def _matches(obj: dict[str, Any], selector: dict[str, str]) -> bool:
+def _matches(obj: dict[str, Any], selector: dict[str, str], without: tuple[str, ...] = ()) -> bool:
     labels = (obj.get("metadata") or {}).get("labels") or {}
-    return all(labels.get(k) == v for k, v in selector.items())
+    return all(labels.get(k) == v for k, v in selector.items()) and not any(
+        k in labels for k in without
+    )
 
 
-def _selector(labels: dict[str, str]) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+def _selector(labels: dict[str, str], without: tuple[str, ...] = ()) -> str:
+    """A label selector: every ``labels`` pair, and none of the ``without`` keys."""
+    return ",".join([f"{k}={v}" for k, v in sorted(labels.items())] + [f"!{k}" for k in without])
 
 
 class Kube:
     """Typed-enough access to ConfigMaps, Jobs, Pods, Secrets and ModelSupportTests."""
 
-    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+    def __init__(
+        self,
+        client: kubernetes.client.ApiClient,
+        *,
+        request_timeout_s: float = 30.0,
+        page_size: int = 500,
+    ) -> None:
         self.client = client
         self.core = kubernetes.client.CoreV1Api(client)
         self.batch = kubernetes.client.BatchV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
+        self.timeout = request_timeout_s
+        self.page_size = page_size
+
+    def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """One API call with the raw response and the request deadline."""
+        return method(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
+
+    def _create(self, create: Callable[..., Any], body: dict[str, Any]) -> dict[str, Any]:
+        """Call a create_namespaced_* method; a 409 becomes AlreadyExists (adopt, don't fail)."""
+        try:
+            return _json(self._call(create, body["metadata"]["namespace"], cast(Any, body)))
+        except ApiException as exc:
+            if exc.status == 409:
+                raise AlreadyExists(body["metadata"]["name"]) from exc
+            raise
+
+    def _read(self, method: Callable[..., Any], *args: Any) -> dict[str, Any] | None:
+        """A read_* call; None on 404."""
+        try:
+            return _json(self._call(method, *args))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _list(
+        self,
+        namespaced: Callable[..., Any],
+        everywhere: Callable[..., Any],
+        namespace: str | None,
+        **selectors: Any,
+    ) -> list[dict[str, Any]]:
+        """Every page of a list call (``limit`` + ``continue``)."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            paging: dict[str, Any] = {"limit": self.page_size, **selectors}
+            if token:
+                paging["_continue"] = token
+            if namespace is None:
+                page = _json(self._call(everywhere, **paging))
+            else:
+                page = _json(self._call(namespaced, namespace, **paging))
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
 
     def create_configmap(self, body: dict[str, Any]) -> dict[str, Any]:
         """Create a ConfigMap; AlreadyExists on 409."""
-        return _create(self.core.create_namespaced_config_map, body)
+        return self._create(self.core.create_namespaced_config_map, body)
 
     def create_job(self, body: dict[str, Any]) -> dict[str, Any]:
         """Create a Job; AlreadyExists on 409."""
-        return _create(self.batch.create_namespaced_job, body)
+        return self._create(self.batch.create_namespaced_job, body)
 
     def read_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A ConfigMap, or None if it does not exist."""
-        try:
-            return _json(
-                self.core.read_namespaced_config_map(name, namespace, _preload_content=False)
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self._read(self.core.read_namespaced_config_map, name, namespace)
 
     def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A Job, or None if it does not exist."""
-        try:
-            return _json(self.batch.read_namespaced_job(name, namespace, _preload_content=False))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self._read(self.batch.read_namespaced_job, name, namespace)
 
     def delete_job(self, namespace: str, name: str) -> None:
         """Delete a Job and (in the background) its pods; a missing Job is already deleted."""
         try:
-            self.batch.delete_namespaced_job(
-                name, namespace, propagation_policy="Background", _preload_content=False
+            self._call(
+                self.batch.delete_namespaced_job, name, namespace, propagation_policy="Background"
             )
         except ApiException as exc:
             if exc.status != 404:
                 raise
 
-    def list_jobs(self, namespace: str | None, labels: dict[str, str]) -> list[dict[str, Any]]:
-        """Jobs with all of ``labels`` in ``namespace`` (None = every namespace)."""
-        selector = _selector(labels)
-        if namespace is None:
-            response = self.batch.list_job_for_all_namespaces(
-                label_selector=selector, _preload_content=False
-            )
-        else:
-            response = self.batch.list_namespaced_job(
-                namespace, label_selector=selector, _preload_content=False
-            )
-        return [j for j in _json(response).get("items") or [] if _matches(j, labels)]
+    def mark_job_recorded(self, namespace: str, name: str, ttl_seconds: int) -> None:
+        """Label a Job whose result is recorded and let the TTL controller collect it now.
 
-    def list_pods(self, namespace: str | None, labels: dict[str, str]) -> list[dict[str, Any]]:
-        """Pods with all of ``labels`` in ``namespace`` (None = every namespace)."""
-        selector = _selector(labels)
-        if namespace is None:
-            response = self.core.list_pod_for_all_namespaces(
-                label_selector=selector, _preload_content=False
-            )
-        else:
-            response = self.core.list_namespaced_pod(
-                namespace, label_selector=selector, _preload_content=False
-            )
-        return [p for p in _json(response).get("items") or [] if _matches(p, labels)]
+        Runner Jobs are created without ``ttlSecondsAfterFinished`` so nothing collects them
+        (and their pods and logs) before the result is recorded; a missing Job is fine.
+        """
+        body = {
+            "metadata": {"labels": {LABEL_RECORDED: "true"}},
+            "spec": {"ttlSecondsAfterFinished": ttl_seconds},
+        }
+        try:
+            self._call(self.batch.patch_namespaced_job, name, namespace, body)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def list_jobs(
+        self, namespace: str | None, labels: dict[str, str], without: tuple[str, ...] = ()
+    ) -> list[dict[str, Any]]:
+        """Jobs with all of ``labels`` and none of the ``without`` label keys in ``namespace``
+        (None = every namespace)."""
+        jobs = self._list(
+            self.batch.list_namespaced_job,
+            self.batch.list_job_for_all_namespaces,
+            namespace,
+            label_selector=_selector(labels, without),
+        )
+        return [j for j in jobs if _matches(j, labels, without)]
+
+    def list_pods(
+        self, namespace: str | None, labels: dict[str, str], phase: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Pods with all of ``labels`` (and in ``phase``, if given: filtered on the server) in
+        ``namespace`` (None = every namespace)."""
+        selectors: dict[str, Any] = {"label_selector": _selector(labels)}
+        if phase:
+            selectors["field_selector"] = f"status.phase={phase}"
+        pods = self._list(
+            self.core.list_namespaced_pod, self.core.list_pod_for_all_namespaces, namespace,
+            **selectors,
+        )  # fmt: skip
+        return [
+            p
+            for p in pods
+            if _matches(p, labels)
+            and (phase is None or (p.get("status") or {}).get("phase") == phase)
+        ]
 
     def pod_log(self, namespace: str, name: str, container: str, tail_lines: int) -> str | None:
         """The tail of a container's log, or None if the pod (or its log) is gone."""
         try:
-            response = self.core.read_namespaced_pod_log(
-                name, namespace, container=container, tail_lines=tail_lines, _preload_content=False
+            response = self._call(
+                self.core.read_namespaced_pod_log,
+                name,
+                namespace,
+                container=container,
+                tail_lines=tail_lines,
             )
         except ApiException as exc:
             if exc.status in (400, 404):
@@ -146,30 +210,27 @@ class Kube:
         # With _preload_content=False the client returns the raw urllib3 response.
         return bytes(cast(Any, response).data).decode("utf-8", errors="replace")
 
-    def secret_value(self, namespace: str, name: str, key: str) -> str | None:
-        """One value of a Secret (decoded), or None if the Secret or key is missing. Never logged."""
-        try:
-            secret = _json(
-                self.core.read_namespaced_secret(name, namespace, _preload_content=False)
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+    def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Secret (its values still base64), or None if it does not exist. Never logged."""
+        return self._read(self.core.read_namespaced_secret, name, namespace)
+
+    @staticmethod
+    def secret_key(secret: dict[str, Any], key: str) -> str | None:
+        """One decoded value of a Secret read with :meth:`read_secret`; None if the key is missing."""
         value = (secret.get("data") or {}).get(key)
         return base64.b64decode(value).decode() if value is not None else None
 
     def post_event(self, obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
         """A core/v1 Event about ``obj`` (kubectl describe shows it)."""
         meta = obj["metadata"]
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         event = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"generateName": f"{meta['name'][:200]}.", "namespace": meta["namespace"]},
             "involvedObject": {
-                "apiVersion": obj["apiVersion"],
-                "kind": obj["kind"],
+                "apiVersion": obj.get("apiVersion") or f"{GROUP}/{VERSION}",
+                "kind": obj.get("kind") or "ModelSupportTest",
                 "name": meta["name"],
                 "namespace": meta["namespace"],
                 "uid": meta["uid"],
@@ -180,26 +241,17 @@ class Kube:
             "source": {"component": FIELD_MANAGER},
             "reportingComponent": FIELD_MANAGER,
             "reportingInstance": FIELD_MANAGER,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
             "count": 1,
         }
-        self.core.create_namespaced_event(
-            meta["namespace"], cast(Any, event), _preload_content=False
-        )
+        self._call(self.core.create_namespaced_event, meta["namespace"], cast(Any, event))
 
     def get_test(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A ModelSupportTest, or None if it was deleted."""
-        try:
-            return _json(
-                self.custom.get_namespaced_custom_object(
-                    GROUP, VERSION, namespace, PLURAL, name, _preload_content=False
-                )
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self._read(
+            self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name
+        )
 
     def patch_test_status(
         self, namespace: str, name: str, status: dict[str, Any]
@@ -207,14 +259,14 @@ class Kube:
         """Merge ``status`` into a test's status subresource; None if the test is gone."""
         try:
             return _json(
-                self.custom.patch_namespaced_custom_object_status(
+                self._call(
+                    self.custom.patch_namespaced_custom_object_status,
                     GROUP,
                     VERSION,
                     namespace,
                     PLURAL,
                     name,
                     {"status": status},
-                    _preload_content=False,
                 )
             )
         except ApiException as exc:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from model_support.operator.resource import (
+    ANNOTATION_TEST_NAME,
     API_VERSION,
     KIND,
     LABEL_ATTEMPT,
@@ -25,8 +26,12 @@ from model_support.operator.resource import (
 )
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import TestSpec
+from model_support.sizing import Plan
 from model_support.vocabulary import Parallelism
 
+GiB = 2**30
+DEFAULT_LNC = 2
+"""trn2's logical NeuronCore config when a test names none (what sizing assumes)."""
 NEURONCORE_RESOURCE = "aws.amazon.com/neuroncore"
 NEURON_TAINT = "aws.amazon.com/neuron"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -34,16 +39,27 @@ WORKDIR = "/work"
 EXTRA_PACKAGES_DIR = "/work/extra-packages"
 RUN_PY_KEY = "run.py"
 ANNOTATION_RUN_ID = "modelsupport.dev/run-id"
+ANNOTATION_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 
-# The NEFF cache goes back to its target after run.py, whatever run.py's exit status; the
-# status is kept so the pod (and the Job) still fail or succeed as run.py did. Paths come
-# from env vars, so no spec value is ever spliced into this script.
-_SYNC_BACK = (
-    "python3 run.py; status=$?; "
-    'hf buckets sync "$TORCH_NEURONX_NEFF_CACHE_DIR" "$MODEL_SUPPORT_CACHE_TARGET" 1>&2 '
-    '|| echo "model-support: NEFF cache upload to $MODEL_SUPPORT_CACHE_TARGET failed" 1>&2; '
-    'exit "$status"'
-)
+RESULT_FILE = "result.json"
+TERMINATION_LOG = "/dev/termination-log"
+
+
+def runner_command(
+    run_id: str, deliver_to: str | None, cache_target: str | None, neff_cache_dir: str
+) -> list[str]:
+    """The runner container's argv: run.py through model_support.runner_pod (no shell).
+
+    The runner delivers the result document to ``deliver_to``'s delivery area under ``run_id``,
+    writes the termination message, then pushes the NEFF cache to ``cache_target`` if given.
+    """
+    command = ["python3", "-m", "model_support.runner_pod", "--run-id", run_id]
+    if deliver_to is not None:
+        command += ["--deliver-to", deliver_to]
+    command += ["--result-file", RESULT_FILE, "--termination-log", TERMINATION_LOG]
+    if cache_target is not None:
+        command += ["--push-cache", neff_cache_dir, cache_target]
+    return command
 
 
 @dataclass(frozen=True)
@@ -60,11 +76,24 @@ class TestRef:
 
 @dataclass(frozen=True)
 class Placement:
-    """How many cores a test gets and how much host memory its pod requests."""
+    """How many cores a test gets, the host memory for its float32 reference, and the size of
+    the checkpoint it downloads (for the pod's ephemeral storage)."""
 
     cores: int
     parallelism: Parallelism
     host_memory_bytes: int
+    checkpoint_bytes: int = 0
+
+
+def placement_for(plan: Plan, settings: OperatorSettings) -> Placement:
+    """The pod-level placement of a sized plan.
+
+    The verdict's reference pass runs in float32 on the host: 4 bytes per parameter, times
+    ``host_memory_factor`` for the loaded run-dtype copy and headroom, never below the floor.
+    """
+    floor = int(settings.min_host_memory_gib * GiB)
+    host = int(plan.parameters * 4 * settings.host_memory_factor)
+    return Placement(plan.cores, plan.parallelism, max(floor, host), plan.checkpoint_bytes)
 
 
 def labels_for(test: TestRef, attempt: int | None = None) -> dict[str, str]:
@@ -108,6 +137,24 @@ def build_configmap(test: TestRef, name: str, run_py: str) -> dict[str, Any]:
     }
 
 
+def _is_local(uri: str) -> bool:
+    return "://" not in uri
+
+
+def delivery_target(store_uri: str, settings: OperatorSettings) -> str | None:
+    """Where a runner pod can deliver for a test whose store is ``store_uri``, or None.
+
+    A remote store (s3://, hf://, ...) is reachable from the pod as it is. A local path is
+    reachable only on the shared results volume (``results_volume_claim``), under its mount.
+    """
+    if not _is_local(store_uri):
+        return store_uri
+    if settings.results_volume_claim is None or not _is_local(settings.results_uri):
+        return None
+    root = settings.results_uri.rstrip("/")
+    return store_uri if store_uri == root or store_uri.startswith(root + "/") else None
+
+
 def _gib(n_bytes: int) -> str:
     return f"{max(1, math.ceil(n_bytes / 2**30))}Gi"
 
@@ -126,8 +173,13 @@ def build_job(
     attempt: int,
     run_id: str,
     settings: OperatorSettings,
+    deliver_to: str | None = None,
 ) -> dict[str, Any]:
-    """The runner Job: ``python3 run.py`` from the ConfigMap, sized and placed for the profile."""
+    """The runner Job: ``python3 run.py`` from the ConfigMap, sized and placed for the profile.
+
+    ``deliver_to`` is the results store the runner delivers its document to (None: it cannot
+    reach one; the operator then reads the log and the termination message).
+    """
     profile = spec.profile_info
     labels = labels_for(test, attempt)
     image = spec.image or settings.runner_image
@@ -138,6 +190,9 @@ def build_job(
         {"name": "HF_HOME", "value": f"{WORKDIR}/hf-home"},
         {"name": "TORCH_NEURONX_NEFF_CACHE_DIR", "value": settings.neff_cache_dir},
         {"name": "MODEL_SUPPORT_RUN_ID", "value": run_id},
+        # The root filesystem is read-only: every cache goes to a writable volume.
+        {"name": "HOME", "value": "/tmp/home"},
+        {"name": "XDG_CACHE_HOME", "value": "/tmp/cache"},
     ]
     if spec.hubTokenSecret is not None:
         # The token comes from the Secret at run time; it is never in the ConfigMap or the spec.
@@ -152,8 +207,6 @@ def build_job(
                 },
             }
         )
-    if spec.lnc is not None:
-        env.append({"name": "NEURON_LOGICAL_NC_CONFIG", "value": str(spec.lnc)})
     if spec.extraPackages:
         env.append({"name": "PYTHONPATH", "value": EXTRA_PACKAGES_DIR})
 
@@ -161,6 +214,7 @@ def build_job(
     container_security = {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
@@ -174,6 +228,7 @@ def build_job(
         },
         {"name": "neff-cache", "mountPath": settings.neff_cache_dir},
         {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "shm", "mountPath": "/dev/shm"},
     ]
 
     init_containers: list[dict[str, Any]] = []
@@ -220,15 +275,32 @@ def build_job(
             }
         )
 
-    if cache is not None and cache.target is not None:
-        command = ["/bin/sh", "-c", _SYNC_BACK]
-        env.append({"name": "MODEL_SUPPORT_CACHE_TARGET", "value": cache.target})
-    else:
-        command = ["python3", RUN_PY_KEY]
+    command = runner_command(
+        run_id,
+        deliver_to,
+        cache.target if cache is not None else None,
+        settings.neff_cache_dir,
+    )
+    env.extend(settings.runner_env)
+    if settings.results_volume_claim is not None and _is_local(settings.results_uri):
+        # A local-path store lives on a shared volume: the runner delivers into the same path.
+        mounts.append({"name": "results", "mountPath": settings.results_uri})
 
-    memory = _gib(placement.host_memory_bytes)
+    # /dev/shm is memory: one worker per core, counted in the memory request and limit.
+    shm_bytes = int(settings.shm_per_core_gib * GiB) * placement.cores
+    memory = _gib(placement.host_memory_bytes + shm_bytes)
+    # /work holds the checkpoint download (HF_HOME) and extra packages; /tmp and the NEFF
+    # cache the compilers' files. Each emptyDir is capped; the pod requests their sum.
+    work_bytes = placement.checkpoint_bytes + int(settings.work_headroom_gib * GiB)
+    tmp_bytes = int(settings.tmp_size_gib * GiB)
+    neff_bytes = int(settings.neff_cache_size_gib * GiB)
+    storage = _gib(work_bytes + tmp_bytes + neff_bytes)
     resources: dict[str, dict[str, str]] = {
-        "requests": {"cpu": _cpu(placement.cores * settings.cpu_per_core), "memory": memory},
+        "requests": {
+            "cpu": _cpu(placement.cores * settings.cpu_per_core),
+            "memory": memory,
+            "ephemeral-storage": storage,
+        },
         "limits": {"memory": memory},
     }
     node_selector: dict[str, str] = {}
@@ -241,6 +313,9 @@ def build_job(
     instance_type = spec.instanceType or profile.instance_type
     if instance_type is not None:
         node_selector[INSTANCE_TYPE_LABEL] = instance_type
+    if profile.name == "trn2" and settings.lnc_node_label:
+        # LNC is a node setting: select nodes configured with the LNC this test was sized for.
+        node_selector[settings.lnc_node_label] = str(spec.lnc or DEFAULT_LNC)
     node_selector.update(spec.scheduling.nodeSelector)
     tolerations.extend(t.model_dump(exclude_none=True) for t in spec.scheduling.tolerations)
 
@@ -269,7 +344,7 @@ def build_job(
             }
         ],
         "volumes": [
-            {"name": "work", "emptyDir": {}},
+            {"name": "work", "emptyDir": {"sizeLimit": _gib(work_bytes)}},
             {
                 "name": "run-script",
                 "configMap": {
@@ -277,18 +352,32 @@ def build_job(
                     "items": [{"key": RUN_PY_KEY, "path": RUN_PY_KEY}],
                 },
             },
-            {"name": "neff-cache", "emptyDir": {}},
-            {"name": "tmp", "emptyDir": {}},
+            {"name": "neff-cache", "emptyDir": {"sizeLimit": _gib(neff_bytes)}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": _gib(tmp_bytes)}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": _gib(shm_bytes)}},
         ],
     }
+    if any(m["name"] == "results" for m in mounts):
+        pod_spec["volumes"].append(
+            {
+                "name": "results",
+                "persistentVolumeClaim": {"claimName": settings.results_volume_claim},
+            }
+        )
+    if settings.runner_env_from:
+        pod_spec["containers"][0]["envFrom"] = list(settings.runner_env_from)
     if init_containers:
         pod_spec["initContainers"] = init_containers
     if node_selector:
         pod_spec["nodeSelector"] = node_selector
     if tolerations:
         pod_spec["tolerations"] = tolerations
-    if spec.scheduling.schedulerName:
-        pod_spec["schedulerName"] = spec.scheduling.schedulerName
+    scheduler = spec.scheduling.schedulerName
+    if scheduler is None and profile.neuron and placement.cores > 1:
+        # More than one core must be connected cores: the Neuron scheduler extension's job.
+        scheduler = settings.scheduler_name
+    if scheduler:
+        pod_spec["schedulerName"] = scheduler
     if spec.scheduling.priorityClassName:
         pod_spec["priorityClassName"] = spec.scheduling.priorityClassName
     if settings.service_account:
@@ -298,10 +387,34 @@ def build_job(
     if spec.queueName:
         job_labels[LABEL_KUEUE_QUEUE] = spec.queueName
     job_spec: dict[str, Any] = {
+        # Disruptions (eviction, preemption, node drain: pods with a DisruptionTarget condition)
+        # are not counted and the pod is replaced; any container's non-zero exit is the run's
+        # own outcome and fails the Job at once. Other pod failures (a node lost without the
+        # condition) fail it too; the operator then retries in a new Job (max_attempts).
         "backoffLimit": 0,
+        "podFailurePolicy": {
+            "rules": [
+                {
+                    "action": "Ignore",
+                    "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+                },
+                {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [0]}},
+            ]
+        },
+        # A replacement waits until its predecessor has ended: it needs the same NeuronCores.
+        "podReplacementPolicy": "Failed",
         "activeDeadlineSeconds": spec.timeoutSeconds,
-        "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
-        "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        "template": {
+            "metadata": {
+                "labels": labels,
+                "annotations": {
+                    ANNOTATION_TEST_NAME: test.name,
+                    # Karpenter must not consolidate the node under a running test.
+                    ANNOTATION_DO_NOT_DISRUPT: "true",
+                },
+            },
+            "spec": pod_spec,
+        },
     }
     if spec.queueName:
         # Kueue admits the Job by unsuspending it.
@@ -313,7 +426,7 @@ def build_job(
             "name": job_name,
             "namespace": test.namespace,
             "labels": job_labels,
-            "annotations": {ANNOTATION_RUN_ID: run_id},
+            "annotations": {ANNOTATION_RUN_ID: run_id, ANNOTATION_TEST_NAME: test.name},
             "ownerReferences": [owner_reference(test)],
         },
         "spec": job_spec,

@@ -11,7 +11,10 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from model_support.config import RunConfig
 from model_support.operator.resource import RUNNER_CONTAINER
+from model_support.records import ResultDocument
+from model_support.runner_pod import STOPPED_MESSAGE
 from model_support.vocabulary import ErrorClass, Result
 
 IMAGE_PULL_REASONS = frozenset(
@@ -68,14 +71,35 @@ def _runner_status(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def latest_pod(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The most recently created pod of a Job (a Job with backoffLimit 0 has at most a few)."""
+    """The pod that decided a Job's end: the latest one that was not disrupted (the Job
+    replaced disrupted ones), else simply the latest."""
     if not pods:
         return None
-    return max(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "")
+    return max(
+        pods,
+        key=lambda p: (
+            _condition(p, "DisruptionTarget") is None,
+            (p.get("metadata") or {}).get("creationTimestamp") or "",
+        ),
+    )
+
+
+def _failed_init_container(pod: dict[str, Any]) -> dict[str, Any] | None:
+    for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        terminated = (status.get("state") or {}).get("terminated") or {}
+        if terminated and terminated.get("exitCode") not in (None, 0):
+            return {"name": status.get("name"), **terminated}
+    return None
 
 
 def read_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> Reading:
-    """Classify a runner Job and its pods."""
+    """Classify a runner Job and its pods.
+
+    Disruptions never get here as failures: the Job's podFailurePolicy ignores pods with a
+    ``DisruptionTarget`` condition (the Job controller starts a replacement), and fails the Job
+    at once on any container's non-zero exit code. Out-of-memory comes only from the runner
+    container's own ``OOMKilled`` reason, never from an exit status.
+    """
     pod = latest_pod(pods)
     pod_name = (pod.get("metadata") or {}).get("name") if pod else None
     terminated = (_runner_status(pod).get("state") or {}).get("terminated") or {} if pod else {}
@@ -106,22 +130,32 @@ def read_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> Reading:
         return reading(
             JobState.NODE_LOST, f"the runner pod vanished ({reason or 'no reason given'})"
         )
-    pod_status = pod.get("status") or {}
-    disruption = _condition(pod, "DisruptionTarget")
-    if pod_status.get("reason") in NODE_LOSS_REASONS or (
-        disruption is not None and disruption.get("reason") in NODE_LOSS_REASONS
-    ):
-        why = (disruption or {}).get("reason") or pod_status.get("reason")
-        return reading(JobState.NODE_LOST, f"the runner's node was lost ({why})")
-    if pod_status.get("reason") == "Evicted":
+    init = _failed_init_container(pod)
+    if init is not None:
+        detail = (init.get("message") or "").strip()[-500:]
         return reading(
             JobState.INFRASTRUCTURE,
+            f"init container {init['name']} exited with status {init['exitCode']} before "
+            f"run.py started{': ' + detail if detail else ''}",
+        )
+    pod_status = pod.get("status") or {}
+    disruption = _condition(pod, "DisruptionTarget")
+    if disruption is not None or pod_status.get("reason") in NODE_LOSS_REASONS:
+        why = (disruption or {}).get("reason") or pod_status.get("reason")
+        return reading(JobState.NODE_LOST, f"the runner pod was disrupted ({why})")
+    if pod_status.get("reason") == "Evicted":
+        return reading(
+            JobState.NODE_LOST,
             f"the runner pod was evicted: {pod_status.get('message') or ''}".strip(),
         )
     if not terminated:
         return reading(
             JobState.INFRASTRUCTURE, f"the Job failed ({reason}) before the runner container ran"
         )
+    if term_message == STOPPED_MESSAGE:
+        # SIGTERM from outside without a DisruptionTarget condition (a pod deleted by hand, a
+        # node shut down): a disruption all the same, worth another attempt.
+        return reading(JobState.NODE_LOST, "the runner was stopped from outside its pod")
     return reading(JobState.FAILED, f"run.py exited with status {exit_code}")
 
 
@@ -131,43 +165,77 @@ def _parse_time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-def stuck_reason(
-    pod: dict[str, Any],
-    *,
-    now: datetime | None = None,
-    unschedulable_limit_s: float,
-    image_pull_limit_s: float,
-) -> str | None:
-    """Why a pending runner pod will not start (past the limits), or None while it may still start."""
+class WaitKind(StrEnum):
+    """Why a runner pod has not started yet."""
+
+    UNSCHEDULABLE = "Unschedulable"  # no node fits (capacity): the test is Queued
+    IMAGE_PULL = "ImagePullFailing"  # scheduled, but its image cannot be pulled
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A pending runner pod that is waiting for something, since when, and what it says."""
+
+    kind: WaitKind
+    since: datetime
+    message: str
+
+
+def pod_waiting(pod: dict[str, Any], now: datetime | None = None) -> Waiting | None:
+    """What a pending runner pod waits for (None: it is not pending, or simply starting)."""
     now = now or datetime.now(UTC)
     status = pod.get("status") or {}
     if status.get("phase") not in (None, "Pending"):
         return None
     created = _parse_time((pod.get("metadata") or {}).get("creationTimestamp")) or now
+    scheduled_at: datetime | None = None
     for cond in status.get("conditions") or []:
-        if (
-            cond.get("type") == "PodScheduled"
-            and cond.get("status") == "False"
-            and cond.get("reason") == "Unschedulable"
-        ):
-            since = _parse_time(cond.get("lastTransitionTime")) or created
-            if (now - since).total_seconds() >= unschedulable_limit_s:
-                return f"unschedulable for more than {unschedulable_limit_s:g} s: {cond.get('message') or 'no node fits'}"
+        if cond.get("type") != "PodScheduled":
+            continue
+        since = _parse_time(cond.get("lastTransitionTime")) or created
+        if cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
+            return Waiting(WaitKind.UNSCHEDULABLE, since, cond.get("message") or "no node fits")
+        if cond.get("status") == "True":
+            scheduled_at = since
     for container in [
         *(status.get("initContainerStatuses") or []),
         *(status.get("containerStatuses") or []),
     ]:
         waiting = (container.get("state") or {}).get("waiting") or {}
-        if (
-            waiting.get("reason") in IMAGE_PULL_REASONS
-            and (now - created).total_seconds() >= image_pull_limit_s
-        ):
-            return (
-                f"image pull failing for more than {image_pull_limit_s:g} s "
-                f"({waiting['reason']}, container {container.get('name')}): {waiting.get('message') or ''}".rstrip(
-                    ": "
-                )
+        if waiting.get("reason") in IMAGE_PULL_REASONS:
+            # The pull limit counts from scheduling: time queued for capacity is not pulling.
+            return Waiting(
+                WaitKind.IMAGE_PULL,
+                scheduled_at or created,
+                f"{waiting['reason']}, container {container.get('name')}"
+                + (f": {waiting['message']}" if waiting.get("message") else ""),
             )
+    return None
+
+
+def stuck_reason(
+    pod: dict[str, Any],
+    *,
+    now: datetime | None = None,
+    unschedulable_limit_s: float | None,
+    image_pull_limit_s: float,
+) -> str | None:
+    """Why a pending runner pod will never start (past the limits), or None while it may.
+
+    An unschedulable pod is stuck only when ``unschedulable_limit_s`` is set: by default a test
+    waits for capacity as long as it takes (shown as the Queued phase).
+    """
+    now = now or datetime.now(UTC)
+    waiting = pod_waiting(pod, now)
+    if waiting is None:
+        return None
+    waited = (now - waiting.since).total_seconds()
+    if waiting.kind is WaitKind.UNSCHEDULABLE:
+        if unschedulable_limit_s is not None and waited >= unschedulable_limit_s:
+            return f"unschedulable for more than {unschedulable_limit_s:g} s: {waiting.message}"
+        return None
+    if waited >= image_pull_limit_s:
+        return f"image pull failing for more than {image_pull_limit_s:g} s ({waiting.message})"
     return None
 
 
@@ -178,3 +246,64 @@ INFRA_RESULTS: dict[JobState, tuple[Result, ErrorClass | None]] = {
     JobState.INFRASTRUCTURE: (Result.ERROR, ErrorClass.INFRASTRUCTURE),
 }
 """The result recorded for a Job that ended without a result document of its own."""
+
+
+class DocumentSource(StrEnum):
+    """Where the recorded result document came from (kept in the record's labels)."""
+
+    DELIVERY = "delivery"  # the runner delivered it to the store (the normal case)
+    LOG = "log"  # the marked last line of the runner's log
+    TERMINATION_MESSAGE = "termination-message"  # compact copy in the pod's status
+    OPERATOR = "operator"  # none was readable: the operator wrote one for the Job's outcome
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """No result document could be read *yet*: retried, never recorded as the model's result."""
+
+    reason: str
+
+
+IDENTITY_FIELDS = ("model", "revision", "task", "cores", "parallelism", "compile_backend", "dtype")
+"""What a test asked for: taken from the test's config, never from what a pod printed."""
+
+
+def identity_problems(document: ResultDocument, config: RunConfig) -> list[str]:
+    """Where ``document`` contradicts the test's config (empty when it agrees)."""
+    asked: dict[str, Any] = {
+        "model": config.model,
+        "revision": config.revision,
+        "task": config.task.value,
+        "cores": config.cores,
+        "parallelism": config.parallelism.value,
+        "dtype": config.dtype,
+    }
+    if config.compile_backend is not None:  # None: run.py records the backend it chose
+        asked["compile_backend"] = config.compile_backend
+    said = document.model_dump(mode="json")
+    return [
+        f"{field} is {said.get(field)!r}, the test asked for {value!r}"
+        for field, value in asked.items()
+        if said.get(field) != value
+    ]
+
+
+def trusted_document(document: ResultDocument, config: RunConfig) -> ResultDocument:
+    """The document to record: as the runner wrote it when it agrees with the test, else an
+    ERROR that says where it disagrees (what a pod printed never names what was tested)."""
+    problems = identity_problems(document, config)
+    if not problems:
+        return document
+    from model_support.records import failure_document
+
+    return failure_document(
+        config,
+        Result.ERROR,
+        error_class=ErrorClass.INFRASTRUCTURE,
+        error=(
+            "the runner's result document disagrees with the test ("
+            + "; ".join(problems)
+            + f"), so its {document.result.value} is not recorded as this model's result: "
+            "check the runner image and what else runs in the pod"
+        ),
+    )

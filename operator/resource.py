@@ -22,6 +22,11 @@ LABEL_UID = f"{GROUP}/test-uid"
 LABEL_GENERATION = f"{GROUP}/generation"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
 LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+LABEL_RECORDED = f"{GROUP}/recorded"
+"""Set on a runner Job once its result is recorded: the watchdog lists only Jobs without it."""
+
+ANNOTATION_TEST_NAME = f"{GROUP}/test-name"
+"""The test's full name on its Job and pods (names go up to 253 characters, labels to 63)."""
 
 RUNNER_CONTAINER = "runner"
 

@@ -1,14 +1,38 @@
-"""Operator settings: defaults for every test, limits of the infrastructure classification."""
+"""Operator settings: defaults for every test, limits of the infrastructure classification.
+
+The Helm chart hands them to the operator as one JSON object (env ``MODEL_SUPPORT_SETTINGS``)
+with camelCase keys: a field ``unschedulable_limit_s`` is ``unschedulableLimitSeconds``,
+``min_host_memory_gib`` is ``minHostMemoryGiB``. The chart's ``settings:`` value holds any of
+them; a few have chart values of their own (see :func:`settings_from_values`, which the chart's
+template mirrors and a test keeps in step). Unknown keys are refused, naming the key.
+"""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+
+def chart_key(field: str) -> str:
+    """The camelCase key of a settings field in the chart (``_s`` = Seconds, ``_gib`` = GiB)."""
+    if field.endswith("_s"):
+        return to_camel(field[:-2]) + "Seconds"
+    if field.endswith("_gib"):
+        return to_camel(field[:-4]) + "GiB"
+    return to_camel(field)
+
+
+DEFAULT_RUNNER_IMAGE = "public.ecr.aws/model-support/runner:0.1.0"
+"""The chart's runnerImage default (values.yaml), so the CLI renders what the chart deploys."""
 
 
 class OperatorSettings(BaseModel):
     """Everything the operator needs besides the resources it watches."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", alias_generator=chart_key, populate_by_name=True)
 
     results_uri: str = Field(
         ...,
@@ -16,7 +40,7 @@ class OperatorSettings(BaseModel):
         description="Default results store URI (a spec's `results` overrides it).",
     )
     runner_image: str = Field(
-        "public.ecr.aws/model-support/runner:latest",
+        DEFAULT_RUNNER_IMAGE,
         description="Runner image used when a spec names none.",
     )
     image_pull_policy: str = "IfNotPresent"
@@ -24,20 +48,44 @@ class OperatorSettings(BaseModel):
         None, description="Kubernetes API URL; None = in-cluster service account, else kubeconfig."
     )
     ttl_seconds_after_finished: int = Field(
-        3600, ge=0, description="Finished Jobs (and their pods, logs) are kept this long."
+        3600,
+        ge=0,
+        description="A runner Job (its pods, logs) is kept this long after its result is recorded; never deleted before.",
+    )
+    results_volume_claim: str | None = Field(
+        None,
+        description="PVC holding a local-path results store; mounted into runner pods so they deliver there.",
+    )
+    runner_env: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Extra env of runner containers (Kubernetes EnvVar objects), e.g. the store's endpoint.",
+    )
+    runner_env_from: list[dict[str, Any]] = Field(
+        default_factory=list, description="envFrom of runner containers (EnvFromSource objects)."
+    )
+    result_unavailable_limit_s: float = Field(
+        3600.0,
+        gt=0,
+        description="A finished Job whose result document cannot be read is retried this long, then recorded ERROR/infrastructure.",
+    )
+    retry_cap_s: float = Field(
+        600.0, gt=0, description="Longest wait between retries of a failing store write."
     )
     max_attempts: int = Field(
-        3, ge=1, le=10, description="Attempts per generation when a node is lost."
+        3,
+        ge=1,
+        le=10,
+        description="Runner Jobs per generation when a pod fails for the cluster's reasons without a DisruptionTarget condition (node lost, stopped from outside). Disruptions with it are retried by the Job itself.",
     )
-    unschedulable_limit_s: float = Field(
-        1800.0,
+    unschedulable_limit_s: float | None = Field(
+        None,
         gt=0,
-        description="A runner pod unschedulable this long ends the test ERROR/infrastructure.",
+        description="A runner pod unschedulable this long ends the test ERROR/infrastructure; None (default) = wait for capacity as long as it takes, phase Queued.",
     )
     image_pull_limit_s: float = Field(
         600.0,
         gt=0,
-        description="A runner pod failing to pull its image this long ends the test ERROR/infrastructure.",
+        description="A runner pod failing to pull its image this long after it was scheduled ends the test ERROR/infrastructure.",
     )
     watchdog_interval_s: float = Field(
         30.0, gt=0, description="How often stuck runner pods are looked for."
@@ -56,6 +104,30 @@ class OperatorSettings(BaseModel):
         description="Host memory per byte of float32 parameters: the CPU reference runs in float32, plus the loaded run-dtype copy and headroom.",
     )
     neff_cache_dir: str = "/var/cache/neff"
+    shm_per_core_gib: float = Field(
+        1.0,
+        gt=0,
+        description="/dev/shm (a memory-backed emptyDir) per worker; run.py starts one worker per core. Counted in the memory request.",
+    )
+    work_headroom_gib: float = Field(
+        4.0,
+        ge=0,
+        description="Scratch space of /work beyond the checkpoint download (HF_HOME lives there).",
+    )
+    tmp_size_gib: float = Field(
+        10.0, gt=0, description="sizeLimit of /tmp (compiler and inductor scratch)."
+    )
+    neff_cache_size_gib: float = Field(
+        20.0, gt=0, description="sizeLimit of the local NEFF compile cache."
+    )
+    scheduler_name: str | None = Field(
+        None,
+        description="Scheduler of runner pods on more than one NeuronCore (the Neuron scheduler extension places connected cores); a test's scheduling.schedulerName wins.",
+    )
+    lnc_node_label: str | None = Field(
+        None,
+        description="Node label holding a trn2 node's logical NeuronCore config (LNC); runner pods select nodes with the LNC they were sized for. Without it a test cannot ask for an LNC.",
+    )
     log_tail_lines: int = Field(
         400, ge=10, description="Lines of the runner's log read for the result line."
     )
@@ -63,10 +135,97 @@ class OperatorSettings(BaseModel):
         None, description="ServiceAccount of runner pods (no API access needed)."
     )
     read_token_secrets: bool = Field(
-        True, description="Read a spec's hubTokenSecret to size gated models (needs `get secrets`)."
+        False,
+        description="Read a spec's hubTokenSecret (only Secrets labelled modelsupport.dev/hub-token=true) to size gated models; needs `get secrets`.",
+    )
+    allowed_results_prefixes: list[str] = Field(
+        default_factory=list,
+        description="Store URIs a test's spec.results may point under; empty = only results_uri.",
+    )
+    sizing_max_retries: int = Field(
+        12,
+        ge=0,
+        description="Transient sizing failures (Hub 5xx, timeouts) are retried this often, with backoff capped at retry_cap_s, then recorded ERROR/infrastructure.",
+    )
+    sizing_retry_base_s: float = Field(
+        15.0, gt=0, description="First delay of the sizing retries (doubled each time)."
+    )
+    hub_endpoint: str | None = Field(
+        None,
+        description="Hugging Face Hub endpoint for sizing; None = HF_ENDPOINT, else huggingface.co.",
+    )
+    request_timeout_s: float = Field(
+        30.0, gt=0, description="Deadline of every API request the operator makes."
+    )
+    watch_timeout_s: float = Field(
+        300.0, gt=0, description="A watch stream is renewed after this long."
+    )
+    list_page_size: int = Field(
+        500, ge=1, description="Objects per page of every list call (paginated with continue)."
     )
     namespaces: list[str] = Field(default_factory=list)
     all_namespaces: bool = False
     metrics_port: int | None = Field(
         9090, description="Prometheus /metrics port; None = no metrics server."
     )
+
+
+SETTINGS_ENV = "MODEL_SUPPORT_SETTINGS"
+"""The environment variable the chart passes the settings in (one JSON object)."""
+
+
+def settings_from_json(text: str, **overrides: Any) -> OperatorSettings:
+    """Settings from the chart's JSON object (camelCase keys), with ``overrides`` (by field
+    name) on top."""
+    try:
+        data = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{SETTINGS_ENV} is not a JSON object: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{SETTINGS_ENV} must be a JSON object, not {type(data).__name__}")
+    return OperatorSettings.model_validate(
+        {**data, **{chart_key(key): value for key, value in overrides.items()}}
+    )
+
+
+def settings_from_values(values: dict[str, Any]) -> OperatorSettings:
+    """The operator's settings for Helm values (only what differs from values.yaml is needed).
+
+    Mirrors the chart's ``model-support.settings`` template: top-level chart values first,
+    then the ``settings:`` block (camelCase keys) over them.
+    """
+    results = values.get("results")
+    if not results:
+        raise ValueError(
+            "the chart value `results` is required: where run records go, e.g. "
+            "--set results=s3://my-bucket/model-support"
+        )
+    namespaces = list(values.get("watchNamespaces") or [])
+    volume = values.get("resultsVolume") or {}
+    base: dict[str, Any] = {
+        "resultsUri": results,
+        "namespaces": namespaces,
+        "allNamespaces": not namespaces,
+        "readTokenSecrets": bool(values.get("readHubTokenSecrets", False)),
+    }
+    if values.get("runnerImage"):
+        base["runnerImage"] = values["runnerImage"]
+    if volume.get("enabled"):
+        base["resultsVolumeClaim"] = volume.get("claimName")
+    if values.get("allowedResultsPrefixes"):
+        base["allowedResultsPrefixes"] = list(values["allowedResultsPrefixes"])
+    runner = values.get("runner") or {}
+    for value_key, settings_key in (
+        ("schedulerName", "schedulerName"),
+        ("lncNodeLabel", "lncNodeLabel"),
+        ("serviceAccountName", "serviceAccount"),
+    ):
+        if runner.get(value_key):
+            base[settings_key] = runner[value_key]
+    if runner.get("env"):
+        base["runnerEnv"] = list(runner["env"])
+    if runner.get("envFrom"):
+        base["runnerEnvFrom"] = list(runner["envFrom"])
+    metrics = values.get("metrics") or {}
+    base["metricsPort"] = metrics.get("port", 9090) if metrics.get("enabled", True) else None
+    return OperatorSettings.model_validate({**base, **(values.get("settings") or {})})

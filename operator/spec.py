@@ -30,7 +30,7 @@ class Profile:
 
 
 PROFILES: dict[str, Profile] = {
-    # trn2.48xlarge: 64 logical cores at LNC=2 (default), 128 at LNC=1 (see REFERENCE.md).
+    # trn2.48xlarge: 64 logical cores at LNC=2 (default), 128 at LNC=1 (see docs/hardware.md).
     "trn2": Profile("trn2", "trn2.48xlarge", True, 64, Backend.NEURON),
     "trn1": Profile("trn1", "trn1.32xlarge", True, 32, Backend.NEURON),
     "inf2": Profile("inf2", "inf2.48xlarge", True, 24, Backend.NEURON),

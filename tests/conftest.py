@@ -8,6 +8,7 @@ sessions and by the demo. Fixtures that need only one model build only that one.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,6 +20,10 @@ from model_support.checkpoints import DemoModel, build_demo_models, default_cach
 # xdist worker) over the 2 cores, which made each decode step ~20x slower. One thread per
 # process, inherited by every run.py the tests start.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Sizing remembers what it derived (model_support.sizing.remembered_metadata): each test session
+# starts with an empty memory of its own, so the suite always exercises the derivation itself.
+_SIZING_CACHE = tempfile.TemporaryDirectory(prefix="model-support-sizing-")
+os.environ["MODEL_SUPPORT_SIZING_CACHE"] = _SIZING_CACHE.name
 
 # --- tiny demo checkpoints -------------------------------------------------------------------
 

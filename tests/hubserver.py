@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
+from hub_storage import HubStorage
+
 SORT_KEYS = {
     "downloads": "downloads",
     "likes": "likes",
@@ -146,7 +148,10 @@ class Repo:
             "siblings": [{"rfilename": name} for name in sorted(files)],
         }
         if "config.json" in files:
-            data["config"] = json.loads(files["config.json"])
+            try:
+                data["config"] = json.loads(files["config.json"])
+            except json.JSONDecodeError:
+                data["config"] = None  # as the Hub does for a config it cannot parse
         params = self.safetensors_parameters(revision)
         if params is not None:
             data["safetensors"] = {"parameters": params, "total": sum(params.values())}
@@ -160,8 +165,16 @@ class HubServer:
     Use as a context manager; ``url`` is the endpoint to give ``HfApi(endpoint=...)``.
     """
 
-    def __init__(self, repos: list[Repo] | None = None, *, page_size: int = 1000) -> None:
+    def __init__(
+        self,
+        repos: list[Repo] | None = None,
+        *,
+        page_size: int = 1000,
+        storage: HubStorage | None = None,
+    ) -> None:
         self.repos: dict[str, Repo] = {}
+        # Dataset repositories (commits) and storage buckets: tests/hub_storage.py.
+        self.storage = storage
         self.page_size = page_size
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -204,6 +217,16 @@ class HubServer:
     def log(self, entry: dict[str, Any]) -> None:
         with self._lock:
             self.requests.append(entry)
+
+    def fail_next(self, count: int, status: int = 503) -> None:
+        """Answer the next ``count`` requests with ``status`` (an outage, as the Hub has them)."""
+        with self._lock:
+            self._failures = [status] * count
+
+    def take_failure(self) -> int | None:
+        with self._lock:
+            failures = getattr(self, "_failures", [])
+            return failures.pop() if failures else None
 
 
 _RESOLVE = re.compile(r"^/(?P<repo>.+?)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
@@ -282,7 +305,23 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             self._route(head=False)
 
+        def do_POST(self) -> None:
+            hub.log(
+                {
+                    "method": "POST",
+                    "path": unquote(urlsplit(self.path).path),
+                    "range": None,
+                    "token_sent": self._token() is not None,
+                }
+            )
+            if hub.storage is None or not hub.storage.handle(self, "POST"):
+                self._error(404, "NotFound", f"no route for POST {urlsplit(self.path).path}")
+
         def _route(self, *, head: bool) -> None:
+            failure = hub.take_failure()
+            if failure is not None:
+                self._error(failure, "ServiceUnavailable", "the Hub is having a bad day", head=head)
+                return
             parts = urlsplit(self.path)
             path = parts.path
             hub.log(
@@ -293,6 +332,8 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                     "token_sent": self._token() is not None,
                 }
             )
+            if hub.storage is not None and hub.storage.handle(self, "HEAD" if head else "GET"):
+                return None
             if path == "/api/models":
                 return self._list(parse_qs(parts.query))
             tree = _TREE.match(path)

@@ -82,7 +82,7 @@ def test_text_model_reloads_and_generates_decisively(
         margins += step_margins
         continuations[prompt] = tokenizer.decode(new, skip_special_tokens=True)
 
-    # Trained predictions are decisive; a random tiny model sits at 0.001-0.05 nats (REFERENCE.md).
+    # Trained predictions are decisive; a random tiny model sits at 0.001-0.05 nats (docs/verification.md).
     assert statistics.median(margins) > 1.0, (name, sorted(margins))
     fib = PROMPTS[0] + continuations[PROMPTS[0]]
     assert _corpus_trigram_share(fib) >= 0.6, fib

@@ -387,6 +387,51 @@ def test_local_checkpoint_is_sized_from_its_safetensors_header(
     assert plan.memory.kv_cache == 2 * 2 * 2 * 16 * 160 * 3 * 2
 
 
+def test_the_run_is_sized_from_its_own_config(tiny_llama: tuple[Path, int]) -> None:
+    """batch = the number of prompts, sequence = the longest prompt + maxNewTokens: the KV cache
+    sized is the one run.py will hold (CLI and operator share this entry point)."""
+    from model_support.config import RunConfig
+    from model_support.sizing import PROMPT_OVERHEAD_TOKENS, run_shape, size_run
+
+    path, params = tiny_llama
+    prompts = ["short", "a much longer prompt of forty-one bytes..", "x"]
+    config = RunConfig(model=str(path), prompts=prompts, max_new_tokens=100)
+    batch, length = run_shape(config)
+    assert (batch, length) == (3, 41 + PROMPT_OVERHEAD_TOKENS + 100)
+    plan = size_run(config)
+    assert isinstance(plan, Plan) and (plan.batch, plan.max_length) == (batch, length)
+    assert plan.memory.kv_cache == 2 * 2 * 2 * 16 * length * 3 * 2
+    assert plan.checkpoint_bytes == 4 * params  # stored in float32
+    # More tokens: a larger cache, sized, not assumed.
+    longer = size_run(config.model_copy(update={"max_new_tokens": 1000}))
+    assert isinstance(longer, Plan) and longer.memory.kv_cache > plan.memory.kv_cache
+
+
+def test_a_core_override_changes_only_the_core_count(tiny_llama: tuple[Path, int]) -> None:
+    from model_support.config import RunConfig
+    from model_support.sizing import size_run
+
+    path, params = tiny_llama
+    config = RunConfig(model=str(path), cores=2, parallelism=Parallelism.TENSOR)
+    plan = size_run(config, cores=2)
+    assert isinstance(plan, Plan)
+    assert (plan.cores, plan.parallelism) == (2, Parallelism.TENSOR)
+    assert plan.parameters == params  # still read from the model (host memory is sized from it)
+
+
+def test_an_image_prompt_counts_its_image_tokens(tiny_llava_path: Path) -> None:
+    from model_support.config import RunConfig
+    from model_support.sizing import CHAT_TEMPLATE_TOKENS, read_metadata, run_shape
+    from model_support.vocabulary import Task
+
+    assert read_metadata(str(tiny_llava_path)).image_tokens == 16  # its image_seq_length
+
+    config = RunConfig(model="org/vlm", task=Task.IMAGE_TEXT_TO_TEXT, prompts=["hi"])
+    text_only = run_shape(config)[1]
+    assert run_shape(config, image_tokens=576)[1] == text_only + 576
+    assert text_only >= 2 + CHAT_TEMPLATE_TOKENS + config.max_new_tokens
+
+
 def test_sharded_local_checkpoint_reads_every_shard(tmp_path: Path) -> None:
     shards = {"model-00001-of-00002.safetensors": "a", "model-00002-of-00002.safetensors": "b"}
     import torch

@@ -28,9 +28,12 @@ from model_support.records import (
 from model_support.store import (
     CorruptRecord,
     CorruptRecordWarning,
+    NotAResultsStore,
     RecordExists,
     RecordNotFound,
     ResultsStore,
+    StoreLocationError,
+    StoreNotWritable,
 )
 from model_support.vocabulary import ErrorClass, ExclusionReason, Parallelism, Result
 
@@ -127,7 +130,7 @@ def make_record(
         finished_at=finished if ran else None,
     )
     return RunRecord(
-        run_id=run_id or new_run_id(model),
+        run_id=run_id or new_run_id(),
         document=document,
         run_py="# run.py\nCONFIG = {}\n",
         source="cli",
@@ -205,7 +208,7 @@ def test_racing_writers_of_one_run_id_exactly_one_wins(store: ResultsStore) -> N
     context = multiprocessing.get_context("fork")
     barrier = context.Barrier(4)
     outcome: multiprocessing.Queue = context.Queue()
-    run_id = new_run_id("x")
+    run_id = new_run_id()
     workers = [
         context.Process(
             target=_add_same_id, args=(store.uri, run_id, f"org/m{i}", barrier, outcome)
@@ -305,7 +308,7 @@ def test_excluded_records_land_in_a_matrix_file(store: ResultsStore) -> None:
     store.add(excluded)
     stored = store.get(excluded.run_id)
     assert stored.document.stack.transformers is not None  # the writer's versions
-    assert stored.document.stack.model_extra == {"origin": "writer"}
+    assert stored.document.stack.origin == "writer"
     store.materialize()
     row = store.matrix().iloc[0]
     assert (row.result, row.exclusion_reason) == ("EXCLUDED", "too-large")
@@ -454,3 +457,235 @@ def test_empty_store_and_unknown_columns(store: ResultsStore) -> None:
     with pytest.raises(ValueError, match="unknown matrix column"):
         store.matrix(columns=["modelid"])
     assert store.materialize() == [os.path.join(store.root, "README.md")]
+
+
+# --- concurrent materializers, incremental updates, odd paths, foreign files ------------------
+
+
+def _add_and_materialize_six(
+    root: str, writer: int, barrier: multiprocessing.synchronize.Barrier
+) -> None:
+    store = ResultsStore(root)
+    barrier.wait()
+    for i in range(6):
+        model = f"org/w{writer}-{i}"
+        store.add_and_materialize(make_record(model, neuron=(writer + i) % 2 == 0))
+
+
+def test_the_last_materialize_reflects_every_record_of_eight_concurrent_writers(
+    store: ResultsStore,
+) -> None:
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(8)
+    workers = [
+        context.Process(target=_add_and_materialize_six, args=(store.uri, w, barrier))
+        for w in range(8)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+    assert [w.exitcode for w in workers] == [0] * 8
+    # No materialize after the writers': the last of theirs already holds all 48 records.
+    assert len(store.matrix(columns=["model_id"])) == 48
+    assert len(list(store.records())) == 48
+
+
+def _data_files(store: ResultsStore) -> dict[str, bytes]:
+    data = Path(store.root) / "data"
+    return {p.name: p.read_bytes() for p in sorted(data.iterdir())}
+
+
+def test_incremental_materialize_gives_exactly_what_a_rebuild_gives(store: ResultsStore) -> None:
+    """Records arrive out of order (older ones late, ties, several stacks); after each step the
+    incrementally updated matrix and card equal a rebuild from the records, byte for byte."""
+    steps = [
+        [make_record("org/a", finished=T0), make_record("org/b", neuron=False)],
+        [make_record("org/a", Result.FAIL, finished=T0 + timedelta(hours=1))],
+        [make_record("org/a", Result.ERROR, finished=T0 - timedelta(hours=1))],  # older: loses
+        [make_record("org/c", transformers="5.25.0"), make_record("org/b", neuron=False)],
+        [make_record("org/d", Result.EXCLUDED, exclusion=ExclusionReason.TOO_LARGE)],
+        [
+            make_record("org/e", finished=T0, run_id="20261102T090000000000Z-bbbb"),
+            make_record("org/e", Result.FAIL, finished=T0, run_id="20261102T090000000000Z-aaaa"),
+        ],
+    ]
+    for records in steps:
+        for record in records:
+            store.add(record)
+        store.materialize()
+        incremental = _data_files(store)
+        card = (Path(store.root) / "README.md").read_bytes()
+        store.materialize(rebuild=True)
+        assert _data_files(store) == incremental
+        assert (Path(store.root) / "README.md").read_bytes() == card
+    matrix = store.matrix().set_index("model_id")
+    assert matrix.loc["org/a", "result"] == "FAIL"
+    assert matrix.loc["org/e", "run_id"] == "20261102T090000000000Z-bbbb"
+
+
+def test_adding_a_record_rewrites_only_its_matrix_file(store: ResultsStore) -> None:
+    for i in range(20):
+        store.add(make_record(f"org/n{i}", neuron=True))
+        store.add(make_record(f"org/c{i}", neuron=False))
+    store.materialize()
+    data = Path(store.root) / "data"
+    before = {p.name: p.stat().st_ino for p in data.iterdir()}
+    # Records already in the matrix are not read again (that is what keeps it fast): one of
+    # them damaged now goes unnoticed until a rebuild, which reads them all.
+    damaged = next((Path(store.root) / "records").iterdir())
+    original = damaged.read_bytes()
+    damaged.write_text("{")
+    store.add(make_record("org/new", neuron=False))
+    store.materialize()
+    after = {p.name: p.stat().st_ino for p in data.iterdir()}
+    assert after[NEURON_FILE] == before[NEURON_FILE]  # not rewritten (same file on disk)
+    assert after[INDUCTOR_FILE] != before[INDUCTOR_FILE]
+    assert "org/new" in set(store.matrix().model_id)
+    with pytest.raises(CorruptRecord):
+        store.materialize(rebuild=True)
+    damaged.write_bytes(original)
+
+
+def test_a_lost_or_outdated_index_rebuilds_from_the_records(store: ResultsStore) -> None:
+    store.add(make_record("org/a"))
+    store.materialize()
+    files = _data_files(store)
+    index = Path(store.root) / "index" / "materialized.txt"
+    index.write_bytes(b"\xff not an index")
+    store.add(make_record("org/b", neuron=False))
+    with pytest.warns(UserWarning, match="unreadable"):
+        store.materialize()
+    assert sorted(store.matrix().model_id) == ["org/a", "org/b"]
+    index.unlink()
+    (Path(store.root) / "data" / INDUCTOR_FILE).unlink()
+    store.materialize()
+    assert _data_files(store)[NEURON_FILE] == files[NEURON_FILE]
+    assert sorted(store.matrix().model_id) == ["org/a", "org/b"]
+
+
+@pytest.mark.parametrize("name", ["res[1]", "res*", "r?s{a,b}"])
+def test_paths_with_pattern_characters_are_plain_names(tmp_path: Path, name: str) -> None:
+    decoy = ResultsStore(tmp_path / "res1")  # what "res[1]" or "res*" would match as a pattern
+    decoy.add(make_record("org/decoy"))
+    store = ResultsStore(tmp_path / name)
+    record = make_record("org/real")
+    store.add(record)
+    assert list(store.records()) == [record]
+    store.materialize()
+    assert store.matrix().model_id.tolist() == ["org/real"]
+    assert [Path(f.path).name for f in store.matrix_files()] == [NEURON_FILE]
+
+
+def test_materialize_deletes_only_the_matrix_files_it_wrote(store: ResultsStore) -> None:
+    data = Path(store.root) / "data"
+    data.mkdir(parents=True)
+    pd.DataFrame({"mine": [1, 2]}).to_parquet(data / "someone-elses.parquet")
+    (data / "notes.parquet").write_text("not even parquet")
+    record = make_record("org/a", neuron=False)
+    store.add(record)
+    store.materialize()
+    (Path(store.root) / "records" / f"{record.run_id}.json").unlink()
+    store.add(make_record("org/a", neuron=True))
+    store.materialize()  # the inductor file is stale now: it goes, the others stay
+    assert sorted(p.name for p in data.iterdir()) == [
+        NEURON_FILE,
+        "notes.parquet",
+        "someone-elses.parquet",
+    ]
+    assert [Path(f.path).name for f in store.matrix_files()] == [NEURON_FILE]
+    assert store.matrix().model_id.tolist() == ["org/a"]
+
+
+def test_a_folder_of_other_files_is_not_taken_for_a_results_store(tmp_path: Path) -> None:
+    ResultsStore(tmp_path / "new").check_location()  # nothing there yet
+    (tmp_path / "empty").mkdir()
+    ResultsStore(tmp_path / "empty").check_location()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "README.md").write_text("my project")
+    (other / "table.parquet").write_bytes(b"PAR1")
+    with pytest.raises(NotAResultsStore, match=r"already holds other files \(README\.md"):
+        ResultsStore(other).check_location()
+    ResultsStore(other).check_location(allow_other_files=True)
+    existing = ResultsStore(tmp_path / "existing")
+    existing.add(make_record())
+    existing.check_location()
+    with pytest.raises(NotAResultsStore, match="is a file"):
+        ResultsStore(other / "README.md").check_location()
+
+
+def test_an_unwritable_location_is_found_before_anything_is_written(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(StoreNotWritable, match="cannot write to the results store"):
+        ResultsStore(blocker / "results").check_writable()
+    ResultsStore(tmp_path / "new" / "results").check_writable()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # the probe left nothing
+
+
+def test_unknown_protocols_are_a_clear_error() -> None:
+    with pytest.raises(StoreLocationError, match="Protocol not known: nosuch"):
+        ResultsStore("nosuch://x")
+
+
+def test_object_store_materializers_take_turns(tmp_path: Path) -> None:
+    """Without flock (object stores), a lease file created exclusively serializes materializers."""
+    import threading
+
+    uri = f"memory://results-{uuid.uuid4().hex}"
+    errors: list[BaseException] = []
+
+    def writer(w: int) -> None:
+        try:
+            store = ResultsStore(uri)
+            for i in range(5):
+                store.add_and_materialize(make_record(f"org/t{w}-{i}", neuron=i % 2 == 0))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert errors == []
+    store = ResultsStore(uri)
+    assert len(store.matrix(columns=["model_id"])) == 20
+    assert not store.fs.exists(f"{store.root}/index/lock.json")  # released
+    fsspec.filesystem("memory").rm(store.root, recursive=True)
+
+
+def test_a_large_materialize_spread_over_processes_gives_the_same_files(
+    store: ResultsStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parallel fold (used from PARALLEL_FROM records on) chooses exactly what one process
+    chooses, also when versions of one model land in different processes' shares."""
+    import model_support.store as store_module
+
+    for i in range(40):
+        store.add(
+            make_record(
+                f"org/m{i % 7}",
+                list(Result)[i % 4],
+                neuron=i % 3 != 0,
+                finished=T0 + timedelta(minutes=(i * 37) % 11),
+            )
+        )
+    store.materialize(rebuild=True)
+    sequential = _data_files(store)
+    card = (Path(store.root) / "README.md").read_bytes()
+    monkeypatch.setattr(store_module, "PARALLEL_FROM", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    for path in (Path(store.root) / "data").iterdir():
+        path.unlink()
+    store.materialize(rebuild=True)
+    assert _data_files(store) == sequential
+    assert (Path(store.root) / "README.md").read_bytes() == card
+    # A corrupt record in a worker's share is named in this process, as without workers.
+    last = sorted((Path(store.root) / "records").iterdir())[-1]
+    last.write_text("{")
+    with pytest.raises(CorruptRecord, match=last.name):
+        store.materialize(rebuild=True)
+    with pytest.warns(CorruptRecordWarning, match=last.name):
+        store.materialize(rebuild=True, strict=False)

@@ -19,7 +19,8 @@ import streamlit as st
 
 from model_support.viewer import views
 from model_support.viewer.data import StackFile
-from model_support.viewer.queries import version_key
+from model_support.viewer.markup import inline_code, literal
+from model_support.viewer.queries import newest_first, version_key
 
 RESULTS_ENV = "MODEL_SUPPORT_RESULTS"
 HUB_ENDPOINT_ENV = "MODEL_SUPPORT_HUB_ENDPOINT"
@@ -106,33 +107,30 @@ def main() -> None:
     try:
         files = views.stack_files(uri)
     except (OSError, ValueError) as exc:
-        st.error(f"Cannot read the results at `{uri}`: {type(exc).__name__}: {exc}")
+        st.error(
+            f"Cannot read the results at {inline_code(uri)}: {literal(type(exc).__name__)}: "
+            f"{literal(exc)}"
+        )
         files = []
     _seed_from_query_params(files)
 
     st.title("Does it run on Trainium?")
     st.caption(
         "Popular Hugging Face models, run unmodified through TorchNeuron "
-        f'(`torch.compile(backend="neuron")`). Results from `{uri}`.'
+        f'(`torch.compile(backend="neuron")`). Results from {inline_code(uri)}.'
     )
 
     with st.sidebar:
         st.header("Browse")
         label = st.radio("View", list(VIEWS.values()), key="view")
-        compilers = sorted(
-            {f.compiler_label for f in files},
-            key=lambda lab: version_key(lab.split(" ", 1)[-1]),
-            reverse=True,
-        )
+        compilers = newest_first((f.compiler_label, f.compiler_version) for f in files)
         if st.session_state.get("compiler") not in compilers:
             st.session_state.pop("compiler", None)
         compiler = (
             st.selectbox("Compiler version", compilers, key="compiler") if compilers else None
         )
-        libraries = sorted(
-            {f.library_label for f in files if f.compiler_label == compiler},
-            key=lambda lab: version_key(lab.split(" ", 1)[-1]),
-            reverse=True,
+        libraries = newest_first(
+            (f.library_label, f.library_version) for f in files if f.compiler_label == compiler
         )
         if st.session_state.get("library") not in libraries:
             st.session_state.pop("library", None)
@@ -140,7 +138,7 @@ def main() -> None:
         search = st.text_input("Search models", key="q", placeholder="part of a name, e.g. qwen")
         task_choice = st.selectbox("Task", [ALL_TASKS, *views.TASKS], key="task")
         if not files:
-            st.info(f"No results yet under `{uri}` (no data/*.parquet).")
+            st.info(f"No results yet under {inline_code(uri)} (no `data/*.parquet`).")
 
     current = next(
         (f for f in files if f.compiler_label == compiler and f.library_label == library), None
@@ -149,9 +147,9 @@ def main() -> None:
         results_uri=uri,
         files=tuple(
             sorted(
-                files,
+                sorted(files, key=lambda f: (f.compiler_label, f.library_label)),
                 key=lambda f: (version_key(f.compiler_version), version_key(f.library_version)),
-                reverse=True,
+                reverse=True,  # newest first; one version's stacks stay in name order
             )
         ),
         current=current,
@@ -185,7 +183,7 @@ def main() -> None:
     options = (
         []
         if table is None
-        else list(dict.fromkeys(table["model"].astype(str)))[: views.MAX_DETAIL_OPTIONS]
+        else [str(m) for m in pd.unique(table["model"])[: views.MAX_DETAIL_OPTIONS]]
     )
     chosen = st.session_state.get("model")
     if chosen and chosen not in options:

@@ -7,20 +7,26 @@ a plain DataFrame in the matrix's columns (model_support.dataset.MATRIX_SCHEMA).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from packaging.version import InvalidVersion, Version
 
-from model_support.rankings import Ranking
 from model_support.vocabulary import Result
+
+if TYPE_CHECKING:
+    from model_support.rankings import Ranking
 
 NOT_PASSING = (Result.FAIL.value, Result.ERROR.value, Result.TIMEOUT.value)
 """Outcomes of a model that ran (or tried to) and did not pass; what triage groups."""
 
 UNTESTED = "not tested"
 
-# Columns each view reads (the loader reads only these from Parquet).
+# Columns each view reads (the loader reads only these from Parquet: every column more costs
+# decoding time on a large matrix).
 LIST_COLUMNS: tuple[str, ...] = (
     "model_id",
     "task",
@@ -28,26 +34,63 @@ LIST_COLUMNS: tuple[str, ...] = (
     "error_class",
     "exclusion_reason",
     "neuron_cores",
-    "parallelism",
-    "dtype",
     "wall_time_s",
-    "compile_time_s",
     "peak_device_memory_bytes",
     "recorded_at",
 )
-TRIAGE_COLUMNS: tuple[str, ...] = ("model_id", "task", "result", "error_class", "error")
+TRIAGE_COLUMNS: tuple[str, ...] = (
+    "model_id", "task", "result", "error_class", "error", "verification_reason",
+)  # fmt: skip
 COMPARE_COLUMNS: tuple[str, ...] = ("model_id", "task", "result", "error_class", "wall_time_s")
 PASS_RATE_COLUMNS: tuple[str, ...] = ("compiler", "compiler_version", "model_id", "result")
 SCATTER_COLUMNS: tuple[str, ...] = ("model_id", "task", "result", "wall_time_s", "parameters")
 DETAIL_COLUMNS: tuple[str, ...] = (
-    "model_id", "task", "result", "error_class", "error", "exclusion_reason", "neuron_cores",
+    "model_id", "model_path", "task", "result", "error_class", "error", "exclusion_reason", "neuron_cores",
     "wall_time_s", "compile_time_s", "peak_device_memory_bytes", "decode_tokens_per_s",
     "verified_exact", "error_ratio", "mismatches", "near_ties", "bad_tokens", "first_mismatch",
-    "verification_reason", "verification_json", "text", "neuronx_cc", "compiler", "run_py",
+    "verification_reason", "verification_json", "text", "texts", "prompts", "neuronx_cc", "compiler", "run_py",
     "packages", "stack", "run_id", "source", "backend", "compile_backend", "dtype", "parallelism",
     "revision", "resolved_revision", "torch", "torch_neuronx", "started_at", "finished_at",
     "recorded_at",
 )  # fmt: skip
+
+COMPILE_CACHE_COLUMNS: tuple[str, ...] = (
+    "compiler_version", "compile_cache_hits", "compile_cache_misses", "compile_cache_target",
+    "compile_cache_prefix", "compile_cache_pulled_entries", "compile_cache_pulled_bytes",
+    "compile_cache_pull_s", "compile_cache_pushed_entries", "compile_cache_pushed_bytes",
+    "compile_cache_push_s", "compile_cache_skipped", "compile_cache_error",
+)  # fmt: skip
+"""What the details show about the compile cache (absent from datasets older than it)."""
+
+PUBLIC_NEFF_CACHE = "hf://buckets/aws-neuron/torch-neuronx-neff-cache"
+"""The public TorchNeuron NEFF cache (one neuronxcc-<version> prefix per compiler)."""
+
+
+def _text(row: Mapping[str, object], name: str) -> str | None:
+    value = row.get(name)
+    return value if isinstance(value, str) and value else None
+
+
+def compile_cache_pull(row: Mapping[str, object]) -> tuple[str, str] | None:
+    """The exact pull command for a row's compiler version, and where that cache is from.
+
+    The run's own cache target when it recorded one, else the public NEFF cache for a
+    Trainium row; None when no shared cache holds this compiler's entries.
+    """
+    from model_support.compile_cache import pull_command
+
+    prefix = _text(row, "compile_cache_prefix")
+    if prefix is None and _text(row, "neuronx_cc"):
+        prefix = f"neuronxcc-{_text(row, 'neuronx_cc')}"
+    if prefix is None and _text(row, "compiler") == "inductor" and _text(row, "torch"):
+        prefix = f"inductor-torch-{_text(row, 'torch')}"
+    target = _text(row, "compile_cache_target")
+    origin = "the cache this run pulled and pushed"
+    if target is None and prefix is not None and prefix.startswith("neuronxcc-"):
+        target, origin = PUBLIC_NEFF_CACHE, "the public TorchNeuron NEFF cache"
+    if prefix is None or target is None:
+        return None
+    return pull_command(target, prefix), origin
 
 
 def version_key(version: str | None) -> tuple[int, Version | str]:
@@ -58,6 +101,20 @@ def version_key(version: str | None) -> tuple[int, Version | str]:
         return (2, Version(version))
     except InvalidVersion:
         return (1, version)
+
+
+def newest_first(labelled: Iterable[tuple[str, str | None]]) -> list[str]:
+    """Distinct labels by their version, newest first; labels of one version in name order.
+
+    (A dataset of CPU runs holds several compilers at one torch version: the order, and so the
+    stack the page opens on, must not depend on set iteration order.)
+    """
+    by_name = sorted(set(labelled))
+    return list(
+        dict.fromkeys(
+            label for label, _ in sorted(by_name, key=lambda i: version_key(i[1]), reverse=True)
+        )
+    )
 
 
 def search(frame: pd.DataFrame, text: str | None) -> pd.DataFrame:
@@ -94,17 +151,31 @@ def results_table(frame: pd.DataFrame) -> pd.DataFrame:
             "peak device memory (GiB)": gib(frame["peak_device_memory_bytes"]),
         }
     )
-    return out.sort_values(["model", "task"], kind="stable").reset_index(drop=True)
+    if not is_sorted_by(out["model"], out["task"]):  # matrix files come sorted: skip the sort
+        out = out.sort_values(["model", "task"], kind="stable")
+    return out.reset_index(drop=True)
+
+
+def is_sorted_by(first: pd.Series, second: pd.Series) -> bool:
+    """Whether rows are in (first, second) order (vectorized string comparisons, no sort)."""
+    if len(first) < 2:
+        return True
+    a, b = pa.array(first, from_pandas=True), pa.array(second, from_pandas=True)
+    head, tail = a[:-1], a[1:]
+    ordered = pc.or_(
+        pc.less(head, tail), pc.and_(pc.equal(head, tail), pc.less_equal(b[:-1], b[1:]))
+    )
+    return bool(pc.all(pc.fill_null(ordered, False)).as_py())
 
 
 def _why(frame: pd.DataFrame) -> pd.Series:
     """The short reason beside a result: the error class for ERROR, the reason for EXCLUDED."""
-    why = pd.Series(pd.NA, index=frame.index, dtype="string")
-    error = frame["result"] == Result.ERROR.value
-    why[error] = frame.loc[error, "error_class"].astype("string")
-    excluded = frame["result"] == Result.EXCLUDED.value
-    why[excluded] = frame.loc[excluded, "exclusion_reason"].astype("string")
-    return why
+    result = frame["result"]
+    why = frame["error_class"].where(
+        result == Result.ERROR.value,
+        frame["exclusion_reason"].where(result == Result.EXCLUDED.value),
+    )
+    return why.astype("string")
 
 
 def _latest(frame: pd.DataFrame) -> pd.DataFrame:
@@ -197,15 +268,20 @@ _SPACE = re.compile(r"\s+")
 SIGNATURE_LENGTH = 200
 
 
-def error_signature(error: str | None) -> str:
+def error_signature(error: object) -> str:
     """A normalized signature of an error message, so the same failure in many models groups.
 
-    Uses the message's first non-empty line (the traceback tail differs per model) and replaces
-    paths, quoted names, hex addresses/hashes and numbers with placeholders.
+    Uses the message's first non-empty line (the traceback tail differs per model), with the
+    next one when it ends in a colon (a wrapper such as "BackendCompilerFailed: ... raised:"
+    introducing the real error), and replaces paths, quoted names, hex addresses/hashes and
+    numbers with placeholders. A missing message (None or a missing value) is "(no message)".
     """
-    if error is None or not error.strip():
+    if not isinstance(error, str) or not error.strip():
         return "(no message)"
-    line = next(part for part in error.strip().splitlines() if part.strip())
+    lines = [part.strip() for part in error.strip().splitlines() if part.strip()]
+    line = lines[0]
+    if line.endswith(":") and len(lines) > 1:
+        line = f"{line} {lines[1]}"
     line = _PATH.sub("<path>", line)
     line = _QUOTED.sub("<name>", line)
     line = _HEX.sub("<hex>", line)
@@ -214,18 +290,38 @@ def error_signature(error: str | None) -> str:
     return line[:SIGNATURE_LENGTH]
 
 
+def failure_messages(failed: pd.DataFrame) -> pd.Series:
+    """What each failure says: its error, else (a FAIL: the verdict rejected the output) the
+    verification's reason; None where neither was recorded."""
+    messages = failed["error"].astype("object")
+    if "verification_reason" in failed.columns:
+        messages = messages.where(messages.notna(), failed["verification_reason"].astype("object"))
+    return messages.where(messages.notna(), None)
+
+
+def failure_signatures(failed: pd.DataFrame) -> list[str]:
+    """The signature of each failure: of its error, else of the verdict's first reason (a FAIL
+    lists up to a few bad tokens and the error ratio, separated by "; ")."""
+    errors = failed["error"].astype("object")
+    if "verification_reason" in failed.columns:
+        reasons = failed["verification_reason"].astype("object")
+    else:
+        reasons = pd.Series(None, index=failed.index, dtype="object")
+    return [
+        error_signature(
+            e if isinstance(e, str) else r.split("; ")[0] if isinstance(r, str) else None
+        )
+        for e, r in zip(errors, reasons, strict=True)
+    ]
+
+
 def triage(frame: pd.DataFrame, max_models: int = 5) -> pd.DataFrame:
     """Failures (FAIL/ERROR/TIMEOUT) grouped by error signature, largest groups first."""
     columns = ["signature", "count", "results", "error classes", "models", "example"]
     failed = frame[frame["result"].isin(NOT_PASSING)]
     if failed.empty:
         return pd.DataFrame(columns=columns)
-    failed = failed.assign(
-        signature=[
-            error_signature(e)
-            for e in failed["error"].astype("object").where(failed["error"].notna(), None)
-        ]
-    )
+    failed = failed.assign(message=failure_messages(failed), signature=failure_signatures(failed))
     rows = []
     for signature, group in failed.groupby("signature", sort=False):
         models = sorted(group["model_id"].unique())
@@ -239,7 +335,9 @@ def triage(frame: pd.DataFrame, max_models: int = 5) -> pd.DataFrame:
                 "results": ", ".join(sorted(group["result"].unique())),
                 "error classes": ", ".join(sorted(group["error_class"].dropna().unique())),
                 "models": shown,
-                "example": group["error"].dropna().iloc[0] if group["error"].notna().any() else "",
+                "example": group["message"].dropna().iloc[0]
+                if group["message"].notna().any()
+                else "",
             }
         )
     table = pd.DataFrame(rows, columns=columns)
@@ -254,8 +352,8 @@ def models_with_signature(frame: pd.DataFrame, signature: str) -> list[str]:
     return sorted(
         {
             m
-            for m, e in zip(failed["model_id"], failed["error"], strict=True)
-            if error_signature(e) == signature
+            for m, s in zip(failed["model_id"], failure_signatures(failed), strict=True)
+            if s == signature
         }
     )
 
@@ -366,25 +464,20 @@ def versions_of(frame: pd.DataFrame, model_id: str) -> list[tuple[str, str]]:
     return sorted(pairs, key=lambda p: (version_key(p[0]), version_key(p[1])))
 
 
-def unique_sorted(values: Sequence[str]) -> list[str]:
-    """Distinct values in version order, newest first."""
-    return sorted(set(values), key=version_key, reverse=True)
-
-
 # ---------------------------------------------------------------------------------------------
 # Task verdicts beyond text generation (issue 13): what the details panel shows of them
 
 OUTPUT_LABELS: dict[str, str] = {
-    "text-classification": "Predicted class (first input)",
-    "image-classification": "Predicted class (first test image)",
-    "automatic-speech-recognition": "Transcription (first waveform)",
+    "text-classification": "Predicted class per input",
+    "image-classification": "Predicted class per test image",
+    "automatic-speech-recognition": "Transcription per waveform",
 }
 """How the details panel names the ``text`` column for tasks whose text is not a continuation."""
 
 
 def output_label(task: str) -> str:
     """The details panel's heading for a row's ``text``."""
-    return OUTPUT_LABELS.get(task, "Generated text (first prompt)")
+    return OUTPUT_LABELS.get(task, "Generated text")
 
 
 def verdict_measures(verification: dict) -> pd.DataFrame:

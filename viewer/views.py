@@ -8,21 +8,13 @@ chosen results location, stack and filters. Data comes through the cached reader
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass
 from datetime import UTC
+from typing import TYPE_CHECKING
 
-import altair as alt
 import pandas as pd
 import streamlit as st
 
-from model_support.rankings import (
-    DEFAULT_LIMIT,
-    RankingResult,
-    RankingSort,
-    format_age,
-    get_ranking,
-)
 from model_support.selection import SelectionError, load_selected
 from model_support.viewer import queries
 from model_support.viewer.data import (
@@ -31,21 +23,39 @@ from model_support.viewer.data import (
     list_stack_files,
     read_columns,
 )
+from model_support.viewer.markup import inline_code, literal
 from model_support.vocabulary import Result, Task
+
+if TYPE_CHECKING:
+    # Imported where used: the Hub client and altair cost a second or two of a fresh server's
+    # first page, and only the ranking and chart views need them.
+    from model_support.rankings import RankingResult, RankingSort
 
 RANKING_TTL_S = 900
 FILE_LIST_TTL_S = 30
 MAX_DETAIL_OPTIONS = 2000
 """The details picker lists at most this many models of the current table (search narrows it)."""
-NEFF_CACHE_BUCKET = "hf://buckets/aws-neuron/torch-neuronx-neff-cache"
 RESULT_COLOURS = {
     Result.PASS.value: "green",
     Result.FAIL.value: "red",
     Result.ERROR.value: "orange",
     Result.TIMEOUT.value: "violet",
     Result.EXCLUDED.value: "gray",
+    Result.UNVERIFIED.value: "blue",
 }
+"""Streamlit's badge colour per result (every result has one: a test checks it)."""
+RESULT_CHART_COLOURS = {
+    Result.PASS.value: "#21a366",
+    Result.FAIL.value: "#e0474c",
+    Result.ERROR.value: "#f28e2b",
+    Result.TIMEOUT.value: "#9467bd",
+    Result.EXCLUDED.value: "#9a9a9a",
+    Result.UNVERIFIED.value: "#4c78a8",
+}
+"""The same results' colours in charts (hex: altair needs exact colours)."""
 TASKS = [t.value for t in Task]
+DICTIONARY_COLUMNS = ("task", "result", "why", "change", "before", "after", "error class after")
+DICTIONARY_ABOVE_ROWS = 1000
 
 
 @dataclass(frozen=True)
@@ -70,7 +80,9 @@ def stack_files(results_uri: str) -> list[StackFile]:
     return list_stack_files(results_uri)
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
+# A resource cache (no copy on each use, unlike cache_data): frames are never modified in place
+# (pandas copy-on-write), and copying 100k rows on every rerun cost more than the rest.
+@st.cache_resource(show_spinner=False, max_entries=64)
 def _read(
     results_uri: str,
     files: tuple[tuple[str, str], ...],
@@ -110,6 +122,8 @@ def ranking(
 
     ``unreachable``: the Hub already failed for another task: read only the snapshot.
     """
+    from model_support.rankings import get_ranking
+
     return get_ranking(
         results_uri, task, sort, limit=limit, endpoint=endpoint, unreachable=unreachable
     )
@@ -131,6 +145,12 @@ def show_table(table: pd.DataFrame, key: str) -> str | None:
             "peak device memory (GiB)", format="%.2f"
         ),
     }
+    if len(table) > DICTIONARY_ABOVE_ROWS:
+        # Few distinct values: sent as Arrow dictionaries, the page's largest message shrinks by
+        # almost half (it is serialized and hashed on every rerun).
+        table = table.astype(
+            {c: "category" for c in DICTIONARY_COLUMNS if c in table.columns}, copy=False
+        )
     event = st.dataframe(
         table,
         hide_index=True,
@@ -155,7 +175,7 @@ def summary(frame: pd.DataFrame) -> None:
     """Counts per result state as a row of metrics."""
     counts = frame["result"].value_counts() if not frame.empty else pd.Series(dtype=int)
     columns = st.columns(len(Result) + 1)
-    columns[0].metric("models", f"{frame['model_id'].nunique() if not frame.empty else 0:,}")
+    columns[0].metric("models", f"{frame['model_id'].nunique():,}")
     for column, state in zip(columns[1:], Result, strict=True):
         column.metric(state.value, f"{int(counts.get(state.value, 0)):,}")
 
@@ -165,16 +185,16 @@ def view_selected(ctx: Context) -> pd.DataFrame:
     try:
         selected, where = load_selected(ctx.results_uri)
     except (ViewerDataError, SelectionError) as exc:
-        st.error(str(exc))
+        st.error(literal(exc))
         return pd.DataFrame(columns=["model"])
     if selected is None:
         st.info(
-            f"No selected list in this dataset (looked for {where}). Add one with entries such as "
+            f"No selected list in this dataset (looked for {inline_code(where)}). Add one with entries such as "
             "`- model: Qwen/Qwen3-0.6B` / `task: text-generation` (and `reason:` for a model left out on purpose)."
         )
         return pd.DataFrame(columns=["model"])
     st.caption(
-        f"The curated list kept with the dataset ({len(selected.models)} models, from `{where}`)."
+        f"The curated list kept with the dataset ({len(selected.models)} models, from {inline_code(where)})."
     )
     frame = read(ctx, [ctx.current] if ctx.current else [], queries.LIST_COLUMNS)
     table = queries.selected_table(selected.rows(), frame)
@@ -194,6 +214,8 @@ def view_all(ctx: Context) -> pd.DataFrame:
 
 def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
     """The Hub's ranking per task beside our results (tested or not, excluded with the reason)."""
+    from model_support.rankings import DEFAULT_LIMIT, format_age
+
     frame = read(ctx, [ctx.current] if ctx.current else [], queries.LIST_COLUMNS)
     tables = []
     unreachable: str | None = None  # once the Hub fails, the other tasks read their snapshots
@@ -205,7 +227,7 @@ def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
         if result.ranking is None:
             missing.append((task, result))
             continue
-        st.subheader(f"{task}")
+        st.subheader(literal(task))
         fetched = result.ranking.fetched_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
         if result.source == "snapshot":
             st.warning(
@@ -213,7 +235,7 @@ def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
                 f"{format_age(result.ranking.age())} old (fetched {fetched})."
             )
         else:
-            st.caption(f"Live from {result.ranking.endpoint}, fetched {fetched}.")
+            st.caption(f"Live from {inline_code(result.ranking.endpoint)}, fetched {fetched}.")
         table = queries.ranking_table(result.ranking, frame)
         table = (
             table[table["model"].str.contains(ctx.search.strip(), case=False, regex=False)]
@@ -230,9 +252,10 @@ def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
         # One warning for every task without a ranking (the Hub's reason is the same for all).
         first = missing[0][1]
         st.warning(
-            f"No ranking of {', '.join(task for task, _ in missing)} models: the Hub could not "
-            f"be reached ({unreachable or first.live_error}) and there is no stored ranking "
-            f"({first.snapshot_error}{'; likewise for the others' if len(missing) > 1 else ''})."
+            f"No ranking of {literal(', '.join(task for task, _ in missing))} models: the Hub "
+            f"could not be reached ({literal(unreachable or first.live_error)}) and there is no "
+            f"stored ranking ({literal(first.snapshot_error)}"
+            f"{'; likewise for the others' if len(missing) > 1 else ''})."
         )
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["model"])
 
@@ -242,7 +265,8 @@ def view_triage(ctx: Context) -> pd.DataFrame:
     frame = current_frame(ctx, queries.TRIAGE_COLUMNS)
     groups = queries.triage(frame)
     st.caption(
-        "Failures (FAIL, ERROR, TIMEOUT) grouped by the first line of their error with numbers, "
+        "Failures (FAIL, ERROR, TIMEOUT) grouped by the first line of their error (for a FAIL, the "
+        "verdict's reason) with numbers, "
         "addresses, paths and quoted names stripped."
     )
     if groups.empty:
@@ -278,10 +302,10 @@ def view_compare(ctx: Context) -> pd.DataFrame:
         return pd.DataFrame(columns=["model"])
     labels = [stack_label(f) for f in ctx.files]
     after_index = ctx.files.index(ctx.current) if ctx.current in ctx.files else 0
+    # Compare with the next older stack; the newest one's neighbour when this is the oldest.
+    before_index = after_index + 1 if after_index + 1 < len(labels) else after_index - 1
     left, right = st.columns(2)
-    before_label = left.selectbox(
-        "Before", labels, index=min(after_index + 1, len(labels) - 1), key="before"
-    )
+    before_label = left.selectbox("Before", labels, index=before_index, key="before")
     after_label = right.selectbox("After", labels, index=after_index, key="after")
     before = ctx.files[labels.index(before_label)]
     after = ctx.files[labels.index(after_label)]
@@ -306,6 +330,8 @@ def view_compare(ctx: Context) -> pd.DataFrame:
 
 def view_charts(ctx: Context) -> None:
     """Pass rate per compiler version; wall time against parameter count."""
+    import altair as alt
+
     st.subheader("Pass rate per compiler version")
     everything = queries.with_task(read(ctx, ctx.files, queries.PASS_RATE_COLUMNS), ctx.task)
     rates = queries.pass_rate_by_compiler(everything)
@@ -347,8 +373,8 @@ def view_charts(ctx: Context) -> None:
             color=alt.Color(
                 "result:N",
                 scale=alt.Scale(
-                    domain=list(RESULT_COLOURS),
-                    range=["#21a366", "#e0474c", "#f28e2b", "#9467bd", "#9a9a9a"],
+                    domain=list(RESULT_CHART_COLOURS),
+                    range=list(RESULT_CHART_COLOURS.values()),
                 ),
             ),
             tooltip=["model", "parameters", "wall time (s)", "result"],
@@ -371,9 +397,12 @@ def _gib(value: object) -> str:
 
 def details(ctx: Context, model_id: str) -> None:
     """Everything about one model's result on the current stack, and how to reproduce it."""
-    st.subheader(model_id)
+    st.subheader(literal(model_id))
     rows = read(
-        ctx, [ctx.current] if ctx.current else [], tuple(queries.DETAIL_COLUMNS), model_id=model_id
+        ctx,
+        [ctx.current] if ctx.current else [],
+        tuple(queries.DETAIL_COLUMNS) + queries.COMPILE_CACHE_COLUMNS,
+        model_id=model_id,
     )
     rows = (
         queries.with_task(rows, ctx.task)
@@ -382,7 +411,7 @@ def details(ctx: Context, model_id: str) -> None:
     )
     if rows.empty:
         where = stack_label(ctx.current) if ctx.current else "this dataset"
-        st.info(f"{model_id} has no result with {where}.")
+        st.info(f"{literal(model_id)} has no result with {literal(where)}.")
         elsewhere = queries.versions_of(
             read(
                 ctx,
@@ -395,7 +424,9 @@ def details(ctx: Context, model_id: str) -> None:
         if elsewhere:
             st.markdown(
                 "It has results with: "
-                + ", ".join(f"compiler {c} / library {lib}" for c, lib in elsewhere)
+                + ", ".join(
+                    f"compiler {literal(c)} / library {literal(lib)}" for c, lib in elsewhere
+                )
                 + ". Pick one in the sidebar."
             )
         return
@@ -403,9 +434,61 @@ def details(ctx: Context, model_id: str) -> None:
         _details_row(row)
 
 
+def _strings(value: object) -> list[str]:
+    """A list column's value (None, a list or an array of strings) as a list."""
+    if value is None or isinstance(value, float):
+        return []
+    return [str(v) for v in value]  # type: ignore[attr-defined]
+
+
+def _generated_text(row: pd.Series) -> None:
+    """Each prompt (shown as a Python literal, so its line breaks show) and what it generated."""
+    texts = _strings(row["texts"]) or ([row["text"]] if isinstance(row["text"], str) else [])
+    if not texts:
+        return
+    prompts = _strings(row["prompts"])
+    st.markdown(f"**{queries.output_label(str(row['task']))}**")
+    for index, text in enumerate(texts):
+        prompt = prompts[index] if index < len(prompts) else None
+        st.caption(literal(f"prompt {index + 1}: {prompt!r}" if prompt else f"prompt {index + 1}"))
+        st.text(text)
+
+
+def _compile_cache(row: pd.Series) -> None:
+    """The compile cache figures of a run: hits during it, what was pulled and pushed."""
+    if pd.isna(row.get("compile_cache_hits")) and not isinstance(
+        row.get("compile_cache_target"), str
+    ):
+        return
+    st.markdown("**Compile cache**")
+    figures = {
+        "hits": row.get("compile_cache_hits"),
+        "misses": row.get("compile_cache_misses"),
+        "pulled entries": row.get("compile_cache_pulled_entries"),
+        "pulled MiB": row.get("compile_cache_pulled_bytes"),
+        "pull s": row.get("compile_cache_pull_s"),
+        "pushed entries": row.get("compile_cache_pushed_entries"),
+        "pushed MiB": row.get("compile_cache_pushed_bytes"),
+        "push s": row.get("compile_cache_push_s"),
+        "skipped": row.get("compile_cache_skipped"),
+    }
+    for key in ("pulled MiB", "pushed MiB"):
+        if not pd.isna(figures[key]):
+            figures[key] = round(int(figures[key]) / 2**20, 2)  # type: ignore[call-overload]
+    st.dataframe(
+        pd.DataFrame([{k: (None if pd.isna(v) else v) for k, v in figures.items()}]),
+        hide_index=True,
+    )
+    if isinstance(row.get("compile_cache_target"), str):
+        where = f"{row['compile_cache_target']}/{row.get('compile_cache_prefix') or ''}"
+        st.caption(f"Cache: {inline_code(where)}")
+    if isinstance(row.get("compile_cache_error"), str):
+        st.caption(f"The cache failed (the result stands): {literal(row['compile_cache_error'])}")
+
+
 def _details_row(row: pd.Series) -> None:
     result = str(row["result"])
-    colour = RESULT_COLOURS.get(result, "blue")
+    colour = RESULT_COLOURS.get(result, "gray")
     why = (
         row["error_class"]
         if result == Result.ERROR.value
@@ -414,8 +497,13 @@ def _details_row(row: pd.Series) -> None:
         else None
     )
     st.markdown(
-        f"**{row['task']}** — :{colour}-background[{result}]" + (f" `{why}`" if why else "")
+        f"**{literal(row['task'])}** — :{colour}-background[{literal(result)}]"
+        + (f" {inline_code(why)}" if isinstance(why, str) and why else "")
     )
+    if isinstance(row["model_path"], str) and row["model_path"]:
+        st.caption(
+            f"Local checkpoint {inline_code(row['model_path'])} (on the machine that ran it)"
+        )
     cols = st.columns(5)
     cols[0].metric("cores", "—" if pd.isna(row["neuron_cores"]) else int(row["neuron_cores"]))
     cols[1].metric("wall time (compile incl.)", _seconds(row["wall_time_s"]))
@@ -425,12 +513,13 @@ def _details_row(row: pd.Series) -> None:
         "decode tokens/s",
         "—" if pd.isna(row["decode_tokens_per_s"]) else f"{row['decode_tokens_per_s']:.1f}",
     )
+    _compile_cache(row)
     if isinstance(row["error"], str) and row["error"]:
         st.markdown("**Error**")
         st.code(row["error"], language=None, wrap_lines=True)
     st.markdown("**Verification**")
     if isinstance(row["verification_reason"], str):
-        st.write(row["verification_reason"])
+        st.markdown(literal(row["verification_reason"]))
     figures = {
         "exact": row["verified_exact"],
         "error ratio": row["error_ratio"],
@@ -459,9 +548,7 @@ def _details_row(row: pd.Series) -> None:
             st.dataframe(queries.verdict_items(verification), hide_index=True)
     with st.expander("Whole verification (JSON)"):
         st.json(verification)
-    if isinstance(row["text"], str) and row["text"]:
-        st.markdown(f"**{queries.output_label(str(row['task']))}**")
-        st.text(row["text"])
+    _generated_text(row)
 
     st.markdown("**Reproduce**")
     run_py = row["run_py"] if isinstance(row["run_py"], str) else ""
@@ -478,22 +565,18 @@ def _details_row(row: pd.Series) -> None:
         )
         with st.expander(f"Packages ({len(packages)})"):
             st.code("\n".join(packages), language=None)
-    neuronx_cc = (
-        row["neuronx_cc"] if isinstance(row["neuronx_cc"], str) and row["neuronx_cc"] else None
-    )
-    if neuronx_cc:
+    pull = queries.compile_cache_pull(row)
+    if pull is not None:
+        command, origin = pull
         st.markdown(
-            "2. Fetch the public compile cache for this compiler version (saves compiling again):"
+            f"2. Pull {origin} for this compiler version (saves compiling again; the "
+            "installed compiler must be the same version, which step 1 gives):"
         )
-        cache = shlex.quote(f"{NEFF_CACHE_BUCKET}/neuronxcc-{neuronx_cc}")
-        st.code(
-            f"hf buckets sync {cache} /tmp/neff_cache\nexport TORCH_NEURONX_NEFF_CACHE_DIR=/tmp/neff_cache",
-            language="bash",
-        )
+        st.code(command, language="bash")
     else:
         st.markdown(
-            f"2. No compile cache applies: this run did not use neuronx-cc (compiler: {row['compiler'] or 'unknown'}); "
-            "the public NEFF cache only serves Trainium runs."
+            f"2. No shared compile cache holds this run's entries (compiler: {literal(row['compiler'] or 'unknown')}); "
+            "it compiles from scratch."
         )
     st.markdown("3. Save `run.py` and run it:")
     st.code("python3 run.py", language="bash")

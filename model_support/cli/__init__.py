@@ -5,8 +5,11 @@ from __future__ import annotations
 import typer
 
 from model_support.cli import (
+    commands_cache,
+    commands_dataset,
     commands_demo,
     commands_operator,
+    commands_render,
     commands_run,
     commands_size,
     commands_sweep,
@@ -26,6 +29,9 @@ for _module in (
     commands_demo,
     commands_viewer,
     commands_operator,
+    commands_render,
     commands_sweep,
+    commands_cache,
+    commands_dataset,
 ):
     _module.register(app)

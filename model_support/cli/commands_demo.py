@@ -1,16 +1,74 @@
-"""`model-support demo`: build the tiny demo checkpoints, test each here, show the results."""
+"""`model-support demo`: build tiny checkpoints, test them here, and write a dataset that shows
+every state the results can hold (PASS, FAIL, ERROR, EXCLUDED) over three compiler stacks."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.console import Console
 
-from model_support.cli.commands_run import console, print_record, results
+from model_support.checkpoints import TASK_MODELS
+from model_support.cli.commands_run import plan_cores, print_record, results
+from model_support.records import RunRecord
 
 if TYPE_CHECKING:
     from model_support.checkpoints import DemoModel
+    from model_support.execution import StageEvent
+
+DEMO_NAMESPACE = "demo"
+"""Demo checkpoints are named ``demo/<name>`` in results (their paths stay in ``model_path``)."""
+DEMO_NAMES = ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-llava"]
+DEMO_NAMES += [model.name for model in TASK_MODELS]  # one per task family beyond text generation
+FAULTY_BACKEND = "model_support.faults:buggy_compiler"
+"""The demo's broken stack: miscompiles dense models (FAIL), crashes on mixture of experts (ERROR)."""
+
+# Progress goes to stderr one line at a time, also when it is not a terminal (CI logs, pipes);
+# soft wrapping keeps each line whole instead of folding it at 80 columns.
+progress = Console(stderr=True, soft_wrap=True)
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    """One test of the demo: which checkpoint, with which compiler, and what it shows."""
+
+    model: DemoModel
+    compile_backend: str
+    shows: str
+
+    @property
+    def model_id(self) -> str:
+        return f"{DEMO_NAMESPACE}/{self.model.name}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.model_id} · {self.compile_backend}"
+
+
+def plan_runs(models: dict[str, DemoModel], main: str, second: str | None) -> list[DemoRun]:
+    """Every model on the main compiler; one on a second compiler; two on the faulty one.
+
+    The second compiler comes first: inductor compiles for about a minute on 2 cores, and the
+    other runs fit beside it.
+    """
+    runs = []
+    if second:
+        runs.append(DemoRun(models["tiny-llama"], second, "a second compiler, to compare"))
+    runs += [DemoRun(models[name], main, "the main stack") for name in DEMO_NAMES]
+    runs += [
+        DemoRun(models["tiny-llama"], FAULTY_BACKEND, "FAIL: miscompiled, caught by the verdict"),
+        DemoRun(models["tiny-qwen3-moe"], FAULTY_BACKEND, "ERROR: the compiler crashes"),
+    ]
+    return runs
 
 
 def demo(
@@ -22,40 +80,59 @@ def demo(
         ),
     ] = None,
     compile_backend: Annotated[
-        str | None,
-        typer.Option("--compile-backend", help="torch.compile backend (default: inductor on CPU)."),
+        str,
+        typer.Option("--compile-backend", help="The main stack's torch.compile backend."),
     ] = "aot_eager",
+    second_backend: Annotated[
+        str | None,
+        typer.Option(
+            "--second-backend",
+            help="A second compiler for one model, to compare stacks (default: inductor, or "
+            "aot_eager when inductor is the main one; '' for none).",
+        ),
+    ] = None,
+    jobs: Annotated[
+        int, typer.Option(min=1, help="Tests run at once (default: 2, or 1 on one CPU).")
+    ] = min(2, os.cpu_count() or 1),
     timeout: Annotated[float, typer.Option(help="Seconds per model before TIMEOUT.")] = 900.0,
 ) -> None:
-    """Build tiny Llama, Qwen3, Qwen3-MoE and Llava checkpoints and one per other task family
-    (embeddings, seq2seq, speech, classification, text-to-image), test each, print the table."""
-    from model_support.checkpoints import TASK_MODELS, build_demo_models, default_cache_dir
-    from model_support.config import RunConfig
-    from model_support.execution import run_local
+    """Build tiny Llama, Qwen3, Qwen3-MoE and Llava checkpoints, one per other task family
+    (embeddings, seq2seq, speech, classification, text-to-image) and a header-only 405B one,
+    test them on three compiler stacks (one deliberately broken), and print the results table."""
+    from model_support.checkpoints import default_cache_dir
     from model_support.store import ResultsStore
 
+    started = time.monotonic()
     store = ResultsStore(location)
     dest = models_dir or default_cache_dir()
-    names = ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-llava"]
-    # One model of each task family beyond text generation (issue 13).
-    names += [model.name for model in TASK_MODELS]
-    from transformers.utils import logging as transformers_logging
+    models, oversized = build_checkpoints(dest)
+    if second_backend is None:
+        second_backend = "aot_eager" if compile_backend == "inductor" else "inductor"
+    second = second_backend if second_backend and second_backend != compile_backend else None
+    runs = plan_runs(models, compile_backend, second)
 
-    transformers_logging.disable_progress_bar()  # the status line says what is happening
-    with console.status(f"building demo checkpoints in {dest} (first time: about a minute)"):
-        models = build_demo_models(dest, names)
-    for model in models:
-        config = RunConfig(
-            model=str(model.require_path()), task=model.task, compile_backend=compile_backend
-        )
-        with console.status(f"testing {model.name} ({model.description})"):
-            record = run_local(
-                config, timeout_s=timeout, source="demo", labels={"demo": model.name}
-            )
-        store.add(record)
-        print_record(record)
+    say(f"testing the demo models: {len(runs)} runs, {jobs} at a time")
+    cancel = threading.Event()
+    # Tiny models: more than one intra-op thread per run only adds contention.
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    with stopped_by_sigterm(), ThreadPoolExecutor(jobs, thread_name_prefix="demo") as pool:
+        try:
+            futures = [pool.submit(run_one, run, timeout, env, cancel) for run in runs]
+            excluded = size_oversized(oversized, compile_backend)  # while the runs start
+            store.add(excluded)
+            print_record(excluded)
+            for future in as_completed(futures):
+                record = future.result()
+                store.add(record)
+                print_record(record)
+        except BaseException:
+            # Ctrl-C, SIGTERM or a failure: start no more runs, stop the running ones (their
+            # whole process groups) now.
+            pool.shutdown(wait=False, cancel_futures=True)
+            cancel.set()
+            raise
     store.materialize()
-    write_selection(location, models)
+    write_selection(location, [models[name] for name in DEMO_NAMES], excluded.model_id)
     results(
         location=location,
         model=None,
@@ -64,15 +141,121 @@ def demo(
         library_version=None,
         as_json=False,
     )
+    say(
+        f"demo done in {time.monotonic() - started:.0f} s; browse it: model-support viewer --results {location}"
+    )
 
 
-def write_selection(location: str, models: list[DemoModel]) -> None:
+def say(text: str) -> None:
+    """One progress line on stderr."""
+    progress.print(f"[bold]demo:[/] {text}", highlight=False)
+
+
+def build_checkpoints(dest: Path) -> tuple[dict[str, DemoModel], Path]:
+    """The demo checkpoints (built or reused, one line each) and the header-only 405B one."""
+    from transformers.utils import logging as transformers_logging
+
+    from model_support.checkpoints import (
+        LLAMA_3_1_405B_CONFIG,
+        OVERSIZED_DEMO_NAME,
+        build_demo_models,
+        build_header_only_checkpoint,
+        is_up_to_date,
+        llama_tensors,
+    )
+    from model_support.checkpoints import demo_model as catalogue_entry
+
+    transformers_logging.disable_progress_bar()  # the lines below say what is happening
+    models = {}
+    for name in DEMO_NAMES:
+        fresh = is_up_to_date(catalogue_entry(name), dest / name)
+        if not fresh:
+            say(f"building {name} in {dest} (trained briefly; about 15 s)")
+        start = time.monotonic()
+        (models[name],) = build_demo_models(dest, [name])
+        if not fresh:
+            say(f"built {name} in {time.monotonic() - start:.0f} s")
+    oversized = build_header_only_checkpoint(
+        dest, OVERSIZED_DEMO_NAME, LLAMA_3_1_405B_CONFIG, llama_tensors(LLAMA_3_1_405B_CONFIG)
+    )
+    say(f"checkpoints ready in {dest}")
+    return models, oversized
+
+
+def size_oversized(path: Path, compile_backend: str) -> RunRecord:
+    """Size the header-only 405B checkpoint for this machine: an EXCLUDED (too-large) record."""
+    from model_support.config import RunConfig
+    from model_support.models import readable_model_id
+
+    config = RunConfig(model=str(path), compile_backend=compile_backend)
+    say(f"sizing {path.name} (safetensors headers only: 405B parameters)")
+    planned = plan_cores(config, None, None, max_cores=16)
+    if not isinstance(planned, RunRecord):
+        raise RuntimeError(f"{path} should not fit this machine, yet sizing planned {planned}")
+    model_id = readable_model_id(str(path), namespace=DEMO_NAMESPACE)
+    return planned.model_copy(
+        update={"model_id": model_id, "source": "demo", "labels": {"demo": path.name}}
+    )
+
+
+@contextmanager
+def stopped_by_sigterm() -> Iterator[None]:
+    """Within the block, SIGTERM stops the demo as Ctrl-C does (so its runs are stopped too)."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_one(
+    run: DemoRun, timeout: float, env: dict[str, str], cancel: threading.Event
+) -> RunRecord:
+    """One demo test through run.py (``model-support run``'s machinery), named ``demo/<name>``."""
+    from model_support.config import RunConfig
+    from model_support.execution import run_local
+
+    config = RunConfig(
+        model=str(run.model.require_path()),
+        task=run.model.task,
+        compile_backend=run.compile_backend,
+    )
+
+    def show(event: StageEvent) -> None:
+        if event.status == "start":
+            progress.print(f"  {run.label}: {event.stage} …", highlight=False)
+        elif event.status == "done":
+            progress.print(
+                f"  {run.label}: {event.stage} done in {event.seconds or 0:.1f} s", highlight=False
+            )
+        else:
+            progress.print(f"  {run.label}: {event.stage} failed", highlight=False)
+
+    say(f"testing {run.label} ({run.shows})")
+    record = run_local(
+        config,
+        timeout_s=timeout,
+        env=env,
+        source="demo",
+        labels={"demo": run.model.name},
+        on_stage=show,
+        cancel=cancel,
+    )
+    return record.model_copy(update={"model_id": run.model_id})
+
+
+def write_selection(location: str, models: list[DemoModel], oversized_id: str) -> None:
     """List the demo models as the dataset's selected models, unless a list is already kept there."""
     from model_support.selection import SelectedEntry, SelectedList, load_selected, save_selected
 
     existing, _ = load_selected(location)
     if existing is None:
-        entries = [SelectedEntry(model=str(m.require_path()), task=m.task) for m in models]
+        entries = [SelectedEntry(model=f"{DEMO_NAMESPACE}/{m.name}", task=m.task) for m in models]
+        entries.append(SelectedEntry(model=oversized_id))
         save_selected(location, SelectedList(models=entries))
 
 

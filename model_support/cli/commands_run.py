@@ -2,25 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import math
 import os
 import re
+import signal
 import sys
+import tempfile
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from model_support.cli import commands_cache
 from model_support.config import RunConfig
 from model_support.execution import StageEvent
 from model_support.models import BadModelReference, resolve_model
-from model_support.records import RunRecord
-from model_support.vocabulary import Backend, Parallelism, Result, Task
+from model_support.records import RunRecord, excluded_record
+from model_support.vocabulary import Backend, ExclusionReason, Parallelism, Result, Task
+
+if TYPE_CHECKING:
+    from model_support.store import ResultsStore
 
 console = Console(stderr=True)
 # Piped output (CI logs, `| less`) gets a wide table rather than 80 folded columns.
@@ -45,7 +54,8 @@ CompileOpt = Annotated[
     ),
 ]
 CoresOpt = Annotated[
-    int | None, typer.Option(help="Cores to shard over (default: sized from the model's metadata).")
+    int | None,
+    typer.Option(min=1, help="Cores to shard over (default: sized from the model's metadata)."),
 ]
 ParallelismOpt = Annotated[
     Parallelism | None,
@@ -60,11 +70,50 @@ InstanceOpt = Annotated[
 LncOpt = Annotated[
     int | None, typer.Option(help="Logical NeuronCore config for sizing (trn2: 1 or 2).")
 ]
-MaxCoresOpt = Annotated[int, typer.Option(help="Most cores sizing may choose.")]
-TokensOpt = Annotated[int, typer.Option("--max-new-tokens", help="Tokens to generate.")]
+MaxCoresOpt = Annotated[int, typer.Option(min=1, help="Most cores sizing may choose.")]
+TokensOpt = Annotated[int, typer.Option("--max-new-tokens", min=1, help="Tokens to generate.")]
 RemoteOpt = Annotated[
     bool, typer.Option("--trust-remote-code", help="Allow code from the model's repository.")
 ]
+
+
+def positive_seconds(value: float) -> float:
+    """A typer callback: a time limit must be a finite number of seconds above zero."""
+    if not math.isfinite(value) or value <= 0:
+        raise typer.BadParameter(
+            f"{value!r} is not a time limit: give a number of seconds greater than 0"
+        )
+    return value
+
+
+NOT_DURABLE = {
+    "memory": "memory:// keeps results only inside this command's process, so they are lost "
+    "when it exits",
+    "http": "http:// locations are read-only",
+    "https": "https:// locations are read-only",
+}
+
+
+def open_store(location: str, *, allow_other_files: bool = False) -> ResultsStore:
+    """The results store at ``location``, checked before anything runs: it must be durable,
+    writable, and either new, empty or a results store already. Exits 2 with what to do."""
+    from model_support.store import NotAResultsStore, ResultsStore, StoreError
+
+    protocol = location.split("://", 1)[0].lower() if "://" in location else "file"
+    if protocol in NOT_DURABLE:
+        raise fail(
+            f"--results {location!r}: {NOT_DURABLE[protocol]}; give a folder or a durable, "
+            "writable URI (s3://bucket/path, hf://datasets/org/name)"
+        )
+    try:
+        store = ResultsStore(location)
+        store.check_location(allow_other_files=allow_other_files)
+        store.check_writable()
+    except NotAResultsStore as exc:
+        raise fail(f"{exc} (pass --force to add a results store beside them)") from exc
+    except StoreError as exc:
+        raise fail(str(exc)) from exc
+    return store
 
 
 def default_instance(backend: Backend) -> str:
@@ -84,22 +133,17 @@ def plan_cores(
     config: RunConfig, instance: str | None, lnc: int | None, max_cores: int
 ) -> RunConfig | RunRecord:
     """Size the model: the config with the planned cores, or an EXCLUDED record (not yet stored)."""
-    from model_support.execution import excluded_record
     from model_support.hub import is_unreachable
-    from model_support.sizing import Exclusion, size_model
+    from model_support.sizing import Exclusion, size_run
 
     try:
-        planned = size_model(
-            config.model,
-            config.revision,
+        # The same entry point as the operator's, fed from the same config (prompts, tokens).
+        planned = size_run(
+            config,
             profile=instance or default_instance(config.backend),
             lnc=lnc,
             max_cores=max_cores,
-            dtype=config.dtype,
-            batch=len(config.prompts),
-            task=config.task.value,
             token=os.environ.get("HF_TOKEN"),
-            trust_remote_code=config.trust_remote_code,
         )
     except ValueError as exc:
         raise fail(f"cannot size {config.model!r}: {exc}") from exc
@@ -154,11 +198,9 @@ def pin_revision(config: RunConfig) -> RunConfig:
 
 def unreachable_hub(model: str, exc: BaseException) -> typer.Exit:
     """The error for a Hub that does not answer, naming the endpoint tried."""
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    return fail(
-        f"could not reach the Hugging Face Hub at {endpoint} to read {model!r} ({exc}); "
-        "check the network or HF_ENDPOINT, or give a local checkpoint directory"
-    )
+    from model_support.hub import unreachable_message
+
+    return fail(unreachable_message(model, exc))
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -267,6 +309,7 @@ RESULT_STYLE = {
     Result.ERROR: "bold yellow",
     Result.TIMEOUT: "bold magenta",
     Result.EXCLUDED: "dim",
+    Result.UNVERIFIED: "bold blue",
 }
 
 
@@ -276,6 +319,7 @@ def summary(record: RunRecord) -> dict[str, object]:
     return {
         "run_id": record.run_id,
         "model": doc.model,
+        "model_id": record.model_id,
         "task": doc.task,
         "result": doc.result.value,
         "error_class": doc.error_class.value if doc.error_class else None,
@@ -293,6 +337,7 @@ def summary(record: RunRecord) -> dict[str, object]:
         "verification": doc.verification.model_dump(exclude={"positions"}),
         "text": doc.text,
         "judge": doc.judge,
+        "compile_cache": doc.compile_cache.model_dump() if doc.compile_cache else None,
     }
 
 
@@ -304,7 +349,7 @@ def print_record(record: RunRecord) -> None:
     if doc.error_class:
         head += f" ({doc.error_class.value})"
     out.print(
-        f"{head}  {doc.model}  [dim]{doc.task} · {doc.backend} · {doc.compile_backend} · {doc.cores} core(s)[/]"
+        f"{head}  {record.model_id}  [dim]{doc.task} · {doc.backend} · {doc.compile_backend} · {doc.cores} core(s)[/]"
     )
     t, m, v = doc.timings, doc.memory, doc.verification
     if t.wall_time_s is not None:
@@ -329,6 +374,104 @@ def print_record(record: RunRecord) -> None:
         out.print(f"  [dim]»[/] {text[:120]!r}")
 
 
+class Stopped(BaseException):
+    """SIGINT or SIGTERM reached the command: unwind (stopping run.py) and exit 128 + signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into :class:`Stopped` in the main thread while the body runs.
+
+    Every cleanup then runs as the exception unwinds: run.py's whole process group is killed
+    and its temporary folder removed (run.py runs in a session of its own, so a terminal's
+    Ctrl-C reaches only this process, which must stop it).
+    """
+
+    def stop(signum: int, frame: object) -> None:
+        raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def weights_exclusion(config: RunConfig) -> RunRecord | None:
+    """With --cores (no sizing), what sizing would refuse anyway: a model without safetensors
+    weights. Recorded as EXCLUDED with sizing's own message, so both paths say the same."""
+    from model_support.hub import CheckpointError, hub_api, is_unreachable, local_tensors
+    from model_support.sizing import no_safetensors_message
+
+    if Path(config.model).is_dir():
+        try:
+            has_safetensors = local_tensors(config.model) is not None
+        except CheckpointError as exc:
+            raise fail(f"cannot load {config.model!r}: {exc}") from exc
+    else:
+        try:
+            info = hub_api(os.environ.get("HF_ENDPOINT"), os.environ.get("HF_TOKEN")).model_info(
+                config.model, revision=config.revision
+            )
+        except Exception as exc:
+            if not is_unreachable(exc):
+                raise
+            raise unreachable_hub(config.model, exc) from exc
+        names = [s.rfilename for s in info.siblings or []]
+        # No file list (a gated repository): run.py's safetensors-only load decides.
+        has_safetensors = not names or any(n.endswith(".safetensors") for n in names)
+    if has_safetensors:
+        return None
+    return excluded_record(
+        config, ExclusionReason.NO_SAFETENSORS, no_safetensors_message(config.model)
+    )
+
+
+def save_record(store: ResultsStore, record: RunRecord, results: str) -> bool:
+    """Store ``record`` and bring the matrix up to date; True when the record is stored.
+
+    A record that cannot be stored is kept as a file on this machine (the current folder, or
+    the temporary folder when that is not writable), and the error says where; a stored record
+    whose matrix update failed is folded in by the next materialize.
+    """
+    try:
+        store.add(record)
+    except Exception as exc:  # whatever the store's failure, the result is kept and said where
+        kept = keep_unsaved(record)
+        console.print(
+            f"[bold red]error:[/] could not record the result in {results} ({exc}). The record "
+            f"is kept in {kept}: copy it to {results}/records/ when the store is back; the next "
+            "run there adds it to the matrix"
+        )
+        return False
+    try:
+        store.materialize()
+    except Exception as exc:  # the record is stored: the next materialize folds it in
+        console.print(
+            f"[bold yellow]warning:[/] recorded {record.run_id} in {results}, but the matrix "
+            f"could not be updated ({exc}); the next run with --results {results} updates it"
+        )
+    return True
+
+
+def keep_unsaved(record: RunRecord) -> Path:
+    """Write ``record`` as a local file (current folder, else the temporary folder); its path."""
+    name = f"model-support-unsaved-{record.run_id}.json"
+    for folder in (Path.cwd(), Path(tempfile.gettempdir())):
+        path = folder / name
+        try:
+            path.write_text(record.to_json(), encoding="utf-8")
+        except OSError:
+            continue
+        return path
+    raise OSError(f"could not write {name} in the current or the temporary folder")
+
+
 def run(
     model: ModelArg,
     backend: BackendOpt = Backend.AUTO,
@@ -349,19 +492,43 @@ def run(
     results: Annotated[
         str, typer.Option(help="Results store location (path or fsspec URI).")
     ] = DEFAULT_RESULTS,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Add a results store to an existing folder that holds other files "
+            "(none of them is changed).",
+        ),
+    ] = False,
+    compile_cache: Annotated[
+        str | None,
+        typer.Option(
+            help="Compile cache root (path, s3://, hf://buckets/): pulled before, pushed after; "
+            "the compiler prefix comes from the installed stack."
+        ),
+    ] = None,
     instance: InstanceOpt = None,
     lnc: LncOpt = None,
     max_cores: MaxCoresOpt = 16,
     timeout: Annotated[
-        float, typer.Option(help="Seconds before the run is stopped (TIMEOUT).")
+        float,
+        typer.Option(
+            help="Seconds before the run is stopped (TIMEOUT).", callback=positive_seconds
+        ),
     ] = 3600.0,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (the run summary).")
     ] = False,
+    model_id: Annotated[
+        str | None,
+        typer.Option(
+            "--model-id",
+            help="Name a local checkpoint in results (namespace/name; default local/<folder>).",
+        ),
+    ] = None,
 ) -> None:
     """Test one model here: load, compile, generate, verify; record the result."""
-    from model_support.execution import BackgroundRun, run_local
-
+    name_record = record_namer(model, model_id)
     config = build_config(
         model,
         backend=backend,
@@ -375,46 +542,99 @@ def run(
         trust_remote_code=trust_remote_code,
         judge_model=judge_model,
     )
-
-    progress = StageProgress(quiet=as_json)
-    # run.py starts at once; sizing (without --cores) and opening the store overlap with it.
-    # Its progress is held back until sizing agrees, so a cancelled run shows nothing.
-    progress.hold()
-    background = BackgroundRun(config, timeout_s=timeout, on_stage=progress.show)
+    cache = commands_cache.before_run(compile_cache, config.backend, quiet=as_json)
     try:
-        from model_support.store import ResultsStore
-
-        store = ResultsStore(results)
-        planned = config if cores is not None else plan_cores(config, instance, lnc, max_cores)
-    except BaseException:
-        background.cancel()
-        raise
-    if planned == config:
-        progress.release()
-        record = background.result()
-    else:
-        background.cancel()
-        progress.discard()
-        if isinstance(planned, RunRecord):
-            store.add_and_materialize(planned)
-            if as_json:
-                print(json.dumps(summary(planned)))
-            else:
-                print_record(planned)
-            raise typer.Exit(3)
-        if not as_json:
-            console.print(
-                f"[cyan]sized: {planned.cores} cores, {planned.parallelism.value} parallel[/]"
+        with stopped_by_signals():
+            store, record = _test(
+                config, results, force, cores, instance, lnc, max_cores, timeout, as_json
             )
-        record = run_local(planned, timeout_s=timeout, on_stage=progress.show)
-    store.add_and_materialize(record)
+            record = commands_cache.after_run(cache, record)
+            record = name_record(record)
+            stored = save_record(store, record, results)
+    except Stopped as stop:
+        console.print(
+            f"[bold yellow]stopped ({stop}):[/] run.py and its workers were stopped; nothing "
+            "was recorded"
+        )
+        raise typer.Exit(128 + stop.signum) from None
     if as_json:
         print(json.dumps(summary(record)))
     else:
         print_record(record)
-        console.print(f"[dim]recorded {record.run_id} in {results}[/]")
+        if stored:
+            console.print(f"[dim]recorded {record.run_id} in {results}[/]")
+    if not stored:
+        raise typer.Exit(1)
+    if record.exclusion_reason is not None:
+        raise typer.Exit(3)
     if record.document.result in (Result.ERROR, Result.TIMEOUT):
         raise typer.Exit(1)
+
+
+def record_namer(model: str, model_id: str | None) -> Callable[[RunRecord], RunRecord]:
+    """What gives a record of ``model`` the id chosen with --model-id (checked before anything
+    runs or reaches the Hub)."""
+    from model_support.models import check_model_id
+
+    if model_id is None:
+        return lambda record: record
+    try:
+        check_model_id(model_id)
+    except BadModelReference as exc:
+        raise fail(f"--model-id: {exc}") from exc
+    try:
+        local = resolve_model(model).is_local
+    except BadModelReference as exc:
+        raise fail(str(exc)) from exc
+    if not local:
+        raise fail(f"--model-id names local checkpoints; {model!r} is named by its Hub id")
+    return lambda record: record.model_copy(update={"model_id": model_id})
+
+
+def _test(
+    config: RunConfig,
+    results: str,
+    force: bool,
+    cores: int | None,
+    instance: str | None,
+    lnc: int | None,
+    max_cores: int,
+    timeout: float,
+    as_json: bool,
+) -> tuple[ResultsStore, RunRecord]:
+    """Check the store, size (unless ``cores``) and run the test; the store and the record
+    (EXCLUDED when the model is not run)."""
+    from model_support.execution import BackgroundRun, run_local
+
+    progress = StageProgress(quiet=as_json)
+    # run.py starts at once (it spends seconds importing torch and transformers); checking the
+    # results store, the weights and sizing overlap with that. Its progress is held back until
+    # they agree, so a refused or cancelled run shows nothing.
+    progress.hold()
+    background = BackgroundRun(config, timeout_s=timeout, on_stage=progress.show)
+    try:
+        store = open_store(results, allow_other_files=force)
+        planned: RunConfig | RunRecord
+        if cores is None:
+            planned = plan_cores(config, instance, lnc, max_cores)
+        else:
+            planned = weights_exclusion(config) or config
+        if planned == config:
+            progress.release()
+            return store, background.result()
+    finally:
+        # Whatever happened (a refusal, sizing chose otherwise, an error, a signal), the
+        # speculative run and its process group are gone before this goes on; after its own
+        # end, a no-op.
+        background.cancel()
+    progress.discard()
+    if isinstance(planned, RunRecord):
+        return store, planned
+    if not as_json:
+        console.print(
+            f"[cyan]sized: {planned.cores} cores, {planned.parallelism.value} parallel[/]"
+        )
+    return store, run_local(planned, timeout_s=timeout, on_stage=progress.show)
 
 
 def script(
@@ -490,10 +710,14 @@ def results(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of rows.")] = False,
 ) -> None:
     """Show the results matrix (latest result per model and task, per stack)."""
-    from model_support.store import ResultsStore
+    from model_support.store import ResultsStore, StoreError
 
-    store = ResultsStore(location)
-    if not store.matrix_files():
+    try:
+        store = ResultsStore(location)
+        files = store.matrix_files()
+    except StoreError as exc:
+        raise fail(str(exc)) from exc
+    if not files:
         raise fail(
             f"no results at {location!r}: run `model-support run MODEL --results {location}` first",
             1,
@@ -535,14 +759,14 @@ def results(
             row.task,
             result_text,
             _fmt(row.neuron_cores, "{:.0f}"),
-            str(row.parallelism),
-            f"{row.compiler} {row.compiler_version}",
-            str(row.library_version),
+            _text(row.parallelism),
+            " ".join(_text(v) for v in (row.compiler, row.compiler_version) if not _missing(v)),
+            _text(row.library_version),
             _fmt(row.wall_time_s, "{:.2f}"),
             _fmt(row.decode_tokens_per_s, "{:.0f}"),
             _fmt(
                 None
-                if row.peak_device_memory_bytes is None
+                if _missing(row.peak_device_memory_bytes)
                 else row.peak_device_memory_bytes / 2**20,
                 "{:.0f}",
             ),
@@ -550,10 +774,20 @@ def results(
     out.print(table)
 
 
+def _missing(value: object) -> bool:
+    """None, NaN, or pandas' NA: a value the matrix does not have."""
+    import pandas as pd  # loaded already by the matrix read that produced ``value``
+
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def _text(value: object) -> str:
+    """A cell: the value as text, blank when missing (never "None", "nan" or "<NA>")."""
+    return "" if _missing(value) else str(value)
+
+
 def _fmt(value: object, pattern: str) -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        return "—"
-    return pattern.format(value)
+    return "" if _missing(value) else pattern.format(value)
 
 
 def register(app: typer.Typer) -> None:

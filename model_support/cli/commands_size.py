@@ -6,14 +6,17 @@ Exit codes: 0 a plan, 3 an exclusion (the reason code is printed), 2 bad input.
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, get_args
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from model_support.config import Dtype
 from model_support.hardware import INSTANCE_KINDS
-from model_support.sizing import DTYPE_BYTES, Exclusion, MemoryBreakdown, Plan, size_model
+
+if TYPE_CHECKING:  # imported when the command runs: every command line starts faster
+    from model_support.sizing import Exclusion, MemoryBreakdown, Plan
 
 EXIT_EXCLUDED = 3
 EXIT_BAD_INPUT = 2
@@ -78,9 +81,9 @@ def register(app: typer.Typer) -> None:
         lnc: Annotated[
             int | None, typer.Option(help="trn2 logical core size, 1 or 2 (default 2).")
         ] = None,
-        max_cores: Annotated[int, typer.Option(help="Most cores one test may use.")] = 16,
+        max_cores: Annotated[int, typer.Option(min=1, help="Most cores one test may use.")] = 16,
         dtype: Annotated[
-            str, typer.Option(help=f"Run dtype: {', '.join(DTYPE_BYTES)}.")
+            str, typer.Option(help=f"Run dtype: {', '.join(get_args(Dtype))}.")
         ] = "bfloat16",
         token: Annotated[
             str | None,
@@ -94,6 +97,9 @@ def register(app: typer.Typer) -> None:
         ] = False,
     ) -> None:
         """Size MODEL: the fewest cores it fits on, or why it is excluded."""
+        from model_support.hub import is_unreachable, unreachable_message
+        from model_support.sizing import Plan, size_model
+
         out = Console()
         err = Console(stderr=True)
         try:
@@ -110,11 +116,16 @@ def register(app: typer.Typer) -> None:
         except ValueError as e:  # bad arguments, unknown model/revision, unreadable checkpoint
             err.print(f"[bold red]error:[/] {e}")
             raise typer.Exit(EXIT_BAD_INPUT) from e
+        except Exception as e:
+            if not is_unreachable(e):
+                raise
+            err.print(f"[bold red]error:[/] {unreachable_message(model, e)}")
+            raise typer.Exit(EXIT_BAD_INPUT) from e
         if as_json:
             typer.echo(json.dumps(result.model_dump(mode="json")))
         elif isinstance(result, Plan):
             _print_plan(out, result)
         else:
             _print_exclusion(out, result)
-        if isinstance(result, Exclusion):
+        if not isinstance(result, Plan):
             raise typer.Exit(EXIT_EXCLUDED)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -13,6 +12,8 @@ import typer
 import model_support
 
 DEFAULT_RESULTS = "results"
+DEFAULT_ADDRESS = "127.0.0.1"
+"""Where the viewer listens unless --address says otherwise: this machine only."""
 RESULTS_ENV = "MODEL_SUPPORT_RESULTS"
 HUB_ENDPOINT_ENV = "MODEL_SUPPORT_HUB_ENDPOINT"
 
@@ -24,9 +25,12 @@ def app_path() -> Path:
     return Path(model_support.viewer.__file__).with_name("app.py")
 
 
-def viewer_command(results: str, port: int | None, headless: bool) -> list[str]:
+def viewer_command(
+    results: str, port: int | None, headless: bool, address: str = DEFAULT_ADDRESS
+) -> list[str]:
     """The `streamlit run` command line for ``results`` (passed as a script argument)."""
     command = [sys.executable, "-m", "streamlit", "run", str(app_path())]
+    command += ["--server.address", address]
     if port is not None:
         command += ["--server.port", str(port)]
     if headless:
@@ -54,6 +58,14 @@ def register(app: typer.Typer) -> None:
                 "--port", min=1, max=65535, help="Port to serve on (Streamlit's default: 8501)."
             ),
         ] = None,
+        address: Annotated[
+            str,
+            typer.Option(
+                "--address",
+                help="Address to listen on: 127.0.0.1 (this machine only) unless you want "
+                "others to reach it, e.g. 0.0.0.0 for every interface.",
+            ),
+        ] = DEFAULT_ADDRESS,
         hub_endpoint: Annotated[
             str | None,
             typer.Option(
@@ -71,10 +83,19 @@ def register(app: typer.Typer) -> None:
                 "fsspec URL such as hf://datasets/org/name)",
                 param_hint="--results",
             )
+        if not address.strip():
+            raise typer.BadParameter(
+                "the address is empty; give 127.0.0.1 (this machine) or 0.0.0.0 (every interface)",
+                param_hint="--address",
+            )
         env = dict(os.environ)
         env[RESULTS_ENV] = results
         if hub_endpoint:
             env[HUB_ENDPOINT_ENV] = hub_endpoint
-        command = viewer_command(results, port, headless)
+        command = viewer_command(results, port, headless, address.strip())
         typer.echo(f"model-support {model_support.__version__}: viewer on {results}")
-        raise typer.Exit(subprocess.call(command, env=env))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Become Streamlit rather than wait for it: a signal to this process (Ctrl-C, SIGTERM
+        # from a supervisor) then reaches the server itself, and nothing is left running.
+        os.execve(command[0], command, env)

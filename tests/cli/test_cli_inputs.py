@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -153,3 +156,140 @@ def test_a_corrupt_checkpoint_is_refused_before_anything_runs(tmp_path: Path) ->
     assert "cannotsize" in compact and "model.safetensors:headertruncated" in compact
     assert "→" not in result.output  # the cancelled one-core run showed no progress
     assert not (tmp_path / "results").exists()  # nothing recorded for a checkpoint that cannot load
+
+
+# --- numbers, results locations, configs and offline: one line saying what to do, exit 2 --------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cores", "0"], "--cores"),
+        (["--max-cores", "0"], "--max-cores"),
+        (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--timeout", "nan"], "greater than 0"),
+        (["--timeout", "-5"], "greater than 0"),
+        (["--timeout", "0"], "greater than 0"),
+        (["--timeout", "inf"], "greater than 0"),
+    ],
+)
+def test_numbers_out_of_range_are_refused(
+    args: list[str], message: str, tmp_path: Path, tiny_llama_path: Path
+) -> None:
+    results = tmp_path / "results"
+    result = runner.invoke(app, ["run", str(tiny_llama_path), *args, "--results", str(results)])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert not results.exists()
+
+
+@pytest.mark.parametrize(
+    ("location", "message"),
+    [
+        ("memory://x", "lost when it exits"),
+        ("nosuch://x", "Protocol not known: nosuch"),
+        ("http://127.0.0.1:9/results", "read-only"),
+        ("https://example.com/results", "read-only"),
+    ],
+)
+def test_results_locations_that_would_lose_the_result_are_refused(
+    location: str, message: str, tiny_llama_path: Path
+) -> None:
+    result = runner.invoke(
+        app, ["run", str(tiny_llama_path), "--cores", "1", "--results", location]
+    )
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert message in text and "Traceback" not in text
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_an_unwritable_results_location_is_refused_before_the_run(
+    tmp_path: Path, tiny_llama_path: Path
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    result = runner.invoke(
+        app, ["run", str(tiny_llama_path), "--cores", "1", "--results", str(blocker / "results")]
+    )
+    assert result.exit_code == 2
+    assert "cannot write to the results store" in " ".join(result.output.split())
+    assert "→" not in result.output  # run.py never started
+
+
+def test_a_folder_of_other_files_is_refused_unless_forced(tmp_path: Path) -> None:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "README.md").write_text("my project")
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (checkpoint / "pytorch_model.bin").write_bytes(b"pickle")
+    result = runner.invoke(app, ["run", str(checkpoint), "--cores", "1", "--results", str(folder)])
+    assert result.exit_code == 2
+    text = " ".join(result.output.split())
+    assert "already holds other files (README.md)" in text and "--force" in text
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md"]
+    forced = runner.invoke(
+        app, ["run", str(checkpoint), "--cores", "1", "--results", str(folder), "--force"]
+    )
+    assert forced.exit_code == 3, forced.output  # excluded (no safetensors), and recorded
+    assert (folder / "README.md").read_text() != "my project"  # the card, as asked
+    assert len(list((folder / "records").iterdir())) == 1
+
+
+def test_a_config_with_zero_attention_heads_is_refused(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "zero-heads"
+    checkpoint.mkdir()
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "num_attention_heads": 0,
+        "hidden_size": 64,
+    }
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    (checkpoint / "model.safetensors").write_bytes((2).to_bytes(8, "little") + b"{}")
+    result = runner.invoke(app, ["size", str(checkpoint)])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert "sets num_attention_heads to 0; it must be a positive integer" in text
+
+
+def test_sizing_a_hub_model_offline_says_so(tmp_path: Path) -> None:
+    # huggingface_hub reads HF_HUB_OFFLINE when imported: a fresh process, as users run it.
+    cli = str(Path(sys.executable).with_name("model-support"))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    for args in (["size", "org/model"], ["run", "org/model", "--results", str(tmp_path / "r")]):
+        done = subprocess.run(
+            [cli, *args], capture_output=True, text=True, env=env, timeout=300, check=False
+        )
+        assert done.returncode == 2, done.stderr[-2000:]
+        text = " ".join(done.stderr.split())
+        assert "HF_HUB_OFFLINE is set" in text and "Traceback" not in text
+        assert len(done.stderr.strip().splitlines()) <= 3  # a short message, not a traceback
+
+
+def test_a_pickle_only_checkpoint_is_refused_the_same_way_with_and_without_cores(
+    tmp_path: Path,
+) -> None:
+    checkpoint = tmp_path / "pickled"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(
+        json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]})
+    )
+    (checkpoint / "pytorch_model.bin").write_bytes(b"a pickle")
+    messages = []
+    for extra in ([], ["--cores", "2"]):
+        results = tmp_path / f"results{len(extra)}"
+        result = runner.invoke(
+            app, ["run", str(checkpoint), "--results", str(results), "--json", *extra]
+        )
+        assert result.exit_code == 3, result.output
+        summary = json.loads(result.stdout.strip().splitlines()[-1])
+        assert summary["result"] == "EXCLUDED"
+        messages.append(summary["error"])
+        [record] = (results / "records").iterdir()
+        assert json.loads(record.read_text())["exclusion_reason"] == "no-safetensors"
+    assert messages[0] == messages[1] and "pickle checkpoints are not loaded" in messages[0]
+    sized = runner.invoke(app, ["size", str(checkpoint)])
+    assert sized.exit_code == 3 and "pickle checkpoints are not loaded" in sized.output

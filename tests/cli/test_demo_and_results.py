@@ -1,73 +1,142 @@
-"""The main job end to end: `model-support demo` writes the dataset; pandas and `results` read it."""
+"""The main job end to end: `model-support demo` writes a dataset holding every result state over
+three stacks; pandas, `results`, `run` and the viewer read it."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import transformers
+from filelock import FileLock
+from processes import processes_with
+from streamlit.testing.v1 import AppTest
 
 from model_support.checkpoints import TASK_MODELS, DemoModel
+from model_support.cli.commands_demo import FAULTY_BACKEND
+from model_support.store import ResultsStore
 
 pytestmark = pytest.mark.slow
 
 CLI = str(Path(sys.executable).with_name("model-support"))
+APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
 DEMO_NAMES = ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-llava"]
 DEMO_NAMES += [model.name for model in TASK_MODELS]  # one per task family beyond text generation
+OVERSIZED = "demo/llama-405b-headers"
 
 
 @pytest.fixture(scope="module")
 def demo_results(
-    demo_models: dict[str, DemoModel], tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, str]:
-    results = tmp_path_factory.mktemp("demo") / "results"
-    done = subprocess.run(
-        [CLI, "demo", "--results", str(results)],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        check=False,
+    demo_models: dict[str, DemoModel], tmp_path_factory: pytest.TempPathFactory, worker_id: str
+) -> tuple[Path, str, str]:
+    """The demo's dataset and output, made once per test session (xdist workers share it)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = (base if worker_id == "master" else base.parent) / "demo"
+    shared.mkdir(exist_ok=True)
+    with FileLock(str(shared / ".lock")):
+        if not (shared / "stderr.txt").exists():
+            done = subprocess.run(  # output captured: not a terminal, as in a CI log
+                [CLI, "demo", "--results", str(shared / "results")],
+                capture_output=True,
+                text=True,
+                timeout=1200,
+                check=False,
+            )
+            assert done.returncode == 0, done.stderr[-3000:]
+            (shared / "stdout.txt").write_text(done.stdout)
+            (shared / "stderr.txt").write_text(done.stderr)
+    return (
+        shared / "results",
+        (shared / "stdout.txt").read_text(),
+        (shared / "stderr.txt").read_text(),
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return results, done.stdout
 
 
-def test_demo_tests_every_model_and_prints_the_table(demo_results: tuple[Path, str]) -> None:
-    _, stdout = demo_results
+def test_demo_tests_every_model_and_prints_the_table(demo_results: tuple[Path, str, str]) -> None:
+    _, stdout, _ = demo_results
     for name in DEMO_NAMES:
-        assert name in stdout
-    assert f"model-support results ({len(DEMO_NAMES)} rows)" in stdout
-    assert stdout.count("PASS") >= 2 * len(DEMO_NAMES)  # a line per run and a row per model
+        assert f"demo/{name}" in stdout
+    rows = len(DEMO_NAMES) + 4  # + a second compiler, two faulty runs, the oversized model
+    assert f"model-support results ({rows} rows)" in stdout
+    # A line per passing run and a row per passing result: every model on the main stack and
+    # tiny-llama on the second.
+    assert stdout.count("PASS") >= 2 * (len(DEMO_NAMES) + 1)
+    for state in ("FAIL", "ERROR", "EXCLUDED"):
+        assert state in stdout
+    assert str(Path.home()) not in stdout.split("model-support results")[1]  # readable ids
+
+
+def test_demo_prints_progress_lines_when_not_on_a_terminal(
+    demo_results: tuple[Path, str, str],
+) -> None:
+    _, _, stderr = demo_results
+    lines = stderr.splitlines()
+    for label in ("demo/tiny-llama · aot_eager", "demo/tiny-llama · inductor"):
+        assert any(line.startswith(f"  {label}: load done in") for line in lines), label
+        assert any(line.startswith(f"  {label}: verify done in") for line in lines), label
+    assert f"  demo/tiny-qwen3-moe · {FAULTY_BACKEND}: compile failed" in lines
+    assert any("sizing llama-405b-headers" in line for line in lines)
+    assert lines[-1].startswith("demo: demo done in")
+
+
+def test_the_dataset_holds_every_state_over_three_stacks(
+    demo_results: tuple[Path, str, str], demo_models: dict[str, DemoModel]
+) -> None:
+    results, _, _ = demo_results
+    matrix = pd.read_parquet(results / "data").set_index(["model_id", "compiler"])
+    assert sorted(set(matrix.index.get_level_values("compiler"))) == sorted(
+        ["aot_eager", "inductor", FAULTY_BACKEND]
+    )
+    assert matrix.loc[("demo/tiny-llama", FAULTY_BACKEND), "result"] == "FAIL"
+    error = matrix.loc[("demo/tiny-qwen3-moe", FAULTY_BACKEND)]
+    assert (error.result, error.error_class) == ("ERROR", "compile")
+    assert "InjectedCompilerError" in error.error
+    excluded = matrix.loc[(OVERSIZED, "aot_eager")]
+    assert (excluded.result, excluded.exclusion_reason) == ("EXCLUDED", "too-large")
+    assert "GiB" in excluded.error  # what it needs against what one core has
+    assert matrix.loc[("demo/tiny-llama", "inductor"), "result"] == "PASS"
+    # Readable ids; each checkpoint's path kept in its own column.
+    assert matrix.loc[("demo/tiny-llava", "aot_eager"), "model_path"] == str(
+        demo_models["tiny-llava"].require_path()
+    )
+    assert excluded.model_path.endswith("/llama-405b-headers")
 
 
 @pytest.mark.parametrize("name", DEMO_NAMES)
 def test_the_documented_pandas_query_works_on_the_demo_dataset(
-    name: str, demo_results: tuple[Path, str], demo_models: dict[str, DemoModel]
+    name: str, demo_results: tuple[Path, str, str]
 ) -> None:
-    results, _ = demo_results
-    X = str(demo_models[name].require_path())  # the README's query, verbatim
+    results, _, _ = demo_results
+    X = f"demo/{name}"  # the README's query, verbatim
     rows = pd.read_parquet(results / "data")[lambda d: d.model_id == X][
         ["neuronx_cc", "library", "library_version", "neuron_cores", "result"]
     ]
-    assert len(rows) == 1
-    row = rows.iloc[0]
-    assert pd.isna(row.neuronx_cc)  # not on Trainium here
-    assert (row.library, row.library_version) == ("transformers", transformers.__version__)
-    assert (row.neuron_cores, row.result) == (1, "PASS")
+    assert len(rows) >= 1
+    assert rows.neuronx_cc.isna().all()  # not on Trainium here
+    assert set(zip(rows.library, rows.library_version, strict=True)) == {
+        ("transformers", transformers.__version__)
+    }
+    assert (rows.neuron_cores == 1).all()
+    assert "PASS" in set(rows.result)
 
 
-def test_the_demo_dataset_has_its_card(demo_results: tuple[Path, str]) -> None:
-    results, _ = demo_results
+def test_the_demo_dataset_has_its_card(demo_results: tuple[Path, str, str]) -> None:
+    results, _, _ = demo_results
     card = (results / "README.md").read_text()
     assert "configs:" in card and "PASS" in card and "EXCLUDED" in card
+    assert "`model_path`" in card
 
 
-def test_results_json_filters_rows(demo_results: tuple[Path, str]) -> None:
-    results, _ = demo_results
+def test_results_json_filters_rows(demo_results: tuple[Path, str, str]) -> None:
+    results, _, _ = demo_results
     done = subprocess.run(
         [
             CLI,
@@ -85,15 +154,16 @@ def test_results_json_filters_rows(demo_results: tuple[Path, str]) -> None:
         check=True,
     )
     rows = json.loads(done.stdout)
-    assert sorted(Path(r["model_id"]).name for r in rows) == ["tiny-qwen3", "tiny-qwen3-moe"]
+    assert sorted(r["model_id"] for r in rows) == ["demo/tiny-qwen3", "demo/tiny-qwen3-moe"]
     assert all(r["result"] == "PASS" and r["task"] == "text-generation" for r in rows)
 
 
-def test_a_second_run_adds_a_record_and_the_matrix_keeps_the_latest(
-    demo_results: tuple[Path, str], demo_models: dict[str, DemoModel]
+def test_a_rerun_under_the_demo_id_replaces_its_row(
+    demo_results: tuple[Path, str, str], demo_models: dict[str, DemoModel]
 ) -> None:
-    results, _ = demo_results
+    results, _, _ = demo_results
     before = len(list((results / "records").iterdir()))
+    rows_before = len(pd.read_parquet(results / "data"))
     path = str(demo_models["tiny-llama"].require_path())
     done = subprocess.run(
         [
@@ -103,34 +173,132 @@ def test_a_second_run_adds_a_record_and_the_matrix_keeps_the_latest(
             "--results",
             str(results),
             "--compile-backend",
-            "model_support.faults:noise_100pct",
+            FAULTY_BACKEND,
+            "--model-id",
+            "demo/tiny-llama",
             "--json",
         ],
         capture_output=True,
         text=True,
         timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]  # a FAIL is a verdict, not a broken run
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["result"] == "FAIL"
+    assert (summary["result"], summary["model_id"]) == ("FAIL", "demo/tiny-llama")
     assert len(list((results / "records").iterdir())) == before + 1
     matrix = pd.read_parquet(results / "data")
-    llama = matrix[matrix.model_id == path]
-    # The compile backend is part of the stack key: the noisy run lands in its own file and row.
+    assert len(matrix) == rows_before  # the latest run replaced the row of its stack
+    llama = matrix[matrix.model_id == "demo/tiny-llama"].set_index("compiler")
+    assert llama.loc[FAULTY_BACKEND, "run_id"] == summary["run_id"]
     assert set(llama.result) == {"PASS", "FAIL"}
-    assert summary["run_id"] in set(llama.run_id)
+
+
+def test_a_local_checkpoint_is_named_by_its_folder(
+    demo_results: tuple[Path, str, str], tmp_path: Path
+) -> None:
+    """`run ./folder` records local/<folder>, the path in model_path (here: an EXCLUDED one)."""
+    results, _, _ = demo_results
+    oversized = Path(
+        pd.read_parquet(results / "data").set_index("model_id").loc[OVERSIZED, "model_path"]
+    )
+    folder = tmp_path / "my 405b checkpoint"
+    shutil.copytree(oversized, folder)
+    store = tmp_path / "results"
+    done = subprocess.run(
+        [CLI, "run", str(folder), "--results", str(store), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 3, done.stderr[-2000:]  # excluded: too large for this machine
+    assert (
+        json.loads(done.stdout.strip().splitlines()[-1])["model_id"] == "local/my-405b-checkpoint"
+    )
+    row = ResultsStore(str(store)).matrix().iloc[0]
+    assert (row.model_id, row.model_path, row.result) == (
+        "local/my-405b-checkpoint",
+        str(folder),
+        "EXCLUDED",
+    )
 
 
 def test_the_demo_keeps_its_models_as_the_selected_list(
-    demo_results: tuple[Path, str], demo_models: dict[str, DemoModel]
+    demo_results: tuple[Path, str, str], demo_models: dict[str, DemoModel]
 ) -> None:
     from model_support.selection import load_selected
 
-    results, _ = demo_results
+    results, _, _ = demo_results
     selected, where = load_selected(str(results))
     assert selected is not None and where.endswith("selected.yaml")
     assert [(e.model, e.task.value, e.reason) for e in selected.models] == [
-        (str(demo_models[name].require_path()), demo_models[name].task.value, None)
-        for name in DEMO_NAMES
+        *((f"demo/{name}", demo_models[name].task.value, None) for name in DEMO_NAMES),
+        (OVERSIZED, "text-generation", None),
     ]
+
+
+def test_the_viewer_shows_each_view_on_the_demo_dataset(
+    demo_results: tuple[Path, str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results, _, _ = demo_results
+    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(results))
+    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", "http://127.0.0.1:9")
+    page = AppTest.from_file(APP, default_timeout=60).run()
+    assert not page.exception
+    # Selected, on the main stack (the page opens on it): four PASS and the 405B one excluded.
+    assert page.selectbox(key="compiler").value.startswith("aot_eager ")
+    selected = page.dataframe[0].value.set_index("model")
+    assert list(selected["result"]) == ["PASS"] * 4 + ["EXCLUDED"]
+    assert selected.loc[OVERSIZED, "why"] == "too-large"
+    # Triage on the broken stack: the FAIL and the ERROR, each its own group.
+    faulty = next(o for o in page.selectbox(key="compiler").options if FAULTY_BACKEND in o)
+    page.selectbox(key="compiler").select(faulty)
+    page.radio(key="view").set_value("Triage").run()
+    groups = page.dataframe[0].value
+    assert sorted(groups["results"]) == ["ERROR", "FAIL"]
+    assert any("InjectedCompilerError" in s for s in groups["signature"])
+    # Compare the main stack with the broken one: tiny-llama regressed.
+    page.radio(key="view").set_value("Compare").run()
+    page.selectbox(key="before").set_value(
+        next(o for o in page.selectbox(key="before").options if o.startswith("aot_eager "))
+    ).run()
+    changes = page.dataframe[0].value.set_index("model")
+    assert changes.loc["demo/tiny-llama", "change"] == "regression"
+    assert changes.loc["demo/tiny-qwen3-moe", "change"] == "regression"
+    # Charts: a pass rate per compiler.
+    page.radio(key="view").set_value("Charts").run()
+    charts = page.get("vega_lite_chart")
+    assert len(charts) == 2
+    assert all(name in str(charts[0].proto) for name in ("aot_eager", "inductor", FAULTY_BACKEND))
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_stopping_the_demo_stops_its_runs(
+    stop: signal.Signals, demo_models: dict[str, DemoModel], tmp_path: Path
+) -> None:
+    marker = f"demo-{uuid.uuid4().hex}"
+    process = subprocess.Popen(
+        [CLI, "demo", "--results", str(tmp_path / "results")],
+        env={**os.environ, "MODEL_SUPPORT_DEMO_MARKER": marker},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:  # wait until run.py processes are working
+            if ": load …" in line:
+                break
+        assert len(processes_with(marker)) >= 2  # the demo and at least one run.py
+        process.send_signal(stop)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode != 0
+    deadline = time.monotonic() + 30
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_with(marker) == []  # no run.py (or worker) outlived the demo

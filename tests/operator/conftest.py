@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import kmock
 import pytest
+from hubserver import HubServer, Repo
 from k8s_harness import Emulator, Harness, declare_resources
 
 from model_support.operator.settings import OperatorSettings
 
+MODEL = "Qwen/Qwen3-0.6B"
+"""The model the operator tests name: served by the stand-in Hub (a tiny checkpoint)."""
+
+
+@pytest.fixture(scope="session")
+def operator_hub(tiny_llama_path: Path) -> Iterator[HubServer]:
+    """The stand-in Hub the operator sizes from (even a test with spec.cores: its host memory
+    and storage are sized from the model)."""
+    with HubServer([Repo.from_dir(MODEL, tiny_llama_path)]) as hub:
+        yield hub
+
 
 @pytest.fixture
-async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+async def harness(tmp_path: Path, operator_hub: HubServer) -> AsyncIterator[Harness]:
     """An emulated API server, operator settings pointing at it, results under tmp_path."""
     async with Emulator() as server, kmock.Server(server) as srv:
         declare_resources(server)
@@ -21,11 +33,11 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
             results_uri=str(tmp_path / "results"),
             api_server=str(srv.url).rstrip("/"),
             runner_image="registry.example/model-support/runner:test",
-            unschedulable_limit_s=0.5,
             image_pull_limit_s=0.5,
             watchdog_interval_s=0.2,
             namespaces=["default"],
             metrics_port=None,
+            hub_endpoint=operator_hub.url,
         )
         h = Harness(server, settings, tmp_path / "results")
         try:

@@ -55,6 +55,10 @@ class Emulator(kmock.KubernetesEmulator):
             meta = request.data.setdefault("metadata", {})
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:8]
+        if request.method.value in ("POST", "PATCH") and isinstance(request.data, dict):
+            # Every write gets a new, larger resourceVersion, as on a real API server (the
+            # operator orders what it sees of an object by it).
+            request.data.setdefault("metadata", {})["resourceVersion"] = str(next(_counter))
         if self.history is not None:
             if (
                 not request.headers.get("User-Agent", "").startswith("kmock/")
@@ -180,7 +184,7 @@ class Harness:
         self,
         check: Callable[[], Any],
         *,
-        timeout: float = 15,
+        timeout: float = 60,
         what: str = "the condition",
         interval: float = 0.05,
     ) -> Any:
@@ -248,7 +252,7 @@ class Harness:
         return dict(test.get("status") or {})
 
     async def wait_status(
-        self, name: str, check: Callable[[dict[str, Any]], bool], what: str, timeout: float = 15
+        self, name: str, check: Callable[[dict[str, Any]], bool], what: str, timeout: float = 60
     ) -> dict[str, Any]:
         async def probe() -> dict[str, Any] | None:
             status = await self.test_status(name)
@@ -280,7 +284,11 @@ class Harness:
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name, "labels": labels},
+            "metadata": {
+                "name": name,
+                "labels": labels,
+                "annotations": dict(template["metadata"].get("annotations") or {}),
+            },
             "spec": template["spec"],
             "status": {"phase": "Pending", **status},
         }
@@ -292,17 +300,28 @@ class Harness:
         return created
 
     async def run_pod(self, pod: dict[str, Any]) -> None:
+        """The runner container started and the pod is Ready (the Job counts it in .ready)."""
         await self.patch(
             f"{PODS_URL}/{pod['metadata']['name']}/status",
             {
                 "status": {
                     "phase": "Running",
+                    "conditions": [
+                        {"type": "PodScheduled", "status": "True", "lastTransitionTime": now()},
+                        {"type": "Ready", "status": "True", "lastTransitionTime": now()},
+                    ],
                     "containerStatuses": [
-                        {"name": RUNNER_CONTAINER, "state": {"running": {"startedAt": now()}}}
+                        {
+                            "name": RUNNER_CONTAINER,
+                            "ready": True,
+                            "state": {"running": {"startedAt": now()}},
+                        }
                     ],
                 }
             },
         )
+        job = pod["metadata"]["labels"]["job-name"]
+        await self.patch(f"{JOBS_URL}/{job}/status", {"status": {"ready": 1}})
 
     async def end_pod(
         self,
@@ -337,14 +356,22 @@ class Harness:
                 }
             },
         )
+        await self.finish_job(job, exit_code=exit_code, job_condition=job_condition)
+
+    async def finish_job(
+        self, job: dict[str, Any], *, exit_code: int, job_condition: tuple[str, str] | None = None
+    ) -> None:
+        """The Job controller's part: the Job's terminal condition after its pod ended."""
         kind, reason = job_condition or (
-            ("Complete", "Completed") if exit_code == 0 else ("Failed", "BackoffLimitExceeded")
+            # The runner Job's podFailurePolicy fails it at once on a non-zero exit code.
+            ("Complete", "Completed") if exit_code == 0 else ("Failed", "PodFailurePolicy")
         )
         await self.patch(
             f"{JOBS_URL}/{job['metadata']['name']}/status",
             {
                 "status": {
                     "active": 0,
+                    "ready": 0,
                     "succeeded" if kind == "Complete" else "failed": 1,
                     "conditions": [
                         {
@@ -358,3 +385,32 @@ class Harness:
                 }
             },
         )
+
+    async def disrupt_pod(self, pod: dict[str, Any], reason: str = "EvictionByEvictionAPI") -> None:
+        """A disruption as the Job controller sees it with our podFailurePolicy: the pod fails
+        with a DisruptionTarget condition and exit 143, the Job stays active (rule Ignore) and
+        will get a replacement pod (start_pod again)."""
+        await self.patch(
+            f"{PODS_URL}/{pod['metadata']['name']}/status",
+            {
+                "status": {
+                    "phase": "Failed",
+                    "conditions": [
+                        {
+                            "type": "DisruptionTarget",
+                            "status": "True",
+                            "reason": reason,
+                            "lastTransitionTime": now(),
+                        }
+                    ],
+                    "containerStatuses": [
+                        {
+                            "name": RUNNER_CONTAINER,
+                            "state": {"terminated": {"exitCode": 143, "reason": "Error"}},
+                        }
+                    ],
+                }
+            },
+        )
+        job = pod["metadata"]["labels"]["job-name"]
+        await self.patch(f"{JOBS_URL}/{job}/status", {"status": {"active": 0, "ready": 0}})

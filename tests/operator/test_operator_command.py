@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -12,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from k8s_harness import Harness
+from k8s_harness import JOBS_URL, Harness
 
 CLI = str(Path(sys.executable).with_name("model-support"))
 
@@ -28,7 +29,7 @@ def _get(url: str) -> tuple[int, str]:
         return response.status, response.read().decode()
 
 
-async def _poll(url: str, timeout: float = 30.0) -> tuple[int, str]:
+async def _poll(url: str, timeout: float = 120.0) -> tuple[int, str]:
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
         try:
@@ -54,43 +55,53 @@ current-context: kmock
     )
     live_port, metrics_port = _free_port(), _free_port()
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    proc = subprocess.Popen(
-        [
+    # Settings as the Helm chart passes them: one JSON object, camelCase keys.
+    env["MODEL_SUPPORT_SETTINGS"] = json.dumps(
+        {"runnerImage": "registry.example/runner:1", "hubEndpoint": harness.settings.hub_endpoint}
+    )
+    log_path = tmp_path / "operator.log"
+    # The operator is an asyncio subprocess writing to a file: waiting for it never blocks the
+    # event loop that serves kmock (the operator's last requests on shutdown must get answers),
+    # and no pipe can fill up and stall it while nobody reads.
+    with log_path.open("wb") as log:
+        proc = await asyncio.create_subprocess_exec(
             CLI,
             "operator",
             "--all-namespaces",
             "--results",
             str(tmp_path / "results"),
-            "--runner-image",
-            "registry.example/runner:1",
             "--liveness",
             f"http://127.0.0.1:{live_port}/healthz",
             "--metrics-port",
             str(metrics_port),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         status, _ = await _poll(f"http://127.0.0.1:{live_port}/healthz")
         assert status == 200
         await harness.create_test(
             "qwen", {"model": "Qwen/Qwen3-0.6B", "profile": "trn2", "cores": 1}
         )
-        [job] = await harness.wait_job()
+        # A generous deadline: the operator is a separate process, slow to start on a busy machine.
+        [job] = await harness.wait_for(
+            lambda: harness.items(JOBS_URL), timeout=90, what="the operator's Job"
+        )
         assert (
             job["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/runner:1"
         )
         status, metrics = await _poll(f"http://127.0.0.1:{metrics_port}/metrics")
         assert status == 200 and "model_support_tests_total" in metrics
     finally:
-        proc.send_signal(signal.SIGINT)
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGINT)
         try:
-            output, _ = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
+            await asyncio.wait_for(proc.wait(), timeout=60)
+        except TimeoutError:
             proc.kill()
-            output, _ = proc.communicate()
-            pytest.fail(f"the operator did not stop on SIGINT:\n{output[-3000:]}")
+            await proc.wait()
+            output = log_path.read_text(errors="replace")
+            pytest.fail(f"the operator did not stop within 60 s of SIGINT:\n{output[-3000:]}")
+    output = log_path.read_text(errors="replace")
     assert proc.returncode in (0, -signal.SIGINT, 130), output[-3000:]

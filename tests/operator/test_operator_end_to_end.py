@@ -22,8 +22,9 @@ from model_support.store import ResultsStore
 from model_support.vocabulary import Result
 
 
-async def kubelet_run(h: Harness, job: dict[str, Any], root: Path) -> tuple[int, str]:
-    """Run the Job's runner container here; returns its exit status and output."""
+async def kubelet_run(h: Harness, job: dict[str, Any], root: Path) -> tuple[int, str, str | None]:
+    """Run the Job's runner container here; returns its exit status, output and termination
+    message."""
     pod_spec = job["spec"]["template"]["spec"]
     [runner] = pod_spec["containers"]
     volumes = {v["name"]: v for v in pod_spec["volumes"]}
@@ -31,7 +32,9 @@ async def kubelet_run(h: Harness, job: dict[str, Any], root: Path) -> tuple[int,
     for mount in runner["volumeMounts"]:
         local = root / mount["name"]
         source = volumes[mount["name"]]
-        if "configMap" in source:
+        if "persistentVolumeClaim" in source:
+            paths[mount["mountPath"]] = Path(mount["mountPath"])  # a shared volume: the host's
+        elif "configMap" in source:
             cm = await h.get(f"{CMS_URL}/{source['configMap']['name']}")
             assert cm is not None, "the Job mounts a ConfigMap that does not exist"
             local.mkdir(parents=True, exist_ok=True)
@@ -58,6 +61,10 @@ async def kubelet_run(h: Harness, job: dict[str, Any], root: Path) -> tuple[int,
         sys.executable if runner["command"][0] == "python3" else runner["command"][0],
         *runner["command"][1:],
     ]
+    # The kubelet's termination message file, as this stand-in's own file.
+    termination = root / "termination-log"
+    if "--termination-log" in command:
+        command[command.index("--termination-log") + 1] = str(termination)
     proc = await asyncio.create_subprocess_exec(
         *command,
         cwd=workdir,
@@ -67,7 +74,8 @@ async def kubelet_run(h: Harness, job: dict[str, Any], root: Path) -> tuple[int,
     )
     output, _ = await asyncio.wait_for(proc.communicate(), timeout=240)
     assert proc.returncode is not None
-    return proc.returncode, output.decode()
+    message = termination.read_text() if termination.exists() else None
+    return proc.returncode, output.decode(), message
 
 
 @pytest.mark.slow
@@ -75,6 +83,7 @@ async def test_runner_job_runs_run_py_and_the_record_holds_it(
     harness: Harness, tiny_llama_path: Path, tmp_path: Path
 ) -> None:
     h = harness
+    h.settings.results_volume_claim = "results"  # the store is on a volume the pod mounts
     await h.start_operator()
     spec = {
         "model": str(tiny_llama_path),
@@ -89,8 +98,9 @@ async def test_runner_job_runs_run_py_and_the_record_holds_it(
     pod = await h.start_pod(job)
     await h.run_pod(pod)
 
-    exit_code, log = await kubelet_run(h, job, tmp_path / "pod")
-    await h.end_pod(job, pod, exit_code=exit_code, log=log)
+    exit_code, log, message = await kubelet_run(h, job, tmp_path / "pod")
+    # The node is gone with the log: the runner delivered its document to the store anyway.
+    await h.end_pod(job, pod, exit_code=exit_code, log=None, termination_message=message)
 
     status = await h.wait_status(
         "tiny-llama", lambda s: s.get("phase") == "Completed", "Completed", timeout=30
@@ -101,6 +111,8 @@ async def test_runner_job_runs_run_py_and_the_record_holds_it(
     assert exit_code == 0 and status["wallTimeSeconds"] > 0
 
     [record] = list(ResultsStore(str(h.results)).records())
+    assert record.labels["document_source"] == "delivery"
+    assert message is not None and message.startswith("MODEL_SUPPORT_RESULT ")  # the fallback
     cm = await h.get(
         f"{CMS_URL}/{job['spec']['template']['spec']['volumes'][1]['configMap']['name']}"
     )

@@ -24,10 +24,14 @@ SPEC = {"model": "Qwen/Qwen3-0.6B", "profile": "trn2", "cores": 1, "hubTokenSecr
 
 def runner_log(result: Result, **fields: Any) -> str:
     """What run.py prints: progress, then its result document as the marked last line."""
-    document = ResultDocument(
-        model="Qwen/Qwen3-0.6B", task="text-generation", result=result, **fields
-    )
+    document = document_for(result, **fields)
     return "loading\ncompiling\n" + RESULT_MARKER + document.model_dump_json() + "\n"
+
+
+def document_for(result: Result, **fields: Any) -> ResultDocument:
+    """A document as run.py writes it for SPEC (what the test asked for, and the outcome)."""
+    asked = {"model": "Qwen/Qwen3-0.6B", "task": "text-generation", "dtype": "bfloat16"}
+    return ResultDocument.model_validate({**asked, "result": result, **fields})
 
 
 def records(h: Harness) -> list[Any]:
@@ -75,7 +79,10 @@ async def test_pass_lifecycle(harness: Harness) -> None:
     # The Job: one NeuronCore on a trn2 node, the token from the Secret, never retried.
     pod_spec = job["spec"]["template"]["spec"]
     runner = pod_spec["containers"][0]
-    assert runner["command"] == ["python3", "run.py"]
+    # run.py runs through the runner entry point, which makes its result durable (no shell).
+    assert runner["command"][:3] == ["python3", "-m", "model_support.runner_pod"]
+    assert runner["command"][runner["command"].index("--run-id") + 1] == run_id_for(uid, 1, 1)
+    assert "ttlSecondsAfterFinished" not in job["spec"]  # never collected before it is recorded
     assert runner["resources"]["limits"]["aws.amazon.com/neuroncore"] == "1"
     assert pod_spec["nodeSelector"] == {"node.kubernetes.io/instance-type": "trn2.48xlarge"}
     assert {
@@ -94,6 +101,9 @@ async def test_pass_lifecycle(harness: Harness) -> None:
         "Sized": "True",
         "JobCreated": "True",
         "Recorded": "False",
+        "Ready": "False",  # kstatus: in progress
+        "Reconciling": "True",
+        "Stalled": "False",
     }
 
     pod = await h.start_pod(job)
@@ -118,9 +128,20 @@ async def test_pass_lifecycle(harness: Harness) -> None:
     assert record.run_id == status["runId"] and record.source == "operator"
     assert record.run_py == cm["data"]["run.py"] and record.document.result == Result.PASS
     assert record.labels["test"] == "qwen" and record.labels["attempt"] == "1"
+    assert record.labels["document_source"] == "log"  # nothing was delivered in this test
+
+    # Recorded: the Job is labelled so and handed to the TTL controller only now.
+    async def released() -> dict[str, Any] | None:
+        found = await h.get(f"{JOBS_URL}/{job['metadata']['name']}")
+        recorded = found and found["metadata"]["labels"].get("modelsupport.dev/recorded")
+        return found if recorded == "true" else None
+
+    finished = await h.wait_for(released, what="the recorded Job released to its TTL")
+    assert finished["spec"]["ttlSecondsAfterFinished"] == h.settings.ttl_seconds_after_finished
 
     reasons = [e["reason"] for e in await h.events()]
-    assert "JobCreated" in reasons and "Passed" in reasons
+    # One Event per test's end (the Job's creation is a condition: Events cost API requests).
+    assert reasons == ["Passed"]
     assert passes_counted() == passes_before + 1
 
 
@@ -260,8 +281,10 @@ async def test_termination_message_fallback_and_unreadable_output(harness: Harne
         job2, pod2, exit_code=3, log="Traceback: boom\n", termination_message="Traceback: boom"
     )
     status = await h.wait_status("second", lambda s: s.get("phase") == "Completed", "Completed")
-    assert (status["result"], status["errorClass"]) == ("ERROR", "runtime")
-    assert "without a readable result document" in status["message"]
+    # Neither a document nor the runner's own message: the runner itself did not run (an
+    # image without model_support, say), which is no verdict on the model.
+    assert (status["result"], status["errorClass"]) == ("ERROR", "infrastructure")
+    assert "no result document and no message of its own" in status["message"]
 
 
 async def test_node_loss_retries_then_records(harness: Harness) -> None:
@@ -270,12 +293,9 @@ async def test_node_loss_retries_then_records(harness: Harness) -> None:
     test, job = await start(h)
     uid = test["metadata"]["uid"]
     pod = await h.start_pod(job)
-    lost = {
-        "reason": "NodeLost",
-        "conditions": [
-            {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}
-        ],
-    }
+    # A node lost without a DisruptionTarget condition (so the Job's podFailurePolicy could
+    # not ignore it): the Job fails, and the operator tries again in a new Job.
+    lost = {"reason": "NodeLost", "message": "node ip-10-0-0-1 is not ready"}
     await h.end_pod(job, pod, exit_code=137, log=None, pod_extra=lost)
     [retry] = await h.wait_job(child_name("qwen", uid, 1, 2))
     assert retry["metadata"]["labels"]["modelsupport.dev/attempt"] == "2"
@@ -288,7 +308,7 @@ async def test_node_loss_retries_then_records(harness: Harness) -> None:
     await h.end_pod(retry, pod2, exit_code=137, log=None, pod_extra=lost)
     status = await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
     assert (status["result"], status["errorClass"]) == ("ERROR", "infrastructure")
-    assert "node was lost" in status["message"]
+    assert "disrupted (NodeLost)" in status["message"]
     assert [r.run_id for r in records(h)] == [run_id_for(uid, 1, 2)]
 
 
@@ -311,8 +331,9 @@ async def test_image_pull_failure_past_the_limit(harness: Harness) -> None:
     assert len(records(h)) == 1
 
 
-async def test_unschedulable_past_the_limit(harness: Harness) -> None:
+async def test_unschedulable_past_the_configured_limit(harness: Harness) -> None:
     h = harness
+    h.settings.unschedulable_limit_s = 0.5  # configured: waiting longer is recorded
     _, job = await start(h)
     unschedulable = {
         "type": "PodScheduled",
@@ -400,5 +421,8 @@ async def test_sizing_places_a_model_that_fits(harness: Harness, tiny_llama_path
     status = await h.wait_status("sized", lambda s: s.get("phase") == "Pending", "Pending")
     assert status["cores"] == 1 and status["parallelism"] == "none"
     assert {c["type"]: c["reason"] for c in status["conditions"]}["Sized"] == "Sized"
-    limits = job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert limits["aws.amazon.com/neuroncore"] == "1" and limits["memory"] == "16Gi"
+    resources = job["spec"]["template"]["spec"]["containers"][0]["resources"]
+    # The floor of host memory (16 GiB) plus /dev/shm for its one worker (1 GiB).
+    assert resources["limits"]["aws.amazon.com/neuroncore"] == "1"
+    assert resources["limits"]["memory"] == "17Gi"
+    assert resources["requests"]["ephemeral-storage"] == "35Gi"  # checkpoint + 4 + 10 + 20 GiB

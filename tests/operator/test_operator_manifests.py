@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -166,18 +167,91 @@ def test_invalid_specs_are_refused(
         parse_spec(spec)
 
 
-def test_cel_rules_have_the_operator_twin() -> None:
-    """The x-kubernetes-validations rules cannot run here; the operator enforces each of them."""
-    for bad, message in [
-        ({"model": "a/b", "profile": "trn1", "lnc": 1}, "lnc"),
-        ({"model": "a/b", "profile": "inf2", "cores": 30, "parallelism": "tensor"}, "24 cores"),
-        ({"model": "a/b", "profile": "trn2", "cores": 100, "parallelism": "tensor"}, "64 cores"),
-        ({"model": "a/b", "parallelism": "tensor"}, "together with cores"),
-        ({"model": "a/b", "cores": 4}, "needs parallelism"),
-    ]:
-        with pytest.raises(SpecError, match=message):
-            parse_spec(bad)
-    parse_spec({"model": "a/b", "profile": "trn2", "lnc": 1, "cores": 100, "parallelism": "tensor"})
+def _defaulted(schema: dict[str, Any], value: Any) -> Any:
+    """``value`` with the schema's defaults filled in, as the API server does before CEL runs."""
+    if not isinstance(value, dict) or schema.get("type") != "object":
+        return value
+    result = dict(value)
+    for name, prop in (schema.get("properties") or {}).items():
+        if name not in result and "default" in prop:
+            result[name] = copy.deepcopy(prop["default"])
+        if name in result:
+            result[name] = _defaulted(prop, result[name])
+    return result
+
+
+def _cel_rules(
+    schema: dict[str, Any], path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], str, str]]:
+    """Every x-kubernetes-validations rule of a schema, with the path of the object it guards."""
+    rules = [(path, r["rule"], r["message"]) for r in schema.get("x-kubernetes-validations") or []]
+    for name, prop in (schema.get("properties") or {}).items():
+        rules += _cel_rules(prop, (*path, name))
+    return rules
+
+
+@functools.cache
+def _cel_program(rule: str) -> Any:
+    import celpy
+
+    env = celpy.Environment()
+    return env.program(env.compile(rule))
+
+
+def cel_violations(crd: dict[str, Any], spec: dict[str, Any]) -> list[str]:
+    """The messages of the CRD's CEL rules a spec breaks, evaluated by cel-python."""
+    import celpy
+
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec = _defaulted(schema, spec)
+    broken = []
+    for path, rule, message in _cel_rules(schema):
+        target: Any = spec
+        for part in path:
+            target = target.get(part) if isinstance(target, dict) else None
+        if target is None:
+            continue  # a rule on an absent object does not run
+        if not bool(_cel_program(rule).evaluate({"self": celpy.json_to_cel(target)})):
+            broken.append(message)
+    return broken
+
+
+def test_cel_rules_and_the_operator_agree(
+    crd: dict[str, Any], schema: jsonschema.Validator
+) -> None:
+    """The CRD's CEL rules (run by cel-python, as the API server runs them) refuse exactly the
+    specs the operator refuses: neither can drift from the other."""
+    import itertools
+
+    cases = 0
+    for profile, lnc, cores, parallelism in itertools.product(
+        ["trn2", "trn1", "inf2", "cpu"],
+        [None, 1, 2],
+        [None, 1, 4, 30, 64, 100],
+        [None, "none", "tensor"],
+    ):
+        spec: dict[str, Any] = {"model": "a/b", "profile": profile}
+        for key, value in (("lnc", lnc), ("cores", cores), ("parallelism", parallelism)):
+            if value is not None:
+                spec[key] = value
+        body = {"apiVersion": "modelsupport.dev/v1alpha1", "kind": "ModelSupportTest",
+                "metadata": {"name": "x"}, "spec": spec}  # fmt: skip
+        api_accepts = schema.is_valid(body) and not cel_violations(crd, spec)
+        try:
+            parse_spec(spec)
+            operator_accepts = True
+        except SpecError:
+            operator_accepts = False
+        assert api_accepts == operator_accepts, (spec, cel_violations(crd, spec))
+        cases += 1
+    assert cases == 216
+    # Each rule is exercised by at least one refused spec, with its own message.
+    assert "lnc (logical NeuronCore config) applies only to the trn2 profile." in cel_violations(
+        crd, {"model": "a/b", "profile": "trn1", "lnc": 1}
+    )
+    assert cel_violations(crd, {"model": "a/b", "compileCache": {}}) == [
+        "compileCache needs a source, a target, or both."
+    ]
 
 
 def test_examples_are_valid(schema: jsonschema.Validator) -> None:
@@ -193,19 +267,60 @@ def test_examples_are_valid(schema: jsonschema.Validator) -> None:
 
 
 def job_for(
-    spec_dict: dict[str, Any], cores: int = 4, parallelism: Parallelism = Parallelism.TENSOR
+    spec_dict: dict[str, Any],
+    cores: int = 4,
+    parallelism: Parallelism = Parallelism.TENSOR,
+    settings: OperatorSettings = SETTINGS,
+    checkpoint_bytes: int = 0,
 ) -> dict[str, Any]:
     spec = parse_spec(spec_dict)
     return build_job(
         REF,
         spec,
-        Placement(cores, parallelism, 40 * GiB),
+        Placement(cores, parallelism, 40 * GiB, checkpoint_bytes),
         job_name=child_name(REF.name, REF.uid, REF.generation, 1),
         configmap_name=child_name(REF.name, REF.uid, REF.generation),
         attempt=1,
         run_id=run_id_for(REF.uid, REF.generation, 1),
-        settings=SETTINGS,
+        settings=settings,
     )
+
+
+def test_scheduler_and_lnc_come_from_the_operators_settings() -> None:
+    settings = SETTINGS.model_copy(
+        update={"scheduler_name": "neuron-scheduler", "lnc_node_label": "example.com/lnc"}
+    )
+    multi = job_for(
+        {"model": "a/b", "cores": 4, "parallelism": "tensor", "lnc": 1}, settings=settings
+    )
+    validate(multi)
+    pod = multi["spec"]["template"]["spec"]
+    assert pod["schedulerName"] == "neuron-scheduler"  # more than one core: connected cores
+    assert pod["nodeSelector"]["example.com/lnc"] == "1"  # nodes configured with LNC=1
+    env = {e["name"] for e in pod["containers"][0]["env"]}
+    assert "NEURON_LOGICAL_NC_CONFIG" not in env
+    single = job_for(
+        {"model": "a/b", "cores": 1}, cores=1, parallelism=Parallelism.NONE, settings=settings
+    )
+    single_pod = single["spec"]["template"]["spec"]
+    assert "schedulerName" not in single_pod  # one core: the default scheduler places it
+    assert single_pod["nodeSelector"]["example.com/lnc"] == "2"  # sized for trn2's default LNC
+    own = job_for(
+        {
+            "model": "a/b",
+            "cores": 4,
+            "parallelism": "tensor",
+            "scheduling": {"schedulerName": "mine"},
+        },
+        settings=settings,
+    )
+    assert own["spec"]["template"]["spec"]["schedulerName"] == "mine"  # a test's choice wins
+    # The checkpoint download is part of /work's size and of the storage request.
+    big = job_for({"model": "a/b", "cores": 4, "parallelism": "tensor"}, checkpoint_bytes=100 * GiB)
+    big_pod = big["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in big_pod["volumes"]}
+    assert volumes["work"]["emptyDir"]["sizeLimit"] == "104Gi"
+    assert big_pod["containers"][0]["resources"]["requests"]["ephemeral-storage"] == "134Gi"
 
 
 def test_full_job_manifest(tmp_path: Path) -> None:
@@ -213,6 +328,16 @@ def test_full_job_manifest(tmp_path: Path) -> None:
     validate(job)
     spec = job["spec"]
     assert (spec["backoffLimit"], spec["activeDeadlineSeconds"], spec["suspend"]) == (0, 5400, True)
+    # Disruptions are retried by the Job; the runner's own exit codes end it at once.
+    assert spec["podFailurePolicy"]["rules"] == [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [0]}},
+    ]
+    assert spec["podReplacementPolicy"] == "Failed"
+    assert spec["template"]["metadata"]["annotations"] == {
+        "karpenter.sh/do-not-disrupt": "true",
+        "modelsupport.dev/test-name": REF.name,  # the full name: labels stop at 63 characters
+    }
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "trainium"
     pod = spec["template"]["spec"]
     assert pod["schedulerName"] == "my-scheduler" and pod["restartPolicy"] == "Never"
@@ -229,7 +354,13 @@ def test_full_job_manifest(tmp_path: Path) -> None:
     )
     runner = pod["containers"][0]
     assert runner["resources"]["requests"]["aws.amazon.com/neuroncore"] == "4"
-    assert runner["resources"]["limits"] == {"memory": "40Gi", "aws.amazon.com/neuroncore": "4"}
+    # 40 GiB for the reference + /dev/shm of 1 GiB per worker (memory-backed, so counted).
+    assert runner["resources"]["limits"] == {"memory": "44Gi", "aws.amazon.com/neuroncore": "4"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "4Gi"}
+    assert all("sizeLimit" in v["emptyDir"] for v in volumes.values() if "emptyDir" in v)
+    assert runner["resources"]["requests"]["ephemeral-storage"] == "34Gi"  # 4 + 10 + 20, no ckpt
+    assert runner["securityContext"]["readOnlyRootFilesystem"] is True
     assert runner["resources"]["requests"]["cpu"] == "8000m"
     assert runner["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert runner["securityContext"]["allowPrivilegeEscalation"] is False
@@ -240,10 +371,15 @@ def test_full_job_manifest(tmp_path: Path) -> None:
         "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
     }
     assert env["TORCH_NEURONX_NEFF_CACHE_DIR"]["value"] == SETTINGS.neff_cache_dir
-    assert env["NEURON_LOGICAL_NC_CONFIG"]["value"] == "2"
-    # With a cache target the command syncs back after run.py; user values only come from env.
-    assert runner["command"][:2] == ["/bin/sh", "-c"] and "hf://" not in runner["command"][2]
-    assert env["MODEL_SUPPORT_CACHE_TARGET"]["value"] == "hf://buckets/me/neff/x"
+    # LNC is the node's: never set per pod (here no node label is configured to select by).
+    assert "NEURON_LOGICAL_NC_CONFIG" not in env
+    # No shell: the cache target is one argument of the runner's after-run hook.
+    assert runner["command"] == [
+        "python3", "-m", "model_support.runner_pod", "--run-id", run_id_for(REF.uid, REF.generation, 1),
+        "--result-file", "result.json", "--termination-log", "/dev/termination-log",
+        "--push-cache", SETTINGS.neff_cache_dir, "hf://buckets/me/neff/x",
+    ]  # fmt: skip
+    assert "/bin/sh" not in str(job)
     init = {c["name"]: c for c in pod["initContainers"]}
     assert init["neff-cache-fetch"]["command"] == [
         "hf",
@@ -261,7 +397,8 @@ def test_minimal_job_and_cpu_profile() -> None:
     job = job_for({"model": "Qwen/Qwen3-0.6B", "cores": 1}, cores=1, parallelism=Parallelism.NONE)
     validate(job)
     runner = job["spec"]["template"]["spec"]["containers"][0]
-    assert runner["command"] == ["python3", "run.py"]
+    assert runner["command"][:3] == ["python3", "-m", "model_support.runner_pod"]
+    assert "--push-cache" not in runner["command"] and "--deliver-to" not in runner["command"]
     assert "suspend" not in job["spec"] and "initContainers" not in job["spec"]["template"]["spec"]
     cpu = job_for(
         {"model": "/models/tiny", "profile": "cpu", "cores": 1},
@@ -340,9 +477,27 @@ def test_job_readings() -> None:
     )
     assert read_job(_job("Failed", "BackoffLimitExceeded"), [lost]).state == JobState.NODE_LOST
     evicted = _pod({"exitCode": 137}, reason="Evicted", message="low on memory")
-    assert (
-        read_job(_job("Failed", "BackoffLimitExceeded"), [evicted]).state == JobState.INFRASTRUCTURE
-    )
+    assert read_job(_job("Failed", "PodFailurePolicy"), [evicted]).state == JobState.NODE_LOST
+    # Exit 137 is not out-of-memory by itself: only the container's OOMKilled reason is.
+    killed = _pod({"exitCode": 137, "reason": "Error"})
+    assert read_job(_job("Failed", "PodFailurePolicy"), [killed]).state == JobState.FAILED
+    from model_support.runner_pod import STOPPED_MESSAGE
+
+    stopped = _pod({"exitCode": 143, "message": STOPPED_MESSAGE})
+    assert read_job(_job("Failed", "PodFailurePolicy"), [stopped]).state == JobState.NODE_LOST
+    init_failed = _pod({"exitCode": 0})
+    init_failed["status"]["initContainerStatuses"] = [
+        {"name": "extra-packages", "state": {"terminated": {"exitCode": 1, "message": "no such"}}}
+    ]
+    reading = read_job(_job("Failed", "PodFailurePolicy"), [init_failed])
+    assert reading.state == JobState.INFRASTRUCTURE and "extra-packages" in reading.message
+    # The pod that decided a finished Job is the one that was not disrupted.
+    replaced = _pod({"exitCode": 143}, conditions=[{"type": "DisruptionTarget", "status": "True"}])
+    replaced["metadata"]["name"] = "first"
+    final = _pod({"exitCode": 0})
+    final["metadata"]["name"] = "second"
+    assert read_job(_job("Complete", "Completed"), [final, replaced]).pod_name == "second"
+    assert read_job(_job("Complete", "Completed"), [replaced, final]).pod_name == "second"
 
 
 def test_stuck_pods() -> None:
@@ -373,6 +528,32 @@ def test_stuck_pods() -> None:
         stuck_reason(pending, now=now, unschedulable_limit_s=30, image_pull_limit_s=300) is not None
     )
     assert stuck_reason(pending, now=now, unschedulable_limit_s=120, image_pull_limit_s=300) is None
+    # Unschedulable for any time is only waiting unless a limit is configured.
+    assert (
+        stuck_reason(pending, now=now, unschedulable_limit_s=None, image_pull_limit_s=300) is None
+    )
+    # The image-pull limit counts from scheduling, not from the pod's creation (00:00 here).
+    queued_then_pulling = _pod(
+        phase="Pending",
+        conditions=[
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-01-01T00:08:00Z"}
+        ],
+    )
+    queued_then_pulling["status"]["containerStatuses"] = [
+        {"name": "runner", "state": {"waiting": {"reason": "ImagePullBackOff"}}}
+    ]
+    assert (
+        stuck_reason(
+            queued_then_pulling, now=now, unschedulable_limit_s=None, image_pull_limit_s=300
+        )
+        is None
+    )
+    assert "ImagePullBackOff" in (
+        stuck_reason(
+            queued_then_pulling, now=now, unschedulable_limit_s=None, image_pull_limit_s=60
+        )
+        or ""
+    )
 
 
 # ------------------------------------------------------------------------- the Helm chart
@@ -382,33 +563,156 @@ def test_chart_crd_is_the_crd() -> None:
     assert (CHART / "crds" / "modelsupporttests.yaml").read_text() == CRD_PATH.read_text()
 
 
-@pytest.mark.parametrize(
-    "values", [{}, {"watchNamespaces": ["ml", "research"], "rbac": {"readHubTokenSecrets": False}}]
-)
-def test_chart_renders_valid_least_privilege_manifests(values: dict[str, Any]) -> None:
-    report = helm_python.lint(str(CHART), copy.deepcopy(values), strict=True)
-    assert report["errors"] == [] and not [m for m in report["messages"] if m["severity"] >= 2]
+def render_chart(values: dict[str, Any]) -> list[dict[str, Any]]:
     rendered = helm_python.Chart.load(str(CHART)).render(
         copy.deepcopy(values), name="ms", namespace="model-support"
     )
-    docs = [d for text in rendered.values() for d in yaml.safe_load_all(text) if d]
+    return [d for text in rendered.values() for d in yaml.safe_load_all(text) if d]
+
+
+def chart_settings(docs: list[dict[str, Any]]) -> OperatorSettings:
+    """The settings the rendered Deployment hands the operator (env MODEL_SUPPORT_SETTINGS)."""
+    from model_support.operator.settings import SETTINGS_ENV, settings_from_json
+
+    deployment = next(
+        d for d in docs if d["kind"] == "Deployment" and "viewer" not in d["metadata"]["name"]
+    )
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    return settings_from_json(env[SETTINGS_ENV]["value"])
+
+
+def test_the_chart_needs_a_results_store() -> None:
+    with pytest.raises(Exception, match="`results` is required"):
+        render_chart({})
+    from model_support.operator.settings import settings_from_values
+
+    with pytest.raises(ValueError, match="`results` is required"):
+        settings_from_values({})
+
+
+VALUES = [
+    {"results": "s3://bucket/model-support"},
+    {
+        "results": "s3://bucket/model-support",
+        "watchNamespaces": ["ml", "research"],
+        "readHubTokenSecrets": True,
+        "allowedResultsPrefixes": ["s3://bucket/"],
+        "runner": {
+            "schedulerName": "my-scheduler",
+            "lncNodeLabel": "example.com/lnc",
+            "serviceAccountName": "runner",
+            "env": [{"name": "AWS_REGION", "value": "us-west-2"}],
+            "envFrom": [{"secretRef": {"name": "store-credentials"}}],
+        },
+        "settings": {"unschedulableLimitSeconds": 3600, "minHostMemoryGiB": 32, "maxAttempts": 5},
+        "metrics": {"enabled": False},
+    },
+    {
+        "results": "/var/lib/model-support/results",
+        "resultsVolume": {"enabled": True, "claimName": "results-rwx"},
+        "viewer": {"enabled": True},
+        "serviceMonitor": {"enabled": True},
+        "env": [{"name": "AWS_REGION", "value": "eu-west-1"}],
+        "extraVolumes": [{"name": "ca", "configMap": {"name": "ca-bundle"}}],
+        "extraVolumeMounts": [{"name": "ca", "mountPath": "/etc/ssl/custom"}],
+    },
+]
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_chart_renders_valid_least_privilege_manifests(values: dict[str, Any]) -> None:
+    report = helm_python.lint(str(CHART), copy.deepcopy(values), strict=True)
+    assert report["errors"] == [] and not [m for m in report["messages"] if m["severity"] >= 2]
+    docs = render_chart(values)
     for doc in docs:
+        if doc["kind"] == "ServiceMonitor":  # a Prometheus Operator CRD: no built-in schema
+            assert doc["spec"]["endpoints"] == [{"port": "metrics", "interval": "30s"}]
+            continue
         validate(doc)
     kinds = sorted(d["kind"] for d in docs)
-    deployment = next(d for d in docs if d["kind"] == "Deployment")
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    deployment = next(d for d in docs if d["metadata"]["name"] == "ms-operator")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
-    rules = [r for d in docs if d["kind"] in ("Role", "ClusterRole") for r in d["rules"]]
+    # Read-only root: every cache the operator writes is on the /tmp volume.
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["HF_HOME"].startswith("/tmp/") and env["HOME"].startswith("/tmp/")
+    assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/tmp"}
+    rules = [
+        r
+        for d in docs
+        if d["kind"] in ("Role", "ClusterRole")
+        and not d["metadata"]["name"].endswith(("-edit", "-view"))
+        for r in d["rules"]
+    ]
     verbs = {
         (g, res): set(r["verbs"]) for r in rules for g in r["apiGroups"] for res in r["resources"]
     }
     assert "*" not in {v for vs in verbs.values() for v in vs}
-    assert verbs[("batch", "jobs")] == {"get", "list", "watch", "create", "delete"}
+    assert verbs[("batch", "jobs")] == {"get", "list", "watch", "create", "delete", "patch"}
     assert verbs[("", "pods/log")] == {"get"}
-    if values:
-        assert kinds.count("Role") == 2 and ("", "secrets") not in verbs
-        assert "--namespace=ml" in container["args"]
+    assert verbs[("modelsupport.dev", "modelsupporttests/finalizers")] == {"update"}
+    settings = chart_settings(docs)
+    from model_support.operator.settings import settings_from_values
+
+    # The chart's template and settings_from_values (used by `model-support render`) agree.
+    assert settings == settings_from_values(values)
+    if values.get("readHubTokenSecrets"):
+        assert verbs[("", "secrets")] == {"get"} and settings.read_token_secrets
     else:
-        assert "ClusterRole" in kinds and verbs[("", "secrets")] == {"get"}
-        assert "--all-namespaces" in container["args"]
+        assert ("", "secrets") not in verbs and not settings.read_token_secrets
+    if values.get("watchNamespaces"):
+        assert kinds.count("Role") == 2 and settings.namespaces == ["ml", "research"]
+        assert settings.scheduler_name == "my-scheduler" and settings.unschedulable_limit_s == 3600
+        assert settings.runner_env_from == [{"secretRef": {"name": "store-credentials"}}]
+        assert settings.metrics_port is None and "Service" not in kinds
+    else:
+        assert "ClusterRole" in kinds and settings.all_namespaces
+    if values.get("resultsVolume"):
+        assert settings.results_volume_claim == "results-rwx"
+        assert {"name": "ca", "mountPath": "/etc/ssl/custom"} in container["volumeMounts"]
+        viewer = next(
+            d for d in docs if d["metadata"]["name"] == "ms-viewer" and d["kind"] == "Deployment"
+        )
+        assert viewer["spec"]["template"]["spec"]["containers"][0]["args"][:2] == [
+            "viewer", "--results=/var/lib/model-support/results",
+        ]  # fmt: skip
+        assert "ServiceMonitor" in kinds
+
+
+def test_namespace_users_get_aggregated_roles() -> None:
+    docs = render_chart(VALUES[0])
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+    edit, view = roles["ms-operator-edit"], roles["ms-operator-view"]
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert "create" in edit["rules"][0]["verbs"]
+    assert set(view["rules"][0]["verbs"]) == {"get", "list", "watch"}
+
+
+def test_runner_pods_may_reach_only_dns_and_https() -> None:
+    docs = render_chart({**VALUES[0], "watchNamespaces": ["ml", "research"]})
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    assert sorted(p["metadata"]["namespace"] for p in policies) == ["ml", "research"]
+    policy = policies[0]["spec"]
+    # The selector is what the operator puts on every runner pod.
+    from model_support.operator.resource import LABEL_MANAGED_BY, MANAGED_BY
+
+    assert policy["podSelector"]["matchLabels"] == {LABEL_MANAGED_BY: MANAGED_BY}
+    assert policy["ingress"] == [] and set(policy["policyTypes"]) == {"Ingress", "Egress"}
+    dns, https = policy["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert [p["port"] for p in https["ports"]] == [443]
+    assert https["to"][0]["ipBlock"] == {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}
+
+
+def test_a_misspelt_setting_is_refused_by_name() -> None:
+    from pydantic import ValidationError
+
+    from model_support.operator.settings import settings_from_values
+
+    with pytest.raises(ValidationError, match="unschedulableLimitSecs"):
+        settings_from_values({"results": "s3://b/x", "settings": {"unschedulableLimitSecs": 5}})

@@ -207,9 +207,7 @@ class Bench:
         printed = io.StringIO()
         with environment(case.env), contextlib.redirect_stderr(printed), torch.no_grad():
             switch.switch(backend)
-            out = runner.generate(
-                model, self.inputs, config, config["max_new_tokens"], self._pad_token_id
-            )
+            out = runner.generate(model, self.inputs, config["max_new_tokens"], self._pad_token_id)
         assert len(switch.graphs) >= 2, "Dynamo did not capture prefill and decode: ran eager"
         prompt_len = self.inputs["input_ids"].shape[1]
         tokens = out.sequences[:, prompt_len:]

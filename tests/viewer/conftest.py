@@ -1,5 +1,5 @@
 """Fixtures of the viewer tests (defined in viewer_support.py, which the tests also import)."""
 
-from viewer_support import _fresh_streamlit_caches, dataset, dead_hub, hub
+from viewer_support import _fresh_streamlit_caches, dataset, dead_hub, hostile_dataset, hub
 
-__all__ = ["_fresh_streamlit_caches", "dataset", "dead_hub", "hub"]
+__all__ = ["_fresh_streamlit_caches", "dataset", "dead_hub", "hostile_dataset", "hub"]

@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
-from viewer_support import NEW_CC, OLD_CC, TRANSFORMERS
+from viewer_support import NEW_CC, OLD_CC, START, TRANSFORMERS, make_record
 
 from model_support.rankings import get_ranking
-from model_support.vocabulary import Task
+from model_support.store import ResultsStore
+from model_support.viewer.views import RESULT_CHART_COLOURS, RESULT_COLOURS
+from model_support.vocabulary import Result, Task
 
 APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
 
@@ -91,7 +93,7 @@ def test_deep_link_opens_the_model_details(page: AppTest) -> None:
     assert "# model-support run.py for Qwen/Qwen3-1.7B" in text  # the run.py
     assert "python3 run.py" in text
     assert (
-        f"hf buckets sync hf://buckets/aws-neuron/torch-neuronx-neff-cache/neuronxcc-{NEW_CC} /tmp/neff_cache"
+        f"model-support cache pull hf://buckets/aws-neuron/torch-neuronx-neff-cache/neuronxcc-{NEW_CC}"
         in text
     )
     assert "torch-neuronx==2.13.0" in text  # packages to install
@@ -247,3 +249,20 @@ def test_empty_results_location_says_so(
     assert not at.exception
     assert any("No results yet" in i.value for i in at.sidebar.info)
     assert any("No selected list" in i.value for i in at.info)
+
+
+def test_every_result_has_its_own_badge_colour(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str
+) -> None:
+    """An UNVERIFIED run (verification switched off) reads as such, not as a PASS or a grey row."""
+    store = ResultsStore(str(tmp_path))
+    store.add(make_record("org/unchecked", "text-generation", "UNVERIFIED", NEW_CC, START))
+    store.materialize()
+    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(tmp_path))
+    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", dead_hub)
+    at = AppTest.from_file(APP, default_timeout=30)
+    at.query_params["model"] = "org/unchecked"
+    at.run()
+    assert not at.exception
+    assert any(":blue-background[UNVERIFIED]" in m.value for m in at.markdown)
+    assert len(set(RESULT_COLOURS.values())) == len(Result) == len(RESULT_CHART_COLOURS)

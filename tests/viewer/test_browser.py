@@ -7,11 +7,12 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, sync_playwright
-from viewer_support import free_port
+from viewer_support import HOSTILE_MODEL, HOSTILE_REASON, HOSTILE_TEXT, free_port
 
 from model_support.cli.commands_viewer import viewer_command
 
@@ -21,13 +22,13 @@ READY = '[data-testid="stApp"][data-test-script-state="notRunning"]'
 TABLE = '[data-testid="stDataFrame"] canvas'
 
 
-@pytest.fixture
-def server(dataset: Path, dead_hub: str) -> Iterator[str]:
-    """`streamlit run` of the viewer (the CLI's command line) on a free port."""
+@contextmanager
+def serve(results: Path, hub: str) -> Iterator[str]:
+    """`streamlit run` of the viewer (the CLI's command line) on a free port; yields its URL."""
     port = free_port()
-    env = {**os.environ, "MODEL_SUPPORT_HUB_ENDPOINT": dead_hub}
+    env = {**os.environ, "MODEL_SUPPORT_HUB_ENDPOINT": hub}
     process = subprocess.Popen(
-        viewer_command(str(dataset), port, headless=True),
+        viewer_command(str(results), port, headless=True),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -51,6 +52,26 @@ def server(dataset: Path, dead_hub: str) -> Iterator[str]:
         process.wait(timeout=20)
 
 
+@pytest.fixture
+def server(dataset: Path, dead_hub: str) -> Iterator[str]:
+    with serve(dataset, dead_hub) as url:
+        yield url
+
+
+@contextmanager
+def browser_page() -> Iterator[Page]:
+    assert Path(CHROMIUM).exists(), "install Debian chromium: apt-get install -y chromium"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+        )
+        try:
+            yield browser.new_page(viewport={"width": 1400, "height": 1800})
+        finally:
+            browser.close()
+
+
 def wait_ready(page: Page) -> None:
     page.wait_for_selector(TABLE, timeout=60_000)
     page.wait_for_selector(READY, timeout=60_000)
@@ -70,36 +91,44 @@ def row_count(page: Page) -> int:
 
 
 def test_page_search_details_and_screenshot(server: str) -> None:
-    assert Path(CHROMIUM).exists(), "install Debian chromium: apt-get install -y chromium"
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+    with browser_page() as page:
+        page.goto(f"{server}/?view=all")
+        wait_ready(page)
+        assert row_count(page) == 7
+        search = page.get_by_label("Search models")
+        search.fill("qwen")
+        search.press("Enter")
+        page.wait_for_function(
+            "() => document.querySelector('[data-testid=\"stDataFrame\"] [aria-rowcount]')?.getAttribute('aria-rowcount') === '3'",
+            timeout=30_000,
         )
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1800})
-            page.goto(f"{server}/?view=all")
-            wait_ready(page)
-            assert row_count(page) == 7
-            search = page.get_by_label("Search models")
-            search.fill("qwen")
-            search.press("Enter")
-            page.wait_for_function(
-                "() => document.querySelector('[data-testid=\"stDataFrame\"] [aria-rowcount]')?.getAttribute('aria-rowcount') === '3'",
-                timeout=30_000,
-            )
-            wait_ready(page)
-            assert row_count(page) == 2
-            assert "q=qwen" in page.url  # the state is written back into the URL
-            page.goto(f"{server}/?view=all&q=qwen&model=Qwen/Qwen3-1.7B")
-            wait_ready(page)
-            page.get_by_text("# model-support run.py for Qwen/Qwen3-1.7B").first.wait_for(
-                timeout=30_000
-            )
-            assert page.get_by_text("python3 run.py").count() >= 1
-            page.get_by_text("Download run.py").first.wait_for()
-            page.screenshot(path=str(ARTIFACTS / "viewer.png"), full_page=True)
-        finally:
-            browser.close()
+        wait_ready(page)
+        assert row_count(page) == 2
+        assert "q=qwen" in page.url  # the state is written back into the URL
+        page.goto(f"{server}/?view=all&q=qwen&model=Qwen/Qwen3-1.7B")
+        wait_ready(page)
+        page.get_by_text("# model-support run.py for Qwen/Qwen3-1.7B").first.wait_for(
+            timeout=30_000
+        )
+        assert page.get_by_text("python3 run.py").count() >= 1
+        page.get_by_text("Download run.py").first.wait_for()
+        page.screenshot(path=str(ARTIFACTS / "viewer.png"), full_page=True)
     assert (ARTIFACTS / "viewer.png").stat().st_size > 10_000
+
+
+def test_run_values_render_as_text_in_the_browser(hostile_dataset: Path, dead_hub: str) -> None:
+    """Streamlit's own Markdown renderer shows escaped run values as exactly their text."""
+    from urllib.parse import quote
+
+    with serve(hostile_dataset, dead_hub) as url, browser_page() as page:
+        page.goto(f"{url}/?view=all&model={quote(HOSTILE_MODEL, safe='')}")
+        wait_ready(page)
+        reason = page.get_by_text(HOSTILE_REASON, exact=True)
+        reason.wait_for(timeout=30_000)
+        assert page.get_by_text(HOSTILE_MODEL, exact=True).count() >= 1  # the details heading
+        assert page.get_by_text(HOSTILE_TEXT, exact=True).count() == 1  # the generated text
+        markdown = page.locator('[data-testid="stMarkdownContainer"]')
+        assert markdown.locator('a[href^="javascript"]').count() == 0
+        assert markdown.locator("script, img").count() == 0
+        assert markdown.locator("strong", has_text="bold").count() == 0

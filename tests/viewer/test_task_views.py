@@ -139,7 +139,7 @@ def test_details_of_a_classifier_name_its_prediction(
     results: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     page = _page(results, monkeypatch, view="all", model="org/classifier")
-    assert "**Predicted class (first input)**" in [m.value for m in page.markdown]
+    assert "**Predicted class per input**" in [m.value for m in page.markdown]
     assert "prose" in [t.value for t in page.text]
 
 
@@ -147,4 +147,4 @@ def test_verdict_measures_are_empty_for_a_text_verdict() -> None:
     assert queries.verdict_measures(
         json.loads(Verification(error_ratio=1.0).model_dump_json())
     ).empty
-    assert queries.output_label("text-generation") == "Generated text (first prompt)"
+    assert queries.output_label("text-generation") == "Generated text"

@@ -109,7 +109,7 @@ def make_record(
         finished_at=when + timedelta(minutes=3),
     )
     return RunRecord(
-        run_id=new_run_id(model, when),
+        run_id=new_run_id(when),
         document=document,
         run_py=RUN_PY.format(model=model),
         source="cli",
@@ -154,10 +154,12 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _fresh_streamlit_caches() -> Iterator[None]:
-    """st.cache_data is process-wide: each test starts from a clean cache."""
+    """Streamlit's caches are process-wide: each test starts from clean ones."""
     st.cache_data.clear()
+    st.cache_resource.clear()
     yield
     st.cache_data.clear()
+    st.cache_resource.clear()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,3 +223,71 @@ def _parameter_count(model: str) -> int:
     """The count a run records, from the size in the model's name (e.g. "Qwen3-1.7B"), else 1B."""
     match = re.search(r"(\d+(?:\.\d+)?)[bB]\b", model)
     return int(float(match.group(1)) * 1e9) if match else 10**9
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile values: what a run (or whoever wrote the dataset) may put in any text field. The
+# viewer must show each as exactly this text, never as Markdown or HTML.
+
+HOSTILE_MODEL = "evil/**bold**-[x](javascript:alert(1))"
+HOSTILE_ERROR_MODEL = "evil/<img src=x onerror=alert(1)>"
+HOSTILE_REASON = (
+    "**bold** <script>alert(1)</script> [link](javascript:alert(1)) :red[not red] $x^2$ "
+    "&amp; _under_ www.example.com"
+)
+HOSTILE_ERROR = (
+    "# not a heading\n**bold** <img src=x onerror=alert(1)>\n[link](javascript:alert(1))"
+)
+HOSTILE_TEXT = "<b>not bold</b> **not bold** [l](javascript:alert(1))"
+HOSTILE_PROMPT = "<i>prompt</i> _not italic_"
+HOSTILE_COMPILER = "evil:**compiler**<b>x</b>"
+
+
+def build_hostile_dataset(root: Path) -> ResultsStore:
+    """A FAIL and an ERROR whose every free-text field is hostile, on a hostile compiler."""
+    store = ResultsStore(str(root))
+    stack = Stack(python="3.11.9", torch="2.13.0", transformers=TRANSFORMERS)
+    common = {
+        "task": "text-generation",
+        "backend": "cpu",
+        "compile_backend": HOSTILE_COMPILER,
+        "dtype": "bfloat16",
+        "stack": stack,
+        "started_at": START,
+        "finished_at": START + timedelta(minutes=1),
+    }
+    failed = ResultDocument(
+        model=HOSTILE_MODEL,
+        result=Result.FAIL,
+        prompts=[HOSTILE_PROMPT],
+        text=[HOSTILE_TEXT],
+        timings=Timings(wall_time_s=12.0),
+        verification=Verification(passed=False, exact=False, bad_tokens=2, reason=HOSTILE_REASON),
+        **common,
+    )
+    errored = ResultDocument(
+        model=HOSTILE_ERROR_MODEL,
+        result=Result.ERROR,
+        error_class=ErrorClass.COMPILE,
+        error=HOSTILE_ERROR,
+        **common,
+    )
+    for number, document in enumerate((failed, errored)):
+        store.add(
+            RunRecord(
+                run_id=f"20261001T120000000000Z-hostile{number}",
+                document=document,
+                run_py=RUN_PY.format(model="hostile"),
+                recorded_at=START + timedelta(minutes=2),
+            )
+        )
+    store.materialize()
+    return store
+
+
+@pytest.fixture(scope="session")
+def hostile_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A results directory of hostile values (read-only use)."""
+    root = tmp_path_factory.mktemp("hostile")
+    build_hostile_dataset(root)
+    return root

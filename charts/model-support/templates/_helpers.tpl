@@ -31,12 +31,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [modelsupport.dev]
   resources: [modelsupporttests/status]
   verbs: [get, patch]
+# Children carry owner references with blockOwnerDeletion: that needs update on finalizers.
+- apiGroups: [modelsupport.dev]
+  resources: [modelsupporttests/finalizers]
+  verbs: [update]
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, create]
+# patch: a recorded Job is labelled and handed to the TTL controller.
 - apiGroups: [batch]
   resources: [jobs]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, watch, create, delete, patch]
 - apiGroups: [""]
   resources: [pods]
   verbs: [list]
@@ -46,9 +51,40 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create]
-{{- if .Values.rbac.readHubTokenSecrets }}
+{{- if .Values.readHubTokenSecrets }}
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
 {{- end }}
+{{- end -}}
+
+{{/* The operator's settings as one JSON object (operator/settings.py, settings_from_values). */}}
+{{- define "model-support.settings" -}}
+{{- $results := required "the chart value `results` is required: where run records go, e.g. --set results=s3://my-bucket/model-support" .Values.results -}}
+{{- $s := dict "resultsUri" $results "namespaces" (.Values.watchNamespaces | default list) "allNamespaces" (empty .Values.watchNamespaces) "readTokenSecrets" (.Values.readHubTokenSecrets | default false) -}}
+{{- if .Values.runnerImage }}{{- $_ := set $s "runnerImage" .Values.runnerImage }}{{- end }}
+{{- if .Values.resultsVolume.enabled }}{{- $_ := set $s "resultsVolumeClaim" .Values.resultsVolume.claimName }}{{- end }}
+{{- if .Values.allowedResultsPrefixes }}{{- $_ := set $s "allowedResultsPrefixes" .Values.allowedResultsPrefixes }}{{- end }}
+{{- with .Values.runner }}
+{{- if .schedulerName }}{{- $_ := set $s "schedulerName" .schedulerName }}{{- end }}
+{{- if .lncNodeLabel }}{{- $_ := set $s "lncNodeLabel" .lncNodeLabel }}{{- end }}
+{{- if .serviceAccountName }}{{- $_ := set $s "serviceAccount" .serviceAccountName }}{{- end }}
+{{- if .env }}{{- $_ := set $s "runnerEnv" .env }}{{- end }}
+{{- if .envFrom }}{{- $_ := set $s "runnerEnvFrom" .envFrom }}{{- end }}
+{{- end }}
+{{- if .Values.metrics.enabled }}{{- $_ := set $s "metricsPort" .Values.metrics.port }}{{- end }}
+{{- $merged := merge (deepCopy (.Values.settings | default dict)) $s -}}
+{{- if not .Values.metrics.enabled }}{{- $_ := set $merged "metricsPort" nil }}{{- end }}
+{{- toJson $merged -}}
+{{- end -}}
+
+{{/* Namespaces that get the runner NetworkPolicy. */}}
+{{- define "model-support.policyNamespaces" -}}
+{{- if .Values.networkPolicy.namespaces -}}
+{{- toJson .Values.networkPolicy.namespaces -}}
+{{- else if .Values.watchNamespaces -}}
+{{- toJson .Values.watchNamespaces -}}
+{{- else -}}
+{{- toJson (list .Release.Namespace) -}}
+{{- end -}}
 {{- end -}}

@@ -1,0 +1,277 @@
+"""`model-support cache pull|push|ls|prune`: the compile cache of the installed compiler.
+
+The target is the cache's root (a local or PVC path, ``s3://bucket/prefix``,
+``hf://buckets/<namespace>/<name>``); the compiler prefix under it (``neuronxcc-<version>`` or
+``inductor-torch-<version>``) comes from the installed stack. A target that already ends in a
+prefix is accepted when it is the installed compiler's, and refused otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from model_support.compile_cache.transfer import TransferReport
+from model_support.records import RunRecord
+from model_support.vocabulary import Backend, Result
+
+console = Console(stderr=True)
+
+cache_app = typer.Typer(
+    name="cache",
+    help="Pull, push, list and prune the compile cache (NEFF on Trainium, inductor elsewhere).",
+    no_args_is_help=True,
+)
+
+TargetArg = Annotated[
+    str,
+    typer.Argument(
+        help="Cache root: a path, s3://bucket/prefix or hf://buckets/NS/NAME "
+        "(the compiler prefix is added from the installed stack)."
+    ),
+]
+BackendOpt = Annotated[
+    Backend,
+    typer.Option(
+        help="Whose cache: auto = neuron where torch-neuronx is installed, else inductor."
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")]
+ReportOpt = Annotated[
+    Path | None, typer.Option("--report", help="Also write the report (JSON) to this file.")
+]
+KeepGoingOpt = Annotated[
+    bool,
+    typer.Option(
+        "--keep-going",
+        help="A failed transfer is written to the report and exits 0 (a pod's init step: the "
+        "test then runs without the cache, and the failure is recorded with its result).",
+    ),
+]
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    console.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+def _transfer(
+    direction: str,
+    target: str,
+    backend: Backend,
+    as_json: bool,
+    report_file: Path | None,
+    keep_going: bool,
+) -> None:
+    from model_support.compile_cache import (
+        CompileCacheError,
+        TargetUnavailable,
+        guarded,
+        installed_compiler_cache,
+        pull,
+        push,
+    )
+
+    operation = pull if direction == "pull" else push
+    try:
+        compiler = installed_compiler_cache(backend.value)
+
+        def run() -> TransferReport:
+            return operation(target, compiler=compiler)
+
+        report = guarded(run, direction, target, compiler) if keep_going else run()  # type: ignore[arg-type]
+    except TargetUnavailable as exc:
+        raise _fail(str(exc), 1) from exc
+    except CompileCacheError as exc:
+        raise _fail(str(exc), 2) from exc
+    if report_file is not None:
+        report.save(report_file)
+    if as_json:
+        print(report.model_dump_json())
+    else:
+        style = "red" if report.error else "green"
+        console.print(f"[{style}]{report.summary()}[/]")
+        for skipped in report.skipped[:20]:
+            console.print(f"  [yellow]skipped[/] {skipped.path}: {skipped.reason}")
+        if len(report.skipped) > 20:
+            console.print(f"  … and {len(report.skipped) - 20} more (--json lists them all)")
+    if report.error and not keep_going:
+        raise typer.Exit(1)
+
+
+@cache_app.command("pull")
+def pull_command(
+    target: TargetArg,
+    backend: BackendOpt = Backend.AUTO,
+    as_json: JsonOpt = False,
+    report: ReportOpt = None,
+    keep_going: KeepGoingOpt = False,
+) -> None:
+    """Fetch the installed compiler's entries the local cache lacks (each one verified)."""
+    _transfer("pull", target, backend, as_json, report, keep_going)
+
+
+@cache_app.command("push")
+def push_command(
+    target: TargetArg,
+    backend: BackendOpt = Backend.AUTO,
+    as_json: JsonOpt = False,
+    report: ReportOpt = None,
+    keep_going: KeepGoingOpt = False,
+) -> None:
+    """Upload the local cache's complete entries that the target does not have yet."""
+    _transfer("push", target, backend, as_json, report, keep_going)
+
+
+@cache_app.command("ls")
+def ls_command(
+    target: TargetArg,
+    backend: BackendOpt = Backend.AUTO,
+    all_prefixes: Annotated[
+        bool, typer.Option("--all", help="Every compiler prefix in the target, not only ours.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """What the target holds per compiler prefix (sizes checked against names, not read)."""
+    from model_support.compile_cache import (
+        CompileCacheError,
+        TargetUnavailable,
+        installed_compiler_cache,
+        list_target,
+    )
+
+    try:
+        listings = list_target(
+            target, compiler=installed_compiler_cache(backend.value), all_prefixes=all_prefixes
+        )
+    except TargetUnavailable as exc:
+        raise _fail(str(exc), 1) from exc
+    except CompileCacheError as exc:
+        raise _fail(str(exc), 2) from exc
+    if as_json:
+        print(json.dumps([listing.model_dump() for listing in listings]))
+        return
+    table = Table(title=f"compile cache — {target}")
+    for column in ("prefix", "entries", "size", "versions", "unverified", "truncated", "other"):
+        table.add_column(column, justify="left" if column == "prefix" else "right")
+    for listing in listings:
+        table.add_row(
+            listing.prefix + (" [green](installed)[/]" if listing.installed else ""),
+            str(listing.entries),
+            f"{listing.bytes / 2**20:.1f} MiB",
+            str(listing.versions),
+            str(listing.unverified),
+            str(len(listing.truncated)),
+            str(listing.foreign),
+        )
+    Console().print(table)
+
+
+@cache_app.command("prune")
+def prune_command(
+    target: TargetArg,
+    backend: BackendOpt = Backend.AUTO,
+    older_than: Annotated[
+        float | None, typer.Option(help="Also remove entries stored more than this many days ago.")
+    ] = None,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Read every object and remove those whose bytes do not match their hash.",
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say what would go; remove nothing.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Remove truncated, corrupt (--verify), superseded and expired (--older-than) entries."""
+    from model_support.compile_cache import (
+        CompileCacheError,
+        TargetUnavailable,
+        installed_compiler_cache,
+        prune,
+    )
+
+    if older_than is not None and older_than <= 0:
+        raise _fail(f"--older-than {older_than:g}: give a positive number of days", 2)
+    try:
+        report = prune(
+            target,
+            compiler=installed_compiler_cache(backend.value),
+            older_than=timedelta(days=older_than) if older_than is not None else None,
+            verify=verify,
+            dry_run=dry_run,
+        )
+    except TargetUnavailable as exc:
+        raise _fail(str(exc), 1) from exc
+    except CompileCacheError as exc:
+        raise _fail(str(exc), 2) from exc
+    if as_json:
+        print(report.model_dump_json())
+        return
+    verb = "would remove" if dry_run else "removed"
+    console.print(
+        f"{verb} {len(report.removed)} objects from {report.target}/{report.prefix}; kept {report.kept}"
+    )
+    for removed in report.removed[:50]:
+        console.print(f"  {removed.path}: {removed.reason}")
+
+
+# ---- around `model-support run --compile-cache URI` ---------------------------------------
+
+
+@dataclass(frozen=True)
+class RunCache:
+    """The compile cache of one `run`: its target, and what was pulled before run.py."""
+
+    target: str
+    backend: str
+    pulled: TransferReport
+
+
+def before_run(target: str | None, backend: Backend, quiet: bool) -> RunCache | None:
+    """Check the target (a wrong one is the user's to fix: exit 2, nothing runs), then pull.
+
+    A pull that fails is recorded, not raised: the test runs without the cache.
+    """
+    if target is None:
+        return None
+    from model_support.compile_cache import CompileCacheError, check_target, pull_for_run
+
+    try:
+        check_target(target, backend.value)
+    except CompileCacheError as exc:
+        raise _fail(f"--compile-cache {target}: {exc}", 2) from exc
+    pulled = pull_for_run(target, backend.value)
+    if not quiet:
+        console.print(
+            f"[{'yellow' if pulled.error else 'dim'}]compile cache: {pulled.summary()}[/]"
+        )
+    return RunCache(target, backend.value, pulled)
+
+
+def after_run(cache: RunCache | None, record: RunRecord) -> RunRecord:
+    """Push after run.py, whatever its outcome, and record both transfers beside the result."""
+    if cache is None or record.document.result == Result.EXCLUDED:
+        return record  # nothing ran, nothing was compiled
+    from model_support.compile_cache import attach, push_for_run
+
+    pushed = push_for_run(cache.target, cache.backend)
+    style = "yellow" if pushed.error else "dim"
+    console.print(f"[{style}]compile cache: {pushed.summary()}[/]")
+    document = attach(record.document, cache.pulled, pushed)
+    return record.model_copy(update={"document": document})
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `cache` command group."""
+    app.add_typer(cache_app)

@@ -1,0 +1,76 @@
+"""`model-support dataset publish`: the results dataset to a Hub dataset repository, one commit."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+console = Console(stderr=True)
+
+dataset_app = typer.Typer(
+    name="dataset",
+    help="Publish the results dataset (matrix, card, selected list).",
+    no_args_is_help=True,
+)
+
+
+@dataset_app.command("publish")
+def publish_command(
+    repo: Annotated[str, typer.Argument(help="The dataset repository: hf://datasets/ORG/NAME.")],
+    results: Annotated[
+        str, typer.Option(help="Results store location (path or fsspec URI).")
+    ] = "results",
+    message: Annotated[str | None, typer.Option(help="Commit message.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the outcome as JSON.")] = False,
+) -> None:
+    """Materialize the matrix, then commit the Parquet files, the card and the selected list at once."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from model_support.hub import is_unreachable
+    from model_support.publish import PublishError, publish
+
+    endpoint = os.environ.get("HF_ENDPOINT")
+    try:
+        report = publish(
+            results, repo, endpoint=endpoint, token=os.environ.get("HF_TOKEN"), message=message
+        )
+    except PublishError as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    except HfHubHTTPError as exc:
+        console.print(f"[bold red]error:[/] the Hub refused the publish to {repo}: {exc}")
+        raise typer.Exit(1) from exc
+    except Exception as exc:
+        if not is_unreachable(exc):
+            raise
+        where = endpoint or "https://huggingface.co"
+        console.print(
+            f"[bold red]error:[/] could not reach the Hub at {where} to publish {repo}: {exc}"
+        )
+        raise typer.Exit(1) from exc
+    if as_json:
+        print(json.dumps(report.__dict__))
+        return
+    if report.commit is None:
+        console.print(
+            f"{report.repo_id} already holds this dataset (head {report.head[:12]}): nothing to commit"
+        )
+    else:
+        console.print(
+            f"published {len(report.files)} files to {report.repo_id} in commit {report.commit[:12]}"
+            + (f", removed {len(report.deleted)} stale" if report.deleted else "")
+            + (
+                f" ({report.attempts - 1} concurrent commit(s) retried)"
+                if report.attempts > 1
+                else ""
+            )
+        )
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `dataset` command group."""
+    app.add_typer(dataset_app)

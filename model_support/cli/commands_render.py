@@ -1,0 +1,185 @@
+"""`model-support render`: what the operator would create for a ModelSupportTest, as YAML."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+
+console = Console(stderr=True)
+
+EXIT_LAUNCH = 0
+EXIT_NO_JOB = 3  # the test would end without a Job (Invalid, EXCLUDED, ERROR/load)
+
+
+def _fail(message: str) -> typer.Exit:
+    console.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(2)
+
+
+def _load_yaml(path: Path, what: str) -> list[Any]:
+    try:
+        return [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
+    except OSError as exc:
+        raise _fail(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise _fail(f"{what} {path} is not valid YAML: {exc}") from exc
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (run.py) as literal blocks, readable in a review."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def _uid(namespace: str, name: str) -> str:
+    """A stable stand-in uid (the API server assigns the real one; child names carry it)."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"modelsupport.dev/{namespace}/{name}"))
+
+
+def render_test(
+    body: dict[str, Any], settings: Any, *, namespace: str, token: str | None
+) -> tuple[list[dict[str, Any]], bool]:
+    """The objects the operator would create for ``body`` (ConfigMap, Job), or the test itself
+    with the status it would record instead; True when a Job would be created."""
+    from model_support.operator.manifests import TestRef
+    from model_support.operator.planning import (
+        InvalidTest,
+        LoadFailure,
+        Transient,
+        check_store_allowed,
+        children,
+        place,
+    )
+    from model_support.operator.spec import SpecError, parse_spec
+    from model_support.operator.status import Phase, TestStatus, kstatus_conditions
+    from model_support.sizing import Exclusion
+    from model_support.vocabulary import ErrorClass, Result
+
+    meta = body.get("metadata") or {}
+    name = meta.get("name") or "unnamed"
+    ns = meta.get("namespace") or namespace
+    ref = TestRef(ns, name, meta.get("uid") or _uid(ns, name), int(meta.get("generation") or 1))
+
+    def outcome(**fields: Any) -> list[dict[str, Any]]:
+        phase = fields["phase"]
+        result = fields.get("result")
+        status = TestStatus(
+            observedGeneration=ref.generation,
+            conditions=kstatus_conditions(
+                None,
+                phase,
+                ref.generation,
+                result=result.value if result is not None else None,
+                message=fields.get("message", ""),
+            ),
+            **fields,
+        )
+        test = {
+            "apiVersion": body.get("apiVersion"),
+            "kind": body.get("kind"),
+            "metadata": {"name": name, "namespace": ns},
+            "status": status.model_dump(mode="json", exclude_none=True, exclude={"conditions"}),
+        }
+        return [test]
+
+    try:
+        spec = parse_spec(dict(body.get("spec") or {}))
+        check_store_allowed(spec, settings)
+        placement = place(spec, settings, token=token)
+    except (SpecError, InvalidTest) as exc:
+        return outcome(phase=Phase.INVALID, message=str(exc)), False
+    except LoadFailure as exc:
+        return outcome(
+            phase=Phase.COMPLETED, result=Result.ERROR, errorClass=ErrorClass.LOAD, message=str(exc)
+        ), False
+    except Transient as exc:
+        raise _fail(f"{exc}; the operator would retry this (the Hub did not answer)") from exc
+    if isinstance(placement, Exclusion):
+        return outcome(
+            phase=Phase.COMPLETED,
+            result=Result.EXCLUDED,
+            exclusionReason=placement.reason,
+            message=placement.message,
+        ), False
+    configmap, job = children(ref, spec, placement, settings)
+    return [configmap, job], True
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `render` command to the CLI."""
+
+    @app.command("render")
+    def render(
+        file: Annotated[
+            Path,
+            typer.Option("--file", "-f", help="ModelSupportTest manifest(s) (YAML, one or more)."),
+        ],
+        values: Annotated[
+            Path | None,
+            typer.Option(
+                "--values", help="Helm values of the chart (what the operator runs with)."
+            ),
+        ] = None,
+        results: Annotated[
+            str, typer.Option("--results", help="The results store, when no --values give one.")
+        ] = "results",
+        namespace: Annotated[
+            str, typer.Option("--namespace", "-n", help="Namespace of tests that name none.")
+        ] = "default",
+    ) -> None:
+        """Print the ConfigMap and Job the operator would create for each test (sizing
+        included), or the status it would record instead; exit 3 if any would get no Job."""
+        from pydantic import ValidationError
+
+        from model_support.operator.resource import API_VERSION, KIND
+        from model_support.operator.settings import OperatorSettings, settings_from_values
+
+        try:
+            if values is not None:
+                loaded = _load_yaml(values, "values file")
+                settings = settings_from_values(loaded[0] if loaded else {})
+            else:
+                settings = OperatorSettings(results_uri=results)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            )
+            raise _fail(f"the values do not make valid operator settings: {problems}") from exc
+        except ValueError as exc:
+            raise _fail(str(exc)) from exc
+        tests = [d for d in _load_yaml(file, "file") if isinstance(d, dict)]
+        tests = [d for d in tests if d.get("kind") == KIND]
+        if not tests:
+            raise _fail(f"{file} holds no {KIND} (apiVersion {API_VERSION})")
+        for test in tests:
+            if test.get("apiVersion") != API_VERSION:
+                raise _fail(
+                    f"{(test.get('metadata') or {}).get('name')}: apiVersion "
+                    f"{test.get('apiVersion')!r}, expected {API_VERSION}"
+                )
+        documents: list[dict[str, Any]] = []
+        all_launch = True
+        token = os.environ.get("HF_TOKEN")
+        for test in tests:
+            objects, launches = render_test(test, settings, namespace=namespace, token=token)
+            documents.extend(objects)
+            all_launch = all_launch and launches
+        sys.stdout.write(
+            "# What the model-support operator would create (names carry the test's uid: the\n"
+            "# API server assigns it; set metadata.uid to render exact names).\n"
+        )
+        sys.stdout.write(yaml.dump_all(documents, Dumper=_Dumper, sort_keys=False, width=120))
+        raise typer.Exit(EXIT_LAUNCH if all_launch else EXIT_NO_JOB)

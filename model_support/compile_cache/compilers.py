@@ -1,0 +1,130 @@
+"""Which compiler's cache this machine holds: its kind, version, target prefix and local folder.
+
+A compile cache entry is only valid for the compiler that produced it, and TorchNeuron's NEFF
+cache key does not include the compiler version. So every target keeps each compiler version
+under its own prefix, and the prefix is derived here from what is installed, never typed:
+
+* ``neuronxcc-<neuronx-cc version>`` where neuronx-cc and torch-neuronx are installed (the
+  public bucket ``hf://buckets/aws-neuron/torch-neuronx-neff-cache`` uses the same names);
+* ``inductor-torch-<torch version>`` elsewhere: inductor's on-disk caches, the stand-in on
+  machines without Trainium (inductor keys its entries by torch version too, but a separate
+  prefix keeps targets tidy and pulls small).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from model_support.compile_cache.errors import CacheDisabled, CompilerMismatch
+
+CacheKind = Literal["neff", "inductor"]
+
+NEFF_PREFIX = "neuronxcc"
+INDUCTOR_PREFIX = "inductor-torch"
+PREFIX_PATTERN = re.compile(rf"^(?P<family>{NEFF_PREFIX}|{INDUCTOR_PREFIX})-(?P<version>[^/\s]+)$")
+"""A path component that names a compiler prefix."""
+
+NEFF_CACHE_DIR_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
+NEFF_DISABLE_ENV = "TORCH_NEURONX_NEFF_DISABLE_CACHE"
+NEFF_DEFAULT_DIR = "/tmp/neff_cache"
+INDUCTOR_CACHE_DIR_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+_NEURON_BACKENDS = {"neuron"}
+_OTHER_BACKENDS = {"cpu", "cuda"}
+
+
+@dataclass(frozen=True)
+class CompilerCache:
+    """The compile cache of the installed compiler: what it is and where it lives on disk."""
+
+    kind: CacheKind
+    compiler: str  # the distribution whose version keys the cache: neuronx-cc or torch
+    version: str
+    local_dir: Path
+
+    @property
+    def prefix(self) -> str:
+        """The target prefix for this compiler version, e.g. ``neuronxcc-2.28.7631.0``."""
+        family = NEFF_PREFIX if self.kind == "neff" else INDUCTOR_PREFIX
+        return f"{family}-{self.version}"
+
+    def check_prefix(self, named: str, uri: str) -> None:
+        """Refuse a target that names another compiler's prefix (``named``)."""
+        if named != self.prefix:
+            raise CompilerMismatch(
+                f"{uri} names the cache of {describe_prefix(named)}, but this machine has "
+                f"{self.compiler} {self.version} installed (prefix {self.prefix}). A compile "
+                "cache entry is only valid for the compiler that produced it (NEFF keys do not "
+                "even include the compiler version), so it is never pulled or pushed across "
+                f"versions. Give the cache's root ({uri.rstrip('/').rsplit('/', 1)[0]}) and the "
+                "prefix is chosen from the installed stack."
+            )
+
+
+def describe_prefix(prefix: str) -> str:
+    """``neuronxcc-2.28.0`` -> ``neuronx-cc 2.28.0``; ``inductor-torch-2.13.0`` -> ``torch 2.13.0``."""
+    match = PREFIX_PATTERN.match(prefix)
+    if match is None:
+        return prefix
+    name = "neuronx-cc" if match["family"] == NEFF_PREFIX else "torch (inductor)"
+    return f"{name} {match['version']}"
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def neuron_installed() -> bool:
+    """Whether the Trainium compiler stack (neuronx-cc and torch-neuronx) is installed."""
+    return _version("neuronx-cc") is not None and _version("torch-neuronx") is not None
+
+
+def installed_compiler_cache(
+    backend: str | None = None, environ: dict[str, str] | None = None
+) -> CompilerCache:
+    """The compile cache run.py's compiler will use here.
+
+    ``backend`` is run.py's device backend when it is forced (``neuron``, ``cpu``, ``cuda``);
+    None or ``auto`` follows run.py's own choice: neuron wherever torch-neuronx is installed.
+    The local folder comes from the same variables the compilers read.
+    """
+    env = dict(os.environ if environ is None else environ)
+    backend = None if backend in (None, "auto") else backend
+    use_neuron = backend in _NEURON_BACKENDS or (backend is None and neuron_installed())
+    if use_neuron:
+        version = _version("neuronx-cc")
+        if version is None:
+            raise CacheDisabled(
+                "the neuron backend was asked for, but neuronx-cc is not installed here: "
+                "no NEFF cache prefix can be derived (install the Neuron SDK or pick another backend)"
+            )
+        if env.get(NEFF_DISABLE_ENV, "").lower() in ("1", "true", "yes"):
+            raise CacheDisabled(
+                f"{NEFF_DISABLE_ENV} is set, so TorchNeuron neither reads nor writes its NEFF "
+                f"cache: unset it to use a compile cache"
+            )
+        local = env.get(NEFF_CACHE_DIR_ENV) or NEFF_DEFAULT_DIR
+        return CompilerCache("neff", "neuronx-cc", version, Path(local))
+    if backend is not None and backend not in _OTHER_BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: expected neuron, cpu, cuda or auto")
+    version = _version("torch")
+    if version is None:
+        raise CacheDisabled("torch is not installed here: there is no compiler cache to use")
+    local = env.get(INDUCTOR_CACHE_DIR_ENV) or _inductor_default_dir()
+    return CompilerCache("inductor", "torch", version, Path(local))
+
+
+def _inductor_default_dir() -> str:
+    # torch's own rule (a per-user folder under the temp dir), asked from torch so it cannot
+    # drift; only imported when TORCHINDUCTOR_CACHE_DIR does not already say where.
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return str(default_cache_dir())

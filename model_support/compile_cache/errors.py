@@ -1,0 +1,33 @@
+"""What can go wrong with a compile cache, one class per cause a user acts on differently."""
+
+from __future__ import annotations
+
+
+class CompileCacheError(Exception):
+    """Base class: a compile cache operation could not be done as asked."""
+
+    label = "cache-error"
+
+
+class BadCacheTarget(CompileCacheError, ValueError):
+    """The target URI is not one this module can use (unknown protocol, malformed bucket id)."""
+
+    label = "bad-target"
+
+
+class CompilerMismatch(CompileCacheError, ValueError):
+    """The target names the cache prefix of another compiler version than the installed one."""
+
+    label = "compiler-mismatch"
+
+
+class CacheDisabled(CompileCacheError):
+    """The installed stack has no usable compile cache (disabled, or no compiler installed)."""
+
+    label = "cache-disabled"
+
+
+class TargetUnavailable(CompileCacheError, OSError):
+    """The target could not be read or written (unreachable, refused, missing bucket)."""
+
+    label = "target-unavailable"

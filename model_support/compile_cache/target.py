@@ -1,0 +1,394 @@
+"""Where a compile cache is kept: a target URI, its compiler prefix, and how objects move.
+
+A target is any fsspec URI (a local or PVC path, ``s3://bucket/key``, ``memory://``) or a
+Hugging Face storage bucket ``hf://buckets/<namespace>/<name>[/<path>]``. Under its root each
+compiler version has its own prefix (see :mod:`.compilers`); under the prefix, each entry of
+the local cache is one object named by the entry's path, its content hash and its size::
+
+    <root>/<prefix>/<entry path>@<sha256>-<size>
+    e.g. s3://team/neff-cache/neuronxcc-2.28.7631.0/3f/a2/3fa2....neff@9b1c...-1048576
+
+The name is the entry's manifest: a reader knows, before and after downloading, exactly which
+bytes are the whole entry, so a truncated or corrupt object is detected and never loaded, and
+no separate index has to be kept consistent. Because names are content addressed, two pushers
+of the same entry write the same name with the same bytes (any interleaving leaves one valid
+object), and two pushers with different bytes for one entry (a nondeterministic compile) leave
+two valid versions, of which a pull takes the newest.
+
+A target may also hold *plain* entries at their local paths (``<prefix>/3f/a2/<k>.neff``): the
+layout of a mirror made with ``hf buckets sync``, such as the public TorchNeuron cache bucket.
+They can be pulled, but carry no hash to verify, so they are counted as unverified.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from fsspec import AbstractFileSystem
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
+
+from model_support.compile_cache.compilers import PREFIX_PATTERN, CompilerCache
+from model_support.compile_cache.errors import BadCacheTarget, TargetUnavailable
+
+_VERIFIED_NAME = re.compile(r"^(?P<path>.+)@(?P<sha256>[0-9a-f]{64})-(?P<size>[0-9]{1,15})$")
+_BUCKET = re.compile(r"^hf://buckets/(?P<id>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:/(?P<path>.*))?$")
+_COPY_CHUNK = 1 << 20
+
+
+def object_name(path: str, sha256: str, size: int) -> str:
+    """The target object name of a verified entry."""
+    return f"{path}@{sha256}-{size}"
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """One object under a target's prefix: its name (relative to the prefix) and what the
+    target says about it."""
+
+    name: str
+    size: int
+    modified: datetime | None
+
+
+@dataclass(frozen=True)
+class RemoteEntry:
+    """An entry as a target holds it: verified (hash and size in its name) or plain."""
+
+    path: str  # the entry's path in the local cache
+    object: StoredObject
+    sha256: str | None  # None: a plain entry (no hash to check)
+    size: int  # the size the entry must have (the declared one, or the stored one when plain)
+
+    @property
+    def verified(self) -> bool:
+        """Whether the entry carries a hash that a pull checks."""
+        return self.sha256 is not None
+
+    @property
+    def truncated(self) -> bool:
+        """The stored object's size differs from the declared one: it can never verify."""
+        return self.object.size != self.size
+
+
+def parse_object(obj: StoredObject) -> RemoteEntry:
+    """What an object under a prefix says it is (the caller checks the path's layout)."""
+    match = _VERIFIED_NAME.match(obj.name)
+    if match is None:
+        return RemoteEntry(obj.name, obj, None, obj.size)
+    return RemoteEntry(match["path"], obj, match["sha256"], int(match["size"]))
+
+
+def redact(uri: str) -> str:
+    """A URI without credentials, fit for records and logs (``scheme://user:pw@host`` -> host)."""
+    return re.sub(r"^([a-z0-9+.-]+://)[^/@]*@", r"\1", uri)
+
+
+class Target:
+    """The objects of one target root, through fsspec; subclasses change how they move."""
+
+    def __init__(self, uri: str, fs: AbstractFileSystem, root: str) -> None:
+        self.uri = uri.rstrip("/") or uri
+        self.fs = fs
+        self.root = root.rstrip("/")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({redact(self.uri)!r})"
+
+    def _full(self, prefix: str, name: str = "") -> str:
+        return "/".join(p for p in (self.root, prefix, name) if p)
+
+    def check(self) -> None:
+        """Raise :class:`TargetUnavailable` when the target's store (its bucket) does not exist.
+
+        A missing folder under it is an empty cache (the first push creates it); a missing
+        bucket is a mistake to report, not a cache to treat as empty.
+        """
+        bucket = self.root.split("/", 1)[0]
+        try:
+            self.fs.ls(bucket, detail=False)  # unlike exists(), says why it cannot see it
+        except FileNotFoundError as exc:
+            raise TargetUnavailable(
+                f"the compile cache target {redact(self.uri)} is in a bucket that does not exist "
+                f"or cannot be seen with these credentials ({bucket}); create it or fix the URI"
+            ) from exc
+        except Exception as exc:
+            if not is_store_error(exc):
+                raise
+            raise unavailable(self.uri, "open", exc) from exc
+
+    def prefixes(self) -> list[str]:
+        """The compiler prefixes present under the root."""
+        try:
+            names = self.fs.ls(self.root, detail=False) if self.fs.exists(self.root) else []
+        except FileNotFoundError:
+            return []
+        except Exception as exc:
+            if not is_store_error(exc):
+                raise
+            raise unavailable(self.uri, "list", exc) from exc
+        found = {str(n).rstrip("/").rsplit("/", 1)[-1] for n in names}
+        return sorted(p for p in found if PREFIX_PATTERN.match(p))
+
+    def objects(self, prefix: str) -> list[StoredObject]:
+        """Every object under ``prefix`` (recursively)."""
+        base = self._full(prefix)
+        try:
+            if not self.fs.exists(base):
+                return []
+            found: dict[str, dict[str, Any]] = self.fs.find(base, detail=True)  # type: ignore[assignment]
+        except FileNotFoundError:
+            return []
+        except Exception as exc:
+            if not is_store_error(exc):
+                raise
+            raise unavailable(self.uri, "list", exc) from exc
+        objects = []
+        for full, info in found.items():
+            if info.get("type", "file") != "file":
+                continue
+            name = self.fs._strip_protocol(full)[len(self.fs._strip_protocol(base)) :].lstrip("/")
+            objects.append(StoredObject(name, int(info.get("size") or 0), _modified(info)))
+        return sorted(objects, key=lambda o: o.name)
+
+    def download(self, prefix: str, name: str, destination: Path) -> None:
+        """Copy one object to ``destination`` (a new local file)."""
+        try:
+            with (
+                self.fs.open(self._full(prefix, name), "rb") as source,
+                destination.open("wb") as out,
+            ):
+                shutil.copyfileobj(source, out, _COPY_CHUNK)
+        except FileNotFoundError:
+            raise  # removed since it was listed: the caller tries another version
+        except Exception as exc:
+            if not is_store_error(exc):
+                raise
+            raise unavailable(self.uri, "read", exc) from exc
+
+    def upload(self, prefix: str, items: list[tuple[Path, str]]) -> None:
+        """Store each local file under its object name; each object appears whole or not at all."""
+        try:
+            for local, name in items:
+                self.fs.put_file(str(local), self._full(prefix, name))
+        except Exception as exc:
+            if not is_store_error(exc):
+                raise
+            raise unavailable(self.uri, "write", exc) from exc
+
+    def delete(self, prefix: str, names: Iterable[str]) -> None:
+        """Remove objects (missing ones are fine)."""
+        paths = [self._full(prefix, n) for n in names]
+        if not paths:
+            return
+        try:
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm_file(path)
+        except Exception as exc:
+            if not is_store_error(exc):
+                raise
+            raise unavailable(self.uri, "delete", exc) from exc
+
+
+class LocalTarget(Target):
+    """A local folder or mounted volume: writes go to a temporary name and are renamed."""
+
+    def upload(self, prefix: str, items: list[tuple[Path, str]]) -> None:
+        try:
+            for local, name in items:
+                final = Path(self._full(prefix, name))
+                final.parent.mkdir(parents=True, exist_ok=True)
+                temp = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
+                try:
+                    shutil.copyfile(local, temp)
+                    os.replace(temp, final)
+                finally:
+                    with contextlib.suppress(FileNotFoundError):
+                        temp.unlink()
+        except OSError as exc:
+            raise unavailable(self.uri, "write", exc) from exc
+
+    def check(self) -> None:
+        return  # a folder that does not exist yet is an empty cache
+
+    def objects(self, prefix: str) -> list[StoredObject]:
+        # Our own temporary files (a push in progress) are not objects yet.
+        return [o for o in super().objects(prefix) if not o.name.rsplit("/", 1)[-1].startswith(".")]
+
+
+class HfBucketTarget(Target):
+    """A Hugging Face storage bucket: one ``batch_bucket_files`` call uploads many objects
+    (through Xet), reads stream over HTTP through ``HfFileSystem``."""
+
+    def __init__(
+        self, uri: str, fs: AbstractFileSystem, root: str, bucket_id: str, path: str
+    ) -> None:
+        super().__init__(uri, fs, root)
+        self.bucket_id = bucket_id
+        self.path_in_bucket = path.strip("/")
+
+    def check(self) -> None:
+        from huggingface_hub.errors import BucketNotFoundError
+
+        try:
+            self.fs._api.bucket_info(self.bucket_id)  # type: ignore[attr-defined]
+        except BucketNotFoundError as exc:
+            raise TargetUnavailable(
+                f"the compile cache target {self.uri} names bucket {self.bucket_id}, which does "
+                "not exist or is not visible with this token (HF_TOKEN); create it with "
+                f"`hf buckets create {self.bucket_id}` or fix the URI"
+            ) from exc
+        except Exception as exc:
+            if not is_store_error(exc):
+                raise
+            raise unavailable(self.uri, "open", exc) from exc
+
+    def download(self, prefix: str, name: str, destination: Path) -> None:
+        try:
+            # block_size=0: one streamed GET instead of ranged block reads.
+            with (
+                self.fs.open(self._full(prefix, name), "rb", block_size=0) as source,
+                destination.open("wb") as out,
+            ):
+                shutil.copyfileobj(source, out, _COPY_CHUNK)
+        except FileNotFoundError:
+            raise  # removed since it was listed: the caller tries another version
+        except Exception as exc:
+            if not is_store_error(exc):
+                raise
+            raise unavailable(self.uri, "read", exc) from exc
+
+    def upload(self, prefix: str, items: list[tuple[Path, str]]) -> None:
+        if not items:
+            return
+        in_bucket = "/".join(p for p in (self.path_in_bucket, prefix) if p)
+        try:
+            self.fs._api.batch_bucket_files(  # type: ignore[attr-defined]
+                self.bucket_id, add=[(str(local), f"{in_bucket}/{name}") for local, name in items]
+            )
+        except Exception as exc:
+            if not is_store_error(exc):
+                raise
+            raise unavailable(self.uri, "write", exc) from exc
+        finally:
+            self.fs.invalidate_cache(self._full(prefix))
+
+    def delete(self, prefix: str, names: Iterable[str]) -> None:
+        in_bucket = "/".join(p for p in (self.path_in_bucket, prefix) if p)
+        paths = [f"{in_bucket}/{n}" for n in names]
+        if not paths:
+            return
+        try:
+            self.fs._api.batch_bucket_files(self.bucket_id, delete=paths)  # type: ignore[attr-defined]
+        except Exception as exc:
+            if not is_store_error(exc):
+                raise
+            raise unavailable(self.uri, "delete", exc) from exc
+        finally:
+            self.fs.invalidate_cache(self._full(prefix))
+
+
+_STORE_ERROR_MODULES = ("httpx", "httpx2", "botocore", "aiobotocore", "aiohttp", "hf_xet", "s3fs")
+
+
+def is_store_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is the storage failing (I/O, network, the service's refusal), as opposed
+    to a bug here, which must surface as itself."""
+    if isinstance(exc, OSError | TimeoutError):
+        return True
+    return any(cls.__module__.split(".", 1)[0] in _STORE_ERROR_MODULES for cls in type(exc).__mro__)
+
+
+def unavailable(uri: str, action: str, exc: BaseException) -> TargetUnavailable:
+    """The error for a target that did not answer as asked, naming it and the cause."""
+    return TargetUnavailable(
+        f"could not {action} the compile cache at {redact(uri)}: {type(exc).__name__}: {exc}"
+    )
+
+
+def _modified(info: dict[str, Any]) -> datetime | None:
+    for key in ("mtime", "LastModified", "uploaded_at", "last_modified", "created"):
+        value = info.get(key)
+        if isinstance(value, datetime):
+            return value if value.tzinfo else value.replace(tzinfo=UTC)
+        if isinstance(value, int | float):
+            return datetime.fromtimestamp(value, tz=UTC)
+    return None
+
+
+@dataclass(frozen=True)
+class ResolvedTarget:
+    """A target URI split into its root and the installed compiler's prefix."""
+
+    target: Target
+    prefix: str
+
+    @property
+    def uri(self) -> str:
+        """The root URI (without credentials)."""
+        return redact(self.target.uri)
+
+    @property
+    def prefix_uri(self) -> str:
+        """Where this compiler's entries are: root URI + prefix."""
+        return f"{self.uri}/{self.prefix}"
+
+
+def open_target(
+    uri: str, compiler: CompilerCache, storage_options: dict[str, Any] | None = None
+) -> ResolvedTarget:
+    """Open ``uri`` for ``compiler``'s cache.
+
+    ``uri`` is the cache's root; it may end with the installed compiler's prefix (as a copied
+    ``hf buckets`` path does), but naming another compiler's prefix is refused
+    (:class:`CompilerMismatch`), for pulls and pushes alike.
+    """
+    text = os.fspath(uri).strip()
+    if not text:
+        raise BadCacheTarget("the compile cache target is empty: give a path or a URI")
+    root_uri = text.rstrip("/") or text
+    last = root_uri.rsplit("/", 1)[-1]
+    if PREFIX_PATTERN.match(last):
+        compiler.check_prefix(last, redact(root_uri))
+        root_uri = root_uri[: -len(last)].rstrip("/")
+    return ResolvedTarget(_target(root_uri, storage_options or {}), compiler.prefix)
+
+
+def _target(uri: str, storage_options: dict[str, Any]) -> Target:
+    if uri.startswith("hf://"):
+        bucket = _BUCKET.match(uri)
+        if bucket is None:
+            raise BadCacheTarget(
+                f"{uri} is not a Hugging Face storage bucket: compile caches live in buckets, "
+                "hf://buckets/<namespace>/<name>[/<path>] (model and dataset repositories are "
+                "versioned with commits, which suits neither thousands of small entries nor "
+                "concurrent pushers)"
+            )
+        from huggingface_hub import HfFileSystem
+
+        options = {"endpoint": os.environ.get("HF_ENDPOINT"), **storage_options}
+        fs = HfFileSystem(**{k: v for k, v in options.items() if v is not None})
+        root = f"buckets/{bucket['id']}" + (
+            f"/{bucket['path'].strip('/')}" if bucket["path"] else ""
+        )
+        return HfBucketTarget(uri, fs, root.rstrip("/"), bucket["id"], bucket["path"] or "")
+    try:
+        fs, root = url_to_fs(uri, **storage_options)
+    except (ValueError, ImportError) as exc:
+        raise BadCacheTarget(
+            f"cannot open compile cache target {redact(uri)}: {exc} (use a local path, "
+            "s3://bucket/prefix with s3fs installed, or hf://buckets/<namespace>/<name>)"
+        ) from exc
+    if isinstance(fs, LocalFileSystem):
+        return LocalTarget(uri, fs, str(Path(root).resolve()))
+    return Target(uri, fs, root)

@@ -1,0 +1,494 @@
+"""Pull, push, list and prune a compile cache target; each transfer returns a typed report."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from model_support.compile_cache import layouts
+from model_support.compile_cache.compilers import CompilerCache, installed_compiler_cache
+from model_support.compile_cache.errors import CompileCacheError, TargetUnavailable
+from model_support.compile_cache.target import (
+    RemoteEntry,
+    ResolvedTarget,
+    StoredObject,
+    is_store_error,
+    object_name,
+    open_target,
+    parse_object,
+)
+from model_support.records import CacheTransferFigures
+
+TRANSFER_THREADS = 8
+"""Objects moved at once (each is one request; object stores answer them in parallel)."""
+UPLOAD_BATCH = 256
+"""Objects per upload call (one batch call per chunk on buckets)."""
+ORPHAN_GRACE = timedelta(hours=1)
+"""prune leaves objects younger than this alone: they may belong to a push in progress."""
+_HASH_CHUNK = 1 << 20
+
+
+class SkippedEntry(BaseModel):
+    """An entry a transfer left out, and why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    reason: str
+
+
+class TransferReport(BaseModel):
+    """What one pull or push did. Written as JSON by an init step, read back by the runner."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    direction: Literal["pull", "push"]
+    target: str = Field(..., description="The cache root URI (credentials removed).")
+    prefix: str
+    local_dir: str
+    entries: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    present: int = Field(0, description="Entries already on the receiving side (not moved).")
+    unverified: int = 0
+    skipped: list[SkippedEntry] = Field(default_factory=list)
+    error: str | None = None
+
+    def figures(self) -> CacheTransferFigures:
+        """The counts a result records (the dataset's columns come from these)."""
+        return CacheTransferFigures(
+            entries=self.entries,
+            bytes=self.bytes,
+            seconds=round(self.seconds, 3),
+            skipped=len(self.skipped),
+            unverified=self.unverified,
+            error=self.error,
+        )
+
+    def summary(self) -> str:
+        """One line for people."""
+        verb = "pulled" if self.direction == "pull" else "pushed"
+        text = (
+            f"{verb} {self.entries} entries ({_size(self.bytes)}) in {self.seconds:.1f} s "
+            f"{'from' if self.direction == 'pull' else 'to'} {self.target}/{self.prefix}; "
+            f"{self.present} already there"
+        )
+        if self.unverified:
+            text += f", {self.unverified} unverified (plain mirror entries)"
+        if self.skipped:
+            text += f", {len(self.skipped)} skipped"
+        if self.error:
+            text += f"; FAILED: {self.error}"
+        return text
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the report as JSON (atomically: a reader sees the old file or the new one)."""
+        target = Path(path)
+        temp = target.with_name(f".{target.name}.tmp")
+        temp.write_text(self.model_dump_json(indent=1), encoding="utf-8")
+        os.replace(temp, target)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> TransferReport:
+        """Read a report written by :meth:`save`."""
+        return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
+
+
+def sha256_file(file: Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with file.open("rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass
+class _Session:
+    """One operation's view: the compiler, its local folder, the target."""
+
+    compiler: CompilerCache
+    target: ResolvedTarget
+    started: float = field(default_factory=time.monotonic)
+
+    def report(self, direction: Literal["pull", "push"]) -> TransferReport:
+        return TransferReport(
+            direction=direction,
+            target=self.target.uri,
+            prefix=self.target.prefix,
+            local_dir=str(self.compiler.local_dir),
+        )
+
+
+def _session(
+    target: str,
+    compiler: CompilerCache | None,
+    storage_options: dict[str, Any] | None,
+) -> _Session:
+    compiler = compiler or installed_compiler_cache()
+    resolved = open_target(target, compiler, storage_options)
+    resolved.target.check()
+    return _Session(compiler, resolved)
+
+
+def _by_path(kind: str, objects: list[StoredObject]) -> tuple[dict[str, list[RemoteEntry]], int]:
+    """The target's entries grouped by local path, newest first; and how many objects are not
+    entries of this cache at all."""
+    grouped: dict[str, list[RemoteEntry]] = defaultdict(list)
+    foreign = 0
+    for obj in objects:
+        entry = parse_object(obj)
+        if not layouts.is_entry_path(kind, entry.path):  # type: ignore[arg-type]
+            foreign += 1
+            continue
+        grouped[entry.path].append(entry)
+    epoch = datetime.min.replace(tzinfo=UTC)
+    for versions in grouped.values():
+        # Verified before plain; then the newest; then by name, so every puller picks the same.
+        versions.sort(
+            key=lambda e: (e.verified, e.object.modified or epoch, e.object.name), reverse=True
+        )
+    return grouped, foreign
+
+
+def pull(
+    target: str,
+    *,
+    compiler: CompilerCache | None = None,
+    storage_options: dict[str, Any] | None = None,
+    threads: int = TRANSFER_THREADS,
+) -> TransferReport:
+    """Fetch the target's entries for the installed compiler that the local cache lacks.
+
+    Each entry is downloaded to a temporary file beside its place, checked (size, and the
+    SHA-256 its name declares), and only then renamed into place; an entry that fails is
+    skipped and reported, and the next newest version of it (if any) is tried. Raises
+    :class:`CompileCacheError` when the target cannot be used at all.
+    """
+    session = _session(target, compiler, storage_options)
+    report = session.report("pull")
+    kind, root = session.compiler.kind, session.compiler.local_dir
+    grouped, _ = _by_path(kind, session.target.target.objects(session.target.prefix))
+    wanted = []
+    for path, versions in sorted(grouped.items()):
+        if layouts.needs(kind, root, path):
+            wanted.append((path, versions))
+        else:
+            report.present += 1
+    root.mkdir(parents=True, exist_ok=True)
+
+    def fetch(
+        item: tuple[str, list[RemoteEntry]],
+    ) -> tuple[RemoteEntry | None, bool, list[SkippedEntry]]:
+        _path, versions = item
+        problems: list[SkippedEntry] = []
+        for entry in versions:
+            problem, placed = _fetch_one(session, entry)
+            if problem is None:
+                return entry, placed, problems
+            problems.append(SkippedEntry(path=entry.object.name, reason=problem))
+        return None, False, problems
+
+    pool = ThreadPoolExecutor(max_workers=max(1, threads))
+    try:
+        for future in [pool.submit(fetch, item) for item in wanted]:
+            fetched, placed, problems = future.result()
+            report.skipped.extend(problems)
+            if fetched is not None and placed:
+                report.entries += 1
+                report.bytes += fetched.size
+                report.unverified += not fetched.verified
+            elif fetched is not None:
+                report.present += 1  # the compiler wrote it meanwhile; its own copy is kept
+    except TargetUnavailable as exc:
+        # Entries placed so far are whole and stay; the rest is not attempted.
+        report.error = f"{exc.label}: {exc}"
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    report.seconds = time.monotonic() - session.started
+    return report
+
+
+def _fetch_one(session: _Session, entry: RemoteEntry) -> tuple[str | None, bool]:
+    """Download, verify and place one entry: (why it was not taken or None, whether it was
+    placed: False when a compiler wrote the same entry meanwhile)."""
+    kind, root = session.compiler.kind, session.compiler.local_dir
+    if entry.size == 0:
+        return "empty object (never an entry)", False
+    if entry.truncated:
+        return f"truncated: {entry.object.size} bytes stored, {entry.size} declared", False
+    temp = layouts.temp_file(root, entry.path)
+    try:
+        try:
+            session.target.target.download(session.target.prefix, entry.object.name, temp)
+        except FileNotFoundError:
+            return "removed from the target since it was listed", False
+        size = temp.stat().st_size
+        if size != entry.size:
+            return f"truncated: {size} bytes read, {entry.size} expected", False
+        if entry.sha256 is not None and sha256_file(temp) != entry.sha256:
+            return "corrupt: its bytes do not match the SHA-256 in its name", False
+        if kind == "inductor" and entry.path.endswith(".so"):
+            problem = layouts.elf_problem(temp, size)
+            if problem:
+                return problem, False
+        return None, layouts.place(kind, root, entry.path, temp)
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+def push(
+    target: str,
+    *,
+    compiler: CompilerCache | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> TransferReport:
+    """Upload the local cache's complete entries that the target does not have yet.
+
+    Incomplete local entries (being written, empty, a half-linked kernel) are skipped and
+    reported. Entries already in the target, in any verified version, are not sent again.
+    Raises :class:`CompileCacheError` when the target cannot be used at all.
+    """
+    session = _session(target, compiler, storage_options)
+    report = session.report("push")
+    kind, root = session.compiler.kind, session.compiler.local_dir
+    local, skipped = layouts.scan(kind, root)
+    report.skipped.extend(SkippedEntry(path=s.path, reason=s.reason) for s in skipped)
+    grouped, _ = _by_path(kind, session.target.target.objects(session.target.prefix))
+    have = {
+        p
+        for p, versions in grouped.items()
+        if any(e.verified and not e.truncated for e in versions)
+    }
+    todo: list[tuple[layouts.LocalEntry, str]] = []
+    for entry in local:
+        if entry.path in have:
+            report.present += 1
+            continue
+        digest = sha256_file(entry.file)
+        if entry.file.stat().st_size != entry.size:  # rewritten while hashing: next push
+            report.skipped.append(SkippedEntry(path=entry.path, reason="changed while being read"))
+            continue
+        todo.append((entry, object_name(entry.path, digest, entry.size)))
+    try:
+        for start in range(0, len(todo), UPLOAD_BATCH):
+            chunk = todo[start : start + UPLOAD_BATCH]
+            session.target.target.upload(session.target.prefix, [(e.file, n) for e, n in chunk])
+            report.entries += len(chunk)
+            report.bytes += sum(e.size for e, _ in chunk)
+    except TargetUnavailable as exc:
+        # Objects appear whole or not at all: what was sent is valid, the rest goes next time.
+        report.error = f"{exc.label}: {exc}"
+    report.seconds = time.monotonic() - session.started
+    return report
+
+
+class PrefixListing(BaseModel):
+    """What a target holds for one compiler prefix."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prefix: str
+    installed: bool = Field(..., description="The prefix of the compiler installed here.")
+    entries: int = 0
+    versions: int = Field(
+        0, description="Stored objects that are entries (several per entry when pushers disagreed)."
+    )
+    bytes: int = 0
+    unverified: int = 0
+    truncated: list[str] = Field(default_factory=list)
+    foreign: int = Field(0, description="Objects that are not entries of this cache.")
+
+
+def list_target(
+    target: str,
+    *,
+    compiler: CompilerCache | None = None,
+    storage_options: dict[str, Any] | None = None,
+    all_prefixes: bool = False,
+) -> list[PrefixListing]:
+    """What the target holds: the installed compiler's prefix (or, with ``all_prefixes``, every
+    compiler prefix present). Sizes are checked against the names, contents are not read."""
+    session = _session(target, compiler, storage_options)
+    backing = session.target.target
+    prefixes = backing.prefixes() if all_prefixes else []
+    if session.target.prefix not in prefixes:
+        prefixes.append(session.target.prefix)
+    listings = []
+    for prefix in sorted(prefixes):
+        kind = "neff" if prefix.startswith("neuronxcc-") else "inductor"
+        grouped, foreign = _by_path(kind, backing.objects(prefix))
+        listing = PrefixListing(
+            prefix=prefix, installed=prefix == session.target.prefix, foreign=foreign
+        )
+        for versions in grouped.values():
+            good = [e for e in versions if not e.truncated and e.size > 0]
+            listing.versions += len(versions)
+            listing.truncated += [e.object.name for e in versions if e.truncated or e.size == 0]
+            if good:
+                listing.entries += 1
+                listing.bytes += good[0].size
+                listing.unverified += not good[0].verified
+        listings.append(listing)
+    return listings
+
+
+class PruneReport(BaseModel):
+    """What prune removed (or, dry, would remove) from one prefix."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: str
+    prefix: str
+    dry_run: bool
+    removed: list[SkippedEntry] = Field(default_factory=list)
+    kept: int = 0
+
+
+def prune(
+    target: str,
+    *,
+    compiler: CompilerCache | None = None,
+    storage_options: dict[str, Any] | None = None,
+    older_than: timedelta | None = None,
+    verify: bool = False,
+    dry_run: bool = False,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> PruneReport:
+    """Remove from the installed compiler's prefix what no pull should ever take.
+
+    * truncated or empty objects (their stored size differs from the one their name declares);
+    * with ``verify``, objects whose bytes do not match their hash (each one is read);
+    * superseded versions of an entry (older duplicates left by concurrent pushers);
+    * with ``older_than``, entries stored longer ago than that.
+
+    Objects younger than :data:`ORPHAN_GRACE` are never removed as broken: a push may be
+    writing them. Plain (unhashed) entries are left alone.
+    """
+    session = _session(target, compiler, storage_options)
+    backing, prefix = session.target.target, session.target.prefix
+    report = PruneReport(target=session.target.uri, prefix=prefix, dry_run=dry_run)
+    grouped, _ = _by_path(session.compiler.kind, backing.objects(prefix))
+    moment = now()
+
+    def settled(entry: RemoteEntry) -> bool:
+        return entry.object.modified is None or moment - entry.object.modified > ORPHAN_GRACE
+
+    doomed: list[SkippedEntry] = []
+    for versions in grouped.values():
+        kept_one = False
+        for entry in versions:
+            reason = None
+            if not entry.verified:
+                report.kept += 1
+                continue
+            if (entry.truncated or entry.size == 0) and settled(entry):
+                reason = "truncated or empty"
+            elif verify and settled(entry) and not _matches(session, entry):
+                reason = "corrupt: bytes do not match its hash"
+            elif kept_one:
+                reason = "superseded by a newer version of the same entry"
+            elif (
+                older_than is not None
+                and entry.object.modified is not None
+                and moment - entry.object.modified > older_than
+            ):
+                reason = f"older than {older_than}"
+            if reason is None:
+                kept_one = kept_one or not entry.truncated
+                report.kept += 1
+            else:
+                doomed.append(SkippedEntry(path=entry.object.name, reason=reason))
+    report.removed = doomed
+    if not dry_run:
+        backing.delete(prefix, [d.path for d in doomed])
+    return report
+
+
+def _matches(session: _Session, entry: RemoteEntry) -> bool:
+    temp = layouts.temp_file(session.compiler.local_dir, entry.path)
+    try:
+        session.target.target.download(session.target.prefix, entry.object.name, temp)
+        return sha256_file(temp) == entry.sha256
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+def guarded(
+    operation: Callable[[], TransferReport],
+    direction: Literal["pull", "push"],
+    target: str,
+    compiler: CompilerCache | None,
+    deadline_s: float | None = None,
+) -> TransferReport:
+    """Run a pull or push for a test: a failure becomes the report's ``error`` (class: message)
+    instead of an exception, so the test's own result is never changed by the cache.
+
+    With ``deadline_s`` the transfer runs in a background thread and is given up after that
+    long (the Hub's clients retry an unavailable store for minutes): the report then says so,
+    and the thread is left to finish or die with the process. Objects and entries appear whole
+    or not at all, so an abandoned transfer leaves nothing half-written behind.
+    """
+    started = time.monotonic()
+
+    def failed(error: str) -> TransferReport:
+        return TransferReport(
+            direction=direction,
+            target=_safe_uri(target),
+            prefix=compiler.prefix if compiler else "",
+            local_dir=str(compiler.local_dir) if compiler else "",
+            seconds=time.monotonic() - started,
+            error=error,
+        )
+
+    outcome: list[TransferReport | BaseException] = []
+
+    def attempt() -> None:
+        try:
+            outcome.append(operation())
+        except BaseException as exc:  # handed to the caller below
+            outcome.append(exc)
+
+    if deadline_s is None:
+        attempt()
+    else:
+        worker = threading.Thread(target=attempt, name=f"compile-cache-{direction}", daemon=True)
+        worker.start()
+        worker.join(deadline_s)
+        if not outcome:
+            return failed(
+                f"deadline: the {direction} did not finish within {deadline_s:g} s and was "
+                "left behind (the store is slow or unavailable)"
+            )
+    result = outcome[0]
+    if isinstance(result, TransferReport):
+        return result
+    if not (isinstance(result, CompileCacheError) or is_store_error(result)):
+        raise result
+    label = getattr(result, "label", None) or "target-unavailable"
+    return failed(f"{label}: {result}")
+
+
+def _safe_uri(uri: str) -> str:
+    from model_support.compile_cache.target import redact
+
+    return redact(uri)

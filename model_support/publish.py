@@ -1,0 +1,137 @@
+"""Publishing the results dataset to a Hugging Face dataset repository, one commit at a time.
+
+``publish(results, "hf://datasets/ORG/NAME")`` materializes the matrix from the records, then
+makes the repository hold exactly the matrix files (``data/*.parquet``), the dataset card
+(``README.md``, whose YAML ``configs:`` lets ``datasets.load_dataset`` load it) and the selected
+list, in ONE commit: readers see the old dataset or the new one, never half of each. Records are
+not published one by one (thousands of tiny commits); a publish after many runs is one commit.
+
+The commit names its parent (``parent_commit``): when another publisher committed in between,
+the Hub refuses it with 412 and the publish starts over from the new head (operations are
+recomputed, so a matrix file the other publisher removed is not deleted twice), with backoff.
+A publish that changes nothing makes no commit.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+from huggingface_hub.errors import HfHubHTTPError
+
+from model_support.selection import SELECTED_NAMES
+from model_support.store import CARD_NAME, DATA_DIR, RECORDS_DIR, ResultsStore
+
+_DATASET_URI = re.compile(r"^hf://datasets/(?P<id>[A-Za-z0-9][\w.-]*/[\w.-]+?)/?$")
+CONFLICT = 412
+"""HTTP status of a commit whose parent is no longer the branch head."""
+
+
+class PublishError(Exception):
+    """The dataset could not be published; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class PublishReport:
+    """What one publish did."""
+
+    repo_id: str
+    commit: str | None  # the new commit; None when nothing changed
+    head: str  # the repository's head afterwards
+    files: list[str] = field(default_factory=list)  # what the dataset is made of
+    deleted: list[str] = field(default_factory=list)  # stale files removed by the commit
+    attempts: int = 1  # 1 + the conflicts retried
+
+
+def parse_dataset_uri(uri: str) -> str:
+    """``hf://datasets/ORG/NAME`` -> ``ORG/NAME``; anything else is refused clearly."""
+    match = _DATASET_URI.match(uri.strip())
+    if match is None:
+        raise PublishError(
+            f"{uri!r} is not a dataset repository URI: give hf://datasets/ORG/NAME (the results "
+            "are published as a dataset, one commit per publish)"
+        )
+    return match["id"]
+
+
+def _local_files(store: ResultsStore) -> dict[str, bytes]:
+    """The files that make up the published dataset, by path in the repository."""
+    files: dict[str, bytes] = {}
+    for path in sorted(store.fs.glob(f"{store.root.rstrip('/')}/{DATA_DIR}/*.parquet")):
+        files[f"{DATA_DIR}/{path.rsplit('/', 1)[-1]}"] = store.fs.cat_file(path)
+    files[CARD_NAME] = store.fs.cat_file(f"{store.root.rstrip('/')}/{CARD_NAME}")
+    for name in SELECTED_NAMES:
+        path = f"{store.root.rstrip('/')}/{name}"
+        if store.fs.exists(path):
+            files[name] = store.fs.cat_file(path)
+            break
+    return files
+
+
+def _managed(path: str) -> bool:
+    """Whether a repository file is one a publish owns (and so may remove when stale)."""
+    return (path.startswith(f"{DATA_DIR}/") and path.endswith(".parquet")) or path in SELECTED_NAMES
+
+
+def publish(
+    results: str,
+    repo_uri: str,
+    *,
+    token: str | None = None,
+    endpoint: str | None = None,
+    message: str | None = None,
+    max_attempts: int = 8,
+    sleep: Callable[[float], None] = time.sleep,
+) -> PublishReport:
+    """Materialize ``results`` and publish it to ``repo_uri`` in one commit (see the module)."""
+    repo_id = parse_dataset_uri(repo_uri)
+    store = ResultsStore(results)
+    if not store.fs.exists(f"{store.root.rstrip('/')}/{RECORDS_DIR}"):
+        raise PublishError(f"no results at {results!r}: nothing to publish (run some tests first)")
+    store.materialize()
+    files = _local_files(store)
+    api = HfApi(endpoint=endpoint, token=token)
+    api.create_repo(repo_id, repo_type="dataset", exist_ok=True)
+    summary = (
+        message
+        or f"Publish the model-support results ({sum(p.startswith(DATA_DIR) for p in files)} matrix files)"
+    )
+    delay = 1.0
+    for attempt in range(1, max_attempts + 1):
+        head = api.repo_info(repo_id, repo_type="dataset").sha
+        assert head is not None  # the Hub always reports a branch head
+        remote = set(api.list_repo_files(repo_id, repo_type="dataset", revision=head))
+        stale = sorted(p for p in remote if _managed(p) and p not in files)
+        operations: list[CommitOperationAdd | CommitOperationDelete] = [
+            CommitOperationAdd(path_in_repo=path, path_or_fileobj=data)
+            for path, data in files.items()
+        ]
+        operations += [CommitOperationDelete(path_in_repo=path) for path in stale]
+        try:
+            info = api.create_commit(
+                repo_id,
+                operations,  # type: ignore[arg-type]
+                commit_message=summary,
+                repo_type="dataset",
+                parent_commit=head,
+            )
+        except HfHubHTTPError as exc:
+            if exc.response.status_code != CONFLICT or attempt == max_attempts:
+                raise
+            sleep(delay * (1 + random.random()))  # another publisher got in first: start over
+            delay = min(delay * 2, 30.0)
+            continue
+        changed = info.oid != head
+        return PublishReport(
+            repo_id=repo_id,
+            commit=info.oid if changed else None,
+            head=info.oid,
+            files=sorted(files),
+            deleted=stale if changed else [],
+            attempts=attempt,
+        )
+    raise AssertionError("unreachable: the last attempt returns or raises")

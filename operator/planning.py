@@ -1,0 +1,152 @@
+"""Planning one test: what the operator would create for it, without creating anything.
+
+Pure of the cluster: the reconciler calls these with what it read (a token from a Secret), and
+``model-support render`` calls them from a file, so a reviewer sees exactly the ConfigMap and
+Job the operator would create (or the status it would record instead).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from huggingface_hub.errors import HfHubHTTPError
+
+from model_support.hub import is_unreachable
+from model_support.operator.manifests import (
+    Placement,
+    TestRef,
+    build_configmap,
+    build_job,
+    delivery_target,
+    placement_for,
+)
+from model_support.operator.resource import child_name, run_id_for
+from model_support.operator.settings import OperatorSettings
+from model_support.operator.spec import TestSpec
+from model_support.script import render_script
+from model_support.sizing import Exclusion, MetadataError, ModelNotFound, size_run
+from model_support.vocabulary import ExclusionReason, Parallelism
+
+
+class InvalidTest(Exception):
+    """The test cannot run as written (phase Invalid, nothing recorded); says what to fix."""
+
+
+class LoadFailure(Exception):
+    """The model itself cannot be read (malformed config or checkpoint): ERROR/load, recorded."""
+
+
+class Transient(Exception):
+    """Sizing could not reach what it reads (Hub 5xx, timeouts): retried with capped backoff."""
+
+
+def classify_sizing_error(exc: BaseException) -> type[Exception]:
+    """Which of InvalidTest / LoadFailure / Transient a sizing failure is."""
+    if isinstance(exc, ModelNotFound | FileNotFoundError):
+        return InvalidTest
+    if isinstance(exc, HfHubHTTPError):
+        code = exc.response.status_code if exc.response is not None else None
+        if code in (401, 403):
+            return InvalidTest
+        if code is None or code >= 500 or code == 429:
+            return Transient
+        return InvalidTest if code == 404 else LoadFailure
+    if is_unreachable(exc) or isinstance(exc, ConnectionError | TimeoutError):
+        return Transient
+    if isinstance(exc, MetadataError | ValueError):
+        return LoadFailure
+    return Transient
+
+
+def check_store_allowed(spec: TestSpec, settings: OperatorSettings) -> None:
+    """A test may write only under the operator's allowed store prefixes."""
+    if spec.results is None:
+        return
+    allowed = settings.allowed_results_prefixes or [settings.results_uri]
+    target = spec.results.rstrip("/")
+    for prefix in allowed:
+        root = prefix.rstrip("/")
+        if target == root or target.startswith(root + "/"):
+            return
+    raise InvalidTest(
+        f"spec.results {spec.results!r} is outside the stores this operator may write to "
+        f"({', '.join(allowed)}); remove spec.results or ask the operator's admin to allow "
+        "it (chart value allowedResultsPrefixes)"
+    )
+
+
+def place(
+    spec: TestSpec, settings: OperatorSettings, *, token: str | None
+) -> Placement | Exclusion:
+    """Cores, host memory and storage of a test, sized from the model and the test's own
+    config (the same entry point as the CLI's); ``spec.cores`` overrides the core count only.
+    ``token`` is the Hub token the operator could read for it (None: none).
+
+    Raises InvalidTest, LoadFailure or Transient (see :func:`classify_sizing_error`).
+    """
+    if spec.lnc is not None and spec.profile == "trn2" and not settings.lnc_node_label:
+        raise InvalidTest(
+            f"spec.lnc={spec.lnc} needs nodes labelled with their LNC, and this operator "
+            "has no lncNodeLabel configured (chart value runner.lncNodeLabel); LNC is a "
+            "node setting, not one a pod can choose"
+        )
+    config = spec.run_config(spec.cores or 1, spec.parallelism or Parallelism.NONE)
+    try:
+        plan = size_run(
+            config,
+            profile=spec.profile,
+            lnc=spec.lnc,
+            max_cores=spec.maxCores,
+            cores=spec.cores,
+            token=token,
+            endpoint=settings.hub_endpoint or os.environ.get("HF_ENDPOINT"),
+        )
+    except Exception as exc:
+        kind = classify_sizing_error(exc)
+        raise kind(f"sizing {spec.model} failed: {exc}") from exc
+    if isinstance(plan, Exclusion):
+        if (
+            spec.hubTokenSecret is not None
+            and token is None
+            and plan.reason is ExclusionReason.GATED_WITHOUT_TOKEN
+        ):
+            raise InvalidTest(
+                f"{spec.model} is gated and this operator does not read Secrets "
+                "(readHubTokenSecrets is off); enable readHubTokenSecrets, or test it with "
+                "`model-support run` where the token is"
+            )
+        return plan
+    return placement_for(plan, settings)
+
+
+def store_uri(spec: TestSpec | None, settings: OperatorSettings) -> str:
+    """The results store URI of a test (its spec's `results`, else the operator's)."""
+    return (spec.results if spec is not None else None) or settings.results_uri
+
+
+def children(
+    ref: TestRef,
+    spec: TestSpec,
+    placement: Placement,
+    settings: OperatorSettings,
+    attempt: int = 1,
+    run_py: str | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ConfigMap (run.py) and the runner Job of one attempt, as the operator creates them."""
+    if run_py is None:
+        run_py = render_script(spec.run_config(placement.cores, placement.parallelism))
+    cm_name = child_name(ref.name, ref.uid, ref.generation)
+    configmap = build_configmap(ref, cm_name, run_py)
+    job = build_job(
+        ref,
+        spec,
+        placement,
+        job_name=child_name(ref.name, ref.uid, ref.generation, attempt),
+        configmap_name=cm_name,
+        attempt=attempt,
+        run_id=run_id_for(ref.uid, ref.generation, attempt),
+        settings=settings,
+        deliver_to=delivery_target(store_uri(spec, settings), settings),
+    )
+    return configmap, job

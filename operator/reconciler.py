@@ -1,0 +1,1272 @@
+"""The operator's logic: a ModelSupportTest becomes a ConfigMap (run.py) and a runner Job; the
+Job's end becomes the test's status and one run record.
+
+State lives in the resource's status, never in the operator: every child has a deterministic
+name per generation and attempt, a create that meets 409 adopts what is there, a completed test
+is never touched again, and the run id is derived from uid + generation + attempt, so an
+operator that restarts (or sees an event twice) records each run exactly once. What the operator
+keeps in memory (the tests it watches, backoff timers, the phases it last wrote) only saves API
+requests; losing it on a restart loses nothing.
+
+Methods are synchronous on purpose: they use the blocking Kubernetes client and the results
+store, and kopf runs synchronous handlers in its thread pool, off its event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from model_support.config import RunConfig
+from model_support.delivery import DeliveryArea, DeliveryError
+from model_support.operator import metrics
+from model_support.operator.kube import AlreadyExists, Kube
+from model_support.operator.manifests import (
+    Placement,
+    TestRef,
+)
+from model_support.operator.outcome import (
+    INFRA_RESULTS,
+    DocumentSource,
+    JobState,
+    Reading,
+    Unavailable,
+    WaitKind,
+    pod_waiting,
+    read_job,
+    stuck_reason,
+    trusted_document,
+)
+from model_support.operator.planning import (
+    InvalidTest,
+    LoadFailure,
+    Transient,
+    check_store_allowed,
+    children,
+    place,
+    store_uri,
+)
+from model_support.operator.recording import Materializer
+from model_support.operator.resource import (
+    ANNOTATION_TEST_NAME,
+    LABEL_ATTEMPT,
+    LABEL_GENERATION,
+    LABEL_KUEUE_QUEUE,
+    LABEL_MANAGED_BY,
+    LABEL_RECORDED,
+    LABEL_UID,
+    MANAGED_BY,
+    RUNNER_CONTAINER,
+    child_name,
+    run_id_for,
+)
+from model_support.operator.settings import OperatorSettings
+from model_support.operator.spec import SpecError, TestSpec, parse_spec
+from model_support.operator.status import (
+    ACTIVE_PHASES,
+    MESSAGE_LIMIT,
+    PHASE_ORDER,
+    Phase,
+    TestStatus,
+    condition,
+    kstatus_conditions,
+    now,
+    set_condition,
+)
+from model_support.records import (
+    ResultDocument,
+    RunRecord,
+    excluded_record,
+    failure_document,
+    parse_result_line,
+    record_from_document,
+)
+from model_support.runner_pod import RUNNER_MESSAGE_PREFIX
+from model_support.script import read_config, render_script
+from model_support.sizing import Exclusion
+from model_support.store import RecordExists, RecordNotFound, ResultsStore
+from model_support.vocabulary import ErrorClass, Parallelism, Result
+
+log = logging.getLogger(__name__)
+
+GiB = 2**30
+HUB_TOKEN_LABEL = "modelsupport.dev/hub-token"
+"""A Secret the operator may read for a test's hubTokenSecret must carry this label ("true")."""
+_EVENT_REASON = {
+    Result.PASS: "Passed",
+    Result.FAIL: "Failed",
+    Result.ERROR: "Errored",
+    Result.TIMEOUT: "TimedOut",
+    Result.EXCLUDED: "Excluded",
+    Result.UNVERIFIED: "Unverified",
+}
+
+
+def _short(text: str | None) -> str:
+    if not text:
+        return ""
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return first[:MESSAGE_LIMIT]
+
+
+class _NotRead:
+    """Marks a delivery not read yet (``finish`` reads it itself)."""
+
+
+_NOT_READ = _NotRead()
+
+
+_RELEASE_MEMORY_S = 600.0
+"""How long a released Job is remembered (a stale listing of it is not released again)."""
+
+
+@dataclass(frozen=True)
+class _Backoff:
+    """When a test's sizing is tried again, and how many tries it had."""
+
+    next_at: float
+    tries: int
+
+
+@dataclass(frozen=True)
+class _Retry:
+    """When a deferred recording is tried again, and the delay that led there (for backoff)."""
+
+    next_at: float
+    delay: float
+
+
+@dataclass
+class Reconciler:
+    """The operator's logic, bound to its settings, an API client and the results stores."""
+
+    settings: OperatorSettings
+    kube: Kube
+
+    def __post_init__(self) -> None:
+        self._stores: dict[str, ResultsStore] = {}
+        self.materializers: dict[str, Materializer] = {}
+        self._lock = threading.Lock()
+        self._retries: dict[str, _Retry] = {}
+        self._released: dict[tuple[str, str], float] = {}
+        self._sizing: dict[tuple[str, int], _Backoff] = {}
+        self._reconciling: set[tuple[str, int]] = set()
+        self._finishing: set[str] = set()
+        self._phases: dict[tuple[str, int, int], tuple[Phase, str]] = {}
+        self.tests: dict[str, dict[str, Any]] = {}
+        """Every watched test by uid, as the watch last showed it (saves a GET per Job event)."""
+
+    # ---------------------------------------------------------------- the tests we know of
+
+    def observe_test(self, body: dict[str, Any], event_type: str | None) -> None:
+        """Keep :attr:`tests` as the watch shows them (called for every test event)."""
+        uid = (body.get("metadata") or {}).get("uid")
+        if not uid:
+            return
+        with self._lock:
+            if event_type == "DELETED":
+                self.tests.pop(uid, None)
+                for key in [k for k in list(self._phases) if k[0] == uid]:
+                    del self._phases[key]
+            elif _newer(body, self.tests.get(uid)):
+                self.tests[uid] = body
+
+    def _test(self, ref: TestRef) -> dict[str, Any] | None:
+        """A test as last seen, else read from the API (None when it is gone)."""
+        known = self.tests.get(ref.uid)
+        if known is not None:
+            return known
+        test = self.kube.get_test(ref.namespace, ref.name)
+        if test is not None and test["metadata"].get("uid") == ref.uid:
+            self.observe_test(test, "FETCHED")
+            return test
+        return None
+
+    def patch_status(self, ref: TestRef, patch: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge ``patch`` into a test's status; what the API returns becomes what we know."""
+        patched = self.kube.patch_test_status(ref.namespace, ref.name, patch)
+        if patched is not None and patched["metadata"].get("uid") == ref.uid:
+            self.observe_test(patched, "PATCHED")
+        return patched
+
+    def event(self, test: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        """An Event on the test (posted with our client, so it works from any thread)."""
+        self.kube.post_event(test, kind, reason, message[:MESSAGE_LIMIT])
+
+    # ---------------------------------------------------------------- stores
+
+    def store_uri(self, spec: TestSpec | None) -> str:
+        """The results store URI of a test (its spec's `results`, else the operator's)."""
+        return store_uri(spec, self.settings)
+
+    def store_for(self, spec: TestSpec | None) -> ResultsStore:
+        """The results store of a test (its spec's `results`, else the operator's)."""
+        uri = self.store_uri(spec)
+        with self._lock:
+            if uri not in self._stores:
+                self._stores[uri] = ResultsStore(uri)
+                self.materializers[self._stores[uri].uri] = Materializer(self._stores[uri])
+            return self._stores[uri]
+
+    def record(self, spec: TestSpec | None, record: RunRecord) -> bool:
+        """Add a record; False if this run id is already stored (a replay: nothing to do)."""
+        store = self.store_for(spec)
+        try:
+            store.add(record)
+        except RecordExists:
+            log.info("run %s was already recorded; not recording it again", record.run_id)
+            return False
+        self.materializers[store.uri].request()
+        result = record.document.result
+        detail = (
+            record.exclusion_reason.value
+            if record.exclusion_reason
+            else (record.document.error_class.value if record.document.error_class else "")
+        )
+        metrics.TESTS.labels(result.value, detail).inc()
+        if record.document.timings.wall_time_s is not None:
+            metrics.WALL_SECONDS.observe(record.document.timings.wall_time_s)
+        return True
+
+    # ---------------------------------------------------------------- sizing
+
+    def hub_token(self, spec: TestSpec, namespace: str) -> str | None:
+        """The Hub token of a test's hubTokenSecret, when the operator may read it."""
+        if spec.hubTokenSecret is None or not self.settings.read_token_secrets:
+            return None
+        secret = self.kube.read_secret(namespace, spec.hubTokenSecret.name)
+        name = f"{namespace}/{spec.hubTokenSecret.name}"
+        if secret is None:
+            raise InvalidTest(f"spec.hubTokenSecret names Secret {name}, which does not exist")
+        labels = (secret.get("metadata") or {}).get("labels") or {}
+        if labels.get(HUB_TOKEN_LABEL) != "true":
+            raise InvalidTest(
+                f"Secret {name} lacks the label {HUB_TOKEN_LABEL}=true; the operator reads only "
+                f"Secrets labelled so (kubectl label secret -n {namespace} "
+                f"{spec.hubTokenSecret.name} {HUB_TOKEN_LABEL}=true)"
+            )
+        value = self.kube.secret_key(secret, spec.hubTokenSecret.key)
+        if value is None:
+            raise InvalidTest(f"Secret {name} has no key {spec.hubTokenSecret.key!r}")
+        return value
+
+    def place(self, spec: TestSpec, namespace: str) -> Placement | Exclusion:
+        """Cores, host memory and storage of a test (see :func:`planning.place`), with the
+        token of its hubTokenSecret when the operator may read it."""
+        return place(spec, self.settings, token=self.hub_token(spec, namespace))
+
+    # ---------------------------------------------------------------- test created / changed / resumed
+
+    def on_test(self, body: dict[str, Any], event_type: str | None) -> None:
+        """A test changed (or was listed: ``event_type`` None at startup): reconcile it when
+        its generation is not handled yet; on startup, look after its Job.
+
+        Level-based: kopf only reports events, nothing is persisted besides the status (no
+        progress or diff-base annotations to write), and what the event cannot finish (a Hub
+        outage) the watchdog offers again (:meth:`retry_tests`).
+        """
+        self.observe_test(body, event_type)
+        if event_type == "DELETED":
+            return
+        self.reconcile(body, resumed=event_type is None)
+
+    def reconcile(self, body: dict[str, Any], *, resumed: bool = False) -> None:
+        """Bring one generation of a test to a running Job (or a recorded final state)."""
+        meta = body["metadata"]
+        ref = TestRef(
+            meta["namespace"], meta["name"], meta["uid"], int(meta.get("generation") or 1)
+        )
+        status = dict(body.get("status") or {})
+        retrying = condition(status, "Sized").get("reason") == "SizingRetrying"
+        handled = status.get("observedGeneration") == ref.generation and status.get("phase")
+        if handled and not retrying:
+            if resumed and status.get("phase") in ACTIVE_PHASES:
+                self._check_job_exists(body, ref, status)
+            return  # this generation is handled; its Job's events carry it on
+        key = (ref.uid, ref.generation)
+        with self._lock:
+            backoff = self._sizing.get(key)
+            if key in self._reconciling or (backoff and time.monotonic() < backoff.next_at):
+                return  # being reconciled in another thread, or waiting for its retry
+            self._reconciling.add(key)
+        try:
+            self._reconcile(body, ref, status, backoff.tries if backoff else 0)
+        finally:
+            with self._lock:
+                self._reconciling.discard(key)
+
+    def retry_tests(self) -> int:
+        """Reconcile again every known test whose generation is not handled (a sizing retry
+        that is due, or an event whose handling failed). No API requests for the others."""
+        offered = 0
+        for test in list(self.tests.values()):
+            status = test.get("status") or {}
+            generation = int(test["metadata"].get("generation") or 1)
+            retrying = condition(status, "Sized").get("reason") == "SizingRetrying"
+            if status.get("observedGeneration") != generation or retrying:
+                self.reconcile(test)
+                offered += 1
+        return offered
+
+    def _reconcile(
+        self, body: dict[str, Any], ref: TestRef, status: dict[str, Any], retry: int
+    ) -> None:
+        self._delete_superseded_job(ref, status)
+        try:
+            spec = parse_spec(dict(body.get("spec") or {}))
+            check_store_allowed(spec, self.settings)
+            placement = self.place(spec, ref.namespace)
+        except (SpecError, InvalidTest) as exc:
+            self._invalid(body, ref, str(exc))
+            return
+        except LoadFailure as exc:
+            self._record_final(
+                body, ref, spec, Result.ERROR, ErrorClass.LOAD, str(exc), "LoadFailed"
+            )
+            return
+        except Transient as exc:
+            if retry >= self.settings.sizing_max_retries:
+                message = f"{exc} (gave up after {retry + 1} tries)"
+                self._record_final(
+                    body, ref, spec, Result.ERROR, ErrorClass.INFRASTRUCTURE, message,
+                    "SizingFailed",
+                )  # fmt: skip
+                return
+            delay = min(self.settings.retry_cap_s, self.settings.sizing_retry_base_s * 2**retry)
+            with self._lock:
+                self._sizing[(ref.uid, ref.generation)] = _Backoff(
+                    time.monotonic() + delay, retry + 1
+                )
+            message = f"{exc}; retrying in {delay:g} s (try {retry + 1})"
+            log.warning("%s/%s: %s", ref.namespace, ref.name, message)
+            self.patch_status(
+                ref,
+                TestStatus.new_generation(
+                    phase=Phase.PENDING,
+                    observedGeneration=ref.generation,
+                    message=message[:MESSAGE_LIMIT],
+                    conditions=kstatus_conditions(
+                        set_condition(
+                            None, "Sized", False, "SizingRetrying", message, ref.generation
+                        ),
+                        Phase.PENDING,
+                        ref.generation,
+                        message=message,
+                    ),
+                ),
+            )
+            if retry == 0:
+                self.event(body, "Warning", "SizingRetrying", message)
+            return
+        with self._lock:
+            self._sizing.pop((ref.uid, ref.generation), None)
+        if isinstance(placement, Exclusion):
+            self._record_exclusion(body, ref, spec, placement)
+            return
+        self._launch(body, ref, spec, placement)
+
+    def _launch(
+        self,
+        body: dict[str, Any],
+        ref: TestRef,
+        spec: TestSpec,
+        placement: Placement,
+    ) -> None:
+        config = spec.run_config(placement.cores, placement.parallelism)
+        run_py = render_script(config)
+        attempt = 1
+        cm_name, job_name = self._start(ref, spec, placement, run_py, attempt)
+        generation = ref.generation
+        conditions = set_condition(
+            None,
+            "Sized",
+            True,
+            "Override" if spec.cores else "Sized",
+            f"{placement.cores} core(s), parallelism {placement.parallelism.value}",
+            generation,
+        )
+        queued = f" queued in Kueue LocalQueue {spec.queueName}" if spec.queueName else ""
+        conditions = set_condition(
+            conditions,
+            "JobCreated",
+            True,
+            "JobCreated",
+            f"Job {job_name} created{queued}",
+            generation,
+        )
+        conditions = set_condition(
+            conditions, "Recorded", False, "Running", "no result yet", generation
+        )
+        phase = Phase.QUEUED if spec.queueName else Phase.PENDING
+        if spec.queueName:
+            conditions = set_condition(
+                conditions, "Queued", True, "KueueAdmission",
+                f"waiting for Kueue to admit the Job (LocalQueue {spec.queueName})", generation,
+            )  # fmt: skip
+        self.patch_status(
+            ref,
+            TestStatus.new_generation(
+                phase=phase,
+                observedGeneration=generation,
+                cores=placement.cores,
+                parallelism=placement.parallelism,
+                hostMemoryBytes=placement.host_memory_bytes,
+                checkpointBytes=placement.checkpoint_bytes,
+                attempt=attempt,
+                configMapName=cm_name,
+                jobName=job_name,
+                runId=run_id_for(ref.uid, generation, attempt),
+                runScriptSha256=hashlib.sha256(run_py.encode()).hexdigest(),
+                conditions=kstatus_conditions(conditions, phase, generation),
+            ),
+        )
+        self._phases[(ref.uid, generation, attempt)] = (
+            (Phase.QUEUED, "KueueAdmission") if spec.queueName else (Phase.PENDING, "JobCreated")
+        )
+
+    def _start(
+        self, ref: TestRef, spec: TestSpec, placement: Placement, run_py: str, attempt: int
+    ) -> tuple[str, str]:
+        """Create (or adopt) the ConfigMap and the Job of one attempt; returns their names."""
+        configmap, job = children(ref, spec, placement, self.settings, attempt, run_py)
+        with contextlib.suppress(AlreadyExists):  # 409: made by an earlier try of this handler
+            self.kube.create_configmap(configmap)
+        try:
+            self.kube.create_job(job)
+            metrics.JOBS_CREATED.inc()
+        except AlreadyExists:
+            log.info(
+                "Job %s/%s already exists; adopting it", ref.namespace, job["metadata"]["name"]
+            )
+        return configmap["metadata"]["name"], job["metadata"]["name"]
+
+    def _delete_superseded_job(self, ref: TestRef, status: dict[str, Any]) -> None:
+        """A spec change supersedes the running Job of the previous generation."""
+        old_job = status.get("jobName")
+        if (
+            old_job
+            and status.get("phase") in ACTIVE_PHASES
+            and status.get("observedGeneration") != ref.generation
+        ):
+            self.kube.delete_job(ref.namespace, old_job)
+
+    def _invalid(self, body: dict[str, Any], ref: TestRef, message: str) -> None:
+        self.patch_status(
+            ref,
+            TestStatus.new_generation(
+                phase=Phase.INVALID,
+                observedGeneration=ref.generation,
+                message=message[:MESSAGE_LIMIT],
+                conditions=kstatus_conditions(None, Phase.INVALID, ref.generation, message=message),
+            ),
+        )
+        self.event(body, "Warning", "InvalidSpec", message)
+
+    def _record_final(
+        self,
+        body: dict[str, Any],
+        ref: TestRef,
+        spec: TestSpec,
+        result: Result,
+        error_class: ErrorClass,
+        message: str,
+        reason: str,
+    ) -> None:
+        """A test that ends before any Job (the model cannot be read): recorded, Completed."""
+        config = spec.run_config(spec.cores or 1, spec.parallelism or Parallelism.NONE)
+        document = failure_document(config, result, error_class=error_class, error=message)
+        run_id = run_id_for(ref.uid, ref.generation, 0)
+        record = record_from_document(
+            document,
+            render_script(config),
+            source="operator",
+            labels={**self._labels(ref, None, 0), "document_source": DocumentSource.OPERATOR.value},
+            run_id=run_id,
+        )
+        self.record(spec, record)
+        summary = f"{result.value}/{error_class.value}"
+        conditions = set_condition(None, "Sized", False, reason, message, ref.generation)
+        conditions = set_condition(
+            conditions, "Recorded", True, "Recorded", f"run {run_id} recorded", ref.generation
+        )
+        self.patch_status(
+            ref,
+            TestStatus.new_generation(
+                phase=Phase.COMPLETED,
+                observedGeneration=ref.generation,
+                result=result,
+                errorClass=error_class,
+                message=message[:MESSAGE_LIMIT],
+                runId=run_id,
+                finishedAt=now(),
+                conditions=kstatus_conditions(
+                    conditions,
+                    Phase.COMPLETED,
+                    ref.generation,
+                    result=_reason(summary),
+                    message=_short(message),
+                ),
+            ),
+        )
+        self.event(body, "Warning", reason, f"{summary}: {message}")
+
+    def _record_exclusion(
+        self,
+        body: dict[str, Any],
+        ref: TestRef,
+        spec: TestSpec,
+        exclusion: Exclusion,
+    ) -> None:
+        config = spec.run_config(1, Parallelism.NONE)
+        record = excluded_record(
+            config,
+            exclusion.reason,
+            exclusion.message,
+            source="operator",
+            labels=self._labels(ref, None, 0),
+        )
+        run_id = run_id_for(ref.uid, ref.generation, 0)
+        self.record(spec, record.model_copy(update={"run_id": run_id}))
+        conditions = set_condition(
+            None, "Sized", False, "Excluded", exclusion.message, ref.generation
+        )
+        conditions = set_condition(
+            conditions, "Recorded", True, "Recorded", f"run {run_id} recorded", ref.generation
+        )
+        self.patch_status(
+            ref,
+            TestStatus.new_generation(
+                phase=Phase.COMPLETED,
+                observedGeneration=ref.generation,
+                result=Result.EXCLUDED,
+                exclusionReason=exclusion.reason,
+                message=exclusion.message[:MESSAGE_LIMIT],
+                runId=run_id,
+                finishedAt=now(),
+                conditions=kstatus_conditions(
+                    conditions,
+                    Phase.COMPLETED,
+                    ref.generation,
+                    result="EXCLUDED",
+                    message=exclusion.message,
+                ),
+            ),
+        )
+        self.event(body, "Normal", "Excluded", f"{exclusion.reason.value}: {exclusion.message}")
+
+    def _labels(self, ref: TestRef, job_name: str | None, attempt: int) -> dict[str, str]:
+        labels = {
+            "namespace": ref.namespace,
+            "test": ref.name,
+            "test_uid": ref.uid,
+            "generation": str(ref.generation),
+        }
+        if job_name:
+            labels |= {"job": job_name, "attempt": str(attempt)}
+        return labels
+
+    def _check_job_exists(self, body: dict[str, Any], ref: TestRef, status: dict[str, Any]) -> None:
+        """On restart: a test whose Job vanished while the operator was away is finished from
+        its delivered document, or as ERROR/infrastructure when there is none."""
+        job_name = status.get("jobName")
+        if job_name and self.kube.read_job(ref.namespace, job_name) is None:
+            attempt = int(status.get("attempt") or 1)
+            reading = Reading(
+                JobState.INFRASTRUCTURE,
+                f"the runner Job {job_name} disappeared before its result was read",
+            )
+            self.finish(body, ref, attempt, job_name, reading, final=True)
+
+    # ---------------------------------------------------------------- runner Job events
+
+    def job_owner(self, obj: dict[str, Any]) -> tuple[TestRef, int] | None:
+        """The test (by uid) and attempt a runner Job or pod serves; None if it is not ours.
+
+        The test's full name comes from an annotation: labels hold at most 63 characters and
+        test names up to 253.
+        """
+        meta = obj.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
+        try:
+            ref = TestRef(
+                meta["namespace"],
+                annotations[ANNOTATION_TEST_NAME],
+                labels[LABEL_UID],
+                int(labels[LABEL_GENERATION]),
+            )
+            return ref, int(labels[LABEL_ATTEMPT])
+        except (KeyError, ValueError):
+            log.warning(
+                "%s/%s carries our label but not the test's uid, name and attempt; ignoring it",
+                meta.get("namespace"),
+                meta.get("name"),
+            )
+            return None
+
+    def on_job(self, job: dict[str, Any], event_type: str) -> None:
+        """A runner Job changed: move the test's phase, retry after node loss, or finish it."""
+        owner = self.job_owner(job)
+        if owner is None:
+            return
+        ref, attempt = owner
+        meta = job.get("metadata") or {}
+        job_name = meta["name"]
+        reading = read_job(job, [])
+        if reading.state == JobState.ACTIVE and event_type != "DELETED":
+            self._progress(ref, attempt, job)
+            return
+        test = self._current_test(ref, attempt, completed=True)
+        if test is None:
+            return
+        if (test.get("status") or {}).get("phase") == Phase.COMPLETED:
+            if (
+                LABEL_RECORDED not in (meta.get("labels") or {})
+                and event_type != "DELETED"
+                and not self._released_lately(ref.namespace, job_name)
+            ):
+                # Recorded, but the operator stopped before it released the Job to its TTL.
+                self._release(ref.namespace, job_name)
+            return
+        run_id = run_id_for(ref.uid, ref.generation, attempt)
+        if not self._due(run_id):
+            return  # a deferred recording whose backoff has not elapsed
+        delivered = self._read_delivery(test, run_id)
+        if isinstance(delivered, bytes) and _is_document(delivered):
+            # The runner finished and delivered: its pods no longer matter (no need to list them).
+            self.finish(
+                test, ref, attempt, job_name, reading, ended_at=_ended_at(job),
+                final=event_type == "DELETED", delivered=delivered,
+            )  # fmt: skip
+            return
+        pods = self.kube.list_pods(ref.namespace, {LABEL_UID: ref.uid, "job-name": job_name})
+        reading = read_job(job, pods)
+        if reading.state == JobState.ACTIVE:
+            # The Job was deleted under a running test (by hand, or its node pool went away).
+            reading = Reading(
+                JobState.INFRASTRUCTURE,
+                f"the runner Job {job_name} was deleted before it finished",
+                pod_name=reading.pod_name,
+            )
+        if reading.state == JobState.NODE_LOST and attempt < self.settings.max_attempts:
+            self._retry(test, ref, attempt, reading)
+            return
+        self.finish(
+            test, ref, attempt, job_name, reading, ended_at=_ended_at(job),
+            final=event_type == "DELETED", delivered=delivered,
+        )  # fmt: skip
+
+    def _due(self, run_id: str) -> bool:
+        with self._lock:
+            retry = self._retries.get(run_id)
+        return retry is None or time.monotonic() >= retry.next_at
+
+    def _read_delivery(self, test: dict[str, Any], run_id: str) -> bytes | Unavailable | None:
+        """What the runner of ``run_id`` delivered: the bytes, None (nothing), or Unavailable."""
+        try:
+            return DeliveryArea(self.store_uri(_spec_or_none(test))).get(run_id)
+        except (DeliveryError, ValueError) as exc:
+            return Unavailable(f"the delivery area could not be read: {exc}")
+
+    def _release(self, namespace: str, job_name: str) -> None:
+        """Label a recorded Job and hand it to the TTL controller (once per Job, lately)."""
+        self.kube.mark_job_recorded(namespace, job_name, self.settings.ttl_seconds_after_finished)
+        with self._lock:
+            self._released[(namespace, job_name)] = time.monotonic()
+
+    def _released_lately(self, namespace: str, job_name: str) -> bool:
+        """Whether this operator released the Job lately (a listing may predate its label)."""
+        with self._lock:
+            released = self._released.get((namespace, job_name))
+        return released is not None and time.monotonic() - released < _RELEASE_MEMORY_S
+
+    def _forget_old_releases(self) -> None:
+        cutoff = time.monotonic() - _RELEASE_MEMORY_S
+        with self._lock:
+            for key in [k for k, t in self._released.items() if t < cutoff]:
+                del self._released[key]
+
+    def _current_test(
+        self, ref: TestRef, attempt: int, *, completed: bool = False
+    ) -> dict[str, Any] | None:
+        """The test a Job serves, if that Job is still the test's current, unfinished attempt
+        (``completed``: finished ones too)."""
+        test = self._test(ref)
+        if test is None:
+            return None  # deleted (its children go with it)
+        if int(test["metadata"].get("generation") or 1) != ref.generation:
+            return None  # the spec changed: this Job's generation is superseded
+        status = test.get("status") or {}
+        if (
+            status.get("observedGeneration") != ref.generation
+            or int(status.get("attempt") or 0) != attempt
+        ):
+            return None  # superseded by a spec change or a retry (or not written yet)
+        if status.get("phase") == Phase.COMPLETED and not completed:
+            return None  # a terminal phase is never overwritten
+        return test
+
+    def _progress(self, ref: TestRef, attempt: int, job: dict[str, Any]) -> None:
+        """Move the test forward as its active Job does: Queued (Kueue has not admitted it),
+        Pending (admitted, no pod ready), Running (a runner pod is ready)."""
+        job_status, job_spec = job.get("status") or {}, job.get("spec") or {}
+        if int(job_status.get("ready") or 0) > 0:
+            self._set_phase(
+                ref, attempt, Phase.RUNNING, "Running", True, "PodReady", "a runner pod is ready",
+                started=job_status.get("startTime"),
+            )  # fmt: skip
+        elif job_spec.get("suspend"):
+            queue = ((job.get("metadata") or {}).get("labels") or {}).get(LABEL_KUEUE_QUEUE)
+            self._set_phase(
+                ref, attempt, Phase.QUEUED, "Queued", True, "KueueAdmission",
+                f"waiting for Kueue to admit the Job (LocalQueue {queue})",
+            )  # fmt: skip
+        else:
+            self._set_phase(
+                ref, attempt, Phase.PENDING, "Queued", False, "Admitted", "the Job is admitted",
+                only_from=(Phase.QUEUED, "KueueAdmission"),
+            )  # fmt: skip
+
+    def _set_phase(
+        self,
+        ref: TestRef,
+        attempt: int,
+        phase: Phase,
+        kind: str,
+        value: bool,
+        reason: str,
+        message: str,
+        *,
+        started: str | None = None,
+        only_from: tuple[Phase, str] | None = None,
+        backwards: bool = False,
+        event: tuple[str, str] | None = None,
+    ) -> None:
+        """Set an active test's phase (and one condition) unless it is already there.
+
+        Phases only move forward (Queued -> Pending -> Running) unless ``backwards`` (a pod
+        that lost its node goes back to waiting); ``only_from`` restricts the move to one phase
+        entered for one reason (leaving Queued for Kueue is not leaving Queued for capacity).
+        """
+        key = (ref.uid, ref.generation, attempt)
+        known = self._phases.get(key)
+        if known is not None and (
+            known == (phase, reason)
+            or (only_from is not None and known != only_from)
+            or (not backwards and PHASE_ORDER[phase] < PHASE_ORDER.get(known[0], 0))
+        ):
+            return  # nothing to change, by what this operator last set: no request
+        test = self._current_test(ref, attempt)
+        if test is None:
+            return
+        status = test.get("status") or {}
+        current = status.get("phase")
+        if (current, condition(status, kind).get("reason")) == (phase, reason) or (
+            current not in PHASE_ORDER
+        ):
+            self._phases[key] = (phase, reason)
+            return
+        current_phase = Phase(current)
+        if (
+            only_from is not None
+            and (
+                current_phase,
+                condition(status, "Queued").get("reason"),
+            )
+            != only_from
+        ):
+            return
+        if not backwards and PHASE_ORDER[phase] < PHASE_ORDER[current_phase]:
+            return
+        conditions = set_condition(
+            status.get("conditions"), kind, value, reason, message, ref.generation
+        )
+        if phase is Phase.RUNNING:
+            conditions = set_condition(
+                conditions, "Queued", False, "Started", "a runner pod is ready", ref.generation
+            )
+        fields: dict[str, Any] = {
+            "phase": phase,
+            "conditions": kstatus_conditions(conditions, phase, ref.generation, message=message),
+        }
+        if phase is Phase.RUNNING:
+            fields["startedAt"] = started or now()
+        self.patch_status(ref, TestStatus(**fields).patch())
+        self._phases[key] = (phase, reason)
+        if event is not None:
+            self.event(test, event[0], event[1], message)
+
+    def _retry(self, test: dict[str, Any], ref: TestRef, attempt: int, reading: Reading) -> None:
+        """Node lost: the same run.py again in a new Job (attempt + 1); bounded by max_attempts."""
+        spec = parse_spec(dict(test.get("spec") or {}))
+        status = test.get("status") or {}
+        placement = Placement(
+            int(status["cores"]),
+            Parallelism(status.get("parallelism") or Parallelism.NONE.value),
+            int(status.get("hostMemoryBytes") or self.settings.min_host_memory_gib * GiB),
+            int(status.get("checkpointBytes") or 0),
+        )
+        _, job = children(ref, spec, placement, self.settings, attempt + 1, run_py="")
+        job_name = job["metadata"]["name"]
+        try:
+            self.kube.create_job(job)
+            metrics.JOBS_CREATED.inc()
+            metrics.RETRIES.inc()
+        except AlreadyExists:
+            log.info("retry Job %s/%s already exists; adopting it", ref.namespace, job_name)
+        message = f"{reading.message}; attempt {attempt + 1} in Job {job_name}"
+        conditions = set_condition(
+            status.get("conditions"), "JobCreated", True, "NodeLost", message, ref.generation
+        )
+        self.patch_status(
+            ref,
+            TestStatus(
+                phase=Phase.PENDING,
+                attempt=attempt + 1,
+                jobName=job_name,
+                runId=run_id_for(ref.uid, ref.generation, attempt + 1),
+                conditions=kstatus_conditions(conditions, Phase.PENDING, ref.generation),
+            ).patch(),
+        )
+        self._phases[(ref.uid, ref.generation, attempt + 1)] = (Phase.PENDING, "NodeLost")
+        self.event(
+            test,
+            "Warning",
+            "NodeLost",
+            f"{reading.message}; retrying as Job {job_name} (attempt {attempt + 1})",
+        )
+
+    # ---------------------------------------------------------------- the end of a run
+
+    def finish(
+        self,
+        test: dict[str, Any],
+        ref: TestRef,
+        attempt: int,
+        job_name: str,
+        reading: Reading,
+        *,
+        ended_at: datetime | None = None,
+        final: bool = False,
+        delivered: bytes | Unavailable | _NotRead | None = _NOT_READ,
+    ) -> bool:
+        """Turn a finished Job into one run record and the test's final status.
+
+        Returns False when nothing was recorded yet: the result document could not be read
+        (``Unavailable``) or the store refused the record. Both are retried by the watchdog,
+        with a condition and an Event on the test; neither is ever recorded as the model's
+        result. A result that stays unreadable past ``result_unavailable_limit_s`` after
+        ``ended_at`` (at once when ``final``: the Job is gone) is recorded as
+        ERROR/infrastructure.
+        """
+        run_id = run_id_for(ref.uid, ref.generation, attempt)
+        with self._lock:
+            retry = self._retries.get(run_id)
+            if run_id in self._finishing or (retry and time.monotonic() < retry.next_at):
+                return False  # another thread is at it, or its backoff has not elapsed
+            self._finishing.add(run_id)
+        try:
+            return self._finish(
+                test, ref, attempt, job_name, reading, run_id, ended_at, final, delivered
+            )
+        finally:
+            with self._lock:
+                self._finishing.discard(run_id)
+
+    def _finish(
+        self,
+        test: dict[str, Any],
+        ref: TestRef,
+        attempt: int,
+        job_name: str,
+        reading: Reading,
+        run_id: str,
+        ended_at: datetime | None,
+        final: bool,
+        delivered: bytes | Unavailable | _NotRead | None,
+    ) -> bool:
+        spec = _spec_or_none(test)
+        store = self.store_for(spec)
+        run_py = self._run_py(ref, test, spec)
+        config = read_config(run_py)
+        if isinstance(delivered, _NotRead):
+            delivered = self._read_delivery(test, run_id)
+        found = self._document(ref, reading, config, run_id, delivered)
+        if isinstance(found, Unavailable):
+            stored = self._stored(store, run_id)
+            if stored is not None:
+                # Recorded before (by an operator that stopped before writing the status).
+                source = stored.labels.get("document_source", "")
+                known = source in {s.value for s in DocumentSource}
+                found = (
+                    stored.document,
+                    DocumentSource(source) if known else DocumentSource.OPERATOR,
+                )
+        if isinstance(found, Unavailable):
+            waited = (datetime.now(UTC) - ended_at).total_seconds() if ended_at else 0.0
+            if not final and waited < self.settings.result_unavailable_limit_s:
+                self._defer(test, ref, run_id, "ResultUnavailable", found.reason)
+                return False
+            found = (
+                failure_document(
+                    config,
+                    Result.ERROR,
+                    error_class=ErrorClass.INFRASTRUCTURE,
+                    error=f"no result document could be read ({found.reason}); "
+                    "the runner's outcome is unknown, so no verdict on the model",
+                ),
+                DocumentSource.OPERATOR,
+            )
+        document, source = found
+        document = trusted_document(document, config)
+        record = record_from_document(
+            document,
+            run_py,
+            source="operator",
+            labels={**self._labels(ref, job_name, attempt), "document_source": source.value},
+            run_id=run_id,
+        )
+        try:
+            first_time = self.record(spec, record)
+            if not first_time:
+                # Recorded before (the operator stopped before it wrote the status): the status
+                # shows what was recorded then, not what can be read now.
+                document = store.get(run_id).document
+        except Exception as exc:  # any store failure: classified as the store being unavailable
+            log.exception("recording run %s in %s failed; retrying", run_id, store.uri)
+            self._defer(
+                test,
+                ref,
+                run_id,
+                "StoreUnavailable",
+                f"the results store {store.uri} refused the record: {exc}",
+            )
+            return False
+        with self._lock:
+            self._retries.pop(run_id, None)
+        if source is DocumentSource.DELIVERY:
+            try:
+                DeliveryArea(store.uri).remove(run_id)
+            except DeliveryError:
+                log.warning("run %s is recorded; its delivery stays until removed by hand", run_id)
+        with self._lock:  # before the status says Completed: a concurrent resync must not
+            self._released[(ref.namespace, job_name)] = time.monotonic()  # release it twice
+        if not first_time and self._completed_already(ref):
+            self._release(ref.namespace, job_name)
+            return True  # what we knew of the test was behind: it is complete, say nothing twice
+        self._complete(test, ref, document, run_id)
+        self._release(ref.namespace, job_name)
+        return True
+
+    def _completed_already(self, ref: TestRef) -> bool:
+        """Whether the API (not what we last saw) says this generation is Completed."""
+        fresh = self.kube.get_test(ref.namespace, ref.name)
+        if fresh is None or fresh["metadata"].get("uid") != ref.uid:
+            return True  # gone: nothing to complete
+        self.observe_test(fresh, "FETCHED")
+        status = fresh.get("status") or {}
+        return bool(
+            status.get("phase") == Phase.COMPLETED
+            and status.get("observedGeneration") == ref.generation
+        )
+
+    @staticmethod
+    def _stored(store: ResultsStore, run_id: str) -> RunRecord | None:
+        try:
+            return store.get(run_id)
+        except RecordNotFound:
+            return None
+        except Exception:  # the store cannot answer now: as if unread, the retry asks again
+            log.warning("could not look up run %s in %s", run_id, store.uri, exc_info=True)
+            return None
+
+    def _defer(
+        self, test: dict[str, Any], ref: TestRef, run_id: str, reason: str, message: str
+    ) -> None:
+        """Retry later with backoff; say why on the test (a condition, and an Event once)."""
+        with self._lock:
+            previous = self._retries.get(run_id)
+            delay = min(
+                self.settings.retry_cap_s,
+                previous.delay * 2 if previous else self.settings.watchdog_interval_s,
+            )
+            self._retries[run_id] = _Retry(time.monotonic() + delay, delay)
+        status = test.get("status") or {}
+        current = condition(status, "Recorded")
+        if current.get("reason") == reason and current.get("status") == "False":
+            return  # already said; the condition's message keeps the first occurrence
+        conditions = set_condition(
+            status.get("conditions"), "Recorded", False, reason, message, ref.generation
+        )
+        patched = self.patch_status(ref, TestStatus(conditions=conditions).patch())
+        if patched is not None:
+            test["status"] = patched.get("status") or {}
+        self.event(test, "Warning", reason, f"{message}; retrying in {delay:g} s")
+
+    def _run_py(self, ref: TestRef, test: dict[str, Any], spec: TestSpec | None) -> str:
+        """The run.py that ran: the ConfigMap's, byte for byte (else rendered again from the spec)."""
+        status = test.get("status") or {}
+        if spec is not None and status.get("cores") and status.get("runScriptSha256"):
+            # Rendering is deterministic: when this operator renders the same bytes (their hash
+            # is in the status), the ConfigMap need not be read.
+            parallelism = Parallelism(status.get("parallelism") or Parallelism.NONE.value)
+            rendered = render_script(spec.run_config(int(status["cores"]), parallelism))
+            if hashlib.sha256(rendered.encode()).hexdigest() == status["runScriptSha256"]:
+                return rendered
+        name = child_name(ref.name, ref.uid, ref.generation)
+        cm = self.kube.read_configmap(ref.namespace, name)
+        if cm is not None:
+            return str(cm["data"]["run.py"])
+        if spec is None or not status.get("cores"):
+            raise RuntimeError(
+                f"ConfigMap {ref.namespace}/{name} with the run.py of this run is missing and "
+                "the test no longer says how it ran"
+            )
+        log.warning("ConfigMap %s/%s is gone; recording run.py rendered again", ref.namespace, name)
+        parallelism = Parallelism(status.get("parallelism") or Parallelism.NONE.value)
+        return render_script(spec.run_config(int(status["cores"]), parallelism))
+
+    def _document(
+        self,
+        ref: TestRef,
+        reading: Reading,
+        config: RunConfig,
+        run_id: str,
+        delivered: bytes | Unavailable | None,
+    ) -> tuple[ResultDocument, DocumentSource] | Unavailable:
+        """The runner's document: delivered, else from the log, else from the termination
+        message; else one the operator writes for the Job's outcome; else Unavailable."""
+        problems: list[str] = []
+        if isinstance(delivered, Unavailable):
+            return delivered
+        if delivered is not None:
+            try:
+                return ResultDocument.model_validate_json(delivered), DocumentSource.DELIVERY
+            except ValidationError as exc:
+                problems.append(f"the delivered document is malformed: {_short(str(exc))}")
+        if reading.state in INFRA_RESULTS:
+            result, infra_class = INFRA_RESULTS[reading.state]
+            return (
+                failure_document(config, result, error_class=infra_class, error=reading.message),
+                DocumentSource.OPERATOR,
+            )
+        texts: list[tuple[DocumentSource, str | None]] = []
+        if reading.pod_name:
+            try:
+                text = self.kube.pod_log(
+                    ref.namespace, reading.pod_name, RUNNER_CONTAINER, self.settings.log_tail_lines
+                )
+            except ApiException as exc:
+                return Unavailable(f"the runner's log could not be read: {exc.status} {exc.reason}")
+            texts.append((DocumentSource.LOG, text))
+        texts.append((DocumentSource.TERMINATION_MESSAGE, reading.termination_message))
+        for source, text in texts:
+            if not text:
+                continue
+            try:
+                document = parse_result_line(text)
+            except (ValueError, ValidationError) as exc:
+                problems.append(
+                    f"the result line in the {source.value} is malformed: {_short(str(exc))}"
+                )
+                continue
+            if document is not None:
+                return document, source
+        if reading.pod_name is None:
+            return Unavailable(
+                "the runner pod is gone and no result document was delivered"
+                + (f" ({'; '.join(problems)})" if problems else "")
+            )
+        message = reading.termination_message or ""
+        if message.startswith(RUNNER_MESSAGE_PREFIX):
+            # The runner ran and says why run.py left no document (e.g. killed by SIGKILL
+            # without the container being OOMKilled).
+            error_class, error = ErrorClass.RUNTIME, f"{reading.message}: {message}"
+        else:
+            # Not even the runner's own message: the runner itself did not run as it should.
+            error_class = ErrorClass.INFRASTRUCTURE
+            error = (
+                f"{reading.message} and the runner left no result document and no message of "
+                "its own (is model_support installed in the runner image?)"
+                + (f"; {'; '.join(problems)}" if problems else "")
+                + f". Termination message:\n{message or '(none)'}"
+            )
+        return (
+            failure_document(config, Result.ERROR, error_class=error_class, error=error),
+            DocumentSource.OPERATOR,
+        )
+
+    def _complete(
+        self, test: dict[str, Any], ref: TestRef, document: ResultDocument, run_id: str
+    ) -> None:
+        with self._lock:
+            for key in [k for k in list(self._phases) if k[0] == ref.uid]:
+                del self._phases[key]
+        status = test.get("status") or {}
+        summary = document.result.value + (
+            f"/{document.error_class.value}" if document.error_class else ""
+        )
+        conditions = set_condition(
+            status.get("conditions"), "Running", False, "Finished", "the runner finished",
+            ref.generation,
+        )  # fmt: skip
+        conditions = set_condition(
+            conditions, "Completed", True, _reason(summary), _short(document.error) or summary,
+            ref.generation,
+        )  # fmt: skip
+        conditions = set_condition(
+            conditions, "Recorded", True, "Recorded", f"run {run_id} recorded", ref.generation
+        )
+        timings, memory = document.timings, document.memory
+        self.patch_status(
+            ref,
+            TestStatus(
+                phase=Phase.COMPLETED,
+                result=document.result,
+                errorClass=document.error_class,
+                message=_short(document.error) or None,
+                runId=run_id,
+                wallTimeSeconds=timings.wall_time_s,
+                compileSeconds=timings.compile_s,
+                decodeTokensPerSecond=timings.decode_tokens_per_s,
+                peakDeviceMemoryBytes=memory.peak_device_memory_bytes,
+                hostPeakRssBytes=memory.host_peak_rss_bytes,
+                finishedAt=now(),
+                conditions=kstatus_conditions(
+                    conditions,
+                    Phase.COMPLETED,
+                    ref.generation,
+                    result=_reason(summary),
+                    message=_short(document.error) or summary,
+                ),
+            ).patch(),
+        )
+        warning = document.result not in (Result.PASS, Result.EXCLUDED)
+        message = f"{summary}: {_short(document.error)}" if document.error else summary
+        self.event(
+            test, "Warning" if warning else "Normal", _EVENT_REASON[document.result], message
+        )
+
+    # ---------------------------------------------------------------- the watchdog's checks
+
+    def watched_namespaces(self) -> list[str | None]:
+        """The namespaces to list children in; [None] means every namespace."""
+        return list(self.settings.namespaces) if self.settings.namespaces else [None]
+
+    def check_waiting(self, now: datetime | None = None) -> int:
+        """Look at pending runner pods: a pod no node fits makes its test Queued (or ends it,
+        past ``unschedulable_limit_s`` when set); an image that cannot be pulled past its limit
+        (counted from scheduling) ends the test. Returns the number of tests ended."""
+        ended = 0
+        for namespace in self.watched_namespaces():
+            for pod in self.kube.list_pods(
+                namespace, {LABEL_MANAGED_BY: MANAGED_BY}, phase="Pending"
+            ):
+                owner = self.job_owner(pod)
+                if owner is None:
+                    continue
+                ref, attempt = owner
+                why = stuck_reason(
+                    pod,
+                    now=now,
+                    unschedulable_limit_s=self.settings.unschedulable_limit_s,
+                    image_pull_limit_s=self.settings.image_pull_limit_s,
+                )
+                if why is not None:
+                    test = self._current_test(ref, attempt)
+                    if test is None:
+                        continue
+                    job_name = child_name(ref.name, ref.uid, ref.generation, attempt)
+                    reading = Reading(
+                        JobState.INFRASTRUCTURE, f"runner pod {pod['metadata']['name']} {why}"
+                    )
+                    if self.finish(test, ref, attempt, job_name, reading, final=True):
+                        self.kube.delete_job(ref.namespace, job_name)
+                        ended += 1
+                    continue
+                waiting = pod_waiting(pod, now)
+                if waiting is not None and waiting.kind is WaitKind.UNSCHEDULABLE:
+                    self._set_phase(
+                        ref, attempt, Phase.QUEUED, "Queued", True, "Unschedulable",
+                        f"waiting for capacity: {waiting.message}", backwards=True,
+                        event=("Normal", "WaitingForCapacity"),
+                    )  # fmt: skip
+                else:
+                    self._set_phase(
+                        ref, attempt, Phase.PENDING, "Queued", False, "Scheduled",
+                        "the runner pod is scheduled", only_from=(Phase.QUEUED, "Unschedulable"),
+                    )  # fmt: skip
+        return ended
+
+    def resync_jobs(self) -> int:
+        """Offer again every runner Job whose result is not recorded yet.
+
+        kopf does not retry event handlers: if the API failed while a Job's end was being read,
+        or a recording was deferred, only this brings the test to its end. Lists only Jobs
+        without the recorded label (filtered on the server), so its steady load after a sweep
+        is one small list per namespace and interval. Idempotent: ``on_job`` ignores tests
+        already completed.
+        """
+        offered = 0
+        self._forget_old_releases()
+        for namespace in self.watched_namespaces():
+            for job in self.kube.list_jobs(
+                namespace, {LABEL_MANAGED_BY: MANAGED_BY}, without=(LABEL_RECORDED,)
+            ):
+                self.on_job(job, "RESYNC")
+                offered += 1
+        return offered
+
+
+def _is_document(data: bytes) -> bool:
+    try:
+        ResultDocument.model_validate_json(data)
+    except ValidationError:
+        return False
+    return True
+
+
+def _spec_or_none(test: dict[str, Any]) -> TestSpec | None:
+    try:
+        return parse_spec(dict(test.get("spec") or {}))
+    except SpecError:
+        return None  # recorded in the operator's store; the spec was valid when the Job was made
+
+
+def _reason(summary: str) -> str:
+    """A condition reason from a result summary (PASS, ERROR/out-of-memory -> ERROR_out_of_memory)."""
+    return summary.replace("/", "_").replace("-", "_")
+
+
+def _newer(body: dict[str, Any], known: dict[str, Any] | None) -> bool:
+    """Whether ``body`` is at least as recent as ``known`` (by resourceVersion when numeric)."""
+    if known is None:
+        return True
+    new_rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
+    old_rv = str((known.get("metadata") or {}).get("resourceVersion") or "")
+    if new_rv.isdigit() and old_rv.isdigit():
+        return int(new_rv) >= int(old_rv)
+    return True  # resourceVersions are opaque: the latest seen wins
+
+
+def _ended_at(job: dict[str, Any]) -> datetime | None:
+    """When a Job finished: its completionTime, else its terminal condition's transition."""
+    status = job.get("status") or {}
+    stamps = [status.get("completionTime")] + [
+        c.get("lastTransitionTime")
+        for c in status.get("conditions") or []
+        if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+    ]
+    for stamp in stamps:
+        if stamp:
+            return datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    return None

@@ -1,0 +1,197 @@
+"""The ModelSupportTest status as a typed model, and the patches that write it.
+
+Every status the operator writes goes through :class:`TestStatus`, which a test checks against
+the CRD's status schema. Two rules live here, so no handler has to remember them:
+
+* a new generation starts from nothing: :meth:`TestStatus.new_generation` sets every field of
+  the previous run (result, timings, finish time, the Completed condition ...) to null;
+* status is kstatus-compatible: whenever a patch sets the phase, the ``Ready``, ``Reconciling``
+  and ``Stalled`` conditions are derived from it, so ``kubectl wait --for=condition=Ready``,
+  Flux and Argo CD see an active test as in progress, a finished one (whatever its result) as
+  ready, and an Invalid one as stalled.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from model_support.vocabulary import ErrorClass, ExclusionReason, Parallelism, Result
+
+MESSAGE_LIMIT = 2000
+CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+
+
+class Phase(StrEnum):
+    """Where a test stands."""
+
+    PENDING = "Pending"  # its Job exists; no runner pod is ready yet
+    QUEUED = "Queued"  # waiting for Kueue admission or for capacity (no node fits yet)
+    RUNNING = "Running"  # a runner pod is ready
+    COMPLETED = "Completed"  # a result is recorded (PASS, FAIL, ERROR, TIMEOUT or EXCLUDED)
+    INVALID = "Invalid"  # the spec cannot be run as written; nothing was recorded
+
+
+ACTIVE_PHASES = frozenset({Phase.PENDING, Phase.QUEUED, Phase.RUNNING})
+PHASE_ORDER = {Phase.QUEUED: 0, Phase.PENDING: 1, Phase.RUNNING: 2}
+"""How active phases move forward (only a lost pod moves a test back)."""
+
+
+def now() -> str:
+    """The current time as Kubernetes writes it (RFC 3339, seconds, UTC)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Condition(BaseModel):
+    """A metav1.Condition."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: str = Field(..., min_length=1, max_length=316)
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(..., min_length=1, max_length=1024, pattern=CONDITION_REASON_PATTERN)
+    message: str = Field("", max_length=32768)
+    lastTransitionTime: str
+    observedGeneration: int | None = Field(None, ge=0)
+
+
+def set_condition(
+    conditions: list[dict[str, Any]] | None,
+    kind: str,
+    status: bool,
+    reason: str,
+    message: str,
+    generation: int,
+) -> list[dict[str, Any]]:
+    """Conditions with ``kind`` set; lastTransitionTime moves only when the status changes."""
+    value = "True" if status else "False"
+    result = [dict(c) for c in conditions or [] if c.get("type") != kind]
+    previous = next((c for c in conditions or [] if c.get("type") == kind), None)
+    since = (
+        previous["lastTransitionTime"] if previous and previous.get("status") == value else now()
+    )
+    condition = Condition(
+        type=kind,
+        status=value,
+        reason=reason,
+        message=message[:MESSAGE_LIMIT],
+        lastTransitionTime=since,
+        observedGeneration=generation,
+    )
+    result.append(condition.model_dump(exclude_none=True))
+    return result
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    """One condition of a status as a plain dict ({} when absent)."""
+    return next((dict(c) for c in status.get("conditions") or [] if c.get("type") == kind), {})
+
+
+def kstatus_conditions(
+    conditions: list[dict[str, Any]] | None,
+    phase: Phase,
+    generation: int,
+    *,
+    result: str | None = None,
+    message: str = "",
+) -> list[dict[str, Any]]:
+    """``Ready`` / ``Reconciling`` / ``Stalled`` as kstatus reads them, for ``phase``."""
+    if phase is Phase.COMPLETED:
+        conditions = set_condition(
+            conditions, "Ready", True, result or "Completed", message or "recorded", generation
+        )
+        conditions = set_condition(
+            conditions, "Reconciling", False, "Completed", "recorded", generation
+        )
+        return set_condition(conditions, "Stalled", False, "Completed", "recorded", generation)
+    if phase is Phase.INVALID:
+        conditions = set_condition(conditions, "Ready", False, "InvalidSpec", message, generation)
+        conditions = set_condition(
+            conditions, "Reconciling", False, "InvalidSpec", message, generation
+        )
+        return set_condition(conditions, "Stalled", True, "InvalidSpec", message, generation)
+    conditions = set_condition(
+        conditions, "Ready", False, phase.value, message or f"the test is {phase.value}", generation
+    )
+    conditions = set_condition(
+        conditions, "Reconciling", True, phase.value, message or "running the test", generation
+    )
+    return set_condition(conditions, "Stalled", False, phase.value, "not stalled", generation)
+
+
+class TestStatus(BaseModel):
+    """status of a ModelSupportTest (see crds/modelsupporttests.yaml for each field)."""
+
+    __test__ = False  # not a pytest class, despite the name
+    model_config = ConfigDict(extra="forbid", use_enum_values=False)
+
+    phase: Phase | None = None
+    observedGeneration: int | None = Field(None, ge=0)
+    result: Result | None = None
+    errorClass: ErrorClass | None = None
+    exclusionReason: ExclusionReason | None = None
+    message: str | None = Field(None, max_length=4096)
+    cores: int | None = Field(None, ge=1)
+    parallelism: Parallelism | None = None
+    attempt: int | None = Field(None, ge=0)
+    hostMemoryBytes: int | None = Field(None, ge=0)
+    checkpointBytes: int | None = Field(None, ge=0)
+    jobName: str | None = None
+    configMapName: str | None = None
+    runId: str | None = None
+    runScriptSha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    wallTimeSeconds: float | None = None
+    compileSeconds: float | None = None
+    decodeTokensPerSecond: float | None = None
+    peakDeviceMemoryBytes: int | None = None
+    hostPeakRssBytes: int | None = None
+    startedAt: str | None = None
+    finishedAt: str | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+    @classmethod
+    def read(cls, status: dict[str, Any] | None) -> TestStatus:
+        """Parse a status read from the API (fields another writer added are ignored)."""
+        known = {k: v for k, v in (status or {}).items() if k in cls.model_fields}
+        return cls.model_validate(known)
+
+    def patch(self) -> dict[str, Any]:
+        """A merge patch with the fields set on this model (None: remove the field)."""
+        return dict(self.model_dump(mode="json", exclude_unset=True))
+
+    @classmethod
+    def new_generation(cls, **fields: Any) -> dict[str, Any]:
+        """A merge patch for the first status of a generation: ``fields``, and every other
+        field of the previous run removed (conditions are replaced whole)."""
+        status = cls(**fields)
+        cleared = dict.fromkeys(cls.model_fields)
+        return {**cleared, **status.patch()}
+
+
+def with_phase(
+    conditions: list[dict[str, Any]] | None,
+    phase: Phase,
+    generation: int,
+    *,
+    result: str | None = None,
+    message: str = "",
+) -> list[dict[str, Any]]:
+    """``conditions`` with the kstatus conditions of ``phase``."""
+    return kstatus_conditions(conditions, phase, generation, result=result, message=message)
+
+
+__all__ = [
+    "ACTIVE_PHASES",
+    "PHASE_ORDER",
+    "Condition",
+    "Phase",
+    "TestStatus",
+    "condition",
+    "kstatus_conditions",
+    "now",
+    "set_condition",
+    "with_phase",
+]

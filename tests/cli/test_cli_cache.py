@@ -1,0 +1,191 @@
+"""`model-support cache` and `model-support run --compile-cache`, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from model_support.store import ResultsStore
+
+CLI = str(Path(sys.executable).with_name("model-support"))
+PREFIX = f"inductor-torch-{torch.__version__}"
+
+
+def cli(
+    args: list[str], env: dict[str, str], timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [CLI, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=timeout,
+        check=False,
+    )
+
+
+def inductor_files(root: Path) -> None:
+    """A few inductor cache entries (their exact bytes do not matter to the transfer)."""
+    for relpath, data in {
+        "fxgraph/ab/fabc123/entry1": b"graph" * 40,
+        "43/c43wrapper.py": b"print('wrapper')\n",
+        "locks/c43wrapper.lock": b"",
+    }.items():
+        (root / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (root / relpath).write_bytes(data)
+
+
+def test_cache_push_pull_ls_and_prune_through_the_command_line(tmp_path: Path) -> None:
+    source, fresh, target = tmp_path / "source", tmp_path / "fresh", tmp_path / "target"
+    inductor_files(source)
+    pushed = cli(["cache", "push", str(target), "--json"], {"TORCHINDUCTOR_CACHE_DIR": str(source)})
+    assert pushed.returncode == 0, pushed.stderr
+    report = json.loads(pushed.stdout)
+    assert (report["direction"], report["prefix"], report["entries"]) == ("push", PREFIX, 2)
+    assert sorted(os.listdir(target)) == [PREFIX]
+
+    pulled = cli(
+        ["cache", "pull", str(target), "--report", str(tmp_path / "pull.json")],
+        {"TORCHINDUCTOR_CACHE_DIR": str(fresh)},
+    )
+    assert pulled.returncode == 0, pulled.stderr
+    assert "pulled 2 entries" in " ".join(pulled.stderr.split())
+    assert json.loads((tmp_path / "pull.json").read_text())["entries"] == 2
+    assert (fresh / "43" / "c43wrapper.py").read_bytes() == b"print('wrapper')\n"
+
+    listed = cli(["cache", "ls", str(target), "--json"], {"TORCHINDUCTOR_CACHE_DIR": str(fresh)})
+    assert json.loads(listed.stdout)[0] | {"truncated": []} == {
+        "prefix": PREFIX,
+        "installed": True,
+        "entries": 2,
+        "versions": 2,
+        "bytes": 200 + 17,
+        "unverified": 0,
+        "truncated": [],
+        "foreign": 0,
+    }
+    pruned = cli(
+        ["cache", "prune", str(target), "--dry-run", "--json"],
+        {"TORCHINDUCTOR_CACHE_DIR": str(fresh)},
+    )
+    assert json.loads(pruned.stdout)["removed"] == []
+
+
+def test_cache_commands_refuse_another_compilers_prefix_and_say_why(tmp_path: Path) -> None:
+    done = cli(["cache", "pull", str(tmp_path / "t" / "neuronxcc-2.27.0.0")], {})
+    assert done.returncode == 2
+    message = " ".join(done.stderr.split())
+    assert "neuronx-cc 2.27.0.0" in message and f"prefix {PREFIX}" in message
+    assert "Give the cache's root" in message
+
+
+def test_an_unreachable_target_fails_the_command_unless_keep_going(tmp_path: Path) -> None:
+    env = {
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "c"),
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "x",
+        "AWS_MAX_ATTEMPTS": "1",
+    }
+    failed = cli(["cache", "pull", "s3://nowhere/cache"], env)
+    assert failed.returncode == 1
+    assert "could not open the compile cache at s3://nowhere/cache" in " ".join(
+        failed.stderr.split()
+    )
+    report_file = tmp_path / "pull.json"
+    kept = cli(
+        ["cache", "pull", "s3://nowhere/cache", "--keep-going", "--report", str(report_file)], env
+    )
+    assert kept.returncode == 0
+    assert json.loads(report_file.read_text())["error"].startswith("target-unavailable: ")
+
+
+@pytest.mark.slow
+def test_run_records_the_cache_beside_a_result_a_broken_cache_does_not_change(
+    tiny_llama_path: Path, tmp_path: Path
+) -> None:
+    results = tmp_path / "results"
+    env = {
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",  # the cache's store is down
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "x",
+        "AWS_MAX_ATTEMPTS": "1",
+    }
+    args = [
+        "run",
+        str(tiny_llama_path),
+        "--cores",
+        "1",
+        "--compile-backend",
+        "aot_eager",
+        "--dtype",
+        "float32",
+    ]
+    done = cli(
+        [*args, "--results", str(results), "--compile-cache", "s3://nowhere/cache", "--json"], env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["result"] == "PASS"
+    cache = summary["compile_cache"]
+    assert (cache["target"], cache["prefix"]) == ("s3://nowhere/cache", PREFIX)
+    assert cache["pull"]["error"].startswith("target-unavailable") and cache["push"]["error"]
+    (record,) = ResultsStore(results).records()
+    assert record.document.compile_cache is not None
+    assert record.document.compile_cache.model_dump() == cache
+    row = pd.read_parquet(results / "data").iloc[0]
+    assert row.result == "PASS"
+    assert row.compile_cache_error.startswith("pull: target-unavailable")
+
+    wrong = cli(
+        [*args, "--results", str(results), "--compile-cache", str(tmp_path / "neuronxcc-2.0.0")],
+        env,
+    )
+    assert wrong.returncode == 2 and "neuronx-cc 2.0.0" in " ".join(wrong.stderr.split())
+    assert len(list(ResultsStore(results).records())) == 1  # refused before anything ran
+
+
+@pytest.mark.slow
+def test_a_second_machine_pulls_the_first_ones_inductor_cache_and_compiles_from_it(
+    tiny_llama_path: Path, tmp_path: Path
+) -> None:
+    """Cold on one machine (fresh cache), then warm on another (another fresh cache) through
+    the shared target: the second run's graphs come from the cache."""
+    target, results = tmp_path / "target", tmp_path / "results"
+    args = [
+        "run",
+        str(tiny_llama_path),
+        "--cores",
+        "1",
+        "--compile-backend",
+        "inductor",
+        "--dtype",
+        "float32",
+    ]
+    args += ["--results", str(results), "--compile-cache", str(target), "--json"]
+    cold = cli(args, {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "machine-1")})
+    assert cold.returncode == 0, cold.stderr[-3000:]
+    first = json.loads(cold.stdout.strip().splitlines()[-1])["compile_cache"]
+    assert first["pull"]["entries"] == 0 and first["push"]["entries"] > 0
+
+    warm = cli(args, {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "machine-2")})
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    second = json.loads(warm.stdout.strip().splitlines()[-1])["compile_cache"]
+    assert second["pull"]["entries"] == first["push"]["entries"]
+    assert second["pull"]["skipped"] == 0 and second["push"]["entries"] == 0
+
+    rows = pd.read_parquet(results / "data")
+    assert len(rows) == 1  # the latest run of the model
+    row = rows.iloc[0]
+    assert row.compile_cache_pulled_entries == second["pull"]["entries"]
+    assert row.compile_cache_hits > 0 and row.compile_cache_misses == 0
+    assert bool(row.compile_cache_hit)
+    assert row.compile_cache_prefix == PREFIX and row.compile_cache_target == str(target)

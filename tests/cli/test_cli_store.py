@@ -1,0 +1,86 @@
+"""The command line and the results store: a result is never lost, and tables read cleanly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from model_support.cli import app
+from model_support.cli.commands_run import save_record
+from model_support.records import ResultDocument, RunRecord, record_from_document
+from model_support.store import ResultsStore
+from model_support.vocabulary import ErrorClass, Result
+
+runner = CliRunner()
+
+
+def _record(model: str = "org/model", result: Result = Result.PASS) -> RunRecord:
+    document = ResultDocument(model=model, task="text-generation", result=result)
+    return record_from_document(document, "# run.py\n")
+
+
+def test_a_result_that_cannot_be_stored_is_kept_on_disk_and_said_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("the store's parent became a file")
+    record = _record()
+    location = str(blocker / "results")
+    assert save_record(ResultsStore(location), record, location) is False
+    kept = work / f"model-support-unsaved-{record.run_id}.json"
+    assert RunRecord.from_json(kept.read_text()) == record
+    said = "".join(capsys.readouterr().err.split())  # rich wraps long paths anywhere
+    assert "couldnotrecordtheresult" in said and str(kept) in said
+
+
+def test_a_record_stored_but_not_materialized_is_folded_in_by_the_next_materialize(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    location = tmp_path / "results"
+    store = ResultsStore(location)
+    (location / "data").mkdir(parents=True)
+    blocked = location / "data" / "unknown-unknown__transformers-unknown.parquet"
+    blocked.mkdir()  # the matrix file cannot be replaced: materialize fails after the add
+    (blocked / "x").write_text("x")
+    record = _record()
+    assert save_record(store, record, str(location)) is True
+    assert "the next run with --results" in " ".join(capsys.readouterr().err.split())
+    (blocked / "x").unlink()
+    blocked.rmdir()
+    store.add(_record("org/other"))
+    store.materialize()
+    assert sorted(store.matrix().model_id) == ["org/model", "org/other"]
+
+
+def test_the_results_table_shows_missing_values_as_blank(tmp_path: Path) -> None:
+    store = ResultsStore(tmp_path / "results")
+    # An infrastructure ERROR: nothing ran, so no stack, no timings, no memory.
+    document = ResultDocument(
+        model="org/lost",
+        task="text-generation",
+        result=Result.ERROR,
+        error_class=ErrorClass.INFRASTRUCTURE,
+        error="node lost",
+    )
+    store.add_and_materialize(record_from_document(document, "# run.py\n"))
+    result = runner.invoke(app, ["results", "--results", str(tmp_path / "results")])
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if "org/lost" in line)
+    for placeholder in ("<NA>", "None", "nan", "NaN", "—"):
+        assert placeholder not in row, row
+    listed = json.loads(
+        runner.invoke(app, ["results", "--results", str(tmp_path / "results"), "--json"]).stdout
+    )
+    assert listed[0]["wall_time_s"] is None
+
+
+def test_results_of_an_unknown_location_is_a_clear_error() -> None:
+    result = runner.invoke(app, ["results", "--results", "nosuch://x"])
+    assert result.exit_code == 2
+    assert "Protocol not known: nosuch" in " ".join(result.output.split())

@@ -1,0 +1,113 @@
+"""Disruption and waiting are not model results.
+
+The harness plays the Job controller as our Job spec asks it to (podFailurePolicy: a pod with a
+DisruptionTarget condition is ignored and replaced; any non-zero exit fails the Job), and the
+scheduler / Kueue as they report waiting.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from k8s_harness import JOBS_URL, PODS_URL, Harness, now
+from test_operator_lifecycle import SPEC, records, runner_log, start
+
+from model_support.vocabulary import Result
+
+
+def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status.get("conditions") or []}
+
+
+async def phase(h: Harness, want: str, name: str = "qwen") -> dict[str, Any]:
+    return await h.wait_status(name, lambda s: s.get("phase") == want, want)
+
+
+async def test_an_evicted_pod_is_replaced_and_the_test_passes_once(harness: Harness) -> None:
+    h = harness
+    _, job = await start(h)
+    first = await h.start_pod(job)
+    await h.run_pod(first)
+    await phase(h, "Running")
+    # Evicted mid-run (exit 143 with DisruptionTarget): the Job ignores it and starts another.
+    await h.disrupt_pod(first, "EvictionByEvictionAPI")
+    second = await h.start_pod(job)
+    await h.run_pod(second)
+    await h.end_pod(job, second, exit_code=0, log=runner_log(Result.PASS))
+    status = await phase(h, "Completed")
+    assert status["result"] == "PASS" and status["attempt"] == 1, status.get("message")
+    [record] = records(h)  # the disrupted pod left no record of its own
+    assert record.document.result == Result.PASS
+    assert len(await h.items(JOBS_URL)) == 1  # the Job retried it; the operator made no new Job
+
+
+async def test_exit_137_without_oomkilled_is_not_out_of_memory(harness: Harness) -> None:
+    h = harness
+    _, job = await start(h)
+    pod = await h.start_pod(job)
+    await h.end_pod(job, pod, exit_code=137, log="loading\n", container_reason="Error")
+    status = await phase(h, "Completed")
+    assert status["result"] == "ERROR" and status["errorClass"] != "out-of-memory"
+
+
+async def test_a_runner_stopped_from_outside_is_tried_again(harness: Harness) -> None:
+    """SIGTERM without a DisruptionTarget condition (a pod deleted by hand): another attempt."""
+    from model_support.runner_pod import STOPPED_MESSAGE
+
+    h = harness
+    _, job = await start(h)
+    pod = await h.start_pod(job)
+    await h.end_pod(job, pod, exit_code=143, log=None, termination_message=STOPPED_MESSAGE)
+    status = await h.wait_status("qwen", lambda s: s.get("attempt") == 2, "attempt 2")
+    assert status["phase"] == "Pending" and records(h) == []
+
+
+async def test_waiting_for_capacity_is_queued_not_a_result(harness: Harness) -> None:
+    h = harness
+    assert h.settings.unschedulable_limit_s is None  # the default: wait as long as it takes
+    _, job = await start(h)
+    unschedulable = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "0/3 nodes: Insufficient aws.amazon.com/neuroncore",
+        "lastTransitionTime": "2020-01-01T00:00:00Z",  # years ago: still only waiting
+    }
+    pod = await h.start_pod(job, conditions=[unschedulable])
+    status = await phase(h, "Queued")
+    queued = conditions(status)["Queued"]
+    assert (queued["status"], queued["reason"]) == ("True", "Unschedulable")
+    assert "Insufficient aws.amazon.com/neuroncore" in queued["message"]
+    events = [e for e in await h.events() if e["reason"] == "WaitingForCapacity"]
+    assert len(events) == 1 and records(h) == []
+
+    # Capacity arrives: scheduled (Pending, no pod ready yet), then ready (Running).
+    await h.patch(
+        f"{PODS_URL}/{pod['metadata']['name']}/status",
+        {
+            "status": {
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}
+                ]
+            }
+        },
+    )
+    status = await phase(h, "Pending")
+    assert conditions(status)["Queued"]["status"] == "False"
+    await h.run_pod(pod)
+    status = await phase(h, "Running")
+    assert status["startedAt"]
+    assert len([e for e in await h.events() if e["reason"] == "WaitingForCapacity"]) == 1
+
+
+async def test_kueue_admission_is_queued_then_running(harness: Harness) -> None:
+    h = harness
+    _, job = await start(h, spec={**SPEC, "queueName": "trainium"})
+    status = await phase(h, "Queued")
+    assert conditions(status)["Queued"]["reason"] == "KueueAdmission"
+    # Kueue admits the Job by unsuspending it.
+    await h.patch(f"{JOBS_URL}/{job['metadata']['name']}", {"spec": {"suspend": False}})
+    await phase(h, "Pending")
+    pod = await h.start_pod(job)
+    await h.run_pod(pod)
+    await phase(h, "Running")

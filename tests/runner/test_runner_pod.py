@@ -1,0 +1,256 @@
+"""The runner container's entry point (model_support.runner_pod), run as a pod runs it.
+
+A stand-in run.py (the real config block, scripted behaviour) plays each way a run can end; the
+runner's process, its delivery to a real store (a local path, and S3 through moto's server),
+its termination message and its exit status are checked as the operator will read them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from model_support.config import RunConfig
+from model_support.delivery import DeliveryArea
+from model_support.records import RESULT_MARKER, ResultDocument, Verification, parse_result_line
+from model_support.runner_pod import compact_document
+from model_support.script import BEGIN, END, render_script
+from model_support.vocabulary import ErrorClass, Result
+
+CONFIG = RunConfig(model="org/tiny", cores=1, dtype="float32")
+
+# run.py stand-in: the real config block, then whatever FAKE_MODE says.
+FAKE_RUN_PY = f"""import json, os, signal, sys, time
+{BEGIN}
+CONFIG_JSON = "{{}}"
+{END}
+config = json.loads(CONFIG_JSON)
+mode = os.environ["FAKE_MODE"]
+doc = {{"model": config["model"], "task": config["task"], "dtype": config["dtype"],
+        "cores": config["cores"], "result": "PASS", "tokens": [[1, 2, 3]],
+        "packages": ["torch==2.13.0"]}}
+print("loading", flush=True)
+if mode == "pass":
+    text = json.dumps(doc)
+    with open(config["result_path"], "w") as f:
+        f.write(text)
+    print("MODEL_SUPPORT_RESULT " + text, flush=True)
+    for i in range(1000):  # e.g. a chatty upload after the result
+        print(f"uploading chunk {{i}}")
+    sys.exit(0)
+if mode == "exit3":
+    print("Traceback: boom", flush=True)
+    sys.exit(3)
+if mode == "sigkill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if mode == "sleep":
+    print("compiling", flush=True)
+    time.sleep(60)
+if mode == "malformed":
+    with open(config["result_path"], "w") as f:
+        f.write(json.dumps({{"model": config["model"]}}))
+    sys.exit(0)
+"""
+
+
+def start_runner(
+    workdir: Path, mode: str, store: str | None, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "run.py").write_text(render_script(CONFIG, template=FAKE_RUN_PY))
+    argv = [sys.executable, "-m", "model_support.runner_pod", "--run-id", "op-run-1"]
+    if store is not None:
+        argv += ["--deliver-to", store]
+    argv += ["--termination-log", str(workdir / "termination-log"), *extra]
+    return subprocess.Popen(
+        argv,
+        cwd=workdir,
+        env={**os.environ, **(env or {}), "FAKE_MODE": mode},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def run_runner(
+    workdir: Path, mode: str, store: str | None, *extra: str, env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    proc = start_runner(workdir, mode, store, *extra, env=env)
+    output, _ = proc.communicate(timeout=120)
+    return proc.returncode, output
+
+
+def termination_message(workdir: Path) -> str:
+    return (workdir / "termination-log").read_text()
+
+
+def test_the_result_is_delivered_and_noise_after_it_does_not_matter(tmp_path: Path) -> None:
+    store = tmp_path / "results"
+    code, output = run_runner(tmp_path / "pod", "pass", str(store))
+    assert code == 0, output
+    delivered = DeliveryArea(str(store)).get("op-run-1")
+    assert delivered is not None
+    document = ResultDocument.model_validate_json(delivered)
+    assert document.result == Result.PASS and document.tokens == [[1, 2, 3]]
+    # 1,000 lines after the result would have pushed it out of a 400-line log tail; the
+    # runner prints the document again as the last line, and keeps a compact copy in the
+    # termination message.
+    assert output.rstrip("\n").splitlines()[-1].startswith(RESULT_MARKER)
+    assert parse_result_line(output) == document
+    compact = parse_result_line(termination_message(tmp_path / "pod"))
+    assert compact is not None and compact.result == Result.PASS
+    assert compact.tokens == [] and compact.packages == []  # the large parts are left out
+
+
+def test_a_run_py_that_dies_without_a_document_gets_one_saying_why(tmp_path: Path) -> None:
+    store = tmp_path / "results"
+    code, _ = run_runner(tmp_path / "pod", "exit3", str(store))
+    assert code == 3  # run.py's own status
+    delivered = DeliveryArea(str(store)).get("op-run-1")
+    assert delivered is not None
+    document = ResultDocument.model_validate_json(delivered)
+    assert (document.result, document.error_class) == (Result.ERROR, ErrorClass.RUNTIME)
+    assert "exited with status 3" in (document.error or "")
+    assert "Traceback: boom" in (document.error or "")  # the output tail
+    assert document.model == CONFIG.model  # identity from run.py's config block
+
+
+def test_a_malformed_result_file_is_not_passed_on(tmp_path: Path) -> None:
+    store = tmp_path / "results"
+    code, _ = run_runner(tmp_path / "pod", "malformed", str(store))
+    assert code == 1
+    delivered = DeliveryArea(str(store)).get("op-run-1")
+    assert delivered is not None
+    document = ResultDocument.model_validate_json(delivered)
+    assert document.result == Result.ERROR and "malformed" in (document.error or "")
+
+
+def test_sigkill_delivers_nothing_the_container_status_decides(tmp_path: Path) -> None:
+    """SIGKILL is usually the OOM killer: only the container's OOMKilled reason can say so."""
+    store = tmp_path / "results"
+    code, _ = run_runner(tmp_path / "pod", "sigkill", str(store))
+    assert code == 137
+    assert DeliveryArea(str(store)).get("op-run-1") is None
+    message = termination_message(tmp_path / "pod")
+    assert message.startswith("model-support runner:") and "SIGKILL" in message
+
+
+def test_sigterm_stops_run_py_and_delivers_nothing(tmp_path: Path) -> None:
+    """A disruption or the Job's deadline: the Job and the operator handle it, not a document."""
+    store = tmp_path / "results"
+    proc = start_runner(tmp_path / "pod", "sleep", str(store))
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    for line in proc.stdout:  # wait until run.py is really running
+        if "compiling" in line or time.monotonic() > deadline:
+            break
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert time.monotonic() - started < 30  # passed on at once, not after run.py's sleep
+    assert proc.returncode == 143
+    assert DeliveryArea(str(store)).get("op-run-1") is None
+    assert "stopped by a signal" in termination_message(tmp_path / "pod")
+
+
+def test_a_failing_cache_push_changes_nothing(tmp_path: Path) -> None:
+    """The after-run hook runs once the result is safe; its failure is only reported."""
+    store = tmp_path / "results"
+    cache = tmp_path / "neff"
+    cache.mkdir()
+    code, output = run_runner(
+        tmp_path / "pod",
+        "pass",
+        str(store),
+        "--push-cache",
+        str(cache),
+        "hf://buckets/nobody/none",
+        env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "1"},
+    )
+    assert code == 0
+    assert "NEFF cache push to hf://buckets/nobody/none failed" in output
+    assert DeliveryArea(str(store)).get("op-run-1") is not None
+    assert output.rstrip("\n").splitlines()[-1].startswith(RESULT_MARKER)
+
+
+def test_the_compact_document_fits_a_termination_message() -> None:
+    huge = ResultDocument(
+        model="org/" + "m" * 150,
+        task="text-generation",
+        result=Result.FAIL,
+        error="x" * 20_000,
+        tokens=[list(range(4096))],
+        text=["word " * 5000],
+        packages=[f"pkg{i}==1.0" for i in range(500)],
+        verification=Verification(
+            passed=False, bad_tokens=3, positions=[{"token": i} for i in range(3000)]
+        ),
+    )
+    line = compact_document(huge)
+    assert len(line.encode()) <= 4096
+    compact = parse_result_line(line)
+    assert compact is not None
+    assert (compact.result, compact.verification.bad_tokens) == (Result.FAIL, 3)
+    assert compact.model == huge.model and (compact.error or "").startswith("xxx")
+
+
+@pytest.fixture
+def s3_store() -> tuple[object, str, dict[str, str]]:
+    """An S3 results store on moto's server (real S3 protocol, through s3fs)."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    s3fs.S3FileSystem().mkdir("results-bucket")
+    try:
+        yield server, "s3://results-bucket/model-support", env
+    finally:
+        server.stop()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_delivery_to_s3_survives_a_store_outage(
+    tmp_path: Path, s3_store: tuple[object, str, dict[str, str]]
+) -> None:
+    from moto.server import ThreadedMotoServer
+
+    server, uri, env = s3_store
+    assert isinstance(server, ThreadedMotoServer)
+    host, port = server.get_host_and_port()
+    server.stop()  # the store is down when the run ends
+    proc = start_runner(tmp_path / "pod", "pass", uri, env=env)
+    time.sleep(2)
+    back = ThreadedMotoServer(ip_address=host, port=port)  # same endpoint, same data
+    back.start()
+    try:
+        output, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 0, output
+        delivered = DeliveryArea(uri).get("op-run-1")
+        assert delivered is not None
+        assert json.loads(delivered)["result"] == "PASS"
+    finally:
+        back.stop()

@@ -1,0 +1,134 @@
+"""`model-support viewer` as a process: it becomes the Streamlit server, listens on 127.0.0.1
+unless told otherwise, and leaves nothing running once stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from processes import processes_with
+from viewer_support import free_port
+
+CLI = str(Path(sys.executable).with_name("model-support"))
+LISTEN = "0A"  # TCP state LISTEN in /proc/net/tcp
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # closed while we looked
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    return inodes
+
+
+def _address(hex_address: str) -> str:
+    """/proc/net/tcp's little-endian hex address as text (IPv4 dotted, IPv6 compressed)."""
+    import ipaddress
+
+    raw = bytes.fromhex(hex_address)
+    # Each 32-bit word is stored in host (little-endian) order.
+    swapped = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(swapped))
+
+
+def listening(pid: int, port: int) -> list[str]:
+    """Addresses on which ``pid`` itself listens on TCP ``port``."""
+    inodes = _socket_inodes(pid)
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            host, port_hex = local.split(":")
+            if state == LISTEN and int(port_hex, 16) == port and inode in inodes:
+                found.append(_address(host))
+    return found
+
+
+def start_viewer(results: Path, port: int, marker: str, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [CLI, "viewer", "--results", str(results), "--port", str(port), "--headless", *extra],
+        env={
+            **os.environ,
+            "MODEL_SUPPORT_VIEWER_MARKER": marker,
+            "MODEL_SUPPORT_HUB_ENDPOINT": "http://127.0.0.1:9",
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def wait_listening(process: subprocess.Popen[bytes], port: int) -> list[str]:
+    """Poll until the started process itself serves the health check; its listening addresses."""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            output = process.stdout.read().decode() if process.stdout else ""
+            raise AssertionError(f"the viewer exited with {process.returncode}: {output}")
+        addresses = listening(process.pid, port)
+        if addresses:
+            host = "127.0.0.1" if "0.0.0.0" in addresses else addresses[0]
+            try:
+                with urllib.request.urlopen(f"http://{host}:{port}/_stcore/health", timeout=2):
+                    return addresses
+            except OSError:
+                pass
+        time.sleep(0.3)
+    process.kill()
+    raise AssertionError("the viewer did not start serving within 90 s")
+
+
+def wait_gone(process: subprocess.Popen[bytes], marker: str) -> None:
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise AssertionError("the viewer did not stop within 30 s of the signal") from None
+    deadline = time.monotonic() + 10
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_with(marker) == [], "a process of the viewer outlived it"
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_viewer_is_the_server_listens_locally_and_stops_whole(
+    dataset: Path, stop: signal.Signals
+) -> None:
+    marker = f"viewer-{uuid.uuid4().hex}"
+    port = free_port()
+    process = start_viewer(dataset, port, marker)
+    try:
+        # The CLI process itself listens (it became Streamlit), on the loopback address only.
+        assert wait_listening(process, port) == ["127.0.0.1"]
+        assert processes_with(marker) == [process.pid]
+        process.send_signal(stop)
+        wait_gone(process, marker)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    output = process.stdout.read().decode() if process.stdout else ""
+    assert f"viewer on {dataset}" in output
+
+
+def test_address_opens_the_viewer_to_other_interfaces(dataset: Path) -> None:
+    marker = f"viewer-{uuid.uuid4().hex}"
+    port = free_port()
+    process = start_viewer(dataset, port, marker, "--address", "0.0.0.0")
+    try:
+        assert wait_listening(process, port) == ["0.0.0.0"]
+        process.terminate()
+        wait_gone(process, marker)
+    finally:
+        if process.poll() is None:
+            process.kill()
