@@ -298,3 +298,27 @@ def test_every_named_test_image_is_drawn() -> None:
     assert len({image.tobytes() for image in images}) == len(images)
     with pytest.raises(ValueError, match="unknown test image"):
         runner.draw_test_image("sunset")
+
+
+def test_run_py_has_one_section_per_task_family_holding_its_scenario() -> None:
+    """A reader finds a task's code by its name: a ``# ---- task: <tags>`` section holding the
+    scenario that runs exactly those tags, every task of the vocabulary in one section."""
+    import inspect
+    import re
+
+    from model_support.script import template_text
+    from model_support.vocabulary import Task
+
+    source = template_text()
+    headers = list(re.finditer(r"^# ---- task: (.+)$", source, flags=re.MULTILINE))
+    sections = {
+        tuple(h.group(1).split(", ")): source[h.end() : (headers[i + 1].start() if i + 1 < len(headers) else len(source))]
+        for i, h in enumerate(headers)
+    }  # fmt: skip
+    assert sorted(t for tags in sections for t in tags) == sorted(t.value for t in Task)
+    for tags, text in sections.items():
+        for tag in tags:
+            scenario = type(runner.scenario_for(tag))
+            assert f"class {scenario.__name__}(" in text, (tag, scenario.__name__)
+            assert set(scenario.tasks) <= set(tags)
+            assert inspect.getsource(scenario) in text
