@@ -10,7 +10,7 @@ import torch
 from model_support.checkpoints import DemoModel, build_demo_models, default_cache_dir
 from model_support.config import RunConfig
 from model_support.execution import run_local
-from model_support.records import ResultDocument
+from model_support.records import MetricStatistics, ResultDocument
 from model_support.script import render_script
 from model_support.vocabulary import GENERATING_TASKS, TASK_METHODS, Result, Task
 
@@ -67,6 +67,8 @@ def test_every_task_runs_and_passes_through_run_py(fixture: str, task: Task, tex
     else:
         assert doc.max_new_tokens is None and doc.tokens == [] and t.prefill_s is None
         assert v.metrics and all(m.median_ratio is not None for m in v.metrics)
+        # run.py fills every field of the typed record (unknown ones are refused on reading).
+        assert all(m.model_fields_set == set(MetricStatistics.model_fields) for m in v.metrics)
         assert v.items
     if isinstance(text, set):
         assert len(doc.text) == n and set(doc.text) <= text
