@@ -954,6 +954,14 @@ def read_metadata(
             access_refused=True,
         )  # fmt: skip
     except RemoteEntryNotFoundError as e:
+        if task not in (Task.TEXT_GENERATION.value, Task.IMAGE_TEXT_TO_TEXT.value):
+            # Another library's checkpoint (open_clip, timm, setfit, ...) tagged with a task
+            # model-support tests: its loader cannot take it, which is an exclusion
+            # (unsupported-task, see unsupported_architecture), not a broken model.
+            return ModelMetadata(
+                model=model, revision=revision, task=task, gated=gated, tensors=tensors,
+                token_available=bool(effective_token),
+            )  # fmt: skip
         raise MetadataError(f"{model} has no config.json; it is not a transformers model") from e
     return remembered_metadata(
         config, tensors, model=model, revision=revision, source="hub", task=task, gated=gated,

@@ -190,6 +190,15 @@ def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServe
             },
             pipeline_tag="automatic-speech-recognition",
         ),
+        Repo(  # another library's checkpoint: safetensors weights, no transformers config.json
+            "org/open-clip",
+            files={
+                "open_clip_config.json": b"{}",
+                "model.safetensors": save({"w": torch.zeros(4)}),
+            },
+            pipeline_tag="feature-extraction",
+            library_name="open_clip",
+        ),
     ]
     with HubServer(repos) as s:
         yield s
@@ -220,3 +229,10 @@ def test_hub_classifier_is_planned_and_a_ctc_model_excluded(server: HubServer) -
     result = size_model("org/ctc", endpoint=server.url)
     assert isinstance(result, Exclusion) and result.reason is ExclusionReason.UNSUPPORTED_TASK
     assert "Wav2Vec2ForCTC" in result.message
+
+
+def test_another_library_s_checkpoint_of_a_tested_task_is_unsupported(server: HubServer) -> None:
+    """No config.json: not something run.py's loaders take, so EXCLUDED, never an error."""
+    result = size_model("org/open-clip", endpoint=server.url)
+    assert isinstance(result, Exclusion) and result.reason is ExclusionReason.UNSUPPORTED_TASK
+    assert "not a text model" in result.message
