@@ -312,8 +312,10 @@ def test_an_unsupported_task_model_is_excluded_not_an_error_with_and_without_cor
         results = tmp_path / f"results{len(extra)}"
         result = runner.invoke(
             app,
-            ["run", str(checkpoint), "--task", "automatic-speech-recognition"]
-            + ["--results", str(results), "--json", *extra],
+            [
+                *("run", str(checkpoint), "--task", "automatic-speech-recognition"),
+                *("--results", str(results), "--json", *extra),
+            ],
         )
         assert result.exit_code == 3, result.output
         summary = json.loads(result.stdout.strip().splitlines()[-1])
