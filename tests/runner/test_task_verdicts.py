@@ -322,3 +322,15 @@ def test_run_py_has_one_section_per_task_family_holding_its_scenario() -> None:
             assert f"class {scenario.__name__}(" in text, (tag, scenario.__name__)
             assert set(scenario.tasks) <= set(tags)
             assert inspect.getsource(scenario) in text
+
+
+def test_the_runner_image_installs_every_task_library_run_py_records() -> None:
+    """sentence-transformers and diffusers: imported by run.py's task sections, recorded in the
+    row's stack and packages, so the runner image must install them (pinned, never floating)."""
+    import re
+    from pathlib import Path
+
+    dockerfile = (Path(__file__).resolve().parents[2] / "images/runner/Dockerfile").read_text()
+    for key in ("sentence_transformers", "diffusers"):
+        distribution = runner.STACK_PACKAGES[key]
+        assert re.search(rf'"{re.escape(distribution)}==[0-9][^"]*"', dockerfile), distribution
