@@ -2,27 +2,38 @@
 
     python3 -m model_support.runner_pod --run-id RUN_ID [--deliver-to STORE_URI]
         [--result-file result.json] [--termination-log /dev/termination-log]
-        [--push-cache DIR TARGET]
+        [--compile-cache TARGET] [--pull-report FILE --pull-source URI]
+        [--cache-backend auto|neuron|cuda|cpu] [--cache-deadline SECONDS]
 
 The operator makes this the runner container's command (an argv list: no shell, so no spec value
 can become a command). In order:
 
-1. run ``python3 run.py`` in the working directory, its output passed through to the container
+1. read the init step's compile cache pull report (``model-support cache pull --report``), before
+   run.py can touch the working directory;
+2. run ``python3 run.py`` in the working directory, its output passed through to the container
    log as it comes;
-2. deliver the result document to the results store's delivery area under the run id
-   (:mod:`model_support.delivery`), retried with backoff, so the result outlives the pod;
-3. write a compact copy of the document as the termination message (4 KiB, kept in the pod's
-   status) and print the document again as the log's last line: the operator's fallbacks;
-4. run the after-run hooks (the NEFF cache push), whose output and failures never touch the
-   result;
-5. exit with run.py's own status.
+3. deliver the result document (with the pull's figures) to the results store's delivery area
+   under the run id (:mod:`model_support.delivery`), retried with backoff, so the result
+   outlives the pod, and write a compact copy as the termination message;
+4. push the compile cache to its target whatever run.py's outcome, within a deadline; then
+   deliver again, the same document with both transfers' figures beside the result (the
+   delivery area keeps the last delivery of a run), and rewrite the termination message;
+5. print the document as the log's last line (the operator's last fallback) and exit with
+   run.py's own status.
+
+Delivering before the push means a push that hangs, fails, or is cut short by the Job's
+deadline or a disruption can neither lose the result nor delay it: the worst it costs is the
+push's figures. The push is bounded (``--cache-deadline``); a stop signal during it ends it at
+once (the result is already delivered, so the pod then finishes normally). A cache failure is
+recorded in the document's ``compile_cache`` and never changes the result or the exit status.
 
 What is delivered is what run.py wrote. When run.py wrote nothing the runner says why, in a
 document of its own (exit status and output tail), except in two cases where nothing true can be
 said from inside the container: the pod was asked to stop (SIGTERM: a disruption or the Job's
 deadline, which the Job and the operator handle), or run.py was killed by SIGKILL (most often the
 kernel's OOM killer, which only the container's ``OOMKilled`` reason can confirm). Then nothing
-is delivered and the exit status tells the rest.
+is delivered and the exit status tells the rest (after a SIGKILL the cache is still pushed: what
+compiled before it is worth keeping).
 
 Only fsspec and pydantic are imported (plus s3fs/huggingface_hub for those stores): the runner
 image needs the model_support package, not the operator's or viewer's dependencies.
@@ -44,7 +55,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -52,12 +63,19 @@ from model_support.delivery import DeliveryArea, DeliveryError
 from model_support.records import RESULT_MARKER, ResultDocument
 from model_support.vocabulary import ErrorClass, Result
 
+if TYPE_CHECKING:
+    from model_support.compile_cache import TransferReport
+
 TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_MESSAGE_LIMIT = 4096
 """Kubernetes keeps at most 4096 bytes of a container's termination message."""
 OUTPUT_TAIL_LINES = 40
 DELIVERY_DEADLINE_S = 300.0
-CACHE_PUSH_TIMEOUT_S = 3600.0
+CACHE_DEADLINE_S = 1800.0
+"""How long the compile cache push may take after run.py (the same as ``RUN_TRANSFER_DEADLINE_S``)."""
+STOPPED_DELIVERY_DEADLINE_S = 10.0
+"""Delivery retries after a stop signal: the kubelet's grace period is short, and the result
+was delivered once already."""
 _STOP_GRACE_S = 20.0
 
 RUNNER_MESSAGE_PREFIX = "model-support runner:"
@@ -83,42 +101,6 @@ _COMPACT_VERIFICATION = (
     "first_mismatch",
     "reason",
 )
-
-
-@dataclass(frozen=True)
-class CachePush:
-    """After-run hook: push the local NEFF compile cache to its target (``hf buckets sync``).
-
-    Runs after the result is delivered, so a slow or failing upload can neither delay nor lose
-    the result; its failure is reported in the log and changes nothing else.
-    """
-
-    source: str
-    target: str
-
-    def argv(self) -> list[str]:
-        """The command, as an argument list (no shell)."""
-        return ["hf", "buckets", "sync", self.source, self.target]
-
-    def run(self, out: IO[str]) -> None:
-        """Run the push; report (never raise) what went wrong."""
-        try:
-            done = subprocess.run(
-                self.argv(), stdout=sys.stderr, stderr=sys.stderr, timeout=CACHE_PUSH_TIMEOUT_S
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            print(f"model-support: NEFF cache push to {self.target} failed: {exc}", file=out)
-            return
-        if done.returncode != 0:
-            print(
-                f"model-support: NEFF cache push to {self.target} failed "
-                f"(hf exited {done.returncode})",
-                file=out,
-            )
-
-
-AfterRunHook = CachePush
-"""What may run after the result is safe (one kind today; each is a typed step, never a shell)."""
 
 
 @dataclass(frozen=True)
@@ -230,6 +212,9 @@ def compact_document(document: ResultDocument, limit: int = TERMINATION_MESSAGE_
         for k, v in document.verification.model_dump(mode="json").items()
         if k in _COMPACT_VERIFICATION and v is not None
     }
+    for transfer in (data.get("compile_cache") or {}).values():
+        if isinstance(transfer, dict) and transfer.get("error"):
+            transfer["error"] = transfer["error"][:200]  # the full text is in the delivery
     error = data.get("error") or ""
     for keep_stack in (True, False):
         if not keep_stack:
@@ -274,8 +259,92 @@ def _write_termination_message(path: str, text: str) -> None:
         print(f"model-support: could not write {path}: {exc}", file=sys.stderr, flush=True)
 
 
+# ---- the compile cache around run.py -------------------------------------------------------
+
+
+def load_pull_report(path: Path, source: str | None) -> TransferReport:
+    """The init step's pull report; a missing or unreadable one is a failed pull, said so."""
+    from model_support.compile_cache import TransferReport, redact
+
+    try:
+        return TransferReport.load(path)
+    except FileNotFoundError:
+        error = f"no-report: the init step left no pull report at {path}"
+    except (OSError, ValueError) as exc:  # ValueError: not JSON, or not a report
+        error = f"bad-report: the init step's pull report {path} is unreadable: {_first_line(exc)}"
+    return TransferReport(
+        direction="pull", target=redact(source or ""), prefix="", local_dir="", error=error
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+
+
+class _StopPush(Exception):
+    """A stop signal arrived while the cache was being pushed."""
+
+
+def push_cache(target: str, backend: str, deadline_s: float) -> TransferReport:
+    """Push the compile cache after run.py: within ``deadline_s``, and at once given up on a
+    stop signal (SIGTERM / SIGINT). Never raises for a cache failure: it is the report's error."""
+    from model_support.compile_cache import TransferReport, push_for_run, redact
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise _StopPush(signal.Signals(signum).name)
+
+    started = time.monotonic()
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return push_for_run(target, backend, deadline_s=deadline_s)
+    except _StopPush as exc:
+        return TransferReport(
+            direction="push",
+            target=redact(target),
+            prefix="",
+            local_dir="",
+            seconds=time.monotonic() - started,
+            error=f"stopped: the pod was asked to stop ({exc}) during the push, which was "
+            "left behind (the result was delivered before it)",
+        )
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _with_cache(
+    document: ResultDocument, pulled: TransferReport | None, pushed: TransferReport | None
+) -> ResultDocument:
+    if pulled is None and pushed is None:
+        return document
+    from model_support.compile_cache import attach
+
+    return attach(document, pulled, pushed)
+
+
+# ---- delivery ---------------------------------------------------------------------------
+
+
+def _deliver_document(
+    area: DeliveryArea | None, run_id: str, document: ResultDocument, deadline_s: float, what: str
+) -> None:
+    """Deliver ``document`` (when there is a store to deliver to); say how it went."""
+    if area is None:
+        return
+    try:
+        where = deliver(area, run_id, document.model_dump_json().encode(), deadline_s=deadline_s)
+        print(f"model-support: {what} delivered to {where}", file=sys.stderr, flush=True)
+    except DeliveryError as exc:
+        print(
+            f"model-support: {what} NOT delivered ({exc}); the operator falls back to the "
+            "log and the termination message",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run run.py, make its result durable, run the hooks; return run.py's exit status."""
+    """Run run.py, make its result durable, push the compile cache; return run.py's status."""
     parser = argparse.ArgumentParser(prog="python3 -m model_support.runner_pod")
     parser.add_argument("--run-id", required=True, help="The run id the operator gave this run.")
     parser.add_argument(
@@ -286,12 +355,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--termination-log", default=TERMINATION_LOG)
     parser.add_argument("--delivery-deadline", type=float, default=DELIVERY_DEADLINE_S)
     parser.add_argument(
-        "--push-cache", nargs=2, metavar=("DIR", "TARGET"), help="Push DIR to TARGET afterwards."
+        "--compile-cache",
+        metavar="TARGET",
+        help="Compile cache root to push to after run.py (path, s3://, hf://buckets/).",
+    )
+    parser.add_argument(
+        "--pull-report", type=Path, help="The init step's `model-support cache pull --report`."
+    )
+    parser.add_argument(
+        "--pull-source", help="What the init step pulled from (named when its report is missing)."
+    )
+    parser.add_argument(
+        "--cache-backend",
+        default="auto",
+        choices=["auto", "neuron", "cuda", "cpu"],
+        help="run.py's backend: whose compile cache is pushed (auto: neuron where installed).",
+    )
+    parser.add_argument(
+        "--cache-deadline",
+        type=float,
+        default=CACHE_DEADLINE_S,
+        help="Seconds the push may take before it is given up (recorded as its error).",
     )
     args = parser.parse_args(argv)
     area = DeliveryArea(args.deliver_to) if args.deliver_to else None  # validates the URI first
     if area is not None:
         area.path(args.run_id)  # and the run id, before anything runs
+    # Read before run.py runs: what the init step wrote, not what run.py may leave in /work.
+    pulled = load_pull_report(args.pull_report, args.pull_source) if args.pull_report else None
+    if pulled is not None:
+        print(f"model-support: compile cache {pulled.summary()}", file=sys.stderr, flush=True)
 
     cwd = Path.cwd()
     script_path = cwd / args.script
@@ -304,33 +397,60 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = STOPPED_MESSAGE if outcome.stopped else KILLED_MESSAGE
         print(message, file=sys.stderr, flush=True)
         _write_termination_message(args.termination_log, message)
+        if args.compile_cache and not outcome.stopped:
+            # Killed (most often out of memory): what compiled before is still worth keeping.
+            pushed = push_cache(args.compile_cache, args.cache_backend, args.cache_deadline)
+            print(f"model-support: compile cache {pushed.summary()}", file=sys.stderr, flush=True)
+            _announce_left_behind()
         return exit_code
 
     finished = document.model_copy(
         update={"finished_at": document.finished_at or datetime.now(UTC)}
     )
-    payload = finished.model_dump_json().encode()
-    if area is not None:
-        try:
-            where = deliver(area, args.run_id, payload, deadline_s=args.delivery_deadline)
-            print(f"model-support: result delivered to {where}", file=sys.stderr, flush=True)
-        except DeliveryError as exc:
-            print(
-                f"model-support: result NOT delivered ({exc}); the operator falls back to the "
-                "log and the termination message",
-                file=sys.stderr,
-                flush=True,
-            )
-    _write_termination_message(args.termination_log, compact_document(finished))
-    hooks: list[AfterRunHook] = [CachePush(*args.push_cache)] if args.push_cache else []
-    for hook in hooks:
-        hook.run(sys.stderr)
-    # The whole document is the log's last line too, whatever the hooks printed before it.
-    print(RESULT_MARKER + payload.decode(), flush=True)
+    # First the result (with the pull's figures): nothing after this point can lose it.
+    delivered = _with_cache(finished, pulled, None)
+    _deliver_document(area, args.run_id, delivered, args.delivery_deadline, "result")
+    _write_termination_message(args.termination_log, compact_document(delivered))
+
+    if args.compile_cache and finished.result != Result.EXCLUDED:
+        pushed = push_cache(args.compile_cache, args.cache_backend, args.cache_deadline)
+        print(f"model-support: compile cache {pushed.summary()}", file=sys.stderr, flush=True)
+        stopped = pushed.error is not None and pushed.error.startswith("stopped:")
+        delivered = _with_cache(finished, pulled, pushed)
+        _deliver_document(
+            area,
+            args.run_id,
+            delivered,
+            STOPPED_DELIVERY_DEADLINE_S if stopped else args.delivery_deadline,
+            "result with the compile cache figures",
+        )
+        _write_termination_message(args.termination_log, compact_document(delivered))
+    _announce_left_behind()  # before the document: it stays the log's last line
+    # The whole document is the log's last line too, whatever was printed before it.
+    print(RESULT_MARKER + delivered.model_dump_json(), flush=True)
     if exit_code == 0 and document.result not in (Result.PASS, Result.FAIL):
         exit_code = 1
     return exit_code
 
 
+def _announce_left_behind() -> None:
+    if "model_support.compile_cache" in sys.modules:
+        from model_support.compile_cache.transfer import left_behind_notice, transfers_left_behind
+
+        left = transfers_left_behind()
+        if left:
+            print(left_behind_notice(left), file=sys.stderr, flush=True)
+
+
+def _exit(code: int) -> None:
+    """Exit with ``code``; at once when a compile cache transfer was left behind at its
+    deadline (an interpreter exit would wait for its stalled threads, holding the pod)."""
+    if "model_support.compile_cache" in sys.modules:
+        from model_support.compile_cache import exit_now_if_left_behind
+
+        exit_now_if_left_behind(code, announce=False)  # main() said so already
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

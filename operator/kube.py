@@ -71,6 +71,7 @@ class Kube:
         self.core = kubernetes.client.CoreV1Api(client)
         self.batch = kubernetes.client.BatchV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
+        self.resource = kubernetes.client.ResourceV1Api(client)
         self.timeout = request_timeout_s
         self.page_size = page_size
 
@@ -126,6 +127,10 @@ class Kube:
     def create_job(self, body: dict[str, Any]) -> dict[str, Any]:
         """Create a Job; AlreadyExists on 409."""
         return self._create(self.batch.create_namespaced_job, body)
+
+    def create_resource_claim_template(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a ResourceClaimTemplate (DRA); AlreadyExists on 409."""
+        return self._create(self.resource.create_namespaced_resource_claim_template, body)
 
     def read_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A ConfigMap, or None if it does not exist."""

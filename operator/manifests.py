@@ -1,8 +1,8 @@
 """Builders of the Kubernetes manifests the operator creates: pure functions, plain dicts.
 
-Every manifest is validated against the Kubernetes 1.33 schemas in tests/operator/. User values
-only ever land in typed fields (args lists, env values), never in a shell string, so nothing a
-spec holds can become a command.
+Every manifest is validated against the Kubernetes 1.33 schemas in tests/operator/ (1.34 with
+DRA claims). User values only ever land in typed fields (args lists, env values), never in a
+shell string, so nothing a spec holds can become a command.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from model_support.operator.dra import container_claims, dra_settings, pod_claims
 from model_support.operator.resource import (
     ANNOTATION_TEST_NAME,
     API_VERSION,
@@ -23,6 +24,7 @@ from model_support.operator.resource import (
     LABEL_UID,
     MANAGED_BY,
     RUNNER_CONTAINER,
+    child_name,
 )
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import TestSpec
@@ -45,20 +47,57 @@ RESULT_FILE = "result.json"
 TERMINATION_LOG = "/dev/termination-log"
 
 
-def runner_command(
-    run_id: str, deliver_to: str | None, cache_target: str | None, neff_cache_dir: str
-) -> list[str]:
+INDUCTOR_CACHE_DIR = "/tmp/inductor-cache"
+"""inductor's on-disk cache in a runner pod (TORCHINDUCTOR_CACHE_DIR): the compile cache of the
+cpu and cuda profiles, on the /tmp volume the init step and the runner share."""
+PULL_REPORT = f"{WORKDIR}/.model-support/compile-cache-pull.json"
+"""Where the init step writes its compile cache pull report for the runner to record."""
+PULL_CONTAINER = "compile-cache-pull"
+
+
+@dataclass(frozen=True)
+class CacheWiring:
+    """The compile cache around one run: pulled by the init step, pushed by the runner."""
+
+    source: str | None
+    target: str | None
+    backend: str  # run.py's backend: whose cache (NEFF or inductor) moves
+    deadline_s: float
+
+    def pull_command(self) -> list[str]:
+        """The init step's argv (no shell): a failed pull is its report's error, exit 0."""
+        assert self.source is not None
+        return [
+            "model-support", "cache", "pull", self.source,
+            "--backend", self.backend,
+            "--keep-going",
+            "--report", PULL_REPORT,
+            "--deadline", f"{self.deadline_s:g}",
+        ]  # fmt: skip
+
+    def runner_args(self) -> list[str]:
+        """The runner's cache arguments: read the pull report, push after run.py."""
+        args: list[str] = []
+        if self.source is not None:
+            args += ["--pull-report", PULL_REPORT, "--pull-source", self.source]
+        if self.target is not None:
+            args += ["--compile-cache", self.target]
+        return [*args, "--cache-backend", self.backend, "--cache-deadline", f"{self.deadline_s:g}"]
+
+
+def runner_command(run_id: str, deliver_to: str | None, cache: CacheWiring | None) -> list[str]:
     """The runner container's argv: run.py through model_support.runner_pod (no shell).
 
     The runner delivers the result document to ``deliver_to``'s delivery area under ``run_id``,
-    writes the termination message, then pushes the NEFF cache to ``cache_target`` if given.
+    writes the termination message, then pushes the compile cache (when ``cache`` has a
+    target) and delivers the document again with the cache figures beside the result.
     """
     command = ["python3", "-m", "model_support.runner_pod", "--run-id", run_id]
     if deliver_to is not None:
         command += ["--deliver-to", deliver_to]
     command += ["--result-file", RESULT_FILE, "--termination-log", TERMINATION_LOG]
-    if cache_target is not None:
-        command += ["--push-cache", neff_cache_dir, cache_target]
+    if cache is not None:
+        command += cache.runner_args()
     return command
 
 
@@ -119,6 +158,12 @@ def owner_reference(test: TestRef) -> dict[str, Any]:
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def claim_template_name(test: TestRef) -> str:
+    """Name of a test generation's ResourceClaimTemplate (DRA): one per generation, shared by
+    its attempts (each pod gets its own claim from it)."""
+    return child_name(test.name, test.uid, test.generation)
 
 
 def build_configmap(test: TestRef, name: str, run_py: str) -> dict[str, Any]:
@@ -189,6 +234,7 @@ def build_job(
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": "HF_HOME", "value": f"{WORKDIR}/hf-home"},
         {"name": "TORCH_NEURONX_NEFF_CACHE_DIR", "value": settings.neff_cache_dir},
+        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": INDUCTOR_CACHE_DIR},
         {"name": "MODEL_SUPPORT_RUN_ID", "value": run_id},
         # The root filesystem is read-only: every cache goes to a writable volume.
         {"name": "HOME", "value": "/tmp/home"},
@@ -210,7 +256,6 @@ def build_job(
     if spec.extraPackages:
         env.append({"name": "PYTHONPATH", "value": EXTRA_PACKAGES_DIR})
 
-    token_env = [e for e in env if e["name"] == "HF_TOKEN"]
     container_security = {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
@@ -232,23 +277,6 @@ def build_job(
     ]
 
     init_containers: list[dict[str, Any]] = []
-    cache = spec.compileCache
-    if cache is not None and cache.source is not None:
-        init_containers.append(
-            {
-                "name": "neff-cache-fetch",
-                "image": image,
-                "imagePullPolicy": pull_policy,
-                "command": ["hf", "buckets", "sync", cache.source, settings.neff_cache_dir],
-                "env": [{"name": "HF_HOME", "value": f"{WORKDIR}/hf-home"}, *token_env],
-                "securityContext": container_security,
-                "volumeMounts": [m for m in mounts if m["name"] != "run-script"],
-                "resources": {
-                    "requests": {"cpu": "500m", "memory": "1Gi"},
-                    "limits": {"memory": "4Gi"},
-                },
-            }
-        )
     if spec.extraPackages:
         init_containers.append(
             {
@@ -275,16 +303,44 @@ def build_job(
             }
         )
 
-    command = runner_command(
-        run_id,
-        deliver_to,
-        cache.target if cache is not None else None,
-        settings.neff_cache_dir,
+    cache = spec.compileCache
+    wiring = (
+        None
+        if cache is None
+        else CacheWiring(
+            cache.source, cache.target, profile.backend.value, settings.compile_cache_deadline_s
+        )
     )
+    command = runner_command(run_id, deliver_to, wiring)
     env.extend(settings.runner_env)
     if settings.results_volume_claim is not None and _is_local(settings.results_uri):
         # A local-path store lives on a shared volume: the runner delivers into the same path.
         mounts.append({"name": "results", "mountPath": settings.results_uri})
+    if cache is not None and cache.local_paths() and settings.compile_cache_volume_claim:
+        # Cache paths live on a shared volume (the operator checked they are under its mount).
+        mounts.append({"name": "compile-caches", "mountPath": settings.compile_cache_volume_path})
+    if wiring is not None and wiring.source is not None:
+        # First of the init steps: the pull writes only the cache and its report, and a
+        # failed pull is the report's error (exit 0), so the test runs without the cache.
+        init_containers.insert(
+            0,
+            {
+                "name": PULL_CONTAINER,
+                "image": image,
+                "imagePullPolicy": pull_policy,
+                "command": wiring.pull_command(),
+                "workingDir": WORKDIR,
+                # The runner's env: the same cache folders, store endpoint and credentials.
+                "env": [e for e in env if e["name"] != "PYTHONPATH"],
+                **({"envFrom": list(settings.runner_env_from)} if settings.runner_env_from else {}),
+                "securityContext": container_security,
+                "volumeMounts": [m for m in mounts if m["name"] not in ("run-script", "results")],
+                "resources": {
+                    "requests": {"cpu": "500m", "memory": "1Gi"},
+                    "limits": {"memory": "4Gi"},
+                },
+            },
+        )
 
     # /dev/shm is memory: one worker per core, counted in the memory request and limit.
     shm_bytes = int(settings.shm_per_core_gib * GiB) * placement.cores
@@ -295,7 +351,7 @@ def build_job(
     tmp_bytes = int(settings.tmp_size_gib * GiB)
     neff_bytes = int(settings.neff_cache_size_gib * GiB)
     storage = _gib(work_bytes + tmp_bytes + neff_bytes)
-    resources: dict[str, dict[str, str]] = {
+    resources: dict[str, Any] = {
         "requests": {
             "cpu": _cpu(placement.cores * settings.cpu_per_core),
             "memory": memory,
@@ -305,7 +361,12 @@ def build_job(
     }
     node_selector: dict[str, str] = {}
     tolerations: list[dict[str, Any]] = []
-    if profile.neuron:
+    dra = dra_settings(spec, settings) if profile.neuron else None
+    if dra is not None:
+        # Whole devices through the DRA driver's claim (its template sets the LNC).
+        resources["claims"] = container_claims()
+        tolerations.append({"key": NEURON_TAINT, "operator": "Exists", "effect": "NoSchedule"})
+    elif profile.neuron:
         # Extended resources need requests == limits; the device plugin sets NEURON_RT_VISIBLE_CORES.
         resources["requests"][NEURONCORE_RESOURCE] = str(placement.cores)
         resources["limits"][NEURONCORE_RESOURCE] = str(placement.cores)
@@ -313,7 +374,7 @@ def build_job(
     instance_type = spec.instanceType or profile.instance_type
     if instance_type is not None:
         node_selector[INSTANCE_TYPE_LABEL] = instance_type
-    if profile.name == "trn2" and settings.lnc_node_label:
+    if profile.name == "trn2" and settings.lnc_node_label and dra is None:
         # LNC is a node setting: select nodes configured with the LNC this test was sized for.
         node_selector[settings.lnc_node_label] = str(spec.lnc or DEFAULT_LNC)
     node_selector.update(spec.scheduling.nodeSelector)
@@ -364,8 +425,17 @@ def build_job(
                 "persistentVolumeClaim": {"claimName": settings.results_volume_claim},
             }
         )
+    if any(m["name"] == "compile-caches" for m in mounts):
+        pod_spec["volumes"].append(
+            {
+                "name": "compile-caches",
+                "persistentVolumeClaim": {"claimName": settings.compile_cache_volume_claim},
+            }
+        )
     if settings.runner_env_from:
         pod_spec["containers"][0]["envFrom"] = list(settings.runner_env_from)
+    if dra is not None:
+        pod_spec["resourceClaims"] = pod_claims(claim_template_name(test))
     if init_containers:
         pod_spec["initContainers"] = init_containers
     if node_selector:
@@ -373,8 +443,9 @@ def build_job(
     if tolerations:
         pod_spec["tolerations"] = tolerations
     scheduler = spec.scheduling.schedulerName
-    if scheduler is None and profile.neuron and placement.cores > 1:
-        # More than one core must be connected cores: the Neuron scheduler extension's job.
+    if scheduler is None and profile.neuron and placement.cores > 1 and dra is None:
+        # More than one core must be connected cores: the Neuron scheduler extension's job
+        # (under DRA the claim's connected-group constraint is).
         scheduler = settings.scheduler_name
     if scheduler:
         pod_spec["schedulerName"] = scheduler

@@ -13,12 +13,22 @@ from typing import Any
 from huggingface_hub.errors import HfHubHTTPError
 
 from model_support.hub import is_unreachable
+from model_support.operator.dra import (
+    DraError,
+    build_claim_template,
+    claim_lnc,
+    device_claim,
+    dra_settings,
+)
 from model_support.operator.manifests import (
     Placement,
     TestRef,
     build_configmap,
     build_job,
+    claim_template_name,
     delivery_target,
+    labels_for,
+    owner_reference,
     placement_for,
 )
 from model_support.operator.resource import child_name, run_id_for
@@ -76,6 +86,29 @@ def check_store_allowed(spec: TestSpec, settings: OperatorSettings) -> None:
     )
 
 
+def check_compile_cache(spec: TestSpec, settings: OperatorSettings) -> None:
+    """A compile cache path in a spec must lie on the operator's compile cache volume, the
+    only filesystem a runner pod shares with anything that outlives it."""
+    cache = spec.compileCache
+    if cache is None:
+        return
+    root = settings.compile_cache_volume_path.rstrip("/")
+    for field, path in (("source", cache.source), ("target", cache.target)):
+        if path is None or "://" in path:
+            continue
+        if settings.compile_cache_volume_claim is None:
+            raise InvalidTest(
+                f"spec.compileCache.{field} {path!r} is a path, and this operator has no compile "
+                "cache volume (setting compileCacheVolumeClaim); use hf://buckets/... or "
+                "s3://..., or ask the operator's admin for a compile cache volume"
+            )
+        if path.rstrip("/") != root and not path.startswith(root + "/"):
+            raise InvalidTest(
+                f"spec.compileCache.{field} {path!r} is not on the compile cache volume, "
+                f"which runner pods mount at {root}: use a path under {root}/"
+            )
+
+
 def place(
     spec: TestSpec, settings: OperatorSettings, *, token: str | None
 ) -> Placement | Exclusion:
@@ -85,18 +118,26 @@ def place(
 
     Raises InvalidTest, LoadFailure or Transient (see :func:`classify_sizing_error`).
     """
-    if spec.lnc is not None and spec.profile == "trn2" and not settings.lnc_node_label:
+    dra = dra_settings(spec, settings)
+    lnc = spec.lnc
+    if dra is not None:
+        # DRA sets the LNC on the claim: size for exactly the LNC the devices will have.
+        try:
+            lnc = claim_lnc(spec, dra)
+        except DraError as exc:
+            raise InvalidTest(str(exc)) from exc
+    elif spec.lnc is not None and spec.profile == "trn2" and not settings.lnc_node_label:
         raise InvalidTest(
             f"spec.lnc={spec.lnc} needs nodes labelled with their LNC, and this operator "
-            "has no lncNodeLabel configured (chart value runner.lncNodeLabel); LNC is a "
-            "node setting, not one a pod can choose"
+            "has no lncNodeLabel configured (chart value runner.lncNodeLabel) nor DRA "
+            "(neuron.dra.enabled); LNC is a node setting, not one a pod can choose"
         )
     config = spec.run_config(spec.cores or 1, spec.parallelism or Parallelism.NONE)
     try:
         plan = size_run(
             config,
             profile=spec.profile,
-            lnc=spec.lnc,
+            lnc=lnc,
             max_cores=spec.maxCores,
             cores=spec.cores,
             token=token,
@@ -117,12 +158,43 @@ def place(
                 "`model-support run` where the token is"
             )
         return plan
-    return placement_for(plan, settings)
+    placement = placement_for(plan, settings)
+    if dra is not None and lnc is not None:
+        try:
+            device_claim(placement.cores, lnc)
+        except DraError as exc:
+            raise InvalidTest(str(exc)) from exc
+    return placement
 
 
 def store_uri(spec: TestSpec | None, settings: OperatorSettings) -> str:
     """The results store URI of a test (its spec's `results`, else the operator's)."""
     return (spec.results if spec is not None else None) or settings.results_uri
+
+
+def claim_template(
+    ref: TestRef, spec: TestSpec, placement: Placement, settings: OperatorSettings
+) -> dict[str, Any] | None:
+    """The ResourceClaimTemplate of a test generation when its cores come through DRA, else
+    None. Owned by the test like its other children, so it goes when the test goes.
+
+    Raises InvalidTest when the LNC is unknown or no node holds the devices (see
+    :func:`place`, which refuses such tests before this is reached).
+    """
+    dra = dra_settings(spec, settings)
+    if dra is None:
+        return None
+    try:
+        claim = device_claim(placement.cores, claim_lnc(spec, dra))
+    except DraError as exc:
+        raise InvalidTest(str(exc)) from exc
+    metadata = {
+        "name": claim_template_name(ref),
+        "namespace": ref.namespace,
+        "labels": labels_for(ref),
+        "ownerReferences": [owner_reference(ref)],
+    }
+    return build_claim_template(metadata, claim, dra)
 
 
 def children(

@@ -50,8 +50,10 @@ from model_support.operator.planning import (
     InvalidTest,
     LoadFailure,
     Transient,
+    check_compile_cache,
     check_store_allowed,
     children,
+    claim_template,
     place,
     store_uri,
 )
@@ -324,6 +326,7 @@ class Reconciler:
         try:
             spec = parse_spec(dict(body.get("spec") or {}))
             check_store_allowed(spec, self.settings)
+            check_compile_cache(spec, self.settings)
             placement = self.place(spec, ref.namespace)
         except (SpecError, InvalidTest) as exc:
             self._invalid(body, ref, str(exc))
@@ -440,6 +443,7 @@ class Reconciler:
         configmap, job = children(ref, spec, placement, self.settings, attempt, run_py)
         with contextlib.suppress(AlreadyExists):  # 409: made by an earlier try of this handler
             self.kube.create_configmap(configmap)
+        self._create_claim_template(ref, spec, placement)
         try:
             self.kube.create_job(job)
             metrics.JOBS_CREATED.inc()
@@ -448,6 +452,13 @@ class Reconciler:
                 "Job %s/%s already exists; adopting it", ref.namespace, job["metadata"]["name"]
             )
         return configmap["metadata"]["name"], job["metadata"]["name"]
+
+    def _create_claim_template(self, ref: TestRef, spec: TestSpec, placement: Placement) -> None:
+        """Create (or adopt) the generation's ResourceClaimTemplate when cores come via DRA."""
+        template = claim_template(ref, spec, placement, self.settings)
+        if template is not None:
+            with contextlib.suppress(AlreadyExists):  # shared by the generation's attempts
+                self.kube.create_resource_claim_template(template)
 
     def _delete_superseded_job(self, ref: TestRef, status: dict[str, Any]) -> None:
         """A spec change supersedes the running Job of the previous generation."""
@@ -815,7 +826,14 @@ class Reconciler:
             int(status.get("hostMemoryBytes") or self.settings.min_host_memory_gib * GiB),
             int(status.get("checkpointBytes") or 0),
         )
-        _, job = children(ref, spec, placement, self.settings, attempt + 1, run_py="")
+        try:
+            _, job = children(ref, spec, placement, self.settings, attempt + 1, run_py="")
+            self._create_claim_template(ref, spec, placement)  # in case it was deleted by hand
+        except InvalidTest as exc:
+            # The operator's settings changed since the first attempt (e.g. DRA's default LNC
+            # removed): no record, since the model did nothing wrong; the message says what to fix.
+            self._invalid(test, ref, f"cannot retry after {reading.message}: {exc}")
+            return
         job_name = job["metadata"]["name"]
         try:
             self.kube.create_job(job)

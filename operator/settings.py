@@ -10,7 +10,7 @@ template mirrors and a test keeps in step). Unknown keys are refused, naming the
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -27,6 +27,27 @@ def chart_key(field: str) -> str:
 
 DEFAULT_RUNNER_IMAGE = "public.ecr.aws/model-support/runner:0.1.0"
 """The chart's runnerImage default (values.yaml), so the CLI renders what the chart deploys."""
+
+
+class NeuronDraSettings(BaseModel):
+    """The Neuron DRA driver's names (chart values ``neuron.dra.*``; docs/trainium.md).
+
+    Defaults are what the AWS Neuron DRA documentation gives; they are settings so that a
+    renamed class or a new config version needs no operator release.
+    """
+
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
+
+    device_class_name: str = Field("neuron.aws.com", min_length=1)
+    driver: str = Field(
+        "neuron.aws.com", min_length=1, description="Driver the opaque NeuronConfig is for."
+    )
+    config_api_version: str = Field("neuron.aws.com/v1", min_length=1)
+    config_kind: str = Field("NeuronConfig", min_length=1)
+    default_lnc: Literal[1, 2] | None = Field(
+        2,
+        description="LNC of claims for tests that name no spec.lnc (trn2's default); None = such tests are refused.",
+    )
 
 
 class OperatorSettings(BaseModel):
@@ -104,6 +125,20 @@ class OperatorSettings(BaseModel):
         description="Host memory per byte of float32 parameters: the CPU reference runs in float32, plus the loaded run-dtype copy and headroom.",
     )
     neff_cache_dir: str = "/var/cache/neff"
+    compile_cache_volume_claim: str | None = Field(
+        None,
+        description="PVC holding compile caches named by absolute paths in spec.compileCache; mounted at compileCacheVolumePath in runner pods.",
+    )
+    compile_cache_volume_path: str = Field(
+        "/var/cache/model-support/compile-caches",
+        pattern=r"^/.+",
+        description="Where the compile cache PVC is mounted; a spec's compileCache paths must lie under it.",
+    )
+    compile_cache_deadline_s: float = Field(
+        1800.0,
+        ge=1,  # `model-support cache pull --deadline` takes no less
+        description="How long a runner pod's compile cache pull (init step) or push (after run.py) may take before it is given up and recorded as the cache's error.",
+    )
     shm_per_core_gib: float = Field(
         1.0,
         gt=0,
@@ -127,6 +162,10 @@ class OperatorSettings(BaseModel):
     lnc_node_label: str | None = Field(
         None,
         description="Node label holding a trn2 node's logical NeuronCore config (LNC); runner pods select nodes with the LNC they were sized for. Without it a test cannot ask for an LNC.",
+    )
+    neuron_dra: NeuronDraSettings | None = Field(
+        None,
+        description="Request trn2 NeuronCores through the Neuron DRA driver (a ResourceClaimTemplate per test, LNC set per claim) instead of the device plugin; None = device plugin.",
     )
     log_tail_lines: int = Field(
         400, ge=10, description="Lines of the runner's log read for the result line."
@@ -222,6 +261,9 @@ def settings_from_values(values: dict[str, Any]) -> OperatorSettings:
     ):
         if runner.get(value_key):
             base[settings_key] = runner[value_key]
+    dra = (values.get("neuron") or {}).get("dra") or {}
+    if dra.get("enabled"):
+        base["neuronDra"] = {key: value for key, value in dra.items() if key != "enabled"}
     if runner.get("env"):
         base["runnerEnv"] = list(runner["env"])
     if runner.get("envFrom"):

@@ -7,10 +7,18 @@ servers that apply no schema. Field names follow the CRD (camelCase).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from model_support.config import RunConfig, VerificationConfig
 from model_support.vocabulary import Backend, Float32Precision, Parallelism, Task
@@ -43,8 +51,18 @@ MODEL_PATTERN = r"^(/[A-Za-z0-9._@+/-]+|[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][
 REVISION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"
 IMAGE_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9._/:@-]*$"
 PACKAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?([<>=!~]=?[A-Za-z0-9.*+!-]+(,[<>=!~]=?[A-Za-z0-9.*+!-]+)*)?$"
-BUCKET_PATTERN = (
-    r"^hf://buckets/[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9._/-]*)?$"
+# A compile cache location: a Hugging Face storage bucket, an S3 prefix, or an absolute path on
+# the operator's compile cache volume. Path components are plain names (no "..", no hidden
+# names), so a location can never climb out of where it points.
+_CACHE_SEGMENT = r"[A-Za-z0-9_][A-Za-z0-9._+-]*"
+_HF_BUCKET = r"hf://buckets/[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*"
+_S3_BUCKET = r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"
+COMPILE_CACHE_PATTERN = (
+    rf"^({_HF_BUCKET}(/{_CACHE_SEGMENT})*|{_S3_BUCKET}(/{_CACHE_SEGMENT})*|(/{_CACHE_SEGMENT})+)/?$"
+)
+COMPILE_CACHE_FORMS = (
+    "hf://buckets/<namespace>/<name>[/<path>], s3://<bucket>[/<prefix>] or an absolute path "
+    "on the operator's compile cache volume"
 )
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 COMPILE_BACKEND_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_]*)?$"
@@ -75,8 +93,42 @@ class VerificationSpec(_Camel):
 
 
 class CompileCacheSpec(_Camel):
-    source: str | None = Field(None, max_length=512, pattern=BUCKET_PATTERN)
-    target: str | None = Field(None, max_length=512, pattern=BUCKET_PATTERN)
+    """Where the compile cache is pulled from before run.py and pushed to after it."""
+
+    source: str | None = Field(None, min_length=1, max_length=512)
+    target: str | None = Field(None, min_length=1, max_length=512)
+
+    @field_validator("source", "target")
+    @classmethod
+    def _location(cls, value: str | None) -> str | None:
+        if value is None or re.match(COMPILE_CACHE_PATTERN, value):
+            return value
+        scheme = value.split("://", 1)[0] if "://" in value else None
+        if scheme == "hf":
+            raise ValueError(
+                f"{value!r} is not a Hugging Face storage bucket: compile caches live in "
+                "buckets, hf://buckets/<namespace>/<name>[/<path>] (model and dataset "
+                "repositories suit neither thousands of small entries nor concurrent pushers)"
+            )
+        if scheme not in (None, "s3"):
+            raise ValueError(
+                f"{value!r}: {scheme}:// is not a compile cache store here; use {COMPILE_CACHE_FORMS}"
+            )
+        if scheme is None and not value.startswith("/"):
+            raise ValueError(
+                f"{value!r} is a relative path: a runner pod has no working directory of yours; "
+                f"use {COMPILE_CACHE_FORMS}"
+            )
+        bucket = " (S3 bucket names are 3 to 63 lowercase letters, digits, '.' and '-')"
+        raise ValueError(
+            f"{value!r} is not a valid compile cache location ({COMPILE_CACHE_FORMS}); path "
+            "components are letters, digits and . _ + - (no '..', no hidden names)"
+            + (bucket if scheme == "s3" else "")
+        )
+
+    def local_paths(self) -> list[str]:
+        """The locations that are paths on the compile cache volume (not URIs)."""
+        return [v for v in (self.source, self.target) if v is not None and "://" not in v]
 
 
 class SecretRef(_Camel):

@@ -55,6 +55,15 @@ KeepGoingOpt = Annotated[
         "test then runs without the cache, and the failure is recorded with its result).",
     ),
 ]
+DeadlineOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--deadline",
+        min=1,
+        help="Give the transfer up after this many seconds (a stalled store's clients retry for "
+        "minutes): an error in the report, like any other failure.",
+    ),
+]
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -69,28 +78,42 @@ def _transfer(
     as_json: bool,
     report_file: Path | None,
     keep_going: bool,
+    deadline: float | None,
 ) -> None:
     from model_support.compile_cache import (
         CompileCacheError,
         TargetUnavailable,
+        check_target,
+        exit_now_if_left_behind,
         guarded,
         installed_compiler_cache,
         pull,
+        pull_for_run,
         push,
+        push_for_run,
     )
 
-    operation = pull if direction == "pull" else push
-    try:
-        compiler = installed_compiler_cache(backend.value)
+    if keep_going:
+        # A pod's init step: whatever goes wrong (the store, the URI, a disabled or mismatched
+        # compiler cache) is the report's error, and the test runs without the cache.
+        for_run = pull_for_run if direction == "pull" else push_for_run
+        report = for_run(target, backend.value, deadline_s=deadline)
+    else:
+        operation = pull if direction == "pull" else push
+        try:
+            check_target(target, backend.value)  # a wrong URI or prefix: exit 2, nothing read
+            compiler = installed_compiler_cache(backend.value)
 
-        def run() -> TransferReport:
-            return operation(target, compiler=compiler)
+            def run() -> TransferReport:
+                return operation(target, compiler=compiler)
 
-        report = guarded(run, direction, target, compiler) if keep_going else run()  # type: ignore[arg-type]
-    except TargetUnavailable as exc:
-        raise _fail(str(exc), 1) from exc
-    except CompileCacheError as exc:
-        raise _fail(str(exc), 2) from exc
+            report = (
+                run() if deadline is None else guarded(run, direction, target, compiler, deadline)  # type: ignore[arg-type]
+            )
+        except TargetUnavailable as exc:
+            raise _fail(str(exc), 1) from exc
+        except CompileCacheError as exc:
+            raise _fail(str(exc), 2) from exc
     if report_file is not None:
         report.save(report_file)
     if as_json:
@@ -102,8 +125,10 @@ def _transfer(
             console.print(f"  [yellow]skipped[/] {skipped.path}: {skipped.reason}")
         if len(report.skipped) > 20:
             console.print(f"  … and {len(report.skipped) - 20} more (--json lists them all)")
-    if report.error and not keep_going:
-        raise typer.Exit(1)
+    code = 1 if report.error and not keep_going else 0
+    exit_now_if_left_behind(code)  # a transfer given up at its deadline must not hold the exit
+    if code:
+        raise typer.Exit(code)
 
 
 @cache_app.command("pull")
@@ -113,9 +138,10 @@ def pull_command(
     as_json: JsonOpt = False,
     report: ReportOpt = None,
     keep_going: KeepGoingOpt = False,
+    deadline: DeadlineOpt = None,
 ) -> None:
     """Fetch the installed compiler's entries the local cache lacks (each one verified)."""
-    _transfer("pull", target, backend, as_json, report, keep_going)
+    _transfer("pull", target, backend, as_json, report, keep_going, deadline)
 
 
 @cache_app.command("push")
@@ -125,9 +151,10 @@ def push_command(
     as_json: JsonOpt = False,
     report: ReportOpt = None,
     keep_going: KeepGoingOpt = False,
+    deadline: DeadlineOpt = None,
 ) -> None:
     """Upload the local cache's complete entries that the target does not have yet."""
-    _transfer("push", target, backend, as_json, report, keep_going)
+    _transfer("push", target, backend, as_json, report, keep_going, deadline)
 
 
 @cache_app.command("ls")

@@ -61,6 +61,7 @@ def render_test(
         Transient,
         check_store_allowed,
         children,
+        claim_template,
         place,
     )
     from model_support.operator.spec import SpecError, parse_spec
@@ -115,7 +116,8 @@ def render_test(
             message=placement.message,
         ), False
     configmap, job = children(ref, spec, placement, settings)
-    return [configmap, job], True
+    template = claim_template(ref, spec, placement, settings)
+    return [configmap, *([template] if template is not None else []), job], True
 
 
 def register(app: typer.Typer) -> None:
@@ -140,8 +142,9 @@ def register(app: typer.Typer) -> None:
             str, typer.Option("--namespace", "-n", help="Namespace of tests that name none.")
         ] = "default",
     ) -> None:
-        """Print the ConfigMap and Job the operator would create for each test (sizing
-        included), or the status it would record instead; exit 3 if any would get no Job."""
+        """Print the ConfigMap and Job (and, with DRA, the ResourceClaimTemplate) the operator
+        would create for each test (sizing included), or the status it would record instead;
+        exit 3 if any would get no Job."""
         from pydantic import ValidationError
 
         from model_support.operator.resource import API_VERSION, KIND

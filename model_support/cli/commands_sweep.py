@@ -29,10 +29,13 @@ def sweep(
         str | None, typer.Option(help="Secret holding a Hub token (key 'token'), for gated models.")
     ] = None,
     compile_cache_source: Annotated[
-        str | None, typer.Option(help="hf://buckets/... NEFF cache to start from.")
+        str | None,
+        typer.Option(
+            help="Compile cache to pull from (hf://buckets/..., s3://... or a path on the operator's cache volume)."
+        ),
     ] = None,
     compile_cache_target: Annotated[
-        str | None, typer.Option(help="hf://buckets/... NEFF cache to sync back to.")
+        str | None, typer.Option(help="Compile cache to push to after each run (same forms).")
     ] = None,
     results: Annotated[
         str | None, typer.Option(help="Results store of these tests (default: the operator's).")

@@ -37,11 +37,13 @@ from model_support.compile_cache.transfer import (
     PruneReport,
     SkippedEntry,
     TransferReport,
+    exit_now_if_left_behind,
     guarded,
     list_target,
     prune,
     pull,
     push,
+    transfers_left_behind,
 )
 from model_support.records import CompileCacheFigures, ResultDocument
 
@@ -148,6 +150,7 @@ __all__ = [
     "attach",
     "check_target",
     "describe_prefix",
+    "exit_now_if_left_behind",
     "guarded",
     "installed_compiler_cache",
     "list_target",
@@ -157,4 +160,5 @@ __all__ = [
     "pull_for_run",
     "push",
     "push_for_run",
+    "transfers_left_behind",
 ]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import threading
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -95,6 +97,7 @@ class TransferReport(BaseModel):
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the report as JSON (atomically: a reader sees the old file or the new one)."""
         target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
         temp = target.with_name(f".{target.name}.tmp")
         temp.write_text(self.model_dump_json(indent=1), encoding="utf-8")
         os.replace(temp, target)
@@ -472,6 +475,8 @@ def guarded(
         attempt()
     else:
         worker = threading.Thread(target=attempt, name=f"compile-cache-{direction}", daemon=True)
+        with _LEFT_BEHIND_LOCK:
+            _TRANSFER_THREADS.add(worker)
         worker.start()
         worker.join(deadline_s)
         if not outcome:
@@ -486,6 +491,39 @@ def guarded(
         raise result
     label = getattr(result, "label", None) or "target-unavailable"
     return failed(f"{label}: {result}")
+
+
+_TRANSFER_THREADS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+_LEFT_BEHIND_LOCK = threading.Lock()
+
+
+def transfers_left_behind() -> list[str]:
+    """Names of the transfers :func:`guarded` gave up on that are still running."""
+    with _LEFT_BEHIND_LOCK:
+        return sorted(t.name for t in _TRANSFER_THREADS if t.is_alive())
+
+
+def left_behind_notice(left: list[str]) -> str:
+    """The line that says which given-up transfers the process leaves behind at its exit."""
+    return f"model-support: leaving {', '.join(left)} behind (past its deadline); exiting now"
+
+
+def exit_now_if_left_behind(code: int, *, announce: bool = True) -> None:
+    """End the process with ``code`` at once when a given-up transfer is still running.
+
+    A normal interpreter exit waits for the worker pools of a hung transfer (concurrent.futures
+    joins its threads at exit, a stalled store's client retries for minutes), which would hold
+    a pod's container, and the node, long after its result was delivered. Output is flushed
+    first; nothing else is left to clean up (objects and entries appear whole or not at all).
+    """
+    left = transfers_left_behind()
+    if not left:
+        return
+    if announce:
+        print(left_behind_notice(left), file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _safe_uri(uri: str) -> str:

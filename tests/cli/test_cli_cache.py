@@ -107,6 +107,39 @@ def test_an_unreachable_target_fails_the_command_unless_keep_going(tmp_path: Pat
     assert json.loads(report_file.read_text())["error"].startswith("target-unavailable: ")
 
 
+def test_a_stalled_store_is_given_up_at_the_deadline(tmp_path: Path) -> None:
+    """A store that accepts connections and never answers (its clients would wait and retry
+    for minutes): with --deadline the command gives up in time and says so, and exits at once
+    (a pod's init step must not hold the node)."""
+    import socket
+    import time
+
+    inductor_files(tmp_path / "c")
+    with socket.socket() as stalled:
+        stalled.bind(("127.0.0.1", 0))
+        stalled.listen(16)  # connections complete in the backlog; nothing is ever read
+        env = {
+            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "c"),
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{stalled.getsockname()[1]}",
+            "AWS_ACCESS_KEY_ID": "x",
+            "AWS_SECRET_ACCESS_KEY": "x",
+        }
+        started = time.monotonic()
+        failed = cli(["cache", "push", "s3://stalled/cache", "--deadline", "2"], env, timeout=120)
+        assert time.monotonic() - started < 60
+        assert failed.returncode == 1
+        assert "did not finish within 2 s" in " ".join(failed.stderr.split())
+        report_file = tmp_path / "pull.json"
+        kept = cli(
+            ["cache", "pull", "s3://stalled/cache", "--keep-going", "--deadline", "2",
+             "--report", str(report_file)],
+            env,
+            timeout=120,
+        )  # fmt: skip
+        assert kept.returncode == 0
+        assert json.loads(report_file.read_text())["error"].startswith("deadline: ")
+
+
 @pytest.mark.slow
 def test_run_records_the_cache_beside_a_result_a_broken_cache_does_not_change(
     tiny_llama_path: Path, tmp_path: Path

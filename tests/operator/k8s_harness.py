@@ -31,6 +31,7 @@ JOBS_URL = f"/apis/batch/v1/namespaces/{NS}/jobs"
 PODS_URL = f"/api/v1/namespaces/{NS}/pods"
 CMS_URL = f"/api/v1/namespaces/{NS}/configmaps"
 EVENTS_URL = f"/api/v1/namespaces/{NS}/events"
+CLAIM_TEMPLATES_URL = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaimtemplates"
 MERGE = {"Content-Type": "application/merge-patch+json"}
 _counter = itertools.count(1)
 
@@ -81,6 +82,13 @@ def declare_resources(server: kmock.KubernetesEmulator) -> None:
         shortnames={"mst"},
         namespaced=True,
         subresources={"status"},
+        verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+    )
+    # DRA (Kubernetes >= 1.34) is not among kmock's bundled kinds.
+    server.resources["resource.k8s.io/v1/resourceclaimtemplates"] = kmock.ResourceInfo(
+        kind="ResourceClaimTemplate",
+        singular="resourceclaimtemplate",
+        namespaced=True,
         verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
     )
 

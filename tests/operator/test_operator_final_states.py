@@ -244,6 +244,24 @@ async def test_a_store_outside_the_allowed_prefixes_is_refused(harness: Harness)
     assert await h.items(JOBS_URL) == []
 
 
+async def test_a_bad_compile_cache_location_is_refused_with_what_would_do(
+    harness: Harness,
+) -> None:
+    """The operator refuses what the API server's schema would (a server without it too), and
+    a cache path it cannot mount: the status says what was wrong and what to use; no Job."""
+    h = harness
+    await h.start_operator()
+    await h.create_test("dataset", {**SPEC, "compileCache": {"source": "hf://datasets/org/neff"}})
+    await h.create_test("nowhere", {**SPEC, "compileCache": {"target": "/mnt/team/neff"}})
+    status = await h.wait_status("dataset", lambda s: s.get("phase") == "Invalid", "Invalid")
+    assert "spec.compileCache.source" in status["message"]
+    assert "is not a Hugging Face storage bucket" in status["message"]
+    assert "hf://buckets/<namespace>/<name>" in status["message"]
+    status = await h.wait_status("nowhere", lambda s: s.get("phase") == "Invalid", "Invalid")
+    assert "no compile cache volume (setting compileCacheVolumeClaim)" in status["message"]
+    assert await h.items(JOBS_URL) == []
+
+
 async def test_token_secrets_are_read_only_when_allowed_and_labelled(
     harness: Harness, hub: HubServer
 ) -> None:

@@ -110,7 +110,9 @@ def test_operator_patterns_are_the_crd_patterns(crd: dict[str, Any]) -> None:
     assert props["revision"]["pattern"] == spec_module.REVISION_PATTERN
     assert props["image"]["pattern"] == spec_module.IMAGE_PATTERN
     assert props["extraPackages"]["items"]["pattern"] == spec_module.PACKAGE_PATTERN
-    assert props["compileCache"]["properties"]["source"]["pattern"] == spec_module.BUCKET_PATTERN
+    for end in ("source", "target"):
+        cache = props["compileCache"]["properties"][end]
+        assert cache["pattern"] == spec_module.COMPILE_CACHE_PATTERN
     assert props["queueName"]["pattern"] == spec_module.DNS_LABEL_PATTERN
     assert props["compileBackend"]["pattern"] == spec_module.COMPILE_BACKEND_PATTERN
 
@@ -143,7 +145,10 @@ def test_valid_specs_pass_the_schema_and_the_operator(schema: jsonschema.Validat
         ({"maxNewTokens": 0}, "maxNewTokens"),
         ({"timeoutSeconds": 5}, "timeoutSeconds"),
         ({"profile": "trn9"}, "profile"),
-        ({"compileCache": {"source": "s3://bucket/x"}}, "source"),
+        ({"compileCache": {"source": "hf://datasets/org/neff"}}, "source"),
+        ({"compileCache": {"target": "gs://bucket/x"}}, "target"),
+        ({"compileCache": {"target": "caches/neff"}}, "target"),
+        ({"compileCache": {"source": "/mnt/caches/../etc"}}, "source"),
         ({"extraPackages": ["--index-url=http://evil"]}, "extraPackages"),
         ({"queueName": "Not_A_Label"}, "queueName"),
         ({"unknownField": 1}, None),
@@ -252,6 +257,113 @@ def test_cel_rules_and_the_operator_agree(
     assert cel_violations(crd, {"model": "a/b", "compileCache": {}}) == [
         "compileCache needs a source, a target, or both."
     ]
+
+
+def _api_verdict(
+    crd: dict[str, Any], schema: jsonschema.Validator, spec: dict[str, Any]
+) -> list[str]:
+    """What the API server says of a spec: schema errors, then CEL messages ([] = admitted)."""
+    body = {"apiVersion": "modelsupport.dev/v1alpha1", "kind": "ModelSupportTest",
+            "metadata": {"name": "x"}, "spec": spec}  # fmt: skip
+    return [e.message for e in schema.iter_errors(body)] + cel_violations(crd, spec)
+
+
+@pytest.mark.parametrize(
+    "location",
+    [
+        "hf://buckets/aws-neuron/torch-neuronx-neff-cache",
+        "hf://buckets/me/neff/team-a/neuronxcc-2.28.7631.0/",
+        "s3://my-bucket",
+        "s3://my-bucket/neff-cache/team_a",
+        "/var/cache/model-support/compile-caches/team-a",
+    ],
+)
+def test_compile_cache_takes_the_forms_the_cli_takes(
+    crd: dict[str, Any], schema: jsonschema.Validator, location: str
+) -> None:
+    """Each form `model-support cache pull|push` accepts is admitted by the API server (schema
+    and CEL) and the operator, as source and as target."""
+    for end in ("source", "target"):
+        spec = {"model": "a/b", "compileCache": {end: location}}
+        assert _api_verdict(crd, schema, spec) == []
+        parsed = parse_spec(spec).compileCache
+        assert parsed is not None and getattr(parsed, end) == location
+
+
+@pytest.mark.parametrize(
+    ("location", "says"),
+    [
+        ("hf://datasets/org/neff-cache", "is not a Hugging Face storage bucket"),
+        ("hf://org/neff-cache", "is not a Hugging Face storage bucket"),
+        ("gs://bucket/neff", "gs:// is not a compile cache store here"),
+        ("caches/neff", "is a relative path"),
+        ("/mnt/caches/../../etc", "no '..'"),
+        ("s3://Bad_Bucket/x", "S3 bucket names are 3 to 63"),
+        ("s3://bucket/a b", "is not a valid compile cache location"),
+    ],
+)
+def test_a_bad_compile_cache_location_is_refused_clearly(
+    crd: dict[str, Any], schema: jsonschema.Validator, location: str, says: str
+) -> None:
+    spec = {"model": "a/b", "compileCache": {"target": location}}
+    assert _api_verdict(crd, schema, spec), f"the API server would admit {location!r}"
+    with pytest.raises(SpecError) as refused:
+        parse_spec(spec)
+    message = str(refused.value)
+    assert "spec.compileCache.target" in message and says in message
+    # Every refusal names the forms that would do.
+    assert "s3://" in message or "hf://buckets/" in message
+    if not location.startswith(("hf://", "s3://", "/")):
+        # The CEL rule says it in words, beside the schema's pattern.
+        assert any("compileCache.target must be" in m for m in cel_violations(crd, spec))
+
+
+def test_compile_cache_paths_must_be_on_the_operators_cache_volume() -> None:
+    from model_support.operator.planning import InvalidTest, check_compile_cache
+
+    on_volume = {"model": "a/b", "compileCache": {"target": "/caches/team-a"}}
+    with pytest.raises(InvalidTest, match="no compile cache volume"):
+        check_compile_cache(parse_spec(on_volume), SETTINGS)
+    settings = SETTINGS.model_copy(
+        update={"compile_cache_volume_claim": "caches", "compile_cache_volume_path": "/caches"}
+    )
+    check_compile_cache(parse_spec(on_volume), settings)
+    elsewhere = {"model": "a/b", "compileCache": {"source": "/etc/neff"}}
+    with pytest.raises(InvalidTest, match=r"not on the compile cache volume.*under /caches/"):
+        check_compile_cache(parse_spec(elsewhere), settings)
+    remote = {"model": "a/b", "compileCache": {"source": "s3://team/x"}}
+    check_compile_cache(parse_spec(remote), SETTINGS)
+
+    # The Job mounts the claim at its path in the pull step and the runner, nowhere else.
+    job = job_for(
+        {"model": "a/b", "profile": "cpu", "cores": 1, "compileCache": {"source": "/caches/a",
+         "target": "s3://team/neff"}},
+        cores=1, parallelism=Parallelism.NONE, settings=settings,
+    )  # fmt: skip
+    validate(job)
+    pod = job["spec"]["template"]["spec"]
+    assert {"name": "compile-caches", "persistentVolumeClaim": {"claimName": "caches"}} in pod[
+        "volumes"
+    ]
+    [pull] = pod["initContainers"]
+    [runner] = pod["containers"]
+    for container in (pull, runner):
+        assert {"name": "compile-caches", "mountPath": "/caches"} in container["volumeMounts"]
+    # The cpu profile's compile cache is inductor's, in a folder both containers share.
+    assert pull["command"][3:6] == ["/caches/a", "--backend", "cpu"]
+    inductor = {e["name"]: e["value"] for e in runner["env"] if "value" in e}
+    assert inductor["TORCHINDUCTOR_CACHE_DIR"].startswith("/tmp/")
+    assert {m["mountPath"] for m in pull["volumeMounts"]} >= {"/tmp", "/work"}
+    assert runner["command"][-8:] == [
+        "--pull-source", "/caches/a", "--compile-cache", "s3://team/neff",
+        "--cache-backend", "cpu", "--cache-deadline", "1800",
+    ]  # fmt: skip
+    # A push-only cache has no pull step and no report to read.
+    push_only = job_for(
+        {"model": "a/b", "compileCache": {"target": "s3://team/neff"}}, settings=settings
+    )
+    assert "initContainers" not in push_only["spec"]["template"]["spec"]
+    assert "--pull-report" not in push_only["spec"]["template"]["spec"]["containers"][0]["command"]
 
 
 def test_examples_are_valid(schema: jsonschema.Validator) -> None:
@@ -373,22 +485,35 @@ def test_full_job_manifest(tmp_path: Path) -> None:
     assert env["TORCH_NEURONX_NEFF_CACHE_DIR"]["value"] == SETTINGS.neff_cache_dir
     # LNC is the node's: never set per pod (here no node label is configured to select by).
     assert "NEURON_LOGICAL_NC_CONFIG" not in env
-    # No shell: the cache target is one argument of the runner's after-run hook.
+    # No shell: the runner reads the init step's pull report and pushes the cache to its
+    # target (one argument each) after run.py, whatever its outcome.
     assert runner["command"] == [
         "python3", "-m", "model_support.runner_pod", "--run-id", run_id_for(REF.uid, REF.generation, 1),
         "--result-file", "result.json", "--termination-log", "/dev/termination-log",
-        "--push-cache", SETTINGS.neff_cache_dir, "hf://buckets/me/neff/x",
+        "--pull-report", "/work/.model-support/compile-cache-pull.json",
+        "--pull-source", "hf://buckets/aws-neuron/neff-cache/x",
+        "--compile-cache", "hf://buckets/me/neff/x",
+        "--cache-backend", "neuron", "--cache-deadline", "1800",
     ]  # fmt: skip
     assert "/bin/sh" not in str(job)
-    init = {c["name"]: c for c in pod["initContainers"]}
-    assert init["neff-cache-fetch"]["command"] == [
-        "hf",
-        "buckets",
-        "sync",
-        "hf://buckets/aws-neuron/neff-cache/x",
-        SETTINGS.neff_cache_dir,
+    # The pull is the first init step, through the runner image's own CLI (argv, no shell).
+    assert [c["name"] for c in pod["initContainers"]] == ["compile-cache-pull", "extra-packages"]
+    pull, packages = pod["initContainers"]
+    assert pull["command"] == [
+        "model-support", "cache", "pull", "hf://buckets/aws-neuron/neff-cache/x",
+        "--backend", "neuron", "--keep-going",
+        "--report", "/work/.model-support/compile-cache-pull.json", "--deadline", "1800",
+    ]  # fmt: skip
+    assert pull["image"] == runner["image"]
+    # It sees the same cache folder and credentials as run.py, and the report's volume.
+    assert {e["name"]: e for e in pull["env"]}["TORCH_NEURONX_NEFF_CACHE_DIR"] == env[
+        "TORCH_NEURONX_NEFF_CACHE_DIR"
     ]
-    assert init["extra-packages"]["command"][-1] == "sentencepiece>=0.2"
+    assert {e["name"]: e for e in pull["env"]}["HF_TOKEN"] == env["HF_TOKEN"]
+    pull_mounts = {m["mountPath"]: m["name"] for m in pull["volumeMounts"]}
+    assert pull_mounts[SETTINGS.neff_cache_dir] == "neff-cache" and pull_mounts["/work"] == "work"
+    assert pull["securityContext"] == runner["securityContext"]
+    assert packages["command"][-1] == "sentencepiece>=0.2"
     mounts = {m["mountPath"]: m for m in runner["volumeMounts"]}
     assert mounts["/work/run.py"]["subPath"] == "run.py"
 
@@ -398,7 +523,7 @@ def test_minimal_job_and_cpu_profile() -> None:
     validate(job)
     runner = job["spec"]["template"]["spec"]["containers"][0]
     assert runner["command"][:3] == ["python3", "-m", "model_support.runner_pod"]
-    assert "--push-cache" not in runner["command"] and "--deliver-to" not in runner["command"]
+    assert "--compile-cache" not in runner["command"] and "--deliver-to" not in runner["command"]
     assert "suspend" not in job["spec"] and "initContainers" not in job["spec"]["template"]["spec"]
     cpu = job_for(
         {"model": "/models/tiny", "profile": "cpu", "cores": 1},

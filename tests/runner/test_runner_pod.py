@@ -160,24 +160,110 @@ def test_sigterm_stops_run_py_and_delivers_nothing(tmp_path: Path) -> None:
     assert "stopped by a signal" in termination_message(tmp_path / "pod")
 
 
-def test_a_failing_cache_push_changes_nothing(tmp_path: Path) -> None:
-    """The after-run hook runs once the result is safe; its failure is only reported."""
-    store = tmp_path / "results"
-    cache = tmp_path / "neff"
-    cache.mkdir()
-    code, output = run_runner(
-        tmp_path / "pod",
-        "pass",
-        str(store),
-        "--push-cache",
-        str(cache),
-        "hf://buckets/nobody/none",
-        env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "1"},
+def _seed_inductor_cache(root: Path) -> int:
+    """Three complete inductor cache entries, as torch lays them out; returns their count."""
+    for relpath, data in (
+        ("fxgraph/kn/fkn2btr2vnbnjr5wfq/xo7xmdndgb7o7ptcpgy", b"fx-graph-pickle" * 100),
+        ("aotautograd/ayfajmyv6brtctsdvjm3/ncgjjajt5kodryvx", b"aot-entry" * 50),
+        ("43/c43daxhgfnuvzfpo76ohnavy.py", b"# wrapper\nprint('hi')\n"),
+    ):
+        (root / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (root / relpath).write_bytes(data)
+    return 3
+
+
+def test_the_cache_is_pulled_before_and_pushed_after_and_recorded(tmp_path: Path) -> None:
+    """The init step's report and the runner's push end up beside the result."""
+    store, source, target = tmp_path / "results", tmp_path / "source", tmp_path / "target"
+    seeded = tmp_path / "seeded"
+    entries = _seed_inductor_cache(seeded)
+    cli = str(Path(sys.executable).parent / "model-support")
+    subprocess.run(
+        [cli, "cache", "push", str(source), "--backend", "cpu"],
+        env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(seeded)},
+        check=True,
     )
-    assert code == 0
-    assert "NEFF cache push to hf://buckets/nobody/none failed" in output
-    assert DeliveryArea(str(store)).get("op-run-1") is not None
-    assert output.rstrip("\n").splitlines()[-1].startswith(RESULT_MARKER)
+    local = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "pod" / "inductor")}
+    report = tmp_path / "pod" / ".model-support" / "pull.json"
+    subprocess.run(  # the init step, as the operator's Job runs it
+        [cli, "cache", "pull", str(source), "--backend", "cpu", "--keep-going",
+         "--report", str(report), "--deadline", "60"],
+        env={**os.environ, **local},
+        check=True,
+    )  # fmt: skip
+    code, output = run_runner(
+        tmp_path / "pod", "pass", str(store),
+        "--pull-report", str(report), "--pull-source", str(source),
+        "--compile-cache", str(target), "--cache-backend", "cpu",
+        env=local,
+    )  # fmt: skip
+    assert code == 0, output
+    delivered = DeliveryArea(str(store)).get("op-run-1")
+    assert delivered is not None
+    document = ResultDocument.model_validate_json(delivered)
+    assert document.result == Result.PASS and document.compile_cache is not None
+    cache = document.compile_cache
+    assert cache.target == str(target) and cache.prefix.startswith("inductor-torch-")
+    assert cache.pull is not None and cache.push is not None
+    assert (cache.pull.entries, cache.pull.error) == (entries, None)
+    assert (cache.push.entries, cache.push.error) == (entries, None)  # what was pulled is kept
+    assert len(list((target / cache.prefix).rglob("*@*"))) == entries
+    # The log's last line and the termination message carry the same figures.
+    assert parse_result_line(output) == document
+    compact = parse_result_line(termination_message(tmp_path / "pod"))
+    assert compact is not None and compact.compile_cache == cache
+
+
+def test_a_failing_cache_push_changes_nothing_and_is_recorded(tmp_path: Path) -> None:
+    """An unreachable store: the push is given up at its deadline, the result is delivered
+    unchanged with the push's error beside it, and the pod does not linger after."""
+    store = tmp_path / "results"
+    _seed_inductor_cache(tmp_path / "inductor")
+    started = time.monotonic()
+    code, output = run_runner(
+        tmp_path / "pod", "pass", str(store),
+        "--compile-cache", "s3://unreachable-bucket/neff", "--cache-backend", "cpu",
+        "--cache-deadline", "3",
+        env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+             "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "testing",
+             "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"},
+    )  # fmt: skip
+    assert code == 0, output  # run.py's status, not the cache's
+    assert time.monotonic() - started < 60  # not held by the stalled client's retries
+    delivered = DeliveryArea(str(store)).get("op-run-1")
+    assert delivered is not None
+    document = ResultDocument.model_validate_json(delivered)
+    assert document.result == Result.PASS and document.tokens == [[1, 2, 3]]
+    assert document.compile_cache is not None and document.compile_cache.push is not None
+    error = document.compile_cache.push.error or ""
+    assert error.startswith(("deadline:", "target-unavailable:")), error
+    assert document.compile_cache.push.entries == 0 and document.compile_cache.pull is None
+    assert "FAILED" in output and output.rstrip("\n").splitlines()[-1].startswith(RESULT_MARKER)
+
+
+def test_a_push_to_an_unwritable_path_and_a_missing_pull_report_are_recorded(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "results"
+    _seed_inductor_cache(tmp_path / "inductor")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    code, output = run_runner(
+        tmp_path / "pod", "exit3", str(store),
+        "--pull-report", str(tmp_path / "never-written.json"), "--pull-source", "s3://team/x",
+        "--compile-cache", str(blocker / "cache"), "--cache-backend", "cpu",
+        env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},
+    )  # fmt: skip
+    assert code == 3, output  # run.py's own status, whatever the cache did
+    delivered = DeliveryArea(str(store)).get("op-run-1")
+    assert delivered is not None
+    document = ResultDocument.model_validate_json(delivered)
+    assert (document.result, document.error_class) == (Result.ERROR, ErrorClass.RUNTIME)
+    assert "exited with status 3" in (document.error or "")  # the result is run.py's
+    cache = document.compile_cache
+    assert cache is not None and cache.pull is not None and cache.push is not None
+    assert (cache.pull.error or "").startswith("no-report:")
+    assert cache.push.error and cache.push.entries == 0
 
 
 def test_the_compact_document_fits_a_termination_message() -> None:

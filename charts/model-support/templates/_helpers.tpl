@@ -56,6 +56,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   resources: [secrets]
   verbs: [get]
 {{- end }}
+{{- if .Values.neuron.dra.enabled }}
+# One ResourceClaimTemplate per test generation (DRA); pods' claims are made from it.
+- apiGroups: [resource.k8s.io]
+  resources: [resourceclaimtemplates]
+  verbs: [get, create]
+{{- end }}
 {{- end -}}
 
 {{/* The operator's settings as one JSON object (operator/settings.py, settings_from_values). */}}
@@ -72,6 +78,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if .env }}{{- $_ := set $s "runnerEnv" .env }}{{- end }}
 {{- if .envFrom }}{{- $_ := set $s "runnerEnvFrom" .envFrom }}{{- end }}
 {{- end }}
+{{- if .Values.neuron.dra.enabled }}{{- $_ := set $s "neuronDra" (omit .Values.neuron.dra "enabled") }}{{- end }}
 {{- if .Values.metrics.enabled }}{{- $_ := set $s "metricsPort" .Values.metrics.port }}{{- end }}
 {{- $merged := merge (deepCopy (.Values.settings | default dict)) $s -}}
 {{- if not .Values.metrics.enabled }}{{- $_ := set $merged "metricsPort" nil }}{{- end }}

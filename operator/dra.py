@@ -1,0 +1,141 @@
+"""NeuronCores through the Neuron DRA driver: one ResourceClaimTemplate per test generation.
+
+Where the chart enables DRA (``neuron.dra.enabled``), a trn2 runner pod asks for whole
+Trainium2 devices through a ResourceClaimTemplate instead of ``aws.amazon.com/neuroncore``:
+
+- the smallest unit is one device (trn2: 8 physical NeuronCores = 4 logical cores at LNC=2,
+  8 at LNC=1), so the claim holds the fewest devices that hold the sized cores;
+- more than one device must be connected: a ``matchAttribute`` constraint on
+  ``resource.aws.com/devicegroup{N}_id`` (N = 4, 8, 16, the driver's connected groups) keeps
+  them in one group, so the Neuron scheduler extension is not needed;
+- the LNC is set on the claim (opaque ``NeuronConfig``, ``logicalNeuronCore``), never in the pod.
+  It is the test's ``spec.lnc``, else the chart's ``neuron.dra.defaultLnc``; sizing uses the
+  same value, so the cores counted are the cores the devices show.
+
+Facts and sources: docs/trainium.md ("LNC and DRA").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from model_support.hardware import get_profile
+from model_support.operator.settings import NeuronDraSettings, OperatorSettings
+from model_support.operator.spec import TestSpec
+
+RESOURCE_API_VERSION = "resource.k8s.io/v1"
+"""The DRA API the templates use (GA in Kubernetes 1.34, the driver's minimum)."""
+CLAIM_NAME = "neurons"
+"""The device request in the template, the pod's claim and the container's claim reference."""
+CONNECTED_GROUPS = (4, 8, 16)
+"""Sizes of the driver's connected device groups above one device (devicegroup{N}_id)."""
+DEVICE_GROUP_ATTRIBUTE = "resource.aws.com/devicegroup{size}_id"
+DRA_PROFILE = "trn2"
+"""The profile DRA applies to (the driver supports Trainium2; other profiles keep the plugin)."""
+
+
+class DraError(ValueError):
+    """A test cannot be claimed through DRA as written; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class DeviceClaim:
+    """What one runner pod claims: whole devices, their connected group, and the LNC."""
+
+    devices: int
+    lnc: int
+    connected_group: int | None
+
+    @property
+    def group_attribute(self) -> str | None:
+        """The attribute all claimed devices must share (None for a single device)."""
+        if self.connected_group is None:
+            return None
+        return DEVICE_GROUP_ATTRIBUTE.format(size=self.connected_group)
+
+
+def dra_settings(spec: TestSpec, settings: OperatorSettings) -> NeuronDraSettings | None:
+    """The DRA settings when this test's cores come through DRA, else None (device plugin)."""
+    if settings.neuron_dra is None or spec.profile != DRA_PROFILE:
+        return None
+    return settings.neuron_dra
+
+
+def claim_lnc(spec: TestSpec, dra: NeuronDraSettings) -> int:
+    """The LNC the claim sets: the test's own, else the chart's default; DraError if neither."""
+    lnc = spec.lnc or dra.default_lnc
+    if lnc is None:
+        raise DraError(
+            "this operator requests NeuronCores through DRA, which sets the LNC on each claim, "
+            "and it has no default LNC (chart value neuron.dra.defaultLnc): set spec.lnc to 1 "
+            "or 2"
+        )
+    return lnc
+
+
+def device_claim(cores: int, lnc: int) -> DeviceClaim:
+    """The fewest whole trn2 devices that hold ``cores`` logical cores at ``lnc``."""
+    per_device = get_profile(DRA_PROFILE, lnc).cores_per_device
+    devices = math.ceil(cores / per_device)
+    largest = CONNECTED_GROUPS[-1]
+    if devices > largest:
+        raise DraError(
+            f"{cores} cores at LNC={lnc} need {devices} Trainium2 devices ({per_device} cores "
+            f"each); one trn2 node has {largest}: lower spec.cores or spec.maxCores"
+        )
+    group = None if devices == 1 else next(g for g in CONNECTED_GROUPS if g >= devices)
+    return DeviceClaim(devices, lnc, group)
+
+
+def build_claim_template(
+    metadata: dict[str, Any], claim: DeviceClaim, dra: NeuronDraSettings
+) -> dict[str, Any]:
+    """The ResourceClaimTemplate of one runner pod (``metadata``: name, namespace, labels,
+    owner references, as the test's other children carry)."""
+    devices: dict[str, Any] = {
+        "requests": [
+            {
+                "name": CLAIM_NAME,
+                "exactly": {
+                    "deviceClassName": dra.device_class_name,
+                    "allocationMode": "ExactCount",
+                    "count": claim.devices,
+                },
+            }
+        ],
+        "config": [
+            {
+                "requests": [CLAIM_NAME],
+                "opaque": {
+                    "driver": dra.driver,
+                    "parameters": {
+                        "apiVersion": dra.config_api_version,
+                        "kind": dra.config_kind,
+                        "logicalNeuronCore": claim.lnc,
+                    },
+                },
+            }
+        ],
+    }
+    if claim.group_attribute is not None:
+        devices["constraints"] = [
+            {"requests": [CLAIM_NAME], "matchAttribute": claim.group_attribute}
+        ]
+    return {
+        "apiVersion": RESOURCE_API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": metadata,
+        "spec": {"spec": {"devices": devices}},
+    }
+
+
+def pod_claims(template_name: str) -> list[dict[str, Any]]:
+    """The pod's ``spec.resourceClaims``: one claim made from the test's template."""
+    return [{"name": CLAIM_NAME, "resourceClaimTemplateName": template_name}]
+
+
+def container_claims() -> list[dict[str, Any]]:
+    """The runner container's ``resources.claims``: it uses the pod's claim."""
+    return [{"name": CLAIM_NAME}]
