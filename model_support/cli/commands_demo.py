@@ -170,7 +170,7 @@ def build_checkpoints(dest: Path) -> tuple[dict[str, DemoModel], Path]:
     for name in DEMO_NAMES:
         fresh = is_up_to_date(catalogue_entry(name), dest / name)
         if not fresh:
-            say(f"building {name} in {dest} (trained briefly; about 15 s)")
+            say(f"building {name} in {dest} (trained briefly; 10 to 60 s)")
         start = time.monotonic()
         (models[name],) = build_demo_models(dest, [name])
         if not fresh:
