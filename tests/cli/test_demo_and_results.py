@@ -247,10 +247,11 @@ def test_the_viewer_shows_each_view_on_the_demo_dataset(
     monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", "http://127.0.0.1:9")
     page = AppTest.from_file(APP, default_timeout=60).run()
     assert not page.exception
-    # Selected, on the main stack (the page opens on it): four PASS and the 405B one excluded.
+    # Selected, on the main stack (the page opens on it): every tiny model PASSes (four text
+    # models and one per task family) and the 405B one is excluded.
     assert page.selectbox(key="compiler").value.startswith("aot_eager ")
     selected = page.dataframe[0].value.set_index("model")
-    assert list(selected["result"]) == ["PASS"] * 4 + ["EXCLUDED"]
+    assert list(selected["result"]) == ["PASS"] * len(DEMO_NAMES) + ["EXCLUDED"]
     assert selected.loc[OVERSIZED, "why"] == "too-large"
     # Triage on the broken stack: the FAIL and the ERROR, each its own group.
     faulty = next(o for o in page.selectbox(key="compiler").options if FAULTY_BACKEND in o)
