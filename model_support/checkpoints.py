@@ -101,6 +101,26 @@ class ModelKind(StrEnum):
     DENSE = "dense"
     MOE = "moe"
     VISION = "vision"
+    # ---- the tasks beyond text generation (issue 13), built by model_support.task_fixtures
+    EMBEDDING = "embedding"
+    TEXT_CLASSIFIER = "text-classifier"
+    IMAGE_CLASSIFIER = "image-classifier"
+    SEQ2SEQ = "seq2seq"
+    SPEECH = "speech"
+    DIFFUSION = "diffusion"
+
+
+TASK_KINDS = frozenset(
+    {
+        ModelKind.EMBEDDING,
+        ModelKind.TEXT_CLASSIFIER,
+        ModelKind.IMAGE_CLASSIFIER,
+        ModelKind.SEQ2SEQ,
+        ModelKind.SPEECH,
+        ModelKind.DIFFUSION,
+    }
+)
+"""Kinds built by model_support.task_fixtures rather than as causal language models."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +180,157 @@ class BuildStamp(BaseModel):
     final_loss: float
     versions: dict[str, str]
     files: dict[str, str]  # relative path -> sha256 of every other file in the directory
+
+
+# Shapes of the encoder stacks of the task fixtures (BERT, ViT): hidden 64, 2 layers.
+_ENCODER_SHAPE: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "initializer_range": _INIT_RANGE,
+}
+
+# One tiny model per task family beyond text generation (issue 13), built and trained by
+# model_support.task_fixtures (seconds each); part of the demo.
+TASK_MODELS: tuple[DemoModel, ...] = (
+    DemoModel(
+        name="tiny-sentence-bert",
+        task=Task.SENTENCE_SIMILARITY,
+        kind=ModelKind.EMBEDDING,
+        architecture="BertModel",
+        description=(
+            "sentence-transformers model: tiny BERT + mean pooling, trained contrastively on "
+            "pairs of spans of one paragraph (also a feature-extraction model)."
+        ),
+        config_class="BertConfig",
+        config={
+            **_ENCODER_SHAPE,
+            "vocab_size": TOKENIZER_VOCAB_SIZE,
+            "max_position_embeddings": 128,
+        },
+        recipe=TrainingRecipe(steps=200, learning_rate=2e-3, batch_size=32, sequence_length=32),
+    ),
+    DemoModel(
+        name="tiny-t5",
+        task=Task.TEXT2TEXT_GENERATION,
+        kind=ModelKind.SEQ2SEQ,
+        architecture="T5ForConditionalGeneration",
+        description="T5 encoder-decoder, d_model 64, 2+2 layers: continues the text it reads.",
+        config_class="T5Config",
+        config={
+            "vocab_size": TOKENIZER_VOCAB_SIZE,
+            "d_model": 64,
+            "d_kv": 16,
+            "d_ff": 128,
+            "num_layers": 2,
+            "num_heads": 4,
+            "relative_attention_num_buckets": 16,
+            "dropout_rate": 0.0,
+        },
+        recipe=TrainingRecipe(steps=400, learning_rate=3e-3, batch_size=16, sequence_length=64),
+    ),
+    DemoModel(
+        name="tiny-whisper",
+        task=Task.AUTOMATIC_SPEECH_RECOGNITION,
+        kind=ModelKind.SPEECH,
+        architecture="WhisperForConditionalGeneration",
+        description=(
+            "Whisper encoder-decoder, d_model 64, 2+2 layers, 2 s of 80-bin log-mel input: "
+            "transcribes run.py's tone-spelled text and continues it."
+        ),
+        config_class="WhisperConfig",
+        config={
+            "vocab_size": TOKENIZER_VOCAB_SIZE,
+            "d_model": 64,
+            "encoder_layers": 2,
+            "decoder_layers": 2,
+            "encoder_attention_heads": 4,
+            "decoder_attention_heads": 4,
+            "encoder_ffn_dim": 128,
+            "decoder_ffn_dim": 128,
+            "max_target_positions": 64,
+            "init_std": _INIT_RANGE,
+        },
+        recipe=TrainingRecipe(steps=600, learning_rate=3e-3, batch_size=16, sequence_length=64),
+    ),
+    DemoModel(
+        name="tiny-vit-classifier",
+        task=Task.IMAGE_CLASSIFICATION,
+        kind=ModelKind.IMAGE_CLASSIFIER,
+        architecture="ViTForImageClassification",
+        description="ViT image classifier (32x32, 8x8 patches), trained to tell stripes, checkerboards and diagonals apart.",
+        config_class="ViTConfig",
+        config=dict(_ENCODER_SHAPE),
+        recipe=TrainingRecipe(steps=400, learning_rate=3e-3, batch_size=32),
+    ),
+    DemoModel(
+        name="tiny-bert-classifier",
+        task=Task.TEXT_CLASSIFICATION,
+        kind=ModelKind.TEXT_CLASSIFIER,
+        architecture="BertForSequenceClassification",
+        description="BERT text classifier: is a span of the corpus a function, other code, or prose.",
+        config_class="BertConfig",
+        config={
+            **_ENCODER_SHAPE,
+            "vocab_size": TOKENIZER_VOCAB_SIZE,
+            "max_position_embeddings": 128,
+        },
+        recipe=TrainingRecipe(steps=200, learning_rate=2e-3, batch_size=32, sequence_length=32),
+    ),
+    DemoModel(
+        name="tiny-stable-diffusion",
+        task=Task.TEXT_TO_IMAGE,
+        kind=ModelKind.DIFFUSION,
+        architecture="StableDiffusionPipeline",
+        description=(
+            "diffusers Stable Diffusion pipeline: CLIP text encoder, UNet with cross-attention "
+            "(8x8 latents), VAE (16x16 images), DDIM; the UNet is trained to denoise patterns."
+        ),
+        config_class="StableDiffusionPipeline",
+        config={
+            "text_encoder": {
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+            },
+            "unet": {
+                "sample_size": 8,
+                "in_channels": 4,
+                "out_channels": 4,
+                "layers_per_block": 1,
+                "block_out_channels": [32, 64],
+                "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
+                "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"],
+                "cross_attention_dim": 32,
+                "attention_head_dim": 8,
+                "norm_num_groups": 8,
+            },
+            "vae": {
+                "in_channels": 3,
+                "out_channels": 3,
+                "down_block_types": ["DownEncoderBlock2D", "DownEncoderBlock2D"],
+                "up_block_types": ["UpDecoderBlock2D", "UpDecoderBlock2D"],
+                "block_out_channels": [16, 32],
+                "latent_channels": 4,
+                "layers_per_block": 1,
+                "norm_num_groups": 8,
+                "sample_size": 16,
+            },
+            "scheduler": {
+                "num_train_timesteps": 1000,
+                "beta_schedule": "scaled_linear",
+                "beta_start": 0.00085,
+                "beta_end": 0.012,
+                "clip_sample": False,
+                "set_alpha_to_one": False,
+                "steps_offset": 1,
+            },
+        },
+        recipe=TrainingRecipe(steps=200, learning_rate=2e-3, batch_size=16),
+    ),
+)
 
 
 DEMO_MODELS: tuple[DemoModel, ...] = (
@@ -247,6 +418,7 @@ DEMO_MODELS: tuple[DemoModel, ...] = (
             "vision_feature_layer": -2,
         },
     ),
+    *TASK_MODELS,
 )
 
 
@@ -323,11 +495,14 @@ def corpus_text() -> str:
     return resources.files("model_support").joinpath("data/corpus.txt").read_text(encoding="utf-8")
 
 
-def library_versions() -> dict[str, str]:
+def library_versions(kind: ModelKind | None = None) -> dict[str, str]:
     """Versions of the libraries whose behaviour decides a built checkpoint's bytes."""
-    return {
-        pkg: metadata.version(pkg) for pkg in ("torch", "transformers", "tokenizers", "safetensors")
-    }
+    packages = ["torch", "transformers", "tokenizers", "safetensors"]
+    if kind is ModelKind.EMBEDDING:
+        packages.append("sentence-transformers")
+    if kind is ModelKind.DIFFUSION:
+        packages.append("diffusers")
+    return {pkg: metadata.version(pkg) for pkg in packages}
 
 
 def fingerprint(model: DemoModel, corpus: str) -> str:
@@ -342,7 +517,7 @@ def fingerprint(model: DemoModel, corpus: str) -> str:
         "tokenizer_vocab_size": TOKENIZER_VOCAB_SIZE,
         "chat_template": LLAVA_CHAT_TEMPLATE if model.kind is ModelKind.VISION else None,
         "corpus_sha256": hashlib.sha256(corpus.encode("utf-8")).hexdigest(),
-        "versions": library_versions(),
+        "versions": library_versions(model.kind),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8")).hexdigest()
 
@@ -441,10 +616,35 @@ def _build_and_swap(model: DemoModel, dest: Path, target: Path, corpus: str) -> 
 
 def _build(model: DemoModel, out: Path, corpus: str) -> None:
     """Build, train and save ``model`` into the empty directory ``out``, stamp last."""
+    started = time.perf_counter()
+    if model.kind in TASK_KINDS:
+        from model_support import task_fixtures
+
+        initial_loss, final_loss = task_fixtures.build(model, out, corpus)
+    else:
+        initial_loss, final_loss = _build_language_model(model, out, corpus)
+    files = {
+        p.relative_to(out).as_posix(): _sha256(p) for p in sorted(out.rglob("*")) if p.is_file()
+    }
+    stamp = BuildStamp(
+        name=model.name,
+        fingerprint=fingerprint(model, corpus),
+        builder_version=BUILDER_VERSION,
+        built_at=datetime.now(UTC),
+        build_seconds=round(time.perf_counter() - started, 3),
+        initial_loss=initial_loss,
+        final_loss=final_loss,
+        versions=library_versions(model.kind),
+        files=files,
+    )
+    (out / STAMP_FILE).write_text(stamp.model_dump_json(indent=2), encoding="utf-8")
+
+
+def _build_language_model(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
+    """Build, train and save a causal LM (or Llava) with its tokenizer (or processor)."""
     import torch
     import transformers
 
-    started = time.perf_counter()
     tokenizer = _train_tokenizer(corpus, with_image_token=model.kind is ModelKind.VISION)
     config_kwargs = json.loads(json.dumps(model.config))  # deep copy: configs mutate nested dicts
     special = {
@@ -470,22 +670,7 @@ def _build(model: DemoModel, out: Path, corpus: str) -> None:
         _llava_processor(tokenizer).save_pretrained(out)
     else:
         tokenizer.save_pretrained(out)
-
-    files = {
-        p.relative_to(out).as_posix(): _sha256(p) for p in sorted(out.rglob("*")) if p.is_file()
-    }
-    stamp = BuildStamp(
-        name=model.name,
-        fingerprint=fingerprint(model, corpus),
-        builder_version=BUILDER_VERSION,
-        built_at=datetime.now(UTC),
-        build_seconds=round(time.perf_counter() - started, 3),
-        initial_loss=initial_loss,
-        final_loss=final_loss,
-        versions=library_versions(),
-        files=files,
-    )
-    (out / STAMP_FILE).write_text(stamp.model_dump_json(indent=2), encoding="utf-8")
+    return initial_loss, final_loss
 
 
 def _train_tokenizer(corpus: str, *, with_image_token: bool) -> PreTrainedTokenizerFast:

@@ -6,7 +6,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from model_support.vocabulary import Backend, Float32Precision, Parallelism, Task
+from model_support.vocabulary import (
+    SHARDABLE_TASKS,
+    Backend,
+    Float32Precision,
+    Parallelism,
+    Task,
+)
 
 Dtype = Literal["bfloat16", "float16", "float32"]
 
@@ -16,6 +22,62 @@ DEFAULT_PROMPTS: tuple[str, ...] = (
     "import numpy as np\n",
 )
 DEFAULT_IMAGE_PROMPT = "Describe this image."
+
+# ---- default inputs of the tasks beyond text generation (issue 13); run.py turns each prompt
+# into the task's input (a sentence, a spoken waveform, a drawn test image, an image prompt).
+# Four pairs of related sentences: each one's nearest neighbour is its partner, so the
+# similarity ranking the embeddings verdict checks is decided.
+DEFAULT_EMBEDDING_SENTENCES: tuple[str, ...] = (
+    "The capital of France is Paris.",
+    "Paris lies on the river Seine in the north of France.",
+    "def fibonacci(n): return the n-th Fibonacci number",
+    "a, b = b, a + b in a loop computes Fibonacci numbers",
+    "Water boils at one hundred degrees Celsius.",
+    "On a high mountain water boils at a lower temperature.",
+    "The farmer sells apples, pears and plums at the market.",
+    "There is a stall with fresh bread and cakes.",
+)
+DEFAULT_CLASSIFICATION_TEXTS: tuple[str, ...] = (
+    "def fibonacci(n):\n    a, b = 0, 1",
+    "The capital of France is Paris.",
+    "import numpy as np\nx = np.linspace(0.0, 1.0, 11)",
+    "Once upon a time there was a small village at the foot of a mountain.",
+    "class Stack:\n    def push(self, item):",
+    "Water boils at one hundred degrees Celsius at sea level.",
+    "for i in range(10):\n    print(i)",
+    "The picture shows a boat on a calm lake at sunset.",
+)
+# What the generated waveform says: run.py spells each prompt as a sequence of tones.
+DEFAULT_SPOKEN_TEXTS: tuple[str, ...] = (
+    "the capital of france is paris",
+    "def fibonacci(n):",
+)
+# Test images run.py draws by name (see run.py, draw_test_image).
+TEST_IMAGE_NAMES: tuple[str, ...] = (
+    "gradient-checkerboard",
+    "horizontal-stripes",
+    "vertical-stripes",
+    "checkerboard",
+    "diagonal-stripes",
+    "horizontal-stripes-wide",
+    "vertical-stripes-wide",
+    "checkerboard-fine",
+)
+DEFAULT_IMAGE_GENERATION_PROMPTS: tuple[str, ...] = (
+    "a red apple on a wooden table",
+    "a boat on a calm lake at sunset",
+)
+TASK_DEFAULT_PROMPTS: dict[Task, tuple[str, ...]] = {
+    Task.TEXT_GENERATION: DEFAULT_PROMPTS,
+    Task.IMAGE_TEXT_TO_TEXT: (DEFAULT_IMAGE_PROMPT,),
+    Task.TEXT2TEXT_GENERATION: DEFAULT_PROMPTS,
+    Task.AUTOMATIC_SPEECH_RECOGNITION: DEFAULT_SPOKEN_TEXTS,
+    Task.FEATURE_EXTRACTION: DEFAULT_EMBEDDING_SENTENCES,
+    Task.SENTENCE_SIMILARITY: DEFAULT_EMBEDDING_SENTENCES,
+    Task.TEXT_CLASSIFICATION: DEFAULT_CLASSIFICATION_TEXTS,
+    Task.IMAGE_CLASSIFICATION: TEST_IMAGE_NAMES,
+    Task.TEXT_TO_IMAGE: DEFAULT_IMAGE_GENERATION_PROMPTS,
+}
 
 
 class VerificationConfig(BaseModel):
@@ -66,6 +128,11 @@ class VerificationConfig(BaseModel):
         1e-6,
         gt=0,
         description="Smallest baseline KL divergence (nats) used as the KL ratio's denominator.",
+    )
+    relative_error_floor: float = Field(
+        1e-5,
+        gt=0,
+        description="Smallest baseline error used as a ratio's denominator for the relative measures of embeddings (angle, length) and latents: about float32's own rounding, so strict float32 runs are held to it.",
     )
     router_tie_multiple: float = Field(
         3.0,
@@ -124,6 +191,12 @@ class RunConfig(BaseModel):
     worker_timeout_s: float = Field(
         1800.0, gt=0, description="Longest a sharded run waits for any worker."
     )
+    denoising_steps: int = Field(
+        4,
+        ge=1,
+        le=1000,
+        description="text-to-image: denoising steps of the pipeline call (the denoiser runs compiled at each).",
+    )
 
     @field_validator("prompts")
     @classmethod
@@ -136,10 +209,18 @@ class RunConfig(BaseModel):
     def _task_defaults(self) -> RunConfig:
         # The stored run.py must hold the exact prompts that ran, so defaults are filled in here.
         if not self.prompts:
-            self.prompts = (
-                [DEFAULT_IMAGE_PROMPT]
-                if self.task == Task.IMAGE_TEXT_TO_TEXT
-                else list(DEFAULT_PROMPTS)
+            self.prompts = list(TASK_DEFAULT_PROMPTS[self.task])
+        if self.task == Task.IMAGE_CLASSIFICATION:
+            unknown = [p for p in self.prompts if p not in TEST_IMAGE_NAMES]
+            if unknown:
+                raise ValueError(
+                    f"image-classification prompts name the test images run.py draws; "
+                    f"unknown: {', '.join(map(repr, unknown))}; choose from {', '.join(TEST_IMAGE_NAMES)}"
+                )
+        if self.cores > 1 and self.task not in SHARDABLE_TASKS:
+            raise ValueError(
+                f"{self.task.value} runs on one core; sharding over cores is supported for "
+                f"{', '.join(sorted(t.value for t in SHARDABLE_TASKS))}"
             )
         if self.cores == 1 and self.parallelism != Parallelism.NONE:
             raise ValueError("parallelism must be 'none' on one core")

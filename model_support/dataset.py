@@ -41,6 +41,7 @@ from model_support.vocabulary import (
     PASS_BLIND_SPOTS,
     PASS_GUARANTEES,
     RESULT_MEANINGS,
+    TASK_METHODS,
     VERDICT_CHECK_MEANINGS,
     Backend,
     Float32Precision,
@@ -196,7 +197,7 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "task",
         _STRING,
-        "Hub pipeline tag tested (text-generation, image-text-to-text).",
+        "Hub pipeline tag tested: text-generation, image-text-to-text, feature-extraction, sentence-similarity, text2text-generation, automatic-speech-recognition, image-classification, text-classification or text-to-image.",
         _field("doc.task"),
     ),
     Column(
@@ -839,7 +840,50 @@ Float32 runs are judged against the arithmetic their backend may use (`float32_p
 {defaults} by default; the test's `verification.float32_precision` overrides it.
 
 {precisions}
+
+{task_verdicts_section()}
 """
+
+
+def task_verdicts_section() -> str:
+    """How the tasks beyond text generation are verified (issue 13), for the dataset card."""
+    methods = "\n".join(
+        f"- `{task.value}`: {TASK_VERDICT_DESCRIPTIONS[method]}"
+        for task, method in TASK_METHODS.items()
+    )
+    return f"""### Other tasks
+
+The same method judges every task: the device's output against a float32 CPU reference,
+relative to the same pass in the run's arithmetic on CPU (the baseline). `verification_json`
+names what was compared (`method`) and holds each measure's median and maximum over items
+(`metrics`) and every item's figures (`items`); `error_ratio` and `peak_ratio` are the first
+measure's.
+
+{methods}
+"""
+
+
+TASK_VERDICT_DESCRIPTIONS: dict[str, str] = {
+    "tokens": (
+        "32 greedy tokens, scored teacher forced (an encoder-decoder with its encoder inputs), "
+        "judged by the text verdict's checks."
+    ),
+    "embeddings": (
+        "per sentence the angle to the reference embedding (`cosine`) and the error of its "
+        "length (`norm`); with each sentence as the query, the similarity ranking of the "
+        "others must keep the reference's order beyond near-ties (`ranking`)."
+    ),
+    "classification": (
+        "per input the log-probability error over the top classes (`median`, `peak`), and the "
+        "top class must be the reference's unless the reference's margin is within the "
+        "baseline's noise (`top1`)."
+    ),
+    "latents": (
+        "a few denoising steps from a fixed seed: per step the denoiser's prediction against "
+        "the reference denoiser fed the device's own inputs (`denoiser`, teacher forced), and "
+        "the latents after the step (`latents`)."
+    ),
+}
 
 
 def render_card(files: list[CardFile]) -> str:

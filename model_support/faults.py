@@ -41,7 +41,19 @@ import torch
 from torch import fx
 
 CompiledFn = Callable[..., Any]
-_LAYER_PATH = re.compile(r"layers\.(\d+)\.(.+)$")
+_LAYER_PATH = re.compile(r"(?:layers|layer|block)\.(\d+)\.(.+)$")
+# Where a layer's MLP output is, per architecture family: ``mlp`` (Llama and most decoders),
+# ``fc2`` (BART, Whisper), ``output.dense`` (BERT, ViT), ``layer.<1|2>.DenseReluDense`` (T5's
+# encoder and decoder blocks).
+MLP_OUTPUTS = ("mlp", "fc2", "output.dense", "layer.1.DenseReluDense", "layer.2.DenseReluDense")
+# A layer's self-attention output projection, whose input is the heads side by side.
+ATTENTION_OUTPUTS = (
+    "self_attn.o_proj",
+    "self_attn.out_proj",
+    "attention.o_proj",
+    "attention.output.dense",
+    "layer.0.SelfAttention.o",
+)
 
 
 def _module_path(node: fx.Node) -> str | None:
@@ -52,20 +64,37 @@ def _module_path(node: fx.Node) -> str | None:
     raw = list(stack.values())[-1][0]
     path = re.sub(r"^L\['self'\]\.?", "", raw)
     path = re.sub(r"\[(\d+)\]", r".\1", path)
+    path = re.sub(r"__dict__\['_modules'\]\['([^']+)'\]", r".\1", path)  # diffusers' modules
     return re.sub(r"_modules\['([^']+)'\]", r"\1", path).replace("..", ".").strip(".")
 
 
-def _layer_nodes(gm: fx.GraphModule, suffix: str) -> dict[int, list[fx.Node]]:
-    """Nodes per decoder layer whose module path ends with ``layers.<i>.<suffix>...``."""
-    found: dict[int, list[fx.Node]] = {}
-    for node in gm.graph.nodes:
-        path = _module_path(node)
-        if path is None:
-            continue
-        match = _LAYER_PATH.search(path)
-        if match and (match.group(2) == suffix or match.group(2).startswith(suffix + ".")):
-            found.setdefault(int(match.group(1)), []).append(node)
-    return found
+def _in_stack(path: str) -> bool:
+    """Whether a module path is in the stack MODEL_SUPPORT_FAULT_STACK names (default: any).
+
+    ``decoder``: the decoder of an encoder-decoder (its path names it); ``encoder``: anything
+    else, i.e. the encoder's own compiled graph.
+    """
+    stack = os.environ.get("MODEL_SUPPORT_FAULT_STACK")
+    if stack is None:
+        return True
+    return ("decoder" in path) == (stack == "decoder")
+
+
+def _layer_nodes(gm: fx.GraphModule, suffix: str | tuple[str, ...]) -> dict[int, list[fx.Node]]:
+    """Nodes per layer whose module path ends with ``layers.<i>.<suffix>...`` (or ``layer``,
+    ``block``), for the first of the suffixes the graph has, in the chosen stack."""
+    for wanted in (suffix,) if isinstance(suffix, str) else suffix:
+        found: dict[int, list[fx.Node]] = {}
+        for node in gm.graph.nodes:
+            path = _module_path(node)
+            if path is None or not _in_stack(path):
+                continue
+            match = _LAYER_PATH.search(path)
+            if match and (match.group(2) == wanted or match.group(2).startswith(wanted + ".")):
+                found.setdefault(int(match.group(1)), []).append(node)
+        if found:
+            return found
+    return {}
 
 
 def _pick_layer(layers: dict[int, list[fx.Node]], default_last: bool) -> int | None:
@@ -127,7 +156,7 @@ def _noisy_layer(
     def backend(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
         if not _on_faulty_rank():
             return gm.forward
-        layers = _layer_nodes(gm, "mlp")
+        layers = _layer_nodes(gm, MLP_OUTPUTS)
         layer = _pick_layer(layers, default_last=True)
         if layer is not None:
             _insert_after(gm, _output_node(layers[layer]), _noise, scale)
@@ -187,7 +216,7 @@ def _timed_noise(
     def backend(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
         if not _on_faulty_rank():
             return gm.forward
-        layers = _layer_nodes(gm, "mlp")
+        layers = _layer_nodes(gm, MLP_OUTPUTS)
         layer = _pick_layer(layers, default_last=True)
         landed = layer is not None and _watch_steps(gm, steps)
         if landed and layer is not None:
@@ -241,7 +270,12 @@ scale_norm_10pct = _scaled("scale_norm_10pct", "input_layernorm", 1.10)
 
 
 def _lm_head(gm: fx.GraphModule) -> fx.Node | None:
-    nodes = [n for n in gm.graph.nodes if (_module_path(n) or "").endswith("lm_head")]
+    """The output of the language-model head (``lm_head``; Whisper's is ``proj_out``)."""
+    nodes = [
+        n
+        for n in gm.graph.nodes
+        if (_module_path(n) or "").endswith("lm_head") or _module_path(n) == "proj_out"
+    ]
     return _output_node(nodes) if nodes else None
 
 
@@ -424,7 +458,7 @@ def zero_head(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> Com
     """Zero attention head 0 of one layer (the input of its o_proj)."""
     if not _on_faulty_rank():
         return gm.forward
-    layers = _layer_nodes(gm, "self_attn.o_proj")
+    layers = _layer_nodes(gm, ATTENTION_OUTPUTS)
     layer = _pick_layer(layers, default_last=True)
     if layer is not None:
         linear = next(n for n in layers[layer] if n.op == "call_function")
@@ -478,6 +512,154 @@ def hang_worker(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> C
         print("[fault] hang_worker: this worker stops answering", file=sys.stderr, flush=True)
         while True:
             time.sleep(3600)
+    return gm.forward
+
+
+# ---- inputs of a batch: one row wrong
+
+
+def _row_noise(x: torch.Tensor) -> torch.Tensor:
+    out = x.clone()
+    out[ROW] = _noise(x[ROW], 1.0)
+    return out
+
+
+ROW = 1  # the batch row (input) row_noise_100pct corrupts
+
+
+def row_noise_100pct(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+    """Noise of 100% of the spread on one batch row of the last layer's MLP output, at every
+    call: one input of the batch (a sentence, an image) wrong, the others right."""
+    if not _on_faulty_rank():
+        return gm.forward
+    layers = _layer_nodes(gm, MLP_OUTPUTS)
+    layer = _pick_layer(layers, default_last=True)
+    if layer is not None:
+        _insert_after(gm, _output_node(layers[layer]), _row_noise)
+    _report("row_noise_100pct", layer is not None, f"layer {layer} mlp output, row {ROW}")
+    return gm.forward
+
+
+# ---- denoisers (diffusers UNet / transformer): the timestep, one step, one block
+
+TIMESTEP_SHIFT = 250  # one step of a 4-step schedule over 1000 training timesteps
+STALE_STEP = 2  # the denoising step (from 0) at which stale_step repeats the previous output
+
+
+def _module_nodes(gm: fx.GraphModule, pattern: str) -> list[fx.Node]:
+    """Nodes whose module path matches ``pattern`` (a regular expression, searched)."""
+    regex = re.compile(pattern)
+    return [n for n in gm.graph.nodes if regex.search(_module_path(n) or "")]
+
+
+def _timestep_input(gm: fx.GraphModule) -> tuple[fx.Node, fx.Node] | None:
+    """(the first node of the time-embedding projection, the timestep tensor it reads)."""
+    inside = _module_nodes(gm, r"(^|\.)time_proj$")
+    members = set(inside)
+    for node in inside:
+        for arg in node.args:
+            if isinstance(arg, fx.Node) and arg not in members:
+                return node, arg
+    return None
+
+
+def _shift_timestep(t: torch.Tensor) -> torch.Tensor:
+    return (t - TIMESTEP_SHIFT).clamp_min(0)
+
+
+def wrong_timestep(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+    """Embed the timestep of the next step (TIMESTEP_SHIFT earlier) in the denoiser: every step
+    denoises as if it were one scheduler step later."""
+    found = _timestep_input(gm)
+    if found is not None:
+        user, timestep = found
+        with gm.graph.inserting_before(user):
+            shifted = gm.graph.call_function(_shift_timestep, (timestep,))
+        user.replace_input_with(timestep, shifted)
+        gm.recompile()
+    _report("wrong_timestep", found is not None, f"time_proj input - {TIMESTEP_SHIFT}")
+    return gm.forward
+
+
+class _DenoisingSteps:
+    """Which denoising step the compiled denoiser runs: restarts when the timestep rises."""
+
+    def __init__(self) -> None:
+        self.step = -1
+        self.last: float | None = None
+        self.previous: torch.Tensor | None = None
+
+    def observe(self, t: torch.Tensor) -> torch.Tensor:
+        value = float(t.reshape(-1)[0])
+        self.step = 0 if self.last is None or value >= self.last else self.step + 1
+        self.last = value
+        return t
+
+    def stale(self, x: torch.Tensor) -> torch.Tensor:
+        if self.step == STALE_STEP and self.previous is not None:
+            return self.previous
+        self.previous = x.clone()
+        return x
+
+
+def stale_step(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+    """At denoising step STALE_STEP return the previous step's prediction (a reused buffer)."""
+    steps = _DenoisingSteps()
+    found = _timestep_input(gm)
+    out = _module_nodes(gm, r"^conv_out$") or _module_nodes(gm, r"^proj_out$")
+    if found is not None and out:
+        user, timestep = found
+        with gm.graph.inserting_before(user):
+            observed = gm.graph.call_function(steps.observe, (timestep,))
+        user.replace_input_with(timestep, observed)
+        _insert_after(gm, _output_node(out), steps.stale)
+    _report("stale_step", found is not None and bool(out), f"output at step {STALE_STEP}")
+    return gm.forward
+
+
+def _denoiser_noise(
+    label: str, pattern: str, scale: float, where: str
+) -> Callable[[fx.GraphModule, Sequence[torch.Tensor]], CompiledFn]:
+    """Noise of ``scale`` x the spread on the output of the denoiser's blocks matching ``pattern``."""
+
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+        nodes = _module_nodes(gm, pattern)
+        if nodes:
+            _insert_after(gm, _output_node(nodes), _noise, scale)
+        _report(label, bool(nodes), where)
+        return gm.forward
+
+    backend.__name__ = label
+    return backend
+
+
+denoiser_noise_20pct = _denoiser_noise(
+    "denoiser_noise_20pct", r"^mid_block(\.|$)", 0.20, "mid_block output"
+)
+denoiser_noise_100pct = _denoiser_noise(
+    "denoiser_noise_100pct", r"^mid_block(\.|$)", 1.00, "mid_block output"
+)
+denoiser_last_block_noise_20pct = _denoiser_noise(
+    "denoiser_last_block_noise_20pct",
+    r"^up_blocks\.\d+\.attentions\.\d+(\.|$)",
+    0.20,
+    "last up block's last attention output",
+)
+
+
+def denoiser_zero_head(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+    """Zero head 0 at the input of the last self-attention output projection (attn1.to_out.0)."""
+    nodes = _module_nodes(gm, r"attn1\.to_out\.0$")
+    linear = next((n for n in reversed(nodes) if n.op == "call_function"), None)
+    if linear is not None:
+        attn_output = linear.args[0]
+        assert isinstance(attn_output, fx.Node)
+        with gm.graph.inserting_before(linear):
+            zeroed = gm.graph.call_function(_zero_slice, (attn_output, _head_dim(attn_output)))
+        linear.replace_input_with(attn_output, zeroed)
+        gm.recompile()
+    where = _module_path(linear) if linear is not None else None
+    _report("denoiser_zero_head", linear is not None, f"{where} head 0")
     return gm.forward
 
 

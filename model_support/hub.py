@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,3 +171,81 @@ def is_unreachable(exc: BaseException) -> bool:
         cls.__name__ == "TransportError" and cls.__module__.startswith("httpx")
         for cls in type(exc).__mro__
     )
+
+
+# ---- diffusers pipelines (text-to-image): model_index.json and one folder per component
+
+PIPELINE_INDEX = "model_index.json"
+# The weights a component folder holds as diffusers loads them by default (no variant such as
+# ``.fp16``, which from_pretrained loads only when asked): one file or numbered shards.
+_COMPONENT_WEIGHTS = re.compile(
+    r"^(?P<component>[^/]+)/(diffusion_pytorch_model|model)(-\d+-of-\d+)?\.safetensors$"
+)
+
+
+def pipeline_components(index: dict[str, Any]) -> dict[str, str]:
+    """The components of a model_index.json: name -> class (library entries only)."""
+    return {
+        name: str(value[1])
+        for name, value in index.items()
+        if not name.startswith("_") and isinstance(value, list) and len(value) == 2 and value[1]
+    }
+
+
+def component_weight_files(files: list[str]) -> dict[str, list[str]]:
+    """The default safetensors files of each component folder (relative paths)."""
+    found: dict[str, list[str]] = {}
+    for name in sorted(files):
+        match = _COMPONENT_WEIGHTS.match(name)
+        if match:
+            found.setdefault(match["component"], []).append(name)
+    return found
+
+
+def local_pipeline(directory: str | Path) -> tuple[dict[str, Any], list[TensorSpec] | None] | None:
+    """A local diffusers pipeline's model_index.json and its components' tensors (names
+    prefixed by the component); None when the directory holds no pipeline."""
+    directory = Path(directory)
+    if not (directory / PIPELINE_INDEX).is_file():
+        return None
+    try:
+        index = json.loads((directory / PIPELINE_INDEX).read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{directory / PIPELINE_INDEX} is not valid JSON ({e})") from e
+    files = [p.relative_to(directory).as_posix() for p in directory.glob("*/*.safetensors")]
+    weights = component_weight_files(files)
+    if not weights:
+        return index, None
+    tensors = [
+        TensorSpec(f"{component}.{t.name}", t.dtype, t.shape)
+        for component, names in weights.items()
+        for name in names
+        for t in read_safetensors_header(directory / name)
+    ]
+    return index, tensors
+
+
+def hub_pipeline(
+    api: HfApi, repo_id: str, revision: str | None, token: str | None
+) -> tuple[dict[str, Any], list[TensorSpec] | None] | None:
+    """A Hub diffusers pipeline's model_index.json and its components' tensors, read from the
+    safetensors headers (range requests); None when the repository holds no pipeline."""
+    files = api.list_repo_files(repo_id, revision=revision, token=token)
+    if PIPELINE_INDEX not in files:
+        return None
+    path = api.hf_hub_download(repo_id, PIPELINE_INDEX, revision=revision, token=token)
+    index = json.loads(Path(path).read_text())
+    weights = component_weight_files(list(files))
+    if not weights:
+        return index, None
+    tensors = []
+    for component, names in weights.items():
+        for name in names:
+            meta = api.parse_safetensors_file_metadata(
+                repo_id, name, revision=revision, token=token
+            )
+            tensors += [
+                TensorSpec(f"{component}.{key}", info.dtype, tuple(info.shape))
+                for key, info in meta.tensors.items()
+            ]
+    return index, tensors

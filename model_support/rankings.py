@@ -198,13 +198,18 @@ def get_ranking(
     endpoint: str | None = None,
     token: str | bool | None = None,
     probe_timeout_s: float = PROBE_TIMEOUT_S,
+    unreachable: str | None = None,
 ) -> RankingResult:
     """Live ranking if the Hub answers (stored as the new snapshot), else the stored snapshot.
 
+    ``unreachable``: why the Hub already failed to answer (for another task of the same page);
+    then only the snapshot is read, so a page of many tasks waits for one probe, not one each.
     Never raises for an unreachable Hub or a missing snapshot: the result says what happened.
     """
     result = RankingResult(task=task, sort=sort)
     try:
+        if unreachable is not None:
+            raise RankingError(unreachable)
         ranking = fetch_ranking(
             task, sort, limit=limit, endpoint=endpoint, token=token, probe_timeout_s=probe_timeout_s
         )

@@ -48,10 +48,11 @@ class Timings(BaseModel):
 
     load_s: float | None = None
     first_generate_s: float | None = Field(
-        None, description="First generate call: includes compilation."
+        None,
+        description="First call of the compiled model (generate; a forward or a pipeline call for tasks that do not generate): includes compilation.",
     )
     steady_generate_s: float | None = Field(
-        None, description="A second, identical generate call (compiled)."
+        None, description="A second, identical call (compiled)."
     )
     prefill_s: float | None = Field(
         None, description="A generate call of one token (prefill only, compiled)."
@@ -128,6 +129,28 @@ class PromptStatistics(BaseModel):
     kl_device: float | None = None
     kl_baseline: float | None = None
     kl_ratio: float | None = None
+
+
+class MetricStatistics(BaseModel):
+    """One error measure of a task's verdict over its items (inputs, or prompts at steps).
+
+    The median and the maximum over items of the device's error, each with the baseline's same
+    statistic, their ratio and its bound (issue 13: embeddings, classification, latents).
+    """
+
+    model_config = _FORBID
+
+    check: str = Field(description="cosine, norm, logits or latents: what is measured per item.")
+    what: str | None = Field(None, description="The measure in words, with its unit.")
+    items: int | None = None
+    median_device: float | None = None
+    median_baseline: float | None = None
+    median_ratio: float | None = None
+    median_bound: float | None = None
+    peak_device: float | None = None
+    peak_baseline: float | None = None
+    peak_ratio: float | None = None
+    peak_bound: float | None = None
 
 
 class CacheTransferFigures(BaseModel):
@@ -210,7 +233,8 @@ class Verification(BaseModel):
         description="Whole-vocabulary log-probability RMSE ratio device / baseline (recorded, not judged).",
     )
     mismatches: int | None = Field(
-        None, description="Tokens that differ from the reference argmax."
+        None,
+        description="Tokens that differ from the reference argmax (classification: inputs whose top-1 class differs; embeddings: pairs ranked in the other order).",
     )
     near_ties: int | None = Field(
         None, description="Mismatches accepted as within the dtype's noise."
@@ -238,6 +262,19 @@ class Verification(BaseModel):
         default_factory=list,
         description="Per prompt and position: token, reference argmax, margin, baseline and device deviation and KL, router tie, verdict.",
     )
+    # ---- the tasks beyond text generation (issue 13)
+    method: str | None = Field(
+        None,
+        description="What the verdict compared: tokens (teacher-forced logits), embeddings, classification (class logits) or latents.",
+    )
+    metrics: list[MetricStatistics] = Field(
+        default_factory=list,
+        description="Per error measure of an embeddings, classification or latents verdict: median and maximum over items, device against baseline.",
+    )
+    items: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Per item of such a verdict (an input, or a prompt at a denoising step): its figures and, where it has one, its verdict.",
+    )
 
 
 class Stack(BaseModel):
@@ -254,6 +291,10 @@ class Stack(BaseModel):
     safetensors: str | None = None
     torch_neuronx: str | None = None
     neuronx_cc: str | None = None
+    sentence_transformers: str | None = Field(
+        None, description="sentence-transformers version (feature-extraction, sentence-similarity)."
+    )
+    diffusers: str | None = Field(None, description="diffusers version (text-to-image).")
     os: str | None = None
     instance_type: str | None = None
     device_name: str | None = Field(

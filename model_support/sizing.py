@@ -73,7 +73,13 @@ from model_support import hub
 from model_support.config import RunConfig
 from model_support.hardware import HardwareProfile, get_profile
 from model_support.hub import TensorSpec
-from model_support.vocabulary import ExclusionReason, Parallelism, Task
+from model_support.vocabulary import (
+    GENERATING_TASKS,
+    SHARDABLE_TASKS,
+    ExclusionReason,
+    Parallelism,
+    Task,
+)
 
 DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4}
 # Safetensors dtype codes that are floating point and get cast to the run dtype on load.
@@ -122,6 +128,12 @@ class ModelMetadata(BaseModel):
     num_experts: int = 0
     tp_plan: dict[str, str] | None = None
     tensors: list[TensorSpec] | None = None
+    pipeline_class: str | None = Field(
+        None, description="A diffusers pipeline's class (model_index.json); None otherwise."
+    )
+    components: dict[str, str] = Field(
+        default_factory=dict, description="A diffusers pipeline's components: name -> class."
+    )
     image_tokens: int = Field(
         0, ge=0, description="Tokens one image adds to a prompt (image-text-to-text models)."
     )
@@ -241,6 +253,8 @@ def valid_parallelism(meta: ModelMetadata, degree: int) -> Parallelism | None:
     """How ``meta`` can be split ``degree`` ways, or None when it cannot (see module doc)."""
     if degree == 1:
         return Parallelism.NONE
+    if meta.task is not None and meta.task not in {t.value for t in SHARDABLE_TASKS}:
+        return None  # run.py runs this task on one core
     if meta.tp_plan:
         heads, kv = meta.num_attention_heads, meta.num_key_value_heads
         if heads is None or kv is None or heads % degree != 0:
@@ -298,6 +312,8 @@ def _kv_cache_bytes(
     layers, kv_heads, head_dim = meta.num_hidden_layers, meta.num_key_value_heads, meta.head_dim
     if layers is None or kv_heads is None or head_dim is None:
         return 0
+    if meta.task is not None and meta.task not in {t.value for t in GENERATING_TASKS}:
+        return 0  # encoders, classifiers and denoisers keep no cache
     heads_here = kv_heads
     if parallelism is Parallelism.TENSOR:
         heads_here = kv_heads // degree if kv_heads % degree == 0 else 1
@@ -378,6 +394,9 @@ def plan_from_metadata(
             ExclusionReason.UNSUPPORTED_TASK,
             f"{meta.model} has {what}; model-support tests {', '.join(supported)}.",
         )
+    unsupported = unsupported_architecture(meta)
+    if unsupported is not None:
+        return exclude(ExclusionReason.UNSUPPORTED_TASK, unsupported)
     if meta.tensors is None:
         return exclude(ExclusionReason.NO_SAFETENSORS, no_safetensors_message(meta.model))
 
@@ -433,6 +452,8 @@ def no_safetensors_message(model: str) -> str:
 
 
 def _why_no_split(meta: ModelMetadata, degrees: list[int]) -> str:
+    if meta.task is not None and meta.task not in {t.value for t in SHARDABLE_TASKS}:
+        return f"model-support runs {meta.task} on one core"
     if meta.tp_plan:
         return (
             f"its {meta.num_attention_heads} query / {meta.num_key_value_heads} key-value heads "
@@ -506,7 +527,102 @@ def _task_of(architectures: list[str]) -> str | None:
             return Task.IMAGE_TEXT_TO_TEXT.value
         if arch in causal or arch.endswith("ForCausalLM"):
             return Task.TEXT_GENERATION.value
+    for arch in architectures:
+        for task, (_, classes) in _architecture_tables().items():
+            if arch in classes:
+                return task
     return None
+
+
+# ---- tasks beyond text generation (issue 13): the architectures run.py's loader of each task
+# takes, from transformers' auto-class tables. A model outside them is EXCLUDED with reason
+# unsupported-task before anything runs (never an ERROR at load time).
+
+_TEXT_ENCODER_TABLES = (
+    "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES",
+    "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+    "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+)
+# Model types whose auto class exists but whose code lives in a library the runner lacks.
+_NEEDS_OTHER_LIBRARY = {"timm_wrapper": "timm"}
+
+
+def _architecture_tables() -> dict[str, tuple[set[str], set[str]]]:
+    """(model types, architecture classes) per task whose loader is a transformers auto class,
+    in the order a local checkpoint's task is recognised (most specific first)."""
+    from transformers.models.auto import modeling_auto
+
+    def table(name: str) -> tuple[set[str], set[str]]:
+        mapping = getattr(modeling_auto, name)
+        classes: set[str] = set()
+        for value in mapping.values():
+            classes.update([value] if isinstance(value, str) else value)
+        return set(mapping), classes
+
+    return {
+        Task.TEXT2TEXT_GENERATION.value: table("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+        Task.AUTOMATIC_SPEECH_RECOGNITION.value: table("MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"),
+        Task.IMAGE_CLASSIFICATION.value: table("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+        Task.TEXT_CLASSIFICATION.value: table("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+        Task.FEATURE_EXTRACTION.value: table("MODEL_MAPPING_NAMES"),
+    }
+
+
+def _text_encoder_types() -> set[str]:
+    """Model types with a text encoder that sentence-transformers can pool (text models)."""
+    from transformers.models.auto import modeling_auto
+
+    return {key for name in _TEXT_ENCODER_TABLES for key in getattr(modeling_auto, name)}
+
+
+def unsupported_architecture(meta: ModelMetadata) -> str | None:
+    """Why run.py's loader for ``meta.task`` cannot take this model (None when it can).
+
+    Text generation keeps its own checks (remote code, plans); the other tasks need an
+    architecture of their auto class (speech: sequence-to-sequence, not CTC), a text model for
+    embeddings, and for text-to-image a diffusers pipeline with a UNet or transformer denoiser.
+    """
+    task = meta.task
+    if task in (Task.TEXT_GENERATION.value, Task.IMAGE_TEXT_TO_TEXT.value, None):
+        return None
+    what = meta.model_type or "no model_type"
+    if task == Task.TEXT_TO_IMAGE.value:
+        if meta.pipeline_class is None:
+            return (
+                f"{meta.model} is tagged text-to-image but holds no diffusers pipeline "
+                "(model_index.json); adapters (LoRA) and single-file checkpoints are not tested."
+            )
+        if not {"unet", "transformer"} & set(meta.components):
+            return (
+                f"{meta.model} is a {meta.pipeline_class} without a unet or transformer "
+                "component: model-support compiles the pipeline's denoiser, and finds none."
+            )
+        return None
+    if meta.model_type in _NEEDS_OTHER_LIBRARY:
+        library = _NEEDS_OTHER_LIBRARY[meta.model_type]
+        return f"{meta.model} ({what}) needs the {library} library, which the runner does not use."
+    if task in (Task.FEATURE_EXTRACTION.value, Task.SENTENCE_SIMILARITY.value):
+        if meta.model_type is None or meta.model_type not in _text_encoder_types():
+            return (
+                f"{meta.model} ({what}) is not a text model: model-support tests {task} "
+                "through sentence-transformers over text encoders."
+            )
+        return None
+    model_types, classes = _architecture_tables()[task]
+    if any(arch in classes for arch in meta.architectures) or (
+        not meta.architectures and meta.model_type in model_types
+    ):
+        return None
+    names = ", ".join(meta.architectures) or what
+    if task == Task.AUTOMATIC_SPEECH_RECOGNITION.value:
+        return (
+            f"{meta.model} ({names}) is not a speech sequence-to-sequence model (Whisper-style); "
+            "CTC and other speech models are not tested yet."
+        )
+    return (
+        f"{meta.model} ({names}) has no architecture that {task} loads (transformers' auto class)."
+    )
 
 
 def _loaded_names(model_type: str | None, tensors: list[TensorSpec]) -> list[TensorSpec]:
@@ -681,6 +797,33 @@ def _head_plan(architectures: list[str]) -> dict[str, str]:
     return {}
 
 
+def pipeline_metadata(
+    model: str,
+    revision: str | None,
+    index: dict[str, Any],
+    tensors: list[TensorSpec] | None,
+    *,
+    source: Literal["hub", "local"],
+    task: str,
+    gated: bool = False,
+    token_available: bool = False,
+) -> ModelMetadata:
+    """:class:`ModelMetadata` of a diffusers pipeline: every component's tensors, whole on one
+    core (no tensor-parallel plan, no cache)."""
+    class_name = index.get("_class_name")
+    return ModelMetadata(
+        model=model,
+        revision=revision,
+        source=source,
+        task=task,
+        gated=gated,
+        token_available=token_available,
+        pipeline_class=class_name if isinstance(class_name, str) else "DiffusionPipeline",
+        components=hub.pipeline_components(index),
+        tensors=tensors,
+    )
+
+
 SIZING_CACHE_ENV = "MODEL_SUPPORT_SIZING_CACHE"
 
 
@@ -756,6 +899,11 @@ def read_metadata(
     MetadataError when the model, revision or its config.json cannot be found.
     """
     if os.path.isdir(model):
+        pipeline = hub.local_pipeline(model)
+        if pipeline is not None:
+            return pipeline_metadata(
+                model, revision, *pipeline, source="local", task=task or Task.TEXT_TO_IMAGE.value
+            )
         config = hub.local_config(model)
         return remembered_metadata(
             config, hub.local_tensors(model), model=model, revision=revision, source="local",
@@ -780,6 +928,21 @@ def read_metadata(
     task = task if task is not None else info.pipeline_tag
     if gated and not effective_token:
         return ModelMetadata(model=model, revision=revision, task=task, gated=True)
+    if task == Task.TEXT_TO_IMAGE.value or info.library_name == "diffusers":
+        try:
+            pipeline = hub.hub_pipeline(api, model, revision, effective_token)
+        except GatedRepoError:
+            return ModelMetadata(
+                model=model, revision=revision, task=task, gated=True, token_available=True,
+                access_refused=True,
+            )  # fmt: skip
+        if pipeline is not None:
+            return pipeline_metadata(
+                model, revision, *pipeline, source="hub", task=task or Task.TEXT_TO_IMAGE.value,
+                gated=gated, token_available=bool(effective_token),
+            )  # fmt: skip
+        if task == Task.TEXT_TO_IMAGE.value:  # no pipeline: unsupported, whatever else it holds
+            return ModelMetadata(model=model, revision=revision, task=task, gated=gated)
     try:
         tensors = hub.hub_tensors(api, model, revision, effective_token)
         if tensors is None:  # without weights the verdict is settled; config.json is not needed
@@ -791,6 +954,14 @@ def read_metadata(
             access_refused=True,
         )  # fmt: skip
     except RemoteEntryNotFoundError as e:
+        if task not in (Task.TEXT_GENERATION.value, Task.IMAGE_TEXT_TO_TEXT.value):
+            # Another library's checkpoint (open_clip, timm, setfit, ...) tagged with a task
+            # model-support tests: its loader cannot take it, which is an exclusion
+            # (unsupported-task, see unsupported_architecture), not a broken model.
+            return ModelMetadata(
+                model=model, revision=revision, task=task, gated=gated, tensors=tensors,
+                token_available=bool(effective_token),
+            )  # fmt: skip
         raise MetadataError(f"{model} has no config.json; it is not a transformers model") from e
     return remembered_metadata(
         config, tensors, model=model, revision=revision, source="hub", task=task, gated=gated,

@@ -105,6 +105,41 @@ class Task(StrEnum):
 
     TEXT_GENERATION = "text-generation"
     IMAGE_TEXT_TO_TEXT = "image-text-to-text"
+    # ---- tasks beyond text generation (issue 13); run.py has one section per task family
+    FEATURE_EXTRACTION = "feature-extraction"
+    SENTENCE_SIMILARITY = "sentence-similarity"
+    TEXT2TEXT_GENERATION = "text2text-generation"
+    AUTOMATIC_SPEECH_RECOGNITION = "automatic-speech-recognition"
+    IMAGE_CLASSIFICATION = "image-classification"
+    TEXT_CLASSIFICATION = "text-classification"
+    TEXT_TO_IMAGE = "text-to-image"
+
+
+GENERATING_TASKS: frozenset[Task] = frozenset(
+    {
+        Task.TEXT_GENERATION,
+        Task.IMAGE_TEXT_TO_TEXT,
+        Task.TEXT2TEXT_GENERATION,
+        Task.AUTOMATIC_SPEECH_RECOGNITION,
+    }
+)
+"""Tasks that decode tokens greedily with a static cache (max_new_tokens applies)."""
+
+SHARDABLE_TASKS: frozenset[Task] = frozenset({Task.TEXT_GENERATION, Task.IMAGE_TEXT_TO_TEXT})
+"""Tasks run.py can shard over several cores; every other task runs on one core."""
+
+TASK_METHODS: dict[Task, str] = {
+    Task.TEXT_GENERATION: "tokens",
+    Task.IMAGE_TEXT_TO_TEXT: "tokens",
+    Task.TEXT2TEXT_GENERATION: "tokens",
+    Task.AUTOMATIC_SPEECH_RECOGNITION: "tokens",
+    Task.FEATURE_EXTRACTION: "embeddings",
+    Task.SENTENCE_SIMILARITY: "embeddings",
+    Task.TEXT_CLASSIFICATION: "classification",
+    Task.IMAGE_CLASSIFICATION: "classification",
+    Task.TEXT_TO_IMAGE: "latents",
+}
+"""How each task's output is verified (run.py's verification ``method``; docs/verification.md)."""
 
 
 class Parallelism(StrEnum):
@@ -132,6 +167,13 @@ class VerdictCheck(StrEnum):
     Q90 = "q90"
     PEAK = "peak"
     KL = "kl"
+    # ---- checks of the tasks beyond text generation (issue 13)
+    TOP1 = "top1"
+    RANKING = "ranking"
+    COSINE = "cosine"
+    NORM = "norm"
+    LATENTS = "latents"
+    DENOISER = "denoiser"
 
 
 VERDICT_CHECK_MEANINGS: dict[VerdictCheck, str] = {
@@ -156,6 +198,32 @@ VERDICT_CHECK_MEANINGS: dict[VerdictCheck, str] = {
         "The mean over positions of the KL divergence of the device's whole next-token "
         "distribution from the reference's exceeds its bound times the baseline's: probability "
         "moved anywhere in the vocabulary, including its tail outside the top tokens."
+    ),
+    VerdictCheck.TOP1: (
+        "Classification: an input's top-1 class is not the reference's and the reference "
+        "prefers its own class by more than the run dtype's noise allows for that input."
+    ),
+    VerdictCheck.RANKING: (
+        "Embeddings: with each input as the query, two other inputs are ranked by similarity "
+        "in the opposite order to the reference's, and the reference's similarity gap is beyond "
+        "the run dtype's noise for that query."
+    ),
+    VerdictCheck.COSINE: (
+        "Embeddings: the angle between the device's and the reference's embedding of an input, "
+        "in the median or the maximum over inputs, exceeds its bound times the baseline's."
+    ),
+    VerdictCheck.NORM: (
+        "Embeddings: the relative error of an embedding's length, in the median or the maximum "
+        "over inputs, exceeds its bound times the baseline's."
+    ),
+    VerdictCheck.LATENTS: (
+        "Text-to-image: the relative error of the latents after each denoising step (per "
+        "prompt), in the median or the maximum over steps, exceeds its bound times the baseline's."
+    ),
+    VerdictCheck.DENOISER: (
+        "Text-to-image: the relative error of the denoiser's prediction at each step, against "
+        "the float32 reference denoiser fed the device's own inputs (teacher forced), in the "
+        "median or the maximum over steps, exceeds its bound times the baseline's."
     ),
 }
 

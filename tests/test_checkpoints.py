@@ -179,7 +179,10 @@ def _quick(name: str = "tiny-llama", steps: int = 3) -> DemoModel:
 
 
 def _mtime(model: DemoModel) -> int:
-    return (model.require_path() / "model.safetensors").stat().st_mtime_ns
+    # Every weights file (a diffusers pipeline keeps them in its component folders).
+    weights = sorted(model.require_path().rglob("*.safetensors"))
+    assert weights, model.name
+    return max(w.stat().st_mtime_ns for w in weights)
 
 
 def _built_at(model: DemoModel) -> Any:

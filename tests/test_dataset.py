@@ -313,3 +313,14 @@ def test_the_verification_docs_state_the_same_guarantees_as_the_card() -> None:
     docs = (Path(__file__).resolve().parents[1] / "docs" / "verification.md").read_text()
     for text in (*PASS_GUARANTEES, *PASS_BLIND_SPOTS):
         assert f"- {text}" in docs
+
+
+def test_card_says_how_every_task_is_verified() -> None:
+    from model_support.dataset import render_card
+    from model_support.vocabulary import Task
+
+    section = render_card([]).split("### Other tasks", 1)[1].split("\n## ", 1)[0]
+    for task in Task:
+        assert f"- `{task.value}`:" in section
+    for check in ("cosine", "norm", "ranking", "top1", "denoiser", "latents"):
+        assert f"`{check}`" in section

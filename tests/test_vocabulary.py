@@ -11,12 +11,15 @@ from model_support.vocabulary import (
     EXCLUSION_MEANINGS,
     FLOAT32_PRECISION_DEFAULTS,
     FLOAT32_PRECISION_MEANINGS,
+    GENERATING_TASKS,
     RESULT_MEANINGS,
+    TASK_METHODS,
     VERDICT_CHECK_MEANINGS,
     ErrorClass,
     ExclusionReason,
     Float32Precision,
     Result,
+    Task,
     VerdictCheck,
 )
 
@@ -63,3 +66,18 @@ def test_runner_verdict_checks_and_float32_precisions_match_the_vocabulary() -> 
     }
     assert set(VERDICT_CHECK_MEANINGS) == set(VerdictCheck)
     assert set(FLOAT32_PRECISION_MEANINGS) == set(Float32Precision)
+
+
+def test_runner_tasks_match_the_vocabulary() -> None:
+    """Every task of the vocabulary has a scenario in run.py, and only those."""
+    from model_support.runner import run as runner
+
+    tasks = [task for scenario in runner.SCENARIOS for task in scenario.tasks]
+    assert sorted(tasks) == sorted(t.value for t in Task)
+    assert len(tasks) == len(set(tasks))  # one scenario per task
+    assert set(_runner_constant("GENERATING_TASKS")) == {t.value for t in GENERATING_TASKS}
+    assert {t for s in runner.SCENARIOS if s.generates for t in s.tasks} == {
+        t.value for t in GENERATING_TASKS
+    }
+    for task in Task:
+        assert runner.scenario_for(task.value).method == TASK_METHODS[task]

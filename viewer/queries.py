@@ -462,3 +462,49 @@ def versions_of(frame: pd.DataFrame, model_id: str) -> list[tuple[str, str]]:
     rows = frame[frame["model_id"] == model_id]
     pairs = {(str(r.compiler_version), str(r.library_version)) for r in rows.itertuples()}
     return sorted(pairs, key=lambda p: (version_key(p[0]), version_key(p[1])))
+
+
+# ---------------------------------------------------------------------------------------------
+# Task verdicts beyond text generation (issue 13): what the details panel shows of them
+
+OUTPUT_LABELS: dict[str, str] = {
+    "text-classification": "Predicted class per input",
+    "image-classification": "Predicted class per test image",
+    "automatic-speech-recognition": "Transcription per waveform",
+}
+"""How the details panel names the ``text`` column for tasks whose text is not a continuation."""
+
+
+def output_label(task: str) -> str:
+    """The details panel's heading for a row's ``text``."""
+    return OUTPUT_LABELS.get(task, "Generated text")
+
+
+def verdict_measures(verification: dict) -> pd.DataFrame:
+    """One row per error measure of an embeddings, classification or latents verdict: the
+    median and the maximum over items, device and baseline, their ratio and bound.
+
+    Empty for a text verdict (its figures are the matrix's own columns).
+    """
+    rows = [
+        {
+            "measure": m.get("check"),
+            "what": m.get("what"),
+            "items": m.get("items"),
+            "median device": m.get("median_device"),
+            "median baseline": m.get("median_baseline"),
+            "median ratio": m.get("median_ratio"),
+            "median bound": m.get("median_bound"),
+            "max device": m.get("peak_device"),
+            "max baseline": m.get("peak_baseline"),
+            "max ratio": m.get("peak_ratio"),
+            "max bound": m.get("peak_bound"),
+        }
+        for m in verification.get("metrics") or []
+    ]
+    return pd.DataFrame(rows)
+
+
+def verdict_items(verification: dict) -> pd.DataFrame:
+    """A task verdict's per-item figures (an input, or a prompt at a denoising step)."""
+    return pd.DataFrame(verification.get("items") or [])

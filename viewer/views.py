@@ -112,12 +112,22 @@ def current_frame(ctx: Context, columns: tuple[str, ...]) -> pd.DataFrame:
 
 @st.cache_data(ttl=RANKING_TTL_S, show_spinner="Fetching the Hub ranking…")
 def ranking(
-    results_uri: str, task: str, sort: RankingSort, limit: int, endpoint: str | None
+    results_uri: str,
+    task: str,
+    sort: RankingSort,
+    limit: int,
+    endpoint: str | None,
+    unreachable: str | None = None,
 ) -> RankingResult:
-    """The Hub ranking (live, else the stored snapshot), cached for RANKING_TTL_S seconds."""
+    """The Hub ranking (live, else the stored snapshot), cached for RANKING_TTL_S seconds.
+
+    ``unreachable``: the Hub already failed for another task: read only the snapshot.
+    """
     from model_support.rankings import get_ranking
 
-    return get_ranking(results_uri, task, sort, limit=limit, endpoint=endpoint)
+    return get_ranking(
+        results_uri, task, sort, limit=limit, endpoint=endpoint, unreachable=unreachable
+    )
 
 
 @st.cache_data(ttl=RANKING_TTL_S, show_spinner=False)
@@ -238,17 +248,17 @@ def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
 
     frame = read(ctx, [ctx.current] if ctx.current else [], queries.LIST_COLUMNS)
     tables = []
+    unreachable: str | None = None  # once the Hub fails, the other tasks read their snapshots
+    missing: list[tuple[str, RankingResult]] = []
     for task in [ctx.task] if ctx.task else TASKS:
-        result = ranking(ctx.results_uri, task, sort, DEFAULT_LIMIT, ctx.hub_endpoint)
+        result = ranking(ctx.results_uri, task, sort, DEFAULT_LIMIT, ctx.hub_endpoint, unreachable)
+        if result.source != "live" and result.live_error:
+            unreachable = unreachable or result.live_error
+        if result.ranking is None:
+            missing.append((task, result))
+            continue
         st.subheader(literal(task))
         show_sweep(ctx, task, frame)
-        if result.ranking is None:
-            st.warning(
-                f"No ranking of {literal(task)} models: the Hub could not be reached "
-                f"({literal(result.live_error)}) and there is no stored ranking "
-                f"({literal(result.snapshot_error)})."
-            )
-            continue
         fetched = result.ranking.fetched_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
         if result.source == "snapshot":
             st.warning(
@@ -269,6 +279,15 @@ def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
         picked = show_table(table.reset_index(drop=True), key=f"table-{sort}-{task}")
         if picked:
             st.session_state["model"] = picked
+    if missing:
+        # One warning for every task without a ranking (the Hub's reason is the same for all).
+        first = missing[0][1]
+        st.warning(
+            f"No ranking of {literal(', '.join(task for task, _ in missing))} models: the Hub "
+            f"could not be reached ({literal(unreachable or first.live_error)}) and there is no "
+            f"stored ranking ({literal(first.snapshot_error)}"
+            f"{'; likewise for the others' if len(missing) > 1 else ''})."
+        )
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["model"])
 
 
@@ -459,7 +478,7 @@ def _generated_text(row: pd.Series) -> None:
     if not texts:
         return
     prompts = _strings(row["prompts"])
-    st.markdown("**Generated text**")
+    st.markdown(f"**{queries.output_label(str(row['task']))}**")
     for index, text in enumerate(texts):
         prompt = prompts[index] if index < len(prompts) else None
         st.caption(literal(f"prompt {index + 1}: {prompt!r}" if prompt else f"prompt {index + 1}"))
@@ -547,12 +566,19 @@ def _details_row(row: pd.Series) -> None:
             pd.DataFrame([{k: (None if pd.isna(v) else v) for k, v in figures.items()}]),
             hide_index=True,
         )
-    with st.expander("Whole verification (JSON)"):
-        st.json(
-            json.loads(row["verification_json"])
-            if isinstance(row["verification_json"], str)
-            else {}
+    verification = (
+        json.loads(row["verification_json"]) if isinstance(row["verification_json"], str) else {}
+    )
+    measures = queries.verdict_measures(verification)
+    if not measures.empty:  # embeddings, classification, text-to-image: each measure's figures
+        st.caption(
+            f"Compared: {verification.get('method')}; ratios are the device's to the baseline's."
         )
+        st.dataframe(measures, hide_index=True)
+        with st.expander("Per input / per step"):
+            st.dataframe(queries.verdict_items(verification), hide_index=True)
+    with st.expander("Whole verification (JSON)"):
+        st.json(verification)
     _generated_text(row)
 
     st.markdown("**Reproduce**")

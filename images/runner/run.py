@@ -14,6 +14,7 @@ expert parallel for mixture-of-experts models).
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import dataclasses
 import datetime
@@ -53,6 +54,13 @@ PROGRESS_MARKER = "MODEL_SUPPORT_STAGE "
 SCHEMA_VERSION = 1
 TRACEBACK_LINES = 40
 TOP_K_NOISE = 8  # reference top-k tokens whose baseline deviation sets a position's noise level
+# Tasks that decode tokens (max_new_tokens applies); the vocabulary's GENERATING_TASKS.
+GENERATING_TASKS = (
+    "text-generation",
+    "image-text-to-text",
+    "text2text-generation",
+    "automatic-speech-recognition",
+)
 
 # The runner image's default base (images/runner/Dockerfile, ARG BASE_IMAGE; a test keeps the two in
 # step): the "PyTorch Training (TorchNeuron)" Deep Learning Container of Neuron SDK 2.33.0
@@ -70,6 +78,9 @@ STACK_PACKAGES = {
     "safetensors": "safetensors",
     "torch_neuronx": "torch-neuronx",
     "neuronx_cc": "neuronx-cc",
+    # the libraries of the tasks beyond text generation: sentence-transformers, diffusers
+    "sentence_transformers": "sentence-transformers",
+    "diffusers": "diffusers",
 }
 
 
@@ -600,6 +611,14 @@ def is_local(model: str) -> bool:
     return os.path.isdir(model)
 
 
+def hub_arguments(config: dict) -> dict:
+    """from_pretrained's revision (none for a local checkpoint) and remote-code arguments."""
+    return {
+        "revision": None if is_local(config["model"]) else config["revision"],
+        "trust_remote_code": bool(config["trust_remote_code"]),
+    }
+
+
 def load_model(config: dict, dtype_name: str, device, distributed_config=None):
     """from_pretrained for the test's task; the tokenizer/processor and the model."""
     import transformers
@@ -735,8 +754,22 @@ FLOAT32_PRECISION_BY_BACKEND = {
     "cuda": "tf32",  # PyTorch runs cuDNN convolutions in TF32 by default; matmuls by one setting
     "cpu": "ieee",  # inductor on CPU keeps float32 arithmetic float32
 }
-# What can fail a run: a token the reference clearly rejects, or one of the logit statistics.
-VERDICT_CHECKS = ("tokens", "median", "q90", "peak", "kl")
+# What can fail a run: a token the reference clearly rejects, or one of the logit statistics;
+# for the tasks beyond text generation also a top-1 class, a similarity ranking, the embeddings'
+# angle or length, or the latents of a denoising step (the task sections below).
+VERDICT_CHECKS = (
+    "tokens",
+    "median",
+    "q90",
+    "peak",
+    "kl",
+    "top1",
+    "ranking",
+    "cosine",
+    "norm",
+    "latents",
+    "denoiser",
+)
 # Matmul-like ops and the positions of the operands a matrix engine reads.
 MATMUL_OPERANDS = {
     "linear": (0, 1),
@@ -1146,28 +1179,6 @@ def _mean(values) -> float:
     return float(values.mean()) if values.numel() else 0.0
 
 
-def verify(
-    config: dict, processor, prompts, tokens, device_logits, dtype_name: str, backend: str = "cpu"
-) -> tuple[dict, float]:
-    """Score the reference and baseline on CPU (score_reference), then judge (verdict)."""
-    start = time.perf_counter()
-    params = config["verification"]
-    precision = float32_precision(params, backend) if dtype_name == "float32" else None
-    scored = score_reference(config, processor, prompts, tokens, dtype_name, precision or "ieee")
-    verification = verdict(
-        scored["reference"],
-        scored["baseline"],
-        device_logits,
-        tokens,
-        params,
-        dtype_name=dtype_name if precision in (None, "ieee") else f"float32 ({precision})",
-        router_gaps=scored["router_gaps"],
-        router_noise=scored["router_noise"],
-    )
-    verification["float32_precision"] = precision
-    return verification, time.perf_counter() - start
-
-
 JUDGE_QUESTION = (
     "Is the following text fluent English? Answer yes or no.\n\nText: {text}\n\nAnswer:"
 )
@@ -1199,6 +1210,1097 @@ def judge(path: str, texts: list[str]) -> dict:
         "texts": verdicts,
         "fluent": all(v["fluent"] for v in verdicts),
     }
+
+
+# --------------------------------------------------------------------------- tasks
+#
+# Everything that depends on the task lives in one class per task family, each under its own
+# heading below ("task: <pipeline tags>"): how the model loads, what its inputs are, which part
+# is compiled, one call of it, what it produced, and how that is verified. The stage functions
+# (setup_stage ... verify_stage) only call the TaskScenario interface; scenario_for(task) picks
+# the class. Every verdict follows the text verdict's method: the device's output is compared
+# with a float32 CPU reference, relative to the deviation of the same pass in the run's
+# arithmetic on CPU (the baseline); each pure verdict function is unit-tested on synthetic
+# tensors (tests/runner/test_task_verdicts.py).
+
+SEED = 0  # every random input (initial latents of text-to-image) comes from this CPU seed
+
+
+class TaskScenario(abc.ABC):
+    """The parts of a test that depend on its task: load, inputs, compile, call, verify."""
+
+    tasks: tuple[str, ...] = ()
+    generates = False  # decodes tokens greedily: max_new_tokens, prefill and decode timings
+    shardable = False  # can be split over several cores (tensor or expert parallel)
+    method = ""  # what the verdict compares: tokens, embeddings, classification, latents
+
+    @abc.abstractmethod
+    def load(self, config: dict, dtype_name: str, device, distributed_config=None):
+        """from_pretrained for this task onto ``device``: (processor or None, model)."""
+
+    @abc.abstractmethod
+    def inputs(self, config: dict, processor, device, dtype_name: str):
+        """The test's inputs, ready for the model on ``device``."""
+
+    @abc.abstractmethod
+    def call(self, config: dict, loaded: LoadedModel, quick: bool = False):
+        """One run of the (compiled) model on the inputs; ``quick``: its prefill-only variant."""
+
+    @abc.abstractmethod
+    def collect(self, config: dict, loaded: LoadedModel, out) -> Generation:
+        """What the device produced, moved to CPU, for the document and the verdict."""
+
+    @abc.abstractmethod
+    def score(
+        self, config: dict, processor, generation: Generation, dtype_name: str, precision: str
+    ):
+        """The float32 CPU reference and the baseline (same pass in the run's arithmetic)."""
+
+    @abc.abstractmethod
+    def judge(self, config: dict, generation: Generation, scored, label: str) -> dict:
+        """The verdict on what the device produced, given the scored reference (pure)."""
+
+    def pad_token_id(self, processor) -> int | None:
+        return None
+
+    def modules(self, model) -> list:
+        """The torch modules that make up the model (parameters are counted over them)."""
+        return [model]
+
+    def compile(self, model, compile_backend) -> None:
+        """Compile what runs on the device: the model's forward (static shapes for Neuron)."""
+        import torch
+
+        model.forward = torch.compile(model.forward, backend=compile_backend, dynamic=False)
+
+    def cast(self, model, dtype) -> None:
+        """Move a float32 model to the baseline's dtype in place."""
+        model.to(dtype)
+
+    def verify(
+        self, config: dict, processor, generation: Generation, dtype_name: str, backend: str
+    ) -> tuple[dict, float]:
+        """The verdict and the seconds it took; the float32 precision policy as for text."""
+        start = time.perf_counter()
+        params = config["verification"]
+        precision = float32_precision(params, backend) if dtype_name == "float32" else None
+        scored = self.score(config, processor, generation, dtype_name, precision or "ieee")
+        verification = self.judge(
+            config, generation, scored, precision_label(dtype_name, precision or "ieee")
+        )
+        verification["float32_precision"] = precision
+        return verification, time.perf_counter() - start
+
+
+def single_core_only(task: str, distributed_config) -> None:
+    """Refuse a sharded load for a task run.py runs on one core only."""
+    if distributed_config is not None:
+        raise ValueError(f"{task} runs on one core; sharding is supported for text generation")
+
+
+def inputs_to(inputs, device, dtype=None):
+    """A processor's batch on ``device``, floating-point tensors (pixels, audio) in ``dtype``."""
+    moved = {}
+    for key, value in inputs.items():
+        if hasattr(value, "to"):
+            value = value.to(device)
+            if dtype is not None and value.is_floating_point():
+                value = value.to(dtype)
+        moved[key] = value
+    return moved
+
+
+def reference_and_baseline(
+    scenario: TaskScenario, config: dict, dtype_name: str, precision: str, compute
+):
+    """``compute(model)`` for the float32 CPU reference, then for the baseline.
+
+    The baseline is the same computation in the arithmetic a correct run may use: the run dtype
+    (the float32 model cast to it), or for a float32 run the backend's float32 precision.
+    """
+    import torch
+
+    # Every argument explicit: the reference always loads whole, on CPU, in float32.
+    _, model = scenario.load(config, "float32", torch.device("cpu"))
+    with torch.no_grad():
+        reference = compute(model)
+        if dtype_name != "float32":
+            scenario.cast(model, torch_dtype(dtype_name))
+            baseline = compute(model)
+        elif precision != "ieee":
+            with reduced_precision(precision):
+                baseline = compute(model)
+        else:
+            baseline = reference
+    del model
+    gc.collect()
+    return reference, baseline
+
+
+def precision_label(dtype_name: str, precision: str) -> str:
+    """How a verdict names the baseline's arithmetic: the dtype, or float32 with its precision."""
+    return (
+        dtype_name if dtype_name != "float32" or precision == "ieee" else f"float32 ({precision})"
+    )
+
+
+def _figure(value: float) -> float:
+    return float(f"{float(value):.6g}")
+
+
+def item_statistics(
+    check: str, device_errors, baseline_errors, params: dict, floor_name: str = "error_floor"
+) -> dict:
+    """Median and maximum over items of the device's error, each against the baseline's same.
+
+    The ratio's denominator is at least ``params[floor_name]`` (``error_floor`` for nats,
+    ``relative_error_floor`` for relative measures); the median's bound is
+    ``max_error_ratio``, the maximum's ``max_peak_ratio`` (as for the text verdict's median
+    and peak over positions).
+    """
+    import torch
+
+    device_errors = torch.as_tensor(device_errors, dtype=torch.float64).flatten()
+    baseline_errors = torch.as_tensor(baseline_errors, dtype=torch.float64).flatten()
+    stats: dict[str, Any] = {"check": check, "items": int(device_errors.numel())}
+    for name, q, bound in (
+        ("median", 0.5, params["max_error_ratio"]),
+        ("peak", 1.0, params["max_peak_ratio"]),
+    ):
+        device_figure = _quantile(device_errors, q)
+        baseline_figure = _quantile(baseline_errors, q)
+        stats[f"{name}_device"] = _figure(device_figure)
+        stats[f"{name}_baseline"] = _figure(baseline_figure)
+        stats[f"{name}_ratio"] = round(device_figure / max(baseline_figure, params[floor_name]), 6)
+        stats[f"{name}_bound"] = float(bound)
+    return stats
+
+
+def task_verdict(
+    method: str,
+    metrics: list[dict],
+    choices: dict,
+    items: list[dict],
+    params: dict,
+    dtype_name: str,
+    failing_statistics: dict[str, str] | None = None,
+) -> dict:
+    """Assemble a verdict from item statistics and a discrete-choice check (pure).
+
+    ``metrics``: item_statistics results; a metric fails when its median or maximum ratio is
+    beyond the bound. Its failed check is the metric's name, or per statistic the names in
+    ``failing_statistics`` (classification's logit error fails as ``median`` / ``peak``, like
+    text). ``choices``: the discrete check (``check``, ``mismatches``, ``near_ties``, ``bad``,
+    ``reasons``: top-1 classes, similarity orders), or {}. The first metric is the headline
+    (``error_ratio``, ``peak_ratio``).
+    """
+    failed: list[str] = []
+    reasons: list[str] = []
+    if choices.get("bad"):
+        failed.append(choices["check"])
+        more = f" ({choices['bad']} in all)" if choices["bad"] > len(choices["reasons"]) else ""
+        reasons.append(f"{choices['check']}: " + "; ".join(choices["reasons"]) + more)
+    for stats in metrics:
+        for statistic in ("median", "peak"):
+            ratio, bound = stats[f"{statistic}_ratio"], stats[f"{statistic}_bound"]
+            if ratio <= bound:
+                continue
+            check = (failing_statistics or {}).get(statistic, stats["check"])
+            if check not in failed:
+                failed.append(check)
+            reasons.append(
+                f"{check}: the {'median' if statistic == 'median' else 'largest'} {stats['what']} "
+                f"{stats[f'{statistic}_device']:.4g} is {ratio:.2f}x the {dtype_name} baseline's "
+                f"{stats[f'{statistic}_baseline']:.4g} (bound {bound:g}x)"
+            )
+    headline = metrics[0]
+    return {
+        "passed": not failed,
+        "method": method,
+        "exact": None,
+        "failed_checks": failed,
+        "error_ratio": headline["median_ratio"],
+        "device_error": headline["median_device"],
+        "baseline_error": headline["median_baseline"],
+        "peak_ratio": headline["peak_ratio"],
+        "mismatches": choices.get("mismatches"),
+        "near_ties": choices.get("near_ties"),
+        "bad_tokens": choices.get("bad"),
+        "reason": "; ".join(reasons) if reasons else None,
+        "parameters": {
+            k: float(v) for k, v in params.items() if k not in ("enabled", "float32_precision")
+        },
+        "metrics": metrics,
+        "items": items,
+    }
+
+
+# ---- task: text-generation, image-text-to-text
+
+
+class TextGeneration(TaskScenario):
+    """A causal LM (or an image-text-to-text model) generating with a static cache.
+
+    The functions above (load_model, build_inputs, generate, verify) are this task's parts;
+    the class only binds them to the interface.
+    """
+
+    tasks = ("text-generation", "image-text-to-text")
+    generates = True
+    shardable = True
+    method = "tokens"
+
+    def load(self, config, dtype_name, device, distributed_config=None):
+        return load_model(config, dtype_name, device, distributed_config)
+
+    def inputs(self, config, processor, device, dtype_name):
+        return build_inputs(config, processor, config["prompts"]).to(device)
+
+    def pad_token_id(self, processor):
+        return tokenizer_of(processor).pad_token_id
+
+    def call(self, config, loaded, quick=False):
+        steps = 1 if quick else int(config["max_new_tokens"])
+        return generate(loaded.model, loaded.inputs, steps, loaded.pad_token_id)
+
+    def collect(self, config, loaded, out):
+        import torch
+
+        prompt_len = loaded.inputs["input_ids"].shape[1]
+        generated = out.sequences[:, prompt_len:].cpu()
+        device_logits = torch.stack([step.float().cpu() for step in out.logits], dim=1)
+        text = tokenizer_of(loaded.processor).batch_decode(generated, skip_special_tokens=True)
+        return Generation(generated, device_logits, text=text)
+
+    def score(self, config, processor, generation, dtype_name, precision):
+        return score_reference(
+            config, processor, config["prompts"], generation.tokens, dtype_name, precision
+        )
+
+    def judge(self, config, generation, scored, label):
+        return verdict(
+            scored["reference"],
+            scored["baseline"],
+            generation.device_logits,
+            generation.tokens,
+            config["verification"],
+            dtype_name=label,
+            router_gaps=scored["router_gaps"],
+            router_noise=scored["router_noise"],
+        )
+
+
+# ---- task: text2text-generation, automatic-speech-recognition
+
+# Spoken inputs: run.py spells each prompt as a sequence of tones, one per character, so the
+# waveform is deterministic, needs no audio file, and a model trained on such "speech" (the
+# tiny test fixture) transcribes it back. A real speech model hears tones; its verdict does not
+# depend on understanding them.
+TONE_ALPHABET = " abcdefghijklmnopqrstuvwxyz0123456789.,:;()[]=+-*/_'\"\n"
+TONE_SECONDS = 0.04  # one character
+TONE_LOW_HZ, TONE_HIGH_HZ = 150.0, 7000.0
+
+
+def tone_frequency(char: str) -> float | None:
+    """The tone of one character (mel-spaced over the alphabet); None: silence."""
+    import math
+
+    index = TONE_ALPHABET.find(char.lower())
+    if index < 0:
+        return None
+
+    def mel(hz: float) -> float:
+        return 2595.0 * math.log10(1.0 + hz / 700.0)
+
+    low, high = mel(TONE_LOW_HZ), mel(TONE_HIGH_HZ)
+    point = low + (high - low) * index / (len(TONE_ALPHABET) - 1)
+    return 700.0 * (10 ** (point / 2595.0) - 1.0)
+
+
+def spoken_waveform(text: str, sampling_rate: int):
+    """The text as tones (float32 numpy array at ``sampling_rate``), with 5 ms ramps."""
+    import numpy as np
+
+    n = round(TONE_SECONDS * sampling_rate)
+    ramp = np.minimum(1.0, np.minimum(np.arange(n), np.arange(n)[::-1]) / (0.005 * sampling_rate))
+    t = np.arange(n) / sampling_rate
+    pieces = []
+    for char in text:
+        frequency = tone_frequency(char)
+        tone = np.zeros(n) if frequency is None else 0.5 * np.sin(2 * np.pi * frequency * t)
+        pieces.append(tone * ramp)
+    return np.concatenate(pieces or [np.zeros(n)]).astype(np.float32)
+
+
+class EncoderDecoderGeneration(TaskScenario):
+    """An encoder-decoder generating 32 tokens greedily with a static cache.
+
+    Both the encoder's forward (run once by generate) and the model's forward (every decoder
+    step) are compiled. Verified like text generation: the device's tokens are scored teacher
+    forced (encoder inputs + decoder prefix + tokens) and judged by verdict().
+    """
+
+    generates = True
+    method = "tokens"
+    model_class = ""
+
+    def compile(self, model, compile_backend):
+        import torch
+
+        encoder = model.get_encoder()
+        encoder.forward = torch.compile(encoder.forward, backend=compile_backend, dynamic=False)
+        super().compile(model, compile_backend)
+
+    def pad_token_id(self, processor):
+        return tokenizer_of(processor).pad_token_id
+
+    def call(self, config, loaded, quick=False):
+        steps = 1 if quick else int(config["max_new_tokens"])
+        return generate(loaded.model, loaded.inputs, steps, loaded.pad_token_id)
+
+    def collect(self, config, loaded, out):
+        import torch
+
+        n = int(config["max_new_tokens"])
+        sequences = out.sequences.cpu()
+        generated = sequences[:, -n:]
+        device_logits = torch.stack([step.float().cpu() for step in out.logits], dim=1)
+        text = tokenizer_of(loaded.processor).batch_decode(generated, skip_special_tokens=True)
+        cpu_inputs = {k: v.cpu() for k, v in loaded.inputs.items() if hasattr(v, "cpu")}
+        start = getattr(loaded.model.generation_config, "decoder_start_token_id", None)
+        return Generation(
+            generated,
+            device_logits,
+            text=text,
+            outputs={"prefix": sequences[:, :-n], "inputs": cpu_inputs, "start": start},
+        )
+
+    def score(self, config, processor, generation, dtype_name, precision):
+        import torch
+
+        tokens = generation.tokens
+        prefix = generation.outputs["prefix"]
+        inputs = generation.outputs["inputs"]
+        if prefix.shape[1] == 0:  # a generate that returns only the new tokens
+            start = generation.outputs["start"]
+            prefix = torch.full((tokens.shape[0], 1), int(start), dtype=tokens.dtype)
+
+        def teacher_forced(model):
+            dtype = next(model.parameters()).dtype
+            logprobs = []
+            for i in range(tokens.shape[0]):
+                single = {
+                    k: (v[i : i + 1].to(dtype) if v.is_floating_point() else v[i : i + 1])
+                    for k, v in inputs.items()
+                }
+                decoder_ids = torch.cat([prefix[i], tokens[i, :-1]]).unsqueeze(0)
+                logits = model(**single, decoder_input_ids=decoder_ids, use_cache=False).logits
+                start = prefix.shape[1] - 1
+                window = logits[0, start : start + tokens.shape[1]].double()
+                logprobs.append(torch.log_softmax(window, dim=-1))
+            return logprobs
+
+        return reference_and_baseline(self, config, dtype_name, precision, teacher_forced)
+
+    def judge(self, config, generation, scored, label):
+        reference, baseline = scored
+        result = verdict(
+            reference,
+            baseline,
+            generation.device_logits,
+            generation.tokens,
+            config["verification"],
+            label,
+        )
+        result["method"] = self.method
+        return result
+
+
+class Text2TextGeneration(EncoderDecoderGeneration):
+    """A sequence-to-sequence text model (T5, BART, ...): the prompts are its encoder's input."""
+
+    tasks = ("text2text-generation",)
+
+    def load(self, config, dtype_name, device, distributed_config=None):
+        import transformers
+
+        single_core_only(config["task"], distributed_config)
+        common = hub_arguments(config)
+        processor = transformers.AutoTokenizer.from_pretrained(config["model"], **common)
+        model = transformers.AutoModelForSeq2SeqLM.from_pretrained(
+            config["model"], dtype=torch_dtype(dtype_name), use_safetensors=True, **common
+        )
+        return processor, model.to(device).eval()
+
+    def inputs(self, config, processor, device, dtype_name):
+        ensure_pad_token(processor)
+        batch = processor(config["prompts"], return_tensors="pt", padding=True)
+        return inputs_to(batch, device)
+
+
+class SpeechRecognition(EncoderDecoderGeneration):
+    """A speech sequence-to-sequence model (Whisper-style) transcribing generated waveforms."""
+
+    tasks = ("automatic-speech-recognition",)
+
+    def load(self, config, dtype_name, device, distributed_config=None):
+        import transformers
+
+        single_core_only(config["task"], distributed_config)
+        common = hub_arguments(config)
+        processor = transformers.AutoProcessor.from_pretrained(config["model"], **common)
+        model = transformers.AutoModelForSpeechSeq2Seq.from_pretrained(
+            config["model"], dtype=torch_dtype(dtype_name), use_safetensors=True, **common
+        )
+        return processor, model.to(device).eval()
+
+    def inputs(self, config, processor, device, dtype_name):
+        extractor = getattr(processor, "feature_extractor", processor)
+        rate = int(extractor.sampling_rate)
+        waves = [spoken_waveform(prompt, rate) for prompt in config["prompts"]]
+        batch = extractor(waves, sampling_rate=rate, return_tensors="pt")
+        return inputs_to(batch, device, torch_dtype(dtype_name))
+
+
+# ---- task: feature-extraction, sentence-similarity
+
+
+class SentenceEmbeddings(TaskScenario):
+    """Sentence embeddings through sentence-transformers (a plain transformers encoder gets
+    sentence-transformers' default mean pooling); the transformer's forward is compiled."""
+
+    tasks = ("feature-extraction", "sentence-similarity")
+    method = "embeddings"
+
+    def load(self, config, dtype_name, device, distributed_config=None):
+        from sentence_transformers import SentenceTransformer
+
+        single_core_only(config["task"], distributed_config)
+        model = SentenceTransformer(
+            config["model"],
+            device=str(device),
+            revision=None if is_local(config["model"]) else config["revision"],
+            trust_remote_code=bool(config["trust_remote_code"]),
+            model_kwargs={"dtype": torch_dtype(dtype_name), "use_safetensors": True},
+        )
+        return None, model.eval()
+
+    def inputs(self, config, processor, device, dtype_name):
+        return list(config["prompts"])
+
+    def compile(self, model, compile_backend):
+        import torch
+        import transformers
+
+        encoders = [m for m in model.modules() if isinstance(m, transformers.PreTrainedModel)]
+        if not encoders:
+            raise ValueError(
+                "this sentence-transformers model holds no transformers model to compile"
+            )
+        encoders[0].forward = torch.compile(
+            encoders[0].forward, backend=compile_backend, dynamic=False
+        )
+
+    def call(self, config, loaded, quick=False):
+        return encode_sentences(loaded.model, loaded.inputs)
+
+    def collect(self, config, loaded, out):
+        return Generation(None, None, outputs=out.double().cpu())
+
+    def score(self, config, processor, generation, dtype_name, precision):
+        sentences = list(config["prompts"])
+        return reference_and_baseline(
+            self, config, dtype_name, precision, lambda model: encode_sentences(model, sentences)
+        )
+
+    def judge(self, config, generation, scored, label):
+        reference, baseline = scored
+        return embedding_verdict(
+            reference, baseline, generation.outputs, config["verification"], label
+        )
+
+
+def encode_sentences(model, sentences: list[str]):
+    """One batch of embeddings (float64 on CPU), unnormalized, as the model computes them."""
+    embeddings = model.encode(
+        sentences,
+        batch_size=len(sentences),
+        convert_to_tensor=True,
+        normalize_embeddings=False,
+        show_progress_bar=False,
+    )
+    return embeddings.double().cpu()
+
+
+def _angles(x, y):
+    """Angle (radians) between rows of x and y, accurate near zero (Kahan's formula)."""
+    import torch
+
+    ux = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    uy = y / y.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    return 2 * torch.atan2((ux - uy).norm(dim=-1), (ux + uy).norm(dim=-1))
+
+
+def embedding_verdict(
+    reference, baseline, device, params: dict, dtype_name: str = "bfloat16"
+) -> dict:
+    """Judge the device's embeddings against the reference and baseline (pure function).
+
+    ``reference``, ``baseline``, ``device``: (inputs x dimensions). Checks:
+
+    - cosine: per input, the angle between the device's and the reference's embedding; its
+      median and maximum over inputs against the baseline's (bounds ``max_error_ratio``,
+      ``max_peak_ratio``).
+    - norm: per input, the relative error of the embedding's length; same statistics.
+    - ranking: with each input as the query and the others as the corpus, every pair the
+      reference orders by cosine similarity must keep its order, unless the reference's gap
+      is within ``near_tie_multiple`` x the baseline's largest similarity deviation for that
+      query (at least ``near_tie_floor``): the ranking a search would return is preserved.
+    """
+    import torch
+
+    ref, base, dev = (torch.as_tensor(x).double() for x in (reference, baseline, device))
+    n = ref.shape[0]
+    angle_dev, angle_base = _angles(dev, ref), _angles(base, ref)
+    ref_norm = ref.norm(dim=-1).clamp_min(1e-300)
+    norm_dev = (dev.norm(dim=-1) / ref_norm - 1).abs()
+    norm_base = (base.norm(dim=-1) / ref_norm - 1).abs()
+
+    def similarities(x):
+        unit = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+        return unit @ unit.T
+
+    s_ref, s_base, s_dev = similarities(ref), similarities(base), similarities(dev)
+    mismatches = near_ties = bad = 0
+    reasons: list[str] = []
+    items = []
+    for q in range(n):
+        others = [j for j in range(n) if j != q]
+        noise = max((float((s_base[q, j] - s_ref[q, j]).abs()) for j in others), default=0.0)
+        allowance = max(params["near_tie_multiple"] * noise, params["near_tie_floor"])
+        swaps = ties = 0
+        for a in others:
+            for b in others:
+                gap = float(s_ref[q, a] - s_ref[q, b])
+                if a >= b or gap == 0 or float((s_dev[q, a] - s_dev[q, b]) * gap) >= 0:
+                    continue
+                mismatches += 1
+                if abs(gap) <= allowance:
+                    near_ties += 1
+                    ties += 1
+                    continue
+                bad += 1
+                swaps += 1
+                if len(reasons) < 3:
+                    first, second = (a, b) if gap > 0 else (b, a)
+                    reasons.append(
+                        f"for input {q} the device ranks input {second} above input {first}, "
+                        f"which the reference places {abs(gap):.3f} higher in cosine similarity, "
+                        f"beyond the {dtype_name} noise allowance {allowance:.3f}"
+                    )
+        items.append(
+            {
+                "item": q,
+                "cosine": _figure(torch.cos(angle_dev[q])),
+                "angle_device": _figure(angle_dev[q]),
+                "angle_baseline": _figure(angle_base[q]),
+                "norm_device": _figure(norm_dev[q]),
+                "norm_baseline": _figure(norm_base[q]),
+                "ranking_swaps": swaps,
+                "ranking_near_ties": ties,
+            }
+        )
+    cosine = item_statistics("cosine", angle_dev, angle_base, params, "relative_error_floor")
+    cosine["what"] = "angle to the reference embedding (radians)"
+    norm = item_statistics("norm", norm_dev, norm_base, params, "relative_error_floor")
+    norm["what"] = "relative error of the embedding's length"
+    choices = {
+        "check": "ranking",
+        "mismatches": mismatches,
+        "near_ties": near_ties,
+        "bad": bad,
+        "reasons": reasons,
+    }
+    return task_verdict("embeddings", [cosine, norm], choices, items, params, dtype_name)
+
+
+# ---- task: text-classification, image-classification
+
+# Test images drawn by name (the prompts of an image-classification test): a pattern, its
+# period in pixels and two colours. "gradient-checkerboard" is test_image() above.
+TEST_IMAGES = {
+    "horizontal-stripes": ("horizontal", 28, (220, 40, 40), (250, 240, 200)),
+    "vertical-stripes": ("vertical", 28, (40, 40, 200), (240, 240, 240)),
+    "checkerboard": ("checkerboard", 28, (20, 20, 20), (230, 230, 230)),
+    "diagonal-stripes": ("diagonal", 28, (30, 150, 60), (250, 250, 250)),
+    "horizontal-stripes-wide": ("horizontal", 56, (90, 30, 120), (200, 220, 90)),
+    "vertical-stripes-wide": ("vertical", 56, (200, 120, 20), (30, 60, 90)),
+    "checkerboard-fine": ("checkerboard", 14, (200, 30, 120), (30, 200, 200)),
+}
+
+
+def draw_pattern(kind: str, period: int, colour_a, colour_b, size: int = 224, phase: int = 0):
+    """An RGB PIL image of stripes or a checkerboard (numpy), two colours, given period."""
+    import numpy as np
+    from PIL import Image
+
+    y, x = np.mgrid[0:size, 0:size]
+    half = max(period // 2, 1)
+    if kind == "horizontal":
+        mask = ((y + phase) // half) % 2 == 0
+    elif kind == "vertical":
+        mask = ((x + phase) // half) % 2 == 0
+    elif kind == "checkerboard":
+        mask = (((x + phase) // half) + ((y + phase) // half)) % 2 == 0
+    elif kind == "diagonal":
+        mask = ((x + y + phase) // half) % 2 == 0
+    else:
+        raise ValueError(f"unknown pattern {kind!r}")
+    pixels = np.where(mask[..., None], np.array(colour_a), np.array(colour_b)).astype(np.uint8)
+    return Image.fromarray(pixels, "RGB")
+
+
+def draw_test_image(name: str):
+    """One named test image (the names are the image-classification prompts)."""
+    if name == "gradient-checkerboard":
+        return test_image()
+    if name not in TEST_IMAGES:
+        raise ValueError(
+            f"unknown test image {name!r}; known: gradient-checkerboard, {', '.join(TEST_IMAGES)}"
+        )
+    kind, period, colour_a, colour_b = TEST_IMAGES[name]
+    return draw_pattern(kind, period, colour_a, colour_b)
+
+
+class Classification(TaskScenario):
+    """A classifier's logits for a batch of inputs; the model's forward is compiled."""
+
+    method = "classification"
+    model_class = ""
+
+    def call(self, config, loaded, quick=False):
+        return loaded.model(**loaded.inputs).logits
+
+    def collect(self, config, loaded, out):
+        logits = out.double().cpu()
+        labels = getattr(loaded.model.config, "id2label", None) or {}
+        text = [str(labels.get(int(i), int(i))) for i in logits.argmax(dim=-1)]
+        cpu_inputs = {k: v.cpu() for k, v in loaded.inputs.items() if hasattr(v, "cpu")}
+        return Generation(None, logits, text=text, outputs=cpu_inputs)
+
+    def score(self, config, processor, generation, dtype_name, precision):
+        import torch
+
+        inputs = generation.outputs
+
+        def class_logprobs(model):
+            dtype = next(model.parameters()).dtype
+            batch = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
+            return torch.log_softmax(model(**batch).logits.double(), dim=-1)
+
+        return reference_and_baseline(self, config, dtype_name, precision, class_logprobs)
+
+    def judge(self, config, generation, scored, label):
+        reference, baseline = scored
+        return classification_verdict(
+            reference, baseline, generation.device_logits, config["verification"], label
+        )
+
+    def _load(self, config, dtype_name, device, distributed_config, processor_class, model_class):
+        import transformers
+
+        single_core_only(config["task"], distributed_config)
+        common = hub_arguments(config)
+        processor = getattr(transformers, processor_class).from_pretrained(
+            config["model"], **common
+        )
+        model = getattr(transformers, model_class).from_pretrained(
+            config["model"], dtype=torch_dtype(dtype_name), use_safetensors=True, **common
+        )
+        return processor, model.to(device).eval()
+
+
+class TextClassification(Classification):
+    """A sequence classifier (BERT-style or a decoder with a score head) over the prompts."""
+
+    tasks = ("text-classification",)
+
+    def load(self, config, dtype_name, device, distributed_config=None):
+        processor, model = self._load(
+            config, dtype_name, device, distributed_config, "AutoTokenizer",
+            "AutoModelForSequenceClassification",
+        )  # fmt: skip
+        ensure_pad_token(processor)
+        if model.config.pad_token_id is None:
+            # Batched inputs are padded; a decoder classifier finds each row's last real token
+            # through the pad id, which many checkpoints leave unset.
+            model.config.pad_token_id = processor.pad_token_id
+        return processor, model
+
+    def inputs(self, config, processor, device, dtype_name):
+        batch = processor(config["prompts"], return_tensors="pt", padding=True, truncation=True)
+        return inputs_to(batch, device)
+
+
+class ImageClassification(Classification):
+    """An image classifier over the named test images."""
+
+    tasks = ("image-classification",)
+
+    def load(self, config, dtype_name, device, distributed_config=None):
+        return self._load(
+            config, dtype_name, device, distributed_config, "AutoImageProcessor",
+            "AutoModelForImageClassification",
+        )  # fmt: skip
+
+    def inputs(self, config, processor, device, dtype_name):
+        images = [draw_test_image(name) for name in config["prompts"]]
+        batch = processor(images=images, return_tensors="pt")
+        return inputs_to(batch, device, torch_dtype(dtype_name))
+
+
+def classification_verdict(
+    reference, baseline, device_logits, params: dict, dtype_name: str = "bfloat16"
+) -> dict:
+    """Judge the device's class logits against the reference and baseline (pure function).
+
+    ``reference`` and ``baseline``: log-probabilities (inputs x classes); ``device_logits``
+    the device's logits. An input's error is its largest log-probability deviation over the
+    reference's top 8 classes and the device's top class. Checks:
+
+    - top1: where the device's top class is not the reference's, the reference's margin
+      between the two must be within ``near_tie_multiple`` x the baseline's error on that input
+      (at least ``near_tie_floor`` nats), or the run fails;
+    - median, peak: the median and the maximum over inputs of the error against the
+      baseline's same statistic (bounds ``max_error_ratio``, ``max_peak_ratio``).
+    """
+    import torch
+
+    ref = torch.as_tensor(reference).double()
+    base = torch.as_tensor(baseline).double()
+    dev = torch.log_softmax(torch.as_tensor(device_logits).double(), dim=-1)
+    ref_arg, dev_arg = ref.argmax(dim=-1), dev.argmax(dim=-1)
+    watch = torch.cat(
+        [torch.topk(ref, min(TOP_K_NOISE, ref.shape[-1])).indices, dev_arg[:, None]], 1
+    )
+    device_err = (dev - ref).abs().gather(1, watch).max(dim=1).values
+    baseline_err = (base - ref).abs().gather(1, watch).max(dim=1).values
+    mismatches = near_ties = bad = 0
+    reasons: list[str] = []
+    items = []
+    for i in range(ref.shape[0]):
+        margin = float(ref[i, ref_arg[i]] - ref[i, dev_arg[i]])
+        allowance = max(
+            params["near_tie_multiple"] * float(baseline_err[i]), params["near_tie_floor"]
+        )
+        judged = "match"
+        if int(dev_arg[i]) != int(ref_arg[i]):
+            mismatches += 1
+            if margin <= allowance:
+                near_ties += 1
+                judged = "near-tie"
+            else:
+                bad += 1
+                judged = "bad"
+                if len(reasons) < 3:
+                    reasons.append(
+                        f"input {i}: class {int(dev_arg[i])} but the reference prefers "
+                        f"{int(ref_arg[i])} by {margin:.3f} nats, beyond the {dtype_name} noise "
+                        f"allowance {allowance:.3f}"
+                    )
+        items.append(
+            {
+                "item": i,
+                "class": int(dev_arg[i]),
+                "reference_class": int(ref_arg[i]),
+                "margin": _figure(margin),
+                "device_deviation": _figure(device_err[i]),
+                "baseline_deviation": _figure(baseline_err[i]),
+                "verdict": judged,
+            }
+        )
+    # A log-probability deviation is its probability's relative error: the relative floor.
+    logits = item_statistics("logits", device_err, baseline_err, params, "relative_error_floor")
+    logits["what"] = "log-probability error over the top classes (nats)"
+    choices = {
+        "check": "top1",
+        "mismatches": mismatches,
+        "near_ties": near_ties,
+        "bad": bad,
+        "reasons": reasons,
+    }
+    result = task_verdict(
+        "classification", [logits], choices, items, params, dtype_name,
+        failing_statistics={"median": "median", "peak": "peak"},
+    )  # fmt: skip
+    result["exact"] = mismatches == 0
+    return result
+
+
+# ---- task: text-to-image
+
+
+class TextToImage(TaskScenario):
+    """A diffusers text-to-image pipeline: a few denoising steps from a fixed seed with the
+    denoiser (``unet`` or ``transformer``) compiled.
+
+    Kept per step: the latents after it, and the denoiser's inputs and prediction. The verdict
+    compares both with the float32 reference, relative to the baseline: the trajectory (the
+    latents, free running from the same noise) and, teacher forced, the reference denoiser's
+    prediction from the device's own inputs at every step (as text is scored teacher forced),
+    which the scheduler's rounding and the compounding of earlier steps do not blur.
+    """
+
+    tasks = ("text-to-image",)
+    method = "latents"
+
+    def load(self, config, dtype_name, device, distributed_config=None):
+        import diffusers
+
+        single_core_only(config["task"], distributed_config)
+        pipeline = diffusers.DiffusionPipeline.from_pretrained(
+            config["model"],
+            dtype=torch_dtype(dtype_name),
+            revision=None if is_local(config["model"]) else config["revision"],
+            trust_remote_code=bool(config["trust_remote_code"]),
+            use_safetensors=True,
+        )
+        pipeline.set_progress_bar_config(disable=True)
+        return None, pipeline.to(device)
+
+    def inputs(self, config, processor, device, dtype_name):
+        return list(config["prompts"])
+
+    def modules(self, model):
+        import torch
+
+        return [c for c in model.components.values() if isinstance(c, torch.nn.Module)]
+
+    def compile(self, model, compile_backend):
+        import torch
+
+        denoiser = denoiser_of(model)
+        denoiser.forward = torch.compile(denoiser.forward, backend=compile_backend, dynamic=False)
+
+    def cast(self, model, dtype):
+        model.to(dtype=dtype)
+
+    def call(self, config, loaded, quick=False):
+        return denoise(loaded.model, loaded.inputs, int(config["denoising_steps"]), record=True)
+
+    def collect(self, config, loaded, out):
+        return Generation(None, None, outputs=out)
+
+    def score(self, config, processor, generation, dtype_name, precision):
+        prompts, steps = list(config["prompts"]), int(config["denoising_steps"])
+        calls = generation.outputs["calls"]
+
+        def trajectory_and_predictions(pipe):
+            denoiser = denoiser_of(pipe)
+            dtype = next(denoiser.parameters()).dtype
+            predictions = [
+                first_tensor(denoiser(*cast_floats(args, dtype), **cast_floats(kwargs, dtype)))
+                .double()
+                .cpu()
+                for args, kwargs, _ in calls
+            ]
+            return denoise(pipe, prompts, steps)["latents"], predictions
+
+        return reference_and_baseline(
+            self, config, dtype_name, precision, trajectory_and_predictions
+        )
+
+    def judge(self, config, generation, scored, label):
+        (reference, reference_predictions), (baseline, baseline_predictions) = scored
+        return latent_verdict(
+            reference,
+            baseline,
+            generation.outputs["latents"],
+            config["verification"],
+            label,
+            predictions=(
+                reference_predictions,
+                baseline_predictions,
+                [prediction for _, _, prediction in generation.outputs["calls"]],
+            ),
+        )
+
+
+def denoiser_of(pipeline):
+    """The pipeline's denoising network: its ``unet`` or its ``transformer``."""
+    for name in ("unet", "transformer"):
+        module = getattr(pipeline, name, None)
+        if module is not None:
+            return module
+    raise ValueError(f"{type(pipeline).__name__} has no unet or transformer component to compile")
+
+
+def first_tensor(output):
+    """A denoiser's prediction: its output tensor, or the first of a tuple / output class."""
+    return output if hasattr(output, "dim") else output[0]
+
+
+def map_tensors(value, fn):
+    """``fn`` applied to every tensor in nested tuples, lists and dicts (others kept)."""
+    if hasattr(value, "dim"):
+        return fn(value)
+    if isinstance(value, dict):
+        return {key: map_tensors(item, fn) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_tensors(item, fn) for item in value)
+    return value
+
+
+def cast_floats(value, dtype):
+    """Floating-point tensors of a nested structure in ``dtype`` (on CPU)."""
+    return map_tensors(value, lambda t: t.cpu().to(dtype) if t.is_floating_point() else t.cpu())
+
+
+def denoise(pipeline, prompts: list[str], steps: int, record: bool = False) -> dict:
+    """Run the pipeline from SEED: the latents after every step (CPU, float64) and, with
+    ``record``, every denoiser call's inputs and prediction (CPU, as computed)."""
+    import torch
+
+    latents: list = []
+    calls: list = []
+
+    def keep(pipe, step, timestep, tensors):
+        latents.append(tensors["latents"].detach().clone())
+        return tensors
+
+    def note(module, args, kwargs, output):
+        detached = (
+            map_tensors(args, lambda t: t.detach().clone()),
+            map_tensors(kwargs, lambda t: t.detach().clone()),
+            first_tensor(output).detach().clone(),
+        )
+        calls.append(detached)
+
+    hook = denoiser_of(pipeline).register_forward_hook(note, with_kwargs=True) if record else None
+    try:
+        pipeline(
+            prompt=prompts,
+            num_inference_steps=steps,
+            generator=torch.Generator("cpu").manual_seed(SEED),
+            output_type="pt",
+            callback_on_step_end=keep,
+        )
+    finally:
+        if hook is not None:
+            hook.remove()
+    return {
+        "latents": [step.double().cpu() for step in latents],
+        "calls": [
+            (map_tensors(a, lambda t: t.cpu()), map_tensors(k, lambda t: t.cpu()), p.double().cpu())
+            for a, k, p in calls
+        ],
+    }
+
+
+def _relative_rows(value, reference):
+    """Per batch row, ||value - reference|| / ||reference|| (float64)."""
+    import torch
+
+    ref = torch.as_tensor(reference).double()
+    rows = ref.reshape(ref.shape[0], -1)
+    diff = torch.as_tensor(value).double().reshape(rows.shape) - rows
+    return diff.norm(dim=-1) / rows.norm(dim=-1).clamp_min(1e-300)
+
+
+def latent_verdict(
+    reference,
+    baseline,
+    device,
+    params: dict,
+    dtype_name: str = "bfloat16",
+    predictions=None,
+) -> dict:
+    """Judge a text-to-image run step by step against the reference and baseline (pure).
+
+    ``reference``, ``baseline``, ``device``: the latents after every denoising step (batch
+    first); the runs start from the same noise. ``predictions``: (reference, baseline, device)
+    lists of the denoiser's prediction at every step, the reference's and the baseline's
+    computed from the device's own inputs (teacher forced). Per step and batch row, an error is
+    a relative error, ||x - reference|| / ||reference||. Checks, each the median and the maximum
+    over (step, row) items against the baseline's same statistic (bounds ``max_error_ratio``,
+    ``max_peak_ratio``):
+
+    - denoiser: the device's predictions (a wrong timestep, a stale step, a corrupted block
+      shows at the step it happens, whatever the scheduler does with it);
+    - latents: the trajectory, what the pipeline hands on.
+    """
+    if not (len(reference) == len(baseline) == len(device)):
+        raise ValueError(
+            f"steps differ: reference {len(reference)}, baseline {len(baseline)}, device {len(device)}"
+        )
+    metrics, items = [], []
+    if predictions is not None:
+        ref_pred, base_pred, dev_pred = predictions
+        if not (len(ref_pred) == len(base_pred) == len(dev_pred)):
+            raise ValueError(
+                "the denoiser predictions of reference, baseline and device differ in number"
+            )
+        device_err, baseline_err = [], []
+        for step, (ref, base, dev) in enumerate(zip(ref_pred, base_pred, dev_pred, strict=True)):
+            dev_rel, base_rel = _relative_rows(dev, ref), _relative_rows(base, ref)
+            for row in range(dev_rel.shape[0]):
+                device_err.append(float(dev_rel[row]))
+                baseline_err.append(float(base_rel[row]))
+                items.append(
+                    {
+                        "check": "denoiser",
+                        "step": step,
+                        "row": row,
+                        "device_error": _figure(dev_rel[row]),
+                        "baseline_error": _figure(base_rel[row]),
+                    }
+                )
+        denoiser = item_statistics(
+            "denoiser", device_err, baseline_err, params, "relative_error_floor"
+        )
+        denoiser["what"] = "relative error of the denoiser's prediction from the device's inputs"
+        metrics.append(denoiser)
+    device_err, baseline_err = [], []
+    for step, (ref, base, dev) in enumerate(zip(reference, baseline, device, strict=True)):
+        dev_rel, base_rel = _relative_rows(dev, ref), _relative_rows(base, ref)
+        for row in range(dev_rel.shape[0]):
+            device_err.append(float(dev_rel[row]))
+            baseline_err.append(float(base_rel[row]))
+            items.append(
+                {
+                    "check": "latents",
+                    "step": step,
+                    "row": row,
+                    "device_error": _figure(dev_rel[row]),
+                    "baseline_error": _figure(base_rel[row]),
+                }
+            )
+    latents = item_statistics("latents", device_err, baseline_err, params, "relative_error_floor")
+    latents["what"] = "relative latent error after a denoising step"
+    metrics.append(latents)
+    return task_verdict("latents", metrics, {}, items, params, dtype_name)
+
+
+# ---- the task table
+
+SCENARIOS: tuple[TaskScenario, ...] = (
+    TextGeneration(),
+    Text2TextGeneration(),
+    SpeechRecognition(),
+    SentenceEmbeddings(),
+    TextClassification(),
+    ImageClassification(),
+    TextToImage(),
+)
+
+
+def scenario_for(task: str) -> TaskScenario:
+    """The scenario that runs ``task`` (a Hub pipeline tag)."""
+    for scenario in SCENARIOS:
+        if task in scenario.tasks:
+            return scenario
+    known = ", ".join(t for s in SCENARIOS for t in s.tasks)
+    raise ValueError(f"unsupported task {task!r}: run.py tests {known}")
 
 
 # --------------------------------------------------------------------------- the test
@@ -1352,10 +2454,13 @@ class LoadedModel:
 
 @dataclasses.dataclass
 class Generation:
-    """What the generate stage produced: the new tokens and the device's logits (on CPU)."""
+    """What the generate stage produced (on CPU): the new tokens and the device's logits for
+    generating tasks, the class logits of a classifier, or a task's other outputs."""
 
-    tokens: Any  # int tensor [prompts, max_new_tokens]
-    device_logits: Any  # float tensor [prompts, max_new_tokens, vocab]
+    tokens: Any  # int tensor [prompts, max_new_tokens]; None where nothing is decoded
+    device_logits: Any  # float tensor [prompts, max_new_tokens, vocab], or [inputs, classes]
+    text: list = dataclasses.field(default_factory=list)  # the document's text, per input
+    outputs: Any = None  # task-specific: embeddings, latents per step, the inputs to re-score
 
 
 def setup_stage(ctx: RunContext) -> Placement:
@@ -1391,43 +2496,46 @@ def setup_stage(ctx: RunContext) -> Placement:
 
 
 def load_stage(ctx: RunContext, placement: Placement) -> LoadedModel:
-    """from_pretrained onto the device, and the prompts as model inputs.
+    """from_pretrained onto the device (the task's loader), and the task's inputs.
 
     Records timings.load_s, resolved_revision, parameters and parameters_per_core.
     """
     config, doc = ctx.config, ctx.doc
+    scenario = scenario_for(config["task"])
     t0 = time.perf_counter()
-    processor, model = load_model(
+    processor, model = scenario.load(
         config, config["dtype"], placement.device, placement.distributed_config
     )
     synchronize(placement.backend)
     doc["timings"]["load_s"] = time.perf_counter() - t0
     doc["resolved_revision"] = resolved_revision(config)
-    doc["parameters"] = sum(p.numel() for p in model.parameters())
+    parameters = [p for module in scenario.modules(model) for p in module.parameters()]
+    doc["parameters"] = sum(p.numel() for p in parameters)
     # What this core holds: a DTensor's local shard, else the whole tensor.
     doc["parameters_per_core"] = sum(
-        (p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters()
+        (p.to_local() if hasattr(p, "to_local") else p).numel() for p in parameters
     )
-    inputs = build_inputs(config, processor, config["prompts"]).to(placement.device)
-    return LoadedModel(processor, model, inputs, tokenizer_of(processor).pad_token_id)
+    inputs = scenario.inputs(config, processor, placement.device, config["dtype"])
+    return LoadedModel(processor, model, inputs, scenario.pad_token_id(processor))
 
 
 def compile_stage(ctx: RunContext, placement: Placement, loaded: LoadedModel) -> CompileCounts:
-    """Compile the model's forward and run the first generate call, which compiles.
+    """Compile what the task runs on the device and make the first call, which compiles.
 
     Static shapes (``dynamic=False``): Neuron compiles one graph per input shape and rejects
-    dynamic ones. Replaces ``loaded.model.forward`` with the compiled one; records
-    timings.first_generate_s; returns the compilation counters from before compiling.
+    dynamic ones. Replaces the compiled module's forward (the model's; for an encoder-decoder
+    also its encoder's; a pipeline's denoiser); records timings.first_generate_s (the first
+    call: generate, a forward, or a pipeline call); returns the counters from before compiling.
     """
     import torch
 
     config = ctx.config
-    model = loaded.model
+    scenario = scenario_for(config["task"])
     before = read_compile_counts(placement.backend)
-    model.forward = torch.compile(model.forward, backend=placement.compile_backend, dynamic=False)
+    scenario.compile(loaded.model, placement.compile_backend)
     t0 = time.perf_counter()
     with torch.no_grad():
-        generate(model, loaded.inputs, int(config["max_new_tokens"]), loaded.pad_token_id)
+        scenario.call(config, loaded)
     synchronize(placement.backend)
     ctx.doc["timings"]["first_generate_s"] = time.perf_counter() - t0
     return before
@@ -1436,7 +2544,7 @@ def compile_stage(ctx: RunContext, placement: Placement, loaded: LoadedModel) ->
 def generate_stage(
     ctx: RunContext, placement: Placement, loaded: LoadedModel, compile_start: CompileCounts
 ) -> Generation:
-    """Time the compiled model: a full generate call and a prefill-only one.
+    """Time the compiled model: the task's call again, and for generating tasks a prefill-only one.
 
     Records the steady, prefill, compile and decode timings, what compiling took (graphs, graph
     breaks, cache hits since ``compile_start``), peak device memory, tokens and text.
@@ -1444,48 +2552,48 @@ def generate_stage(
     import torch
 
     config, doc = ctx.config, ctx.doc
+    scenario = scenario_for(config["task"])
     timings, memory = doc["timings"], doc["memory"]
-    n_new = int(config["max_new_tokens"])
-    model, inputs = loaded.model, loaded.inputs
     with torch.no_grad():
         t0 = time.perf_counter()
-        out = generate(model, inputs, n_new, loaded.pad_token_id)
+        out = scenario.call(config, loaded)
         synchronize(placement.backend)
         timings["steady_generate_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        generate(model, inputs, 1, loaded.pad_token_id)
-        synchronize(placement.backend)
-        timings["prefill_s"] = time.perf_counter() - t0
+        if scenario.generates:
+            t0 = time.perf_counter()
+            scenario.call(config, loaded, quick=True)
+            synchronize(placement.backend)
+            timings["prefill_s"] = time.perf_counter() - t0
     timings["compile_s"] = max(timings["first_generate_s"] - timings["steady_generate_s"], 0.0)
-    decode_s = timings["steady_generate_s"] - timings["prefill_s"]
-    batch = inputs["input_ids"].shape[0]
-    timings["decode_tokens_per_s"] = (
-        batch * (n_new - 1) / decode_s if decode_s > 0 and n_new > 1 else None
-    )
+    if scenario.generates:
+        n_new = int(config["max_new_tokens"])
+        decode_s = timings["steady_generate_s"] - timings["prefill_s"]
+        batch = len(config["prompts"])
+        timings["decode_tokens_per_s"] = (
+            batch * (n_new - 1) / decode_s if decode_s > 0 and n_new > 1 else None
+        )
     timings["wall_time_s"] = timings["load_s"] + timings["first_generate_s"]
     doc["compilation"] = compilation_summary(compile_start, read_compile_counts(placement.backend))
     peak, source = device_peak_memory(placement.backend, placement.device)
     memory["peak_device_memory_bytes"], memory["device_memory_source"] = peak, source
-    prompt_len = inputs["input_ids"].shape[1]
-    generated = out.sequences[:, prompt_len:].cpu()
-    device_logits = torch.stack([step.float().cpu() for step in out.logits], dim=1)
-    doc["tokens"] = generated.tolist()
-    doc["text"] = tokenizer_of(loaded.processor).batch_decode(generated, skip_special_tokens=True)
-    return Generation(generated, device_logits)
+    generation = scenario.collect(config, loaded, out)
+    doc["tokens"] = [] if generation.tokens is None else generation.tokens.tolist()
+    doc["text"] = list(generation.text)
+    return generation
 
 
 def verify_stage(ctx: RunContext, processor, generation: Generation) -> None:
-    """Judge the tokens against the CPU reference (rank 0); records the verdict and result."""
+    """Judge the output against the CPU reference (rank 0); records the verdict and result."""
     config, doc = ctx.config, ctx.doc
-    verification, seconds = verify(
-        config,
-        processor,
-        config["prompts"],
-        generation.tokens,
-        generation.device_logits,
-        config["dtype"],
-        ctx.backend,
+    scenario = scenario_for(config["task"])
+    verification, seconds = scenario.verify(
+        config, processor, generation, config["dtype"], ctx.backend
     )
+    verification.setdefault("method", scenario.method)
+    # The token verdict's figures are its own fields; the per-measure and per-item lists of the
+    # other tasks' verdicts are empty for it (every document has the same fields).
+    verification.setdefault("metrics", [])
+    verification.setdefault("items", [])
     doc["timings"]["reference_s"] = seconds
     doc["verification"] = verification
     doc["result"] = "PASS" if verification["passed"] else "FAIL"
@@ -1554,7 +2662,9 @@ def new_document(config: dict) -> dict:
         "dtype": config["dtype"],
         "cores": int(config["cores"]),
         "parallelism": config["parallelism"],
-        "max_new_tokens": int(config["max_new_tokens"]),
+        "max_new_tokens": (
+            int(config["max_new_tokens"]) if config["task"] in GENERATING_TASKS else None
+        ),
         "parameters": None,
         "parameters_per_core": None,
         "result": "ERROR",

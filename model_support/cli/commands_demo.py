@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from model_support.checkpoints import TASK_MODELS
 from model_support.cli.commands_run import plan_cores, print_record, results
 from model_support.records import RunRecord
 
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 DEMO_NAMESPACE = "demo"
 """Demo checkpoints are named ``demo/<name>`` in results (their paths stay in ``model_path``)."""
 DEMO_NAMES = ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-llava"]
+DEMO_NAMES += [model.name for model in TASK_MODELS]  # one per task family beyond text generation
 FAULTY_BACKEND = "model_support.faults:buggy_compiler"
 """The demo's broken stack: miscompiles dense models (FAIL), crashes on mixture of experts (ERROR)."""
 
@@ -94,8 +96,9 @@ def demo(
     ] = min(2, os.cpu_count() or 1),
     timeout: Annotated[float, typer.Option(help="Seconds per model before TIMEOUT.")] = 900.0,
 ) -> None:
-    """Build tiny Llama, Qwen3, Qwen3-MoE and Llava checkpoints and a header-only 405B one, test
-    them on three compiler stacks (one deliberately broken), and print the results table."""
+    """Build tiny Llama, Qwen3, Qwen3-MoE and Llava checkpoints, one per other task family
+    (embeddings, seq2seq, speech, classification, text-to-image) and a header-only 405B one,
+    test them on three compiler stacks (one deliberately broken), and print the results table."""
     from model_support.checkpoints import default_cache_dir
     from model_support.store import ResultsStore
 
@@ -167,7 +170,7 @@ def build_checkpoints(dest: Path) -> tuple[dict[str, DemoModel], Path]:
     for name in DEMO_NAMES:
         fresh = is_up_to_date(catalogue_entry(name), dest / name)
         if not fresh:
-            say(f"building {name} in {dest} (trained briefly; about 15 s)")
+            say(f"building {name} in {dest} (trained briefly; 10 to 60 s)")
         start = time.monotonic()
         (models[name],) = build_demo_models(dest, [name])
         if not fresh:

@@ -26,7 +26,7 @@ from model_support.config import RunConfig
 from model_support.execution import StageEvent
 from model_support.models import BadModelReference, resolve_model
 from model_support.records import RunRecord, excluded_record
-from model_support.vocabulary import Backend, ExclusionReason, Parallelism, Result, Task
+from model_support.vocabulary import Backend, Parallelism, Result, Task
 
 if TYPE_CHECKING:
     from model_support.store import ResultsStore
@@ -402,34 +402,35 @@ def stopped_by_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def weights_exclusion(config: RunConfig) -> RunRecord | None:
-    """With --cores (no sizing), what sizing would refuse anyway: a model without safetensors
-    weights. Recorded as EXCLUDED with sizing's own message, so both paths say the same."""
-    from model_support.hub import CheckpointError, hub_api, is_unreachable, local_tensors
-    from model_support.sizing import no_safetensors_message
+def given_cores_exclusion(
+    config: RunConfig, instance: str | None, lnc: int | None
+) -> RunRecord | None:
+    """With --cores (no choice of cores), what sizing would refuse anyway: an unsupported task or
+    architecture (a CTC speech model, an image encoder tagged feature-extraction), a model
+    without safetensors weights, a gated one without a token. Sizing decides at the given
+    cores, so both paths record the same EXCLUDED row with the same message; a size that does
+    not fit is only a note there (the user chose the cores)."""
+    from model_support.hub import is_unreachable
+    from model_support.sizing import Exclusion, size_run
 
-    if Path(config.model).is_dir():
-        try:
-            has_safetensors = local_tensors(config.model) is not None
-        except CheckpointError as exc:
-            raise fail(f"cannot load {config.model!r}: {exc}") from exc
-    else:
-        try:
-            info = hub_api(os.environ.get("HF_ENDPOINT"), os.environ.get("HF_TOKEN")).model_info(
-                config.model, revision=config.revision
-            )
-        except Exception as exc:
-            if not is_unreachable(exc):
-                raise
-            raise unreachable_hub(config.model, exc) from exc
-        names = [s.rfilename for s in info.siblings or []]
-        # No file list (a gated repository): run.py's safetensors-only load decides.
-        has_safetensors = not names or any(n.endswith(".safetensors") for n in names)
-    if has_safetensors:
-        return None
-    return excluded_record(
-        config, ExclusionReason.NO_SAFETENSORS, no_safetensors_message(config.model)
-    )
+    try:
+        planned = size_run(
+            config,
+            profile=instance or default_instance(config.backend),
+            lnc=lnc,
+            max_cores=max(config.cores, 1),
+            cores=config.cores,
+            token=os.environ.get("HF_TOKEN"),
+        )
+    except ValueError as exc:
+        raise fail(f"cannot size {config.model!r}: {exc}") from exc
+    except Exception as exc:
+        if not is_unreachable(exc):
+            raise
+        raise unreachable_hub(config.model, exc) from exc
+    if isinstance(planned, Exclusion):
+        return excluded_record(config, planned.reason, planned.message)
+    return None
 
 
 def save_record(store: ResultsStore, record: RunRecord, results: str) -> bool:
@@ -618,7 +619,7 @@ def _test(
         if cores is None:
             planned = plan_cores(config, instance, lnc, max_cores)
         else:
-            planned = weights_exclusion(config) or config
+            planned = given_cores_exclusion(config, instance, lnc) or config
         if planned == config:
             progress.release()
             return store, background.result()

@@ -293,3 +293,45 @@ def test_a_pickle_only_checkpoint_is_refused_the_same_way_with_and_without_cores
     assert messages[0] == messages[1] and "pickle checkpoints are not loaded" in messages[0]
     sized = runner.invoke(app, ["size", str(checkpoint)])
     assert sized.exit_code == 3 and "pickle checkpoints are not loaded" in sized.output
+
+
+def test_an_unsupported_task_model_is_excluded_not_an_error_with_and_without_cores(
+    tmp_path: Path,
+) -> None:
+    """A CTC speech model (run.py's speech loader takes sequence-to-sequence models only)."""
+    from safetensors.torch import save_file
+    from torch import zeros
+
+    checkpoint = tmp_path / "ctc"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(
+        json.dumps({"model_type": "wav2vec2", "architectures": ["Wav2Vec2ForCTC"]})
+    )
+    save_file({"lm_head.weight": zeros(4, 4)}, str(checkpoint / "model.safetensors"))
+    for extra in ([], ["--cores", "1"]):
+        results = tmp_path / f"results{len(extra)}"
+        result = runner.invoke(
+            app,
+            [
+                *("run", str(checkpoint), "--task", "automatic-speech-recognition"),
+                *("--results", str(results), "--json", *extra),
+            ],
+        )
+        assert result.exit_code == 3, result.output
+        summary = json.loads(result.stdout.strip().splitlines()[-1])
+        assert summary["result"] == "EXCLUDED" and "Wav2Vec2ForCTC" in summary["error"]
+        [record] = (results / "records").iterdir()
+        assert json.loads(record.read_text())["exclusion_reason"] == "unsupported-task"
+
+
+@pytest.mark.slow
+def test_given_cores_a_local_diffusers_pipeline_is_not_excluded() -> None:
+    """A pipeline keeps its weights in component folders, not a root model.safetensors."""
+    from model_support.checkpoints import build_demo_models, default_cache_dir
+    from model_support.cli.commands_run import given_cores_exclusion
+    from model_support.config import RunConfig
+    from model_support.vocabulary import Task
+
+    (pipeline,) = build_demo_models(default_cache_dir(), ["tiny-stable-diffusion"])
+    config = RunConfig(model=str(pipeline.require_path()), task=Task.TEXT_TO_IMAGE, cores=1)
+    assert given_cores_exclusion(config, None, None) is None

@@ -20,7 +20,7 @@ from filelock import FileLock
 from processes import processes_with
 from streamlit.testing.v1 import AppTest
 
-from model_support.checkpoints import DemoModel
+from model_support.checkpoints import TASK_MODELS, DemoModel
 from model_support.cli.commands_demo import FAULTY_BACKEND
 from model_support.store import ResultsStore
 
@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow
 CLI = str(Path(sys.executable).with_name("model-support"))
 APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
 DEMO_NAMES = ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-llava"]
+DEMO_NAMES += [model.name for model in TASK_MODELS]  # one per task family beyond text generation
 OVERSIZED = "demo/llama-405b-headers"
 
 
@@ -63,8 +64,11 @@ def test_demo_tests_every_model_and_prints_the_table(demo_results: tuple[Path, s
     _, stdout, _ = demo_results
     for name in DEMO_NAMES:
         assert f"demo/{name}" in stdout
-    assert "model-support results (8 rows)" in stdout
-    assert stdout.count("PASS") >= 10  # a line per passing run and a row per passing result
+    rows = len(DEMO_NAMES) + 4  # + a second compiler, two faulty runs, the oversized model
+    assert f"model-support results ({rows} rows)" in stdout
+    # A line per passing run and a row per passing result: every model on the main stack and
+    # tiny-llama on the second.
+    assert stdout.count("PASS") >= 2 * (len(DEMO_NAMES) + 1)
     for state in ("FAIL", "ERROR", "EXCLUDED"):
         assert state in stdout
     assert str(Path.home()) not in stdout.split("model-support results")[1]  # readable ids
@@ -243,10 +247,11 @@ def test_the_viewer_shows_each_view_on_the_demo_dataset(
     monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", "http://127.0.0.1:9")
     page = AppTest.from_file(APP, default_timeout=60).run()
     assert not page.exception
-    # Selected, on the main stack (the page opens on it): four PASS and the 405B one excluded.
+    # Selected, on the main stack (the page opens on it): every tiny model PASSes (four text
+    # models and one per task family) and the 405B one is excluded.
     assert page.selectbox(key="compiler").value.startswith("aot_eager ")
     selected = page.dataframe[0].value.set_index("model")
-    assert list(selected["result"]) == ["PASS"] * 4 + ["EXCLUDED"]
+    assert list(selected["result"]) == ["PASS"] * len(DEMO_NAMES) + ["EXCLUDED"]
     assert selected.loc[OVERSIZED, "why"] == "too-large"
     # Triage on the broken stack: the FAIL and the ERROR, each its own group.
     faulty = next(o for o in page.selectbox(key="compiler").options if FAULTY_BACKEND in o)

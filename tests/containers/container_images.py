@@ -179,7 +179,7 @@ def _dockerfile_args(dockerfile: str) -> dict[str, str]:
 
 def wheelhouse_requirements() -> list[str]:
     """What the images install: the package's dependencies with its s3 extra, the runner's
-    pinned transformers and huggingface_hub, and the build backend of the package itself."""
+    pinned transformers, huggingface_hub and task libraries, and the build backend of the package itself."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     build = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
     runner = _dockerfile_args(RUNNER_DOCKERFILE)
@@ -188,6 +188,8 @@ def wheelhouse_requirements() -> list[str]:
         *project["optional-dependencies"]["s3"],
         f"transformers=={runner['TRANSFORMERS_VERSION']}",
         f"huggingface_hub=={runner['HF_HUB_VERSION']}",
+        f"sentence-transformers=={runner['SENTENCE_TRANSFORMERS_VERSION']}",
+        f"diffusers=={runner['DIFFUSERS_VERSION']}",
         *build,
     ]
 

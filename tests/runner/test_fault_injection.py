@@ -24,17 +24,15 @@ position, and a 10% scaling of Gemma2's attention inputs, which its sandwich nor
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
-import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from faultbench import SwitchableBackend, environment
 
 from model_support.checkpoints import DemoModel, build_demo_models, default_cache_dir
 from model_support.config import RunConfig
@@ -47,7 +45,7 @@ pytestmark = pytest.mark.slow
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 FAULTS = "model_support.faults:"
-CHECKS = [c.value for c in VerdictCheck if c is not VerdictCheck.TOKENS]
+CHECKS = ["median", "q90", "peak", "kl"]  # the logit statistics of the text verdict
 
 OTHER_ATTENTION = "other attention"
 FLOAT64 = "float64"
@@ -141,48 +139,6 @@ def _fixture(name: str) -> DemoModel:
     return model
 
 
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-class SwitchableBackend:
-    """A torch.compile backend that hands the graphs Dynamo captured to the current case's backend.
-
-    Dynamo captures the model's forward (prefill and decode graphs) once; each case then
-    compiles fresh copies of those same graphs with its own backend, exactly what recompiling
-    from scratch would hand it, without paying for the capture again.
-    """
-
-    def __init__(self) -> None:
-        self.backend: Any = None
-        self.graphs: list[dict[str, Any]] = []
-
-    def _compile(self, entry: dict[str, Any]) -> Any:
-        graph = copy.deepcopy(entry["gm"].graph)  # nodes copied, tensors shared
-        return self.backend(torch.fx.GraphModule(entry["gm"], graph), entry["inputs"])
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        entry = {"gm": gm, "inputs": list(example_inputs)}
-        entry["compiled"] = self._compile(entry)
-        self.graphs.append(entry)
-        return lambda *args: entry["compiled"](*args)
-
-    def switch(self, backend: Any) -> None:
-        self.backend = backend
-        for entry in self.graphs:
-            entry["compiled"] = self._compile(entry)
-
-
 class Bench:
     """One checkpoint, loaded once, judged case after case through run.py's own functions.
 
@@ -249,7 +205,7 @@ class Bench:
         else:
             backend = torch._dynamo.lookup_backend(case.backend)
         printed = io.StringIO()
-        with _environment(case.env), contextlib.redirect_stderr(printed), torch.no_grad():
+        with environment(case.env), contextlib.redirect_stderr(printed), torch.no_grad():
             switch.switch(backend)
             out = runner.generate(model, self.inputs, config["max_new_tokens"], self._pad_token_id)
         assert len(switch.graphs) >= 2, "Dynamo did not capture prefill and decode: ran eager"

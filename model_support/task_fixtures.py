@@ -1,0 +1,488 @@
+"""Builders of the tiny checkpoints for the tasks beyond text generation (issue 13).
+
+Each builder makes a model from a config, trains it briefly on a task built from the bundled
+corpus (or drawn images, or tone-spelled text) so that its outputs are decisive, and saves it
+the way its library loads it (``save_pretrained``, a sentence-transformers folder, a diffusers
+pipeline folder). :mod:`model_support.checkpoints` calls :func:`build` for these kinds and
+stamps and caches the result like every demo model.
+
+The inputs the tests feed these models are drawn by run.py itself (test images, spoken
+waveforms), so the builders use run.py's own drawing functions for their training data.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from model_support.runner import run as runner
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerFast
+
+    from model_support.checkpoints import DemoModel, TrainingRecipe
+
+# Image classes of the tiny ViT, in label order: the patterns run.py's test images are drawn with.
+PATTERN_LABELS: tuple[str, ...] = ("horizontal", "vertical", "checkerboard", "diagonal")
+# Text classes of the tiny BERT classifier: what a paragraph of the corpus is.
+TEXT_LABELS: tuple[str, ...] = ("function", "code", "prose")
+IMAGE_SIZE = 32
+PATCH_SIZE = 8
+SPEECH_CHUNK_SECONDS = 2  # the tiny Whisper hears 2 s windows (200 frames), not Whisper's 30 s
+SPEECH_MEL_BINS = 80
+SPEECH_TEXT_CHARS = 40  # characters spelled per training example (1.6 s of tones)
+SPEECH_CONTINUATION_TOKENS = 16  # tokens the target continues past what is spelled
+TEXT_MAX_LENGTH = 16  # the tiny text-to-image pipeline's prompt length (tokens)
+
+
+def build(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
+    """Build, train and save ``model`` (one of the task kinds) into ``out``; the first and last loss."""
+    from model_support.checkpoints import ModelKind
+
+    builders: dict[ModelKind, Callable[[DemoModel, Path, str], tuple[float, float]]] = {
+        ModelKind.EMBEDDING: _sentence_embeddings,
+        ModelKind.TEXT_CLASSIFIER: _text_classifier,
+        ModelKind.IMAGE_CLASSIFIER: _image_classifier,
+        ModelKind.SEQ2SEQ: _seq2seq,
+        ModelKind.SPEECH: _speech,
+        ModelKind.DIFFUSION: _diffusion,
+    }
+    if model.kind not in builders:
+        raise ValueError(f"{model.name}: no task builder for kind {model.kind}")
+    return builders[model.kind](model, out, corpus)
+
+
+# --------------------------------------------------------------------------- shared parts
+
+
+def _tokenizer(corpus: str) -> PreTrainedTokenizerFast:
+    from model_support.checkpoints import _train_tokenizer
+
+    return _train_tokenizer(corpus, with_image_token=False)
+
+
+def paragraphs(corpus: str) -> list[str]:
+    """The corpus's blank-line separated paragraphs with at least 40 characters."""
+    return [p.strip("\n") for p in re.split(r"\n\s*\n", corpus) if len(p.strip()) >= 40]
+
+
+def paragraph_label(paragraph: str) -> int:
+    """Index in TEXT_LABELS: a Python function, other code, or English prose."""
+    code = any(
+        line.startswith(("    ", "def ", "class ", "import ", "from ", "@", "print("))
+        or re.search(r"[=(\[{]", line)
+        for line in paragraph.splitlines()
+    )
+    if not code:
+        return TEXT_LABELS.index("prose")
+    return TEXT_LABELS.index("function" if "def " in paragraph else "code")
+
+
+def _optimizer(network: torch.nn.Module, recipe: TrainingRecipe) -> tuple[Any, Any]:
+    """AdamW with the demo models' cosine decay to 10%."""
+    import torch
+
+    optimizer = torch.optim.AdamW(network.parameters(), lr=recipe.learning_rate, weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / recipe.steps))
+    )
+    return optimizer, scheduler
+
+
+def _train(
+    network: torch.nn.Module, recipe: TrainingRecipe, loss_of: Callable[[Any], torch.Tensor]
+) -> tuple[float, float]:
+    """``recipe.steps`` optimizer steps on ``loss_of(generator)``; mean of the first and last 10."""
+    import torch
+
+    optimizer, scheduler = _optimizer(network, recipe)
+    generator = torch.Generator().manual_seed(recipe.seed)
+    network.train()
+    losses: list[float] = []
+    for _ in range(recipe.steps):
+        loss = loss_of(generator)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+    network.eval()
+    window = min(10, len(losses))
+    return sum(losses[:window]) / window, sum(losses[-window:]) / window
+
+
+def _random_span(ids: list[int], low: int, high: int, generator: Any) -> list[int]:
+    import torch
+
+    length = min(len(ids), int(torch.randint(low, high + 1, (1,), generator=generator)))
+    start = int(torch.randint(0, len(ids) - length + 1, (1,), generator=generator))
+    return ids[start : start + length]
+
+
+def _pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and attention mask."""
+    import torch
+
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
+def _with_seed(seed: int, make: Callable[[], Any]) -> Any:
+    """Build a network under a private RNG state (deterministic, caller's seed untouched)."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return make()
+
+
+# --------------------------------------------------------------------------- sentence embeddings
+
+
+def _sentence_embeddings(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
+    """A tiny BERT trained contrastively (two spans of one paragraph are a pair, the rest of the
+    batch are negatives), saved as a sentence-transformers model with mean pooling."""
+    import tempfile
+
+    import torch
+    import torch.nn.functional as F
+    import transformers
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Pooling, Transformer
+
+    tokenizer = _tokenizer(corpus)
+    config = transformers.BertConfig(**model.config, pad_token_id=tokenizer.pad_token_id)
+    network = _with_seed(model.recipe.seed, lambda: transformers.BertModel(config))
+    encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in paragraphs(corpus)]
+    bos, pad = tokenizer.bos_token_id, tokenizer.pad_token_id
+    batch = model.recipe.batch_size
+
+    def embed(rows: list[list[int]]) -> torch.Tensor:
+        ids, mask = _pad([[bos, *row] for row in rows], pad)
+        hidden = network(input_ids=ids, attention_mask=mask).last_hidden_state
+        pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)  # mean pooling
+        return F.normalize(pooled, dim=-1)
+
+    def loss_of(generator: Any) -> torch.Tensor:
+        chosen = torch.randperm(len(encoded), generator=generator)[:batch].tolist()
+        anchors = [
+            _random_span(encoded[i], 6, model.recipe.sequence_length, generator) for i in chosen
+        ]
+        positives = [
+            _random_span(encoded[i], 6, model.recipe.sequence_length, generator) for i in chosen
+        ]
+        scores = embed(anchors) @ embed(positives).T * 20.0
+        target = torch.arange(len(chosen))
+        return (F.cross_entropy(scores, target) + F.cross_entropy(scores.T, target)) / 2
+
+    losses = _train(network, model.recipe, loss_of)
+    with tempfile.TemporaryDirectory() as plain:
+        network.save_pretrained(plain, safe_serialization=True)
+        tokenizer.save_pretrained(plain)
+        transformer = Transformer(plain, max_seq_length=model.recipe.sequence_length)
+        pooling = Pooling(config.hidden_size, pooling_mode="mean")
+        SentenceTransformer(modules=[transformer, pooling], device="cpu").save(str(out))
+    return losses
+
+
+# --------------------------------------------------------------------------- classification
+
+
+def _text_classifier(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
+    """A tiny BERT sequence classifier: is a span of the corpus a function, other code or prose."""
+    import torch
+    import torch.nn.functional as F
+    import transformers
+
+    tokenizer = _tokenizer(corpus)
+    labels = dict(enumerate(TEXT_LABELS))
+    heads: dict[str, Any] = {
+        "num_labels": len(labels),
+        "id2label": labels,
+        "label2id": {v: k for k, v in labels.items()},
+    }
+    config = transformers.BertConfig(**model.config, **heads, pad_token_id=tokenizer.pad_token_id)
+    config.architectures = [model.architecture]
+    network = _with_seed(
+        model.recipe.seed, lambda: transformers.BertForSequenceClassification(config)
+    )
+    texts = paragraphs(corpus)
+    encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in texts]
+    targets = [paragraph_label(p) for p in texts]
+    bos, pad = tokenizer.bos_token_id, tokenizer.pad_token_id
+
+    def loss_of(generator: Any) -> torch.Tensor:
+        chosen = torch.randint(0, len(encoded), (model.recipe.batch_size,), generator=generator)
+        rows = [
+            [bos, *_random_span(encoded[i], 4, model.recipe.sequence_length, generator)]
+            for i in chosen.tolist()
+        ]
+        ids, mask = _pad(rows, pad)
+        logits = network(input_ids=ids, attention_mask=mask).logits
+        return F.cross_entropy(logits, torch.tensor([targets[i] for i in chosen.tolist()]))
+
+    losses = _train(network, model.recipe, loss_of)
+    network.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return losses
+
+
+def pattern_image(kind: int, generator: Any) -> Any:
+    """A random training image of pattern ``PATTERN_LABELS[kind]``: period, phase, colours."""
+    import torch
+
+    def colour() -> tuple[int, ...]:
+        return tuple(int(c) for c in torch.randint(0, 256, (3,), generator=generator))
+
+    first = colour()
+    second = colour()
+    while sum(abs(a - b) for a, b in zip(first, second, strict=True)) < 150:
+        second = colour()
+    period = int(torch.randint(14, 65, (1,), generator=generator))
+    phase = int(torch.randint(0, period, (1,), generator=generator))
+    return runner.draw_pattern(PATTERN_LABELS[kind], period, first, second, phase=phase)
+
+
+def _image_classifier(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
+    """A tiny ViT trained to tell run.py's test patterns apart (stripes, checkerboard, diagonal)."""
+    import torch
+    import torch.nn.functional as F
+    import transformers
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+
+    # The PIL backend needs no torchvision; AutoImageProcessor loads it back with either.
+    processor = ViTImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    labels = dict(enumerate(PATTERN_LABELS))
+    heads: dict[str, Any] = {
+        "num_labels": len(labels),
+        "id2label": labels,
+        "label2id": {v: k for k, v in labels.items()},
+    }
+    config = transformers.ViTConfig(
+        **model.config, **heads, image_size=IMAGE_SIZE, patch_size=PATCH_SIZE
+    )
+    config.architectures = [model.architecture]
+    network = _with_seed(model.recipe.seed, lambda: transformers.ViTForImageClassification(config))
+    generator = torch.Generator().manual_seed(model.recipe.seed)
+    pool = 64 * model.recipe.batch_size  # drawn once, then sampled from
+    kinds = torch.randint(0, len(labels), (pool,), generator=generator)
+    images = [pattern_image(int(k), generator) for k in kinds]
+    pixels = processor(images=images, return_tensors="pt")["pixel_values"]
+
+    def loss_of(generator: Any) -> torch.Tensor:
+        chosen = torch.randint(0, pool, (model.recipe.batch_size,), generator=generator)
+        return F.cross_entropy(network(pixel_values=pixels[chosen]).logits, kinds[chosen])
+
+    losses = _train(network, model.recipe, loss_of)
+    network.save_pretrained(out, safe_serialization=True)
+    processor.save_pretrained(out)
+    return losses
+
+
+# --------------------------------------------------------------------------- sequence to sequence
+
+
+def _seq2seq(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
+    """A tiny encoder-decoder that repeats the text it reads and continues it (the decoder
+    sees the repeated text as its own context, which makes the continuation quick to learn)."""
+    import torch
+    import transformers
+
+    from model_support.checkpoints import _token_stream
+
+    tokenizer = _tokenizer(corpus)
+    config = getattr(transformers, model.config_class)(
+        **model.config,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+    )
+    config.architectures = [model.architecture]
+    network = _with_seed(
+        model.recipe.seed, lambda: getattr(transformers, model.architecture)(config)
+    )
+    stream = _token_stream(tokenizer, corpus)
+    bos, pad = tokenizer.bos_token_id, tokenizer.pad_token_id
+    target_length = model.recipe.sequence_length // 2
+
+    def loss_of(generator: Any) -> torch.Tensor:
+        rows, targets = [], []
+        for _ in range(model.recipe.batch_size):
+            context = int(torch.randint(4, target_length // 2 + 1, (1,), generator=generator))
+            start = int(torch.randint(0, stream.numel() - target_length, (1,), generator=generator))
+            rows.append([bos, *stream[start : start + context].tolist()])
+            targets.append(stream[start : start + target_length])
+        ids, mask = _pad(rows, pad)
+        return network(input_ids=ids, attention_mask=mask, labels=torch.stack(targets)).loss
+
+    losses = _train(network, model.recipe, loss_of)
+    network.generation_config.pad_token_id = tokenizer.pad_token_id
+    network.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return losses
+
+
+def _speech(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
+    """A tiny Whisper that transcribes run.py's tone-spelled text and then continues it.
+
+    Each example spells SPEECH_TEXT_CHARS characters of the (lower-cased) corpus as tones
+    (run.py's spoken_waveform); the target is their tokens followed by the next
+    SPEECH_CONTINUATION_TOKENS tokens of the corpus, so 32 greedy tokens stay decisive.
+    """
+    import torch
+    import transformers
+
+    tokenizer = _tokenizer(corpus)
+    extractor = transformers.WhisperFeatureExtractor(
+        feature_size=SPEECH_MEL_BINS, sampling_rate=16000, chunk_length=SPEECH_CHUNK_SECONDS
+    )
+    config = transformers.WhisperConfig(
+        **model.config,
+        num_mel_bins=SPEECH_MEL_BINS,
+        max_source_positions=extractor.nb_max_frames // 2,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.bos_token_id,
+        suppress_tokens=[],
+        begin_suppress_tokens=[],
+    )
+    config.architectures = [model.architecture]
+    network = _with_seed(
+        model.recipe.seed, lambda: transformers.WhisperForConditionalGeneration(config)
+    )
+    text = "".join(c for c in corpus.lower() if c in runner.TONE_ALPHABET)
+    generator = torch.Generator().manual_seed(model.recipe.seed)
+    pool = 8 * model.recipe.batch_size
+    features, targets = [], []
+    for _ in range(pool):
+        start = int(torch.randint(0, len(text) - 4 * SPEECH_TEXT_CHARS, (1,), generator=generator))
+        spoken = text[start : start + SPEECH_TEXT_CHARS]
+        wave = runner.spoken_waveform(spoken, extractor.sampling_rate)
+        features.append(
+            extractor(wave, sampling_rate=extractor.sampling_rate, return_tensors="pt")[
+                "input_features"
+            ][0]
+        )
+        said = tokenizer(spoken, add_special_tokens=False)["input_ids"]
+        after = tokenizer(
+            text[start + SPEECH_TEXT_CHARS : start + 3 * SPEECH_TEXT_CHARS],
+            add_special_tokens=False,
+        )["input_ids"]
+        targets.append([*said, *after[:SPEECH_CONTINUATION_TOKENS]])
+    inputs = torch.stack(features)
+
+    def loss_of(generator: Any) -> torch.Tensor:
+        chosen = torch.randint(0, pool, (model.recipe.batch_size,), generator=generator).tolist()
+        labels, mask = _pad([targets[i] for i in chosen], tokenizer.pad_token_id)
+        labels = labels.masked_fill(mask == 0, -100)
+        return network(input_features=inputs[chosen], labels=labels).loss
+
+    losses = _train(network, model.recipe, loss_of)
+    network.generation_config.pad_token_id = tokenizer.pad_token_id
+    network.save_pretrained(out, safe_serialization=True)
+    transformers.WhisperProcessor(feature_extractor=extractor, tokenizer=tokenizer).save_pretrained(
+        out
+    )
+    return losses
+
+
+# --------------------------------------------------------------------------- text to image
+
+
+def _diffusion(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
+    """A tiny Stable Diffusion pipeline: CLIP text encoder, UNet with cross-attention, VAE and
+    a DDIM scheduler. The UNet is trained briefly to denoise latents of drawn patterns whose
+    kind the prompt names, so its predictions depend on the text and the timestep."""
+    import torch
+    import torch.nn.functional as F
+    import transformers
+    from diffusers import (
+        AutoencoderKL,
+        DDIMScheduler,
+        StableDiffusionPipeline,
+        UNet2DConditionModel,
+    )
+
+    tokenizer = _tokenizer(corpus)
+    tokenizer.model_max_length = TEXT_MAX_LENGTH
+    parts = model.config
+    text_config = transformers.CLIPTextConfig(
+        **parts["text_encoder"],
+        vocab_size=len(tokenizer),
+        max_position_embeddings=TEXT_MAX_LENGTH,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+
+    def make() -> tuple[Any, Any, Any]:
+        return (
+            transformers.CLIPTextModel(text_config),
+            UNet2DConditionModel(**parts["unet"]),
+            AutoencoderKL(**parts["vae"]),
+        )
+
+    text_encoder, unet, vae = _with_seed(model.recipe.seed, make)
+    scheduler: Any = DDIMScheduler(**parts["scheduler"])
+    generator = torch.Generator().manual_seed(model.recipe.seed)
+    size = unet.config.sample_size * 2 ** (len(vae.config.block_out_channels) - 1)
+    pool = 8 * model.recipe.batch_size
+    kinds = torch.randint(0, len(PATTERN_LABELS), (pool,), generator=generator)
+    pictures = torch.stack(
+        [
+            torch.tensor(list(pattern_image(int(k), generator).resize((size, size)).getdata()))
+            .float()
+            .reshape(size, size, 3)
+            .permute(2, 0, 1)
+            / 127.5
+            - 1.0
+            for k in kinds
+        ]
+    )
+    prompts = [f"{PATTERN_LABELS[int(k)]} pattern" for k in kinds]
+    with torch.no_grad():
+        latents = vae.encode(pictures).latent_dist.mean * vae.config.scaling_factor
+        ids = tokenizer(
+            prompts,
+            padding="max_length",
+            max_length=TEXT_MAX_LENGTH,
+            truncation=True,
+            return_tensors="pt",
+        )["input_ids"]
+        conditions = text_encoder(ids)[0]
+
+    def loss_of(generator: Any) -> torch.Tensor:
+        chosen = torch.randint(0, pool, (model.recipe.batch_size,), generator=generator)
+        clean = latents[chosen]
+        noise = torch.randn(clean.shape, generator=generator)
+        steps = torch.randint(
+            0, scheduler.config.num_train_timesteps, (len(chosen),), generator=generator
+        )
+        noisy = scheduler.add_noise(clean, noise, steps)
+        predicted = unet(noisy, steps, encoder_hidden_states=conditions[chosen]).sample
+        return F.mse_loss(predicted, noise)
+
+    losses = _train(unet, model.recipe, loss_of)
+    pipeline: Any = StableDiffusionPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        unet=unet,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipeline.save_pretrained(out, safe_serialization=True)
+    return losses
