@@ -138,8 +138,12 @@ def sweep_snapshot(results_uri: str, task: str) -> RankingSnapshot | None:
     return ResultsStore(results_uri).latest_ranking_snapshot(task)
 
 
-def show_sweep(ctx: Context, task: str, frame: pd.DataFrame) -> None:
-    """What the last sweep of ``task`` ranked, when, and how much of it this stack has."""
+def show_sweep(ctx: Context, task: str, frame: pd.DataFrame, *, heading: bool = False) -> None:
+    """What the last sweep of ``task`` ranked, when, and how much of it this stack has.
+
+    ``heading``: the task has no Hub ranking to show, so its heading is written here (only when
+    a sweep ranked it).
+    """
     from model_support.store import StoreError
 
     try:
@@ -149,6 +153,8 @@ def show_sweep(ctx: Context, task: str, frame: pd.DataFrame) -> None:
         return
     if swept is None:
         return
+    if heading:
+        st.subheader(literal(task))
     taken = swept.taken_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
     tested = set(frame["model_id"]) if "model_id" in frame.columns else set()
     done = sum(1 for model in swept.models if model in tested)
@@ -256,6 +262,7 @@ def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
             unreachable = unreachable or result.live_error
         if result.ranking is None:
             missing.append((task, result))
+            show_sweep(ctx, task, frame, heading=True)
             continue
         st.subheader(literal(task))
         show_sweep(ctx, task, frame)
