@@ -612,6 +612,15 @@ def record_namer(model: str, model_id: str | None) -> Callable[[RunRecord], RunR
     return lambda record: record.model_copy(update={"model_id": model_id})
 
 
+def prepare_recording() -> None:
+    """Import what recording the result needs while run.py still runs, not after it.
+
+    pyarrow builds the matrix's arrays through pandas when pandas is installed (it imports it
+    on first use: 0.3 s or more); run.py spends seconds in its own imports meanwhile.
+    """
+    import pandas  # noqa: F401
+
+
 def _test(
     config: RunConfig,
     results: str,
@@ -642,6 +651,7 @@ def _test(
             planned = weights_exclusion(config) or config
         if planned == config:
             progress.release()
+            prepare_recording()
             return store, background.result()
     finally:
         # Whatever happened (a refusal, sizing chose otherwise, an error, a signal), the
