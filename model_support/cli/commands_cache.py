@@ -12,15 +12,17 @@ import json
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from model_support.compile_cache.transfer import TransferReport
 from model_support.records import RunRecord
 from model_support.vocabulary import Backend, Result
+
+if TYPE_CHECKING:  # imported where used: every command's start (`run` included) would pay for it
+    from model_support.compile_cache.transfer import TransferReport
 
 console = Console(stderr=True)
 

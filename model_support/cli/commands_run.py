@@ -124,9 +124,30 @@ def default_instance(backend: Backend) -> str:
         return backend.value
     if importlib.util.find_spec("torch_neuronx") is not None:
         return "trn2"
+    if not torch_has_gpu_build():
+        return "cpu"  # a CPU-only torch never sees a GPU: no need to import it (seconds of CPU)
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def torch_has_gpu_build() -> bool:
+    """Whether the installed torch was built for CUDA or ROCm, read from its ``torch/version.py``
+    (``cuda`` / ``hip``) without importing torch, which costs seconds of CPU that run.py,
+    started beside sizing, needs for the same import. True when that cannot be told."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return True  # no torch here: let the import below say so
+    version_file = Path(spec.origin).with_name("version.py")
+    build = importlib.util.spec_from_file_location("_model_support_torch_build", version_file)
+    if build is None or build.loader is None:
+        return True
+    module = importlib.util.module_from_spec(build)
+    try:
+        build.loader.exec_module(module)
+    except (OSError, SyntaxError, ImportError):
+        return True
+    return bool(getattr(module, "cuda", True) or getattr(module, "hip", True))
 
 
 def plan_cores(
@@ -166,6 +187,8 @@ def pin_revision(config: RunConfig) -> RunConfig:
     the same ones. Local checkpoints and commit hashes are already pinned. A gated repository
     without access is left for sizing, which records it as EXCLUDED (gated-without-token).
     """
+    if Path(config.model).is_dir() or (config.revision and _COMMIT.fullmatch(config.revision)):
+        return config  # before importing the Hub client: run.py starts only after this
     from huggingface_hub.errors import (
         GatedRepoError,
         RepositoryNotFoundError,
@@ -174,8 +197,6 @@ def pin_revision(config: RunConfig) -> RunConfig:
 
     from model_support.hub import hub_api, is_unreachable
 
-    if Path(config.model).is_dir() or (config.revision and _COMMIT.fullmatch(config.revision)):
-        return config
     token = os.environ.get("HF_TOKEN")
     try:
         info = hub_api(os.environ.get("HF_ENDPOINT"), token).model_info(
@@ -592,6 +613,15 @@ def record_namer(model: str, model_id: str | None) -> Callable[[RunRecord], RunR
     return lambda record: record.model_copy(update={"model_id": model_id})
 
 
+def prepare_recording() -> None:
+    """Import what recording the result needs while run.py still runs, not after it.
+
+    pyarrow builds the matrix's arrays through pandas when pandas is installed (it imports it
+    on first use: 0.3 s or more); run.py spends seconds in its own imports meanwhile.
+    """
+    import pandas  # noqa: F401
+
+
 def _test(
     config: RunConfig,
     results: str,
@@ -622,6 +652,7 @@ def _test(
             planned = given_cores_exclusion(config, instance, lnc) or config
         if planned == config:
             progress.release()
+            prepare_recording()
             return store, background.result()
     finally:
         # Whatever happened (a refusal, sizing chose otherwise, an error, a signal), the

@@ -94,3 +94,37 @@ def test_script_holds_the_sized_cores_and_parallelism(tmp_path: Path) -> None:
         1,
         "none",
     )
+
+
+PROFILE_PROBE = """
+import importlib.util, json, sys
+from model_support.cli.commands_run import default_instance
+from model_support.vocabulary import Backend
+chosen = default_instance(Backend.AUTO)
+imported = "torch" in sys.modules
+import torch
+print(json.dumps({
+    "chosen": chosen,
+    "imported_torch": imported,
+    "neuron": importlib.util.find_spec("torch_neuronx") is not None,
+    "cuda_available": torch.cuda.is_available(),
+    "gpu_build": bool(torch.version.cuda or torch.version.hip),
+}))
+"""
+
+
+def test_the_auto_sizing_profile_is_what_torch_itself_reports() -> None:
+    """`run` sizes for the profile of the backend run.py will select; on a CPU-only torch it
+    tells so from torch's build record, without the seconds an import of torch costs."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROFILE_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    expected = "trn2" if facts["neuron"] else "cuda" if facts["cuda_available"] else "cpu"
+    assert facts["chosen"] == expected
+    if not facts["neuron"] and not facts["gpu_build"]:
+        assert facts["imported_torch"] is False
