@@ -17,7 +17,7 @@ recorded beside the result (:func:`attach`) and the result itself is untouched.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from model_support.compile_cache.compilers import (
     CompilerCache,
@@ -77,16 +77,7 @@ def pull_for_run(
     deadline_s: float | None = RUN_TRANSFER_DEADLINE_S,
 ) -> TransferReport:
     """Pull before a test: never raises for a cache failure (it is the report's ``error``)."""
-    compiler = _compiler_or_none(backend)
-
-    def run() -> TransferReport:
-        return pull(
-            target,
-            compiler=compiler or installed_compiler_cache(backend),
-            storage_options=storage_options,
-        )
-
-    return guarded(run, "pull", target, compiler, deadline_s)
+    return _transfer_for_run("pull", target, backend, storage_options, deadline_s)
 
 
 def push_for_run(
@@ -96,16 +87,27 @@ def push_for_run(
     deadline_s: float | None = RUN_TRANSFER_DEADLINE_S,
 ) -> TransferReport:
     """Push after a test, whatever its outcome: never raises for a cache failure."""
+    return _transfer_for_run("push", target, backend, storage_options, deadline_s)
+
+
+def _transfer_for_run(
+    direction: Literal["pull", "push"],
+    target: str,
+    backend: str | None,
+    storage_options: dict[str, Any] | None,
+    deadline_s: float | None,
+) -> TransferReport:
     compiler = _compiler_or_none(backend)
+    transfer = pull if direction == "pull" else push
 
     def run() -> TransferReport:
-        return push(
+        return transfer(
             target,
             compiler=compiler or installed_compiler_cache(backend),
             storage_options=storage_options,
         )
 
-    return guarded(run, "push", target, compiler, deadline_s)
+    return guarded(run, direction, target, compiler, deadline_s)
 
 
 def attach(

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
@@ -95,6 +95,9 @@ def redact(uri: str) -> str:
 
 class Target:
     """The objects of one target root, through fsspec; subclasses change how they move."""
+
+    read_options: ClassVar[dict[str, Any]] = {}
+    """Extra options of the file system's ``open`` when an object is read."""
 
     def __init__(self, uri: str, fs: AbstractFileSystem, root: str) -> None:
         self.uri = uri.rstrip("/") or uri
@@ -164,7 +167,7 @@ class Target:
         """Copy one object to ``destination`` (a new local file)."""
         try:
             with (
-                self.fs.open(self._full(prefix, name), "rb") as source,
+                self.fs.open(self._full(prefix, name), "rb", **self.read_options) as source,
                 destination.open("wb") as out,
             ):
                 shutil.copyfileobj(source, out, _COPY_CHUNK)
@@ -230,6 +233,9 @@ class HfBucketTarget(Target):
     """A Hugging Face storage bucket: one ``batch_bucket_files`` call uploads many objects
     (through Xet), reads stream over HTTP through ``HfFileSystem``."""
 
+    # block_size=0: one streamed GET instead of ranged block reads.
+    read_options: ClassVar[dict[str, Any]] = {"block_size": 0}
+
     def __init__(
         self, uri: str, fs: AbstractFileSystem, root: str, bucket_id: str, path: str
     ) -> None:
@@ -252,21 +258,6 @@ class HfBucketTarget(Target):
             if not is_store_error(exc):
                 raise
             raise unavailable(self.uri, "open", exc) from exc
-
-    def download(self, prefix: str, name: str, destination: Path) -> None:
-        try:
-            # block_size=0: one streamed GET instead of ranged block reads.
-            with (
-                self.fs.open(self._full(prefix, name), "rb", block_size=0) as source,
-                destination.open("wb") as out,
-            ):
-                shutil.copyfileobj(source, out, _COPY_CHUNK)
-        except FileNotFoundError:
-            raise  # removed since it was listed: the caller tries another version
-        except Exception as exc:
-            if not is_store_error(exc):
-                raise
-            raise unavailable(self.uri, "read", exc) from exc
 
     def upload(self, prefix: str, items: list[tuple[Path, str]]) -> None:
         if not items:
