@@ -44,6 +44,14 @@ heads divide by ``d`` and the KV heads divide by ``d`` (or ``d`` by them); a mix
 model without a TP plan may use expert parallel when its expert count divides by ``d``. The
 smallest valid degree that fits is chosen. When none fits: ``too-large`` if some degree above
 1 was valid, else ``no-parallel-plan``.
+
+Where the metadata comes from
+-----------------------------
+Known architectures go through transformers' config class, which resolves defaults and aliases
+and gives the parallel plan; that imports torch and the model's code (seconds of CPU). A run
+(:func:`size_run`) of a plain text-generation checkpoint whose config.json states every count
+sizing reads, and that fits one core (or is given one), is sized from config.json and the
+headers alone (:func:`header_metadata`): at one core nothing is split, so the plan is the same.
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ import math
 import os
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -66,6 +75,7 @@ from huggingface_hub.errors import (
     RemoteEntryNotFoundError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
+    StrictDataclassError,
 )
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -136,6 +146,11 @@ class ModelMetadata(BaseModel):
     )
     image_tokens: int = Field(
         0, ge=0, description="Tokens one image adds to a prompt (image-text-to-text models)."
+    )
+    header_only: bool = Field(
+        False,
+        description="Read from config.json alone (header_metadata): the parallel plan and the "
+        "loaded tensor names were not derived, so it sizes one core only.",
     )
 
 
@@ -253,6 +268,11 @@ def valid_parallelism(meta: ModelMetadata, degree: int) -> Parallelism | None:
     """How ``meta`` can be split ``degree`` ways, or None when it cannot (see module doc)."""
     if degree == 1:
         return Parallelism.NONE
+    if meta.header_only:
+        raise ValueError(
+            f"the metadata of {meta.model} was read from config.json alone; it sizes one core, "
+            "not a split (derive it with metadata_from_config)"
+        )
     if meta.task is not None and meta.task not in {t.value for t in SHARDABLE_TASKS}:
         return None  # run.py runs this task on one core
     if meta.tp_plan:
@@ -643,6 +663,9 @@ def _loaded_names(model_type: str | None, tensors: list[TensorSpec]) -> list[Ten
     ]
 
 
+OneCoreCheck = Callable[[ModelMetadata], bool]
+"""Whether the caller sizes a model of this metadata at one core (see remembered_metadata)."""
+
 _TRANSFORMERS_LOCK = threading.RLock()
 """transformers' lazily loaded modules are not safe to first touch from several threads at once
 ("cannot import name 'CONFIG_MAPPING'"); the operator sizes from a thread pool."""
@@ -702,7 +725,8 @@ def _metadata_from_config(
         _check_counts(model, config)
         try:
             cfg = AutoConfig.for_model(model_type, **fields)
-        except (TypeError, ValueError, ArithmeticError) as e:
+        except (TypeError, ValueError, ArithmeticError, StrictDataclassError) as e:
+            # transformers 5's config classes validate their fields as strict dataclasses
             raise MetadataError(
                 f"config.json of {model} is not a valid {model_type} config: {e}"
             ) from e
@@ -769,6 +793,62 @@ def _check_counts(model: str, config: dict[str, Any]) -> None:
                     f"config.json of {model} sets {name} to {value}; it must be a positive "
                     "integer: fix the config"
                 )
+
+
+_HEADER_COUNTS = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim")
+
+
+def header_metadata(
+    config: dict[str, Any],
+    tensors: list[TensorSpec] | None,
+    *,
+    model: str,
+    revision: str | None = None,
+    source: Literal["hub", "local"] = "hub",
+    task: str | None = None,
+    gated: bool = False,
+    token_available: bool = False,
+) -> ModelMetadata | None:
+    """The metadata of a plain text-generation checkpoint read from config.json alone, or None.
+
+    Deriving metadata through transformers' config class costs seconds of CPU (it imports torch
+    and the model's code, for the parallel plan), all of it for splitting the model. A model
+    that fits one core is never split, and for it this answer is the same: its weights are the
+    safetensors headers' (renaming changes names, not sizes) and its KV cache is counted from
+    counts config.json states. So it is given only when the task is text generation, the
+    config has no ``auto_map`` (no remote code) and no nested ``text_config``, and it states
+    every count sizing reads (layers, query and key-value heads, head_dim) rather than leaving
+    one to a config class's default. Counts below one are refused as by the full derivation;
+    other checks of the config class (e.g. a field of the wrong type) are left to the run,
+    which loads the model with it and records the load error. ``header_only`` marks it: it
+    cannot size a split.
+    """
+    if task != Task.TEXT_GENERATION.value or tensors is None:
+        return None
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or config.get("auto_map") or "text_config" in config:
+        return None
+    if any(_first_int(config, name) is None for name in _HEADER_COUNTS):
+        return None
+    _check_counts(model, config)
+    return ModelMetadata(
+        model=model,
+        revision=revision,
+        source=source,
+        model_type=model_type,
+        architectures=list(config.get("architectures") or []),
+        task=task,
+        gated=gated,
+        token_available=token_available,
+        num_hidden_layers=_first_int(config, "num_hidden_layers"),
+        num_attention_heads=_first_int(config, "num_attention_heads"),
+        num_key_value_heads=_first_int(config, "num_key_value_heads"),
+        head_dim=_first_int(config, "head_dim"),
+        num_experts=_first_int(config, "num_experts", "num_local_experts", "n_routed_experts") or 0,
+        tensors=tensors,
+        image_tokens=_image_tokens(config),
+        header_only=True,
+    )
 
 
 def _image_tokens(config: dict[str, Any]) -> int:
@@ -846,9 +926,16 @@ def _code_fingerprint() -> str:
 
 
 def remembered_metadata(
-    config: dict[str, Any], tensors: list[TensorSpec] | None, **kwargs: Any
+    config: dict[str, Any],
+    tensors: list[TensorSpec] | None,
+    *,
+    one_core: OneCoreCheck | None = None,
+    **kwargs: Any,
 ) -> ModelMetadata:
     """:func:`metadata_from_config`, remembered on disk by everything its answer depends on.
+
+    ``one_core``: when given and it accepts the :func:`header_metadata` of the checkpoint (the
+    caller will size it at one core), that is the answer, derived without transformers.
 
     Deriving the metadata imports transformers and torch (seconds of CPU, which a speculative
     run started beside sizing also needs); sizing the same checkpoint again with the same
@@ -857,6 +944,10 @@ def remembered_metadata(
     checkpoint or upgrade is never answered from an old entry. The cache is optional: an
     unreadable entry is recomputed, an unwritable folder only means nothing is remembered.
     """
+    if one_core is not None:
+        header = header_metadata(config, tensors, **kwargs)
+        if header is not None and one_core(header):
+            return header
     material = json.dumps(
         {
             "config": config,
@@ -892,11 +983,13 @@ def read_metadata(
     task: str | None = None,
     token: str | None = None,
     endpoint: str | None = None,
+    one_core: OneCoreCheck | None = None,
 ) -> ModelMetadata:
     """Read a model's metadata from a local checkpoint directory or the Hub (no weights).
 
-    ``model`` is a directory when one exists at that path; otherwise a Hub id. Raises
-    MetadataError when the model, revision or its config.json cannot be found.
+    ``model`` is a directory when one exists at that path; otherwise a Hub id. ``one_core``:
+    see :func:`remembered_metadata`. Raises MetadataError when the model, revision or its
+    config.json cannot be found.
     """
     if os.path.isdir(model):
         pipeline = hub.local_pipeline(model)
@@ -907,7 +1000,7 @@ def read_metadata(
         config = hub.local_config(model)
         return remembered_metadata(
             config, hub.local_tensors(model), model=model, revision=revision, source="local",
-            task=task,
+            task=task, one_core=one_core,
         )  # fmt: skip
     if model.startswith((".", "/", "~")):
         raise ModelNotFound(f"no checkpoint directory at {model}")
@@ -965,7 +1058,7 @@ def read_metadata(
         raise MetadataError(f"{model} has no config.json; it is not a transformers model") from e
     return remembered_metadata(
         config, tensors, model=model, revision=revision, source="hub", task=task, gated=gated,
-        token_available=bool(effective_token),
+        token_available=bool(effective_token), one_core=one_core,
     )  # fmt: skip
 
 
@@ -1037,9 +1130,21 @@ def size_run(
     from the model. Raises MetadataError (ModelNotFound) when the model cannot be read.
     """
     hw = get_profile(profile, lnc)
+
+    def one_core(meta: ModelMetadata) -> bool:
+        # The plan is made at one core when one is given, or when one fits (the smallest
+        # degree that fits wins): then the parallel plan is never read.
+        if cores is not None:
+            return cores == 1
+        batch, max_length = run_shape(config, meta.image_tokens)
+        return memory_at(
+            meta, hw, 1, Parallelism.NONE, dtype=config.dtype, batch=batch, max_length=max_length
+        ).fits
+
     meta = read_metadata(
-        config.model, config.revision, task=config.task.value, token=token, endpoint=endpoint
-    )
+        config.model, config.revision, task=config.task.value, token=token, endpoint=endpoint,
+        one_core=one_core,
+    )  # fmt: skip
     batch, max_length = run_shape(config, meta.image_tokens)
     return plan_from_metadata(
         meta, profile=hw, max_cores=max_cores, dtype=config.dtype, batch=batch,
@@ -1056,6 +1161,7 @@ __all__ = [
     "ModelMetadata",
     "ModelNotFound",
     "Plan",
+    "header_metadata",
     "memory_at",
     "metadata_from_config",
     "plan_from_metadata",
