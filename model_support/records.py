@@ -55,7 +55,8 @@ class Timings(BaseModel):
         None, description="A second, identical call (compiled)."
     )
     prefill_s: float | None = Field(
-        None, description="A generate call of one token (prefill only, compiled)."
+        None,
+        description="Seconds to the first token of the timed generation (the prefill, compiled).",
     )
     compile_s: float | None = Field(None, description="first_generate_s - steady_generate_s.")
     decode_tokens_per_s: float | None = Field(
