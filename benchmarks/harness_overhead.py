@@ -3,11 +3,15 @@
 Both load the same tiny checkpoint with from_pretrained, compile the forward with the same
 backend, and generate 32 tokens greedily with a static cache for the same prompts, each in a
 fresh Python process (interpreter start and imports included). The harness also sizes the
-model, measures a steady and a prefill-only generation, collects the stack and records the
-result; its CPU reference pass (the verdict) is excluded from the ratio and reported separately.
+model, measures a steady generation (and the time to its first token), collects the stack and
+records the result; its CPU reference pass (the verdict) is excluded from the ratio and reported
+separately.
 
-Sizing is measured cold (an empty sizing cache: transformers is imported to derive the model's
-metadata) and warm (the same checkpoint sized before: the remembered answer is read back).
+Sizing is measured cold (an empty sizing cache) and warm (the same checkpoint sized before). A
+text-generation checkpoint that fits one core is sized from config.json and its headers either
+way (no transformers import); a larger one imports transformers when cold and reads the
+remembered answer when warm.
+
 Wall seconds decide the target; CPU seconds of the whole process tree (user + system, reference
 pass included) are printed beside them, as they say more when the machine is shared.
 
