@@ -115,7 +115,7 @@ def demo(
     cancel = threading.Event()
     # Tiny models: more than one intra-op thread per run only adds contention.
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    with stopped_by_sigterm(), ThreadPoolExecutor(jobs, thread_name_prefix="demo") as pool:
+    with stopped_by_signals(), ThreadPoolExecutor(jobs, thread_name_prefix="demo") as pool:
         try:
             futures = [pool.submit(run_one, run, timeout, env, cancel) for run in runs]
             excluded = size_oversized(oversized, compile_backend)  # while the runs start
@@ -199,17 +199,23 @@ def size_oversized(path: Path, compile_backend: str) -> RunRecord:
 
 
 @contextmanager
-def stopped_by_sigterm() -> Iterator[None]:
-    """Within the block, SIGTERM stops the demo as Ctrl-C does (so its runs are stopped too)."""
+def stopped_by_signals() -> Iterator[None]:
+    """Within the block, Ctrl-C (SIGINT) and SIGTERM stop the demo and so its runs.
+
+    Both are handled here rather than left to Python's default: a process started with SIGINT
+    ignored (as a parent that ignores it passes on through exec) would otherwise never stop on
+    Ctrl-C while its runs go on.
+    """
 
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(f"stopped by signal {signum}")
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run_one(

@@ -286,6 +286,9 @@ def test_stopping_the_demo_stops_its_runs(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # Started with SIGINT ignored, as a parent that ignores it (a shell's background job)
+        # passes it on: the demo must still stop on it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     try:
         assert process.stderr is not None
