@@ -61,6 +61,7 @@ from pydantic import ValidationError
 
 from model_support.delivery import DeliveryArea, DeliveryError
 from model_support.records import RESULT_MARKER, ResultDocument
+from model_support.stop_signals import on_stop_signals
 from model_support.vocabulary import ErrorClass, Result
 
 if TYPE_CHECKING:
@@ -129,9 +130,8 @@ def run_script(script: str, cwd: Path, out: IO[bytes]) -> Outcome:
         stopped.set()
         _signal_group(proc.pid, signal.SIGTERM)
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
-    try:
+    with on_stop_signals(stop):
         assert proc.stdout is not None
         for line in proc.stdout:
             out.write(line)
@@ -142,9 +142,6 @@ def run_script(script: str, cwd: Path, out: IO[bytes]) -> Outcome:
         except subprocess.TimeoutExpired:
             _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     return Outcome(proc.returncode, stopped.is_set(), list(tail), time.monotonic() - started)
 
 
@@ -294,9 +291,9 @@ def push_cache(target: str, backend: str, deadline_s: float) -> TransferReport:
         raise _StopPush(signal.Signals(signum).name)
 
     started = time.monotonic()
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return push_for_run(target, backend, deadline_s=deadline_s)
+        with on_stop_signals(stop):
+            return push_for_run(target, backend, deadline_s=deadline_s)
     except _StopPush as exc:
         return TransferReport(
             direction="push",
@@ -307,9 +304,6 @@ def push_cache(target: str, backend: str, deadline_s: float) -> TransferReport:
             error=f"stopped: the pod was asked to stop ({exc}) during the push, which was "
             "left behind (the result was delivered before it)",
         )
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _with_cache(

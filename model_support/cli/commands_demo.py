@@ -4,7 +4,6 @@ every state the results can hold (PASS, FAIL, ERROR, EXCLUDED) over three compil
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from rich.console import Console
 from model_support.checkpoints import TASK_MODELS
 from model_support.cli.commands_run import plan_cores, print_record, results
 from model_support.records import RunRecord
+from model_support.stop_signals import on_stop_signals
 
 if TYPE_CHECKING:
     from model_support.checkpoints import DemoModel
@@ -200,22 +200,13 @@ def size_oversized(path: Path, compile_backend: str) -> RunRecord:
 
 @contextmanager
 def stopped_by_signals() -> Iterator[None]:
-    """Within the block, Ctrl-C (SIGINT) and SIGTERM stop the demo and so its runs.
-
-    Both are handled here rather than left to Python's default: a process started with SIGINT
-    ignored (as a parent that ignores it passes on through exec) would otherwise never stop on
-    Ctrl-C while its runs go on.
-    """
+    """Within the block, Ctrl-C (SIGINT) and SIGTERM stop the demo and so its runs."""
 
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(f"stopped by signal {signum}")
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with on_stop_signals(stop):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def run_one(

@@ -26,6 +26,7 @@ from model_support.config import RunConfig
 from model_support.execution import StageEvent
 from model_support.models import BadModelReference, resolve_model
 from model_support.records import RunRecord, excluded_record
+from model_support.stop_signals import on_stop_signals
 from model_support.vocabulary import Backend, Parallelism, Result, Task
 
 if TYPE_CHECKING:
@@ -415,12 +416,8 @@ def stopped_by_signals() -> Iterator[None]:
     def stop(signum: int, frame: object) -> None:
         raise Stopped(signum)
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with on_stop_signals(stop):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def given_cores_exclusion(
