@@ -2592,10 +2592,9 @@ def generate_stage(
         out = scenario.call(config, loaded, clock)
         synchronize(placement.backend)
         timings["steady_generate_s"] = time.perf_counter() - t0
+    timings["compile_s"] = max(timings["first_generate_s"] - timings["steady_generate_s"], 0.0)
     if clock is not None and clock.at is not None:
         timings["prefill_s"] = clock.at - t0
-    timings["compile_s"] = max(timings["first_generate_s"] - timings["steady_generate_s"], 0.0)
-    if scenario.generates and timings["prefill_s"] is not None:
         n_new = int(config["max_new_tokens"])
         decode_s = timings["steady_generate_s"] - timings["prefill_s"]
         batch = len(config["prompts"])
