@@ -130,12 +130,23 @@ def unfinished(test: dict[str, Any]) -> bool:
     )
 
 
+def job_unfinished(job: dict[str, Any]) -> bool:
+    return not any(
+        c.get("type") in ("Complete", "Failed")
+        for c in (job.get("status") or {}).get("conditions") or []
+    )
+
+
 class CapWatch:
     """After every write the API server takes, counts the sweep's unfinished tests and their
     unfinished Jobs: the cap as the API shows it over time, not as the operator believes.
 
-    Incremental (only the written object is read, from kmock's store) so that it keeps up with
-    hundreds of tests without slowing the loop that serves kmock.
+    Incremental (only the written object and those counted unfinished are read, from kmock's
+    store) so that it keeps up with hundreds of tests without slowing the loop that serves kmock.
+    Those counted unfinished are read again at every write: a write's observer runs once kmock
+    has served it, and the write that finished a test can be observed after the create that
+    followed it (kmock awaits between storing a write and returning), so a count kept from
+    earlier observations alone would show the API holding a finished test as unfinished.
     """
 
     def __init__(self, h: Harness, sweep: str) -> None:
@@ -143,23 +154,36 @@ class CapWatch:
         self.max_tests = 0
         self.max_jobs = 0
         self.samples = 0
-        self.tests: dict[str, bool] = {}  # test name -> unfinished
+        self.tests: dict[tuple[str, str], bool] = {}  # (namespace, test name) -> unfinished
         self.uids: set[str] = set()
-        self.jobs: dict[str, bool] = {}  # Job name -> unfinished
+        self.jobs: dict[tuple[str, str], bool] = {}  # (namespace, Job name) -> unfinished
         self._keys: dict[str, Any] = {}
 
-    def _object(self, plural: str, request: kmock.Request) -> dict[str, Any] | None:
-        name = request.name or ((request.data or {}).get("metadata") or {}).get("name")
+    def _stored(self, plural: str, namespace: str, name: str | None) -> dict[str, Any] | None:
         if plural not in self._keys:
             found = next((k[0] for k in self.h.k.objects if k[0].plural == plural), None)
             if found is None:
                 return None
             self._keys[plural] = found
         try:
-            stored = self.h.k.objects[self._keys[plural], request.namespace or NS, name]
+            stored = self.h.k.objects[self._keys[plural], namespace, name]
         except KeyError:
             return None
         return None if stored.deleted else dict(stored.raw)
+
+    def _object(self, plural: str, request: kmock.Request) -> dict[str, Any] | None:
+        name = request.name or ((request.data or {}).get("metadata") or {}).get("name")
+        return self._stored(plural, request.namespace or NS, name)
+
+    def _refresh(
+        self,
+        plural: str,
+        counted: dict[tuple[str, str], bool],
+        still: Callable[[dict[str, Any]], bool],
+    ) -> None:
+        for key in [k for k, counted_unfinished in counted.items() if counted_unfinished]:
+            obj = self._stored(plural, *key)
+            counted[key] = obj is not None and still(obj)  # deleted: no longer held
 
     def __call__(self, request: kmock.Request) -> None:
         plural = request.resource.plural if request.resource else None
@@ -173,14 +197,13 @@ class CapWatch:
             if (meta.get("labels") or {}).get(LABEL_SWEEP) != self.sweep:
                 return
             self.uids.add(meta["uid"])
-            self.tests[meta["name"]] = unfinished(obj)
+            self.tests[meta.get("namespace") or NS, meta["name"]] = unfinished(obj)
         else:
             if meta["labels"].get("modelsupport.dev/test-uid") not in self.uids:
                 return
-            self.jobs[meta["name"]] = not any(
-                c.get("type") in ("Complete", "Failed")
-                for c in (obj.get("status") or {}).get("conditions") or []
-            )
+            self.jobs[meta.get("namespace") or NS, meta["name"]] = job_unfinished(obj)
+        self._refresh("modelsupporttests", self.tests, unfinished)
+        self._refresh("jobs", self.jobs, job_unfinished)
         self.max_tests = max(self.max_tests, sum(self.tests.values()))
         self.max_jobs = max(self.max_jobs, sum(self.jobs.values()))
         self.samples += 1
