@@ -21,9 +21,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-
-# mypy reads this repository's operator/ folder as the top-level "operator"; this is the stdlib's.
-from operator import attrgetter  # type: ignore[attr-defined,unused-ignore]
+from operator import attrgetter
 from typing import Any
 
 import pyarrow as pa

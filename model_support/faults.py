@@ -28,7 +28,7 @@ its own process and ``hang_worker`` stops answering (default rank 1).
 
 from __future__ import annotations
 
-import _operator  # operator's C module: this project has its own top-level `operator`
+import operator
 import os
 import re
 import signal
@@ -373,7 +373,7 @@ def _rounded_matmuls(
             if node.op != "call_function":
                 continue
             operands = _MATMUL_OPERANDS.get(node.target)
-            if operands is None and node.target is _operator.matmul:
+            if operands is None and node.target is operator.matmul:
                 operands = (0, 1)
             if operands is None:
                 continue

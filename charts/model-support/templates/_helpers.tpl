@@ -71,7 +71,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end -}}
 
-{{/* The operator's settings as one JSON object (operator/settings.py, settings_from_values). */}}
+{{/* The operator's settings as one JSON object (operator/src/settings.py, settings_from_values). */}}
 {{- define "model-support.settings" -}}
 {{- $results := required "the chart value `results` is required: where run records go, e.g. --set results=s3://my-bucket/model-support" .Values.results -}}
 {{- $s := dict "resultsUri" $results "namespaces" (.Values.watchNamespaces | default list) "allNamespaces" (empty .Values.watchNamespaces) "readTokenSecrets" (.Values.readHubTokenSecrets | default false) -}}

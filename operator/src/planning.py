@@ -119,7 +119,7 @@ def place(
     Raises InvalidTest, LoadFailure or Transient (see :func:`classify_sizing_error`).
     """
     dra = dra_settings(spec, settings)
-    lnc = spec.lnc
+    lnc: int | None = spec.lnc
     if dra is not None:
         # DRA sets the LNC on the claim: size for exactly the LNC the devices will have.
         try:
