@@ -218,8 +218,8 @@ class TestSpec(_Camel):
             reasons.append("trustRemoteCode")
         if self.extraPackages:
             reasons.append("extraPackages")
-        if self.compileBackend is not None:
-            reasons.append("compileBackend")
+        if self.compileBackend is not None and ":" in self.compileBackend:
+            reasons.append("compileBackend")  # module:function; a plain name is torch's own
         if self.image is not None and self.image != default_image:
             reasons.append("image")
         return reasons
