@@ -3,6 +3,7 @@ every state the results can hold (PASS, FAIL, ERROR, EXCLUDED) over three compil
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import threading
 import time
@@ -92,7 +93,10 @@ def demo(
         ),
     ] = None,
     jobs: Annotated[
-        int, typer.Option(min=1, help="Tests run at once (default: 2, or 1 on one CPU).")
+        int,
+        typer.Option(
+            min=1, help="Tests (and checkpoint builds) run at once (default: 2, or 1 on one CPU)."
+        ),
     ] = min(2, os.cpu_count() or 1),
     timeout: Annotated[float, typer.Option(help="Seconds per model before TIMEOUT.")] = 900.0,
 ) -> None:
@@ -105,7 +109,7 @@ def demo(
     started = time.monotonic()
     store = ResultsStore(location)
     dest = models_dir or default_cache_dir()
-    models, oversized = build_checkpoints(dest)
+    models, oversized = build_checkpoints(dest, jobs)
     if second_backend is None:
         second_backend = "aot_eager" if compile_backend == "inductor" else "inductor"
     second = second_backend if second_backend and second_backend != compile_backend else None
@@ -151,35 +155,60 @@ def say(text: str) -> None:
     progress.print(f"[bold]demo:[/] {text}", highlight=False)
 
 
-def build_checkpoints(dest: Path) -> tuple[dict[str, DemoModel], Path]:
-    """The demo checkpoints (built or reused, one line each) and the header-only 405B one."""
-    from transformers.utils import logging as transformers_logging
+def build_checkpoints(dest: Path, workers: int) -> tuple[dict[str, DemoModel], Path]:
+    """The demo checkpoints (built or reused) and the header-only 405B one.
 
+    Missing ones are built ``workers`` at a time, each in a process of its own training on one
+    thread (a line as each is done); a stop signal ends the builders with the demo.
+    """
     from model_support.checkpoints import (
         LLAMA_3_1_405B_CONFIG,
         OVERSIZED_DEMO_NAME,
         build_demo_models,
         build_header_only_checkpoint,
+        checkpoint_dir,
         is_up_to_date,
         llama_tensors,
     )
     from model_support.checkpoints import demo_model as catalogue_entry
 
-    transformers_logging.disable_progress_bar()  # the lines below say what is happening
-    models = {}
-    for name in DEMO_NAMES:
-        fresh = is_up_to_date(catalogue_entry(name), dest / name)
-        if not fresh:
-            say(f"building {name} in {dest} (trained briefly; 10 to 60 s)")
-        start = time.monotonic()
-        (models[name],) = build_demo_models(dest, [name])
-        if not fresh:
-            say(f"built {name} in {time.monotonic() - start:.0f} s")
+    entries = [catalogue_entry(name) for name in DEMO_NAMES]
+    missing = [e.name for e in entries if not is_up_to_date(e, checkpoint_dir(dest, e))]
+    if missing:
+        workers = max(1, min(workers, len(missing)))
+        say(
+            f"building {len(missing)} checkpoints in {dest}, {workers} at a time (each trained "
+            "briefly: 10 to 90 s)"
+        )
+        context = multiprocessing.get_context("spawn")  # no fork of a process holding threads
+        with stopped_by_signals(), context.Pool(workers) as pool:
+            try:
+                for name, seconds in pool.imap_unordered(
+                    build_in_worker, [(dest, n) for n in missing]
+                ):
+                    say(f"built {name} in {seconds:.0f} s")
+            except BaseException:
+                pool.terminate()  # a stop signal or a failed build: no builder outlives the demo
+                raise
+    models = {model.name: model for model in build_demo_models(dest, DEMO_NAMES)}
     oversized = build_header_only_checkpoint(
         dest, OVERSIZED_DEMO_NAME, LLAMA_3_1_405B_CONFIG, llama_tensors(LLAMA_3_1_405B_CONFIG)
     )
     say(f"checkpoints ready in {dest}")
     return models, oversized
+
+
+def build_in_worker(job: tuple[Path, str]) -> tuple[str, float]:
+    """Build one demo checkpoint (in a worker process); its name and the seconds it took."""
+    from transformers.utils import logging as transformers_logging
+
+    from model_support.checkpoints import build_demo_models
+
+    transformers_logging.disable_progress_bar()  # the demo's lines say what is happening
+    dest, name = job
+    start = time.monotonic()
+    build_demo_models(dest, [name])
+    return name, time.monotonic() - start
 
 
 def size_oversized(path: Path, compile_backend: str) -> RunRecord:

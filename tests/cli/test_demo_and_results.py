@@ -20,7 +20,7 @@ from filelock import FileLock
 from processes import processes_with
 from streamlit.testing.v1 import AppTest
 
-from model_support.checkpoints import TASK_MODELS, DemoModel
+from model_support.checkpoints import STAMP_FILE, TASK_MODELS, DemoModel
 from model_support.cli.commands_demo import FAULTY_BACKEND
 from model_support.store import ResultsStore
 
@@ -85,6 +85,9 @@ def test_demo_prints_progress_lines_when_not_on_a_terminal(
     assert f"  demo/tiny-qwen3-moe · {FAULTY_BACKEND}: compile failed" in lines
     assert any("sizing llama-405b-headers" in line for line in lines)
     assert lines[-1].startswith("demo: demo done in")
+    # The session built every checkpoint before the demo ran: it finds and reuses them all.
+    assert not [line for line in lines if line.startswith("demo: build")], lines[:20]
+    assert any(line.startswith("demo: checkpoints ready in") for line in lines)
 
 
 def test_the_dataset_holds_every_state_over_three_stacks(
@@ -306,3 +309,41 @@ def test_stopping_the_demo_stops_its_runs(
     while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes_with(marker) == []  # no run.py (or worker) outlived the demo
+
+
+def test_stopping_the_demo_while_it_builds_leaves_no_builder_and_no_half_model(
+    tmp_path: Path,
+) -> None:
+    marker = f"demo-{uuid.uuid4().hex}"
+    models = tmp_path / "models"
+    process = subprocess.Popen(
+        [CLI, "demo", "--results", str(tmp_path / "results"), "--models-dir", str(models)],
+        env={**os.environ, "MODEL_SUPPORT_DEMO_MARKER": marker},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if line.startswith("demo: building "):
+                break
+        assert ", 2 at a time" in line or ", 1 at a time" in line, line
+        deadline = time.monotonic() + 60
+        while len(processes_with(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)  # the builders are starting
+        assert len(processes_with(marker)) >= 2  # the demo and its builders
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode != 0
+    deadline = time.monotonic() + 30
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_with(marker) == []  # no builder outlived the demo
+    # Whatever was being built is invisible: a model folder exists only once it is complete.
+    for folder in models.glob("*/*"):
+        if not folder.name.startswith("."):
+            assert (folder / STAMP_FILE).is_file(), folder
