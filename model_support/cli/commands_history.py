@@ -3,18 +3,13 @@ and time, and what changed between two stacks (markdown for a bug report, or JSO
 
 from __future__ import annotations
 
-import math
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from model_support.cli.commands_run import fail
 
 DEFAULT_RESULTS = "results"
-out = Console(soft_wrap=True)
 
 PRICES_HELP = (
     "Price table (YAML or JSON) over the default one (docs/pricing.md); default: "
@@ -54,21 +49,6 @@ def _open(location: str):  # type: ignore[no-untyped-def]
     return store
 
 
-def _text(value: object, pattern: str = "{}") -> str:
-    if value is None:
-        return ""
-    try:
-        if isinstance(value, float) and math.isnan(value):
-            return ""
-    except TypeError:
-        pass
-    import pandas as pd
-
-    if pd.isna(value):  # type: ignore[call-overload]
-        return ""
-    return pattern.format(value)
-
-
 def history(
     model: Annotated[str, typer.Argument(help="Model id as results name it (org/name).")],
     task: Annotated[str | None, typer.Option(help="Only runs of this task.")] = None,
@@ -94,53 +74,43 @@ def history(
     if as_json:
         typer.echo(runs.to_json(orient="records", date_format="iso"))
         return
-    view = Table(title=Text(f"{model}: {len(runs)} run(s) — {location}"), show_lines=False)
-    for column in (
-        "finished", "stack", "task", "result", "flip", "cores", "wall s", "compile s",
-        "tok/s", "peak MiB", "error ratio", "core-h", "compile %", "cost", "reproduce",
-    ):  # fmt: skip
-        view.add_column(column, overflow="fold")
     from model_support.history import money
 
-    for row in runs.itertuples(index=False):
-        finished = row.finished_at if row.finished_at is not None else row.recorded_at
-        result = str(row.result) + (
-            f" {row.error_class}" if isinstance(row.error_class, str) else ""
+    typer.echo(f"{model}: {len(runs)} run(s), oldest first ({location})")
+    for row in runs.to_dict(orient="records"):
+        finished = row["finished_at"] if _known(row["finished_at"]) else row["recorded_at"]
+        result = str(row["result"]) + (
+            f" {row['error_class']}" if isinstance(row["error_class"], str) else ""
         )
-        view.add_row(
-            *(
-                Text(value)
-                for value in (
-                    _text(finished, "{:%Y-%m-%d %H:%M}"),
-                    str(row.stack_label),
-                    str(row.task),
-                    result,
-                    _text(row.flip),
-                    _text(row.neuron_cores),
-                    _text(row.wall_time_s, "{:.1f}"),
-                    _text(row.compile_time_s, "{:.1f}"),
-                    _text(row.decode_tokens_per_s, "{:.1f}"),
-                    _text(
-                        None
-                        if row.peak_device_memory_bytes is None
-                        or _text(row.peak_device_memory_bytes) == ""
-                        else row.peak_device_memory_bytes / 2**20,
-                        "{:.0f}",
-                    ),
-                    _text(row.error_ratio, "{:.2f}"),
-                    _text(
-                        None if _text(row.core_seconds) == "" else row.core_seconds / 3600, "{:.3f}"
-                    ),
-                    _text(
-                        None if _text(row.compile_share) == "" else row.compile_share * 100,
-                        "{:.0f}",
-                    ),
-                    money(None if _text(row.cost_usd) == "" else float(row.cost_usd)),
-                    str(row.reproduce),
-                )
-            )
-        )
-    out.print(view)
+        figures = [
+            f"{row['neuron_cores']} core(s)" if _known(row["neuron_cores"]) else None,
+            _fig(row["wall_time_s"], "wall {:.1f} s"),
+            _fig(row["compile_time_s"], "compile {:.1f} s"),
+            _fig(row["decode_tokens_per_s"], "{:.1f} tok/s"),
+            _fig(row["peak_device_memory_bytes"], "peak {:.2f} GiB", 2**-30),
+            _fig(row["error_ratio"], "error ratio {:.2f}"),
+            _fig(row["core_seconds"], "{:.3f} core-h", 1 / 3600),
+            _fig(row["compile_share"], "{:.0f}% compiling", 100),
+            money(row["cost_usd"] if _known(row["cost_usd"]) else None),
+        ]
+        line = "  ".join(
+            [f"{finished:%Y-%m-%d %H:%M}" if _known(finished) else "(no time)", str(row["stack_label"]),
+             str(row["task"]), result, *(f for f in figures if f)]
+        )  # fmt: skip
+        typer.echo(line)
+        if isinstance(row["flip"], str):
+            typer.echo(f"    changed on this stack: {row['flip']}")
+        typer.echo(f"    {row['reproduce']}")
+
+
+def _known(value: object) -> bool:
+    import pandas as pd
+
+    return value is not None and not (pd.api.types.is_scalar(value) and pd.isna(value))
+
+
+def _fig(value: object, pattern: str, scale: float = 1.0) -> str | None:
+    return pattern.format(float(value) * scale) if _known(value) else None  # type: ignore[arg-type]
 
 
 def regressions(

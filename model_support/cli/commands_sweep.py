@@ -116,10 +116,6 @@ def print_estimate(
     models: list[tuple[str, str]], *, profile: str, max_cores: int, results: str, prices: str | None
 ) -> None:
     """Size every model and print the sweep's expected core-hours and cost (nothing applied)."""
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
     from model_support.estimate import DEFAULT_HOURS_BY_CORES, Sizing, estimate_sweep
     from model_support.history import money
     from model_support.hub import is_unreachable, unreachable_message
@@ -157,11 +153,7 @@ def print_estimate(
 
     instance = PROFILES[profile].instance_type if profile in PROFILES else None
     result = estimate_sweep(models, size, history, table, instance)
-    view = Table(
-        title=Text(f"estimate: {len(models)} models on {profile} — past runs from {results}")
-    )
-    for column in ("model", "task", "cores", "hours each", "from", "core-hours", "cost"):
-        view.add_column(column, overflow="fold")
+    typer.echo(f"estimate: {len(models)} models on {profile}, past runs from {results}")
     basis = {
         "model": "its {n} past run(s)",
         "cores": "{n} past run(s) on as many cores",
@@ -169,16 +161,12 @@ def print_estimate(
         "excluded": "excluded: never run",
     }
     for m in result.models:
-        view.add_row(
-            Text(m.model),
-            Text(m.task),
-            Text("" if m.cores is None else str(m.cores)),
-            Text(f"{m.hours:.2f}"),
-            Text(basis[m.basis].format(n=m.past_runs) + (f" ({m.excluded})" if m.excluded else "")),
-            Text(f"{m.core_hours:.2f}"),
-            Text(money(m.cost_usd)),
+        cores = "-" if m.cores is None else f"{m.cores} core(s)"
+        why = basis[m.basis].format(n=m.past_runs) + (f" ({m.excluded})" if m.excluded else "")
+        typer.echo(
+            f"  {m.model}  {m.task}  {cores}  {m.hours:.2f} h each ({why})  "
+            f"{m.core_hours:.2f} core-h  {money(m.cost_usd)}"
         )
-    Console(soft_wrap=True).print(view)
     rate = (
         f"{money(result.core_hour_usd)} per core-hour of {instance}"
         if result.core_hour_usd is not None
