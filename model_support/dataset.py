@@ -159,9 +159,10 @@ def _cache_error(s: _Source) -> str | None:
     return "; ".join(errors) or None
 
 
-def _held_s(s: _Source) -> float | None:
-    """Seconds the runner held its cores, from the run's own timestamps (see ``held_s``)."""
-    doc = s.doc
+def held_seconds(doc: ResultDocument) -> float | None:
+    """Seconds the runner held its cores, from the run's own timestamps: run.py's start to its
+    finish plus the compile cache pull and push around it; 0 for EXCLUDED (nothing ran); None
+    when the run recorded no times (docs/pricing.md)."""
     if doc.result == Result.EXCLUDED:
         return 0.0
     started, finished = _utc(doc.started_at), _utc(doc.finished_at)
@@ -177,13 +178,22 @@ def _held_s(s: _Source) -> float | None:
     return held
 
 
+def core_seconds(doc: ResultDocument) -> float | None:
+    """Cores x :func:`held_seconds`: what the run used, compile included."""
+    held = held_seconds(doc)
+    return None if held is None else held * doc.cores
+
+
+def _held_s(s: _Source) -> float | None:
+    return held_seconds(s.doc)
+
+
 def _core_seconds(s: _Source) -> float | None:
-    held = _held_s(s)
-    return None if held is None else held * s.doc.cores
+    return core_seconds(s.doc)
 
 
 def _compile_share(s: _Source) -> float | None:
-    held = _held_s(s)
+    held = held_seconds(s.doc)
     compile_s = s.doc.timings.compile_s
     if held is None or compile_s is None or held <= 0:
         return None
