@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,6 +31,14 @@ if TYPE_CHECKING:
 
 STACK_COLUMNS = ("compiler", "compiler_version", "library", "library_version")
 SLOT = ("model_id", "task")
+STACK_ORDER_COLUMNS = (*STACK_COLUMNS, "run_id", "started_at", "finished_at", "recorded_at")
+"""What ordering the stacks reads (a few columns of every run)."""
+COMPARED_COLUMNS = (
+    *SLOT, *STACK_COLUMNS, "result", "error_class", "failed_checks", "run_id", "instance_type",
+    "lnc", "core_seconds", "decode_tokens_per_s", "compile_time_s", "compile_cache_hit",
+    "peak_device_memory_bytes", "finished_at", "recorded_at",
+)  # fmt: skip
+"""What comparing two stacks reads of each run."""
 
 
 def reproduce_command(run_id: str) -> str:
@@ -98,26 +108,32 @@ def _when(frame: pd.DataFrame) -> pd.Series:
     return frame["finished_at"].fillna(frame["recorded_at"])
 
 
-def stacks(history: pd.DataFrame) -> list[StackInfo]:
+def stacks(history: pd.DataFrame | pa.Table) -> list[StackInfo]:
     """The stacks with results, oldest first: by compiler version, then library version
     (PEP 440 order where they parse), then by when each first had a result (a set of
     torch.compile backends at one torch version is ordered by when each was first tested)."""
-    if history.empty:
+    table = (
+        history
+        if isinstance(history, pa.Table)
+        else pa.Table.from_pandas(history[list(STACK_ORDER_COLUMNS)], preserve_index=False)
+    )
+    if table.num_rows == 0:
         return []
-    started = history["started_at"].fillna(_when(history))
+    when = pc.coalesce(table["started_at"], table["finished_at"], table["recorded_at"])
     grouped = (
-        history.assign(_first=started)
-        .groupby(list(STACK_COLUMNS), dropna=False, sort=False)
-        .agg(first_seen=("_first", "min"), runs=("run_id", "size"))
-        .reset_index()
+        table.select(list(STACK_COLUMNS))
+        .append_column("first", when)
+        .append_column("run", table["run_id"])
+        .group_by(list(STACK_COLUMNS), use_threads=False)
+        .aggregate([("first", "min"), ("run", "count")])
     )
     infos = [
         StackInfo(
-            stack=Stack(*(None if pd.isna(row[c]) else str(row[c]) for c in STACK_COLUMNS)),
-            first_seen=None if pd.isna(row["first_seen"]) else row["first_seen"],
-            runs=int(row["runs"]),
+            stack=Stack(*(row[c] for c in STACK_COLUMNS)),
+            first_seen=None if row["first_min"] is None else pd.Timestamp(row["first_min"]),
+            runs=int(row["run_count"]),
         )
-        for _, row in grouped.iterrows()
+        for row in grouped.to_pylist()
     ]
     oldest = pd.Timestamp.min.tz_localize("UTC")
     return sorted(
@@ -198,6 +214,25 @@ def read_history(
     """The store's history, or one model's runs (only the row groups that can hold it)."""
     filters = [("model_id", "==", model_id)] if model_id is not None else None
     return store.history(columns=list(columns) if columns else None, filters=filters)
+
+
+def read_stacks(store: ResultsStore) -> list[StackInfo]:
+    """The store's stacks, oldest first (reads only the columns that order them)."""
+    return stacks(store.history_table(columns=list(STACK_ORDER_COLUMNS)))
+
+
+def read_stack_runs(store: ResultsStore, chosen: Sequence[Stack]) -> pd.DataFrame:
+    """Every run on the ``chosen`` stacks (filtered while reading: the rows of other stacks
+    are never turned into pandas)."""
+    expression = None
+    for stack in chosen:
+        one = None
+        for column in STACK_COLUMNS:
+            value = getattr(stack, column)
+            term = pc.field(column).is_null() if value is None else pc.field(column) == value
+            one = term if one is None else one & term
+        expression = one if expression is None else expression | one
+    return store.history(columns=list(COMPARED_COLUMNS), filters=expression)
 
 
 def model_history(
@@ -394,6 +429,7 @@ def regressions(
     (a comparison of 5,000 models per stack costs tens of milliseconds).
     """
     frame = history if task is None else history[history["task"] == task]
+    frame = frame[[c for c in COMPARED_COLUMNS if c in frame.columns]]
     old = with_cost(latest_per_slot(frame[before.matches(frame)]), prices)
     new = with_cost(latest_per_slot(frame[after.matches(frame)]), prices)
     report = Report(
@@ -433,11 +469,27 @@ def regressions(
     longer = passed & same_cache.astype(bool) & (compile_ > thresholds.compile_growth.value)
     larger = passed & (memory > thresholds.memory_growth.value)
 
+    # Only the rows that changed are read row by row (one conversion for all of them).
+    changed = both.index[worse | fixed | slower | longer | larger]
+    shown = [
+        *SLOT,
+        *(
+            f"{name}{side}"
+            for name in (
+                "result", "error_class", "failed_checks", "run_id", "core_seconds", "cost_usd",
+                "decode_tokens_per_s", "compile_time_s", "peak_device_memory_bytes",
+            )
+            for side in ("_before", "_after")
+        ),
+    ]  # fmt: skip
+    rows = dict(zip(changed, both.loc[changed, shown].to_dict(orient="records"), strict=True))
+    sides = {i: (_side(row, "_before"), _side(row, "_after")) for i, row in rows.items()}
+
     def common(i: int) -> dict[str, Any]:
-        b, a = _side(both, i, "_before"), _side(both, i, "_after")
+        b, a = sides[i]
         return {
-            "model": str(both.at[i, "model_id"]),
-            "task": str(both.at[i, "task"]),
+            "model": str(rows[i]["model_id"]),
+            "task": str(rows[i]["task"]),
             "before": _outcome(b),
             "after": _outcome(a),
             "before_run_id": str(b["run_id"]),
@@ -449,16 +501,14 @@ def regressions(
 
     for i in both.index[worse]:
         report.regressions.append(
-            Change(kind="regression", group=_group_of(_side(both, i, "_after")), **common(i))
+            Change(kind="regression", group=_group_of(sides[i][1]), **common(i))
         )
     for i in both.index[fixed]:
-        report.fixes.append(
-            Change(kind="fix", group=f"was {_group_of(_side(both, i, '_before'))}", **common(i))
-        )
+        report.fixes.append(Change(kind="fix", group=f"was {_group_of(sides[i][0])}", **common(i)))
     for i in both.index[slower]:
         old_v, new_v = (
-            both.at[i, "decode_tokens_per_s_before"],
-            both.at[i, "decode_tokens_per_s_after"],
+            rows[i]["decode_tokens_per_s_before"],
+            rows[i]["decode_tokens_per_s_after"],
         )
         report.regressions.append(
             Change(
@@ -469,7 +519,7 @@ def regressions(
             )
         )
     for i in both.index[longer]:
-        old_v, new_v = both.at[i, "compile_time_s_before"], both.at[i, "compile_time_s_after"]
+        old_v, new_v = rows[i]["compile_time_s_before"], rows[i]["compile_time_s_after"]
         report.regressions.append(
             Change(
                 kind="compile-time",
@@ -479,8 +529,8 @@ def regressions(
             )
         )
     for i in both.index[larger]:
-        old_v = both.at[i, "peak_device_memory_bytes_before"] / 2**30
-        new_v = both.at[i, "peak_device_memory_bytes_after"] / 2**30
+        old_v = rows[i]["peak_device_memory_bytes_before"] / 2**30
+        new_v = rows[i]["peak_device_memory_bytes_after"] / 2**30
         report.regressions.append(
             Change(
                 kind="memory",
@@ -500,12 +550,10 @@ def _total(values: pd.Series) -> float | None:
     return None if known.empty else float(known.sum())
 
 
-def _side(both: pd.DataFrame, i: int, suffix: str) -> dict[str, Any]:
-    """Row ``i`` of a merged frame: one stack's columns, under their own names."""
-    picked = {
-        str(k)[: -len(suffix)]: both.at[i, k] for k in both.columns if str(k).endswith(suffix)
-    }
-    picked.update({k: both.at[i, k] for k in SLOT})
+def _side(row: dict[str, Any], suffix: str) -> dict[str, Any]:
+    """A merged row: one stack's columns, under their own names."""
+    picked = {k[: -len(suffix)]: v for k, v in row.items() if k.endswith(suffix)}
+    picked.update({k: row[k] for k in SLOT})
     return picked
 
 
@@ -543,7 +591,12 @@ def render_markdown(report: Report, store_uri: str | None = None) -> str:
         f"{len(report.regressions)} regression(s) and {len(report.fixes)} fix(es) among "
         f"{report.compared} model(s) with a result on both stacks{where}. The newer stack's "
         f"runs held {report.core_seconds_after / 3600:,.2f} core-hours "
-        f"(cost {money(report.cost_usd_after)})."
+        + (
+            f"(cost {money(report.cost_usd_after)})."
+            if report.cost_usd_after is not None
+            else "(no cost: they name no instance type with a price, as local runs do; "
+            "docs/pricing.md says how to give one)."
+        )
     )
     lines += ["", "Thresholds (between two PASSes):", ""]
     t = report.thresholds

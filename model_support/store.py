@@ -700,22 +700,19 @@ class ResultsStore:
             table = _history_order(pa.concat_tables([base, added]))
         else:
             table = _history_order(added)
-        buffer = io.BytesIO()
-        pq.write_table(
-            table.combine_chunks(),
-            buffer,
-            row_group_size=HISTORY_ROW_GROUP,
-            compression="zstd",
-        )
         path = self._path(HISTORY_DIR, HISTORY_NAME)
         if self._local:
             os.makedirs(self._path(HISTORY_DIR), exist_ok=True)
-        self._write_if_changed(path, buffer.getvalue(), exists=self.fs.exists(path))
+        self._write_if_changed(path, history_bytes(table), exists=self.fs.exists(path))
 
     def history(self, columns: list[str] | None = None, filters: Any = None) -> pd.DataFrame:
         """Every run as one DataFrame (the columns of
         :data:`model_support.dataset.HISTORY_COLUMNS`, or ``columns`` of them), as of the
         last materialize; ``filters`` as for :meth:`matrix`."""
+        return _to_pandas(self.history_table(columns, filters))
+
+    def history_table(self, columns: list[str] | None = None, filters: Any = None) -> pa.Table:
+        """:meth:`history` as an Arrow table."""
         if columns is not None:
             unknown = [c for c in columns if c not in HISTORY_SCHEMA.names]
             if unknown:
@@ -725,11 +722,10 @@ class ResultsStore:
         path = self._path(HISTORY_DIR, HISTORY_NAME)
         if not self.fs.exists(path):
             empty = HISTORY_SCHEMA.empty_table()
-            return _to_pandas(empty.select(columns) if columns is not None else empty)
-        table = pq.read_table(
+            return empty.select(columns) if columns is not None else empty
+        return pq.read_table(
             path, filesystem=self.fs, schema=HISTORY_SCHEMA, columns=columns, filters=filters
         )
-        return _to_pandas(table)
 
     def _read_index(self) -> dict[str, str] | None:
         """run id -> matrix key (JSON) of every record the matrix holds; None without a usable
@@ -1097,6 +1093,16 @@ def _recencies(table: pa.Table) -> list[tuple[Any, str]]:
     recorded = table.column("recorded_at").to_pylist()
     run_ids = table.column("run_id").to_pylist()
     return [(f or r, i) for f, r, i in zip(finished, recorded, run_ids, strict=True)]
+
+
+def history_bytes(table: pa.Table) -> bytes:
+    """The history file's bytes for ``table`` (rows in :func:`_history_order`): zstd, in row
+    groups of :data:`HISTORY_ROW_GROUP` rows."""
+    buffer = io.BytesIO()
+    pq.write_table(
+        table.combine_chunks(), buffer, row_group_size=HISTORY_ROW_GROUP, compression="zstd"
+    )
+    return buffer.getvalue()
 
 
 def _history_order(table: pa.Table) -> pa.Table:

@@ -23,12 +23,13 @@ from model_support.history import (
     default_pair,
     model_history,
     money,
+    read_stack_runs,
+    read_stacks,
     regression_table,
     regressions,
     render_json,
     render_markdown,
     reproduce_command,
-    stacks,
 )
 from model_support.pricing import DEFAULT_PRICES, PriceTable, PriceTableError, load_prices
 from model_support.store import ResultsStore
@@ -74,12 +75,6 @@ def _fingerprint(results_uri: str) -> str | None:
     return f"{stamp}:{info.get('size')}"
 
 
-@st.cache_resource(show_spinner=False, max_entries=8)
-def _history(results_uri: str, fingerprint: str) -> pd.DataFrame:
-    # Frames are never changed in place (pandas copy-on-write): shared without copies.
-    return ResultsStore(results_uri).history()
-
-
 @st.cache_resource(show_spinner=False, max_entries=64)
 def _model_runs(results_uri: str, fingerprint: str, model_id: str) -> pd.DataFrame:
     return ResultsStore(results_uri).history(filters=[("model_id", "==", model_id)])
@@ -93,7 +88,13 @@ def _models(results_uri: str, fingerprint: str) -> list[str]:
 
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _stacks(results_uri: str, fingerprint: str) -> list[StackInfo]:
-    return stacks(_history(results_uri, fingerprint))
+    return read_stacks(ResultsStore(results_uri))
+
+
+# Frames are never changed in place (pandas copy-on-write): shared without copies.
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _stack_runs(results_uri: str, fingerprint: str, chosen: tuple[Stack, ...]) -> pd.DataFrame:
+    return read_stack_runs(ResultsStore(results_uri), chosen)
 
 
 @st.cache_resource(show_spinner=False, max_entries=32)
@@ -106,7 +107,8 @@ def _report(
     prices: PriceTable,
     task: str | None,
 ) -> Report:
-    return regressions(_history(results_uri, fingerprint), before, after, thresholds, prices, task)
+    runs = _stack_runs(results_uri, fingerprint, (before, after))
+    return regressions(runs, before, after, thresholds, prices, task)
 
 
 @st.cache_resource(show_spinner=False)

@@ -158,10 +158,10 @@ def regressions(
         Thresholds,
         default_pair,
         find_stack,
-        read_history,
+        read_stack_runs,
+        read_stacks,
         render_json,
         render_markdown,
-        stacks,
     )
     from model_support.history import regressions as compare
 
@@ -182,8 +182,7 @@ def regressions(
         )
     store = _open(location)
     table = _load_prices(prices)
-    frame = read_history(store)
-    known = stacks(frame)
+    known = read_stacks(store)
     try:
         old, new = default_pair(known) if before is None or after is None else (None, None)
         old = find_stack(before, known) if before is not None else old
@@ -193,6 +192,7 @@ def regressions(
     assert old is not None and new is not None
     if old == new:
         raise fail(f"--from and --to name the same stack ({old.label}): give two stacks")
+    frame = read_stack_runs(store, [old, new])
     report = compare(frame, old, new, thresholds, table, task=task)
     typer.echo(render_json(report) if as_json else render_markdown(report, location), nl=False)
     if report.regressions:
