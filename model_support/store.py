@@ -602,7 +602,8 @@ class ResultsStore:
         for stale in sorted(on_disk - produced):
             if self._is_matrix_file(f"{data_dir}/{stale}"):
                 self.fs.rm_file(f"{data_dir}/{stale}")
-        self._write_history(index is not None, listed, added_history, strict)
+        gone = set() if index is None else index.keys() - listed
+        self._write_history(index is not None, listed, gone, added_history, strict)
         folded.update(placed)
         self._write_index(folded)
         paths = [f"{data_dir}/{stems[key]}.parquet" for key in sorted(keys, key=lambda k: stems[k])]
@@ -682,11 +683,12 @@ class ResultsStore:
             return None
 
     def _write_history(
-        self, incremental: bool, listed: set[str], added: pa.Table, strict: bool
+        self, incremental: bool, listed: set[str], gone: set[str], added: pa.Table, strict: bool
     ) -> None:
-        """Bring ``history/runs.parquet`` up to date: the stored rows of records still listed
-        plus ``added`` (the rows of the records folded now); rebuilt from every record when
-        there is no usable stored history. Byte for byte what a rebuild gives."""
+        """Bring ``history/runs.parquet`` up to date: the stored rows, less those of ``gone``
+        records, plus ``added`` (the rows of the records folded now); rebuilt from every record
+        when there is no usable stored history. Byte for byte what a rebuild gives."""
+        path = self._path(HISTORY_DIR, HISTORY_NAME)
         base = self._history_table() if incremental else None
         added_ids = set(added.column("run_id").to_pylist())
         if base is None and incremental:
@@ -694,13 +696,21 @@ class ResultsStore:
             rest = sorted(listed - added_ids)
             records = self._read_records(rest, strict) if rest else []
             base = records_to_table(records, [matrix_key(r) for r in records], HISTORY_SCHEMA)
-        if base is not None:
-            keep = pa.array(sorted(listed - added_ids), pa.string())
-            base = base.filter(pc.is_in(base.column("run_id"), value_set=keep))
-            table = _history_order(pa.concat_tables([base, added]))
-        else:
+        elif base is not None and not gone and not added_ids and base.num_rows == len(listed):
+            return  # nothing new, nothing gone: the file stays as it is
+        if base is None:
             table = _history_order(added)
-        path = self._path(HISTORY_DIR, HISTORY_NAME)
+        else:
+            dropped = gone | added_ids  # an added record may be in it already (a re-fold)
+            if dropped:
+                drop = pa.array(sorted(dropped), pa.string())
+                base = base.filter(pc.invert(pc.is_in(base.column("run_id"), value_set=drop)))
+            table = _history_order(pa.concat_tables([base, added]))
+        if table.num_rows != len(listed):
+            # Rows of records the index never held (a materialize that died after writing the
+            # history) and that are gone since: keep exactly the listed records.
+            keep = pa.array(sorted(listed), pa.string())
+            table = table.filter(pc.is_in(table.column("run_id"), value_set=keep))
         if self._local:
             os.makedirs(self._path(HISTORY_DIR), exist_ok=True)
         self._write_if_changed(path, history_bytes(table), exists=self.fs.exists(path))

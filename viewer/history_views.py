@@ -340,19 +340,20 @@ def view_regressions(ctx: HistoryContext) -> None:
         st.dataframe(regression_table(report.fixes), hide_index=True, key="fixes-table")
     else:
         st.caption("No fixes.")
-    markdown = render_markdown(report, ctx.results_uri)
-    left, right = st.columns(2)
-    left.download_button(
-        "Download the report (Markdown)", markdown, file_name="regressions.md", key="report-md"
-    )
-    right.download_button(
-        "Download the report (JSON)",
-        render_json(report),
-        file_name="regressions.json",
-        mime="application/json",
-        key="report-json",
-    )
-    with st.expander("The report as Markdown, for a bug report"):
+    # The report is made on demand: a large comparison's text costs more than the tables.
+    if st.toggle("The report for a bug report (Markdown, JSON)", key="report-toggle"):
+        markdown = render_markdown(report, ctx.results_uri)
+        left, right = st.columns(2)
+        left.download_button(
+            "Download the report (Markdown)", markdown, file_name="regressions.md", key="report-md"
+        )
+        right.download_button(
+            "Download the report (JSON)",
+            render_json(report),
+            file_name="regressions.json",
+            mime="application/json",
+            key="report-json",
+        )
         st.code(markdown, language="markdown")
 
 

@@ -80,6 +80,7 @@ def test_regressions_compare_the_two_newest_stacks_by_default(page: AppTest) -> 
     assert list(fixes["group"]) == ["was FAIL"]
     metrics = {m.label: m.value for m in page.metric}
     assert (metrics["regressions"], metrics["fixes"]) == ("2", "1")
+    page.toggle(key="report-toggle").set_value(True).run()
     markdown = next(c.value for c in page.code if c.value.startswith("# Regressions"))
     assert "### ERROR compile (1)" in markdown
     assert (page.query_params["before"], page.query_params["after"]) == (OLD, NEW)
@@ -88,6 +89,7 @@ def test_regressions_compare_the_two_newest_stacks_by_default(page: AppTest) -> 
 def test_a_changed_threshold_without_a_reason_keeps_the_defaults(page: AppTest) -> None:
     page.query_params.update(view="regressions", before=NEW, after=OLD)
     page.run()
+    page.toggle(key="report-toggle").set_value(True).run()
     assert list(_table(page, "regressions-table")["model"]) == ["meta-llama/Llama-3.2-1B"]
     page.number_input(key="decode-drop").set_value(50.0).run()
     assert any("needs a reason" in w.value for w in page.warning)
