@@ -1031,7 +1031,9 @@ on CPU) use the same format.
 
 This directory is a materialized view: the source of truth is the immutable run records under
 `records/`, and the files under `data/` (and this card) are regenerated from them; `index/` says
-which records they hold, so a new record rewrites only the file it belongs to.
+which records they hold, so a new record rewrites only the file it belongs to. `data/` holds
+the latest run of each model per stack; `history/runs.parquet` (in the results store) holds
+every run, re-runs on the same stack included, with a subset of these columns.
 
 ## Files
 

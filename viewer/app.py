@@ -5,7 +5,9 @@ the MODEL_SUPPORT_RESULTS environment variable (default: ``results``). MODEL_SUP
 points the rankings at another Hub endpoint.
 
 Deep links: ``?model=org/name&view=trending&compiler=<version>&library=<version>&q=<search>
-&task=<task>``; the page writes its state back into the query parameters.
+&task=<task>``, ``view=compare`` or ``view=regressions`` with ``before`` and ``after`` (stack
+labels), ``view=history`` with ``model`` and ``run`` (a run id); the page writes its state back
+into the query parameters. The History and Regressions views are in ``history_views.py``.
 """
 
 from __future__ import annotations
