@@ -221,7 +221,12 @@ def history_table(runs: pd.DataFrame) -> pd.DataFrame:
             "peak device memory (GiB)": (
                 runs["peak_device_memory_bytes"].astype("Float64") / 2**30
             ).round(2),
+            "failed checks": [", ".join(_strings(v)) or None for v in runs["failed_checks"]],
             "error ratio": runs["error_ratio"].astype("Float64").round(2),
+            "q90 ratio": runs["q90_ratio"].astype("Float64").round(2),
+            "peak ratio": runs["peak_ratio"].astype("Float64").round(2),
+            "kl ratio": runs["kl_ratio"].astype("Float64").round(2),
+            "bad tokens": runs["bad_tokens"].astype("Int64"),
             "core-hours": (runs["core_seconds"].astype("Float64") / 3600).round(3),
             "compile share": runs["compile_share"].astype("Float64").round(2),
             "cost": runs["cost_usd"].astype("Float64"),
@@ -229,6 +234,13 @@ def history_table(runs: pd.DataFrame) -> pd.DataFrame:
             "reproduce": [reproduce_command(r) for r in runs["run_id"]],
         }
     ).reset_index(drop=True)
+
+
+def _strings(value: object) -> list[str]:
+    """A list column's value (None, a list or an array of strings) as a list."""
+    if value is None or isinstance(value, float):
+        return []
+    return [str(v) for v in value]  # type: ignore[attr-defined]
 
 
 def _history_chart(runs: pd.DataFrame) -> None:

@@ -173,3 +173,19 @@ def test_a_sweep_estimate_sizes_each_model_and_prices_past_runs(
     )  # fmt: skip
     assert fresh.exit_code == 0, fresh.output
     assert "the default" in fresh.stdout and "0.25 h on up to 1 core(s)" in fresh.stdout
+
+
+def test_a_store_without_a_history_says_how_to_build_it(
+    results: tuple[str, dict[str, str]],
+) -> None:
+    location, ids = results
+    (Path(location) / "history" / "runs.parquet").unlink()  # a store from before histories
+    missing = runner.invoke(app, ["regressions", "--results", location])
+    assert missing.exit_code == 1
+    assert "model-support dataset materialize" in " ".join(missing.output.split())
+    built = runner.invoke(app, ["dataset", "materialize", "--results", location])
+    assert built.exit_code == 0, built.output
+    listed = json.loads(
+        runner.invoke(app, ["history", "org/a", "--results", location, "--json"]).stdout
+    )
+    assert [r["run_id"] for r in listed] == [ids["old-a"], ids["new-a"]]

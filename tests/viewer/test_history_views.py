@@ -38,6 +38,7 @@ def test_history_shows_every_run_a_flip_and_a_chart(page: AppTest, dataset: Path
     assert list(runs["result"]) == ["PASS", "TIMEOUT", "PASS"]
     assert runs["changed on this stack"].isna().tolist() == [True, True, False]
     assert runs["changed on this stack"].iloc[2] == "TIMEOUT -> PASS"
+    assert runs["error ratio"].fillna(-1).tolist() == [1.02, -1, 1.02]  # the verdict's figures
     assert runs["core-hours"].tolist() == [0.05, 0.05, 0.05]  # 3 minutes on one core each
     assert runs["cost"].isna().all()  # the runs recorded no instance type: no price to use
     assert runs["reproduce"].iloc[1] == f"model-support reproduce {runs['run id'].iloc[1]}"
