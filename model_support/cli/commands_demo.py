@@ -1,5 +1,6 @@
 """`model-support demo`: build tiny checkpoints, test them here, and write a dataset that shows
-every state the results can hold (PASS, FAIL, ERROR, EXCLUDED) over three compiler stacks."""
+every state the results can hold (PASS, FAIL, ERROR, EXCLUDED) over four compiler stacks, two
+of them successive releases of a faulty compiler (a regression and a fix between them)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,10 @@ DEMO_NAMESPACE = "demo"
 """Demo checkpoints are named ``demo/<name>`` in results (their paths stay in ``model_path``)."""
 DEMO_NAMES = ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-llava"]
 DEMO_NAMES += [model.name for model in TASK_MODELS]  # one per task family beyond text generation
-FAULTY_BACKEND = "model_support.faults:buggy_compiler"
-"""The demo's broken stack: miscompiles dense models (FAIL), crashes on mixture of experts (ERROR)."""
+OLDER_RELEASE = "model_support.faults:moe_crash_compiler"
+"""A faulty compiler's release: crashes on mixture of experts (ERROR), dense models PASS."""
+NEWER_RELEASE = "model_support.faults:dense_miscompiler"
+"""Its next release: mixture of experts fixed (PASS), dense models miscompiled (FAIL)."""
 
 # Progress goes to stderr one line at a time, also when it is not a terminal (CI logs, pipes);
 # soft wrapping keeps each line whole instead of folding it at 80 columns.
@@ -56,18 +59,24 @@ class DemoRun:
 
 
 def plan_runs(models: dict[str, DemoModel], main: str, second: str | None) -> list[DemoRun]:
-    """Every model on the main compiler; one on a second compiler; two on the faulty one.
+    """Every model on the main compiler; one on a second compiler; two on each of two releases
+    of a faulty compiler, the older one first.
 
     The second compiler comes first: inductor compiles for about a minute on 2 cores, and the
-    other runs fit beside it.
+    other runs fit beside it. The releases run last and in order, so the newer one is the
+    newest stack: `model-support regressions` compares them by default.
     """
     runs = []
     if second:
         runs.append(DemoRun(models["tiny-llama"], second, "a second compiler, to compare"))
     runs += [DemoRun(models[name], main, "the main stack") for name in DEMO_NAMES]
     runs += [
-        DemoRun(models["tiny-llama"], FAULTY_BACKEND, "FAIL: miscompiled, caught by the verdict"),
-        DemoRun(models["tiny-qwen3-moe"], FAULTY_BACKEND, "ERROR: the compiler crashes"),
+        DemoRun(models["tiny-llama"], OLDER_RELEASE, "a faulty compiler's release: PASS"),
+        DemoRun(models["tiny-qwen3-moe"], OLDER_RELEASE, "ERROR: the compiler crashes"),
+        DemoRun(
+            models["tiny-llama"], NEWER_RELEASE, "its next release: FAIL (a regression, caught)"
+        ),
+        DemoRun(models["tiny-qwen3-moe"], NEWER_RELEASE, "its next release: PASS (a fix)"),
     ]
     return runs
 
@@ -102,7 +111,8 @@ def demo(
 ) -> None:
     """Build tiny Llama, Qwen3, Qwen3-MoE and Llava checkpoints, one per other task family
     (embeddings, seq2seq, speech, classification, text-to-image) and a header-only 405B one,
-    test them on three compiler stacks (one deliberately broken), and print the results table."""
+    test them on four compiler stacks (two releases of a deliberately faulty one, with a
+    regression and a fix between them), and print the results table."""
     from model_support.checkpoints import default_cache_dir
     from model_support.store import ResultsStore
 
@@ -146,7 +156,9 @@ def demo(
         as_json=False,
     )
     say(
-        f"demo done in {time.monotonic() - started:.0f} s; browse it: model-support viewer --results {location}"
+        f"demo done in {time.monotonic() - started:.0f} s; browse it: model-support viewer "
+        f"--results {location}; what the faulty compiler's next release changed: "
+        f"model-support regressions --results {location}"
     )
 
 
