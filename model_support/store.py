@@ -202,7 +202,7 @@ def _to_pandas(table: pa.Table) -> pd.DataFrame:
 
 
 def _check_run_id(run_id: str) -> None:
-    if not _RUN_ID.match(run_id):
+    if not _RUN_ID.fullmatch(run_id):
         raise ValueError(
             f"run id {run_id!r} cannot name a record file: use 1-200 characters from "
             "[A-Za-z0-9._-], starting with a letter or digit (model_support.records.new_run_id makes one)"

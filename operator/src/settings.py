@@ -79,6 +79,12 @@ class OperatorSettings(BaseModel):
         None,
         description="PVC holding a local-path results store; mounted into runner pods so they deliver there.",
     )
+    delivery_url_expiry_s: int = Field(
+        7 * 24 * 3600,
+        ge=60,
+        le=7 * 24 * 3600,  # the longest an S3 SigV4 signature lasts
+        description="How long the upload URL a runner pod gets for its delivery slot (S3 stores) stays valid; it also ends when the operator's own credentials expire.",
+    )
     runner_env: list[dict[str, Any]] = Field(
         default_factory=list,
         description="Extra env of runner containers (Kubernetes EnvVar objects), e.g. the store's endpoint.",

@@ -23,7 +23,6 @@ from typing import Any
 from k8s_harness import JOBS_URL, Harness, now
 
 from model_support.config import RunConfig
-from model_support.delivery import DeliveryArea
 from model_support.records import ResultDocument, Stack, Timings, failure_document
 from model_support.script import read_config
 from model_support.vocabulary import ErrorClass, Result
@@ -134,9 +133,6 @@ class Kubelet:
         while self.hold(config.model):
             await asyncio.sleep(self.interval)
         document = runner_document(config, self.result_for(config.model))
-        run_id = job["metadata"]["annotations"]["modelsupport.dev/run-id"]
-        await asyncio.to_thread(
-            DeliveryArea(str(self.results)).put, run_id, document.model_dump_json().encode()
-        )
+        await self.h.deliver(job, document.model_dump_json().encode())
         del self.running[name]
         await self.h.finish_job(job, exit_code=0)  # the Job controller's part, as in every test
