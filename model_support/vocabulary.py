@@ -21,6 +21,28 @@ class Result(StrEnum):
     UNVERIFIED = "UNVERIFIED"
 
 
+_RAN_BADLY = (Result.FAIL, Result.ERROR, Result.TIMEOUT)
+REGRESSION_CHANGES: frozenset[tuple[Result, Result]] = frozenset(
+    {(Result.PASS, bad) for bad in _RAN_BADLY} | {(Result.EXCLUDED, Result.ERROR)}
+)
+"""(before, after) results that make a regression between two stacks: a PASS that no longer
+passes, or a model once excluded by design that now errors."""
+FIX_CHANGES: frozenset[tuple[Result, Result]] = frozenset(
+    {(bad, Result.PASS) for bad in _RAN_BADLY}
+)
+"""(before, after) results that make a fix: a model that ran and did not pass, now passing."""
+
+
+def is_regression(before: str | None, after: str | None) -> bool:
+    """Whether going from result ``before`` to ``after`` is a regression (see above)."""
+    return (before, after) in REGRESSION_CHANGES
+
+
+def is_fix(before: str | None, after: str | None) -> bool:
+    """Whether going from result ``before`` to ``after`` is a fix (see above)."""
+    return (before, after) in FIX_CHANGES
+
+
 RESULT_MEANINGS: dict[Result, str] = {
     Result.PASS: (
         "The model loaded with from_pretrained, its forward compiled, it generated the requested "
@@ -283,7 +305,8 @@ PASS_BLIND_SPOTS: tuple[str, ...] = (
     "A fault at one or a few positions that stays under the peak bound times the baseline's "
     "largest deviation: for example 20% noise at one step of one prompt.",
     "Positions where a mixture-of-experts router was nearly tied in the reference (at most "
-    "router_tie_share of a prompt's positions) are judged by the median and token checks only.",
+    "router_tie_share of a prompt's positions) are judged by the median check only: their "
+    "token may be the other nearly tied expert's choice.",
     "Changes confined to tokens of negligible probability: the KL divergence weighs each "
     "token by its probability.",
     "Errors the reference shares: it runs the same transformers code on CPU, so a bug in the "

@@ -524,6 +524,11 @@ def _compile_cache(row: pd.Series) -> None:
         st.caption(f"The cache failed (the result stands): {literal(row['compile_cache_error'])}")
 
 
+def run_details(row: pd.Series) -> None:
+    """The details of one run, given as a matrix row (the History view shows any run so)."""
+    _details_row(row)
+
+
 def _details_row(row: pd.Series) -> None:
     result = str(row["result"])
     colour = RESULT_COLOURS.get(result, "gray")

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from model_support.config import RunConfig
 from model_support.delivery import DeliveryArea, DeliveryError, delivery_key, slot_for
 from model_support.operator import metrics
+from model_support.operator.costing import run_cost
 from model_support.operator.kube import AlreadyExists, Kube
 from model_support.operator.manifests import (
     Placement,
@@ -1249,6 +1250,7 @@ class Reconciler:
             conditions, "Recorded", True, "Recorded", f"run {run_id} recorded", ref.generation
         )
         timings, memory = document.timings, document.memory
+        used, cost = run_cost(test.get("spec") or {}, document, self.settings)
         self.patch_status(
             ref,
             TestStatus(
@@ -1262,6 +1264,8 @@ class Reconciler:
                 decodeTokensPerSecond=timings.decode_tokens_per_s,
                 peakDeviceMemoryBytes=memory.peak_device_memory_bytes,
                 hostPeakRssBytes=memory.host_peak_rss_bytes,
+                coreSeconds=used,
+                costUSD=cost,
                 finishedAt=now(),
                 conditions=kstatus_conditions(
                     conditions,
