@@ -77,11 +77,10 @@ def check_store_allowed(spec: TestSpec, settings: OperatorSettings) -> None:
     if spec.results is None:
         return
     allowed = settings.allowed_results_prefixes or [settings.results_uri]
-    target = spec.results.rstrip("/")
-    for prefix in allowed:
-        root = prefix.rstrip("/")
-        if target == root or target.startswith(root + "/"):
-            return
+    # Segment by segment, and never through ".." (the spec's pattern refuses it too): a
+    # plain prefix test would let <allowed>/../elsewhere through.
+    if any(within(spec.results, prefix) for prefix in allowed):
+        return
     raise InvalidTest(
         f"spec.results {spec.results!r} is outside the stores this operator may write to "
         f"({', '.join(allowed)}); remove spec.results or ask the operator's admin to allow "
