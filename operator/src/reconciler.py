@@ -57,6 +57,7 @@ from model_support.operator.planning import (
     LoadFailure,
     Transient,
     check_compile_cache,
+    check_model_path,
     check_store_allowed,
     children,
     claim_template,
@@ -349,6 +350,7 @@ class Reconciler:
         try:
             spec = parse_spec(dict(body.get("spec") or {}))
             check_store_allowed(spec, self.settings)
+            check_model_path(spec, self.settings)
             check_compile_cache(spec, self.settings, ref.namespace)
             placement = self.place(spec, ref.namespace)
         except (SpecError, InvalidTest) as exc:
