@@ -482,7 +482,9 @@ def prune(
 
     * truncated or empty objects (their stored size differs from the one their name declares);
     * with ``verify``, objects whose bytes do not match their hash (each one is read);
-    * superseded versions of an entry (older duplicates left by concurrent pushers);
+    * superseded versions of an entry (older duplicates left by concurrent pushers): only a
+      newer version whose bytes match its hash supersedes, so a corrupt one never costs a
+      valid one;
     * with ``older_than``, entries stored longer ago than that.
 
     Objects younger than :data:`ORPHAN_GRACE` are never removed as broken: a push may be
@@ -498,27 +500,42 @@ def prune(
         return entry.object.modified is None or moment - entry.object.modified > ORPHAN_GRACE
 
     doomed: list[SkippedEntry] = []
+    corrupt = "corrupt: bytes do not match its hash"
     for versions in grouped.values():
-        kept_one = False
+        # The newest version that stays; it makes older ones superfluous only once its bytes
+        # are known to match its name (a newer corrupt version must not cost a valid one).
+        keeper: RemoteEntry | None = None
+        keeper_checked = False
         for entry in versions:
-            reason = None
             if not entry.verified:
                 report.kept += 1
                 continue
+            reason = None
             if (entry.truncated or entry.size == 0) and settled(entry):
                 reason = "truncated or empty"
             elif verify and settled(entry) and not _matches(session, entry):
-                reason = "corrupt: bytes do not match its hash"
-            elif kept_one:
+                reason = corrupt
+            elif keeper is not None and not keeper_checked:
+                keeper_checked = True
+                if not _matches(session, keeper):
+                    if settled(keeper):
+                        doomed.append(SkippedEntry(path=keeper.object.name, reason=corrupt))
+                        report.kept -= 1
+                    keeper = None
+            if reason is None and keeper is not None:
                 reason = "superseded by a newer version of the same entry"
             elif (
-                older_than is not None
+                reason is None
+                and older_than is not None
                 and entry.object.modified is not None
                 and moment - entry.object.modified > older_than
             ):
                 reason = f"older than {older_than}"
             if reason is None:
-                kept_one = kept_one or not entry.truncated
+                if keeper is None and not entry.truncated:
+                    # With verify, a settled entry's bytes were checked above; a young one's
+                    # were not (it may be a push in progress): check it before it supersedes.
+                    keeper, keeper_checked = entry, verify and settled(entry)
                 report.kept += 1
             else:
                 doomed.append(SkippedEntry(path=entry.object.name, reason=reason))

@@ -351,6 +351,40 @@ def test_prune_removes_truncated_and_expired_entries_but_not_a_push_in_progress(
     assert len(expired.removed) == 4 and stored(f"{target}/{PREFIX}") == {}
 
 
+@pytest.mark.parametrize("verify", [False, True], ids=["listing", "verify"])
+def test_prune_never_lets_a_newer_corrupt_version_cost_a_valid_one(
+    tmp_path: Path, verify: bool
+) -> None:
+    """A corrupt version (bytes that do not match the hash its name declares) stored after a
+    valid one: only verified bytes make older versions superfluous, so the valid one stays,
+    and the corrupt one goes once it is too old to be a push in progress."""
+    target, key = str(tmp_path / "target"), "ab/cd/abcd" + "7" * 28 + ".neff"
+    good = b"the neff the compiler wrote"
+    write(tmp_path / "built", key, good)
+    push(target, compiler=neff_cache(tmp_path / "built"))
+    prefix = Path(target) / "neuronxcc-2.28.7631.0"
+    (valid,) = prefix.rglob("*.neff@*")
+    claimed = hashlib.sha256(b"another neff of equal size!").hexdigest()
+    corrupt = valid.with_name(f"{key.rpartition('/')[2]}@{claimed}-{len(good)}")
+    corrupt.write_bytes(b"X" * len(good))
+    now = datetime.now(UTC)
+    for path, age in ((valid, timedelta(days=2)), (corrupt, timedelta(minutes=5))):
+        os.utime(path, ((now - age).timestamp(),) * 2)
+    compiler = neff_cache(tmp_path / "x")
+
+    young = prune(target, compiler=compiler, verify=verify, now=lambda: now)
+    assert young.removed == [] and young.kept == 2  # the newer one may be a push in progress
+
+    later = now + timedelta(days=1)
+    settled = prune(target, compiler=compiler, verify=verify, now=lambda: later)
+    assert [(r.path, r.reason) for r in settled.removed] == [
+        (corrupt.relative_to(prefix).as_posix(), "corrupt: bytes do not match its hash")
+    ]
+    assert sorted(p.name for p in prefix.rglob("*.neff@*")) == [valid.name]
+    pulled = pull(target, compiler=neff_cache(tmp_path / "fresh"))
+    assert pulled.entries == 1 and (tmp_path / "fresh" / key).read_bytes() == good
+
+
 def test_a_missing_bucket_is_an_error_but_a_missing_folder_is_an_empty_cache(
     s3_target: str, inductor_dir: Path, tmp_path: Path
 ) -> None:
