@@ -62,6 +62,7 @@ def render_test(
         check_store_allowed,
         children,
         claim_template,
+        pin,
         place,
     )
     from model_support.operator.spec import SpecError, parse_spec
@@ -99,6 +100,7 @@ def render_test(
     try:
         spec = parse_spec(dict(body.get("spec") or {}))
         check_store_allowed(spec, settings)
+        spec = pin(spec, settings, token=token)
         placement = place(spec, settings, token=token)
     except (SpecError, InvalidTest) as exc:
         return outcome(phase=Phase.INVALID, message=str(exc)), False
