@@ -63,3 +63,14 @@ def read_config(script: str) -> RunConfig:
     ):
         raise TemplateError("the config block must be a single CONFIG_JSON string assignment")
     return RunConfig.model_validate_json(body[0].value.value)
+
+
+def runner_constant(name: str) -> object:
+    """A module-level constant of the run.py template (a literal), read without importing it
+    (run.py imports torch)."""
+    for node in ast.parse(template_text()).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == name for target in node.targets
+        ):
+            return ast.literal_eval(node.value)
+    raise KeyError(f"run.py defines no constant {name}")
