@@ -1,6 +1,6 @@
 """The runner container's entry point: ``python3 run.py`` unchanged, then the result made durable.
 
-    python3 -m model_support.runner_pod --run-id RUN_ID [--deliver-to STORE_URI]
+    python3 -m model_support.runner_pod --run-id RUN_ID [--deliver-to SLOT_DIR | --deliver-url-env VAR]
         [--result-file result.json] [--termination-log /dev/termination-log]
         [--compile-cache TARGET] [--pull-report FILE --pull-source URI]
         [--cache-backend auto|neuron|cuda|cpu] [--cache-deadline SECONDS]
@@ -12,12 +12,13 @@ can become a command). In order:
    run.py can touch the working directory;
 2. run ``python3 run.py`` in the working directory, its output passed through to the container
    log as it comes;
-3. deliver the result document (with the pull's figures) to the results store's delivery area
-   under the run id (:mod:`model_support.delivery`), retried with backoff, so the result
-   outlives the pod, and write a compact copy as the termination message;
+3. deliver the result document (with the pull's figures) to this attempt's delivery slot
+   (:mod:`model_support.delivery`: a folder mounted from the results volume, or an upload URL
+   the operator signed for one key), retried with backoff, so the result outlives the pod, and
+   write a compact copy as the termination message;
 4. push the compile cache to its target whatever run.py's outcome, within a deadline; then
    deliver again, the same document with both transfers' figures beside the result (the
-   delivery area keeps the last delivery of a run), and rewrite the termination message;
+   slot keeps the last delivery), and rewrite the termination message;
 5. print the document as the log's last line (the operator's last fallback) and exit with
    run.py's own status.
 
@@ -35,6 +36,11 @@ kernel's OOM killer, which only the container's ``OOMKilled`` reason can confirm
 is delivered and the exit status tells the rest (after a SIGKILL the cache is still pushed: what
 compiled before it is worth keeping).
 
+The runner holds no credentials to the results store, only its attempt's slot. An upload URL
+comes in an environment variable (from a Secret), which the runner takes out of the
+environment run.py inherits, and the runner makes itself non-dumpable first, so that code in
+run.py (the model's, extra packages', a pulled cache's) cannot read it from ``/proc``.
+
 Only fsspec and pydantic are imported (plus s3fs/huggingface_hub for those stores): the runner
 image needs the model_support package, not the operator's or viewer's dependencies.
 """
@@ -44,6 +50,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import signal
 import sys
 import time
@@ -53,7 +60,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from model_support.delivery import DeliveryArea, DeliveryError
+from model_support.delivery import DeliveryError, deliver_to_folder, deliver_to_url
 from model_support.records import RESULT_MARKER, ResultDocument
 from model_support.stop_signals import on_stop_signals
 from model_support.vocabulary import Result
@@ -177,9 +184,12 @@ def compact_document(document: ResultDocument, limit: int = TERMINATION_MESSAGE_
     return RESULT_MARKER + json.dumps(minimal, separators=(",", ":"))
 
 
+Destination = Callable[[bytes], str]
+"""Delivers one document to this attempt's slot; returns where it went; raises DeliveryError."""
+
+
 def deliver(
-    area: DeliveryArea,
-    run_id: str,
+    destination: Destination,
     payload: bytes,
     *,
     deadline_s: float = DELIVERY_DEADLINE_S,
@@ -191,13 +201,53 @@ def deliver(
     delay = 1.0
     while True:
         try:
-            return area.put(run_id, payload)
+            return destination(payload)
         except DeliveryError as exc:
             if time.monotonic() + delay > give_up:
                 raise
             print(f"model-support: {exc}; retrying in {delay:g} s", file=sys.stderr, flush=True)
             sleep(delay)
             delay = min(delay * 2, 30.0)
+
+
+def destination_from(folder: str | None, url_env: str | None) -> Destination | None:
+    """The attempt's slot from the command line: a mounted folder, or an upload URL read (and
+    removed) from the environment variable ``url_env``. The URL is a credential: it is taken
+    out of the environment run.py inherits and the process is made non-dumpable, so code in
+    run.py cannot read it from this process's ``/proc`` entries."""
+    if folder is not None:
+        if not os.path.isdir(folder):
+            raise SystemExit(
+                f"model-support: --deliver-to {folder} is not a folder (the slot mount)"
+            )
+        return lambda payload: deliver_to_folder(folder, payload)
+    if url_env is None:
+        return None
+    url = os.environ.pop(url_env, "")
+    if not url:
+        print(
+            f"model-support: {url_env} is not set (the operator could not sign this attempt's "
+            "upload URL); the result goes to the log and the termination message only",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
+    _not_dumpable()
+    return lambda payload: deliver_to_url(url, payload)
+
+
+def _not_dumpable() -> None:
+    """prctl(PR_SET_DUMPABLE, 0): /proc/<pid>/environ and /proc/<pid>/mem of this process are
+    then root's, not readable by run.py's processes (same uid, dumpable again after exec)."""
+    import ctypes
+
+    pr_set_dumpable = 4
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
+    except (OSError, AttributeError) as exc:  # not Linux: say so, keep going
+        print(f"model-support: could not make the runner non-dumpable: {exc}", file=sys.stderr)
 
 
 def _write_termination_message(path: str, text: str) -> None:
@@ -272,13 +322,13 @@ def _with_cache(
 
 
 def _deliver_document(
-    area: DeliveryArea | None, run_id: str, document: ResultDocument, deadline_s: float, what: str
+    destination: Destination | None, document: ResultDocument, deadline_s: float, what: str
 ) -> None:
-    """Deliver ``document`` (when there is a store to deliver to); say how it went."""
-    if area is None:
+    """Deliver ``document`` (when there is a slot to deliver to); say how it went."""
+    if destination is None:
         return
     try:
-        where = deliver(area, run_id, document.model_dump_json().encode(), deadline_s=deadline_s)
+        where = deliver(destination, document.model_dump_json().encode(), deadline_s=deadline_s)
         print(f"model-support: {what} delivered to {where}", file=sys.stderr, flush=True)
     except DeliveryError as exc:
         print(
@@ -293,8 +343,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run run.py, make its result durable, push the compile cache; return run.py's status."""
     parser = argparse.ArgumentParser(prog="python3 -m model_support.runner_pod")
     parser.add_argument("--run-id", required=True, help="The run id the operator gave this run.")
-    parser.add_argument(
-        "--deliver-to", help="Results store URI whose deliveries/ gets the document."
+    slot = parser.add_mutually_exclusive_group()
+    slot.add_argument(
+        "--deliver-to",
+        metavar="SLOT_DIR",
+        help="This attempt's delivery slot, mounted as a folder.",
+    )
+    slot.add_argument(
+        "--deliver-url-env",
+        metavar="VAR",
+        help="Environment variable holding this attempt's signed upload URL.",
     )
     parser.add_argument("--script", default="run.py")
     parser.add_argument("--result-file", default="result.json", help="run.py's result_path.")
@@ -324,9 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="Seconds the push may take before it is given up (recorded as its error).",
     )
     args = parser.parse_args(argv)
-    area = DeliveryArea(args.deliver_to) if args.deliver_to else None  # validates the URI first
-    if area is not None:
-        area.path(args.run_id)  # and the run id, before anything runs
+    destination = destination_from(args.deliver_to, args.deliver_url_env)  # before run.py
     # Read before run.py runs: what the init step wrote, not what run.py may leave in /work.
     pulled = load_pull_report(args.pull_report, args.pull_source) if args.pull_report else None
     if pulled is not None:
@@ -355,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # First the result (with the pull's figures): nothing after this point can lose it.
     delivered = _with_cache(finished, pulled, None)
-    _deliver_document(area, args.run_id, delivered, args.delivery_deadline, "result")
+    _deliver_document(destination, delivered, args.delivery_deadline, "result")
     _write_termination_message(args.termination_log, compact_document(delivered))
 
     if args.compile_cache and finished.result != Result.EXCLUDED:
@@ -364,8 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stopped = pushed.error is not None and pushed.error.startswith("stopped:")
         delivered = _with_cache(finished, pulled, pushed)
         _deliver_document(
-            area,
-            args.run_id,
+            destination,
             delivered,
             STOPPED_DELIVERY_DEADLINE_S if stopped else args.delivery_deadline,
             "result with the compile cache figures",

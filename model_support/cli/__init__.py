@@ -8,6 +8,7 @@ from model_support.cli import (
     commands_cache,
     commands_dataset,
     commands_demo,
+    commands_history,
     commands_operator,
     commands_render,
     commands_reproduce,
@@ -35,5 +36,6 @@ for _module in (
     commands_sweep,
     commands_cache,
     commands_dataset,
+    commands_history,
 ):
     _module.register(app)

@@ -68,7 +68,7 @@ class Skipped:
 def safe_relative_path(path: str) -> bool:
     """A relative path of plain names: no ``..``, no absolute path, no dot files, short."""
     parts = path.split("/")
-    return 0 < len(parts) <= _MAX_DEPTH and all(_COMPONENT.match(p) for p in parts)
+    return 0 < len(parts) <= _MAX_DEPTH and all(_COMPONENT.fullmatch(p) for p in parts)
 
 
 def is_entry_path(kind: CacheKind, path: str) -> bool:
@@ -80,7 +80,7 @@ def is_entry_path(kind: CacheKind, path: str) -> bool:
     if not safe_relative_path(path):
         return False
     if kind == "neff":
-        match = _NEFF_ENTRY.match(path)
+        match = _NEFF_ENTRY.fullmatch(path)
         if match is None:
             return False
         return match["key"].lower().startswith((match["a"] + match["b"]).lower())

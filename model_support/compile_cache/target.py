@@ -82,7 +82,7 @@ class RemoteEntry:
 
 def parse_object(obj: StoredObject) -> RemoteEntry:
     """What an object under a prefix says it is (the caller checks the path's layout)."""
-    match = _VERIFIED_NAME.match(obj.name)
+    match = _VERIFIED_NAME.fullmatch(obj.name)
     if match is None:
         return RemoteEntry(obj.name, obj, None, obj.size)
     return RemoteEntry(match["path"], obj, match["sha256"], int(match["size"]))
@@ -140,7 +140,7 @@ class Target:
                 raise
             raise unavailable(self.uri, "list", exc) from exc
         found = {str(n).rstrip("/").rsplit("/", 1)[-1] for n in names}
-        return sorted(p for p in found if PREFIX_PATTERN.match(p))
+        return sorted(p for p in found if PREFIX_PATTERN.fullmatch(p))
 
     def objects(self, prefix: str) -> list[StoredObject]:
         """Every object under ``prefix`` (recursively)."""
@@ -349,7 +349,7 @@ def open_target(
         raise BadCacheTarget("the compile cache target is empty: give a path or a URI")
     root_uri = text.rstrip("/") or text
     last = root_uri.rsplit("/", 1)[-1]
-    if PREFIX_PATTERN.match(last):
+    if PREFIX_PATTERN.fullmatch(last):
         compiler.check_prefix(last, redact(root_uri))
         root_uri = root_uri[: -len(last)].rstrip("/")
     return ResolvedTarget(_target(root_uri, storage_options or {}), compiler.prefix)
@@ -357,7 +357,7 @@ def open_target(
 
 def _target(uri: str, storage_options: dict[str, Any]) -> Target:
     if uri.startswith("hf://"):
-        bucket = _BUCKET.match(uri)
+        bucket = _BUCKET.fullmatch(uri)
         if bucket is None:
             raise BadCacheTarget(
                 f"{uri} is not a Hugging Face storage bucket: compile caches live in buckets, "

@@ -19,6 +19,7 @@ from typing import Any
 
 import kopf
 
+from model_support.operator import metrics
 from model_support.operator.kube import Kube, api_client
 from model_support.operator.reconciler import Reconciler
 from model_support.operator.resource import (
@@ -89,6 +90,11 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
         # Level-based: every event (type None: listed at startup) brings the test's current
         # generation to its Job; nothing but the status is written (no kopf annotations).
         test = _plain(body)
+        metrics.observe_test(
+            str(test["metadata"].get("uid")),
+            (test.get("status") or {}).get("phase"),
+            deleted=type == "DELETED",
+        )
         reconciler.on_test(test, type)
         sweeps.on_test(test, type)  # a sweep's test: its sweep may go on
 

@@ -8,10 +8,12 @@ Job the operator would create (or the status it would record instead).
 from __future__ import annotations
 
 import os
+import secrets
 from typing import Any
 
 from huggingface_hub.errors import HfHubHTTPError
 
+from model_support.delivery import slot_for
 from model_support.hub import is_unreachable
 from model_support.operator.dra import (
     DraError,
@@ -26,7 +28,7 @@ from model_support.operator.manifests import (
     build_configmap,
     build_job,
     claim_template_name,
-    delivery_target,
+    delivery_wiring,
     labels_for,
     owner_reference,
     placement_for,
@@ -234,21 +236,29 @@ def children(
     settings: OperatorSettings,
     attempt: int = 1,
     run_py: str | None = None,
+    delivery_key: bytes | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The ConfigMap (run.py) and the runner Job of one attempt, as the operator creates them."""
+    """The ConfigMap (run.py) and the runner Job of one attempt, as the operator creates them.
+
+    ``delivery_key`` is the operator's slot key (:func:`model_support.delivery.slot_for`);
+    None (``model-support render``) draws one, so the slot shown is only an example.
+    """
     if run_py is None:
         run_py = render_script(spec.run_config(placement.cores, placement.parallelism))
     cm_name = child_name(ref.name, ref.uid, ref.generation)
     configmap = build_configmap(ref, cm_name, run_py)
+    job_name = child_name(ref.name, ref.uid, ref.generation, attempt)
+    run_id = run_id_for(ref.uid, ref.generation, attempt)
+    slot = slot_for(run_id, delivery_key or secrets.token_bytes(32))
     job = build_job(
         ref,
         spec,
         placement,
-        job_name=child_name(ref.name, ref.uid, ref.generation, attempt),
+        job_name=job_name,
         configmap_name=cm_name,
         attempt=attempt,
-        run_id=run_id_for(ref.uid, ref.generation, attempt),
+        run_id=run_id,
         settings=settings,
-        deliver_to=delivery_target(store_uri(spec, settings), settings),
+        delivery=delivery_wiring(store_uri(spec, settings), settings, slot, job_name),
     )
     return configmap, job

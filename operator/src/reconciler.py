@@ -15,6 +15,7 @@ store, and kopf runs synchronous handlers in its thread pool, off its event loop
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import threading
@@ -27,12 +28,15 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from model_support.config import RunConfig
-from model_support.delivery import DeliveryArea, DeliveryError
+from model_support.delivery import DeliveryArea, DeliveryError, delivery_key, slot_for
 from model_support.operator import metrics
+from model_support.operator.costing import run_cost
 from model_support.operator.kube import AlreadyExists, Kube
 from model_support.operator.manifests import (
     Placement,
     TestRef,
+    build_delivery_secret,
+    delivery_wiring,
 )
 from model_support.operator.outcome import (
     INFRA_RESULTS,
@@ -41,6 +45,8 @@ from model_support.operator.outcome import (
     Reading,
     Unavailable,
     WaitKind,
+    job_ended_at,
+    job_outcome_stands,
     pod_waiting,
     read_job,
     stuck_reason,
@@ -154,8 +160,19 @@ class Reconciler:
 
     settings: OperatorSettings
     kube: Kube
+    delivery_key: bytes | None = None
+    """The key of delivery slots (:func:`model_support.delivery.slot_for`); None: from the
+    environment (``MODEL_SUPPORT_DELIVERY_KEY``), else random for this process."""
 
     def __post_init__(self) -> None:
+        if self.delivery_key is None:
+            self.delivery_key, configured = delivery_key()
+            if not configured:
+                log.warning(
+                    "MODEL_SUPPORT_DELIVERY_KEY is not set: delivery slots use a key of this "
+                    "process, so runs started before a restart fall back to log and "
+                    "termination message"
+                )
         self._stores: dict[str, ResultsStore] = {}
         self.materializers: dict[str, Materializer] = {}
         self._lock = threading.Lock()
@@ -453,10 +470,13 @@ class Reconciler:
         self, ref: TestRef, spec: TestSpec, placement: Placement, run_py: str, attempt: int
     ) -> tuple[str, str]:
         """Create (or adopt) the ConfigMap and the Job of one attempt; returns their names."""
-        configmap, job = children(ref, spec, placement, self.settings, attempt, run_py)
+        configmap, job = children(
+            ref, spec, placement, self.settings, attempt, run_py, self.delivery_key
+        )
         with contextlib.suppress(AlreadyExists):  # 409: made by an earlier try of this handler
             self.kube.create_configmap(configmap)
         self._create_claim_template(ref, spec, placement)
+        self._prepare_delivery(ref, spec, attempt)
         try:
             self.kube.create_job(job)
             metrics.JOBS_CREATED.inc()
@@ -472,6 +492,37 @@ class Reconciler:
         if template is not None:
             with contextlib.suppress(AlreadyExists):  # shared by the generation's attempts
                 self.kube.create_resource_claim_template(template)
+
+    def _slot(self, run_id: str) -> str:
+        assert self.delivery_key is not None  # set in __post_init__
+        return slot_for(run_id, self.delivery_key)
+
+    def _prepare_delivery(self, ref: TestRef, spec: TestSpec, attempt: int) -> None:
+        """Make the attempt's delivery slot reachable by its runner pod alone: the slot's
+        folder on the results volume, or a Secret with an upload URL signed for its one key.
+
+        A failure is logged, never fatal: the runner then cannot deliver (the Secret's env is
+        optional) and the operator reads its log and termination message instead.
+        """
+        run_id = run_id_for(ref.uid, ref.generation, attempt)
+        job_name = child_name(ref.name, ref.uid, ref.generation, attempt)
+        slot = self._slot(run_id)
+        uri = self.store_uri(spec)
+        wiring = delivery_wiring(uri, self.settings, slot, job_name)
+        if wiring is None:
+            return
+        try:
+            area = DeliveryArea(uri)
+            if wiring.sub_path is not None:
+                area.prepare(slot)
+                return
+            url = area.upload_url(slot, self.settings.delivery_url_expiry_s)
+        except (DeliveryError, ValueError) as exc:
+            log.warning("run %s cannot deliver to %s: %s", run_id, uri, exc)
+            return
+        secret = build_delivery_secret(ref, job_name, attempt, url)
+        with contextlib.suppress(AlreadyExists):  # made by an earlier try: signed alike
+            self.kube.create_secret(secret)
 
     def _delete_superseded_job(self, ref: TestRef, status: dict[str, Any]) -> None:
         """A spec change supersedes the running Job of the previous generation."""
@@ -598,6 +649,18 @@ class Reconciler:
             labels |= {"job": job_name, "attempt": str(attempt)}
         return labels
 
+    def _provenance(self, spec: TestSpec | None) -> dict[str, str]:
+        """What ran, as the operator knows it: the runner image, and what in the test runs code
+        the project does not control (the document's stack and packages are what that code
+        reported)."""
+        if spec is None:
+            return {}
+        labels = {"image": spec.image or self.settings.runner_image}
+        untrusted = spec.untrusted_code(self.settings.runner_image)
+        if untrusted:
+            labels["untrusted_code"] = ",".join(untrusted)
+        return labels
+
     def _check_job_exists(self, body: dict[str, Any], ref: TestRef, status: dict[str, Any]) -> None:
         """On restart: a test whose Job vanished while the operator was away is finished from
         its delivered document, or as ERROR/infrastructure when there is none."""
@@ -665,8 +728,9 @@ class Reconciler:
         if not self._due(run_id):
             return  # a deferred recording whose backoff has not elapsed
         delivered = self._read_delivery(test, run_id)
-        if isinstance(delivered, bytes) and _is_document(delivered):
-            # The runner finished and delivered: its pods no longer matter (no need to list them).
+        delivered_document = isinstance(delivered, bytes) and _is_document(delivered)
+        if delivered_document and reading.state is JobState.SUCCEEDED:
+            # The runner finished by itself and delivered: its pods no longer matter.
             self.finish(
                 test, ref, attempt, job_name, reading, ended_at=_ended_at(job),
                 final=event_type == "DELETED", delivered=delivered,
@@ -674,12 +738,20 @@ class Reconciler:
             return
         pods = self.kube.list_pods(ref.namespace, {LABEL_UID: ref.uid, "job-name": job_name})
         reading = read_job(job, pods)
+        if delivered_document and not job_outcome_stands(reading):
+            # A delivery outlives a node lost after it; the Job's own end (deadline, OOM, a
+            # runner that never started) is never overruled by what a pod wrote.
+            self.finish(
+                test, ref, attempt, job_name, reading, ended_at=_ended_at(job),
+                final=event_type == "DELETED", delivered=delivered,
+            )  # fmt: skip
+            return
         if reading.state == JobState.ACTIVE:
             # The Job was deleted under a running test (by hand, or its node pool went away).
-            reading = Reading(
-                JobState.INFRASTRUCTURE,
-                f"the runner Job {job_name} was deleted before it finished",
-                pod_name=reading.pod_name,
+            reading = dataclasses.replace(
+                reading,
+                state=JobState.INFRASTRUCTURE,
+                message=f"the runner Job {job_name} was deleted before it finished",
             )
         if reading.state == JobState.NODE_LOST and attempt < self.settings.max_attempts:
             self._retry(test, ref, attempt, reading)
@@ -697,7 +769,7 @@ class Reconciler:
     def _read_delivery(self, test: dict[str, Any], run_id: str) -> bytes | Unavailable | None:
         """What the runner of ``run_id`` delivered: the bytes, None (nothing), or Unavailable."""
         try:
-            return DeliveryArea(self.store_uri(_spec_or_none(test))).get(run_id)
+            return DeliveryArea(self.store_uri(_spec_or_none(test))).get(self._slot(run_id))
         except (DeliveryError, ValueError) as exc:
             return Unavailable(f"the delivery area could not be read: {exc}")
 
@@ -840,8 +912,11 @@ class Reconciler:
             int(status.get("checkpointBytes") or 0),
         )
         try:
-            _, job = children(ref, spec, placement, self.settings, attempt + 1, run_py="")
+            _, job = children(
+                ref, spec, placement, self.settings, attempt + 1, "", self.delivery_key
+            )
             self._create_claim_template(ref, spec, placement)  # in case it was deleted by hand
+            self._prepare_delivery(ref, spec, attempt + 1)
         except InvalidTest as exc:
             # The operator's settings changed since the first attempt (e.g. DRA's default LNC
             # removed): no record, since the model did nothing wrong; the message says what to fix.
@@ -958,12 +1033,23 @@ class Reconciler:
                 DocumentSource.OPERATOR,
             )
         document, source = found
-        document = trusted_document(document, config)
+        cache = spec.compileCache if spec is not None else None
+        document = trusted_document(
+            document,
+            config,
+            cache_location=None if cache is None else (cache.target or cache.source),
+            started_at=reading.started_at,
+            ended_at=reading.ended_at or ended_at,
+        )
         record = record_from_document(
             document,
             run_py,
             source="operator",
-            labels={**self._labels(ref, job_name, attempt), "document_source": source.value},
+            labels={
+                **self._labels(ref, job_name, attempt),
+                **self._provenance(spec),
+                "document_source": source.value,
+            },
             run_id=run_id,
         )
         try:
@@ -984,11 +1070,10 @@ class Reconciler:
             return False
         with self._lock:
             self._retries.pop(run_id, None)
-        if source is DocumentSource.DELIVERY:
-            try:
-                DeliveryArea(store.uri).remove(run_id)
-            except DeliveryError:
-                log.warning("run %s is recorded; its delivery stays until removed by hand", run_id)
+        try:  # the slot (prepared, delivered or not) is done with
+            DeliveryArea(store.uri).remove(self._slot(run_id))
+        except (DeliveryError, ValueError):
+            log.warning("run %s is recorded; its delivery slot stays until removed by hand", run_id)
         with self._lock:  # before the status says Completed: a concurrent resync must not
             self._released[(ref.namespace, job_name)] = time.monotonic()  # release it twice
         if not first_time and self._completed_already(ref):
@@ -1080,6 +1165,20 @@ class Reconciler:
         """The runner's document: delivered, else from the log, else from the termination
         message; else one the operator writes for the Job's outcome; else Unavailable."""
         problems: list[str] = []
+        if job_outcome_stands(reading):
+            result, infra_class = INFRA_RESULTS[reading.state]
+            said = _delivered_result(delivered)
+            overruled = (
+                f" (the runner's delivery said {said}, which Kubernetes contradicts)"
+                if said
+                else ""
+            )
+            return (
+                failure_document(
+                    config, result, error_class=infra_class, error=reading.message + overruled
+                ),
+                DocumentSource.OPERATOR,
+            )
         if isinstance(delivered, Unavailable):
             return delivered
         if delivered is not None:
@@ -1161,6 +1260,7 @@ class Reconciler:
             conditions, "Recorded", True, "Recorded", f"run {run_id} recorded", ref.generation
         )
         timings, memory = document.timings, document.memory
+        used, cost = run_cost(test.get("spec") or {}, document, self.settings)
         self.patch_status(
             ref,
             TestStatus(
@@ -1174,6 +1274,8 @@ class Reconciler:
                 decodeTokensPerSecond=timings.decode_tokens_per_s,
                 peakDeviceMemoryBytes=memory.peak_device_memory_bytes,
                 hostPeakRssBytes=memory.host_peak_rss_bytes,
+                coreSeconds=used,
+                costUSD=cost,
                 finishedAt=now(),
                 conditions=kstatus_conditions(
                     conditions,
@@ -1221,7 +1323,9 @@ class Reconciler:
                         continue
                     job_name = child_name(ref.name, ref.uid, ref.generation, attempt)
                     reading = Reading(
-                        JobState.INFRASTRUCTURE, f"runner pod {pod['metadata']['name']} {why}"
+                        JobState.INFRASTRUCTURE,
+                        f"runner pod {pod['metadata']['name']} {why}",
+                        runner_ran=False,  # it is still pending
                     )
                     if self.finish(test, ref, attempt, job_name, reading, final=True):
                         self.kube.delete_job(ref.namespace, job_name)
@@ -1269,6 +1373,16 @@ def _is_document(data: bytes) -> bool:
     return True
 
 
+def _delivered_result(delivered: object) -> str | None:
+    """The result a delivery claimed (for saying it was overruled), if it is a document."""
+    if not isinstance(delivered, bytes):
+        return None
+    try:
+        return ResultDocument.model_validate_json(delivered).result.value
+    except ValidationError:
+        return None
+
+
 def _spec_or_none(test: dict[str, Any]) -> TestSpec | None:
     try:
         return parse_spec(dict(test.get("spec") or {}))
@@ -1293,14 +1407,5 @@ def _newer(body: dict[str, Any], known: dict[str, Any] | None) -> bool:
 
 
 def _ended_at(job: dict[str, Any]) -> datetime | None:
-    """When a Job finished: its completionTime, else its terminal condition's transition."""
-    status = job.get("status") or {}
-    stamps = [status.get("completionTime")] + [
-        c.get("lastTransitionTime")
-        for c in status.get("conditions") or []
-        if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-    ]
-    for stamp in stamps:
-        if stamp:
-            return datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
-    return None
+    """When a Job finished (see :func:`model_support.operator.outcome.job_ended_at`)."""
+    return job_ended_at(job)

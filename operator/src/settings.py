@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
+
+from model_support.pricing import DEFAULT_PRICES, PriceTable, prices_from_mapping
 
 
 def chart_key(field: str) -> str:
@@ -76,6 +78,12 @@ class OperatorSettings(BaseModel):
     results_volume_claim: str | None = Field(
         None,
         description="PVC holding a local-path results store; mounted into runner pods so they deliver there.",
+    )
+    delivery_url_expiry_s: int = Field(
+        7 * 24 * 3600,
+        ge=60,
+        le=7 * 24 * 3600,  # the longest an S3 SigV4 signature lasts
+        description="How long the upload URL a runner pod gets for its delivery slot (S3 stores) stays valid; it also ends when the operator's own credentials expire.",
     )
     runner_env: list[dict[str, Any]] = Field(
         default_factory=list,
@@ -222,6 +230,24 @@ class OperatorSettings(BaseModel):
     metrics_port: int | None = Field(
         9090, description="Prometheus /metrics port; None = no metrics server."
     )
+    instance_prices: dict[str, Any] | None = Field(
+        None,
+        description="Instance prices over the default table (docs/pricing.md: region, "
+        "default_instance_type, prices); tests' and sweeps' costs use them.",
+    )
+
+    @field_validator("instance_prices")
+    @classmethod
+    def _prices_parse(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            prices_from_mapping(value, "settings.instancePrices")  # raises, naming the field
+        return value
+
+    def prices(self) -> PriceTable:
+        """The price table: the default one with ``instance_prices`` over it."""
+        if self.instance_prices is None:
+            return DEFAULT_PRICES
+        return prices_from_mapping(self.instance_prices, "settings.instancePrices")
 
 
 SETTINGS_ENV = "MODEL_SUPPORT_SETTINGS"

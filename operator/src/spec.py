@@ -101,7 +101,7 @@ class CompileCacheSpec(_Camel):
     @field_validator("source", "target")
     @classmethod
     def _location(cls, value: str | None) -> str | None:
-        if value is None or re.match(COMPILE_CACHE_PATTERN, value):
+        if value is None or re.fullmatch(COMPILE_CACHE_PATTERN, value):
             return value
         scheme = value.split("://", 1)[0] if "://" in value else None
         if scheme == "hf":
@@ -206,6 +206,23 @@ class TestSpec(_Camel):
         ):
             raise ValueError(f"cores={self.cores} needs parallelism tensor or expert")
         return self
+
+    def untrusted_code(self, default_image: str) -> list[str]:
+        """What in this test runs code the project does not control (empty: none does).
+
+        Such a test may still run, but never writes where others read and trust: it cannot
+        push to a compile cache, and its record says what it ran.
+        """
+        reasons = []
+        if self.trustRemoteCode:
+            reasons.append("trustRemoteCode")
+        if self.extraPackages:
+            reasons.append("extraPackages")
+        if self.compileBackend is not None:
+            reasons.append("compileBackend")
+        if self.image is not None and self.image != default_image:
+            reasons.append("image")
+        return reasons
 
     @property
     def profile_info(self) -> Profile:

@@ -149,6 +149,10 @@ class TestStatus(BaseModel):
     decodeTokensPerSecond: float | None = None
     peakDeviceMemoryBytes: int | None = None
     hostPeakRssBytes: int | None = None
+    coreSeconds: float | None = Field(
+        None, ge=0, description="Cores x the time the runner held them (docs/pricing.md)."
+    )
+    costUSD: float | None = Field(None, ge=0, description="coreSeconds at the instance's price.")
     startedAt: str | None = None
     finishedAt: str | None = None
     conditions: list[Condition] = Field(default_factory=list)

@@ -47,7 +47,13 @@ async def _run_container(
         local = root / mount["name"]  # one folder per volume, shared by the pod's containers
         source = volumes[mount["name"]]
         if "persistentVolumeClaim" in source:
-            paths[mount["mountPath"]] = Path(mount["mountPath"])  # a shared volume: the host's
+            # A shared volume: where the operator has it mounted (the host's), or its subPath.
+            claims = {
+                h.settings.results_volume_claim: h.settings.results_uri,
+                h.settings.compile_cache_volume_claim: h.settings.compile_cache_volume_path,
+            }
+            volume_root = Path(claims[source["persistentVolumeClaim"]["claimName"]])
+            paths[mount["mountPath"]] = volume_root / mount.get("subPath", "")
         elif "configMap" in source:
             cm = await h.get(f"{CMS_URL}/{source['configMap']['name']}")
             assert cm is not None, "the Job mounts a ConfigMap that does not exist"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import functools
 from pathlib import Path
@@ -748,7 +749,7 @@ VALUES = [
             "lncNodeLabel": "example.com/lnc",
             "serviceAccountName": "runner",
             "env": [{"name": "AWS_REGION", "value": "us-west-2"}],
-            "envFrom": [{"secretRef": {"name": "store-credentials"}}],
+            "envFrom": [{"secretRef": {"name": "compile-cache-credentials"}}],
         },
         "settings": {"unschedulableLimitSeconds": 3600, "minHostMemoryGiB": 32, "maxAttempts": 5},
         "metrics": {"enabled": False},
@@ -810,14 +811,27 @@ def test_chart_renders_valid_least_privilege_manifests(values: dict[str, Any]) -
 
     # The chart's template and settings_from_values (used by `model-support render`) agree.
     assert settings == settings_from_values(values)
+    # Secrets: create (one per runner attempt: its delivery slot's upload URL), never list,
+    # and get only to read a test's Hub token when that is on.
     if values.get("readHubTokenSecrets"):
-        assert verbs[("", "secrets")] == {"get"} and settings.read_token_secrets
+        assert verbs[("", "secrets")] == {"create", "get"} and settings.read_token_secrets
     else:
-        assert ("", "secrets") not in verbs and not settings.read_token_secrets
+        assert verbs[("", "secrets")] == {"create"} and not settings.read_token_secrets
+    # The delivery slot key comes from the chart's own Secret, never from the settings.
+    [key_secret] = [
+        d for d in docs if d["kind"] == "Secret" and "delivery-key" in d["metadata"]["name"]
+    ]
+    assert len(base64.b64decode(key_secret["data"]["key"])) == 48
+    key_env = next(e for e in container["env"] if e["name"] == "MODEL_SUPPORT_DELIVERY_KEY")
+    assert key_env["valueFrom"]["secretKeyRef"] == {
+        "name": key_secret["metadata"]["name"],
+        "key": "key",
+        "optional": True,
+    }
     if values.get("watchNamespaces"):
         assert kinds.count("Role") == 2 and settings.namespaces == ["ml", "research"]
         assert settings.scheduler_name == "my-scheduler" and settings.unschedulable_limit_s == 3600
-        assert settings.runner_env_from == [{"secretRef": {"name": "store-credentials"}}]
+        assert settings.runner_env_from == [{"secretRef": {"name": "compile-cache-credentials"}}]
         assert settings.metrics_port is None and "Service" not in kinds
     else:
         assert "ClusterRole" in kinds and settings.all_namespaces

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from model_support.config import RunConfig
-from model_support.delivery import DeliveryArea
+from model_support.delivery import DeliveryArea, slot_for
+from model_support.operator.manifests import DELIVERY_URL_ENV
 from model_support.records import RESULT_MARKER, ResultDocument, Verification, parse_result_line
 from model_support.runner_pod import compact_document
 from model_support.script import BEGIN, END, render_script
@@ -57,22 +58,45 @@ if mode == "malformed":
     with open(config["result_path"], "w") as f:
         f.write(json.dumps({{"model": config["model"]}}))
     sys.exit(0)
+if mode == "steal":  # code under test looking for the runner's upload URL
+    doc["text"] = [os.environ.get("MODEL_SUPPORT_DELIVERY_URL") or ""]
+    with open(config["result_path"], "w") as f:
+        f.write(json.dumps(doc))
+    sys.exit(0)
 """
+
+
+SLOT = slot_for("op-run-1", b"the operator's key, not the pod's")
+"""The run's delivery slot: what the operator prepares and reads, the only thing the pod gets."""
+
+
+def delivered_to(store: str | Path) -> bytes | None:
+    """What the runner delivered, read as the operator reads it."""
+    return DeliveryArea(str(store)).get(SLOT)
 
 
 def start_runner(
     workdir: Path, mode: str, store: str | None, *extra: str, env: dict[str, str] | None = None
 ) -> subprocess.Popen[str]:
+    """The runner as the operator starts it: given its slot only, a folder mounted from the
+    results volume (local stores) or an upload URL signed for one key (s3://), never the
+    store's credentials."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "run.py").write_text(render_script(CONFIG, template=FAKE_RUN_PY))
     argv = [sys.executable, "-m", "model_support.runner_pod", "--run-id", "op-run-1"]
-    if store is not None:
-        argv += ["--deliver-to", store]
+    pod_env = {**os.environ, **(env or {}), "FAKE_MODE": mode}
+    if store is not None and "://" not in store:
+        argv += ["--deliver-to", DeliveryArea(store).prepare(SLOT)]
+    elif store is not None:
+        pod_env[DELIVERY_URL_ENV] = DeliveryArea(store).upload_url(SLOT, 600)
+        argv += ["--deliver-url-env", DELIVERY_URL_ENV]
+        for name in [k for k in pod_env if k.startswith("AWS_")]:
+            del pod_env[name]  # no store credentials in the pod
     argv += ["--termination-log", str(workdir / "termination-log"), *extra]
     return subprocess.Popen(
         argv,
         cwd=workdir,
-        env={**os.environ, **(env or {}), "FAKE_MODE": mode},
+        env=pod_env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -95,7 +119,7 @@ def test_the_result_is_delivered_and_noise_after_it_does_not_matter(tmp_path: Pa
     store = tmp_path / "results"
     code, output = run_runner(tmp_path / "pod", "pass", str(store))
     assert code == 0, output
-    delivered = DeliveryArea(str(store)).get("op-run-1")
+    delivered = delivered_to(store)
     assert delivered is not None
     document = ResultDocument.model_validate_json(delivered)
     assert document.result == Result.PASS and document.tokens == [[1, 2, 3]]
@@ -113,7 +137,7 @@ def test_a_run_py_that_dies_without_a_document_gets_one_saying_why(tmp_path: Pat
     store = tmp_path / "results"
     code, _ = run_runner(tmp_path / "pod", "exit3", str(store))
     assert code == 3  # run.py's own status
-    delivered = DeliveryArea(str(store)).get("op-run-1")
+    delivered = delivered_to(store)
     assert delivered is not None
     document = ResultDocument.model_validate_json(delivered)
     assert (document.result, document.error_class) == (Result.ERROR, ErrorClass.RUNTIME)
@@ -126,7 +150,7 @@ def test_a_malformed_result_file_is_not_passed_on(tmp_path: Path) -> None:
     store = tmp_path / "results"
     code, _ = run_runner(tmp_path / "pod", "malformed", str(store))
     assert code == 1
-    delivered = DeliveryArea(str(store)).get("op-run-1")
+    delivered = delivered_to(store)
     assert delivered is not None
     document = ResultDocument.model_validate_json(delivered)
     assert document.result == Result.ERROR and "malformed" in (document.error or "")
@@ -137,7 +161,7 @@ def test_sigkill_delivers_nothing_the_container_status_decides(tmp_path: Path) -
     store = tmp_path / "results"
     code, _ = run_runner(tmp_path / "pod", "sigkill", str(store))
     assert code == 137
-    assert DeliveryArea(str(store)).get("op-run-1") is None
+    assert delivered_to(store) is None
     message = termination_message(tmp_path / "pod")
     assert message.startswith("model-support runner:") and "SIGKILL" in message
 
@@ -156,7 +180,7 @@ def test_sigterm_stops_run_py_and_delivers_nothing(tmp_path: Path) -> None:
     proc.communicate(timeout=60)
     assert time.monotonic() - started < 30  # passed on at once, not after run.py's sleep
     assert proc.returncode == 143
-    assert DeliveryArea(str(store)).get("op-run-1") is None
+    assert delivered_to(store) is None
     assert "stopped by a signal" in termination_message(tmp_path / "pod")
 
 
@@ -198,7 +222,7 @@ def test_the_cache_is_pulled_before_and_pushed_after_and_recorded(tmp_path: Path
         env=local,
     )  # fmt: skip
     assert code == 0, output
-    delivered = DeliveryArea(str(store)).get("op-run-1")
+    delivered = delivered_to(store)
     assert delivered is not None
     document = ResultDocument.model_validate_json(delivered)
     assert document.result == Result.PASS and document.compile_cache is not None
@@ -230,7 +254,7 @@ def test_a_failing_cache_push_changes_nothing_and_is_recorded(tmp_path: Path) ->
     )  # fmt: skip
     assert code == 0, output  # run.py's status, not the cache's
     assert time.monotonic() - started < 60  # not held by the stalled client's retries
-    delivered = DeliveryArea(str(store)).get("op-run-1")
+    delivered = delivered_to(store)
     assert delivered is not None
     document = ResultDocument.model_validate_json(delivered)
     assert document.result == Result.PASS and document.tokens == [[1, 2, 3]]
@@ -255,7 +279,7 @@ def test_a_push_to_an_unwritable_path_and_a_missing_pull_report_are_recorded(
         env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},
     )  # fmt: skip
     assert code == 3, output  # run.py's own status, whatever the cache did
-    delivered = DeliveryArea(str(store)).get("op-run-1")
+    delivered = delivered_to(store)
     assert delivered is not None
     document = ResultDocument.model_validate_json(delivered)
     assert (document.result, document.error_class) == (Result.ERROR, ErrorClass.RUNTIME)
@@ -319,6 +343,20 @@ def s3_store() -> tuple[object, str, dict[str, str]]:
         s3fs.S3FileSystem.clear_instance_cache()
 
 
+def test_run_py_does_not_inherit_the_runners_upload_url(
+    tmp_path: Path, s3_store: tuple[object, str, dict[str, str]]
+) -> None:
+    """The upload URL is a credential for the attempt's slot: code in run.py (the model's,
+    extra packages', a pulled cache's) does not find it in its environment."""
+    _, uri, env = s3_store
+    code, output = run_runner(tmp_path / "pod", "steal", uri, env=env)
+    assert code == 0, output
+    delivered = delivered_to(uri)
+    assert delivered is not None
+    assert ResultDocument.model_validate_json(delivered).text == [""]
+    assert "X-Amz-Signature" not in output  # nor in the pod's log
+
+
 def test_delivery_to_s3_survives_a_store_outage(
     tmp_path: Path, s3_store: tuple[object, str, dict[str, str]]
 ) -> None:
@@ -335,7 +373,7 @@ def test_delivery_to_s3_survives_a_store_outage(
     try:
         output, _ = proc.communicate(timeout=180)
         assert proc.returncode == 0, output
-        delivered = DeliveryArea(uri).get("op-run-1")
+        delivered = delivered_to(uri)
         assert delivered is not None
         assert json.loads(delivered)["result"] == "PASS"
     finally:
