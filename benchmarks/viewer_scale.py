@@ -27,7 +27,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from model_support.dataset import MATRIX_SCHEMA, record_to_row, write_matrix
+from model_support.dataset import (
+    MATRIX_SCHEMA,
+    matrix_row_group_rows,
+    record_to_row,
+    write_matrix,
+)
 from model_support.records import ResultDocument, RunRecord, Stack, Timings
 from model_support.store import MATRIX_KEY_METADATA
 
@@ -142,19 +147,67 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def compare_codecs(root: Path, repeat: int) -> None:
+    """The viewer's reads of the same matrix as the store writes it (zstd, large pages) and as
+    it wrote it before (pyarrow's defaults: snappy), interleaved so both see the same load."""
+    from model_support.viewer import queries
+    from model_support.viewer.data import read_columns
+
+    table = pq.read_table(root / "data" / "big.parquet")
+    before = root.parent / "snappy"
+    (before / "data").mkdir(parents=True)
+    pq.write_table(
+        table, before / "data" / "big.parquet", row_group_size=matrix_row_group_rows(table)
+    )
+    files = {"after (zstd)": root, "before (snappy)": before}
+    reads = {
+        "read list columns": lambda uri: read_columns(
+            uri, [f"{uri}/data/big.parquet"], queries.LIST_COLUMNS
+        ),
+        "one model's details (read, pushdown)": lambda uri: read_columns(
+            uri, [f"{uri}/data/big.parquet"], queries.DETAIL_COLUMNS, model_id="org7/model-7"
+        ),
+        "triage columns": lambda uri: read_columns(
+            uri, [f"{uri}/data/big.parquet"], queries.TRIAGE_COLUMNS
+        ),
+    }
+    for name in files:
+        size = (files[name] / "data" / "big.parquet").stat().st_size
+        print(f"{name}: {size / 2**20:.1f} MiB")
+    for label, read in reads.items():
+        best: dict[str, tuple[float, float]] = {}
+        for _ in range(repeat):
+            for name, folder in files.items():
+                timing = best_ms(lambda folder=folder, read=read: read(str(folder)), 1)
+                best[name] = min(best.get(name, timing), timing)
+        for name, timing in best.items():
+            report(f"{label}: {name}", timing)
+        ratio = best["after (zstd)"][1] / max(best["before (snappy)"][1], 1e-9)
+        print(f"  CPU after / before: {ratio:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--compare-codecs",
+        action="store_true",
+        help="Only time the viewer's reads of the matrix written now and as written before.",
+    )
     args = parser.parse_args()
     print(f"load average before (1, 5, 15 min): {load()} on {os.cpu_count()} CPUs")
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
+        root = Path(tmp) / "zstd"
         start = time.perf_counter()
         build(root, args.rows)
         report(f"build {args.rows:,}-row matrix", 1000 * (time.perf_counter() - start))
         groups = pq.ParquetFile(root / "data" / "big.parquet").metadata.num_row_groups
         print(f"row groups: {groups}")
+        if args.compare_codecs:
+            compare_codecs(root, args.repeat)
+            print(f"load average after (1, 5, 15 min): {load()}")
+            return
 
         start = time.perf_counter()
         import streamlit as st
