@@ -59,6 +59,7 @@ def render_test(
         InvalidTest,
         LoadFailure,
         Transient,
+        check_compile_cache,
         check_store_allowed,
         children,
         claim_template,
@@ -99,6 +100,7 @@ def render_test(
     try:
         spec = parse_spec(dict(body.get("spec") or {}))
         check_store_allowed(spec, settings)
+        check_compile_cache(spec, settings, ns)
         placement = place(spec, settings, token=token)
     except (SpecError, InvalidTest) as exc:
         return outcome(phase=Phase.INVALID, message=str(exc)), False
