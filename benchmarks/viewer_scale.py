@@ -7,7 +7,7 @@ own reading and query functions and full AppTest page runs. Each figure is the b
 ``--repeat`` runs (the first page: of fresh sessions on a cleared cache); the load average is
 printed with them, since other work on the machine slows every figure.
 
-Targets (issue 15): first page <= 0.3 s, one model's details <= 0.1 s, search <= 0.05 s.
+Targets: first page <= 0.3 s, one model's details <= 0.1 s, search <= 0.05 s.
 """
 
 from __future__ import annotations

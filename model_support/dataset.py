@@ -548,7 +548,7 @@ COLUMNS: tuple[Column, ...] = (
         "Index (over all prompts' generated tokens) of the first mismatch.",
         _field("doc.verification.first_mismatch"),
     ),
-    # ---- verdict statistics (issue 10): which check failed, and every check's worst ratio ----
+    # ---- verdict statistics: which check failed, and every check's worst ratio ----
     Column(
         "failed_checks",
         pa.list_(_STRING),
@@ -932,7 +932,7 @@ Float32 runs are judged against the arithmetic their backend may use (`float32_p
 
 
 def task_verdicts_section() -> str:
-    """How the tasks beyond text generation are verified (issue 13), for the dataset card."""
+    """How the tasks beyond text generation are verified, for the dataset card."""
     methods = "\n".join(
         f"- `{task.value}`: {TASK_VERDICT_DESCRIPTIONS[method]}"
         for task, method in TASK_METHODS.items()
