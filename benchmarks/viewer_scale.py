@@ -2,8 +2,8 @@
 
 Run: python benchmarks/viewer_scale.py [--rows 100000] [--repeat 5]. Builds the dataset in a
 temporary directory with the real matrix schema (dataset.MATRIX_SCHEMA; rows as record_to_row
-makes them, sorted and split into row groups as the store writes them), then times the viewer's
-own reading and query functions and full AppTest page runs. Each figure is the best of
+makes them, sorted and written as the store writes them: dataset.write_matrix), then times the
+viewer's own reading and query functions and full AppTest page runs. Each figure is the best of
 ``--repeat`` runs (the first page: of fresh sessions on a cleared cache); the load average is
 printed with them, since other work on the machine slows every figure.
 
@@ -27,7 +27,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from model_support.dataset import MATRIX_SCHEMA, matrix_row_group_rows, record_to_row
+from model_support.dataset import MATRIX_SCHEMA, record_to_row, write_matrix
 from model_support.records import ResultDocument, RunRecord, Stack, Timings
 from model_support.store import MATRIX_KEY_METADATA
 
@@ -74,10 +74,9 @@ def build(root: Path, rows: int) -> None:
         "library_version": "5.24.0",
     }
     (root / "data").mkdir(parents=True)
-    pq.write_table(
+    write_matrix(
         table.replace_schema_metadata({MATRIX_KEY_METADATA: json.dumps(key).encode()}),
-        root / "data" / "big.parquet",
-        row_group_size=matrix_row_group_rows(table),
+        str(root / "data" / "big.parquet"),
     )
 
 

@@ -79,10 +79,10 @@ from model_support.dataset import (
     has_versions,
     matrix_file_stem,
     matrix_key,
-    matrix_row_group_rows,
     recency,
     records_to_table,
     render_card,
+    write_matrix,
     writer_stack,
 )
 from model_support.ranking_snapshots import RankingSnapshot
@@ -585,11 +585,7 @@ class ResultsStore:
             metadata = {MATRIX_KEY_METADATA: _key_json(key).encode()}
             buffer = io.BytesIO()
             table = table.combine_chunks()
-            pq.write_table(
-                table.replace_schema_metadata(metadata),
-                buffer,
-                row_group_size=matrix_row_group_rows(table),
-            )
+            write_matrix(table.replace_schema_metadata(metadata), buffer)
             path = f"{data_dir}/{stems[key]}.parquet"
             self._write_if_changed(
                 path, buffer.getvalue(), exists=path.rsplit("/", 1)[-1] in on_disk
