@@ -66,7 +66,7 @@ from model_support.stop_signals import on_stop_signals
 from model_support.vocabulary import Result
 
 if TYPE_CHECKING:
-    from model_support.compile_cache import TransferReport
+    from model_support.compile_cache import SigningKey, TransferReport
 
 TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_MESSAGE_LIMIT = 4096
@@ -280,6 +280,22 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0][:300]
 
 
+def _signing_key(target: str) -> SigningKey | None:
+    """The key the push signs with, when the operator gave this pod one (a trusted test in a
+    namespace allowed to push to a shared target); a broken key signs nothing, said so."""
+    from model_support.compile_cache import SigningKey, UntrustedCache
+    from model_support.compile_cache.trust import SIGNING_KEY_ENV
+
+    path = os.environ.get(SIGNING_KEY_ENV)
+    if not path:
+        return None
+    try:
+        return SigningKey.load(path)
+    except UntrustedCache as exc:
+        print(f"model-support: not signing the push to {target}: {exc}", file=sys.stderr)
+        return None
+
+
 class _StopPush(Exception):
     """A stop signal arrived while the cache was being pushed."""
 
@@ -295,7 +311,9 @@ def push_cache(target: str, backend: str, deadline_s: float) -> TransferReport:
     started = time.monotonic()
     try:
         with on_stop_signals(stop):
-            return push_for_run(target, backend, deadline_s=deadline_s)
+            return push_for_run(
+                target, backend, deadline_s=deadline_s, signing_key=_signing_key(target)
+            )
     except _StopPush as exc:
         return TransferReport(
             direction="push",

@@ -16,7 +16,7 @@ from model_support.compile_cache import layouts
 from model_support.compile_cache.compilers import describe_prefix
 from model_support.delivery import slot_for
 from model_support.models import BadModelReference, check_model_id
-from model_support.operator.spec import CompileCacheSpec
+from model_support.operator.spec import CompileCacheSpec, SpecError, parse_spec
 from model_support.store import ResultsStore
 
 
@@ -29,6 +29,12 @@ CHECKS: list[tuple[str, Callable[[Path], Callable[[str], object]], str, type[Exc
     ("model id", lambda _: check_model_id, "org/name", BadModelReference),
     ("run id", _store_get, "20260101T000000000000Z-abc", ValueError),
     ("delivery run id", lambda _: lambda v: slot_for(v, b"k" * 32), "op-abc", ValueError),
+    (
+        "results store",
+        lambda _: lambda v: parse_spec({"model": "a/b", "results": v}),
+        "/results/team-a",
+        SpecError,
+    ),
     (
         "compile cache location",
         lambda _: lambda v: CompileCacheSpec(target=v),

@@ -59,6 +59,7 @@ def render_test(
         InvalidTest,
         LoadFailure,
         Transient,
+        check_compile_cache,
         check_store_allowed,
         children,
         claim_template,
@@ -100,6 +101,7 @@ def render_test(
     try:
         spec = parse_spec(dict(body.get("spec") or {}))
         check_store_allowed(spec, settings)
+        check_compile_cache(spec, settings, ns)
         spec = pin(spec, settings, token=token)
         placement = place(spec, settings, token=token)
     except (SpecError, InvalidTest) as exc:

@@ -549,7 +549,10 @@ def run(
         trust_remote_code=trust_remote_code,
         judge_model=judge_model,
     )
-    cache = commands_cache.before_run(compile_cache, config.backend, quiet=as_json)
+    untrusted = ["--trust-remote-code"] if trust_remote_code else []
+    if compile_backend is not None and ":" in compile_backend:
+        untrusted.append(f"--compile-backend {compile_backend}")
+    cache = commands_cache.before_run(compile_cache, config.backend, as_json, untrusted)
     try:
         with stopped_by_signals():
             store, record = _test(

@@ -42,7 +42,7 @@ _NEFF_ENTRY = re.compile(
 )
 _COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]{0,199}$")
 _MAX_DEPTH = 6
-_INDUCTOR_EXCLUDED_TOP = {"locks"}
+_INDUCTOR_EXCLUDED_TOP = {"locks", "signatures"}  # signatures: manifests (see .trust)
 _INDUCTOR_EXCLUDED_SUFFIXES = (".o", ".lock")
 TEMP_PREFIX = ".tmp.model-support."
 """Temporary files of a pull: dot files, which both TorchNeuron and inductor skip."""

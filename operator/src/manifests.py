@@ -65,17 +65,25 @@ class CacheWiring:
     target: str | None
     backend: str  # run.py's backend: whose cache (NEFF or inductor) moves
     deadline_s: float
+    trusted_keys: tuple[str, ...] = ()  # the pull takes only what these keys signed
+    trust_unsigned: bool = False  # the source is the namespace's own cache
+    signing_secret: str | None = None  # the push signs with this Secret's key (shared target)
 
     def pull_command(self) -> list[str]:
         """The init step's argv (no shell): a failed pull is its report's error, exit 0."""
         assert self.source is not None
-        return [
+        command = [
             "model-support", "cache", "pull", self.source,
             "--backend", self.backend,
             "--keep-going",
             "--report", PULL_REPORT,
             "--deadline", f"{self.deadline_s:g}",
         ]  # fmt: skip
+        if self.trust_unsigned:  # the namespace's own cache: its own entries, signed or not
+            return [*command, "--trust-unsigned"]
+        for key in self.trusted_keys:
+            command += ["--trusted-key", key]
+        return command
 
     def runner_args(self) -> list[str]:
         """The runner's cache arguments: read the pull report, push after run.py."""
@@ -92,6 +100,10 @@ DELIVERY_MOUNT = "/var/run/model-support/delivery"
 DELIVERY_URL_ENV = "MODEL_SUPPORT_DELIVERY_URL"
 """The runner's environment variable holding its attempt's signed upload URL (from a Secret)."""
 DELIVERY_SECRET_KEY = "url"
+SIGNING_KEY_DIR = "/var/run/model-support/cache-signing-key"
+SIGNING_KEY_ENV = "MODEL_SUPPORT_CACHE_SIGNING_KEY"
+"""The runner's variable naming the key file its compile cache push signs with
+(model_support.compile_cache.trust reads the same name)."""
 
 
 @dataclass(frozen=True)
@@ -365,18 +377,41 @@ def build_job(
         )
 
     cache = spec.compileCache
-    wiring = (
-        None
-        if cache is None
-        else CacheWiring(
-            cache.source, cache.target, profile.backend.value, settings.compile_cache_deadline_s
+    wiring = None
+    if cache is not None:
+        from model_support.operator.planning import own_cache, push_target
+
+        pushing = push_target(cache.target, settings, test.namespace) if cache.target else None
+        wiring = CacheWiring(
+            cache.source,
+            cache.target,
+            profile.backend.value,
+            settings.compile_cache_deadline_s,
+            trusted_keys=tuple(settings.compile_cache_trusted_keys),
+            trust_unsigned=cache.source is not None
+            and own_cache(cache.source, settings, test.namespace),
+            signing_secret=settings.compile_cache_signing_secret
+            if pushing is not None and pushing.shared
+            else None,
         )
-    )
     command = runner_command(run_id, delivery, wiring)
     env.extend(settings.runner_env)
     # The delivery slot is the runner's alone (no init step sees it).
     runner_mounts: list[dict[str, Any]] = []
     runner_env: list[dict[str, Any]] = []
+    extra_volumes: list[dict[str, Any]] = []
+    if wiring is not None and wiring.signing_secret is not None:
+        # The key a trusted test's push signs with (a shared target's readers check it).
+        runner_mounts.append(
+            {"name": "cache-signing-key", "mountPath": SIGNING_KEY_DIR, "readOnly": True}
+        )
+        runner_env.append({"name": SIGNING_KEY_ENV, "value": f"{SIGNING_KEY_DIR}/key"})
+        extra_volumes.append(
+            {
+                "name": "cache-signing-key",
+                "secret": {"secretName": wiring.signing_secret, "defaultMode": 0o440},
+            }
+        )
     if delivery is not None and delivery.sub_path is not None:
         # Only this attempt's folder of the results volume, never the store.
         runner_mounts.append(
@@ -499,13 +534,14 @@ def build_job(
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": _gib(shm_bytes)}},
         ],
     }
-    if runner_mounts:
+    if any(m["name"] == "results" for m in runner_mounts):
         pod_spec["volumes"].append(
             {
                 "name": "results",
                 "persistentVolumeClaim": {"claimName": settings.results_volume_claim},
             }
         )
+    pod_spec["volumes"].extend(extra_volumes)
     if any(m["name"] == "compile-caches" for m in mounts):
         pod_spec["volumes"].append(
             {

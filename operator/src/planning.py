@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from huggingface_hub.errors import HfHubHTTPError
@@ -77,11 +78,10 @@ def check_store_allowed(spec: TestSpec, settings: OperatorSettings) -> None:
     if spec.results is None:
         return
     allowed = settings.allowed_results_prefixes or [settings.results_uri]
-    target = spec.results.rstrip("/")
-    for prefix in allowed:
-        root = prefix.rstrip("/")
-        if target == root or target.startswith(root + "/"):
-            return
+    # Segment by segment, and never through ".." (the spec's pattern refuses it too): a
+    # plain prefix test would let <allowed>/../elsewhere through.
+    if any(within(spec.results, prefix) for prefix in allowed):
+        return
     raise InvalidTest(
         f"spec.results {spec.results!r} is outside the stores this operator may write to "
         f"({', '.join(allowed)}); remove spec.results or ask the operator's admin to allow "
@@ -89,9 +89,12 @@ def check_store_allowed(spec: TestSpec, settings: OperatorSettings) -> None:
     )
 
 
-def check_compile_cache(spec: TestSpec, settings: OperatorSettings) -> None:
+def check_compile_cache(
+    spec: TestSpec, settings: OperatorSettings, namespace: str | None = None
+) -> None:
     """A compile cache path in a spec must lie on the operator's compile cache volume, the
-    only filesystem a runner pod shares with anything that outlives it."""
+    only filesystem a runner pod shares with anything that outlives it; a push needs a test
+    that runs only code the project controls, to a target this namespace may push to."""
     cache = spec.compileCache
     if cache is None:
         return
@@ -105,11 +108,85 @@ def check_compile_cache(spec: TestSpec, settings: OperatorSettings) -> None:
                 "cache volume (setting compileCacheVolumeClaim); use hf://buckets/... or "
                 "s3://..., or ask the operator's admin for a compile cache volume"
             )
-        if path.rstrip("/") != root and not path.startswith(root + "/"):
+        if not within(path, root):
             raise InvalidTest(
                 f"spec.compileCache.{field} {path!r} is not on the compile cache volume, "
                 f"which runner pods mount at {root}: use a path under {root}/"
             )
+    if cache.target is None or namespace is None:
+        return
+    untrusted = spec.untrusted_code(settings.runner_image)
+    if untrusted:
+        raise InvalidTest(
+            f"spec.compileCache.target: this test runs code the project does not control "
+            f"({', '.join(untrusted)}), and whoever pushes to a compile cache runs code in "
+            "everyone who pulls from it; keep compileCache.source to pull, and remove the target"
+        )
+    pushable = push_target(cache.target, settings, namespace)
+    if pushable is None:
+        allowed = [t.replace("{namespace}", namespace) for t in push_targets(settings)]
+        raise InvalidTest(
+            f"spec.compileCache.target {cache.target!r} is not a compile cache this namespace "
+            f"may push to ({', '.join(allowed) or 'none is configured'}); push under one of "
+            "them, or ask the operator's admin (setting compileCachePushTargets)"
+        )
+
+
+def push_targets(settings: OperatorSettings) -> list[str]:
+    """The configured push targets (templates with ``{namespace}``); by default the
+    namespace's own folder on the compile cache volume."""
+    if settings.compile_cache_push_targets:
+        return list(settings.compile_cache_push_targets)
+    if settings.compile_cache_volume_claim is None:
+        return []
+    return [settings.compile_cache_volume_path.rstrip("/") + "/{namespace}"]
+
+
+@dataclass(frozen=True)
+class PushTarget:
+    """A configured push target a location lies under, resolved for one namespace."""
+
+    root: str
+    shared: bool  # not the namespace's own: its entries are read by every namespace
+
+
+def push_target(location: str, settings: OperatorSettings, namespace: str) -> PushTarget | None:
+    """The push target ``location`` lies under that ``namespace`` may push to, if any."""
+    for template in push_targets(settings):
+        shared = "{namespace}" not in template
+        root = template.replace("{namespace}", namespace)
+        if not within(location, root):
+            continue
+        if shared and namespace not in settings.compile_cache_shared_pushers:
+            continue
+        return PushTarget(root, shared)
+    return None
+
+
+def own_cache(location: str, settings: OperatorSettings, namespace: str) -> bool:
+    """Whether ``location`` lies in this namespace's own compile cache (a ``{namespace}`` push
+    target): only its tests push there, so its unsigned entries are the namespace's own."""
+    return any(
+        "{namespace}" in template and within(location, template.replace("{namespace}", namespace))
+        for template in push_targets(settings)
+    )
+
+
+def within(location: str, root: str) -> bool:
+    """Whether ``location`` is ``root`` or under it, segment by segment: ``.``, ``..`` and
+    empty segments never pass (``/a/../b`` is not under ``/a``)."""
+
+    def segments(text: str) -> list[str] | None:
+        scheme, sep, rest = text.partition("://")
+        parts = (rest if sep else text).rstrip("/").split("/")
+        head = [scheme + sep] if sep else []
+        body = parts if sep else parts[1:] if text.startswith("/") else parts
+        if any(p in ("", ".", "..") for p in body):
+            return None
+        return head + (["/"] if not sep and text.startswith("/") else []) + body
+
+    loc, base = segments(location), segments(root)
+    return loc is not None and base is not None and loc[: len(base)] == base
 
 
 def pin(spec: TestSpec, settings: OperatorSettings, *, token: str | None) -> TestSpec:

@@ -354,7 +354,7 @@ class Reconciler:
         try:
             spec = parse_spec(dict(body.get("spec") or {}))
             check_store_allowed(spec, self.settings)
-            check_compile_cache(spec, self.settings)
+            check_compile_cache(spec, self.settings, ref.namespace)
             spec = self.pin(spec, ref.namespace)
             placement = self.place(spec, ref.namespace)
         except (SpecError, InvalidTest) as exc:

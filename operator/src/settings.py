@@ -142,6 +142,22 @@ class OperatorSettings(BaseModel):
         pattern=r"^/.+",
         description="Where the compile cache PVC is mounted; a spec's compileCache paths must lie under it.",
     )
+    compile_cache_push_targets: list[str] = Field(
+        default_factory=list,
+        description="Where tests may push compile caches (roots; `{namespace}` is the test's namespace). Empty: the namespace's own folder on the compile cache volume, <compileCacheVolumePath>/{namespace}, when there is a volume; else nowhere. Tests that run code the project does not control never push.",
+    )
+    compile_cache_shared_pushers: list[str] = Field(
+        default_factory=list,
+        description="Namespaces whose tests may push to push targets shared by every namespace (those without `{namespace}`). Anyone who can create a pod there can push what every reader runs: keep them for trusted tests only.",
+    )
+    compile_cache_trusted_keys: list[str] = Field(
+        default_factory=list,
+        description="Public keys (ed25519:<base64>) whose signed manifests compile cache pulls trust; with any, pulls take only signed entries.",
+    )
+    compile_cache_signing_secret: str | None = Field(
+        None,
+        description="Secret (key `key`, an Ed25519 PEM private key) in each shared pusher namespace: runner pods of tests pushing to a shared target sign with it.",
+    )
     compile_cache_deadline_s: float = Field(
         1800.0,
         ge=1,  # `model-support cache pull --deadline` takes no less

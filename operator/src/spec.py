@@ -64,6 +64,10 @@ COMPILE_CACHE_FORMS = (
     "hf://buckets/<namespace>/<name>[/<path>], s3://<bucket>[/<prefix>] or an absolute path "
     "on the operator's compile cache volume"
 )
+# A results store: a URI or an absolute path whose segments are plain names (no ".", "..",
+# empty or hidden segments), so that a store under an allowed prefix stays under it.
+_RESULTS_SEGMENT = r"[A-Za-z0-9_~@+=,%-][A-Za-z0-9._~@+=,%-]*"
+RESULTS_PATTERN = rf"^([a-z][a-z0-9+.-]*://|/){_RESULTS_SEGMENT}(/{_RESULTS_SEGMENT})*/?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 COMPILE_BACKEND_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_]*)?$"
 
@@ -177,7 +181,7 @@ class TestSpec(_Camel):
     ] = Field(default_factory=list, max_length=20)
     timeoutSeconds: int = Field(7200, ge=60, le=172800)
     compileCache: CompileCacheSpec | None = None
-    results: str | None = None
+    results: str | None = Field(None, min_length=1, max_length=1024, pattern=RESULTS_PATTERN)
     hubTokenSecret: SecretRef | None = None
     trustRemoteCode: bool = False
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
@@ -218,8 +222,8 @@ class TestSpec(_Camel):
             reasons.append("trustRemoteCode")
         if self.extraPackages:
             reasons.append("extraPackages")
-        if self.compileBackend is not None:
-            reasons.append("compileBackend")
+        if self.compileBackend is not None and ":" in self.compileBackend:
+            reasons.append("compileBackend")  # module:function; a plain name is torch's own
         if self.image is not None and self.image != default_image:
             reasons.append("image")
         return reasons

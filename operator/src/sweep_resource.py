@@ -33,6 +33,7 @@ from model_support.operator.spec import (
     DNS_LABEL_PATTERN,
     IMAGE_PATTERN,
     MODEL_PATTERN,
+    RESULTS_PATTERN,
     REVISION_PATTERN,
     ProfileName,
     SpecError,
@@ -80,7 +81,7 @@ class HubSource(_Camel):
 class SelectedSource(_Camel):
     """The dataset's selected list (``selected.yaml`` of a results store)."""
 
-    results: str | None = Field(None, min_length=1, max_length=1024)
+    results: str | None = Field(None, min_length=1, max_length=1024, pattern=RESULTS_PATTERN)
     refreshSeconds: int | None = Field(None, ge=1)
 
 

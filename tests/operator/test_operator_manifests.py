@@ -881,3 +881,36 @@ def test_a_misspelt_setting_is_refused_by_name() -> None:
 
     with pytest.raises(ValidationError, match="unschedulableLimitSecs"):
         settings_from_values({"results": "s3://b/x", "settings": {"unschedulableLimitSecs": 5}})
+
+
+@pytest.mark.parametrize(
+    "results",
+    [
+        "/results/../elsewhere",
+        "s3://bucket/allowed/../other-team",
+        "/results/./x",
+        "/results//x",
+        "/results/.hidden",
+        "results/relative",
+    ],
+)
+def test_a_results_store_cannot_climb_out_of_where_it_points(
+    crd: dict[str, Any], schema: jsonschema.Validator, results: str
+) -> None:
+    from model_support.operator.planning import InvalidTest, check_store_allowed
+
+    spec = {"model": "a/b", "results": results}
+    assert _api_verdict(crd, schema, spec), f"the API server would admit {results!r}"
+    with pytest.raises(SpecError, match=r"spec\.results"):
+        parse_spec(spec)
+    # The operator's own check refuses it too, whatever admitted it (segments, not prefixes).
+    settings = SETTINGS.model_copy(
+        update={"allowed_results_prefixes": ["/results", "s3://bucket/allowed"]}
+    )
+    if ".hidden" not in results:  # a hidden name is odd, but still under the prefix
+        sneaked = parse_spec({"model": "a/b"}).model_copy(update={"results": results})
+        with pytest.raises(InvalidTest, match="outside the stores this operator may write to"):
+            check_store_allowed(sneaked, settings)
+    for fine in ("/results", "/results/team-a/", "s3://bucket/allowed/x"):
+        assert not _api_verdict(crd, schema, {"model": "a/b", "results": fine})
+        check_store_allowed(parse_spec({"model": "a/b", "results": fine}), settings)

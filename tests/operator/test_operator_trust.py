@@ -20,9 +20,13 @@ from k8s_harness import Harness
 from test_operator_lifecycle import SPEC, document_for, start
 
 from model_support.delivery import DeliveryArea
+from model_support.operator.manifests import Placement, TestRef, build_job
+from model_support.operator.planning import InvalidTest, check_compile_cache
+from model_support.operator.settings import OperatorSettings
+from model_support.operator.spec import parse_spec
 from model_support.records import CompileCacheFigures
 from model_support.store import ResultsStore
-from model_support.vocabulary import Result
+from model_support.vocabulary import Parallelism, Result
 
 
 @pytest.fixture
@@ -191,10 +195,11 @@ async def test_a_record_says_what_in_the_test_ran_code_the_project_does_not_cont
     assert record.labels["untrusted_code"] == "trustRemoteCode,compileBackend"
 
 
-@pytest.mark.parametrize("cache", [None, "s3://team-cache/neff"])
+@pytest.mark.parametrize("cache", [None, "s3://team-cache/default"])
 async def test_the_compile_cache_named_is_the_tests_never_the_pods(
     h: Harness, cache: str | None
 ) -> None:
+    h.settings.compile_cache_push_targets = ["s3://team-cache/{namespace}"]
     spec = dict(SPEC, compileCache={"source": cache, "target": cache}) if cache else SPEC
     _, job = await start(h, spec=spec)
     await h.wait_status("qwen", lambda s: s.get("phase") == "Pending", "Pending")
@@ -256,3 +261,89 @@ async def test_an_s3_store_hands_the_pod_one_signed_key_and_no_credentials(
     [record] = ResultsStore(h.settings.results_uri).records()
     assert record.document.tokens == [[9]] and record.labels["document_source"] == "delivery"
     assert DeliveryArea(h.settings.results_uri).slots() == []
+
+
+# ---- a shared compile cache is not a way in ------------------------------------------------
+
+CACHE_SETTINGS = OperatorSettings(
+    results_uri="/tmp/r",
+    runner_image="registry.example/runner:1",
+    compile_cache_volume_claim="caches",
+    compile_cache_volume_path="/caches",
+)
+
+
+def cache_job(spec: dict[str, Any], settings: OperatorSettings, namespace: str) -> dict[str, Any]:
+    """The Job the operator would create for ``spec`` in ``namespace`` (after its checks)."""
+    parsed = parse_spec({"model": "a/b", "profile": "cpu", "cores": 1, **spec})
+    ref = TestRef(namespace, "t", "6b1c2f4e-0000-4000-8000-000000000009", 1)
+    check_compile_cache(parsed, settings, namespace)
+    return build_job(
+        ref,
+        parsed,
+        Placement(1, Parallelism.NONE, 2**30, 0),
+        job_name="t-job",
+        configmap_name="t-cm",
+        attempt=1,
+        run_id="op-1",
+        settings=settings,
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        ({"trustRemoteCode": True}, "trustRemoteCode"),
+        ({"extraPackages": ["mypkg==1.0"]}, "extraPackages"),
+        ({"compileBackend": "mypkg.backends:fast"}, "compileBackend"),
+        ({"image": "registry.example/theirs:1"}, "image"),
+    ],
+)
+def test_a_test_running_code_the_project_does_not_control_never_pushes(
+    extra: dict[str, Any], why: str
+) -> None:
+    spec = {"compileCache": {"source": "/caches/ml", "target": "/caches/ml"}, **extra}
+    with pytest.raises(InvalidTest, match=rf"does not control \({why}\).*remove the target"):
+        cache_job(spec, CACHE_SETTINGS, "ml")
+    cache_job({"compileCache": {"source": "/caches/ml"}, **extra}, CACHE_SETTINGS, "ml")  # pulls
+
+
+def test_a_namespace_pushes_to_its_own_cache_unless_allowed_a_shared_one() -> None:
+    own = cache_job({"compileCache": {"target": "/caches/ml/neff"}}, CACHE_SETTINGS, "ml")
+    assert own["spec"]["template"]["spec"]["containers"][0]["command"][-5] == "/caches/ml/neff"
+    for elsewhere in ("/caches/research/neff", "/caches", "/caches/mlx", "s3://org-cache/shared"):
+        with pytest.raises(InvalidTest, match="not a compile cache this namespace may push to"):
+            cache_job({"compileCache": {"target": elsewhere}}, CACHE_SETTINGS, "ml")
+    shared = CACHE_SETTINGS.model_copy(
+        update={
+            "compile_cache_push_targets": ["s3://org-cache/shared", "s3://org-cache/{namespace}"],
+            "compile_cache_shared_pushers": ["nightly"],
+            "compile_cache_signing_secret": "cache-signing-key",
+        }
+    )
+    with pytest.raises(InvalidTest, match="may push to"):
+        cache_job({"compileCache": {"target": "s3://org-cache/shared"}}, shared, "ml")
+    job = cache_job({"compileCache": {"target": "s3://org-cache/ml"}}, shared, "ml")
+    assert "cache-signing-key" not in str(job)  # its own target: nothing to sign for others
+    job = cache_job({"compileCache": {"target": "s3://org-cache/shared"}}, shared, "nightly")
+    pod = job["spec"]["template"]["spec"]
+    runner_env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert runner_env["MODEL_SUPPORT_CACHE_SIGNING_KEY"].startswith("/var/run/")
+    [volume] = [v for v in pod["volumes"] if v["name"] == "cache-signing-key"]
+    assert volume["secret"]["secretName"] == "cache-signing-key"
+
+
+def test_the_pull_step_trusts_the_configured_keys_and_the_namespaces_own_cache() -> None:
+    def pull_args(source: str, settings: OperatorSettings, namespace: str = "ml") -> list[str]:
+        job = cache_job({"compileCache": {"source": source}}, settings, namespace)
+        [init] = job["spec"]["template"]["spec"]["initContainers"]
+        return list(init["command"])
+
+    assert "--trust-unsigned" in pull_args("/caches/ml", CACHE_SETTINGS)  # its own entries
+    assert "--trust-unsigned" not in pull_args("/caches/research", CACHE_SETTINGS)
+    assert "--trust-unsigned" not in pull_args("s3://someone/else", CACHE_SETTINGS)
+    key = "ed25519:" + base64.b64encode(b"k" * 32).decode()
+    keyed = CACHE_SETTINGS.model_copy(update={"compile_cache_trusted_keys": [key]})
+    args = pull_args("/caches/research", keyed)
+    assert args[args.index("--trusted-key") + 1] == key and "--trust-unsigned" not in args
+    assert "--trusted-key" not in pull_args("/caches/ml", keyed)  # its own: unsigned is fine

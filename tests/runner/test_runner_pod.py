@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -330,9 +331,10 @@ def s3_store() -> tuple[object, str, dict[str, str]]:
     import s3fs
 
     s3fs.S3FileSystem.clear_instance_cache()
-    s3fs.S3FileSystem().mkdir("results-bucket")
+    bucket = f"results-{uuid.uuid4().hex[:12]}"  # moto's buckets outlive its servers
+    s3fs.S3FileSystem().mkdir(bucket)
     try:
-        yield server, "s3://results-bucket/model-support", env
+        yield server, f"s3://{bucket}/model-support", env
     finally:
         server.stop()
         for k, v in old.items():
