@@ -60,6 +60,7 @@ def render_test(
         LoadFailure,
         Transient,
         check_compile_cache,
+        check_model_path,
         check_store_allowed,
         children,
         claim_template,
@@ -101,6 +102,7 @@ def render_test(
     try:
         spec = parse_spec(dict(body.get("spec") or {}))
         check_store_allowed(spec, settings)
+        check_model_path(spec, settings)
         check_compile_cache(spec, settings, ns)
         spec = pin(spec, settings, token=token)
         placement = place(spec, settings, token=token)

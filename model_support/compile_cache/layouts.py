@@ -29,6 +29,7 @@ import errno
 import fcntl
 import os
 import re
+import stat
 import struct
 import uuid
 from collections.abc import Iterator
@@ -140,10 +141,18 @@ def _kernel_problem(root: Path, file: Path, size: int) -> str | None:
 def lock_held(lock: Path) -> bool:
     """Whether another process holds the ``flock`` on ``lock`` (filelock's Unix lock)."""
     try:
-        fd = os.open(lock, os.O_RDONLY)
+        # Never wait on what is not a regular file (opening a FIFO blocks until a writer comes),
+        # nor follow a link out of the cache.
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return False
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return True  # a link, not a lock: treat its kernel as incomplete
+        raise
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return True  # not a lock file: its kernel is not known to be complete
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError as exc:
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):

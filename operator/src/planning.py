@@ -89,6 +89,23 @@ def check_store_allowed(spec: TestSpec, settings: OperatorSettings) -> None:
     )
 
 
+def check_model_path(spec: TestSpec, settings: OperatorSettings) -> None:
+    """An absolute spec.model must lie on a configured model volume: the operator sizes it
+    from its own filesystem, which is not the test's to read (``/etc``, ``/proc/self``)."""
+    if not spec.model.startswith("/"):
+        return
+    resolved = os.path.realpath(spec.model)  # a link on the volume may point off it
+    for root in settings.model_volume_paths:
+        real_root = os.path.realpath(root)
+        if within(spec.model, root) and within(resolved, real_root):
+            return
+    raise InvalidTest(
+        f"spec.model {spec.model!r} is a path, and it is not on a model volume of this operator "
+        f"({', '.join(settings.model_volume_paths) or 'none is configured'}); name a Hub model, "
+        "or a checkpoint under one of them (setting modelVolumePaths)"
+    )
+
+
 def check_compile_cache(
     spec: TestSpec, settings: OperatorSettings, namespace: str | None = None
 ) -> None:

@@ -57,6 +57,7 @@ from model_support.operator.planning import (
     LoadFailure,
     Transient,
     check_compile_cache,
+    check_model_path,
     check_store_allowed,
     children,
     claim_template,
@@ -354,6 +355,7 @@ class Reconciler:
         try:
             spec = parse_spec(dict(body.get("spec") or {}))
             check_store_allowed(spec, self.settings)
+            check_model_path(spec, self.settings)
             check_compile_cache(spec, self.settings, ref.namespace)
             spec = self.pin(spec, ref.namespace)
             placement = self.place(spec, ref.namespace)

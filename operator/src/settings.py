@@ -142,6 +142,10 @@ class OperatorSettings(BaseModel):
         pattern=r"^/.+",
         description="Where the compile cache PVC is mounted; a spec's compileCache paths must lie under it.",
     )
+    model_volume_paths: list[str] = Field(
+        default_factory=list,
+        description="Where checkpoints named by an absolute spec.model live (volumes the operator mounts at the same paths as the runner image or pods see them). An absolute spec.model elsewhere is refused: the operator would size it from its own filesystem.",
+    )
     compile_cache_push_targets: list[str] = Field(
         default_factory=list,
         description="Where tests may push compile caches (roots; `{namespace}` is the test's namespace). Empty: the namespace's own folder on the compile cache volume, <compileCacheVolumePath>/{namespace}, when there is a volume; else nowhere. Tests that run code the project does not control never push.",

@@ -18,7 +18,16 @@ from cache_support import inductor_cache, neff_cache, write
 from typer.testing import CliRunner
 
 from model_support.cli import app
-from model_support.compile_cache import SigningKey, TrustPolicy, UntrustedCache, pull, push
+from model_support.compile_cache import (
+    SigningKey,
+    TargetUnavailable,
+    TransferReport,
+    TrustPolicy,
+    UntrustedCache,
+    guarded,
+    pull,
+    push,
+)
 from model_support.compile_cache.target import object_name
 from model_support.compile_cache.transfer import sha256_file
 from model_support.compile_cache.trust import TRUSTED_KEYS_ENV
@@ -200,3 +209,69 @@ def test_run_never_pushes_what_unreviewed_code_compiled(
     assert result.exit_code == 2
     assert "--trust-remote-code runs code nobody reviewed" in " ".join(result.output.split())
     assert not (tmp_path / "cache").exists() and not (tmp_path / "r").exists()
+
+
+# ---- local and PVC targets never follow links ----------------------------------------------
+
+
+def _pull_report(target: str, local: Path) -> TransferReport:
+    """A pull as a test's init step makes it: a failure is the report's error."""
+    compiler = inductor_cache(local)
+    return guarded(
+        lambda: pull(target, compiler=compiler, policy=TrustPolicy(trust_unsigned=True)),
+        "pull",
+        target,
+        compiler,
+    )
+
+
+def test_a_symlinked_prefix_pulls_nothing_from_where_it_points(
+    tmp_path: Path, inductor_dir: Path
+) -> None:
+    secrets = tmp_path / "home" / ".ssh"
+    write(secrets, "keys/id_ed25519", b"-----BEGIN OPENSSH PRIVATE KEY-----")
+    target = tmp_path / "shared"
+    target.mkdir()
+    (target / PREFIX).symlink_to(secrets)
+    victim = tmp_path / "victim"
+    report = _pull_report(str(target), victim)
+    assert report.entries == 0 and "symbolic link" in (report.error or "")
+    assert not any(victim.rglob("id_ed25519")) and not any(inductor_dir.rglob("id_ed25519"))
+    # A push never writes through it either.
+    with pytest.raises(TargetUnavailable, match="symbolic link"):
+        push(str(target), compiler=inductor_cache(inductor_dir))
+    assert not (secrets / "fxgraph").exists()
+
+
+def test_a_symlinked_entry_inside_a_target_is_never_an_object(tmp_path: Path) -> None:
+    target = tmp_path / "shared"
+    write(tmp_path / "secret", "id", b"private")
+    name = "fxgraph/aa/faaaaaaaaaaaaaaaaaaaaa/entry"
+    link = target / PREFIX / name
+    link.parent.mkdir(parents=True)
+    link.symlink_to(tmp_path / "secret" / "id")
+    victim = tmp_path / "victim"
+    report = pull(
+        str(target), compiler=inductor_cache(victim), policy=TrustPolicy(trust_unsigned=True)
+    )
+    assert report.entries == 0 and not (victim / name).exists()
+
+
+def test_a_fifo_for_a_lock_file_does_not_hang_a_push(tmp_path: Path) -> None:
+    from cache_support import shared_object
+
+    local = tmp_path / "inductor"
+    shared_object(local / "3g" / "c3g2mqobe6g24e353lemr6cp.so")
+    (local / "locks").mkdir()
+    os.mkfifo(local / "locks" / "c3g2mqobe6g24e353lemr6cp.lock")
+    report = push(str(tmp_path / "target"), compiler=inductor_cache(local))  # used to hang here
+    assert report.error is None and report.entries == 0
+    assert [s.reason for s in report.skipped] == ["being compiled (its lock is held)"]
+
+
+def test_a_plain_file_is_not_a_cache_target(tmp_path: Path) -> None:
+    file = tmp_path / "cache"
+    file.write_text("not a folder")
+    result = CliRunner().invoke(app, ["cache", "pull", str(file), "--backend", "cpu"])
+    assert result.exit_code == 2
+    assert "is a file, not a folder" in " ".join(result.output.split())

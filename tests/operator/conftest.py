@@ -23,7 +23,9 @@ def operator_hub(tiny_llama_path: Path) -> Iterator[HubServer]:
 
 
 @pytest.fixture
-async def harness(tmp_path: Path, operator_hub: HubServer) -> AsyncIterator[Harness]:
+async def harness(
+    tmp_path: Path, operator_hub: HubServer, tiny_llama_path: Path
+) -> AsyncIterator[Harness]:
     """An emulated API server, operator settings pointing at it, results under tmp_path."""
     async with Emulator() as server, kmock.Server(server) as srv:
         declare_resources(server)
@@ -36,6 +38,9 @@ async def harness(tmp_path: Path, operator_hub: HubServer) -> AsyncIterator[Harn
             namespaces=["default"],
             metrics_port=None,
             hub_endpoint=operator_hub.url,
+            # Checkpoints named by path: the test's own folder and the built fixtures, as an
+            # operator mounts its model volumes.
+            model_volume_paths=[str(tmp_path), str(tiny_llama_path.parent)],
         )
         h = Harness(server, settings, tmp_path / "results")
         try:

@@ -21,7 +21,7 @@ from test_operator_lifecycle import SPEC, document_for, start
 
 from model_support.delivery import DeliveryArea
 from model_support.operator.manifests import Placement, TestRef, build_job
-from model_support.operator.planning import InvalidTest, check_compile_cache
+from model_support.operator.planning import InvalidTest, check_compile_cache, check_model_path
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import parse_spec
 from model_support.records import CompileCacheFigures
@@ -347,3 +347,30 @@ def test_the_pull_step_trusts_the_configured_keys_and_the_namespaces_own_cache()
     args = pull_args("/caches/research", keyed)
     assert args[args.index("--trusted-key") + 1] == key and "--trust-unsigned" not in args
     assert "--trusted-key" not in pull_args("/caches/ml", keyed)  # its own: unsigned is fine
+
+
+# ---- paths stay where they were allowed -----------------------------------------------------
+
+
+def test_an_absolute_model_is_sized_only_from_a_model_volume(
+    tmp_path: Path, tiny_llama_path: Path
+) -> None:
+    volume = tmp_path / "models"
+    volume.mkdir()
+    (volume / "sneaky").symlink_to("/etc")
+    settings = CACHE_SETTINGS.model_copy(update={"model_volume_paths": [str(volume)]})
+    for model in ("/etc", "/proc/self", f"{volume}/sneaky", f"{tmp_path}/models-other/x"):
+        with pytest.raises(InvalidTest, match="not on a model volume"):
+            check_model_path(parse_spec({"model": model}), settings)
+    with pytest.raises(InvalidTest, match="none is configured"):
+        check_model_path(parse_spec({"model": str(tiny_llama_path)}), CACHE_SETTINGS)
+    check_model_path(parse_spec({"model": f"{volume}/tiny"}), settings)
+    check_model_path(parse_spec({"model": "Qwen/Qwen3-0.6B"}), CACHE_SETTINGS)  # the Hub's
+
+
+async def test_an_operator_never_sizes_its_own_files(h: Harness) -> None:
+    await h.start_operator()
+    await h.create_test("peek", {"model": "/proc/self", "profile": "cpu"})
+    status = await h.wait_status("peek", lambda s: s.get("phase") == "Invalid", "Invalid")
+    assert "not on a model volume" in status["message"]
+    assert records(h) == []

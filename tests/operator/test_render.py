@@ -126,7 +126,8 @@ def test_render_shows_the_status_a_test_would_get_instead(tmp_path: Path) -> Non
         manifest("bad", {"model": "a/b", "cores": 4}),
         manifest("elsewhere", {"model": "a/b", "cores": 1, "results": "s3://other/x"}),
     ]
-    result, documents = render(tmp_path, tests, {"results": "s3://bucket/ms"})
+    values = {"results": "s3://bucket/ms", "settings": {"modelVolumePaths": [str(tmp_path)]}}
+    result, documents = render(tmp_path, tests, values)
     assert result.exit_code == 3, result.output  # some would get no Job
     statuses = {d["metadata"]["name"]: d["status"] for d in documents}
     assert statuses["custom"]["result"] == "EXCLUDED"
