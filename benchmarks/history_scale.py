@@ -12,7 +12,7 @@ Then times, each the best of ``--repeat``:
   included), what a user or a CI job waits for;
 - the viewer: the History and Regressions views' first page on cold caches, and a rerun.
 
-Targets (the issue): regressions and history under 1 s warm and 3 s cold; the viewer's views
+Targets: regressions and history under 1 s warm and 3 s cold; the viewer's views
 within the targets of the existing ones (first page <= 0.3 s, a rerun well under it).
 """
 

@@ -548,7 +548,7 @@ COLUMNS: tuple[Column, ...] = (
         "Index (over all prompts' generated tokens) of the first mismatch.",
         _field("doc.verification.first_mismatch"),
     ),
-    # ---- verdict statistics (issue 10): which check failed, and every check's worst ratio ----
+    # ---- verdict statistics: which check failed, and every check's worst ratio ----
     Column(
         "failed_checks",
         pa.list_(_STRING),
@@ -706,6 +706,29 @@ def matrix_row_group_rows(table: pa.Table) -> int:
         return 1
     row_bytes = max(table.nbytes // table.num_rows, 1)
     return max(64, min(table.num_rows, MATRIX_ROW_GROUP_BYTES // row_bytes))
+
+
+MATRIX_WRITE_OPTIONS: dict[str, Any] = {
+    "compression": "zstd",
+    "compression_level": 3,
+    "data_page_size": MATRIX_ROW_GROUP_BYTES,
+}
+"""How matrix files are encoded. Every row holds its whole run.py (~120 KB: the same harness
+text but for the config block), and snappy's 64 KB window never sees the previous row's copy:
+53-87 KB per row. zstd's window (2 MiB at level 3) with data pages as large as a row group sees
+the rows before it in the page, so a repeated run.py costs a few hundred bytes
+(benchmarks/matrix_size.py). zstd is one of Parquet's standard codecs: pandas, pyarrow, DuckDB
+and datasets.load_dataset read it."""
+
+
+def write_matrix(table: pa.Table, where: Any) -> None:
+    """Write a matrix table (a file path or a binary file object) as every matrix file is
+    written: row groups of about MATRIX_ROW_GROUP_BYTES, MATRIX_WRITE_OPTIONS."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(
+        table, where, row_group_size=matrix_row_group_rows(table), **MATRIX_WRITE_OPTIONS
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -932,7 +955,7 @@ Float32 runs are judged against the arithmetic their backend may use (`float32_p
 
 
 def task_verdicts_section() -> str:
-    """How the tasks beyond text generation are verified (issue 13), for the dataset card."""
+    """How the tasks beyond text generation are verified, for the dataset card."""
     methods = "\n".join(
         f"- `{task.value}`: {TASK_VERDICT_DESCRIPTIONS[method]}"
         for task, method in TASK_METHODS.items()

@@ -49,13 +49,10 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -63,12 +60,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
 from model_support.delivery import DeliveryError, deliver_to_folder, deliver_to_url
 from model_support.records import RESULT_MARKER, ResultDocument
 from model_support.stop_signals import on_stop_signals
-from model_support.vocabulary import ErrorClass, Result
+from model_support.vocabulary import Result
 
 if TYPE_CHECKING:
     from model_support.compile_cache import SigningKey, TransferReport
@@ -121,81 +116,39 @@ class Outcome:
 
 
 def run_script(script: str, cwd: Path, out: IO[bytes]) -> Outcome:
-    """Run ``python3 script`` in ``cwd``, copying its output to ``out``; pass SIGTERM on."""
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, script],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group: a stop reaches every worker
-    )
-    stopped = threading.Event()
-
-    def stop(signum: int, _frame: Any) -> None:
-        stopped.set()
-        _signal_group(proc.pid, signal.SIGTERM)
+    """Run ``python3 script`` in ``cwd`` (:func:`model_support.execution.run_python`, as the
+    CLI runs it), copying its output to ``out`` as it comes; SIGTERM is passed on."""
+    from model_support.execution import run_python
 
     tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
-    with on_stop_signals(stop):
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            out.write(line)
-            out.flush()
-            tail.append(line.decode("utf-8", errors="replace").rstrip("\n"))
-        try:
-            proc.wait(timeout=_STOP_GRACE_S if stopped.is_set() else None)
-        except subprocess.TimeoutExpired:
-            _signal_group(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return Outcome(proc.returncode, stopped.is_set(), list(tail), time.monotonic() - started)
 
+    def copy(line: bytes) -> None:
+        out.write(line)
+        out.flush()
+        tail.append(line.decode("utf-8", errors="replace").rstrip("\r\n"))
 
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):  # already gone
-        os.killpg(pid, sig)
-
-
-def _runner_document(
-    script_path: Path, result: Result, error_class: ErrorClass, error: str, seconds: float
-) -> ResultDocument:
-    """A document for a run.py that wrote none: identity from run.py's own config block."""
-    from model_support.records import failure_document
-    from model_support.script import read_config
-
-    config = read_config(script_path.read_text(encoding="utf-8"))
-    return failure_document(config, result, error_class=error_class, error=error, total_s=seconds)
+    ended = run_python(script, cwd, copy, pass_on_stop_signals=True, stop_grace_s=_STOP_GRACE_S)
+    returncode = ended.returncode if ended.returncode is not None else -signal.SIGKILL
+    return Outcome(returncode, ended.stopped, list(tail), ended.seconds)
 
 
 def document_for(outcome: Outcome, result_file: Path, script_path: Path) -> ResultDocument | None:
-    """The document to deliver for ``outcome``; None when nothing true can be said (see module)."""
-    tail = "\n".join(outcome.tail[-30:])
-    if result_file.is_file():
-        try:
-            return ResultDocument.model_validate_json(result_file.read_bytes())
-        except ValidationError as exc:
-            return _runner_document(
-                script_path,
-                Result.ERROR,
-                ErrorClass.RUNTIME,
-                f"run.py wrote a malformed result document ({exc.error_count()} error(s): "
-                f"{exc.errors()[0]['msg']}). Output tail:\n{tail}",
-                outcome.seconds,
-            )
-    if outcome.stopped or outcome.returncode == -signal.SIGKILL:
-        return None
-    if outcome.returncode < 0:
-        name = signal.Signals(-outcome.returncode).name
-        why = f"run.py died of signal {name} without a result document"
-    else:
-        why = f"run.py exited with status {outcome.returncode} without a result document"
-    return _runner_document(
-        script_path,
-        Result.ERROR,
-        ErrorClass.RUNTIME,
-        f"{why}. Output tail:\n{tail}",
-        outcome.seconds,
+    """The document to deliver for ``outcome``; None when nothing true can be said (see module):
+    :func:`model_support.runpath.document_for_end`, with the Job's outcome as the final word."""
+    from model_support.runpath import RunEnd, document_for_end, read_result
+    from model_support.script import read_config
+
+    found = read_result(result_file, None)  # the marked log line is the operator's to read
+    if isinstance(found, ResultDocument):
+        return found
+    end = RunEnd(
+        returncode=outcome.returncode,
+        seconds=outcome.seconds,
+        tail=outcome.tail,
+        stopped=outcome.stopped,
     )
+    config = read_config(script_path.read_text(encoding="utf-8"))  # identity from its config
+    return document_for_end(config, found, end, final_word=False)
 
 
 def compact_document(document: ResultDocument, limit: int = TERMINATION_MESSAGE_LIMIT) -> str:

@@ -45,6 +45,7 @@ import fcntl
 import gc
 import hashlib
 import io
+import itertools
 import json
 import os
 import re
@@ -79,10 +80,10 @@ from model_support.dataset import (
     has_versions,
     matrix_file_stem,
     matrix_key,
-    matrix_row_group_rows,
     recency,
     records_to_table,
     render_card,
+    write_matrix,
     writer_stack,
 )
 from model_support.ranking_snapshots import RankingSnapshot
@@ -585,11 +586,7 @@ class ResultsStore:
             metadata = {MATRIX_KEY_METADATA: _key_json(key).encode()}
             buffer = io.BytesIO()
             table = table.combine_chunks()
-            pq.write_table(
-                table.replace_schema_metadata(metadata),
-                buffer,
-                row_group_size=matrix_row_group_rows(table),
-            )
+            write_matrix(table.replace_schema_metadata(metadata), buffer)
             path = f"{data_dir}/{stems[key]}.parquet"
             self._write_if_changed(
                 path, buffer.getvalue(), exists=path.rsplit("/", 1)[-1] in on_disk
@@ -682,6 +679,18 @@ class ResultsStore:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return None
 
+    def _history_rows(self) -> int | None:
+        """Rows of the stored history from its footer alone; None when it is missing,
+        unreadable or of another format."""
+        try:
+            with self.fs.open(self._path(HISTORY_DIR, HISTORY_NAME), "rb") as handle:
+                metadata = pq.read_metadata(handle)
+        except (FileNotFoundError, OSError, pa.ArrowInvalid):
+            return None
+        if metadata.schema.to_arrow_schema().names != HISTORY_SCHEMA.names:
+            return None
+        return int(metadata.num_rows)
+
     def _write_history(
         self, incremental: bool, listed: set[str], gone: set[str], added: pa.Table, strict: bool
     ) -> None:
@@ -689,15 +698,15 @@ class ResultsStore:
         records, plus ``added`` (the rows of the records folded now); rebuilt from every record
         when there is no usable stored history. Byte for byte what a rebuild gives."""
         path = self._path(HISTORY_DIR, HISTORY_NAME)
-        base = self._history_table() if incremental else None
         added_ids = set(added.column("run_id").to_pylist())
+        if incremental and not gone and not added_ids and self._history_rows() == len(listed):
+            return  # nothing new, nothing gone: the file stays as it is
+        base = self._history_table() if incremental else None
         if base is None and incremental:
             # The matrix is current but its history is missing or outdated: read every record.
             rest = sorted(listed - added_ids)
             records = self._read_records(rest, strict) if rest else []
             base = records_to_table(records, [matrix_key(r) for r in records], HISTORY_SCHEMA)
-        elif base is not None and not gone and not added_ids and base.num_rows == len(listed):
-            return  # nothing new, nothing gone: the file stays as it is
         if base is None:
             table = _history_order(added)
         else:
@@ -705,7 +714,7 @@ class ResultsStore:
             if dropped:
                 drop = pa.array(sorted(dropped), pa.string())
                 base = base.filter(pc.invert(pc.is_in(base.column("run_id"), value_set=drop)))
-            table = _history_order(pa.concat_tables([base, added]))
+            table = _insert_rows(base, _history_order(added))
         if table.num_rows != len(listed):
             # Rows of records the index never held (a materialize that died after writing the
             # history) and that are gone since: keep exactly the listed records.
@@ -974,17 +983,24 @@ def _fold_records(
     records: Sequence[RunRecord],
 ) -> tuple[dict[MatrixKey, pa.Table], dict[str, str], pa.Table]:
     """Records grouped by matrix key into "latest row per (model, task)" tables, where each
-    record went (run id -> matrix key as JSON), and every record's history row."""
-    grouped: dict[MatrixKey, list[RunRecord]] = defaultdict(list)
+    record went (run id -> matrix key as JSON), and every record's history row.
+
+    Every record's matrix row is made once: the history is a few of its columns, and each
+    matrix file the latest rows of its key (no second pass over the records)."""
     keys = [matrix_key(record) for record in records]
-    for record, key in zip(records, keys, strict=True):
-        grouped[key].append(record)
-    placed: dict[str, str] = {}
-    for key, group in grouped.items():
-        text = _key_json(key)
-        placed.update((record.run_id, text) for record in group)
-    history = records_to_table(records, keys, HISTORY_SCHEMA)
-    return {key: _latest_table(group, key) for key, group in grouped.items()}, placed, history
+    table = records_to_table(records, keys)  # every record's row, in MATRIX_ORDER
+    order = sorted(
+        range(len(records)),
+        key=lambda i: (records[i].model_id, records[i].document.task, records[i].run_id),
+    )  # = the table's row order
+    rows_of: dict[MatrixKey, list[int]] = defaultdict(list)
+    for position, i in enumerate(order):
+        rows_of[keys[i]].append(position)
+    placed = {record.run_id: _key_json(key) for record, key in zip(records, keys, strict=True)}
+    tables = {
+        key: _latest_rows(table.take(pa.array(rows, pa.int64()))) for key, rows in rows_of.items()
+    }
+    return tables, placed, table.select(list(HISTORY_SCHEMA.names))
 
 
 class _FoldHelper:
@@ -1115,6 +1131,37 @@ def history_bytes(table: pa.Table) -> bytes:
     return buffer.getvalue()
 
 
+def _insert_rows(base: pa.Table, added: pa.Table) -> pa.Table:
+    """``added`` spliced into ``base`` (both in :func:`_history_order`): the same rows in the
+    same order as sorting the two together, without sorting what is already in order."""
+    if added.num_rows == 0:
+        return base
+    if added.num_rows > max(1000, base.num_rows // 10):
+        return _history_order(pa.concat_tables([base, added]))  # many: one sort is cheaper
+    order = list(
+        zip(
+            base.column("model_id").to_pylist(),
+            base.column("task").to_pylist(),
+            base.column("run_id").to_pylist(),
+            strict=True,
+        )
+    )
+    new = zip(
+        added.column("model_id").to_pylist(),
+        added.column("task").to_pylist(),
+        added.column("run_id").to_pylist(),
+        strict=True,
+    )
+    pieces, start = [], 0
+    for j, key in enumerate(new):
+        position = bisect.bisect_left(order, key)
+        pieces.append(base.slice(start, position - start))
+        pieces.append(added.slice(j, 1))
+        start = position
+    pieces.append(base.slice(start))
+    return pa.concat_tables(pieces)
+
+
 def _history_order(table: pa.Table) -> pa.Table:
     """History rows in the matrix's row order (model, task, run id): any fold gives the same
     bytes."""
@@ -1139,10 +1186,17 @@ def _combine(tables: Sequence[pa.Table]) -> pa.Table:
         return tables[0]
     if not tables:
         return MATRIX_SCHEMA.empty_table()
-    table = pa.concat_tables(tables)
+    return _latest_rows(pa.concat_tables(tables))
+
+
+def _latest_rows(table: pa.Table) -> pa.Table:
+    """Per (model, task) the latest row of ``table`` (see :func:`_recencies`), in the file's
+    row order, (model_id, task, run_id)."""
+    slots = _slots(table)
+    if len(set(slots)) == len(slots) and _in_file_order(table):
+        return table.combine_chunks()  # one row per slot, already in order: nothing to choose
     best: dict[tuple[str, str], int] = {}
     when = _recencies(table)
-    slots = _slots(table)
     for i, slot in enumerate(slots):
         j = best.get(slot)
         if j is None or when[i] > when[j]:
@@ -1150,6 +1204,19 @@ def _combine(tables: Sequence[pa.Table]) -> pa.Table:
     # The file's row order, (model_id, task, run_id); when[i][1] is the row's run id.
     order = sorted(best.values(), key=lambda i: (*slots[i], when[i][1]))
     return table.take(pa.array(order, pa.int64())).combine_chunks()
+
+
+def _in_file_order(table: pa.Table) -> bool:
+    """Whether the rows are in the file's order, (model_id, task, run_id)."""
+    keys = list(
+        zip(
+            table.column("model_id").to_pylist(),
+            table.column("task").to_pylist(),
+            table.column("run_id").to_pylist(),
+            strict=True,
+        )
+    )
+    return all(a <= b for a, b in itertools.pairwise(keys))
 
 
 def _merge(base: pa.Table, added: pa.Table) -> pa.Table:

@@ -127,7 +127,7 @@ class Task(StrEnum):
 
     TEXT_GENERATION = "text-generation"
     IMAGE_TEXT_TO_TEXT = "image-text-to-text"
-    # ---- tasks beyond text generation (issue 13); run.py has one section per task family
+    # ---- tasks beyond text generation; run.py has one section per task family
     FEATURE_EXTRACTION = "feature-extraction"
     SENTENCE_SIMILARITY = "sentence-similarity"
     TEXT2TEXT_GENERATION = "text2text-generation"
@@ -189,7 +189,7 @@ class VerdictCheck(StrEnum):
     Q90 = "q90"
     PEAK = "peak"
     KL = "kl"
-    # ---- checks of the tasks beyond text generation (issue 13)
+    # ---- checks of the tasks beyond text generation
     TOP1 = "top1"
     RANKING = "ranking"
     COSINE = "cosine"

@@ -45,6 +45,21 @@ CMS_URL = f"/api/v1/namespaces/{NS}/configmaps"
 EVENTS_URL = f"/api/v1/namespaces/{NS}/events"
 CLAIM_TEMPLATES_URL = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaimtemplates"
 MODEL = "Qwen/Qwen3-0.6B"
+_MODEL_COMMITS: list[str] = []
+
+
+def serve_model_commit(commit: str) -> None:
+    """Note the commit the stand-in Hub gives MODEL's main (the operator_hub fixture does)."""
+    _MODEL_COMMITS[:] = [commit]
+
+
+def model_commit() -> str:
+    """The commit the operator pins MODEL's revision to (what run.py then writes)."""
+    if not _MODEL_COMMITS:
+        raise RuntimeError("no stand-in Hub serves the operator tests' model (operator_hub)")
+    return _MODEL_COMMITS[0]
+
+
 """The model the operator tests name: served by the stand-in Hub (a tiny checkpoint)."""
 MERGE = {"Content-Type": "application/merge-patch+json"}
 _counter = itertools.count(1)

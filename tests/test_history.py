@@ -25,6 +25,8 @@ from model_support.history import (
     find_stack,
     model_history,
     read_history,
+    read_stack_runs,
+    read_stacks,
     regressions,
     render_markdown,
     stacks,
@@ -340,3 +342,40 @@ def test_the_history_file_holds_one_model_per_row_group_range(store: ResultsStor
     assert metadata.row_group(0).column(0).compression == "ZSTD"
     one = read_history(store, "org/m07")
     assert list(one.model_id) == ["org/m07"]
+
+
+def test_an_s3_store_keeps_its_history_and_compares_its_stacks(
+    s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The history lives beside the matrix on an object store too (moto's S3 server)."""
+    import uuid
+
+    import s3fs
+
+    for key, value in {
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    s3fs.S3FileSystem.clear_instance_cache()
+    bucket = f"history-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem().mkdir(bucket)
+    store = ResultsStore(f"s3://{bucket}/results")
+    store.add(on_compiler(make_record("org/a", finished=T0), CC_OLD))
+    store.materialize()
+    store.add(
+        on_compiler(make_record("org/a", Result.ERROR, finished=T0 + timedelta(days=1)), CC_NEW)
+    )
+    store.materialize()
+    assert store.history_path() == f"s3://{bucket}/results/history/runs.parquet"
+    known = read_stacks(store)
+    report = regressions(
+        read_stack_runs(store, [k.stack for k in known]),
+        known[0].stack,
+        known[1].stack,
+        Thresholds(),
+        DEFAULT_PRICES,
+    )
+    assert [(c.model, c.after) for c in report.regressions] == [("org/a", "ERROR/compile")]

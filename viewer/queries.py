@@ -498,7 +498,7 @@ def versions_of(frame: pd.DataFrame, model_id: str) -> list[tuple[str, str]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Task verdicts beyond text generation (issue 13): what the details panel shows of them
+# Task verdicts beyond text generation: what the details panel shows of them
 
 OUTPUT_LABELS: dict[str, str] = {
     "text-classification": "Predicted class per input",

@@ -253,7 +253,8 @@ def stopped_by_signals() -> Iterator[None]:
 def run_one(
     run: DemoRun, timeout: float, env: dict[str, str], cancel: threading.Event
 ) -> RunRecord:
-    """One demo test through run.py (``model-support run``'s machinery), named ``demo/<name>``."""
+    """One demo test through ``model-support run``'s machinery (sized, then run.py), named
+    ``demo/<name>``."""
     from model_support.config import RunConfig
     from model_support.execution import run_local
 
@@ -262,6 +263,12 @@ def run_one(
         task=run.model.task,
         compile_backend=run.compile_backend,
     )
+    planned = plan_cores(config, None, None, max_cores=16)
+    labels = {"demo": run.model.name}
+    if isinstance(planned, RunRecord):  # sizing refused it: recorded, not run
+        return planned.model_copy(
+            update={"model_id": run.model_id, "source": "demo", "labels": labels}
+        )
 
     def show(event: StageEvent) -> None:
         if event.status == "start":
@@ -275,11 +282,11 @@ def run_one(
 
     say(f"testing {run.label} ({run.shows})")
     record = run_local(
-        config,
+        planned,
         timeout_s=timeout,
         env=env,
         source="demo",
-        labels={"demo": run.model.name},
+        labels=labels,
         on_stage=show,
         cancel=cancel,
     )

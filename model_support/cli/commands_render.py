@@ -64,6 +64,7 @@ def render_test(
         check_store_allowed,
         children,
         claim_template,
+        pin,
         place,
     )
     from model_support.operator.spec import SpecError, parse_spec
@@ -103,6 +104,7 @@ def render_test(
         check_store_allowed(spec, settings)
         check_model_path(spec, settings)
         check_compile_cache(spec, settings, ns)
+        spec = pin(spec, settings, token=token)
         placement = place(spec, settings, token=token)
     except (SpecError, InvalidTest) as exc:
         return outcome(phase=Phase.INVALID, message=str(exc)), False

@@ -37,8 +37,9 @@ from model_support.operator.manifests import (
 from model_support.operator.resource import child_name, run_id_for
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import TestSpec
+from model_support.runpath import ModelNotOnHub, RevisionNotFound, pin_revision, prepare
 from model_support.script import render_script
-from model_support.sizing import Exclusion, MetadataError, ModelNotFound, size_run
+from model_support.sizing import Exclusion, MetadataError, ModelNotFound
 from model_support.vocabulary import ExclusionReason, Parallelism
 
 
@@ -205,6 +206,30 @@ def within(location: str, root: str) -> bool:
     return loc is not None and base is not None and loc[: len(base)] == base
 
 
+def pin(spec: TestSpec, settings: OperatorSettings, *, token: str | None) -> TestSpec:
+    """The spec with its Hub revision pinned to the commit it names now
+    (:func:`model_support.runpath.pin_revision`), so every run.py rendered from it (the Job's,
+    an exclusion's, one rendered again to record) names the weights that were tested.
+
+    A gated model the operator has no token for keeps its revision: sizing excludes it. Raises
+    InvalidTest (no such model or revision) or Transient (the Hub did not answer).
+    """
+
+    config = spec.run_config(spec.cores or 1, spec.parallelism or Parallelism.NONE)
+    try:
+        pinned = pin_revision(
+            config, token=token, endpoint=settings.hub_endpoint or os.environ.get("HF_ENDPOINT")
+        )
+    except (RevisionNotFound, ModelNotOnHub) as exc:
+        raise InvalidTest(str(exc)) from exc
+    except Exception as exc:
+        kind = classify_sizing_error(exc)
+        raise kind(f"pinning the revision of {spec.model} failed: {exc}") from exc
+    if pinned.config.revision == spec.revision:
+        return spec
+    return spec.model_copy(update={"revision": pinned.config.revision})
+
+
 def place(
     spec: TestSpec, settings: OperatorSettings, *, token: str | None
 ) -> Placement | Exclusion:
@@ -230,7 +255,8 @@ def place(
         )
     config = spec.run_config(spec.cores or 1, spec.parallelism or Parallelism.NONE)
     try:
-        plan = size_run(
+        # The CLI's path (runpath.prepare): the revision pinned (already, by pin), then sized.
+        prepared = prepare(
             config,
             profile=spec.profile,
             lnc=lnc,
@@ -239,9 +265,13 @@ def place(
             token=token,
             endpoint=settings.hub_endpoint or os.environ.get("HF_ENDPOINT"),
         )
+    except (RevisionNotFound, ModelNotOnHub) as exc:
+        raise InvalidTest(str(exc)) from exc
     except Exception as exc:
         kind = classify_sizing_error(exc)
         raise kind(f"sizing {spec.model} failed: {exc}") from exc
+    plan = prepared.exclusion or prepared.plan
+    assert plan is not None  # prepare gives one of the two
     if isinstance(plan, Exclusion):
         if (
             spec.hubTokenSecret is not None

@@ -61,6 +61,7 @@ from model_support.operator.planning import (
     check_store_allowed,
     children,
     claim_template,
+    pin,
     place,
     store_uri,
 )
@@ -279,6 +280,10 @@ class Reconciler:
             raise InvalidTest(f"Secret {name} has no key {spec.hubTokenSecret.key!r}")
         return value
 
+    def pin(self, spec: TestSpec, namespace: str) -> TestSpec:
+        """The spec at the commit its revision names now (see :func:`planning.pin`)."""
+        return pin(spec, self.settings, token=self.hub_token(spec, namespace))
+
     def place(self, spec: TestSpec, namespace: str) -> Placement | Exclusion:
         """Cores, host memory and storage of a test (see :func:`planning.place`), with the
         token of its hubTokenSecret when the operator may read it."""
@@ -352,6 +357,7 @@ class Reconciler:
             check_store_allowed(spec, self.settings)
             check_model_path(spec, self.settings)
             check_compile_cache(spec, self.settings, ref.namespace)
+            spec = self.pin(spec, ref.namespace)
             placement = self.place(spec, ref.namespace)
         except (SpecError, InvalidTest) as exc:
             self._invalid(body, ref, str(exc))
@@ -454,6 +460,7 @@ class Reconciler:
                 jobName=job_name,
                 runId=run_id_for(ref.uid, generation, attempt),
                 runScriptSha256=hashlib.sha256(run_py.encode()).hexdigest(),
+                revision=spec.revision,
                 conditions=kstatus_conditions(conditions, phase, generation),
             ),
         )
@@ -1124,8 +1131,11 @@ class Reconciler:
         self.event(test, "Warning", reason, f"{message}; retrying in {delay:g} s")
 
     def _run_py(self, ref: TestRef, test: dict[str, Any], spec: TestSpec | None) -> str:
-        """The run.py that ran: the ConfigMap's, byte for byte (else rendered again from the spec)."""
+        """The run.py that ran: the ConfigMap's, byte for byte (else rendered again from the spec
+        at the commit the status says it was pinned to)."""
         status = test.get("status") or {}
+        if spec is not None and status.get("revision"):
+            spec = spec.model_copy(update={"revision": status["revision"]})
         if spec is not None and status.get("cores") and status.get("runScriptSha256"):
             # Rendering is deterministic: when this operator renders the same bytes (their hash
             # is in the status), the ConfigMap need not be read.

@@ -143,6 +143,7 @@ class TestStatus(BaseModel):
     configMapName: str | None = None
     runId: str | None = None
     runScriptSha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    revision: str | None = Field(None, pattern=r"^[0-9a-f]{40}$")
     wallTimeSeconds: float | None = None
     compileSeconds: float | None = None
     decodeTokensPerSecond: float | None = None

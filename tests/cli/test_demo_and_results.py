@@ -397,3 +397,68 @@ def test_stopping_the_demo_while_it_builds_leaves_no_builder_and_no_half_model(
     for folder in models.glob("*/*"):
         if not folder.name.startswith("."):
             assert (folder / STAMP_FILE).is_file(), folder
+
+
+def _demo_row(results: Path, model_id: str, compile_backend: str) -> pd.Series:
+    frame = pd.read_parquet(results / "data")
+    rows = frame[(frame.model_id == model_id) & (frame.compile_backend == compile_backend)]
+    assert len(rows) == 1, rows[["run_id", "compile_backend"]]
+    return rows.iloc[0]
+
+
+@pytest.mark.parametrize(
+    ("compile_backend", "expected"), [("aot_eager", "PASS"), (NEWER_RELEASE, "FAIL")]
+)
+def test_reproduce_reruns_a_demo_row_and_agrees(
+    demo_results: tuple[Path, str, str], tmp_path: Path, compile_backend: str, expected: str
+) -> None:
+    """`reproduce RUN_ID --run` writes the row's exact run.py and the packages it needs, runs it
+    here and finds the same verdict and tokens: the demo's PASS, and its FAIL (the miscompiling
+    backend is a module:function the rerun imports as the run did)."""
+    results, _, _ = demo_results
+    row = _demo_row(results, "demo/tiny-llama", compile_backend)
+    assert row.result == expected
+    folder = tmp_path / "again"
+    done = subprocess.run(
+        [CLI, "reproduce", row.run_id, "--results", str(results), "-o", str(folder), "--run"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (folder / "run.py").read_text() == row.run_py  # byte for byte what ran
+    requirements = (folder / "requirements.txt").read_text().splitlines()
+    pinned = {line.split("==")[0].lower(): line for line in requirements if "==" in line}
+    stack = json.loads(row.stack)
+    assert pinned["transformers"] == f"transformers=={stack['transformers']}"
+    assert pinned["torch"] == f"torch=={stack['torch']}"
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in requirements
+    # Only what run.py needs: not the harness's own environment.
+    assert not {"kopf", "streamlit", "pytest", "pandas", "moto"} & set(pinned)
+    rerun = json.loads((folder / "result.json").read_text())
+    stored = json.loads(row.verification_json)
+    assert rerun["result"] == expected
+    assert rerun["verification"]["failed_checks"] == stored["failed_checks"]
+    tokens = [p["token"] for p in stored["positions"]]
+    assert [t for prompt in rerun["tokens"] for t in prompt] == tokens
+    assert "they agree" in done.stdout and "python:3.11-slim" in done.stdout
+
+
+def test_reproduce_asks_for_a_run_id_when_a_model_has_several_rows(
+    demo_results: tuple[Path, str, str], tmp_path: Path
+) -> None:
+    results, _, _ = demo_results
+    frame = pd.read_parquet(results / "data")
+    run_ids = frame[frame.model_id == "demo/tiny-llama"].run_id
+    done = subprocess.run(
+        [CLI, "reproduce", "demo/tiny-llama", "--results", str(results), "-o", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "name one by its run id" in done.stderr
+    assert all(run_id in " ".join(done.stderr.split()) for run_id in run_ids)
+    assert not (tmp_path / "run.py").exists()

@@ -8,7 +8,7 @@ from pathlib import Path
 import kmock
 import pytest
 from hubserver import HubServer, Repo
-from k8s_harness import MODEL, Emulator, Harness, declare_resources
+from k8s_harness import MODEL, Emulator, Harness, declare_resources, serve_model_commit
 
 from model_support.operator.settings import OperatorSettings
 
@@ -18,6 +18,7 @@ def operator_hub(tiny_llama_path: Path) -> Iterator[HubServer]:
     """The stand-in Hub the operator sizes from (even a test with spec.cores: its host memory
     and storage are sized from the model)."""
     with HubServer([Repo.from_dir(MODEL, tiny_llama_path)]) as hub:
+        serve_model_commit(hub.repos[MODEL].sha("main"))
         yield hub
 
 

@@ -9,12 +9,14 @@ from typing import Any
 import kubernetes_validate
 import torch
 import yaml
+from hubserver import HubServer
 from k8s_harness import CMS_URL, JOBS_URL, Harness
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from model_support.cli import app
 from model_support.operator.settings import settings_from_values
+from model_support.script import read_config
 
 TEST_UID = "3f1c9a2e-5b7d-4c1e-9a0f-2d6b8e4c7a11"
 
@@ -65,7 +67,9 @@ def strip_server_fields(obj: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in obj.items() if k not in ("metadata", "status")}, "metadata": meta}
 
 
-async def test_render_prints_what_the_operator_creates(harness: Harness, tmp_path: Path) -> None:
+async def test_render_prints_what_the_operator_creates(
+    harness: Harness, operator_hub: HubServer, tmp_path: Path
+) -> None:
     h = harness
     values = chart_values(
         h, runner={"schedulerName": "neuron-scheduler"}, settings={
@@ -93,6 +97,10 @@ async def test_render_prints_what_the_operator_creates(harness: Harness, tmp_pat
     rendered_cm, rendered_job = documents
     assert rendered_job == strip_server_fields(job)
     assert rendered_cm == strip_server_fields(configmaps[0])  # run.py byte for byte
+    # Both name the commit main has on the Hub, not a floating branch.
+    assert read_config(rendered_cm["data"]["run.py"]).revision == operator_hub.repos[
+        "Qwen/Qwen3-0.6B"
+    ].sha("main")
     kubernetes_validate.validate(rendered_job, "1.33", strict=True)
     pod = rendered_job["spec"]["template"]["spec"]
     assert pod["schedulerName"] == "neuron-scheduler"  # from the values: two cores
