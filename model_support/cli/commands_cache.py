@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from model_support.records import RunRecord
@@ -383,22 +384,50 @@ def before_run(
     pulled = pull_for_run(target, backend.value)
     if not quiet:
         console.print(
-            f"[{'yellow' if pulled.error else 'dim'}]compile cache: {pulled.summary()}[/]"
+            f"[{'yellow' if pulled.error else 'dim'}]compile cache: {escape(pulled.summary())}[/]"
         )
     return RunCache(target, backend.value, pulled)
 
 
+def with_pull(cache: RunCache | None, record: RunRecord) -> RunRecord:
+    """The record with the pull's figures beside its result, as it is stored (before the push)."""
+    if cache is None or record.document.result == Result.EXCLUDED:
+        return record  # nothing ran, nothing was pulled for it
+    from model_support.compile_cache import attach
+
+    return record.model_copy(update={"document": attach(record.document, cache.pulled, None)})
+
+
 def after_run(cache: RunCache | None, record: RunRecord) -> RunRecord:
-    """Push after run.py, whatever its outcome, and record both transfers beside the result."""
+    """Push after run.py, whatever its outcome, once its record is stored.
+
+    The push runs after the record is saved (as in a runner pod), so a stalled, failed or
+    stopped push never costs a finished test; the stored record (immutable) carries the pull's
+    figures, and the record returned here, which is printed, both transfers'. A stop signal
+    (SIGINT / SIGTERM) during the push gives the push up at once: :class:`PushStopped`.
+    """
     if cache is None or record.document.result == Result.EXCLUDED:
         return record  # nothing ran, nothing was compiled
     from model_support.compile_cache import attach, push_for_run
+    from model_support.stop_signals import on_stop_signals
 
-    pushed = push_for_run(cache.target, cache.backend)
+    def stop(signum: int, _frame: object) -> None:
+        raise PushStopped(signum)
+
+    with on_stop_signals(stop):
+        pushed = push_for_run(cache.target, cache.backend)
     style = "yellow" if pushed.error else "dim"
-    console.print(f"[{style}]compile cache: {pushed.summary()}[/]")
+    console.print(f"[{style}]compile cache: {escape(pushed.summary())}[/]")
     document = attach(record.document, cache.pulled, pushed)
     return record.model_copy(update={"document": document})
+
+
+class PushStopped(BaseException):
+    """SIGINT or SIGTERM arrived during the compile cache push after a run (its record stored)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def register(app: typer.Typer) -> None:

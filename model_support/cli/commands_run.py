@@ -558,13 +558,21 @@ def run(
             store, record = _test(
                 config, results, force, cores, instance, lnc, max_cores, timeout, as_json
             )
-            record = commands_cache.after_run(cache, record)
-            record = name_record(record)
+            record = name_record(commands_cache.with_pull(cache, record))
+            # Saved before the push: a stalled or stopped push never costs the result.
             stored = save_record(store, record, results)
     except Stopped as stop:
         console.print(
             f"[bold yellow]stopped ({stop}):[/] run.py and its workers were stopped; nothing "
             "was recorded"
+        )
+        raise typer.Exit(128 + stop.signum) from None
+    try:
+        record = commands_cache.after_run(cache, record)
+    except commands_cache.PushStopped as stop:
+        console.print(
+            f"[bold yellow]stopped ({signal.Signals(stop.signum).name}):[/] the compile cache "
+            f"push was given up; the result was {'recorded' if stored else 'kept'} before it"
         )
         raise typer.Exit(128 + stop.signum) from None
     if as_json:

@@ -173,7 +173,8 @@ def test_run_records_the_cache_beside_a_result_a_broken_cache_does_not_change(
     assert cache["pull"]["error"].startswith("target-unavailable") and cache["push"]["error"]
     (record,) = ResultsStore(results).records()
     assert record.document.compile_cache is not None
-    assert record.document.compile_cache.model_dump() == cache
+    # stored before the push (a push never costs the result): the pull beside the result
+    assert record.document.compile_cache.model_dump() == cache | {"push": None}
     row = pd.read_parquet(results / "data").iloc[0]
     assert row.result == "PASS"
     assert row.compile_cache_error.startswith("pull: target-unavailable")
@@ -222,3 +223,98 @@ def test_a_second_machine_pulls_the_first_ones_inductor_cache_and_compiles_from_
     assert row.compile_cache_hits > 0 and row.compile_cache_misses == 0
     assert bool(row.compile_cache_hit)
     assert row.compile_cache_prefix == PREFIX and row.compile_cache_target == str(target)
+
+
+class UploadStaller:
+    """A TCP proxy in front of an S3 server that forwards every request but holds each upload
+    (PUT) forever, unanswered: a store that stalls while a push writes."""
+
+    def __init__(self, upstream: str) -> None:
+        import socket
+        import threading
+
+        host, _, port = upstream.removeprefix("http://").partition(":")
+        self.upstream = (host, int(port))
+        self.put_seen = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: object) -> None:
+        import socket
+        import threading
+
+        assert isinstance(client, socket.socket)
+        upstream = socket.create_connection(self.upstream)
+
+        def answer() -> None:
+            while data := upstream.recv(65536):
+                client.sendall(data)
+
+        threading.Thread(target=answer, daemon=True).start()
+        while data := client.recv(65536):
+            if data.startswith(b"PUT "):
+                self.put_seen.set()
+                return  # held: never forwarded, never answered
+            upstream.sendall(data)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.slow
+def test_a_run_whose_push_stalls_and_is_stopped_keeps_its_recorded_result(
+    tiny_llama_path: Path, tmp_path: Path, s3_endpoint: str
+) -> None:
+    """The record is saved before the push: stopping a stalled push (SIGTERM) loses nothing."""
+    import signal
+
+    import boto3
+
+    credentials = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    env = {**credentials, "AWS_DEFAULT_REGION": "us-east-1"}
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1", **{
+        k.lower(): v for k, v in credentials.items()
+    }).create_bucket(Bucket="stalls-on-upload")  # fmt: skip
+    inductor_files(tmp_path / "inductor")  # entries the push will upload
+    staller = UploadStaller(s3_endpoint)
+    env |= {"AWS_ENDPOINT_URL": staller.url, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    results = tmp_path / "results"
+    args = ["run", str(tiny_llama_path), "--cores", "1", "--compile-backend", "aot_eager"]
+    args += ["--dtype", "float32", "--results", str(results)]
+    args += ["--compile-cache", "s3://stalls-on-upload/cache"]
+    try:
+        process = subprocess.Popen(
+            [CLI, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **env},
+        )
+        try:
+            assert staller.put_seen.wait(600), "the push never started"
+            process.send_signal(signal.SIGTERM)
+            stdout, stderr = process.communicate(timeout=120)
+        finally:
+            process.kill()
+    finally:
+        staller.close()
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    message = " ".join((stdout + stderr).split())
+    assert "push was given up; the result was recorded before it" in message
+    (record,) = ResultsStore(results).records()
+    assert record.document.result == "PASS"
+    assert record.document.compile_cache is not None
+    assert record.document.compile_cache.pull is not None
+    assert record.document.compile_cache.pull.error is None
+    assert pd.read_parquet(results / "data").iloc[0].result == "PASS"
