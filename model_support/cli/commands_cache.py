@@ -96,7 +96,7 @@ DeadlineOpt = Annotated[
 
 
 def _fail(message: str, code: int) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {message}")
+    console.print(f"[bold red]error:[/] {escape(message)}")
     return typer.Exit(code)
 
 
@@ -132,9 +132,11 @@ def _transfer(
     keep_going: bool,
     deadline: float | None,
     trust: Trust = Trust(),
+    max_bytes: int | None = None,
 ) -> None:
     from model_support.compile_cache import (
         CompileCacheError,
+        LocalCacheError,
         TargetUnavailable,
         check_target,
         exit_now_if_left_behind,
@@ -151,7 +153,9 @@ def _transfer(
         # A pod's init step: whatever goes wrong (the store, the URI, a disabled or mismatched
         # compiler cache) is the report's error, and the test runs without the cache.
         if direction == "pull":
-            report = pull_for_run(target, backend.value, deadline_s=deadline, policy=policy)
+            report = pull_for_run(
+                target, backend.value, deadline_s=deadline, policy=policy, max_bytes=max_bytes
+            )
         else:
             report = push_for_run(
                 target, backend.value, deadline_s=deadline, signing_key=signing_key
@@ -163,13 +167,13 @@ def _transfer(
 
             def run() -> TransferReport:
                 if direction == "pull":
-                    return pull(target, compiler=compiler, policy=policy)
+                    return pull(target, compiler=compiler, policy=policy, max_bytes=max_bytes)
                 return push(target, compiler=compiler, signing_key=signing_key)
 
             report = (
                 run() if deadline is None else guarded(run, direction, target, compiler, deadline)  # type: ignore[arg-type]
             )
-        except TargetUnavailable as exc:
+        except (TargetUnavailable, LocalCacheError) as exc:
             raise _fail(str(exc), 1) from exc
         except CompileCacheError as exc:
             raise _fail(str(exc), 2) from exc
@@ -179,9 +183,9 @@ def _transfer(
         print(report.model_dump_json())
     else:
         style = "red" if report.error else "green"
-        console.print(f"[{style}]{report.summary()}[/]")
+        console.print(f"[{style}]{escape(report.summary())}[/]")
         for skipped in report.skipped[:20]:
-            console.print(f"  [yellow]skipped[/] {skipped.path}: {skipped.reason}")
+            console.print(f"  [yellow]skipped[/] {escape(skipped.path)}: {escape(skipped.reason)}")
         if len(report.skipped) > 20:
             console.print(f"  … and {len(report.skipped) - 20} more (--json lists them all)")
     code = 1 if report.error and not keep_going else 0
@@ -200,6 +204,15 @@ def pull_command(
     deadline: DeadlineOpt = None,
     trusted_key: TrustedKeyOpt = None,
     trust_unsigned: TrustUnsignedOpt = False,
+    max_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--max-bytes",
+            min=0,
+            help="Add at most this many bytes to the local cache (its volume's limit); the "
+            "disk's free space less 1 GiB of headroom bounds every pull anyway.",
+        ),
+    ] = None,
 ) -> None:
     """Fetch the installed compiler's entries the local cache lacks (each one verified).
 
@@ -208,7 +221,7 @@ def pull_command(
     --trust-unsigned.
     """
     trust = Trust(tuple(trusted_key or ()), trust_unsigned)
-    _transfer("pull", target, backend, as_json, report, keep_going, deadline, trust)
+    _transfer("pull", target, backend, as_json, report, keep_going, deadline, trust, max_bytes)
 
 
 @cache_app.command("push")
@@ -276,12 +289,12 @@ def ls_command(
     if as_json:
         print(json.dumps([listing.model_dump() for listing in listings]))
         return
-    table = Table(title=f"compile cache — {target}")
+    table = Table(title=escape(f"compile cache — {target}"))
     for column in ("prefix", "entries", "size", "versions", "unverified", "truncated", "other"):
         table.add_column(column, justify="left" if column == "prefix" else "right")
     for listing in listings:
         table.add_row(
-            listing.prefix + (" [green](installed)[/]" if listing.installed else ""),
+            escape(listing.prefix) + (" [green](installed)[/]" if listing.installed else ""),
             str(listing.entries),
             f"{listing.bytes / 2**20:.1f} MiB",
             str(listing.versions),
@@ -341,7 +354,7 @@ def prune_command(
         f"{verb} {len(report.removed)} objects from {report.target}/{report.prefix}; kept {report.kept}"
     )
     for removed in report.removed[:50]:
-        console.print(f"  {removed.path}: {removed.reason}")
+        console.print(f"  {escape(removed.path)}: {escape(removed.reason)}")
 
 
 # ---- around `model-support run --compile-cache URI` ---------------------------------------

@@ -29,6 +29,7 @@ from model_support.compile_cache.errors import (
     CacheDisabled,
     CompileCacheError,
     CompilerMismatch,
+    LocalCacheError,
     TargetUnavailable,
 )
 from model_support.compile_cache.target import ResolvedTarget, open_target, redact
@@ -77,9 +78,11 @@ def pull_for_run(
     storage_options: dict[str, Any] | None = None,
     deadline_s: float | None = RUN_TRANSFER_DEADLINE_S,
     policy: TrustPolicy | None = None,
+    max_bytes: int | None = None,
 ) -> TransferReport:
     """Pull before a test: never raises for a cache failure (it is the report's ``error``).
-    ``policy``: what the pull trusts (default: the environment's trusted keys, see :mod:`.trust`)."""
+    ``policy``: what the pull trusts (default: the environment's trusted keys, see :mod:`.trust`);
+    ``max_bytes``: the most it may add (a volume's limit), besides the disk's free space."""
     compiler = _compiler_or_none(backend)
 
     def run() -> TransferReport:
@@ -88,6 +91,7 @@ def pull_for_run(
             compiler=compiler or installed_compiler_cache(backend),
             storage_options=storage_options,
             policy=policy,
+            max_bytes=max_bytes,
         )
 
     return guarded(run, "pull", target, compiler, deadline_s)
@@ -149,6 +153,7 @@ __all__ = [
     "CompileCacheError",
     "CompilerCache",
     "CompilerMismatch",
+    "LocalCacheError",
     "PrefixListing",
     "PruneReport",
     "SigningKey",

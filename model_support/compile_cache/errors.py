@@ -31,3 +31,10 @@ class TargetUnavailable(CompileCacheError, OSError):
     """The target could not be read or written (unreachable, refused, missing bucket)."""
 
     label = "target-unavailable"
+
+
+class LocalCacheError(CompileCacheError):
+    """This machine's side of a transfer failed (a full disk, a quota, a file size limit,
+    permissions): the local disk is at fault, not the target."""
+
+    label = "local-disk"

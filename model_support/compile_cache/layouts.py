@@ -190,7 +190,7 @@ def needs(kind: CacheKind, root: Path, path: str) -> bool:
     """Whether a pull should fetch ``path``: absent locally (or, for NEFF, a zero-size miss)."""
     try:
         size = (root / path).stat().st_size
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # a file in its way: the fetch says so
         return True
     return kind == "neff" and size == 0
 

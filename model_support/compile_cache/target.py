@@ -23,6 +23,7 @@ They can be pulled, but carry no hash to verify, so they are counted as unverifi
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -32,14 +33,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, BinaryIO, ClassVar
 
 from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from model_support.compile_cache.compilers import PREFIX_PATTERN, CompilerCache
-from model_support.compile_cache.errors import BadCacheTarget, TargetUnavailable
+from model_support.compile_cache.errors import BadCacheTarget, LocalCacheError, TargetUnavailable
 
 _VERIFIED_NAME = re.compile(r"^(?P<path>.+)@(?P<sha256>[0-9a-f]{64})-(?P<size>[0-9]{1,15})$")
 _BUCKET = re.compile(r"^hf://buckets/(?P<id>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:/(?P<path>.*))?$")
@@ -167,13 +168,10 @@ class Target:
     def download(self, prefix: str, name: str, destination: Path) -> None:
         """Copy one object to ``destination`` (a new local file)."""
         try:
-            with (
-                self.fs.open(self._full(prefix, name), "rb", **self.read_options) as source,
-                destination.open("wb") as out,
-            ):
-                shutil.copyfileobj(source, out, _COPY_CHUNK)
-        except FileNotFoundError:
-            raise  # removed since it was listed: the caller tries another version
+            with self.fs.open(self._full(prefix, name), "rb", **self.read_options) as source:
+                copy_to_local(source, destination)
+        except (FileNotFoundError, LocalCacheError):
+            raise  # removed since it was listed (the caller tries another version); our disk
         except Exception as exc:
             if not is_store_error(exc):
                 raise
@@ -251,9 +249,7 @@ class LocalTarget(Target):
                     continue  # a FIFO or device is never an object
                 objects.append(
                     StoredObject(
-                        path.relative_to(base).as_posix(),
-                        info.st_size,
-                        datetime.fromtimestamp(info.st_mtime, tz=UTC),
+                        path.relative_to(base).as_posix(), info.st_size, moment(info.st_mtime)
                     )
                 )
         return sorted(objects, key=lambda o: o.name)
@@ -269,8 +265,12 @@ class LocalTarget(Target):
         with os.fdopen(fd, "rb") as handle:
             if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
                 raise TargetUnavailable(f"{source} in {self.uri} is not a regular file")
-            with destination.open("wb") as out:
-                shutil.copyfileobj(handle, out, _COPY_CHUNK)
+            try:
+                copy_to_local(handle, destination)
+            except LocalCacheError:
+                raise
+            except OSError as exc:
+                raise unavailable(self.uri, "read", exc) from exc
 
     def upload(self, prefix: str, items: list[tuple[Path, str]]) -> None:
         try:
@@ -385,8 +385,53 @@ def _modified(info: dict[str, Any]) -> datetime | None:
         if isinstance(value, datetime):
             return value if value.tzinfo else value.replace(tzinfo=UTC)
         if isinstance(value, int | float):
-            return datetime.fromtimestamp(value, tz=UTC)
+            return moment(value)
     return None
+
+
+def moment(timestamp: float) -> datetime | None:
+    """A stored object's modification time; None (unknown) when it is no date at all (a
+    file system that keeps 64-bit times holds mtimes past year 9999, or NaN from a store)."""
+    try:
+        return datetime.fromtimestamp(timestamp, tz=UTC)
+    except (OverflowError, ValueError, OSError):
+        return None
+
+
+_DISK_FULL = {
+    errno.ENOSPC: "the local disk is full",
+    errno.EDQUOT: "the local disk quota is used up",
+    errno.EFBIG: "the file is over this process's file size limit",
+}
+
+
+def local_failure(path: Path, action: str, exc: OSError) -> LocalCacheError:
+    """The error for this machine's side of a transfer: what failed on which local path."""
+    why = _DISK_FULL.get(exc.errno or 0) or f"{type(exc).__name__}: {exc.strerror or exc}"
+    return LocalCacheError(
+        f"could not {action} {path} in the local compile cache: {why} (this machine's disk is "
+        "at fault, not the target)"
+    )
+
+
+def copy_to_local(source: BinaryIO, destination: Path) -> None:
+    """Copy ``source`` into the new local file ``destination``: a failure to write it is a
+    :class:`LocalCacheError`; what reading ``source`` raises is left to the caller."""
+    try:
+        out = destination.open("wb", buffering=0)  # unbuffered: nothing left to fail at close
+    except OSError as exc:
+        raise local_failure(destination, "create", exc) from exc
+    with out:
+        while chunk := source.read(_COPY_CHUNK):
+            view = memoryview(chunk)
+            while view:
+                try:
+                    written = out.write(view)
+                except OSError as exc:
+                    raise local_failure(destination, "write", exc) from exc
+                if not written:  # a regular file takes at least one byte or raises
+                    raise local_failure(destination, "write", OSError(errno.EIO, "nothing written"))
+                view = view[written:]
 
 
 @dataclass(frozen=True)

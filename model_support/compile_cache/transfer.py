@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 import threading
 import time
 import weakref
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,13 +21,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from model_support.compile_cache import layouts
 from model_support.compile_cache.compilers import CompilerCache, installed_compiler_cache
-from model_support.compile_cache.errors import CompileCacheError, TargetUnavailable
+from model_support.compile_cache.errors import (
+    CompileCacheError,
+    LocalCacheError,
+    TargetUnavailable,
+)
 from model_support.compile_cache.target import (
     LocalTarget,
     RemoteEntry,
     ResolvedTarget,
     StoredObject,
     is_store_error,
+    local_failure,
     object_name,
     open_target,
     parse_object,
@@ -45,6 +51,8 @@ TRANSFER_THREADS = 8
 """Objects moved at once (each is one request; object stores answer them in parallel)."""
 UPLOAD_BATCH = 256
 """Objects per upload call (one batch call per chunk on buckets)."""
+PULL_HEADROOM_BYTES = 1 << 30
+"""Free space a pull leaves on the local disk (the compiler writes there too)."""
 ORPHAN_GRACE = timedelta(hours=1)
 """prune leaves objects younger than this alone: they may belong to a push in progress."""
 _HASH_CHUNK = 1 << 20
@@ -189,8 +197,14 @@ def pull(
     storage_options: dict[str, Any] | None = None,
     threads: int = TRANSFER_THREADS,
     policy: TrustPolicy | None = None,
+    max_bytes: int | None = None,
 ) -> TransferReport:
     """Fetch the target's entries for the installed compiler that the local cache lacks.
+
+    A pull adds at most its byte budget to the local disk: the disk's free space less
+    :data:`PULL_HEADROOM_BYTES` (the compiler needs room too), and at most ``max_bytes`` (a
+    volume's limit less what it holds); entries past it are skipped (``local disk: over the
+    pull's byte budget``), smallest paths first as listed.
 
     Only entries the trust ``policy`` accepts are considered (see :mod:`.trust`; default: the
     trusted keys of the environment): with trusted keys, those a manifest signed by one of
@@ -226,7 +240,13 @@ def pull(
             wanted.append((path, versions))
         else:
             report.present += 1
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise local_failure(root, "create", exc) from exc
+    names = set(grouped)
+    wanted, over = _within_budget(wanted, _budget(root, max_bytes))
+    report.skipped.extend(over)
 
     def fetch(
         item: tuple[str, list[RemoteEntry]],
@@ -234,7 +254,7 @@ def pull(
         _path, versions = item
         problems: list[SkippedEntry] = []
         for entry in versions:
-            problem, placed = _fetch_one(session, entry)
+            problem, placed = _fetch_one(session, entry, names)
             if problem is None:
                 return entry, placed, problems
             problems.append(SkippedEntry(path=entry.object.name, reason=problem))
@@ -242,8 +262,20 @@ def pull(
 
     pool = ThreadPoolExecutor(max_workers=max(1, threads))
     try:
-        for future in [pool.submit(fetch, item) for item in wanted]:
-            fetched, placed, problems = future.result()
+        futures = [pool.submit(fetch, item) for item in wanted]
+        for future in futures:
+            try:
+                fetched, placed, problems = future.result()
+            except CancelledError:
+                continue
+            except (TargetUnavailable, LocalCacheError) as exc:
+                # Entries placed so far are whole, stay and are counted; the rest is not
+                # attempted.
+                if report.error is None:
+                    report.error = f"{exc.label}: {exc}"
+                    for pending in futures:
+                        pending.cancel()
+                continue
             report.skipped.extend(problems)
             if fetched is not None and placed:
                 report.entries += 1
@@ -251,13 +283,45 @@ def pull(
                 report.unverified += not fetched.verified
             elif fetched is not None:
                 report.present += 1  # the compiler wrote it meanwhile; its own copy is kept
-    except TargetUnavailable as exc:
-        # Entries placed so far are whole and stay; the rest is not attempted.
-        report.error = f"{exc.label}: {exc}"
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     report.seconds = time.monotonic() - session.started
     return report
+
+
+def _budget(root: Path, max_bytes: int | None) -> int:
+    """How many bytes a pull into ``root`` may add: free space less the headroom, and at
+    most ``max_bytes``."""
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError as exc:
+        raise local_failure(root, "measure the free space of", exc) from exc
+    budget = max(0, free - PULL_HEADROOM_BYTES)
+    return budget if max_bytes is None else min(budget, max(0, max_bytes))
+
+
+def _within_budget(
+    wanted: list[tuple[str, list[RemoteEntry]]], budget: int
+) -> tuple[list[tuple[str, list[RemoteEntry]]], list[SkippedEntry]]:
+    """The entries whose largest version fits in ``budget`` together, and the others
+    (skipped: the local disk's limit, not the target's fault)."""
+    kept: list[tuple[str, list[RemoteEntry]]] = []
+    over: list[SkippedEntry] = []
+    used = 0
+    for path, versions in wanted:
+        size = max(e.size for e in versions)
+        if used + size > budget:
+            over.append(
+                SkippedEntry(
+                    path=versions[0].object.name,
+                    reason=f"local disk: over the pull's byte budget ({budget} bytes: free "
+                    "space less headroom, or the volume's limit)",
+                )
+            )
+            continue
+        used += size
+        kept.append((path, versions))
+    return kept, over
 
 
 class _Accepted(set[str]):
@@ -298,26 +362,40 @@ def _accepted_names(
 
 def _read_small(session: _Session, obj: StoredObject) -> bytes | None:
     """One manifest's bytes (None when it vanished since it was listed)."""
-    temp = layouts.temp_file(session.compiler.local_dir, "signatures.json")
-    session.compiler.local_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        temp = layouts.temp_file(session.compiler.local_dir, "signatures.json")
+    except OSError as exc:
+        raise local_failure(session.compiler.local_dir, "create", exc) from exc
     try:
         session.target.target.download(session.target.prefix, obj.name, temp)
         return temp.read_bytes()[: MANIFEST_LIMIT_BYTES + 1]
     except FileNotFoundError:
         return None
+    except CompileCacheError:
+        raise
+    except OSError as exc:
+        raise local_failure(temp, "read", exc) from exc
     finally:
         temp.unlink(missing_ok=True)
 
 
-def _fetch_one(session: _Session, entry: RemoteEntry) -> tuple[str | None, bool]:
+def _fetch_one(session: _Session, entry: RemoteEntry, names: set[str]) -> tuple[str | None, bool]:
     """Download, verify and place one entry: (why it was not taken or None, whether it was
-    placed: False when a compiler wrote the same entry meanwhile)."""
+    placed: False when a compiler wrote the same entry meanwhile). ``names``: every entry path
+    the target holds (to tell whose fault a path collision is). Raises
+    :class:`LocalCacheError` when the local disk fails (full, quota, permissions) and
+    :class:`TargetUnavailable` when the target does."""
     kind, root = session.compiler.kind, session.compiler.local_dir
     if entry.size == 0:
         return "empty object (never an entry)", False
     if entry.truncated:
         return f"truncated: {entry.object.size} bytes stored, {entry.size} declared", False
-    temp = layouts.temp_file(root, entry.path)
+    try:
+        temp = layouts.temp_file(root, entry.path)
+    except (NotADirectoryError, FileExistsError):
+        return _collision(root, entry.path, names), False
+    except OSError as exc:
+        raise local_failure(root / entry.path, "create a folder for", exc) from exc
     try:
         try:
             session.target.target.download(session.target.prefix, entry.object.name, temp)
@@ -332,9 +410,32 @@ def _fetch_one(session: _Session, entry: RemoteEntry) -> tuple[str | None, bool]
             problem = layouts.elf_problem(temp, size)
             if problem:
                 return problem, False
+        if (root / entry.path).is_dir():
+            return _collision(root, entry.path, names), False
         return None, layouts.place(kind, root, entry.path, temp)
+    except CompileCacheError:
+        raise
+    except OSError as exc:
+        raise local_failure(root / entry.path, "place", exc) from exc
     finally:
         temp.unlink(missing_ok=True)
+
+
+def _collision(root: Path, path: str, names: set[str]) -> str:
+    """Why ``path`` cannot be placed where a file stands in for one of its folders (or a
+    folder for it): the target's fault when it names both, else the local cache's."""
+    parts = path.split("/")
+    folders = {"/".join(parts[:i]) for i in range(1, len(parts))}
+    clash = sorted(folders & names) or sorted(n for n in names if n.startswith(path + "/"))[:1]
+    if clash:
+        return (
+            f"target: it names both {clash[0]!r} and {path!r}, a file and a folder of the same "
+            "name; only one can be placed"
+        )
+    return (
+        f"local disk: a file or folder of the local cache at {root} stands where {path!r} "
+        "needs the other (remove it)"
+    )
 
 
 def push(
@@ -605,10 +706,12 @@ def guarded(
     result = outcome[0]
     if isinstance(result, TransferReport):
         return result
-    if not (isinstance(result, CompileCacheError) or is_store_error(result)):
-        raise result
-    label = getattr(result, "label", None) or "target-unavailable"
-    return failed(f"{label}: {result}")
+    if isinstance(result, CompileCacheError) or is_store_error(result):
+        label = getattr(result, "label", None) or "target-unavailable"
+        return failed(f"{label}: {result}")
+    if isinstance(result, Exception):  # a fault of ours: reported, never the test's outcome
+        return failed(f"unexpected: {type(result).__name__}: {result}")
+    raise result  # KeyboardInterrupt, SystemExit and the like stop the caller
 
 
 _TRANSFER_THREADS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()

@@ -385,6 +385,96 @@ def test_prune_never_lets_a_newer_corrupt_version_cost_a_valid_one(
     assert pulled.entries == 1 and (tmp_path / "fresh" / key).read_bytes() == good
 
 
+def test_a_full_local_disk_is_the_pulls_error_and_blames_the_disk(
+    inductor_dir: Path, tmp_path: Path
+) -> None:
+    """A write that the local disk refuses (here: over the process's file size limit, which
+    fails a write the way a full disk does) ends the pull with an error that names this
+    machine's disk, not the target; what was placed is whole."""
+    import resource
+    import signal
+
+    target = str(tmp_path / "target")
+    push(target, compiler=inductor_cache(inductor_dir))
+    fresh = tmp_path / "fresh"
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1000, limits[1]))
+    try:
+        report = pull(target, compiler=inductor_cache(fresh), policy=WRITERS_TRUSTED, threads=1)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, previous)
+    assert report.error is not None and report.error.startswith("local-disk: "), report.error
+    assert "file size limit" in report.error and "not the target" in report.error
+    original = entries_of(inductor_dir)
+    placed = entries_of(fresh)
+    assert report.entries == len(placed) < len(INDUCTOR_ENTRIES)
+    assert all(original[path] == data for path, data in placed.items())
+    assert not [p for p in fresh.rglob("*") if p.name.startswith(".")]  # no temporary left
+
+
+def test_a_name_that_is_both_a_file_and_a_folder_is_skipped_and_says_whose_fault(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "target" / PREFIX
+    for path, data in {"fxgraph/zz/fzz/x": b"a file", "fxgraph/zz/fzz/x/y": b"under it"}.items():
+        write(target, f"{path}@{hashlib.sha256(data).hexdigest()}-{len(data)}", data)
+    fresh = tmp_path / "fresh"
+    write(fresh, "aotautograd/in/the/way", b"a local file")  # where the target has a folder
+    data = b"an entry under a local file"
+    write(target, f"aotautograd/in/the/way/z@{hashlib.sha256(data).hexdigest()}-{len(data)}", data)
+    report = pull(str(tmp_path / "target"), compiler=inductor_cache(fresh), policy=WRITERS_TRUSTED)
+    assert report.error is None and report.entries == 1
+    assert (fresh / "fxgraph/zz/fzz/x").read_bytes() == b"a file"
+    reasons = {s.path.partition("@")[0]: s.reason for s in report.skipped}
+    assert reasons["fxgraph/zz/fzz/x/y"].startswith("target: it names both 'fxgraph/zz/fzz/x'")
+    assert reasons["aotautograd/in/the/way/z"].startswith("local disk: ")
+    assert set(reasons) == {"fxgraph/zz/fzz/x/y", "aotautograd/in/the/way/z"}
+
+
+def test_an_object_time_that_is_no_date_is_an_unknown_time(inductor_dir: Path) -> None:
+    """A file system that keeps 64-bit times (tmpfs) holds an mtime past year 9999: listing,
+    pulling and pruning the target still work, the object's time being unknown."""
+    import shutil
+    import tempfile
+
+    shm = Path("/dev/shm")
+    assert shm.is_dir(), "this test needs a tmpfs at /dev/shm (64-bit file times)"
+    root = Path(tempfile.mkdtemp(dir=shm))
+    try:
+        target = str(root / "target")
+        push(target, compiler=inductor_cache(inductor_dir))
+        far = next((root / "target" / PREFIX).rglob("*.py@*"))
+        os.utime(far, (1e13, 1e13))
+        assert far.stat().st_mtime == 1e13  # year 318857: no datetime
+        assert list_target(target, compiler=inductor_cache(inductor_dir))[0].entries == 5
+        fresh = root / "fresh"
+        pulled = pull(target, compiler=inductor_cache(fresh), policy=WRITERS_TRUSTED)
+        assert (pulled.error, pulled.entries) == (None, 5)
+        pruned = prune(target, compiler=inductor_cache(fresh), verify=True)
+        assert (pruned.removed, pruned.kept) == ([], 5)
+    finally:
+        shutil.rmtree(root)
+
+
+def test_a_pull_adds_no_more_than_its_byte_budget(neff_dir: Path, tmp_path: Path) -> None:
+    """Entries past the budget (a volume's limit) are skipped as the local disk's limit; what
+    fits is placed whole; with no limit given, the disk's free space bounds the pull."""
+    target = str(tmp_path / "target")
+    push(target, compiler=neff_cache(neff_dir))  # two entries: 4096 and 10,000 bytes
+    fresh = tmp_path / "fresh"
+    report = pull(target, compiler=neff_cache(fresh), max_bytes=5000)
+    assert (report.error, report.entries, report.bytes) == (None, 1, 4096)
+    (over,) = report.skipped
+    assert over.path.startswith("b7/01/b701") and over.reason.startswith(
+        "local disk: over the pull's byte budget (5000 bytes"
+    )
+    assert sum(p.stat().st_size for p in fresh.rglob("*") if p.is_file()) == 4096
+    rest = pull(target, compiler=neff_cache(fresh))
+    assert (rest.error, rest.entries, rest.present, rest.skipped) == (None, 1, 1, [])
+
+
 def test_a_missing_bucket_is_an_error_but_a_missing_folder_is_an_empty_cache(
     s3_target: str, inductor_dir: Path, tmp_path: Path
 ) -> None:
