@@ -374,3 +374,24 @@ async def test_an_operator_never_sizes_its_own_files(h: Harness) -> None:
     status = await h.wait_status("peek", lambda s: s.get("phase") == "Invalid", "Invalid")
     assert "not on a model volume" in status["message"]
     assert records(h) == []
+
+
+def test_a_delivery_larger_than_any_document_is_refused_unread(tmp_path: Path) -> None:
+    """A pod that fills its slot (1.5 GB, sparse here) costs the operator no memory: the size
+    is checked before anything is read, on every retry."""
+    import tracemalloc
+
+    area = DeliveryArea(str(tmp_path / "store"))
+    slot = "run-1." + "a" * 32
+    folder = Path(area.prepare(slot))
+    with (folder / "result.json").open("wb") as huge:
+        huge.truncate(1536 * 2**20)
+    tracemalloc.start()
+    try:
+        for _ in range(3):
+            with pytest.raises(ValueError, match="holds 1610612736 bytes, more than any result"):
+                area.get(slot)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, f"{peak} bytes allocated to refuse it"
