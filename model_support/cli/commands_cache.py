@@ -351,7 +351,10 @@ def prune_command(
         return
     verb = "would remove" if dry_run else "removed"
     console.print(
-        f"{verb} {len(report.removed)} objects from {report.target}/{report.prefix}; kept {report.kept}"
+        escape(
+            f"{verb} {len(report.removed)} objects from {report.target}/{report.prefix}; "
+            f"kept {report.kept}"
+        )
     )
     for removed in report.removed[:50]:
         console.print(f"  {escape(removed.path)}: {escape(removed.reason)}")

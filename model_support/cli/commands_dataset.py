@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 console = Console(stderr=True)
 
@@ -40,17 +41,20 @@ def publish_command(
             results, repo, endpoint=endpoint, token=os.environ.get("HF_TOKEN"), message=message
         )
     except PublishError as exc:
-        console.print(f"[bold red]error:[/] {exc}")
+        console.print(f"[bold red]error:[/] {escape(str(exc))}")
         raise typer.Exit(2) from exc
     except HfHubHTTPError as exc:
-        console.print(f"[bold red]error:[/] the Hub refused the publish to {repo}: {exc}")
+        console.print(
+            f"[bold red]error:[/] {escape(f'the Hub refused the publish to {repo}: {exc}')}"
+        )
         raise typer.Exit(1) from exc
     except Exception as exc:
         if not is_unreachable(exc):
             raise
         where = endpoint or "https://huggingface.co"
         console.print(
-            f"[bold red]error:[/] could not reach the Hub at {where} to publish {repo}: {exc}"
+            "[bold red]error:[/] "
+            + escape(f"could not reach the Hub at {where} to publish {repo}: {exc}")
         )
         raise typer.Exit(1) from exc
     if as_json:
@@ -58,11 +62,15 @@ def publish_command(
         return
     if report.commit is None:
         console.print(
-            f"{report.repo_id} already holds this dataset (head {report.head[:12]}): nothing to commit"
+            escape(f"{report.repo_id} already holds this dataset (head {report.head[:12]})")
+            + ": nothing to commit"
         )
     else:
         console.print(
-            f"published {len(report.files)} files to {report.repo_id} in commit {report.commit[:12]}"
+            escape(
+                f"published {len(report.files)} files to {report.repo_id} in commit "
+                f"{report.commit[:12]}"
+            )
             + (f", removed {len(report.deleted)} stale" if report.deleted else "")
             + (
                 f" ({report.attempts - 1} concurrent commit(s) retried)"

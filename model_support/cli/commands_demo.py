@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from model_support.checkpoints import TASK_MODELS
 from model_support.cli.commands_run import plan_cores, print_record, results
@@ -164,7 +165,7 @@ def demo(
 
 def say(text: str) -> None:
     """One progress line on stderr."""
-    progress.print(f"[bold]demo:[/] {text}", highlight=False)
+    progress.print(f"[bold]demo:[/] {escape(text)}", highlight=False)
 
 
 def build_checkpoints(dest: Path, workers: int) -> tuple[dict[str, DemoModel], Path]:
@@ -272,13 +273,13 @@ def run_one(
 
     def show(event: StageEvent) -> None:
         if event.status == "start":
-            progress.print(f"  {run.label}: {event.stage} …", highlight=False)
+            progress.print(f"  {escape(run.label)}: {event.stage} …", highlight=False)
         elif event.status == "done":
             progress.print(
                 f"  {run.label}: {event.stage} done in {event.seconds or 0:.1f} s", highlight=False
             )
         else:
-            progress.print(f"  {run.label}: {event.stage} failed", highlight=False)
+            progress.print(f"  {escape(run.label)}: {event.stage} failed", highlight=False)
 
     say(f"testing {run.label} ({run.shows})")
     record = run_local(

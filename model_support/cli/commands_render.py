@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 
 console = Console(stderr=True)
 
@@ -19,7 +20,7 @@ EXIT_NO_JOB = 3  # the test would end without a Job (Invalid, EXCLUDED, ERROR/lo
 
 
 def _fail(message: str) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {message}")
+    console.print(f"[bold red]error:[/] {escape(message)}")
     return typer.Exit(2)
 
 

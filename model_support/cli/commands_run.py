@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from model_support.cli import commands_cache
@@ -214,7 +215,7 @@ def unreachable_hub(model: str, exc: BaseException) -> typer.Exit:
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print a clear error and return the exit to raise."""
-    console.print(f"[bold red]error:[/] {message}")
+    console.print(f"[bold red]error:[/] {escape(message)}")
     return typer.Exit(code)
 
 
@@ -309,7 +310,7 @@ class StageProgress:
         elif event.status == "done":
             console.print(f"[green]✓ {event.stage}[/] [dim]{event.seconds:.2f} s[/]")
         else:
-            console.print(f"[red]✗ {event.stage}[/] [dim]{event.detail}[/]")
+            console.print(f"[red]✗ {event.stage}[/] [dim]{escape(str(event.detail))}[/]")
 
 
 RESULT_STYLE = {
@@ -357,9 +358,8 @@ def print_record(record: RunRecord) -> None:
     head = f"[{style}]{doc.result.value}[/]"
     if doc.error_class:
         head += f" ({doc.error_class.value})"
-    out.print(
-        f"{head}  {record.model_id}  [dim]{doc.task} · {doc.backend} · {doc.compile_backend} · {doc.cores} core(s)[/]"
-    )
+    setup = escape(f"{doc.task} · {doc.backend} · {doc.compile_backend} · {doc.cores} core(s)")
+    out.print(f"{head}  {escape(record.model_id)}  [dim]{setup}[/]")
     t, m, v = doc.timings, doc.memory, doc.verification
     if t.wall_time_s is not None:
         out.print(
@@ -376,11 +376,11 @@ def print_record(record: RunRecord) -> None:
             f"bad={v.bad_tokens} error ratio={v.error_ratio:.2f}"
         )
     if v.reason:
-        out.print(f"  [red]{v.reason}[/]")
+        out.print(f"  [red]{escape(v.reason)}[/]")
     if doc.error:
-        out.print(f"  [yellow]{doc.error.splitlines()[0][:400]}[/]")
+        out.print(f"  [yellow]{escape(doc.error.splitlines()[0][:400])}[/]")
     for text in doc.text[:3]:
-        out.print(f"  [dim]»[/] {text[:120]!r}")
+        out.print(f"  [dim]»[/] {escape(repr(text[:120]))}")
 
 
 class Stopped(BaseException):
@@ -451,17 +451,23 @@ def save_record(store: ResultsStore, record: RunRecord, results: str) -> bool:
     except Exception as exc:  # whatever the store's failure, the result is kept and said where
         kept = keep_unsaved(record)
         console.print(
-            f"[bold red]error:[/] could not record the result in {results} ({exc}). The record "
-            f"is kept in {kept}: copy it to {results}/records/ when the store is back; the next "
-            "run there adds it to the matrix"
+            "[bold red]error:[/] "
+            + escape(
+                f"could not record the result in {results} ({exc}). The record is kept in "
+                f"{kept}: copy it to {results}/records/ when the store is back; the next run "
+                "there adds it to the matrix"
+            )
         )
         return False
     try:
         store.materialize()
     except Exception as exc:  # the record is stored: the next materialize folds it in
         console.print(
-            f"[bold yellow]warning:[/] recorded {record.run_id} in {results}, but the matrix "
-            f"could not be updated ({exc}); the next run with --results {results} updates it"
+            "[bold yellow]warning:[/] "
+            + escape(
+                f"recorded {record.run_id} in {results}, but the matrix could not be updated "
+                f"({exc}); the next run with --results {results} updates it"
+            )
         )
     return True
 
@@ -580,7 +586,7 @@ def run(
     else:
         print_record(record)
         if stored:
-            console.print(f"[dim]recorded {record.run_id} in {results}[/]")
+            console.print(f"[dim]recorded {escape(record.run_id)} in {escape(results)}[/]")
     if not stored:
         raise typer.Exit(1)
     if record.exclusion_reason is not None:
@@ -763,7 +769,7 @@ def results(
     if as_json:
         print(frame.to_json(orient="records", date_format="iso"))
         return
-    table = Table(title=f"model-support results ({len(frame)} rows) — {location}")
+    table = Table(title=escape(f"model-support results ({len(frame)} rows) — {location}"))
     for column in (
         "model",
         "task",
@@ -780,16 +786,18 @@ def results(
     for row in frame.itertuples(index=False):
         style = RESULT_STYLE.get(Result(row.result), "")
         result_text = f"[{style}]{row.result}[/]" + (
-            f" [dim]{row.error_class}[/]" if isinstance(row.error_class, str) else ""
+            f" [dim]{escape(row.error_class)}[/]" if isinstance(row.error_class, str) else ""
         )
         table.add_row(
-            row.model_id,
-            row.task,
+            escape(row.model_id),
+            escape(row.task),
             result_text,
             _fmt(row.neuron_cores, "{:.0f}"),
-            _text(row.parallelism),
-            " ".join(_text(v) for v in (row.compiler, row.compiler_version) if not _missing(v)),
-            _text(row.library_version),
+            escape(_text(row.parallelism)),
+            escape(
+                " ".join(_text(v) for v in (row.compiler, row.compiler_version) if not _missing(v))
+            ),
+            escape(_text(row.library_version)),
             _fmt(row.wall_time_s, "{:.2f}"),
             _fmt(row.decode_tokens_per_s, "{:.0f}"),
             _fmt(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, get_args
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from model_support.config import Dtype
@@ -48,18 +49,18 @@ def _breakdown(mem: MemoryBreakdown, title: str) -> Table:
 
 def _print_plan(out: Console, plan: Plan) -> None:
     out.print(
-        f"[bold green]{plan.model}[/]: {plan.cores} core(s) of {plan.profile}, "
+        f"[bold green]{escape(plan.model)}[/]: {plan.cores} core(s) of {plan.profile}, "
         f"parallelism [bold]{plan.parallelism.value}[/], {plan.parameters:,} parameters in "
         f"{plan.dtype}, batch {plan.batch} x {plan.max_length} tokens"
     )
     out.print(_breakdown(plan.memory, f"memory per core at degree {plan.degree}"))
     for note in plan.notes:
-        out.print(f"[yellow]note:[/] {note}")
+        out.print(f"[yellow]note:[/] {escape(note)}")
 
 
 def _print_exclusion(out: Console, exclusion: Exclusion) -> None:
-    out.print(f"[bold yellow]{exclusion.model}: excluded ({exclusion.reason.value})[/]")
-    out.print(exclusion.message)
+    out.print(f"[bold yellow]{escape(exclusion.model)}: excluded ({exclusion.reason.value})[/]")
+    out.print(escape(exclusion.message))
     if exclusion.closest is not None:
         out.print(_breakdown(exclusion.closest, f"closest: degree {exclusion.closest.degree}"))
 
@@ -114,12 +115,12 @@ def register(app: typer.Typer) -> None:
                 trust_remote_code=trust_remote_code,
             )
         except ValueError as e:  # bad arguments, unknown model/revision, unreadable checkpoint
-            err.print(f"[bold red]error:[/] {e}")
+            err.print(f"[bold red]error:[/] {escape(str(e))}")
             raise typer.Exit(EXIT_BAD_INPUT) from e
         except Exception as e:
             if not is_unreachable(e):
                 raise
-            err.print(f"[bold red]error:[/] {unreachable_message(model, e)}")
+            err.print(f"[bold red]error:[/] {escape(unreachable_message(model, e))}")
             raise typer.Exit(EXIT_BAD_INPUT) from e
         if as_json:
             typer.echo(json.dumps(result.model_dump(mode="json")))

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from model_support.cli.commands_run import console, fail
 from model_support.vocabulary import Task
@@ -109,7 +110,7 @@ def sweep(
         sys.stdout.write(text)
     else:
         output.write_text(text)
-        console.print(f"wrote {len(manifests)} tests of sweep {name!r} to {output}")
+        console.print(escape(f"wrote {len(manifests)} tests of sweep {name!r} to {output}"))
 
 
 def print_estimate(

@@ -84,3 +84,31 @@ def test_results_of_an_unknown_location_is_a_clear_error() -> None:
     result = runner.invoke(app, ["results", "--results", "nosuch://x"])
     assert result.exit_code == 2
     assert "Protocol not known: nosuch" in " ".join(result.output.split())
+
+
+def test_markup_in_results_is_printed_as_data(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Text a model generated (`[/INST]`) and versions a record holds (`[/x]`) are data: the
+    run's summary and the results table print them as they are, never as Rich markup."""
+    from model_support.cli.commands_run import print_record
+    from model_support.records import Stack
+
+    document = ResultDocument(
+        model="org/[bold]model",
+        task="text-generation",
+        result=Result.PASS,
+        compile_backend="[red]neuron",
+        stack=Stack(torch="2.13.0", transformers="4.57.0[/x]"),
+        text=["[INST] say hi [/INST] hi"],
+    )
+    record = record_from_document(document, "# run.py\n")
+    print_record(record)
+    printed = capsys.readouterr().out
+    assert "[INST] say hi [/INST] hi" in printed and "org/[bold]model" in printed
+    assert "[red]neuron" in printed
+    location = str(tmp_path / "results")
+    ResultsStore(location).add_and_materialize(record)
+    result = runner.invoke(app, ["results", "--results", location])
+    assert result.exit_code == 0, result.output
+    assert "4.57.0[/x]" in result.output and "org/[bold]model" in result.output
