@@ -156,6 +156,10 @@ class VerificationConfig(BaseModel):
     )
 
 
+COMPILE_BACKEND_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_]*)?$"
+"""A torch.compile backend name, or module:function naming one (the CRDs use the same)."""
+
+
 class RunConfig(BaseModel):
     """Everything run.py needs. JSON-encoded into its config block; nothing else varies."""
 

@@ -9,6 +9,7 @@ prefix is accepted when it is the installed compiler's, and refused otherwise.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -148,6 +149,10 @@ def _transfer(
         push_for_run,
     )
 
+    if deadline is not None and not math.isfinite(deadline):
+        raise _fail(f"--deadline {deadline:g}: give a finite number of seconds (or none)", 2)
+    if report_file is not None and (report_file.is_dir() or not report_file.name):
+        raise _fail(f"--report {report_file}: that is a folder; give a file to write", 2)
     policy, signing_key = _trust_objects(trust)
     if keep_going:
         # A pod's init step: whatever goes wrong (the store, the URI, a disabled or mismatched
@@ -332,7 +337,7 @@ def prune_command(
         prune,
     )
 
-    if older_than is not None and older_than <= 0:
+    if older_than is not None and not (math.isfinite(older_than) and older_than > 0):
         raise _fail(f"--older-than {older_than:g}: give a positive number of days", 2)
     try:
         report = prune(

@@ -4,6 +4,7 @@ of them successive releases of a faulty compiler (a regression and a fix between
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import threading
@@ -82,6 +83,12 @@ def plan_runs(models: dict[str, DemoModel], main: str, second: str | None) -> li
     return runs
 
 
+def _refuse(message: str) -> typer.Exit:
+    """Say what was wrong with the command line (nothing has run) and exit 2."""
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}")
+    return typer.Exit(2)
+
+
 def demo(
     location: Annotated[str, typer.Option("--results", help="Results store location.")] = "results",
     models_dir: Annotated[
@@ -117,6 +124,10 @@ def demo(
     from model_support.checkpoints import default_cache_dir
     from model_support.store import ResultsStore
 
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise _refuse(f"--timeout {timeout:g}: give a positive number of seconds")
+    if "://" not in location and Path(location).exists() and not Path(location).is_dir():
+        raise _refuse(f"--results {location}: that is a file; give a folder (or a store URI)")
     started = time.monotonic()
     store = ResultsStore(location)
     dest = models_dir or default_cache_dir()

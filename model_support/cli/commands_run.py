@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -22,7 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from model_support.cli import commands_cache
-from model_support.config import RunConfig
+from model_support.config import COMPILE_BACKEND_PATTERN, RunConfig
 from model_support.execution import StageEvent
 from model_support.models import BadModelReference, resolve_model
 from model_support.records import RunRecord, excluded_record
@@ -242,6 +243,11 @@ def build_config(
         module, _, function = compile_backend.partition(":")
         if not module or not function:
             raise fail(f"--compile-backend {compile_backend!r}: expected module:function")
+    if compile_backend is not None and not re.fullmatch(COMPILE_BACKEND_PATTERN, compile_backend):
+        raise fail(
+            f"--compile-backend {compile_backend!r}: expected a backend name or module:function "
+            "(letters, digits, '_' and '.'; what a ModelSupportTest accepts)"
+        )
     if judge_model is not None and not (judge_model / "config.json").is_file():
         raise fail(
             f"--judge-model {str(judge_model)!r} is not a checkpoint directory (no config.json)"
@@ -753,8 +759,7 @@ def results(
         raise fail(str(exc)) from exc
     if not files:
         raise fail(
-            f"no results at {location!r}: run `model-support run MODEL --results {location}` first",
-            1,
+            f"no results at {location!r}: first run `model-support run MODEL --results {location}`"
         )
     frame = store.matrix(columns=RESULT_COLUMNS)
     if model:

@@ -464,6 +464,11 @@ def open_target(
     text = os.fspath(uri).strip()
     if not text:
         raise BadCacheTarget("the compile cache target is empty: give a path or a URI")
+    scheme, separator, rest = text.partition("://")
+    if separator and not rest.strip("/"):
+        raise BadCacheTarget(
+            f"{scheme}:// names no bucket: give {scheme}://bucket/prefix (or a local path)"
+        )
     root_uri = text.rstrip("/") or text
     last = root_uri.rsplit("/", 1)[-1]
     if PREFIX_PATTERN.fullmatch(last):

@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from model_support.config import RunConfig, VerificationConfig
+from model_support.config import COMPILE_BACKEND_PATTERN, RunConfig, VerificationConfig
 from model_support.vocabulary import Backend, Float32Precision, Parallelism, Task
 
 ProfileName = Literal["trn2", "trn1", "inf2", "cpu"]
@@ -69,7 +69,6 @@ COMPILE_CACHE_FORMS = (
 _RESULTS_SEGMENT = r"[A-Za-z0-9_~@+=,%-][A-Za-z0-9._~@+=,%-]*"
 RESULTS_PATTERN = rf"^([a-z][a-z0-9+.-]*://|/){_RESULTS_SEGMENT}(/{_RESULTS_SEGMENT})*/?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-COMPILE_BACKEND_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_]*)?$"
 
 
 class SpecError(ValueError):

@@ -134,12 +134,6 @@ def test_script_sizes_the_model_and_says_when_it_would_not_run(tmp_path: Path) -
     assert "would not be run (no-safetensors)" in text
 
 
-def test_results_on_an_empty_location_says_what_to_do(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["results", "--results", str(tmp_path / "nothing")])
-    assert result.exit_code == 1
-    assert "model-support run MODEL" in " ".join(result.output.split())
-
-
 def test_a_corrupt_checkpoint_is_refused_before_anything_runs(tmp_path: Path) -> None:
     checkpoint = tmp_path / "corrupt"
     checkpoint.mkdir()
@@ -335,3 +329,36 @@ def test_given_cores_a_local_diffusers_pipeline_is_not_excluded() -> None:
     (pipeline,) = build_demo_models(default_cache_dir(), ["tiny-stable-diffusion"])
     config = RunConfig(model=str(pipeline.require_path()), task=Task.TEXT_TO_IMAGE, cores=1)
     assert given_cores_exclusion(config, None, None) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["cache", "prune", "{tmp}/cache", "--older-than", "nan"], "--older-than nan: give a"),
+        (["cache", "pull", "{tmp}/cache", "--deadline", "inf"], "--deadline inf: give a finite"),
+        (["cache", "push", "{tmp}/cache", "--report", "/"], "--report /: that is a folder"),
+        (["cache", "pull", "s3://"], "s3:// names no bucket"),
+        (["cache", "pull", "{tmp}/a-file"], "is a file, not a folder"),
+        (["demo", "--timeout", "-1"], "--timeout -1: give a positive number of seconds"),
+        (["demo", "--timeout", "nan"], "--timeout nan: give a positive number of seconds"),
+        (["demo", "--results", "{tmp}/a-file"], "that is a file; give a folder"),
+        (
+            ["run", "org/name", "--compile-backend", "a b:c", "--results", "{tmp}/results"],
+            "expected a backend name or module:function",
+        ),
+        (["results", "--results", "{tmp}/results"], "first run `model-support run MODEL"),
+    ],
+)
+def test_each_bad_input_is_one_clear_line_and_exit_2(
+    args: list[str], message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nonsense the commands once took (or crashed on): a message that says what to give, exit
+    2, and nothing run or written."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing may reach a Hub
+    (tmp_path / "a-file").write_text("a plain file")
+    result = runner.invoke(app, [a.replace("{tmp}", str(tmp_path)) for a in args])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, (output, result.exception)
+    assert message in output
+    assert "Traceback" not in output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing written
