@@ -1,7 +1,7 @@
 """The runner container's entry point: ``python3 run.py`` unchanged, then the result made durable.
 
     python3 -m model_support.runner_pod --run-id RUN_ID [--deliver-to STORE_URI]
-        [--result-file result.json] [--termination-log /dev/termination-log]
+        [--timeout SECONDS] [--result-file result.json] [--termination-log /dev/termination-log]
         [--compile-cache TARGET] [--pull-report FILE --pull-source URI]
         [--cache-backend auto|neuron|cuda|cpu] [--cache-deadline SECONDS]
 
@@ -11,7 +11,9 @@ can become a command). In order:
 1. read the init step's compile cache pull report (``model-support cache pull --report``), before
    run.py can touch the working directory;
 2. run ``python3 run.py`` in the working directory, its output passed through to the container
-   log as it comes;
+   log as it comes, for at most ``--timeout`` seconds counted from the moment run.py starts
+   (the test's ``timeoutSeconds``: time the pod spent waiting for a node, pulling its image or
+   in init steps is never the model's); past it the runner stops run.py and says TIMEOUT;
 3. deliver the result document (with the pull's figures) to the results store's delivery area
    under the run id (:mod:`model_support.delivery`), retried with backoff, so the result
    outlives the pod, and write a compact copy as the termination message;
@@ -19,7 +21,8 @@ can become a command). In order:
    deliver again, the same document with both transfers' figures beside the result (the
    delivery area keeps the last delivery of a run), and rewrite the termination message;
 5. print the document as the log's last line (the operator's last fallback) and exit with
-   run.py's own status.
+   run.py's own status (124 after a timeout; 143, the status the runner Job's pod failure
+   policy ignores, only when the pod itself was asked to stop).
 
 Delivering before the push means a push that hangs, fails, or is cut short by the Job's
 deadline or a disruption can neither lose the result nor delay it: the worst it costs is the
@@ -44,6 +47,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import glob
 import json
 import os
 import signal
@@ -78,6 +82,12 @@ STOPPED_DELIVERY_DEADLINE_S = 10.0
 """Delivery retries after a stop signal: the kubelet's grace period is short, and the result
 was delivered once already."""
 _STOP_GRACE_S = 20.0
+TIMEOUT_EXIT = 124
+"""The runner's status when run.py ran past the test's timeout (as coreutils ``timeout``)."""
+STOPPED_EXIT = 143
+"""128 + SIGTERM: the runner's status when its pod was asked to stop, and only then. The
+runner Job's pod failure policy ignores it (a Kueue preemption or a deleted pod is not the
+run's outcome), so a run.py that exits 143 by itself is reported as 1."""
 
 RUNNER_MESSAGE_PREFIX = "model-support runner:"
 """How the runner's own termination message starts when run.py left no document."""
@@ -112,10 +122,12 @@ class Outcome:
     stopped: bool  # the runner was asked to stop (SIGTERM / SIGINT) and passed it on
     tail: list[str]
     seconds: float
+    timed_out: bool = False  # run.py ran past the timeout and the runner stopped it
 
 
-def run_script(script: str, cwd: Path, out: IO[bytes]) -> Outcome:
-    """Run ``python3 script`` in ``cwd``, copying its output to ``out``; pass SIGTERM on."""
+def run_script(script: str, cwd: Path, out: IO[bytes], timeout_s: float | None = None) -> Outcome:
+    """Run ``python3 script`` in ``cwd``, copying its output to ``out``; pass SIGTERM on, and
+    stop it (SIGTERM, SIGKILL after a grace period) once it ran ``timeout_s`` seconds."""
     started = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, script],
@@ -126,23 +138,50 @@ def run_script(script: str, cwd: Path, out: IO[bytes]) -> Outcome:
     )
     stopped = threading.Event()
 
+    timed_out = threading.Event()
+
     def stop(signum: int, _frame: Any) -> None:
         stopped.set()
         _signal_group(proc.pid, signal.SIGTERM)
 
+    def expire() -> None:
+        if proc.poll() is None:
+            timed_out.set()
+            _signal_group(proc.pid, signal.SIGTERM)
+            # A run.py that ignores SIGTERM (or whose workers hold its output open) is killed
+            # after the grace period, as the kubelet would.
+            killer = threading.Timer(_STOP_GRACE_S, _signal_group, (proc.pid, signal.SIGKILL))
+            killer.daemon = True
+            killer.start()
+
+    timer = threading.Timer(timeout_s, expire) if timeout_s is not None else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
     tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
-    with on_stop_signals(stop):
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            out.write(line)
-            out.flush()
-            tail.append(line.decode("utf-8", errors="replace").rstrip("\n"))
-        try:
-            proc.wait(timeout=_STOP_GRACE_S if stopped.is_set() else None)
-        except subprocess.TimeoutExpired:
-            _signal_group(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return Outcome(proc.returncode, stopped.is_set(), list(tail), time.monotonic() - started)
+    try:
+        with on_stop_signals(stop):
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                out.write(line)
+                out.flush()
+                tail.append(line.decode("utf-8", errors="replace").rstrip("\n"))
+            try:
+                waiting = stopped.is_set() or timed_out.is_set()
+                proc.wait(timeout=_STOP_GRACE_S if waiting else None)
+            except subprocess.TimeoutExpired:
+                _signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+    finally:
+        if timer is not None:
+            timer.cancel()
+    return Outcome(
+        proc.returncode,
+        stopped.is_set(),
+        list(tail),
+        time.monotonic() - started,
+        timed_out=timed_out.is_set() and not stopped.is_set(),
+    )
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -151,7 +190,7 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 def _runner_document(
-    script_path: Path, result: Result, error_class: ErrorClass, error: str, seconds: float
+    script_path: Path, result: Result, error_class: ErrorClass | None, error: str, seconds: float
 ) -> ResultDocument:
     """A document for a run.py that wrote none: identity from run.py's own config block."""
     from model_support.records import failure_document
@@ -161,7 +200,9 @@ def _runner_document(
     return failure_document(config, result, error_class=error_class, error=error, total_s=seconds)
 
 
-def document_for(outcome: Outcome, result_file: Path, script_path: Path) -> ResultDocument | None:
+def document_for(
+    outcome: Outcome, result_file: Path, script_path: Path, timeout_s: float | None = None
+) -> ResultDocument | None:
     """The document to deliver for ``outcome``; None when nothing true can be said (see module)."""
     tail = "\n".join(outcome.tail[-30:])
     if result_file.is_file():
@@ -176,6 +217,15 @@ def document_for(outcome: Outcome, result_file: Path, script_path: Path) -> Resu
                 f"{exc.errors()[0]['msg']}). Output tail:\n{tail}",
                 outcome.seconds,
             )
+    if outcome.timed_out:
+        return _runner_document(
+            script_path,
+            Result.TIMEOUT,
+            None,
+            f"run.py ran past the test's timeout of {timeout_s or outcome.seconds:g} s (counted "
+            f"from the moment run.py started) and was stopped. Output tail:\n{tail}",
+            outcome.seconds,
+        )
     if outcome.stopped or outcome.returncode == -signal.SIGKILL:
         return None
     if outcome.returncode < 0:
@@ -344,6 +394,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--deliver-to", help="Results store URI whose deliveries/ gets the document."
     )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        help="Seconds run.py may run, counted from its start (the test's timeoutSeconds).",
+    )
+    parser.add_argument(
+        "--neuron-devices",
+        metavar="PATTERN",
+        help="Neuron device files the run needs (e.g. /dev/neuron*), checked before anything.",
+    )
     parser.add_argument("--script", default="run.py")
     parser.add_argument("--result-file", default="result.json", help="run.py's result_path.")
     parser.add_argument("--termination-log", default=TERMINATION_LOG)
@@ -375,6 +435,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     area = DeliveryArea(args.deliver_to) if args.deliver_to else None  # validates the URI first
     if area is not None:
         area.path(args.run_id)  # and the run id, before anything runs
+    if args.neuron_devices:
+        problem = device_problem(args.neuron_devices)
+        if problem is not None:
+            return _refuse(area, args, problem)
     # Read before run.py runs: what the init step wrote, not what run.py may leave in /work.
     pulled = load_pull_report(args.pull_report, args.pull_source) if args.pull_report else None
     if pulled is not None:
@@ -382,10 +446,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     cwd = Path.cwd()
     script_path = cwd / args.script
-    outcome = run_script(args.script, cwd, sys.stdout.buffer)
+    outcome = run_script(args.script, cwd, sys.stdout.buffer, timeout_s=args.timeout)
     sys.stdout.flush()
-    exit_code = outcome.returncode if outcome.returncode >= 0 else 128 - outcome.returncode
-    document = document_for(outcome, cwd / args.result_file, script_path)
+    exit_code = _exit_status(outcome)
+    document = document_for(outcome, cwd / args.result_file, script_path, args.timeout)
 
     if document is None:
         message = STOPPED_MESSAGE if outcome.stopped else KILLED_MESSAGE
@@ -425,6 +489,68 @@ def main(argv: Sequence[str] | None = None) -> int:
     if exit_code == 0 and document.result not in (Result.PASS, Result.FAIL):
         exit_code = 1
     return exit_code
+
+
+NODE_NAME_ENV = "NODE_NAME"
+"""The node the pod runs on (the Job sets it from the downward API's spec.nodeName)."""
+
+
+def device_problem(pattern: str) -> str | None:
+    """Why this pod cannot use its Neuron devices (``pattern``, e.g. ``/dev/neuron*``), or None.
+
+    Checked before anything else runs: a node whose devices the pod's user cannot open would
+    otherwise surface as the model's runtime error, deep inside the first compile.
+    """
+    node = os.environ.get(NODE_NAME_ENV) or "(unknown node)"
+    devices = sorted(glob.glob(pattern))
+    if not devices:
+        return (
+            f"no Neuron device matching {pattern} is visible in the pod on node {node}: the "
+            "device plugin or DRA driver did not give the pod its devices (check the node's "
+            "Neuron driver and the pod's aws.amazon.com/neuroncore request or resource claim)"
+        )
+    refused = []
+    for device in devices:
+        try:
+            os.close(os.open(device, os.O_RDWR))
+        except PermissionError:
+            refused.append(device)
+        except OSError:
+            continue  # busy or not a device this user may probe: the runtime says more
+    if not refused:
+        return None
+    stat = os.stat(refused[0])
+    return (
+        f"the Neuron devices {', '.join(refused)} on node {node} cannot be opened by the pod's "
+        f"user (uid {os.getuid()}, groups {sorted(os.getgroups())}; {refused[0]} is owned by "
+        f"{stat.st_uid}:{stat.st_gid}, mode {oct(stat.st_mode & 0o777)}): let the container "
+        "runtime give devices the pod's user (containerd: device_ownership_from_security_context "
+        "= true), or add the devices' group to runner pods (operator setting "
+        "runnerSupplementalGroups)"
+    )
+
+
+def _exit_status(outcome: Outcome) -> int:
+    """The runner's exit status for how run.py ended (see :data:`STOPPED_EXIT`)."""
+    if outcome.timed_out:
+        return TIMEOUT_EXIT
+    if outcome.stopped:
+        return STOPPED_EXIT
+    code = outcome.returncode if outcome.returncode >= 0 else 128 - outcome.returncode
+    return 1 if code == STOPPED_EXIT else code
+
+
+def _refuse(area: DeliveryArea | None, args: argparse.Namespace, problem: str) -> int:
+    """Deliver ERROR/infrastructure for a pod that cannot run the test at all (its node's
+    fault, never the model's): run.py does not start. Returns the exit status (1)."""
+    document = _runner_document(
+        Path.cwd() / args.script, Result.ERROR, ErrorClass.INFRASTRUCTURE, problem, 0.0
+    )
+    print(f"model-support: {problem}", file=sys.stderr, flush=True)
+    _deliver_document(area, args.run_id, document, args.delivery_deadline, "result")
+    _write_termination_message(args.termination_log, compact_document(document))
+    print(RESULT_MARKER + document.model_dump_json(), flush=True)
+    return 1
 
 
 def _announce_left_behind() -> None:

@@ -57,6 +57,7 @@ JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
 TERMINATION_MESSAGE_LIMIT = 4096  # bytes kept of a termination message file
 FALLBACK_LOG_LINES, FALLBACK_LOG_BYTES = 80, 2048  # FallbackToLogsOnError, as the kubelet
 DEFAULT_GRACE_S = 30
+MOUNT_RETRIES = 40  # a missing ConfigMap or Secret is looked for again for 10 s, then waited on
 RETRY_DELAY_S = 1.0  # the Job controller backs off 10 s, doubling; the stand-in keeps tests fast
 CONTAINERS_URL_LABEL = "model-support-test.node"
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
@@ -565,6 +566,13 @@ class Node:
                 kind = "configmaps" if "configMap" in volume else "secrets"
                 ref = source.get("name") or source.get("secretName")
                 obj = await self.h.get(f"/api/v1/namespaces/{NS}/{kind}/{ref}")
+                for _ in range(
+                    MOUNT_RETRIES
+                ):  # the kubelet retries a mount whose source is missing
+                    if obj is not None:
+                        break
+                    await asyncio.sleep(0.25)
+                    obj = await self.h.get(f"/api/v1/namespaces/{NS}/{kind}/{ref}")
                 if obj is None:
                     first = pod.spec["containers"][0]["name"]
                     message = (
@@ -644,6 +652,7 @@ class Node:
                     "metadata.name": pod.name,
                     "metadata.namespace": NS,
                     "status.podIP": "127.0.0.1",
+                    "spec.nodeName": f"node-{self.id}",
                 }
                 env[var["name"]] = fields[source["fieldRef"]["fieldPath"]]
                 continue

@@ -80,8 +80,12 @@ async def test_a_253_character_name_runs_to_its_result(harness: Harness) -> None
     assert status["result"] == "PASS"
     [record] = records(h)
     assert record.labels["test"] == name and record.labels["test_uid"] == test["metadata"]["uid"]
-    events = [e for e in await h.events() if e["involvedObject"]["name"] == name]
-    assert "Passed" in {e["reason"] for e in events}
+
+    async def passed_event() -> bool:  # posted right after the status that says Completed
+        events = [e for e in await h.events() if e["involvedObject"]["name"] == name]
+        return "Passed" in {e["reason"] for e in events}
+
+    await h.wait_for(passed_event, what="the Passed Event", timeout=10)
 
 
 # ------------------------------------------------------------------------- generations, kstatus

@@ -86,13 +86,19 @@ async def test_render_prints_what_the_operator_creates(harness: Harness, tmp_pat
     await h.start_operator()
     await h.create_test("qwen", dict(spec), uid=TEST_UID)
     [job] = await h.wait_job()
-    configmaps = await h.items(CMS_URL)
+    configmaps = await h.wait_for(lambda: h.items(CMS_URL), what="the ConfigMap")
 
     result, documents = render(tmp_path, [manifest("qwen", spec, uid=TEST_UID)], values)
     assert result.exit_code == 0, result.output
     rendered_cm, rendered_job = documents
     assert rendered_job == strip_server_fields(job)
-    assert rendered_cm == strip_server_fields(configmaps[0])  # run.py byte for byte
+    # run.py byte for byte; rendered owned by the test, created owned by its Job (whose uid
+    # only exists once it is created), so that the Job's collection takes it along.
+    created_cm = strip_server_fields(configmaps[0])
+    [owner] = created_cm["metadata"].pop("ownerReferences")
+    assert (owner["kind"], owner["uid"]) == ("Job", job["metadata"]["uid"])
+    rendered_cm["metadata"].pop("ownerReferences")
+    assert rendered_cm == created_cm
     kubernetes_validate.validate(rendered_job, "1.33", strict=True)
     pod = rendered_job["spec"]["template"]["spec"]
     assert pod["schedulerName"] == "neuron-scheduler"  # from the values: two cores

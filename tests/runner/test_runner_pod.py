@@ -48,6 +48,8 @@ if mode == "pass":
 if mode == "exit3":
     print("Traceback: boom", flush=True)
     sys.exit(3)
+if mode == "exit143":
+    sys.exit(143)
 if mode == "sigkill":
     os.kill(os.getpid(), signal.SIGKILL)
 if mode == "sleep":
@@ -61,11 +63,16 @@ if mode == "malformed":
 
 
 def start_runner(
-    workdir: Path, mode: str, store: str | None, *extra: str, env: dict[str, str] | None = None
+    workdir: Path,
+    mode: str,
+    store: str | None,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    prefix: tuple[str, ...] = (),
 ) -> subprocess.Popen[str]:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "run.py").write_text(render_script(CONFIG, template=FAKE_RUN_PY))
-    argv = [sys.executable, "-m", "model_support.runner_pod", "--run-id", "op-run-1"]
+    argv = [*prefix, sys.executable, "-m", "model_support.runner_pod", "--run-id", "op-run-1"]
     if store is not None:
         argv += ["--deliver-to", store]
     argv += ["--termination-log", str(workdir / "termination-log"), *extra]
@@ -80,9 +87,14 @@ def start_runner(
 
 
 def run_runner(
-    workdir: Path, mode: str, store: str | None, *extra: str, env: dict[str, str] | None = None
+    workdir: Path,
+    mode: str,
+    store: str | None,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    prefix: tuple[str, ...] = (),
 ) -> tuple[int, str]:
-    proc = start_runner(workdir, mode, store, *extra, env=env)
+    proc = start_runner(workdir, mode, store, *extra, env=env, prefix=prefix)
     output, _ = proc.communicate(timeout=120)
     return proc.returncode, output
 
@@ -158,6 +170,77 @@ def test_sigterm_stops_run_py_and_delivers_nothing(tmp_path: Path) -> None:
     assert proc.returncode == 143
     assert DeliveryArea(str(store)).get("op-run-1") is None
     assert "stopped by a signal" in termination_message(tmp_path / "pod")
+
+
+def test_run_py_past_the_timeout_is_stopped_and_recorded_as_timeout(tmp_path: Path) -> None:
+    """The test's timeout counts from run.py's start, inside the runner (not the Job's deadline,
+    which also counts time waiting for a node and pulling images)."""
+    store = tmp_path / "results"
+    started = time.monotonic()
+    code, output = run_runner(tmp_path / "pod", "sleep", str(store), "--timeout", "2")
+    assert time.monotonic() - started < 30, output  # stopped at its timeout, not after 60 s
+    assert code == 124  # not 143: the Job's pod failure policy ignores that one
+    delivered = DeliveryArea(str(store)).get("op-run-1")
+    assert delivered is not None, output
+    document = ResultDocument.model_validate_json(delivered)
+    assert document.result == Result.TIMEOUT
+    assert "timeout of 2 s" in (document.error or "") and "compiling" in (document.error or "")
+
+
+def test_a_run_py_that_exits_143_itself_is_not_taken_for_a_stopped_pod(tmp_path: Path) -> None:
+    store = tmp_path / "results"
+    code, _ = run_runner(tmp_path / "pod", "exit143", str(store))
+    assert code == 1  # 143 is kept for a pod asked to stop (ignored by the Job, replaced)
+    delivered = DeliveryArea(str(store)).get("op-run-1")
+    assert delivered is not None
+    document = ResultDocument.model_validate_json(delivered)
+    assert document.result == Result.ERROR and "status 143" in (document.error or "")
+
+
+AS_POD_USER = ("unshare", "--user", "--map-user=1000", "--map-group=1000")
+"""Run as uid/gid 1000 (the runner pod's user) in a user namespace: no root privileges over
+files, so a device file this user may not open is refused as on a node."""
+
+
+@pytest.mark.parametrize("mode", [0o060, None], ids=["not-accessible", "missing"])
+def test_a_node_whose_neuron_devices_the_pod_cannot_open_is_infrastructure(
+    tmp_path: Path, mode: int | None
+) -> None:
+    devices = tmp_path / "dev"
+    devices.mkdir()
+    if mode is not None:  # root-owned, group-only: like 0660 root:neuron for a user not in it
+        (devices / "neuron0").touch()
+        (devices / "neuron0").chmod(mode)
+    store = tmp_path / "results"
+    code, output = run_runner(
+        tmp_path / "pod", "pass", str(store), "--neuron-devices", str(devices / "neuron*"),
+        env={"NODE_NAME": "ip-10-0-3-7.ec2.internal"}, prefix=AS_POD_USER,
+    )  # fmt: skip
+    assert code == 1, output
+    assert "loading" not in output  # checked before anything else: run.py never started
+    delivered = DeliveryArea(str(store)).get("op-run-1")
+    assert delivered is not None, output
+    document = ResultDocument.model_validate_json(delivered)
+    assert (document.result, document.error_class) == (Result.ERROR, ErrorClass.INFRASTRUCTURE)
+    error = document.error or ""
+    assert "ip-10-0-3-7.ec2.internal" in error
+    if mode is not None:
+        assert "uid 1000" in error and "device_ownership_from_security_context" in error
+        assert "runnerSupplementalGroups" in error
+    else:
+        assert "no Neuron device" in error
+
+
+def test_a_pod_that_can_open_its_neuron_devices_runs(tmp_path: Path) -> None:
+    devices = tmp_path / "dev"
+    devices.mkdir()
+    (devices / "neuron0").touch()
+    (devices / "neuron0").chmod(0o600)  # the pod's user owns it (in its user namespace)
+    code, output = run_runner(
+        tmp_path / "pod", "pass", str(tmp_path / "results"),
+        "--neuron-devices", str(devices / "neuron*"), prefix=AS_POD_USER,
+    )  # fmt: skip
+    assert code == 0, output
 
 
 def _seed_inductor_cache(root: Path) -> int:
