@@ -247,6 +247,10 @@ class Verification(BaseModel):
         None,
         description="Positions whose mixture-of-experts routing was nearly tied in the reference (left out of q90, peak and kl).",
     )
+    router_tie_tokens: int | None = Field(
+        None,
+        description="Mismatches at excused router-tie positions, accepted: the device may have picked the other nearly tied expert there.",
+    )
     first_mismatch: int | None = Field(
         None, description="Index (over all prompts' generated tokens) of the first mismatch."
     )

@@ -283,7 +283,8 @@ PASS_BLIND_SPOTS: tuple[str, ...] = (
     "A fault at one or a few positions that stays under the peak bound times the baseline's "
     "largest deviation: for example 20% noise at one step of one prompt.",
     "Positions where a mixture-of-experts router was nearly tied in the reference (at most "
-    "router_tie_share of a prompt's positions) are judged by the median and token checks only.",
+    "router_tie_share of a prompt's positions) are judged by the median check only: their "
+    "token may be the other nearly tied expert's choice.",
     "Changes confined to tokens of negligible probability: the KL divergence weighs each "
     "token by its probability.",
     "Errors the reference shares: it runs the same transformers code on CPU, so a bug in the "

@@ -1008,6 +1008,20 @@ def score_reference(config: dict, processor, prompts, tokens, dtype_name: str, p
     }
 
 
+def router_tie_mask(gaps, noise, params: dict):
+    """Which (position, MoE layer) router decisions were nearly tied in the reference.
+
+    ``gaps`` is the reference router's gap between its k-th and (k+1)-th expert logits and
+    ``noise`` the baseline's router-logit deviation (both positions x layers, as score_reference
+    returns them): a decision is tied when its gap is within ``router_tie_multiple`` x that
+    deviation, and at least ``router_tie_floor``.
+    """
+    import torch
+
+    allowed = torch.clamp(params["router_tie_multiple"] * noise, min=params["router_tie_floor"])
+    return gaps <= allowed
+
+
 def verdict(
     reference,
     baseline,
@@ -1040,8 +1054,9 @@ def verdict(
     rounding differs: positions whose reference router gap is within ``router_tie_multiple`` x
     the baseline's router-logit deviation (``router_tie_floor`` at least) are router ties. Up to
     ``router_tie_share`` of a prompt's positions, the tied ones where the device deviates most,
-    are excused from the q90, peak and kl statistics (the median and the token check still see
-    them). Every figure is returned; the worst prompt of each statistic is the headline.
+    are excused from the q90, peak and kl statistics and from the token check (a token that
+    differs there is that routing's, judged "router-tie"); the median still sees them. Every
+    figure is returned; the worst prompt of each statistic is the headline.
     """
     import math
 
@@ -1055,7 +1070,7 @@ def verdict(
         "kl": params["max_kl_ratio"],
     }
     positions, prompt_stats, token_reasons = [], [], []
-    mismatches = near_ties = bad = router_ties = 0
+    mismatches = near_ties = bad = router_ties = router_tie_tokens = 0
     first_mismatch = None
     worst_rmse_ratio = 0.0
     for i, (ref, base) in enumerate(zip(reference, baseline, strict=True)):
@@ -1078,10 +1093,7 @@ def verdict(
         baseline_kl = (base.exp() * (base - ref)).sum(dim=-1).clamp_min(0.0)
         ties = torch.zeros(n, dtype=torch.bool)
         if router_gaps is not None and router_gaps[i] is not None:
-            allowed = torch.clamp(
-                params["router_tie_multiple"] * router_noise[i], min=params["router_tie_floor"]
-            )
-            ties = (router_gaps[i] <= allowed).any(dim=1)
+            ties = router_tie_mask(router_gaps[i], router_noise[i], params).any(dim=1)
         # Excuse at most a share of the positions (deep MoEs have a near-tie somewhere at most
         # positions): the tied ones where the device deviates most, which a flip explains.
         excused = torch.zeros(n, dtype=torch.bool)
@@ -1105,6 +1117,11 @@ def verdict(
                 if float(margin[t]) <= allowance:
                     judged = "near-tie"
                     near_ties += 1
+                elif excused[t]:
+                    # The device may have routed to the other nearly tied expert here, which
+                    # moves the logits by far more than rounding: its token is that routing's.
+                    judged = "router-tie"
+                    router_tie_tokens += 1
                 else:
                     judged = "bad"
                     bad += 1
@@ -1182,6 +1199,7 @@ def verdict(
         "near_ties": near_ties,
         "bad_tokens": bad,
         "router_ties": router_ties,
+        "router_tie_tokens": router_tie_tokens,
         "first_mismatch": first_mismatch,
         "reason": "; ".join(reasons) if reasons else None,
         "parameters": {

@@ -160,6 +160,35 @@ def test_a_router_flip_at_a_nearly_tied_position_is_excused(synthetic: Synthetic
     )
 
 
+def test_a_token_changed_by_a_router_flip_at_a_tied_position_is_that_routings(
+    synthetic: Synthetic,
+) -> None:
+    # Seen on a correct bf16 run of the tiny Qwen3-MoE: at a position whose reference routing
+    # was nearly tied the device took the other expert, and with it another token that the
+    # reference rejects by 0.54 nats, far beyond the rounding allowance of that position.
+    device = synthetic.noisy(NOISE)
+    tokens = synthetic.tokens.clone()
+    prompt, position = 0, 16
+    runner_up = int(synthetic.logits[prompt, position].topk(2).indices[1])
+    tokens[prompt, position] = runner_up
+    device[prompt, position, runner_up] = synthetic.logits[prompt, position].max() + 1.0
+    gaps = [torch.full((POSITIONS, 2), 1.0, dtype=torch.float64) for _ in range(PROMPTS)]
+    noise = [torch.full((POSITIONS, 2), 0.01, dtype=torch.float64) for _ in range(PROMPTS)]
+    gaps[prompt][position, 1] = 0.005
+
+    tied = synthetic.judge(device, tokens=tokens, router_gaps=gaps, router_noise=noise)
+    assert tied["passed"] is True, tied["reason"]
+    assert (tied["bad_tokens"], tied["router_tie_tokens"], tied["mismatches"]) == (0, 1, 1)
+    (flipped,) = [p for p in tied["positions"] if p["token"] != p["reference_token"]]
+    assert (flipped["prompt"], flipped["position"], flipped["verdict"]) == (0, 16, "router-tie")
+    Verification.model_validate(tied)
+
+    # The same token where the routing was decisive is a bad token.
+    decisive = synthetic.judge(device, tokens=tokens, router_gaps=None, router_noise=None)
+    assert "tokens" in decisive["failed_checks"] and decisive["bad_tokens"] == 1
+    assert "prompt 0 token 16" in decisive["reason"]
+
+
 def test_router_ties_everywhere_excuse_only_a_share_of_positions(synthetic: Synthetic) -> None:
     device = synthetic.noisy(NOISE)
     device[0, 3:9] = synthetic.noisy(30 * NOISE)[0, 3:9]  # six wrong positions
