@@ -102,6 +102,40 @@ class Emulator(kmock.KubernetesEmulator):
                 observe(request)
         return response
 
+    # One object by name is one lookup, as on a real API server (kmock scans every object it
+    # holds for each read, write and delete: quadratic in the objects of a scale run).
+
+    def _stored_object(self, request: kmock.Request) -> Any:
+        try:
+            return self._objects[request.resource, request.namespace, request.name]
+        except KeyError:
+            return None
+
+    async def _serve_fetch(self, request: kmock.Request) -> Any:
+        if request.name is None:
+            return await super()._serve_fetch(request)
+        async with self._lock:
+            obj = self._stored_object(request)
+        if obj is None or obj.deleted:
+            raise kmock.KubernetesObjectNotFoundError()
+        return obj.raw
+
+    async def _serve_update(self, request: kmock.Request) -> Any:
+        if request.name is None:
+            return await super()._serve_update(request)
+        async with self._lock:
+            obj = self._stored_object(request)
+        assert obj is not None  # updated (or refused) by _handle before this is served
+        return obj.last.raw
+
+    async def _serve_delete(self, request: kmock.Request) -> Any:
+        if request.name is None:
+            return await super()._serve_delete(request)
+        async with self._lock:
+            obj = self._stored_object(request)
+        assert obj is not None  # deleted (or refused) by _handle before this is served
+        return obj.last.raw
+
     def _check_precondition(self, request: kmock.Request) -> None:
         """Optimistic concurrency, as the API server has it: a patch that carries
         ``metadata.resourceVersion`` applies only to that version of the object, else 409.

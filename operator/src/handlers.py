@@ -99,6 +99,9 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
             run_ticker(sweeps, lambda: _as_leader(leadership, sweeps.tick)),
             name="model-support sweeps",
         )
+        watchdog["running"] = asyncio.create_task(
+            _flush_running(reconciler, leadership), name="model-support running phases"
+        )
         if settings_.leader_election:
             watchdog["leader"] = asyncio.create_task(
                 _elect(leadership, take_over), name="model-support leader election"
@@ -106,7 +109,7 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
 
     @kopf.on.cleanup(registry=registry)
     async def stop_watchdog(**_: Any) -> None:
-        for name in ("leader", "task", "sweeps"):
+        for name in ("leader", "running", "task", "sweeps"):
             task = watchdog.pop(name, None)
             if task is not None:
                 task.cancel()
@@ -172,6 +175,16 @@ async def _elect(leadership: Leadership, on_gained: Callable[[], None]) -> None:
     while True:
         wait = await asyncio.to_thread(leadership.step, on_gained)
         await asyncio.sleep(wait)
+
+
+async def _flush_running(reconciler: Reconciler, leadership: Leadership) -> None:
+    interval = max(0.1, min(1.0, reconciler.settings.running_write_delay_s / 2))
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await asyncio.to_thread(_as_leader, leadership, reconciler.flush_running)
+        except Exception:
+            log.exception("writing Running phases failed; retrying in %s s", interval)
 
 
 async def _watchdog(

@@ -75,6 +75,7 @@ class Leadership:
         self.timeout = request_timeout_s
         self.leading = threading.Event()
         self._observed: _Observed | None = None
+        self._lease: dict[str, Any] | None = None  # as our last write left it
         self._renewed_at = 0.0
         self._inflight = 0
         self._idle = threading.Condition()
@@ -140,6 +141,7 @@ class Leadership:
                 self.api.patch_namespaced_lease(
                     self.name, self.namespace, body, _request_timeout=self.timeout
                 )
+                self._lease = None
                 log.info("leader election: %s gave up the Lease", self.identity)
         except ApiException as exc:  # it expires by itself: the successor waits lease_s
             log.warning("leader election: the Lease could not be given up: %s", exc.reason)
@@ -167,7 +169,30 @@ class Leadership:
             "leaseTransitions": transitions,
         }
 
+    def _write(self, lease: dict[str, Any], spec: dict[str, Any]) -> bool:
+        """Patch the Lease as read (its resourceVersion); False on 409 (changed since)."""
+        body = {"metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]}, "spec": spec}
+        try:
+            response = self.api.patch_namespaced_lease(
+                self.name, self.namespace, body, _preload_content=False,
+                _request_timeout=self.timeout,
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                self._lease = None
+                return False
+            raise
+        self._lease = dict(json.loads(response.data))
+        return True
+
     def _try_acquire_or_renew(self) -> bool:
+        held = self._lease
+        if held is not None and (held.get("spec") or {}).get("holderIdentity") == self.identity:
+            # Renewing what we wrote last: one request (a 409 means someone else wrote it).
+            spec = held["spec"]
+            renewed = self._spec(spec.get("acquireTime"), int(spec.get("leaseTransitions") or 0))
+            if self._write(held, renewed):
+                return True
         lease = self._read()
         if lease is None:
             body = {
@@ -177,13 +202,14 @@ class Leadership:
                 "spec": self._spec(None, 0),
             }
             try:
-                self.api.create_namespaced_lease(
-                    self.namespace, body, _request_timeout=self.timeout
+                response = self.api.create_namespaced_lease(
+                    self.namespace, body, _preload_content=False, _request_timeout=self.timeout
                 )
             except ApiException as exc:
                 if exc.status == 409:
                     return False  # another candidate created it first
                 raise
+            self._lease = dict(json.loads(response.data))
             return True
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or None
@@ -197,19 +223,7 @@ class Leadership:
             return False  # held, and renewed within its duration as this process saw it
         transitions = int(spec.get("leaseTransitions") or 0) + (holder != self.identity)
         acquired = spec.get("acquireTime") if holder == self.identity else None
-        body = {
-            "metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]},
-            "spec": self._spec(acquired, transitions),
-        }
-        try:
-            self.api.patch_namespaced_lease(
-                self.name, self.namespace, body, _request_timeout=self.timeout
-            )
-        except ApiException as exc:
-            if exc.status == 409:
-                return False  # someone else wrote it since we read it
-            raise
-        return True
+        return self._write(lease, self._spec(acquired, transitions))
 
 
 def lease_namespace(configured: str | None) -> str:

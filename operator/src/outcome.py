@@ -14,7 +14,7 @@ from typing import Any
 from model_support.config import RunConfig
 from model_support.operator.resource import ANNOTATION_TIMEOUT, RUNNER_CONTAINER
 from model_support.records import ResultDocument
-from model_support.runner_pod import STOPPED_MESSAGE
+from model_support.runner_pod import STOPPED_EXIT, STOPPED_MESSAGE
 from model_support.vocabulary import ErrorClass, Result
 
 IMAGE_PULL_REASONS = frozenset(
@@ -72,14 +72,18 @@ def _runner_status(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def latest_pod(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The pod that decided a Job's end: the latest one that was not disrupted (the Job
-    replaced disrupted ones), else simply the latest."""
+    """The pod that decided a Job's end: the latest one the Job's pod failure policy did not
+    ignore (the Job replaced disrupted pods and runners stopped from outside, exit 143), else
+    simply the latest. Creation times have a one-second grain: a replacement made within the
+    same second as its predecessor is still told apart."""
     if not pods:
         return None
     return max(
         pods,
         key=lambda p: (
             _condition(p, "DisruptionTarget") is None,
+            ((_runner_status(p).get("state") or {}).get("terminated") or {}).get("exitCode")
+            != STOPPED_EXIT,
             (p.get("metadata") or {}).get("creationTimestamp") or "",
         ),
     )

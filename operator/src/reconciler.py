@@ -201,6 +201,16 @@ class _Audit:
 
 
 @dataclass(frozen=True)
+class _RunningWrite:
+    """A Running phase to write once due (unless the run ended before)."""
+
+    due: float
+    ref: TestRef
+    attempt: int
+    started: str | None
+
+
+@dataclass(frozen=True)
 class _Backoff:
     """When a test's sizing is tried again, and how many tries it had."""
 
@@ -233,6 +243,7 @@ class Reconciler:
         self._reconciling: set[tuple[str, int]] = set()
         self._finishing: set[str] = set()
         self._phases: dict[tuple[str, int, int], tuple[Phase, str]] = {}
+        self._running: dict[tuple[str, int, int], _RunningWrite] = {}
         self.tests: dict[str, dict[str, Any]] = {}
         """Every watched test by uid, as the watch last showed it (saves a GET per Job event)."""
         self._audit = _Audit()
@@ -917,10 +928,18 @@ class Reconciler:
         Pending (admitted, no pod ready), Running (a runner pod is ready)."""
         job_status, job_spec = job.get("status") or {}, job.get("spec") or {}
         if int(job_status.get("ready") or 0) > 0:
-            self._set_phase(
-                ref, attempt, Phase.RUNNING, "Running", True, "PodReady", "a runner pod is ready",
-                started=job_status.get("startTime"),
-            )  # fmt: skip
+            started = job_status.get("startTime")
+            key = (ref.uid, ref.generation, attempt)
+            if self._phases.get(key) == (Phase.RUNNING, "PodReady"):
+                return  # said already
+            if self.settings.running_write_delay_s > 0:
+                # Written a moment later, unless the run ends first: then one write says
+                # Completed (see flush_running).
+                due = time.monotonic() + self.settings.running_write_delay_s
+                with self._lock:
+                    self._running.setdefault(key, _RunningWrite(due, ref, attempt, started))
+                return
+            self._set_running(ref, attempt, started)
         elif job_spec.get("suspend"):
             # Not admitted yet, or preempted: Kueue suspends an admitted Job to preempt it (the
             # Job controller deletes its pods; the pod failure policy ignores the runner's stop
@@ -943,6 +962,23 @@ class Reconciler:
                 ref, attempt, Phase.PENDING, "Queued", False, "Admitted", "the Job is admitted",
                 only_from=_WAITING_FOR_ADMISSION,
             )  # fmt: skip
+
+    def _set_running(self, ref: TestRef, attempt: int, started: str | None) -> None:
+        self._set_phase(
+            ref, attempt, Phase.RUNNING, "Running", True, "PodReady", "a runner pod is ready",
+            started=started,
+        )  # fmt: skip
+
+    def flush_running(self) -> int:
+        """Write the Running phase of runner pods ready for ``running_write_delay_s`` whose run
+        has not ended meanwhile; returns how many were written."""
+        now_ = time.monotonic()
+        with self._lock:
+            due = [k for k, w in self._running.items() if w.due <= now_]
+            writes = [self._running.pop(k) for k in due]
+        for write in writes:
+            self._set_running(write.ref, write.attempt, write.started)
+        return len(writes)
 
     def _set_phase(
         self,
@@ -1219,6 +1255,8 @@ class Reconciler:
             self.tests.pop(uid, None)
             for key in [k for k in list(self._phases) if k[0] == uid]:
                 del self._phases[key]
+            for key in [k for k in list(self._running) if k[0] == uid]:
+                del self._running[key]
 
     def _completed_already(self, ref: TestRef) -> bool:
         """Whether the API (not what we last saw) says this generation is Completed."""
@@ -1368,6 +1406,8 @@ class Reconciler:
         with self._lock:
             for key in [k for k in list(self._phases) if k[0] == ref.uid]:
                 del self._phases[key]
+            for key in [k for k in list(self._running) if k[0] == ref.uid]:
+                del self._running[key]  # the run ended: Completed says it in one write
         summary = document.result.value + (
             f"/{document.error_class.value}" if document.error_class else ""
         )
@@ -1408,11 +1448,10 @@ class Reconciler:
 
         if self.patch_status(ref, build) is None:
             return  # completed already (another writer), gone, or superseded: nothing to say
-        warning = document.result not in (Result.PASS, Result.EXCLUDED)
+        if document.result in (Result.PASS, Result.EXCLUDED):
+            return  # said by the status (Ready, result): an Event is an API request per test
         message = f"{summary}: {_short(document.error)}" if document.error else summary
-        self.event(
-            test, "Warning" if warning else "Normal", _EVENT_REASON[document.result], message
-        )
+        self.event(test, "Warning", _EVENT_REASON[document.result], message)
 
     # ---------------------------------------------------------------- the watchdog's checks
 

@@ -113,6 +113,11 @@ class OperatorSettings(BaseModel):
         ge=0,
         description="Time a runner Job may spend outside run.py (waiting for a node or for Kueue, image pull, init steps) before its backstop deadline (activeDeadlineSeconds = timeoutSeconds + this + the compile cache and delivery deadlines). The test's own timeout is enforced by the runner from run.py's start. A Job that reaches the backstop before run.py ran is ERROR/infrastructure. None = no Job deadline: wait as long as it takes.",
     )
+    running_write_delay_s: float = Field(
+        2.0,
+        ge=0,
+        description="A ready runner pod's Running phase is written this long after it became ready, unless the run ended meanwhile (then one write says Completed): one status write less for runs that end at once. 0 = at once.",
+    )
     kueue_admission_limit_s: float = Field(
         600.0,
         gt=0,
@@ -245,15 +250,15 @@ class OperatorSettings(BaseModel):
         None, description="Namespace of the Lease; None = the operator's own (POD_NAMESPACE)."
     )
     lease_duration_s: float = Field(
-        15.0, gt=0, description="A Lease not renewed this long may be taken over."
+        30.0, gt=0, description="A Lease not renewed this long may be taken over."
     )
     lease_renew_deadline_s: float = Field(
-        10.0,
+        20.0,
         gt=0,
         description="The leader stops acting when it could not renew this long (less than the lease duration).",
     )
     lease_retry_s: float = Field(
-        2.0, gt=0, description="How often the Lease is renewed, or tried by a waiting replica."
+        5.0, gt=0, description="How often the Lease is renewed, or tried by a waiting replica."
     )
     namespaces: list[str] = Field(default_factory=list)
     all_namespaces: bool = False

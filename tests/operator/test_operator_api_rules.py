@@ -18,7 +18,14 @@ from test_sweeps import start as start_sweeps
 
 from model_support.operator.kube import Kube, api_client
 from model_support.operator.reconciler import Reconciler
-from model_support.operator.resource import GROUP, SWEEP_KIND, SWEEP_PLURAL, VERSION, child_name
+from model_support.operator.resource import (
+    GROUP,
+    PLURAL,
+    SWEEP_KIND,
+    SWEEP_PLURAL,
+    VERSION,
+    child_name,
+)
 from model_support.operator.sweep_reconciler import SweepReconciler
 from model_support.vocabulary import Result
 
@@ -30,6 +37,9 @@ def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def reconciler(h: Harness) -> Reconciler:
+    """The operator's logic without kopf (what its watches deliver is played by the test);
+    phases are written at once (no task flushes deferred Running writes here)."""
+    h.settings.running_write_delay_s = 0
     return Reconciler(h.settings, Kube(api_client(h.settings.api_server)))
 
 
@@ -216,11 +226,11 @@ async def test_two_replicas_act_as_one_and_the_other_takes_over(harness: Harness
         [job] = await h.wait_job()
         pod = await h.start_pod(job)
         await h.run_pod(pod)
-        await h.end_pod(job, pod, exit_code=0, log=runner_log(Result.PASS))
+        await h.end_pod(job, pod, exit_code=1, log=runner_log(Result.FAIL))
         await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
         # One replica acted: one ConfigMap and one Job created, one result Event.
         assert (posts(h, "configmaps"), posts(h, "jobs")) == (1, 1)
-        assert [e["reason"] for e in await h.events()].count("Passed") == 1
+        assert [e["reason"] for e in await h.events()].count("Failed") == 1
         assert len(records(h)) == 1
 
         # The leader stops (a rolling update): it gives the Lease up, the other takes over.
@@ -345,3 +355,25 @@ async def test_multi_core_pods_without_the_scheduler_extension_are_refused(
     )  # sizing a tensor-parallel plan imports transformers (slow on a loaded machine)
     assert "runner.schedulerName" in status["message"] and "neuron.dra" in status["message"]
     assert await h.items(JOBS_URL) == [] and records(h) == []
+
+
+async def test_a_run_that_ends_at_once_is_written_completed_without_running(
+    harness: Harness,
+) -> None:
+    h = harness
+    h.k.history = None
+    h.settings.running_write_delay_s = 5.0
+    _, job = await start(h)
+    await h.wait_status("qwen", lambda s: s.get("phase") == "Pending", "Pending")
+    pod = await h.start_pod(job)
+    await h.run_pod(pod)
+    await h.end_pod(job, pod, exit_code=0, log=runner_log(Result.PASS))
+    status = await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
+    assert status["result"] == "PASS" and "startedAt" not in status
+    await asyncio.sleep(6)  # past the delay: nothing is written after Completed
+    writes = [
+        r.data["status"].get("phase")
+        for r in h.k[kmock.method.PATCH]
+        if r.resource is not None and r.resource.plural == PLURAL and r.subresource == "status"
+    ]
+    assert writes == ["Pending", "Completed"]

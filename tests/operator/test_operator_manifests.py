@@ -898,3 +898,17 @@ def test_a_misspelt_setting_is_refused_by_name() -> None:
 
     with pytest.raises(ValidationError, match="unschedulableLimitSecs"):
         settings_from_values({"results": "s3://b/x", "settings": {"unschedulableLimitSecs": 5}})
+
+
+def test_the_pod_that_decided_is_not_one_the_job_replaced_within_the_same_second() -> None:
+    """A runner stopped from outside (exit 143, ignored by the Job) and its replacement made
+    in the same second (creation times have a one-second grain): the replacement decided."""
+    from model_support.operator.outcome import latest_pod
+
+    stopped = _pod({"exitCode": 143})
+    stopped["metadata"]["name"] = "stopped"
+    replacement = _pod({"exitCode": 0})
+    replacement["metadata"]["name"] = "replacement"
+    for pods in ([stopped, replacement], [replacement, stopped]):
+        decided = latest_pod(pods)
+        assert decided is not None and decided["metadata"]["name"] == "replacement"

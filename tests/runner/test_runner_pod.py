@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,7 @@ def start_runner(
     mode: str,
     store: str | None,
     *extra: str,
-    env: dict[str, str] | None = None,
+    env: dict[str, str | None] | None = None,
     prefix: tuple[str, ...] = (),
 ) -> subprocess.Popen[str]:
     workdir.mkdir(parents=True, exist_ok=True)
@@ -79,7 +80,11 @@ def start_runner(
     return subprocess.Popen(
         argv,
         cwd=workdir,
-        env={**os.environ, **(env or {}), "FAKE_MODE": mode},
+        env={
+            k: v
+            for k, v in {**os.environ, **(env or {}), "FAKE_MODE": mode}.items()
+            if v is not None
+        },  # None: not in the pod's environment
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -91,7 +96,7 @@ def run_runner(
     mode: str,
     store: str | None,
     *extra: str,
-    env: dict[str, str] | None = None,
+    env: dict[str, str | None] | None = None,
     prefix: tuple[str, ...] = (),
 ) -> tuple[int, str]:
     proc = start_runner(workdir, mode, store, *extra, env=env, prefix=prefix)
@@ -389,9 +394,11 @@ def s3_store() -> tuple[object, str, dict[str, str]]:
     import s3fs
 
     s3fs.S3FileSystem.clear_instance_cache()
-    s3fs.S3FileSystem().mkdir("results-bucket")
+    # moto keeps its buckets in the process, across servers: a bucket of this test's own.
+    bucket = f"results-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem().mkdir(bucket)
     try:
-        yield server, "s3://results-bucket/model-support", env
+        yield server, f"s3://{bucket}/model-support", env
     finally:
         server.stop()
         for k, v in old.items():
@@ -423,3 +430,65 @@ def test_delivery_to_s3_survives_a_store_outage(
         assert json.loads(delivered)["result"] == "PASS"
     finally:
         back.stop()
+
+
+def test_delivery_to_s3_with_eks_pod_identity_credentials(
+    tmp_path: Path, s3_store: tuple[object, str, dict[str, str]]
+) -> None:
+    """With EKS Pod Identity the pod has no keys: the SDK asks the node's agent (what the
+    chart's NetworkPolicy lets runners reach) with the projected token. A stand-in agent
+    serves credentials only for that token."""
+    import http.server
+    import threading
+
+    _, uri, env = s3_store
+    token = "pod-identity-token-123"
+    (tmp_path / "token").write_text(token)
+    asked: list[str] = []
+
+    class Agent(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.headers.get("Authorization") or "")
+            if self.headers.get("Authorization") != token:
+                self.send_response(401)
+                self.end_headers()
+                return
+            body = json.dumps(
+                {
+                    "AccessKeyId": "ASIAPODIDENTITY",
+                    "SecretAccessKey": "pod-identity-secret",
+                    "Token": "pod-identity-session",
+                    "Expiration": "2099-01-01T00:00:00Z",
+                }
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    agent = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Agent)
+    threading.Thread(target=agent.serve_forever, daemon=True).start()
+    try:
+        code, output = run_runner(
+            tmp_path / "pod", "pass", uri,
+            env={
+                "AWS_ENDPOINT_URL": env["AWS_ENDPOINT_URL"],
+                "AWS_DEFAULT_REGION": "us-east-1",
+                "AWS_ACCESS_KEY_ID": None,  # no keys in the pod: only the agent's credentials
+                "AWS_SECRET_ACCESS_KEY": None,
+                "AWS_CONFIG_FILE": str(tmp_path / "no-config"),
+                "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-credentials"),
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI": f"http://127.0.0.1:{agent.server_port}/v1/credentials",
+                "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE": str(tmp_path / "token"),
+            },
+        )  # fmt: skip
+    finally:
+        agent.shutdown()
+    assert code == 0, output
+    assert token in asked  # the credentials came from the agent
+    delivered = DeliveryArea(uri).get("op-run-1")
+    assert delivered is not None and json.loads(delivered)["result"] == "PASS"
