@@ -189,9 +189,9 @@ class Leadership:
         held = self._lease
         if held is not None and (held.get("spec") or {}).get("holderIdentity") == self.identity:
             # Renewing what we wrote last: one request (a 409 means someone else wrote it).
-            spec = held["spec"]
-            renewed = self._spec(spec.get("acquireTime"), int(spec.get("leaseTransitions") or 0))
-            if self._write(held, renewed):
+            mine = held["spec"]
+            renewal = self._spec(mine.get("acquireTime"), int(mine.get("leaseTransitions") or 0))
+            if self._write(held, renewal):
                 return True
         lease = self._read()
         if lease is None:
