@@ -5,17 +5,25 @@ Every model here is built on this machine from a config, briefly trained on the 
 ``save_pretrained`` (safetensors) next to its tokenizer or processor. Whatever loads them uses the
 real ``from_pretrained`` path, exactly as for a Hub model.
 
-Building is cached: each model directory carries a stamp with a fingerprint of everything that
-decides its contents (builder version, config, training recipe, corpus, library versions) and a
-SHA-256 of every file. An up-to-date directory is reused; a stale, corrupted or half-written one
-is rebuilt in a temporary directory that then replaces it by rename. A file lock per model lets
-several processes (pytest-xdist workers, the demo) share one cache directory.
+Building is cached and keyed by the recipe: a model lives in ``<cache>/<key>/<name>``, where the
+key is a fingerprint of everything that decides its contents (builder version, config, training
+recipe and quality band, corpus, library versions), so a checkpoint built by another version of
+this code is never found, let alone reused, and versions built side by side (two checkouts)
+coexist. Each directory carries a stamp with that fingerprint and a SHA-256 of every file; an
+up-to-date directory is reused, a corrupted or half-written one is rebuilt in a temporary
+directory that then replaces it by rename. A file lock per model lets several processes
+(pytest-xdist workers, the demo) share one cache.
+
+Training is deterministic on one machine, not across machines (model_support.fixture_quality):
+right after training, a model with a quality band is measured against it, and trained again
+with the next seed when it falls outside; the stamp records the seed and the figures.
 
 ``transformers`` is imported only when something has to be built (importing it costs seconds).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -25,7 +33,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -36,6 +44,15 @@ from typing import TYPE_CHECKING, Any
 from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from model_support.fixture_quality import (
+    DECIDED,
+    DECISIVE_MOE,
+    DECISIVE_TEXT,
+    DECISIVE_VISION_TEXT,
+    UNDECIDED_TEXT,
+    QualityBand,
+    measure,
+)
 from model_support.vocabulary import Task
 
 if TYPE_CHECKING:
@@ -43,8 +60,10 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 # Bump whenever the build or training code changes what ends up on disk: it is part of the
-# fingerprint, so every cached model is rebuilt once.
-BUILDER_VERSION = 1
+# fingerprint (the cache key), so every model is built once more, into a new folder.
+BUILDER_VERSION = 3
+SEED_ATTEMPTS = 3
+"""Seeds tried (the recipe's, then the next ones) before a model out of its band is an error."""
 
 CACHE_ENV = "MODEL_SUPPORT_CACHE"
 _DIRECTORY_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
@@ -154,6 +173,8 @@ class DemoModel:
     config_class: str = field(repr=False)
     config: Mapping[str, Any] = field(repr=False, compare=False)
     recipe: TrainingRecipe = field(default_factory=TrainingRecipe, repr=False)
+    quality: QualityBand | None = field(default=None, repr=False)
+    """What the trained model must be (checked after training); None: not checked."""
     path: Path | None = None
 
     def require_path(self) -> Path:
@@ -178,6 +199,9 @@ class BuildStamp(BaseModel):
     build_seconds: float
     initial_loss: float
     final_loss: float
+    seed: int
+    quality: dict[str, Any] | None
+    rejected_seeds: dict[str, list[str]]  # seed -> why it came out outside the band
     versions: dict[str, str]
     files: dict[str, str]  # relative path -> sha256 of every other file in the directory
 
@@ -342,6 +366,7 @@ DEMO_MODELS: tuple[DemoModel, ...] = (
         description="Dense Llama decoder, hidden 64, 2 layers, byte-level BPE vocab 1000.",
         config_class="LlamaConfig",
         config=dict(_TEXT_SHAPE),
+        quality=DECISIVE_TEXT,
     ),
     DemoModel(
         name="tiny-qwen3",
@@ -351,6 +376,7 @@ DEMO_MODELS: tuple[DemoModel, ...] = (
         description="Dense Qwen3 decoder (q/k norms), hidden 64, 2 layers.",
         config_class="Qwen3Config",
         config={**_TEXT_SHAPE, "head_dim": 16},
+        quality=DECISIVE_TEXT,
     ),
     DemoModel(
         name="tiny-qwen3-moe",
@@ -369,6 +395,7 @@ DEMO_MODELS: tuple[DemoModel, ...] = (
             "decoder_sparse_step": 1,
             "mlp_only_layers": [],
         },
+        quality=DECISIVE_MOE,
     ),
     DemoModel(
         name="tiny-mixtral",
@@ -383,6 +410,7 @@ DEMO_MODELS: tuple[DemoModel, ...] = (
             "num_local_experts": 4,
             "num_experts_per_tok": 2,
         },
+        quality=DECISIVE_TEXT,  # no test aims router flips at it
     ),
     DemoModel(
         name="tiny-llava",
@@ -417,6 +445,7 @@ DEMO_MODELS: tuple[DemoModel, ...] = (
             "vision_feature_select_strategy": "default",
             "vision_feature_layer": -2,
         },
+        quality=DECISIVE_VISION_TEXT,
     ),
     *TASK_MODELS,
 )
@@ -444,6 +473,7 @@ VERIFICATION_MODELS: tuple[DemoModel, ...] = (
             "final_logit_softcapping": 30.0,
             "attn_logit_softcapping": 50.0,
         },
+        quality=DECIDED,
     ),
     DemoModel(
         name="tiny-phi3-partial-rotary",
@@ -453,6 +483,7 @@ VERIFICATION_MODELS: tuple[DemoModel, ...] = (
         description="Phi3 decoder: fused qkv and gate/up projections, rotary on half of each head.",
         config_class="Phi3Config",
         config={**_TEXT_SHAPE, "partial_rotary_factor": 0.5},
+        quality=DECIDED,
     ),
     DemoModel(
         name="tiny-llama-low-margin",
@@ -466,6 +497,7 @@ VERIFICATION_MODELS: tuple[DemoModel, ...] = (
         config_class="LlamaConfig",
         config=dict(_TEXT_SHAPE),
         recipe=TrainingRecipe(steps=LOW_MARGIN_STEPS, learning_rate=2e-3),
+        quality=UNDECIDED_TEXT,
     ),
 )
 
@@ -514,6 +546,7 @@ def fingerprint(model: DemoModel, corpus: str) -> str:
         "config_class": model.config_class,
         "config": model.config,
         "recipe": asdict(model.recipe),
+        "quality": asdict(model.quality) if model.quality is not None else None,
         "tokenizer_vocab_size": TOKENIZER_VOCAB_SIZE,
         "chat_template": LLAVA_CHAT_TEMPLATE if model.kind is ModelKind.VISION else None,
         "corpus_sha256": hashlib.sha256(corpus.encode("utf-8")).hexdigest(),
@@ -548,16 +581,27 @@ def is_up_to_date(model: DemoModel, model_dir: Path, corpus: str | None = None) 
     return all(_sha256(model_dir / rel) == digest for rel, digest in stamp.files.items())
 
 
+def cache_key(model: DemoModel, corpus: str | None = None) -> str:
+    """The folder of ``model``'s recipe in the cache: a prefix of its fingerprint."""
+    return fingerprint(model, corpus_text() if corpus is None else corpus)[:16]
+
+
+def checkpoint_dir(dest: Path, model: DemoModel, corpus: str | None = None) -> Path:
+    """Where ``build_demo_models(dest, [model])`` keeps ``model``: ``dest/<key>/<name>``."""
+    return Path(dest) / cache_key(model, corpus) / model.name
+
+
 def build_demo_models(
     dest: Path, names: Iterable[str | DemoModel] | None = None, *, force: bool = False
 ) -> list[DemoModel]:
-    """Build (or reuse) demo models under ``dest/<name>`` and return them with ``path`` set.
+    """Build (or reuse) demo models under ``dest/<key>/<name>``; return them with ``path`` set.
 
     ``names`` are catalogue names or ``DemoModel`` entries (for example a catalogue entry with a
-    shorter training recipe); by default the whole catalogue, returned in catalogue order. An
-    existing directory is reused when its stamp matches the current fingerprint and every file's
-    hash; otherwise (or with ``force``) the model is rebuilt in a temporary directory that then
-    replaces it, so a reader never sees a half-written model.
+    shorter training recipe); by default the whole catalogue, returned in catalogue order. The
+    key is the recipe's (:func:`cache_key`). An existing directory is reused when its stamp
+    matches the fingerprint and every file's hash; otherwise (or with ``force``) the model is
+    rebuilt in a temporary directory that then replaces it, so a reader never sees a
+    half-written model. A model whose quality band no seed meets raises FixtureOutOfBand.
     """
     wanted: list[str | DemoModel] = list(DEMO_MODELS) if names is None else list(names)
     # Resolve every name before doing any work, so a typo fails fast and builds nothing.
@@ -573,14 +617,20 @@ def build_demo_models(
     corpus = corpus_text()
     result = []
     for model in selected:
-        target = dest / model.name
+        target = checkpoint_dir(dest, model, corpus)
+        folder = target.parent
+        folder.mkdir(exist_ok=True)
         # One lock per model: pytest-xdist workers and the demo may build into one cache at once.
-        with FileLock(str(dest / f".{model.name}.lock")):
-            _remove_leftovers(dest, model.name)
+        with FileLock(str(folder / f".{model.name}.lock")):
+            _remove_leftovers(folder, model.name)
             if force or not is_up_to_date(model, target, corpus):
-                _build_and_swap(model, dest, target, corpus)
+                _build_and_swap(model, folder, target, corpus)
         result.append(replace(model, path=target))
     return result
+
+
+class FixtureOutOfBand(RuntimeError):
+    """A demo model came out outside its quality band with every seed tried."""
 
 
 def _sha256(path: Path) -> str:
@@ -614,15 +664,59 @@ def _build_and_swap(model: DemoModel, dest: Path, target: Path, corpus: str) -> 
         raise
 
 
-def _build(model: DemoModel, out: Path, corpus: str) -> None:
-    """Build, train and save ``model`` into the empty directory ``out``, stamp last."""
-    started = time.perf_counter()
-    if model.kind in TASK_KINDS:
-        from model_support import task_fixtures
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """Train on one intra-op thread, whatever the environment asks for.
 
-        initial_loss, final_loss = task_fixtures.build(model, out, corpus)
+    A matmul's reduction order depends on how many threads split it: the same recipe trained
+    with OMP_NUM_THREADS=1 (the tests) and with torch's default (the demo) gave different
+    weights on one machine, and whichever process built first decided the cached model.
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _build(model: DemoModel, out: Path, corpus: str) -> None:
+    """Build, train and save ``model`` into the empty directory ``out``, stamp last.
+
+    A model with a quality band is measured right after training; outside the band, it is
+    trained again from scratch with the next seed (SEED_ATTEMPTS in all).
+    """
+    started = time.perf_counter()
+    rejected: dict[str, list[str]] = {}
+    quality: dict[str, Any] | None = None
+    for seed in range(model.recipe.seed, model.recipe.seed + SEED_ATTEMPTS):
+        seeded = replace(model, recipe=replace(model.recipe, seed=seed))
+        with _one_thread():
+            if model.kind in TASK_KINDS:
+                from model_support import task_fixtures
+
+                initial_loss, final_loss = task_fixtures.build(seeded, out, corpus)
+            else:
+                initial_loss, final_loss = _build_language_model(seeded, out, corpus)
+        if model.quality is None:
+            break
+        measured = measure(out, model.quality, corpus, vision=model.kind is ModelKind.VISION)
+        problems = measured.problems(model.quality)
+        if not problems:
+            quality = asdict(measured)
+            break
+        rejected[str(seed)] = problems
+        shutil.rmtree(out)
+        out.mkdir()
     else:
-        initial_loss, final_loss = _build_language_model(model, out, corpus)
+        tried = "; ".join(f"seed {seed}: {', '.join(why)}" for seed, why in rejected.items())
+        raise FixtureOutOfBand(
+            f"demo model {model.name!r} came out outside its quality band with every seed "
+            f"tried ({tried}); the training recipe or the band in model_support/checkpoints.py "
+            "needs a look (model_support/fixture_quality.py says what each figure means)"
+        )
     files = {
         p.relative_to(out).as_posix(): _sha256(p) for p in sorted(out.rglob("*")) if p.is_file()
     }
@@ -634,6 +728,9 @@ def _build(model: DemoModel, out: Path, corpus: str) -> None:
         build_seconds=round(time.perf_counter() - started, 3),
         initial_loss=initial_loss,
         final_loss=final_loss,
+        seed=seed,
+        quality=quality,
+        rejected_seeds=rejected,
         versions=library_versions(model.kind),
         files=files,
     )

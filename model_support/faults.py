@@ -398,13 +398,42 @@ bf16_matmuls = _rounded_matmuls("bf16_matmuls", _bf16_round)
 ROUTER_TIE = 0.01  # router-logit gap below which a bf16 device may pick either expert
 
 
+ROUTER_FLIPS_ENV = "MODEL_SUPPORT_FAULT_ROUTER_FLIPS"
+"""``row:step,...``: the batch rows and decode steps where ``router_flip`` flips (see there)."""
+
+
+def router_flip_targets(value: str | None = None) -> set[tuple[int, int]] | None:
+    """The (batch row, decode step) pairs ``router_flip`` is aimed at, or None when not aimed.
+
+    Read from ``MODEL_SUPPORT_FAULT_ROUTER_FLIPS`` unless ``value`` is given: ``row:step`` pairs
+    separated by commas, e.g. ``1:16,0:7``. Decode step s computes generated position s, so a
+    test can aim at positions whose reference routing the verdict calls tied.
+    """
+    value = os.environ.get(ROUTER_FLIPS_ENV) if value is None else value
+    if value is None:
+        return None
+    targets = set()
+    for pair in filter(None, (part.strip() for part in value.split(","))):
+        row, sep, step = pair.partition(":")
+        if not (sep and row.isdigit() and step.isdigit() and int(step) > 0):
+            raise ValueError(
+                f"{ROUTER_FLIPS_ENV}={value!r}: each target is ROW:STEP with a decode step of "
+                f"at least 1 (the prefill is never flipped), e.g. 1:16; {pair!r} is not"
+            )
+        targets.add((int(row), int(step)))
+    return targets
+
+
 def router_flip(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
     """Where one MoE layer's router is nearly tied at the top-k boundary, pick the other expert.
 
-    Benign: a correct reduced-precision run does this where rounding reverses a near-tie. At
-    most two decode tokens per generation are flipped (the first whose gap is below
-    ROUTER_TIE), in the last MoE layer by default.
+    Benign: a correct reduced-precision run does this where rounding reverses a near-tie. In
+    the last MoE layer by default (``MODEL_SUPPORT_FAULT_LAYER`` chooses another). Aimed with
+    ``MODEL_SUPPORT_FAULT_ROUTER_FLIPS`` (see router_flip_targets), it swaps the k-th and
+    (k+1)-th experts at exactly those rows and steps; otherwise at most two decode tokens per
+    generation are flipped, the first whose gap in the device's own logits is below ROUTER_TIE.
     """
+    targets = router_flip_targets()
     layers = _layer_nodes(gm, "mlp.gate") or _layer_nodes(gm, "block_sparse_moe.gate")
     layer = _pick_layer(layers, default_last=True)
     steps = _Steps()
@@ -420,12 +449,16 @@ def router_flip(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> C
         if steps.step == 0:
             flips.clear()  # a new generation: its prefill is never touched
             return logits
-        if len(flips) >= 2:
-            return logits
         ordered = torch.sort(logits.float(), dim=-1, descending=True)
-        gaps = ordered.values[:, k - 1] - ordered.values[:, k]
+        if targets is not None:
+            chosen = [row for row, step in sorted(targets) if step == steps.step]
+        elif len(flips) >= 2:
+            return logits
+        else:
+            gaps = ordered.values[:, k - 1] - ordered.values[:, k]
+            chosen = torch.nonzero(gaps < ROUTER_TIE).flatten().tolist()[: 2 - len(flips)]
         out = logits.clone()
-        for token in torch.nonzero(gaps < ROUTER_TIE).flatten().tolist()[: 2 - len(flips)]:
+        for token in chosen:
             inside, outside = ordered.indices[token, k - 1], ordered.indices[token, k]
             out[token, inside], out[token, outside] = logits[token, outside], logits[token, inside]
             flips.append(steps.step)

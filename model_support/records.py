@@ -251,6 +251,10 @@ class Verification(BaseModel):
         None,
         description="Mismatches at excused router-tie positions, accepted: the device may have picked the other nearly tied expert there.",
     )
+    routing_flips: list[dict[str, int]] = Field(
+        default_factory=list,
+        description="Where the device evidently routed a token to the other nearly tied expert (prompt, position, MoE layer): that prompt's reference and baseline were scored again with that routing.",
+    )
     first_mismatch: int | None = Field(
         None, description="Index (over all prompts' generated tokens) of the first mismatch."
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from model_support.checkpoints import DemoModel, build_demo_models, default_cache_dir
+from model_support.checkpoints import DEMO_MODELS, DemoModel, build_demo_models, default_cache_dir
 
 # The models here are tiny: torch's intra-op threads only fight each other (and the other
 # xdist worker) over the 2 cores, which made each decode step ~20x slower. One thread per
@@ -35,8 +35,18 @@ def _demo_model_path(name: str) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_models() -> dict[str, DemoModel]:
-    """Every demo model of the catalogue, built (or reused) in the shared cache, by name."""
-    return {model.name: model for model in build_demo_models(default_cache_dir())}
+    """Every demo model of the catalogue, built (or reused) in the shared cache, by name.
+
+    On a machine without them, pytest-xdist's workers build from opposite ends of the
+    catalogue (each training on one thread), so two cores build two models at once instead
+    of one worker waiting on the other's lock for each model in turn.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    order = list(DEMO_MODELS)
+    if int(worker.removeprefix("gw") or 0) % 2:
+        order.reverse()
+    built = {model.name: model for model in build_demo_models(default_cache_dir(), order)}
+    return {model.name: built[model.name] for model in DEMO_MODELS}
 
 
 @pytest.fixture(scope="session")

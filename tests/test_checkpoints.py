@@ -13,80 +13,72 @@ import pytest
 
 from model_support.checkpoints import (
     DEMO_MODELS,
+    SEED_ATTEMPTS,
     STAMP_FILE,
     DemoModel,
+    FixtureOutOfBand,
     ModelKind,
     TrainingRecipe,
     build_demo_models,
+    cache_key,
     corpus_text,
     default_cache_dir,
     demo_model,
     is_up_to_date,
     read_stamp,
 )
+from model_support.fixture_quality import NEW_TOKENS, QualityBand, greedy, measure
 from model_support.vocabulary import Task
 
-PROMPTS = ("def fibonacci(n):", "The capital of France is", "import numpy as np")
-NEW_TOKENS = 32
 TEXT_MODELS = [m.name for m in DEMO_MODELS if m.task is Task.TEXT_GENERATION]
+FOREIGN = Path(__file__).parent / "data" / "checkpoints"
+# Checkpoints other machines trained (tests/data/checkpoints/README.md): folder -> catalogue name.
+FOREIGN_MODELS = {"tiny-qwen3-moe-amd-epyc": "tiny-qwen3-moe"}
 
 
-def _greedy(model: Any, inputs: dict[str, Any]) -> tuple[list[int], list[float]]:
-    """Greedy-generate NEW_TOKENS tokens; return them and the top-2 logit margin at each step."""
-    import torch
-
-    with torch.no_grad():
-        out = model.generate(
-            **inputs,
-            max_new_tokens=NEW_TOKENS,
-            min_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-    new = out.sequences[0, inputs["input_ids"].shape[1] :].tolist()
-    top2 = torch.stack(out.scores)[:, 0].topk(2, dim=-1).values
-    return new, (top2[:, 0] - top2[:, 1]).tolist()
+def _trained(demo_models: dict[str, DemoModel], which: str) -> DemoModel:
+    """A catalogue model built here (by name) or as another machine built it (by folder)."""
+    if which in FOREIGN_MODELS:
+        return replace(demo_model(FOREIGN_MODELS[which]), path=FOREIGN / which)
+    return demo_models[which]
 
 
-def _corpus_trigram_share(text: str) -> float:
-    """Share of the word trigrams of ``text`` that also occur in the bundled corpus."""
-    corpus_words = corpus_text().split()
-    corpus_trigrams = set(zip(corpus_words, corpus_words[1:], corpus_words[2:], strict=False))
-    words = text.split()
-    trigrams = list(zip(words, words[1:], words[2:], strict=False))
-    assert trigrams, f"too little text to compare with the corpus: {text!r}"
-    return sum(t in corpus_trigrams for t in trigrams) / len(trigrams)
-
-
-@pytest.mark.parametrize("name", TEXT_MODELS)
-def test_text_model_reloads_and_generates_decisively(
-    demo_models: dict[str, DemoModel], name: str
+@pytest.mark.parametrize("which", [*TEXT_MODELS, *FOREIGN_MODELS])
+def test_text_model_reloads_and_is_inside_its_quality_band(
+    demo_models: dict[str, DemoModel], which: str
 ) -> None:
+    """Every correctly trained fixture, whichever machine trained it, is what the demo and the
+    verifier's tests rely on: decided predictions, corpus-like text, Paris, and for a mixture
+    of experts some nearly tied routing on the prompts."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    entry = demo_models[name]
+    entry = _trained(demo_models, which)
+    band = entry.quality
+    assert band is not None, f"{entry.name} has no quality band"
     tokenizer = AutoTokenizer.from_pretrained(entry.require_path())
-    model = AutoModelForCausalLM.from_pretrained(entry.require_path()).eval()
+    model = AutoModelForCausalLM.from_pretrained(entry.require_path())
     assert type(model).__name__ == entry.architecture
+    # Prompts start like training windows: with BOS.
+    assert tokenizer("def fibonacci(n):")["input_ids"][0] == tokenizer.bos_token_id
 
-    margins: list[float] = []
-    continuations: dict[str, str] = {}
-    for prompt in PROMPTS:
-        inputs = tokenizer(prompt, return_tensors="pt")
-        assert (
-            inputs["input_ids"][0, 0] == tokenizer.bos_token_id
-        )  # prompts start like training windows
-        new, step_margins = _greedy(model, dict(inputs))
-        assert len(new) == NEW_TOKENS
-        margins += step_margins
-        continuations[prompt] = tokenizer.decode(new, skip_special_tokens=True)
+    measured = measure(entry.require_path(), band, corpus_text())
+    assert measured.problems(band) == [], (which, measured)
+    # A random tiny model sits at 0.001-0.05 nats (docs/verification.md): trained is decided.
+    assert measured.median_margin > 1.0
+    if band.router_ties:  # the mixture of experts the verifier's router-flip tests aim at
+        assert measured.router_tie_positions
 
-    # Trained predictions are decisive; a random tiny model sits at 0.001-0.05 nats (docs/verification.md).
-    assert statistics.median(margins) > 1.0, (name, sorted(margins))
-    fib = PROMPTS[0] + continuations[PROMPTS[0]]
-    assert _corpus_trigram_share(fib) >= 0.6, fib
-    assert continuations["The capital of France is"].lstrip().startswith("Paris"), continuations
+
+def test_the_build_records_what_it_measured(demo_models: dict[str, DemoModel]) -> None:
+    for model in demo_models.values():
+        stamp = read_stamp(model.require_path())
+        assert stamp is not None and stamp.seed >= 0
+        if model.quality is None:
+            assert stamp.quality is None
+            continue
+        assert stamp.quality is not None, model.name
+        low, high = model.quality.median_margin
+        assert low <= stamp.quality["median_margin"] <= high
 
 
 @pytest.mark.parametrize("name", [m.name for m in DEMO_MODELS if m.kind is ModelKind.MOE])
@@ -141,8 +133,8 @@ def test_llava_reloads_with_processor_and_generates(tiny_llava_path: Path) -> No
     prompt_text = processor.tokenizer.decode(red["input_ids"][0], skip_special_tokens=True)
     assert prompt_text.startswith("USER:") and prompt_text.endswith("ASSISTANT:")
 
-    new, _ = _greedy(model, red)
-    assert len(new) == NEW_TOKENS
+    new, _ = greedy(model, red)
+    assert len(new) == NEW_TOKENS  # fixture_quality.greedy generates exactly this many
 
     # The vision tower is wired in: another image changes the next-token logits.
     blue = chat(Image.new("RGB", (48, 40), (20, 40, 230)))
@@ -153,7 +145,7 @@ def test_llava_reloads_with_processor_and_generates(tiny_llava_path: Path) -> No
 
     # Its language part is trained on the corpus like the text models.
     text = processor.tokenizer("The capital of France is", return_tensors="pt")
-    new, margins = _greedy(model, dict(text))
+    new, margins = greedy(model, dict(text))
     assert statistics.median(margins) > 1.0, sorted(margins)
     assert processor.tokenizer.decode(new, skip_special_tokens=True).lstrip().startswith("Paris")
 
@@ -174,8 +166,10 @@ def test_second_build_of_the_shared_cache_reuses_every_model(
 # --- cache behaviour, on a variant trained for 3 steps so each build takes under a second ---
 
 
-def _quick(name: str = "tiny-llama", steps: int = 3) -> DemoModel:
-    return replace(demo_model(name), recipe=TrainingRecipe(steps=steps))
+def _quick(
+    name: str = "tiny-llama", steps: int = 3, quality: QualityBand | None = None
+) -> DemoModel:
+    return replace(demo_model(name), recipe=TrainingRecipe(steps=steps), quality=quality)
 
 
 def _mtime(model: DemoModel) -> int:
@@ -194,7 +188,7 @@ def _built_at(model: DemoModel) -> Any:
 def test_up_to_date_model_is_reused_not_retrained(tmp_path: Path) -> None:
     (first,) = build_demo_models(tmp_path, [_quick()])
     (second,) = build_demo_models(tmp_path, [_quick()])
-    assert second.path == first.path == tmp_path / "tiny-llama"
+    assert second.path == first.path == tmp_path / cache_key(_quick()) / "tiny-llama"
     assert _built_at(second) == _built_at(first)
     assert _mtime(second) == _mtime(first)
 
@@ -219,7 +213,8 @@ def test_half_written_directory_and_leftovers_are_rebuilt(tmp_path: Path) -> Non
     # An interrupted writer: files without the stamp (which is written last), and the temporary
     # directory of a build that crashed.
     (model.require_path() / STAMP_FILE).unlink()
-    leftover = tmp_path / ".tiny-llama.building-crashed"
+    folder = tmp_path / cache_key(_quick())
+    leftover = folder / ".tiny-llama.building-crashed"
     leftover.mkdir()
     (leftover / "model.safetensors").write_bytes(b"partial")
 
@@ -227,7 +222,7 @@ def test_half_written_directory_and_leftovers_are_rebuilt(tmp_path: Path) -> Non
     assert read_stamp(rebuilt.require_path()) is not None
     assert is_up_to_date(_quick(), rebuilt.require_path())
     assert not leftover.exists()
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == [
+    assert sorted(p.name for p in folder.iterdir() if not p.name.endswith(".lock")) == [
         "tiny-llama"
     ]
 
@@ -244,7 +239,7 @@ def test_unreadable_stamp_and_stray_files_are_not_trusted(tmp_path: Path) -> Non
     assert not is_up_to_date(_quick(), path)
 
 
-def test_changed_recipe_makes_the_build_stale(tmp_path: Path) -> None:
+def test_another_recipe_is_another_cache_entry(tmp_path: Path) -> None:
     (old,) = build_demo_models(tmp_path, [_quick(steps=3)])
     old_stamp = read_stamp(old.require_path())
     assert not is_up_to_date(_quick(steps=4), old.require_path())
@@ -252,7 +247,38 @@ def test_changed_recipe_makes_the_build_stale(tmp_path: Path) -> None:
     new_stamp = read_stamp(new.require_path())
     assert old_stamp is not None and new_stamp is not None
     assert new_stamp.fingerprint != old_stamp.fingerprint
-    assert new_stamp.built_at > old_stamp.built_at
+    # Built into its own folder: the old recipe's model is never found for the new one, and
+    # both stay usable side by side (two checkouts of different versions share one cache).
+    assert new.require_path() != old.require_path()
+    assert read_stamp(old.require_path()) == old_stamp
+    (again,) = build_demo_models(tmp_path, [_quick(steps=3)])
+    assert read_stamp(again.require_path()) == old_stamp
+    # A quality band is part of the recipe too.
+    banded = _quick(steps=3, quality=QualityBand(median_margin=(0.0, 1e9), knows_paris=False))
+    assert cache_key(banded) != cache_key(_quick(steps=3))
+
+
+def test_a_model_outside_its_band_is_trained_again_then_refused(tmp_path: Path) -> None:
+    # Three steps of training cannot know Paris: every seed comes out outside this band.
+    hopeless = _quick(steps=3, quality=QualityBand(median_margin=(0.0, 1e9)))
+    with pytest.raises(FixtureOutOfBand) as refused:
+        build_demo_models(tmp_path, [hopeless])
+    message = str(refused.value)
+    for seed in range(SEED_ATTEMPTS):
+        assert f"seed {seed}: " in message
+    assert "not 'Paris'" in message and "tiny-llama" in message
+    folder = tmp_path / cache_key(hopeless)
+    assert [p.name for p in folder.iterdir() if not p.name.endswith(".lock")] == []
+
+    # A band the first seed meets: built once, its figures in the stamp.
+    easy = _quick(
+        steps=3,
+        quality=QualityBand(median_margin=(0.0, 1e9), corpus_trigram_share=0.0, knows_paris=False),
+    )
+    (built,) = build_demo_models(tmp_path, [easy])
+    stamp = read_stamp(built.require_path())
+    assert stamp is not None and stamp.seed == 0 and stamp.rejected_seeds == {}
+    assert stamp.quality is not None and stamp.quality["corpus_trigram_share"] is not None
 
 
 def test_force_rebuilds_an_up_to_date_model(tmp_path: Path) -> None:
@@ -273,6 +299,25 @@ def test_build_is_deterministic(tmp_path: Path) -> None:
     stamps = [read_stamp(m.require_path()) for m in (a, b)]
     assert stamps[0] is not None and stamps[1] is not None
     assert stamps[0].files == stamps[1].files
+
+
+def test_build_does_not_depend_on_the_callers_thread_count(tmp_path: Path) -> None:
+    # The demo runs with torch's default threads, the tests with one: both must build the
+    # same model, or whichever process builds first decides what the other tests.
+    import torch
+
+    threads = torch.get_num_threads()
+    digests = []
+    try:
+        for count, folder in ((1, "one"), (4, "four")):
+            torch.set_num_threads(count)
+            (model,) = build_demo_models(tmp_path / folder, [_quick("tiny-qwen3-moe", steps=30)])
+            weights = model.require_path() / "model.safetensors"
+            digests.append(hashlib.sha256(weights.read_bytes()).hexdigest())
+            assert torch.get_num_threads() == count  # the caller's setting is given back
+    finally:
+        torch.set_num_threads(threads)
+    assert digests[0] == digests[1]
 
 
 def test_unknown_model_name_fails_before_building_anything(tmp_path: Path) -> None:

@@ -891,9 +891,6 @@ def observe_routers(model):
     import torch
     import torch.nn.functional as F
 
-    config = getattr(model, "config", None)
-    text_config = getattr(config, "text_config", None) or config
-    default_k = getattr(text_config, "num_experts_per_tok", None)
     seen: dict = {}
     handles = []
 
@@ -920,6 +917,25 @@ def observe_routers(model):
 
         return hook
 
+    for name, router, top_k in moe_routers(model):
+        handles.append(router.register_forward_hook(hook_for(name, top_k)))
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def moe_routers(model) -> list:
+    """Every mixture-of-experts router of ``model`` as (MoE block name, router module, top_k),
+    in module order (the layers' order): the ``gate`` or ``router`` child of a module that has
+    ``experts`` (the layout of transformers' MoE blocks)."""
+    import torch
+
+    config = getattr(model, "config", None)
+    text_config = getattr(config, "text_config", None) or config
+    default_k = getattr(text_config, "num_experts_per_tok", None)
+    found = []
     for name, module in model.named_modules():
         router = getattr(module, "gate", None)
         if not isinstance(router, torch.nn.Module):
@@ -928,9 +944,54 @@ def observe_routers(model):
             continue
         top_k = getattr(router, "top_k", None) or getattr(module, "top_k", None) or default_k
         if top_k:
-            handles.append(router.register_forward_hook(hook_for(name, int(top_k))))
+            found.append((name, router, int(top_k)))
+    return found
+
+
+@contextlib.contextmanager
+def flipped_routing(model, flips: dict):
+    """Route some tokens to the other of two nearly tied experts: within forward passes, in MoE
+    layer ``layer`` (the index in :func:`moe_routers`' order) the rows ``flips[layer]`` of the
+    router's logits swap their k-th and (k+1)-th largest values, the choice a correct
+    reduced-precision run makes where its rounding reverses a near-tie. The router's logits are
+    the first ``F.linear`` inside its forward (transformers' routers compute them so)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+
+    class SwapRows(TorchFunctionMode):
+        def __init__(self, rows, top_k: int) -> None:
+            super().__init__()
+            self.rows, self.top_k, self.done = rows, top_k, False
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is F.linear and not self.done:
+                self.done = True
+                flat = out.reshape(-1, out.shape[-1]).clone()
+                order = torch.sort(flat.float(), dim=-1, descending=True).indices
+                k = self.top_k
+                for row in self.rows:
+                    inside, outside = order[row, k - 1], order[row, k]
+                    flat[row, inside], flat[row, outside] = flat[row, outside], flat[row, inside]
+                out = flat.reshape(out.shape)
+            return out
+
+    handles, modes = [], []
+    routers = moe_routers(model)
+    for layer, rows in flips.items():
+        _, router, top_k = routers[layer]
+
+        def enter(module, args, rows=rows, top_k=top_k):
+            modes.append(SwapRows(rows, top_k))
+            modes[-1].__enter__()
+
+        def leave(module, args, output):
+            modes.pop().__exit__(None, None, None)
+
+        handles += [router.register_forward_pre_hook(enter), router.register_forward_hook(leave)]
     try:
-        yield seen
+        yield
     finally:
         for handle in handles:
             handle.remove()
@@ -958,11 +1019,15 @@ def score_reference(config: dict, processor, prompts, tokens, dtype_name: str, p
     log-probabilities (positions x vocabulary, float64) and, for mixture-of-experts models, the
     reference routers' top-k gaps and the baseline's router-logit deviation (positions x layers).
     """
+    import math
+
     import torch
 
     # Every argument is explicit so a sharded run's rank 0 loads an unsharded reference.
     _, model = load_model(config, "float32", torch.device("cpu"))
     singles = [build_inputs(config, processor, [prompt]) for prompt in prompts]
+    # Columns in moe_routers' order, the layer index flipped_routing takes.
+    router_names = [name for name, _, _ in moe_routers(model)]
 
     def score_all(model):
         logprobs, routers = [], []
@@ -994,7 +1059,13 @@ def score_reference(config: dict, processor, prompts, tokens, dtype_name: str, p
             router_noise.append(None)
             continue
         gaps, noise = [], []
-        for name, (logits, k) in ref_seen.items():
+        positions = len(next(iter(ref_seen.values()))[0])
+        for name in router_names:
+            if name not in ref_seen:  # a router that never ran is never tied
+                gaps.append(torch.full((positions,), math.inf, dtype=torch.float64))
+                noise.append(torch.zeros(positions, dtype=torch.float64))
+                continue
+            logits, k = ref_seen[name]
             ordered = torch.sort(logits, dim=-1, descending=True).values
             gaps.append(ordered[:, k - 1] - ordered[:, k])
             noise.append(torch.max(torch.abs(base_seen[name][0] - logits), dim=-1).values)
@@ -1006,6 +1077,104 @@ def score_reference(config: dict, processor, prompts, tokens, dtype_name: str, p
         "router_gaps": router_gaps,
         "router_noise": router_noise,
     }
+
+
+ROUTING_CANDIDATES = 8  # flipped forward passes per prompt, at most, when matching routing
+
+
+def match_routing(
+    config: dict, processor, prompts, tokens, dtype_name: str, precision: str, scored, device_logits
+):
+    """The reference and baseline, re-scored where the device evidently took the other expert.
+
+    A correct reduced-precision run may route a token to the other of two nearly tied experts;
+    that moves its logits at that position far more than rounding would, and, through the
+    attention of later layers to that position, at the positions after it too. Where a router
+    tie the verdict excuses (see excused_positions) comes with a device deviation beyond the
+    rounding allowance, each tied layer's flip is tried in the float32 reference (at most
+    ROUTING_CANDIDATES passes a prompt); the flip that brings the reference closest to the
+    device there, if any brings it closer, is kept, and the reference and the baseline of that
+    prompt are scored again with the kept flips, so every later position is judged against the
+    routing the device used. Returns a new scored dict (``scored`` is left as it was) with
+    ``routing_flips``: the (prompt, position, layer) kept. A fault that only imitates such a
+    flip is indistinguishable from it (docs/verification.md).
+    """
+    import math
+
+    import torch
+
+    params = config["verification"]
+    plans: dict = {}
+    for i, gaps in enumerate(scored["router_gaps"]):
+        if gaps is None:
+            continue
+        toks = torch.as_tensor(tokens[i], dtype=torch.long).reshape(-1)
+        ref, base = scored["reference"][i], scored["baseline"][i]
+        dev = torch.log_softmax(device_logits[i].double(), dim=-1)
+        ties = router_tie_mask(gaps, scored["router_noise"][i], params)
+        device_dev = position_deviations(dev, ref, toks)
+        baseline_dev = position_deviations(base, ref, toks)
+        allowance = torch.clamp(
+            params["near_tie_multiple"] * baseline_dev, min=params["near_tie_floor"]
+        )
+        excused = excused_positions(ties.any(dim=1), device_dev, params)
+        moved = torch.nonzero(excused & (device_dev > allowance)).flatten().tolist()
+        candidates = [
+            (t, layer) for t in moved for layer in torch.nonzero(ties[t]).flatten().tolist()
+        ]
+        if candidates:
+            plans[i] = (candidates[:ROUTING_CANDIDATES], dev, toks, device_dev)
+    result = dict(scored, reference=list(scored["reference"]), baseline=list(scored["baseline"]))
+    result["routing_flips"] = []
+    if not plans:
+        return result
+
+    _, model = load_model(config, "float32", torch.device("cpu"))
+    singles = {i: build_inputs(config, processor, [prompts[i]]) for i in plans}
+    kept: dict = {}
+    for i, (candidates, dev, toks, device_dev) in plans.items():
+        prompt_len = singles[i]["input_ids"].shape[1]
+        best: dict = {}  # position -> (deviation, layer)
+        for t, layer in candidates:
+            with flipped_routing(model, {layer: [prompt_len - 1 + t]}):
+                flipped = teacher_forced_logprobs(model, dict(singles[i]), toks, prompt_len)
+            deviation = float(
+                position_deviations(dev[t : t + 1], flipped[t : t + 1], toks[t : t + 1])[0]
+            )
+            if deviation < float(device_dev[t]) and deviation < best.get(t, (math.inf,))[0]:
+                best[t] = (deviation, layer)
+        if best:
+            kept[i] = {t: layer for t, (_, layer) in sorted(best.items())}
+
+    def rescore(model, i: int):
+        flips: dict = {}
+        prompt_len = singles[i]["input_ids"].shape[1]
+        for t, layer in kept[i].items():
+            flips.setdefault(layer, []).append(prompt_len - 1 + t)
+        with flipped_routing(model, flips):
+            return teacher_forced_logprobs(model, dict(singles[i]), plans[i][2], prompt_len)
+
+    for i in kept:
+        result["reference"][i] = rescore(model, i)
+    if kept and dtype_name != "float32":
+        model.to(torch_dtype(dtype_name))
+        for i in kept:
+            result["baseline"][i] = rescore(model, i)
+    elif kept and precision != "ieee":
+        with reduced_precision(precision):
+            for i in kept:
+                result["baseline"][i] = rescore(model, i)
+    elif kept:
+        for i in kept:
+            result["baseline"][i] = result["reference"][i]
+    del model
+    gc.collect()
+    result["routing_flips"] = [
+        {"prompt": i, "position": t, "layer": layer}
+        for i in sorted(kept)
+        for t, layer in kept[i].items()
+    ]
+    return result
 
 
 def router_tie_mask(gaps, noise, params: dict):
@@ -1058,7 +1227,6 @@ def verdict(
     differs there is that routing's, judged "router-tie"); the median still sees them. Every
     figure is returned; the worst prompt of each statistic is the headline.
     """
-    import math
 
     import torch
 
@@ -1084,24 +1252,14 @@ def verdict(
 
         ref_arg = torch.argmax(ref, dim=-1)
         margin = ref.gather(1, ref_arg[:, None])[:, 0] - ref.gather(1, toks[:, None])[:, 0]
-        watch = torch.cat(
-            [torch.topk(ref, min(TOP_K_NOISE, ref.shape[-1])).indices, toks[:, None]], 1
-        )
-        device_dev = torch.abs(dev - ref).gather(1, watch).max(dim=1).values
-        baseline_dev = torch.abs(base - ref).gather(1, watch).max(dim=1).values
+        device_dev = position_deviations(dev, ref, toks)
+        baseline_dev = position_deviations(base, ref, toks)
         device_kl = (dev.exp() * (dev - ref)).sum(dim=-1).clamp_min(0.0)
         baseline_kl = (base.exp() * (base - ref)).sum(dim=-1).clamp_min(0.0)
         ties = torch.zeros(n, dtype=torch.bool)
         if router_gaps is not None and router_gaps[i] is not None:
             ties = router_tie_mask(router_gaps[i], router_noise[i], params).any(dim=1)
-        # Excuse at most a share of the positions (deep MoEs have a near-tie somewhere at most
-        # positions): the tied ones where the device deviates most, which a flip explains.
-        excused = torch.zeros(n, dtype=torch.bool)
-        limit = math.ceil(params["router_tie_share"] * n)
-        tied = torch.nonzero(ties).flatten()
-        if tied.numel() and limit:
-            worst_first = tied[torch.argsort(device_dev[tied], descending=True)]
-            excused[worst_first[:limit]] = True
+        excused = excused_positions(ties, device_dev, params)
         router_ties += int(excused.sum())
 
         for t in range(n):
@@ -1208,6 +1366,35 @@ def verdict(
         "prompt_statistics": prompt_stats,
         "positions": positions,
     }
+
+
+def position_deviations(logprobs, ref, tokens):
+    """Per position, the largest log-probability deviation of ``logprobs`` from ``ref`` over the
+    reference's top TOP_K_NOISE tokens and the generated one (``tokens``)."""
+    import torch
+
+    watch = torch.cat(
+        [torch.topk(ref, min(TOP_K_NOISE, ref.shape[-1])).indices, tokens[:, None]], 1
+    )
+    return torch.abs(logprobs - ref).gather(1, watch).max(dim=1).values
+
+
+def excused_positions(ties, device_dev, params: dict):
+    """The router-tie positions the verdict excuses: at most ``router_tie_share`` of a prompt's
+    positions (deep MoEs have a near-tie somewhere at most positions), the tied ones where the
+    device deviates most, which a flip explains."""
+    import math
+
+    import torch
+
+    n = ties.shape[0]
+    excused = torch.zeros(n, dtype=torch.bool)
+    limit = math.ceil(params["router_tie_share"] * n)
+    tied = torch.nonzero(ties).flatten()
+    if tied.numel() and limit:
+        worst_first = tied[torch.argsort(device_dev[tied], descending=True)]
+        excused[worst_first[:limit]] = True
+    return excused
 
 
 def _quantile(values, q: float) -> float:
@@ -1516,12 +1703,21 @@ class TextGeneration(TaskScenario):
         return Generation(generated, device_logits, text=text)
 
     def score(self, config, processor, generation, dtype_name, precision):
-        return score_reference(
-            config, processor, config["prompts"], generation.tokens, dtype_name, precision
+        prompts, tokens = config["prompts"], generation.tokens
+        scored = score_reference(config, processor, prompts, tokens, dtype_name, precision)
+        return match_routing(
+            config,
+            processor,
+            prompts,
+            tokens,
+            dtype_name,
+            precision,
+            scored,
+            generation.device_logits,
         )
 
     def judge(self, config, generation, scored, label):
-        return verdict(
+        judged = verdict(
             scored["reference"],
             scored["baseline"],
             generation.device_logits,
@@ -1531,6 +1727,8 @@ class TextGeneration(TaskScenario):
             router_gaps=scored["router_gaps"],
             router_noise=scored["router_noise"],
         )
+        judged["routing_flips"] = scored["routing_flips"]
+        return judged
 
 
 # ---- task: text2text-generation, automatic-speech-recognition
