@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -68,12 +69,18 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
     if not settings.leader_election:
         leadership.leading.set()
 
-    def take_over() -> None:
-        # Level-based: the new leader brings every test and sweep it watched while waiting
-        # to where it should be (what happened meanwhile is in the API, not in events).
+    def resume_as_leader() -> None:
         with leadership.acting() as leading:
             if leading:
                 resume(reconciler, sweeps)
+
+    def take_over() -> None:
+        # Level-based: the new leader brings every test and sweep it watched while waiting
+        # to where it should be (what happened meanwhile is in the API, not in events). In a
+        # thread of its own: the Lease's renewals must not wait for it.
+        threading.Thread(
+            target=resume_as_leader, name="model-support take-over", daemon=True
+        ).start()
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:

@@ -912,3 +912,14 @@ def test_the_pod_that_decided_is_not_one_the_job_replaced_within_the_same_second
     for pods in ([stopped, replacement], [replacement, stopped]):
         decided = latest_pod(pods)
         assert decided is not None and decided["metadata"]["name"] == "replacement"
+
+
+def test_without_a_deadline_budget_the_job_waits_and_the_runner_keeps_the_timeout() -> None:
+    """deadlineBudgetSeconds null: no Job deadline at all (a Job may wait for capacity as long
+    as it takes); the test's own timeout is still the runner's, from run.py's start."""
+    waiting = SETTINGS.model_copy(update={"deadline_budget_s": None})
+    job = job_for({"model": "a/b", "timeoutSeconds": 900}, cores=1, settings=waiting)
+    validate(job)
+    assert "activeDeadlineSeconds" not in job["spec"]
+    argv = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert argv[argv.index("--timeout") + 1] == "900"
