@@ -2,12 +2,12 @@
 
 Run: python benchmarks/viewer_scale.py [--rows 100000] [--repeat 5]. Builds the dataset in a
 temporary directory with the real matrix schema (dataset.MATRIX_SCHEMA; rows as record_to_row
-makes them, sorted and split into row groups as the store writes them), then times the viewer's
-own reading and query functions and full AppTest page runs. Each figure is the best of
+makes them, sorted and written as the store writes them: dataset.write_matrix), then times the
+viewer's own reading and query functions and full AppTest page runs. Each figure is the best of
 ``--repeat`` runs (the first page: of fresh sessions on a cleared cache); the load average is
 printed with them, since other work on the machine slows every figure.
 
-Targets (issue 15): first page <= 0.3 s, one model's details <= 0.1 s, search <= 0.05 s.
+Targets: first page <= 0.3 s, one model's details <= 0.1 s, search <= 0.05 s.
 """
 
 from __future__ import annotations
@@ -27,7 +27,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from model_support.dataset import MATRIX_SCHEMA, matrix_row_group_rows, record_to_row
+from model_support.dataset import (
+    MATRIX_SCHEMA,
+    matrix_row_group_rows,
+    record_to_row,
+    write_matrix,
+)
 from model_support.records import ResultDocument, RunRecord, Stack, Timings
 from model_support.store import MATRIX_KEY_METADATA
 
@@ -74,10 +79,9 @@ def build(root: Path, rows: int) -> None:
         "library_version": "5.24.0",
     }
     (root / "data").mkdir(parents=True)
-    pq.write_table(
+    write_matrix(
         table.replace_schema_metadata({MATRIX_KEY_METADATA: json.dumps(key).encode()}),
-        root / "data" / "big.parquet",
-        row_group_size=matrix_row_group_rows(table),
+        str(root / "data" / "big.parquet"),
     )
 
 
@@ -143,19 +147,67 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def compare_codecs(root: Path, repeat: int) -> None:
+    """The viewer's reads of the same matrix as the store writes it (zstd, large pages) and as
+    it wrote it before (pyarrow's defaults: snappy), interleaved so both see the same load."""
+    from model_support.viewer import queries
+    from model_support.viewer.data import read_columns
+
+    table = pq.read_table(root / "data" / "big.parquet")
+    before = root.parent / "snappy"
+    (before / "data").mkdir(parents=True)
+    pq.write_table(
+        table, before / "data" / "big.parquet", row_group_size=matrix_row_group_rows(table)
+    )
+    files = {"after (zstd)": root, "before (snappy)": before}
+    reads = {
+        "read list columns": lambda uri: read_columns(
+            uri, [f"{uri}/data/big.parquet"], queries.LIST_COLUMNS
+        ),
+        "one model's details (read, pushdown)": lambda uri: read_columns(
+            uri, [f"{uri}/data/big.parquet"], queries.DETAIL_COLUMNS, model_id="org7/model-7"
+        ),
+        "triage columns": lambda uri: read_columns(
+            uri, [f"{uri}/data/big.parquet"], queries.TRIAGE_COLUMNS
+        ),
+    }
+    for name in files:
+        size = (files[name] / "data" / "big.parquet").stat().st_size
+        print(f"{name}: {size / 2**20:.1f} MiB")
+    for label, read in reads.items():
+        best: dict[str, tuple[float, float]] = {}
+        for _ in range(repeat):
+            for name, folder in files.items():
+                timing = best_ms(lambda folder=folder, read=read: read(str(folder)), 1)
+                best[name] = min(best.get(name, timing), timing)
+        for name, timing in best.items():
+            report(f"{label}: {name}", timing)
+        ratio = best["after (zstd)"][1] / max(best["before (snappy)"][1], 1e-9)
+        print(f"  CPU after / before: {ratio:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--compare-codecs",
+        action="store_true",
+        help="Only time the viewer's reads of the matrix written now and as written before.",
+    )
     args = parser.parse_args()
     print(f"load average before (1, 5, 15 min): {load()} on {os.cpu_count()} CPUs")
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
+        root = Path(tmp) / "zstd"
         start = time.perf_counter()
         build(root, args.rows)
         report(f"build {args.rows:,}-row matrix", 1000 * (time.perf_counter() - start))
         groups = pq.ParquetFile(root / "data" / "big.parquet").metadata.num_row_groups
         print(f"row groups: {groups}")
+        if args.compare_codecs:
+            compare_codecs(root, args.repeat)
+            print(f"load average after (1, 5, 15 min): {load()}")
+            return
 
         start = time.perf_counter()
         import streamlit as st

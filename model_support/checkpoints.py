@@ -120,7 +120,7 @@ class ModelKind(StrEnum):
     DENSE = "dense"
     MOE = "moe"
     VISION = "vision"
-    # ---- the tasks beyond text generation (issue 13), built by model_support.task_fixtures
+    # ---- the tasks beyond text generation, built by model_support.task_fixtures
     EMBEDDING = "embedding"
     TEXT_CLASSIFIER = "text-classifier"
     IMAGE_CLASSIFIER = "image-classifier"
@@ -215,7 +215,7 @@ _ENCODER_SHAPE: dict[str, Any] = {
     "initializer_range": _INIT_RANGE,
 }
 
-# One tiny model per task family beyond text generation (issue 13), built and trained by
+# One tiny model per task family beyond text generation, built and trained by
 # model_support.task_fixtures (seconds each); part of the demo.
 TASK_MODELS: tuple[DemoModel, ...] = (
     DemoModel(

@@ -23,7 +23,7 @@ DEFAULT_PROMPTS: tuple[str, ...] = (
 )
 DEFAULT_IMAGE_PROMPT = "Describe this image."
 
-# ---- default inputs of the tasks beyond text generation (issue 13); run.py turns each prompt
+# ---- default inputs of the tasks beyond text generation; run.py turns each prompt
 # into the task's input (a sentence, a spoken waveform, a drawn test image, an image prompt).
 # Four pairs of related sentences: each one's nearest neighbour is its partner, so the
 # similarity ranking the embeddings verdict checks is decided.

@@ -159,6 +159,47 @@ def _cache_error(s: _Source) -> str | None:
     return "; ".join(errors) or None
 
 
+def held_seconds(doc: ResultDocument) -> float | None:
+    """Seconds the runner held its cores, from the run's own timestamps: run.py's start to its
+    finish plus the compile cache pull and push around it; 0 for EXCLUDED (nothing ran); None
+    when the run recorded no times (docs/pricing.md)."""
+    if doc.result == Result.EXCLUDED:
+        return 0.0
+    started, finished = _utc(doc.started_at), _utc(doc.finished_at)
+    if started is not None and finished is not None and finished >= started:
+        held = (finished - started).total_seconds()
+    elif doc.timings.total_s is not None:
+        held = doc.timings.total_s
+    else:
+        return None
+    cache = doc.compile_cache
+    if cache is not None:
+        held += sum(t.seconds or 0.0 for t in (cache.pull, cache.push) if t is not None)
+    return held
+
+
+def core_seconds(doc: ResultDocument) -> float | None:
+    """Cores x :func:`held_seconds`: what the run used, compile included."""
+    held = held_seconds(doc)
+    return None if held is None else held * doc.cores
+
+
+def _held_s(s: _Source) -> float | None:
+    return held_seconds(s.doc)
+
+
+def _core_seconds(s: _Source) -> float | None:
+    return core_seconds(s.doc)
+
+
+def _compile_share(s: _Source) -> float | None:
+    held = held_seconds(s.doc)
+    compile_s = s.doc.timings.compile_s
+    if held is None or compile_s is None or held <= 0:
+        return None
+    return min(max(compile_s / held, 0.0), 1.0)
+
+
 _STRING = pa.string()
 _INT = pa.int64()
 _FLOAT = pa.float64()
@@ -447,6 +488,29 @@ COLUMNS: tuple[Column, ...] = (
         lambda s: _cache_error(s),
     ),
     # ---- end of the compile cache's columns
+    # ---- cost (model_support/pricing.py turns core-seconds into money)
+    Column(
+        "held_s",
+        _FLOAT,
+        "Seconds the runner held its cores: run.py's start to its finish (reference pass "
+        "included) plus the compile cache pull and push around it; 0 for EXCLUDED (nothing "
+        "ran); null where the run recorded no times.",
+        lambda s: _held_s(s),
+    ),
+    Column(
+        "core_seconds",
+        _FLOAT,
+        "Cores x held_s: what the test used, compile included; a price per core-hour "
+        "(docs/pricing.md) makes it a cost.",
+        lambda s: _core_seconds(s),
+    ),
+    Column(
+        "compile_share",
+        _FLOAT,
+        "compile_time_s / held_s: the share of the held time spent compiling (0..1).",
+        lambda s: _compile_share(s),
+    ),
+    # ---- end of cost
     # verification
     Column(
         "verified_exact",
@@ -484,7 +548,7 @@ COLUMNS: tuple[Column, ...] = (
         "Index (over all prompts' generated tokens) of the first mismatch.",
         _field("doc.verification.first_mismatch"),
     ),
-    # ---- verdict statistics (issue 10): which check failed, and every check's worst ratio ----
+    # ---- verdict statistics: which check failed, and every check's worst ratio ----
     Column(
         "failed_checks",
         pa.list_(_STRING),
@@ -607,10 +671,28 @@ COLUMNS: tuple[Column, ...] = (
     ),
 )
 
+_COLUMN_BY_NAME: dict[str, Column] = {c.name: c for c in COLUMNS}
+
 MATRIX_SCHEMA: pa.Schema = pa.schema([pa.field(c.name, c.type, nullable=True) for c in COLUMNS])
 """The one schema of every matrix file (so a directory of them reads as one table)."""
 
 MATRIX_COLUMNS: tuple[str, ...] = tuple(c.name for c in COLUMNS)
+
+HISTORY_COLUMNS: tuple[str, ...] = (
+    "model_id", "task", "compiler", "compiler_version", "library", "library_version",
+    "revision", "resolved_revision", "result", "error_class", "exclusion_reason",
+    "failed_checks", "neuron_cores", "lnc", "instance_type", "wall_time_s", "compile_time_s",
+    "compile_cache_hit", "decode_tokens_per_s", "peak_device_memory_bytes", "error_ratio",
+    "q90_ratio", "peak_ratio", "kl_ratio", "bad_tokens", "held_s", "core_seconds",
+    "compile_share", "run_id", "source", "started_at", "finished_at", "recorded_at",
+)  # fmt: skip
+"""The columns of the history (``history/runs.parquet`` in a store): every run, not only the
+latest per stack, with what the History and Regressions views and commands read. The matrix's
+own columns, so a history row says what the matrix row of the same record says; the long ones
+(error messages, texts, run.py) stay in the matrix and the records, so the history of 100,000
+runs stays a few MiB."""
+
+HISTORY_SCHEMA: pa.Schema = pa.schema([MATRIX_SCHEMA.field(name) for name in HISTORY_COLUMNS])
 
 MATRIX_ROW_GROUP_BYTES = 8 * 2**20
 """Target size of a matrix file's row groups (uncompressed). Rows are sorted by model id, so a
@@ -624,6 +706,29 @@ def matrix_row_group_rows(table: pa.Table) -> int:
         return 1
     row_bytes = max(table.nbytes // table.num_rows, 1)
     return max(64, min(table.num_rows, MATRIX_ROW_GROUP_BYTES // row_bytes))
+
+
+MATRIX_WRITE_OPTIONS: dict[str, Any] = {
+    "compression": "zstd",
+    "compression_level": 3,
+    "data_page_size": MATRIX_ROW_GROUP_BYTES,
+}
+"""How matrix files are encoded. Every row holds its whole run.py (~120 KB: the same harness
+text but for the config block), and snappy's 64 KB window never sees the previous row's copy:
+53-87 KB per row. zstd's window (2 MiB at level 3) with data pages as large as a row group sees
+the rows before it in the page, so a repeated run.py costs a few hundred bytes
+(benchmarks/matrix_size.py). zstd is one of Parquet's standard codecs: pandas, pyarrow, DuckDB
+and datasets.load_dataset read it."""
+
+
+def write_matrix(table: pa.Table, where: Any) -> None:
+    """Write a matrix table (a file path or a binary file object) as every matrix file is
+    written: row groups of about MATRIX_ROW_GROUP_BYTES, MATRIX_WRITE_OPTIONS."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(
+        table, where, row_group_size=matrix_row_group_rows(table), **MATRIX_WRITE_OPTIONS
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -711,22 +816,28 @@ def rows_to_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_pylist(ordered, schema=MATRIX_SCHEMA)
 
 
-def records_to_table(records: Sequence[RunRecord], keys: Sequence[MatrixKey]) -> pa.Table:
-    """Records (placed at ``keys``) as one Arrow table in :data:`MATRIX_SCHEMA`, in
-    :data:`MATRIX_ORDER`: the rows :func:`record_to_row` gives, built a column at a time."""
+def records_to_table(
+    records: Sequence[RunRecord],
+    keys: Sequence[MatrixKey],
+    schema: pa.Schema = MATRIX_SCHEMA,
+) -> pa.Table:
+    """Records (placed at ``keys``) as one Arrow table in ``schema`` (the matrix's, or a
+    subset of its columns such as :data:`HISTORY_SCHEMA`), in :data:`MATRIX_ORDER`: the rows
+    :func:`record_to_row` gives, built a column at a time."""
     sources = sorted(
         (_Source(record=r, doc=r.document, key=k) for r, k in zip(records, keys, strict=True)),
         key=lambda s: (s.record.model_id, s.doc.task, s.record.run_id),  # = MATRIX_ORDER
     )
-    getters = [c.get for c in COLUMNS]
+    chosen = [_COLUMN_BY_NAME[name] for name in schema.names]
+    getters = [c.get for c in chosen]
     # Row by row, then transposed: each record's objects are read while they are in the CPU's
     # cache, twice as fast at 100,000 records as reading one column through all of them.
     rows = [[get(source) for get in getters] for source in sources]
-    columns = zip(*rows, strict=True) if rows else ([] for _ in COLUMNS)
+    columns = zip(*rows, strict=True) if rows else ([] for _ in chosen)
     arrays = [
-        pa.array(list(values), type=c.type) for values, c in zip(columns, COLUMNS, strict=True)
+        pa.array(list(values), type=c.type) for values, c in zip(columns, chosen, strict=True)
     ]
-    return pa.Table.from_arrays(arrays, schema=MATRIX_SCHEMA)
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 _VERSION_FIELDS = ("python", "torch", "transformers", "torch_neuronx", "neuronx_cc")
@@ -844,7 +955,7 @@ Float32 runs are judged against the arithmetic their backend may use (`float32_p
 
 
 def task_verdicts_section() -> str:
-    """How the tasks beyond text generation are verified (issue 13), for the dataset card."""
+    """How the tasks beyond text generation are verified, for the dataset card."""
     methods = "\n".join(
         f"- `{task.value}`: {TASK_VERDICT_DESCRIPTIONS[method]}"
         for task, method in TASK_METHODS.items()
@@ -943,7 +1054,9 @@ on CPU) use the same format.
 
 This directory is a materialized view: the source of truth is the immutable run records under
 `records/`, and the files under `data/` (and this card) are regenerated from them; `index/` says
-which records they hold, so a new record rewrites only the file it belongs to.
+which records they hold, so a new record rewrites only the file it belongs to. `data/` holds
+the latest run of each model per stack; `history/runs.parquet` (in the results store) holds
+every run, re-runs on the same stack included, with a subset of these columns.
 
 ## Files
 

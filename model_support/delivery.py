@@ -1,28 +1,49 @@
-"""The delivery area of a results store: where a runner pod leaves its result document.
+"""Where a runner pod leaves its result document: one unguessable slot per attempt.
 
 A result must never depend on a pod log surviving (a node removed after the Job ended, a log
 rotated, thousands of lines printed after the result). So the runner pod itself writes its
-document to durable storage, keyed by the run id the operator gave it, before anything else
-happens; the operator reads it from there and only falls back to the log and the termination
-message when nothing was delivered.
+document to durable storage before anything else happens; the operator reads it from there and
+only falls back to the log and the termination message when nothing was delivered.
+
+A runner pod runs code the project does not control (the model's own code, extra packages, a
+compile backend, a pulled compile cache). So it is given the means to write *one* object, its
+own attempt's slot, and nothing else: never credentials to the results store. The slot's name
+is derived from the run id with a key only the operator holds (an HMAC), so knowing a run id
+(records and statuses show them) does not tell where its document goes. Per store kind:
+
+* ``s3://``: the operator signs a PUT URL for the slot's one key (``delivery_url``) and hands it
+  to the pod in a Secret; the pod holds no AWS credentials for the store.
+* a path on the shared results volume (a PVC): the operator creates the slot's folder and the
+  pod mounts only that folder (a ``subPath``), never the store.
+* anything else (``hf://`` ...): no delivery; the operator reads the log and the termination
+  message.
 
 Layout, beside the records of the same store (see :mod:`model_support.store`)::
 
-    deliveries/<run_id>.json   the result document one runner delivered (JSON, as run.py wrote it)
+    deliveries/<run_id>.<token>/result.json   what one runner delivered (JSON, as run.py wrote it)
 
-A delivery is not a record: it is what a pod *said*. The operator checks it against what the
-test asked for, builds the record from it, and removes the delivery once the record is stored.
-A retried pod of the same run (same run id, after a disruption) overwrites its predecessor's
-delivery, which is right: only the last pod of a run finishes it.
+A delivery is not a record: it is what a pod *said* about its own attempt. The operator checks
+it against what the test asked for and what Kubernetes says happened, builds the record from
+it, and removes the slot once the record is stored. The runner delivers twice (before and
+after its compile cache push); the second replaces the first.
 
-This module imports only fsspec, so the runner image needs nothing heavier to deliver.
+This module imports only the standard library and fsspec, so the runner image needs nothing
+heavier to deliver.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import hmac
 import os
 import re
+import secrets
+import stat
+import urllib.error
+import urllib.request
 import uuid
+from pathlib import Path
 from typing import Any
 
 from fsspec import AbstractFileSystem
@@ -30,17 +51,25 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 DELIVERIES_DIR = "deliveries"
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+RESULT_NAME = "result.json"
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+_SLOT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}\.[0-9a-f]{32}")
 MAX_DOCUMENT_BYTES = 64 * 2**20
-"""A delivered document larger than this is refused by the reader (run.py's are ~100 KiB)."""
+"""A delivered document larger than this is refused unread (run.py's are ~100 KiB)."""
+DELIVERY_KEY_ENV = "MODEL_SUPPORT_DELIVERY_KEY"
+"""The operator's environment variable holding the slot key (the chart fills it from a Secret)."""
+MIN_KEY_BYTES = 16
+SLOT_MODE = 0o777
+"""A local slot's folder mode: the runner's uid is the pod's, not the operator's, and only the
+runner's pod mounts the folder (the store's other folders are never mounted in a pod)."""
 
 
 class DeliveryError(OSError):
-    """The delivery area could not be written or read (the store is unreachable or refuses)."""
+    """A delivery could not be written or read (the store is unreachable or refuses)."""
 
 
-def _check(run_id: str) -> str:
-    if not _RUN_ID.match(run_id):
+def _check_run_id(run_id: str) -> str:
+    if not _RUN_ID.fullmatch(run_id):
         raise ValueError(
             f"run id {run_id!r} cannot name a delivery: use 1-200 characters from "
             "[A-Za-z0-9._-], starting with a letter or digit"
@@ -48,8 +77,54 @@ def _check(run_id: str) -> str:
     return run_id
 
 
+def _check_slot(slot: str) -> str:
+    if not _SLOT.fullmatch(slot):
+        raise ValueError(f"{slot!r} is not a delivery slot (<run id>.<32 hex digits>)")
+    return slot
+
+
+def delivery_key(environ: dict[str, str] | None = None) -> tuple[bytes, bool]:
+    """The operator's slot key from ``MODEL_SUPPORT_DELIVERY_KEY``, and whether it was set.
+
+    Unset: a random key for this process (slots of runs started by an earlier operator process
+    cannot be found then; those runs fall back to the log and termination message). A key
+    shorter than 16 bytes is refused: a guessable key makes every slot guessable.
+    """
+    value = (os.environ if environ is None else environ).get(DELIVERY_KEY_ENV, "")
+    if not value:
+        return secrets.token_bytes(32), False
+    key = value.encode()
+    if len(key) < MIN_KEY_BYTES:
+        raise ValueError(
+            f"{DELIVERY_KEY_ENV} holds {len(key)} bytes; use at least {MIN_KEY_BYTES} random "
+            "bytes (the chart generates 48)"
+        )
+    return key, True
+
+
+def slot_for(run_id: str, key: bytes) -> str:
+    """The delivery slot of ``run_id``: unguessable without ``key``, the same on every replay."""
+    token = hmac.new(key, _check_run_id(run_id).encode(), hashlib.sha256).hexdigest()[:32]
+    return f"{run_id}.{token}"
+
+
+def slot_subpath(store_uri: str, volume_root: str, slot: str) -> str | None:
+    """The slot's folder relative to the results volume's mount (a pod's ``subPath``), or None
+    when ``store_uri`` is not a path on that volume."""
+    store, root = os.path.normpath(store_uri), os.path.normpath(volume_root)
+    if "://" in store_uri or "://" in volume_root:
+        return None
+    relative = os.path.relpath(store, root)
+    if relative == ".":
+        return f"{DELIVERIES_DIR}/{_check_slot(slot)}"
+    if relative.startswith(".."):
+        return None
+    return f"{relative}/{DELIVERIES_DIR}/{_check_slot(slot)}"
+
+
 class DeliveryArea:
-    """``deliveries/`` under one results store URI (a local path or any fsspec URL)."""
+    """``deliveries/`` under one results store URI, as the operator (who holds the store's
+    credentials) sees it: prepares slots, signs upload URLs, reads and removes deliveries."""
 
     def __init__(
         self, store_uri: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
@@ -58,65 +133,175 @@ class DeliveryArea:
         fs, root = url_to_fs(self.store_uri, **(storage_options or {}))
         self.fs: AbstractFileSystem = fs
         self.root = "/".join([root.rstrip("/") or "", DELIVERIES_DIR])
-        self._local = isinstance(fs, LocalFileSystem)
+        self.local = isinstance(fs, LocalFileSystem)
 
-    def path(self, run_id: str) -> str:
-        """Where the document of ``run_id`` is (or will be) delivered, as a full URI."""
-        path = f"{self.root}/{_check(run_id)}.json"
-        return path if self._local else self.fs.unstrip_protocol(path)
+    @property
+    def signs_urls(self) -> bool:
+        """Whether this store can hand a pod a URL that writes one key (S3's presigned PUT)."""
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        return any(p in ("s3", "s3a") for p in protocols)
 
-    def put(self, run_id: str, document: bytes) -> str:
-        """Deliver ``document`` for ``run_id`` (atomically, replacing an earlier delivery)."""
-        path = f"{self.root}/{_check(run_id)}.json"
+    def _file(self, slot: str) -> str:
+        return f"{self.root}/{_check_slot(slot)}/{RESULT_NAME}"
+
+    def path(self, slot: str) -> str:
+        """Where the document of ``slot`` is (or will be) delivered, as a full URI."""
+        path = self._file(slot)
+        return path if self.local else self.fs.unstrip_protocol(path)
+
+    def prepare(self, slot: str) -> str:
+        """Create a local slot's folder, writable by the runner's uid; returns it."""
+        if not self.local:
+            raise DeliveryError(f"{self.store_uri} is not a local store: it has no slot folders")
+        folder = Path(f"{self.root}/{_check_slot(slot)}")
         try:
-            if self._local:
-                self.fs.makedirs(self.root, exist_ok=True)
-                temp = f"{self.root}/.{run_id}.{uuid.uuid4().hex}.tmp"
-                with open(temp, "wb") as handle:
-                    handle.write(document)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(temp, path)
-            else:
-                self.fs.pipe_file(path, document)  # one PUT: atomic on object stores
-        except Exception as exc:  # fsspec backends raise their own types; classify them all
-            raise DeliveryError(f"could not deliver to {self.path(run_id)}: {exc}") from exc
-        return self.path(run_id)
+            folder.mkdir(parents=True, exist_ok=True)
+            if folder.is_symlink() or not folder.is_dir():
+                raise DeliveryError(f"{folder} is not a plain folder; remove it")
+            folder.chmod(SLOT_MODE)
+        except DeliveryError:
+            raise
+        except OSError as exc:
+            raise DeliveryError(f"could not prepare the delivery slot {folder}: {exc}") from exc
+        return str(folder)
 
-    def get(self, run_id: str) -> bytes | None:
-        """The delivered document of ``run_id``; None when nothing was delivered.
+    def upload_url(self, slot: str, expires_s: int) -> str:
+        """A URL that lets its holder PUT the slot's document, and nothing else, for
+        ``expires_s`` seconds (S3: a presigned PUT, valid at most as long as the operator's
+        own credentials are)."""
+        if not self.signs_urls:
+            raise DeliveryError(f"{self.store_uri} cannot sign upload URLs (only s3:// can)")
+        options = dict(self.fs.storage_options)
+        # Signature version 4: what every S3 region accepts (s3fs's default signs with v2).
+        options["config_kwargs"] = {**options.get("config_kwargs", {}), "signature_version": "s3v4"}
+        try:
+            signer = type(self.fs)(**options)
+            return str(signer.url(self._file(slot), expires=expires_s, client_method="put_object"))  # type: ignore[attr-defined]
+        except Exception as exc:  # botocore's own types: classify them all
+            raise DeliveryError(
+                f"could not sign an upload URL for {self.path(slot)}: {exc}"
+            ) from exc
 
-        Raises :class:`DeliveryError` when the store cannot be read (that is not "nothing
-        delivered": the caller must retry, not conclude).
+    def get(self, slot: str) -> bytes | None:
+        """The delivered document of ``slot``; None when nothing was delivered.
+
+        Its size is checked before it is read: a slot holding more than any result document
+        was not written by a runner and is refused unread. Raises :class:`DeliveryError` when
+        the store cannot be read (that is not "nothing delivered": the caller must retry).
         """
-        path = f"{self.root}/{_check(run_id)}.json"
+        path = self._file(slot)
+        if self.local:
+            return self._get_local(slot, path)
         try:
-            data = self.fs.cat_file(path)
+            size = self.fs.size(path)
+            if size is not None and size > MAX_DOCUMENT_BYTES:
+                raise ValueError(self._too_large(slot, size))
+            data = self.fs.cat_file(path, start=0, end=MAX_DOCUMENT_BYTES + 1)
         except FileNotFoundError:
             return None
+        except ValueError:
+            raise
         except Exception as exc:
-            raise DeliveryError(f"could not read {self.path(run_id)}: {exc}") from exc
-        if len(data) > MAX_DOCUMENT_BYTES:
-            raise ValueError(
-                f"{self.path(run_id)} holds {len(data)} bytes, more than any result document "
-                f"({MAX_DOCUMENT_BYTES} at most); it was not written by a runner"
-            )
+            raise DeliveryError(f"could not read {self.path(slot)}: {exc}") from exc
+        if len(data) > MAX_DOCUMENT_BYTES:  # it grew between the two requests
+            raise ValueError(self._too_large(slot, len(data)))
         return bytes(data)
 
-    def remove(self, run_id: str) -> None:
-        """Forget the delivery of ``run_id`` (after its record is stored); missing is fine."""
-        path = f"{self.root}/{_check(run_id)}.json"
+    def _get_local(self, slot: str, path: str) -> bytes | None:
+        # The pod wrote this folder: never follow a link it left (it would read the operator's
+        # own files), never open what is not a regular file (a FIFO would hang the read).
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ValueError(f"{path} is a symbolic link, not a delivered document") from exc
+            raise DeliveryError(f"could not read {path}: {exc}") from exc
+        with os.fdopen(fd, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise ValueError(f"{path} is not a regular file, not a delivered document")
+            if info.st_size > MAX_DOCUMENT_BYTES:
+                raise ValueError(self._too_large(slot, info.st_size))
+            data = handle.read(MAX_DOCUMENT_BYTES + 1)
+        if len(data) > MAX_DOCUMENT_BYTES:  # it grew while it was read
+            raise ValueError(self._too_large(slot, len(data)))
+        return data
+
+    def _too_large(self, slot: str, size: int) -> str:
+        return (
+            f"{self.path(slot)} holds {size} bytes, more than any result document "
+            f"({MAX_DOCUMENT_BYTES} at most); it was not written by a runner"
+        )
+
+    def remove(self, slot: str) -> None:
+        """Forget the delivery of ``slot`` (after its record is stored); missing is fine."""
+        path = self._file(slot)
         try:
             self.fs.rm_file(path)
         except FileNotFoundError:
-            return
+            pass
         except Exception as exc:
-            raise DeliveryError(f"could not remove {self.path(run_id)}: {exc}") from exc
+            raise DeliveryError(f"could not remove {self.path(slot)}: {exc}") from exc
+        if self.local:
+            folder = Path(f"{self.root}/{slot}")
+            for leftover in folder.glob(".*.tmp"):  # a runner stopped mid-write
+                leftover.unlink(missing_ok=True)
+            try:
+                folder.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise DeliveryError(f"could not remove {folder}: {exc}") from exc
 
-    def run_ids(self) -> list[str]:
-        """Run ids with a delivery waiting (for housekeeping and tests)."""
+    def slots(self) -> list[str]:
+        """Slots with a delivery waiting (for housekeeping and tests)."""
         try:
-            paths = self.fs.glob(f"{self.root}/*.json")
+            paths = self.fs.glob(f"{self.root}/*/{RESULT_NAME}")
         except FileNotFoundError:
             return []
-        return sorted(str(p).rsplit("/", 1)[-1].removesuffix(".json") for p in paths)
+        return sorted(str(p).rsplit("/", 2)[-2] for p in paths)
+
+
+# ---- the runner's side: one destination, no store credentials --------------------------
+
+
+def deliver_to_folder(folder: str | os.PathLike[str], document: bytes) -> str:
+    """Write ``document`` as ``result.json`` in the slot folder mounted into the pod
+    (atomically: a reader sees the previous delivery or this one, never half of one)."""
+    target = Path(folder) / RESULT_NAME
+    temp = Path(folder) / f".{uuid.uuid4().hex}.tmp"
+    try:
+        with open(temp, "wb") as handle:
+            handle.write(document)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, target)
+    except OSError as exc:
+        temp.unlink(missing_ok=True)
+        raise DeliveryError(f"could not deliver to {target}: {exc}") from exc
+    return str(target)
+
+
+def deliver_to_url(url: str, document: bytes, timeout_s: float = 60.0) -> str:
+    """PUT ``document`` to the upload URL the operator signed for this attempt; returns where
+    it went (the URL without its signature, which is a credential)."""
+    where = url.split("?", 1)[0]
+    if not url.startswith(("https://", "http://")):
+        raise DeliveryError("the delivery URL is not an http(s) URL")
+    request = urllib.request.Request(url, data=document, method="PUT")
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        detail = exc.read(300).decode("utf-8", "replace")
+        raise DeliveryError(
+            f"the store refused the delivery to {where}: {exc.code} {detail}"
+        ) from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise DeliveryError(f"could not deliver to {where}: {exc}") from exc
+    if not 200 <= status < 300:
+        raise DeliveryError(f"the store answered {status} to the delivery to {where}")
+    return where

@@ -23,8 +23,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from model_support.config import RunConfig
 from model_support.records import (
     PROGRESS_MARKER,
@@ -32,11 +30,11 @@ from model_support.records import (
     ResultDocument,
     RunRecord,
     failure_document,
-    parse_result_line,
     record_from_document,
 )
 from model_support.script import render_script
-from model_support.vocabulary import ErrorClass, Result
+from model_support.stop_signals import on_stop_signals
+from model_support.vocabulary import Result
 
 
 class RunCancelled(RuntimeError):
@@ -57,6 +55,86 @@ def _python_for_runner() -> str:
     return os.environ.get("MODEL_SUPPORT_PYTHON", sys.executable)
 
 
+@dataclass(frozen=True)
+class Ended:
+    """How a run.py process ended (:func:`run_python`)."""
+
+    returncode: int | None
+    seconds: float
+    timed_out: bool = False  # past its deadline: stopped by SIGKILL
+    cancelled: bool = False  # ``cancel`` was set: stopped by SIGKILL
+    stopped: bool = False  # a stop signal reached this process and was passed on (SIGTERM)
+
+
+def run_python(
+    script: str,
+    cwd: Path,
+    on_line: Callable[[bytes], None],
+    *,
+    env: dict[str, str] | None = None,
+    timeout_s: float | None = None,
+    timeout_grace_s: float | None = None,
+    cancel: threading.Event | None = None,
+    pass_on_stop_signals: bool = False,
+    stop_grace_s: float = 20.0,
+) -> Ended:
+    """Run ``python script`` in ``cwd``, in a session of its own; the one way run.py is run,
+    here (the CLI, the demo, ``reproduce``) and in a pod (``runner_pod``).
+
+    Every line it prints (stdout and stderr merged, as bytes) goes to ``on_line`` from a reader
+    thread that drains the pipe to its end whatever the callback does (its first exception is
+    re-raised once the run is over), so a chatty child never blocks on a full pipe. It ends
+    when the process does, past ``timeout_s``, or when ``cancel`` is set (SIGKILL to its whole
+    process group; past ``timeout_s`` with ``timeout_grace_s``, SIGTERM first and SIGKILL only
+    once the grace ran out, as the kubelet stops a container). With ``pass_on_stop_signals`` (a
+    pod's main thread), SIGTERM and SIGINT are passed on to the group as SIGTERM and the run is
+    given ``stop_grace_s`` before SIGKILL. On every way out, an exception included, the process
+    group is killed: run.py kills its own workers, but a run stopped from outside cannot, and no
+    worker may outlive its run.
+    """
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [_python_for_runner(), script],
+        cwd=cwd,
+        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    failures: list[BaseException] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            if failures:
+                continue  # keep draining: the child must never block on a full pipe
+            try:
+                on_line(raw)
+            except BaseException as exc:  # handed to the caller once the run is over
+                failures.append(exc)
+
+    reader = threading.Thread(target=pump, name="run-output", daemon=True)
+    reader.start()
+    stopped = threading.Event()
+
+    def stop(signum: int, frame: object) -> None:
+        stopped.set()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+
+    try:
+        with on_stop_signals(stop) if pass_on_stop_signals else contextlib.nullcontext():
+            timed_out, cancelled = _wait(
+                proc, timeout_s, cancel, stopped, stop_grace_s, timeout_grace_s
+            )
+    finally:
+        _kill_group(proc)
+        reader.join(timeout=30)
+    if failures:
+        raise failures[0]
+    return Ended(proc.returncode, time.monotonic() - t0, timed_out, cancelled, stopped.is_set())
+
+
 def run_script(
     run_py: str,
     config: RunConfig,
@@ -70,42 +148,27 @@ def run_script(
     """Run a rendered run.py as ``python3 run.py`` in a fresh directory; return its result document.
 
     A run past ``timeout_s`` is killed (its whole process group, so sharded workers go too) and
-    gives TIMEOUT; a run that dies without a result document gives ERROR with the exit status.
+    gives TIMEOUT; what else it left becomes the document by :func:`runpath.document_for_end`
+    (a malformed or missing document is an ERROR that says so).
     Setting ``cancel`` stops the run the same way and raises RunCancelled (nothing to record).
     On every way out, an exception included (Ctrl-C, a signal turned into one), the process
     group is killed and the directory removed before this returns or raises.
     """
+    from model_support.runpath import RunEnd, document_for_end, oom_kills, read_result
+
     started = datetime.now(UTC)
     t0 = time.monotonic()
+    kills_before = oom_kills()
     # A fresh directory each time: no result file of an earlier run can be mistaken for this one's.
     with tempfile.TemporaryDirectory(prefix="model-support-run-") as tmp:
         directory = Path(tmp)
         (directory / "run.py").write_text(run_py, encoding="utf-8")
-        proc_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen(
-            [_python_for_runner(), "run.py"],
-            cwd=directory,
-            env=proc_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",  # a model printing invalid UTF-8 must not stop the reader
-            start_new_session=True,
-        )
         output = RunOutput(on_stage, on_output)
-        assert proc.stdout is not None
-        reader = threading.Thread(
-            target=output.pump, args=(proc.stdout,), name="run-output", daemon=True
+        ended = run_python(
+            "run.py", directory, output.feed_bytes, env=env, timeout_s=timeout_s, cancel=cancel
         )
-        reader.start()
-        try:
-            timed_out, cancelled = _wait(proc, timeout_s, cancel)
-        finally:
-            # run.py kills its own workers, but a run stopped from outside cannot: reap the whole
-            # process group on every way out, so no worker outlives its run.
-            _kill_group(proc)
-            reader.join(timeout=30)
         output.raise_callback_error()
+        timed_out, cancelled = ended.timed_out, ended.cancelled
         if cancelled:
             raise RunCancelled(f"run.py was stopped on request after {time.monotonic() - t0:.1f} s")
         elapsed = time.monotonic() - t0
@@ -120,37 +183,55 @@ def run_script(
                 stage=last_stage,
                 total_s=elapsed,
             )
-        document = _read_document(directory / config.result_path, output.result_line)
-        if document is not None:
-            return document
-        return failure_document(
-            config,
-            Result.ERROR,
-            error_class=_classify_exit(proc.returncode),
-            error=(
-                f"run.py exited with status {proc.returncode} without a result document "
-                f"(last stage: {last_stage or 'none'}). Output tail:\n"
-                + "\n".join(list(output.tail)[-30:])
+        kills_after = oom_kills()
+        end = RunEnd(
+            returncode=ended.returncode,
+            seconds=elapsed,
+            tail=list(output.tail),
+            last_stage=last_stage,
+            oom_killed=(
+                None if kills_before is None or kills_after is None else kills_after > kills_before
             ),
             started_at=started,
-            stage=last_stage,
-            total_s=elapsed,
         )
+        found = read_result(directory / config.result_path, output.result_line)
+        document = document_for_end(config, found, end, final_word=True)
+        assert document is not None  # the final word always gives one
+        return document
 
 
 def _wait(
-    proc: subprocess.Popen[str], timeout_s: float | None, cancel: threading.Event | None
+    proc: subprocess.Popen[bytes],
+    timeout_s: float | None,
+    cancel: threading.Event | None,
+    stopped: threading.Event,
+    stop_grace_s: float,
+    timeout_grace_s: float | None = None,
 ) -> tuple[bool, bool]:
-    """Wait for run.py to end, the deadline to pass or ``cancel``; (timed out, cancelled)."""
+    """Wait for run.py to end, the deadline (and its grace, if any) to pass, ``cancel``, or the
+    grace after a stop signal to run out; (timed out, cancelled)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    grace_ends: float | None = None
+    timeout_grace_ends: float | None = None
     while proc.poll() is None:
         if cancel is not None and cancel.is_set():
             return False, True
         if deadline is not None and time.monotonic() > deadline:
-            return True, False
+            if timeout_grace_s is None:
+                return True, False
+            if timeout_grace_ends is None:  # asked to stop first, as the kubelet would
+                timeout_grace_ends = time.monotonic() + timeout_grace_s
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+            elif time.monotonic() > timeout_grace_ends:
+                return True, False  # the group is killed on the way out
+        if stopped.is_set():
+            grace_ends = grace_ends or time.monotonic() + stop_grace_s
+            if time.monotonic() > grace_ends:
+                return False, False  # the group is killed on the way out
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=0.1)
-    return False, False
+    return timeout_grace_ends is not None, False
 
 
 class RunOutput:
@@ -180,6 +261,10 @@ class RunOutput:
         """Read ``stream`` to its end (the reader thread's body)."""
         for raw in stream:
             self.feed(raw.rstrip("\n"))
+
+    def feed_bytes(self, raw: bytes) -> None:
+        """Take one line as the process printed it (invalid UTF-8 is replaced, not fatal)."""
+        self.feed(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
 
     def feed(self, line: str) -> None:
         """Take one line of output."""
@@ -227,27 +312,10 @@ def parse_stage_event(line: str) -> StageEvent | None:
     return StageEvent(stage=stage, status=status, seconds=seconds, detail=detail)
 
 
-def _kill_group(proc: subprocess.Popen[str]) -> None:
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):  # the group is already gone
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
-
-
-def _classify_exit(returncode: int | None) -> ErrorClass:
-    # SIGKILL without our own timeout is almost always the kernel's OOM killer.
-    if returncode is not None and returncode in (-signal.SIGKILL, 128 + signal.SIGKILL):
-        return ErrorClass.OUT_OF_MEMORY
-    return ErrorClass.RUNTIME
-
-
-def _read_document(path: Path, result_line: str | None) -> ResultDocument | None:
-    """The result file if run.py wrote one, else the marked stdout line."""
-    if path.exists():
-        try:
-            return ResultDocument.model_validate_json(path.read_text(encoding="utf-8"))
-        except ValidationError as exc:
-            raise RuntimeError(f"run.py wrote a malformed result document {path}: {exc}") from exc
-    return parse_result_line(result_line) if result_line is not None else None
 
 
 def run_local(

@@ -16,8 +16,9 @@ Benign backends change the arithmetic the way a correct compiler may: ``benign``
 unchanged (the control); ``tf32_matmuls`` and ``bf16_matmuls`` round every matmul operand to
 TF32 / bfloat16 with float32 accumulation (TF32 tensor cores, Neuron's default auto-cast);
 ``bf16_logits`` rounds the logits to bfloat16; ``router_flip`` picks the other expert where a
-mixture-of-experts router is nearly tied, at one or two decode positions. ``buggy_compiler``
-(used by the demo) corrupts some graphs and fails to compile others.
+mixture-of-experts router is nearly tied, at one or two decode positions. The demo's two
+releases of a faulty compiler: ``moe_crash_compiler`` fails to compile mixture-of-experts
+graphs, ``dense_miscompiler`` (the next release) compiles those and corrupts dense ones.
 
 The layer is chosen by ``MODEL_SUPPORT_FAULT_LAYER`` (default: the last decoder layer for
 noise/head/scale faults, the first for routing swaps, the last for router flips), so a test can
@@ -697,19 +698,31 @@ def denoiser_zero_head(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor
 
 
 class InjectedCompilerError(RuntimeError):
-    """What ``buggy_compiler`` raises: a compiler crashing on a graph it cannot lower."""
+    """What ``moe_crash_compiler`` raises: a compiler crashing on a graph it cannot lower."""
 
 
-def buggy_compiler(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
-    """A compiler with two bugs, to show what failures look like in results (used by the demo).
+def _routers(gm: fx.GraphModule) -> dict[int, list[fx.Node]]:
+    """The mixture-of-experts routers of a graph, by layer (none in a dense model)."""
+    return _layer_nodes(gm, "mlp.gate") or _layer_nodes(gm, "block_sparse_moe.gate")
 
-    A graph with mixture-of-experts routing fails to compile (ERROR, class compile); any other
-    graph is miscompiled the way ``noise_100pct`` does it (the verdict FAILs it).
-    """
-    routers = _layer_nodes(gm, "mlp.gate") or _layer_nodes(gm, "block_sparse_moe.gate")
+
+def moe_crash_compiler(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+    """One release of a compiler, as the demo shows it: a graph with mixture-of-experts
+    routing fails to compile (ERROR, class compile); any other graph runs as captured (PASS)."""
+    routers = _routers(gm)
     if routers:
         raise InjectedCompilerError(
-            f"buggy_compiler cannot lower the expert routing of layer {min(routers)} "
+            f"moe_crash_compiler cannot lower the expert routing of layer {min(routers)} "
             "(an injected compiler failure)"
         )
+    return benign(gm, example_inputs)
+
+
+def dense_miscompiler(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+    """The next release, as the demo shows it: the routing crash of ``moe_crash_compiler`` is
+    fixed (mixture-of-experts graphs run as captured: PASS), but any other graph is
+    miscompiled the way ``noise_100pct`` does it (the verdict FAILs it): one regression and
+    one fix between the two releases."""
+    if _routers(gm):
+        return benign(gm, example_inputs)
     return noise_100pct(gm, example_inputs)

@@ -166,7 +166,9 @@ def router_ties(path: Path) -> list[torch.Tensor]:
     from model_support.runner import run as runner
 
     config = RunConfig(model=str(path)).model_dump(mode="json")
-    processor, model = runner.load_model(config, "bfloat16", torch.device("cpu"))
+    processor, model = runner.scenario_for(config["task"]).load(
+        config, "bfloat16", torch.device("cpu")
+    )
     inputs = runner.build_inputs(config, processor, config["prompts"])
     pad = int(runner.tokenizer_of(processor).pad_token_id)
     with torch.no_grad():

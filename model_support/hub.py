@@ -196,7 +196,7 @@ def component_weight_files(files: list[str]) -> dict[str, list[str]]:
     """The default safetensors files of each component folder (relative paths)."""
     found: dict[str, list[str]] = {}
     for name in sorted(files):
-        match = _COMPONENT_WEIGHTS.match(name)
+        match = _COMPONENT_WEIGHTS.fullmatch(name)
         if match:
             found.setdefault(match["component"], []).append(name)
     return found

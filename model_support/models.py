@@ -45,7 +45,7 @@ def resolve_model(model: str) -> ModelRef:
                 f"{text!r} has no config.json: give a directory written by save_pretrained"
             )
         return ModelRef(str(path.resolve()), is_local=True)
-    if not _HUB_ID.match(text) or "--" in text or ".." in text:
+    if not _HUB_ID.fullmatch(text) or "--" in text or ".." in text:
         raise BadModelReference(
             f"{text!r} is not a valid Hub model id: expected 'org/name' with letters, digits, '-', '_' or '.'"
         )
@@ -80,7 +80,7 @@ def readable_model_id(model: str, namespace: str = LOCAL_NAMESPACE) -> str:
 
 def check_model_id(model_id: str) -> str:
     """``model_id`` if it can name a model in results (``namespace/name``, Hub-id characters)."""
-    if not _MODEL_ID.match(model_id) or "--" in model_id or ".." in model_id:
+    if not _MODEL_ID.fullmatch(model_id) or "--" in model_id or ".." in model_id:
         raise BadModelReference(
             f"{model_id!r} cannot name a model in results: use 'namespace/name' with letters, "
             "digits, '-', '_' or '.', e.g. 'local/my-checkpoint'"

@@ -49,7 +49,7 @@ class PublishReport:
 
 def parse_dataset_uri(uri: str) -> str:
     """``hf://datasets/ORG/NAME`` -> ``ORG/NAME``; anything else is refused clearly."""
-    match = _DATASET_URI.match(uri.strip())
+    match = _DATASET_URI.fullmatch(uri.strip())
     if match is None:
         raise PublishError(
             f"{uri!r} is not a dataset repository URI: give hf://datasets/ORG/NAME (the results "

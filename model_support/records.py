@@ -136,7 +136,7 @@ class MetricStatistics(BaseModel):
     """One error measure of a task's verdict over its items (inputs, or prompts at steps).
 
     The median and the maximum over items of the device's error, each with the baseline's same
-    statistic, their ratio and its bound (issue 13: embeddings, classification, latents).
+    statistic, their ratio and its bound (embeddings, classification, latents).
     """
 
     model_config = _FORBID
@@ -271,7 +271,7 @@ class Verification(BaseModel):
         default_factory=list,
         description="Per prompt and position: token, reference argmax, margin, baseline and device deviation and KL, router tie, verdict.",
     )
-    # ---- the tasks beyond text generation (issue 13)
+    # ---- the tasks beyond text generation
     method: str | None = Field(
         None,
         description="What the verdict compared: tokens (teacher-forced logits), embeddings, classification (class logits) or latents.",

@@ -1,7 +1,8 @@
 """The runner container's entry point: ``python3 run.py`` unchanged, then the result made durable.
 
-    python3 -m model_support.runner_pod --run-id RUN_ID [--deliver-to STORE_URI]
-        [--timeout SECONDS] [--result-file result.json] [--termination-log /dev/termination-log]
+    python3 -m model_support.runner_pod --run-id RUN_ID [--deliver-to SLOT_DIR | --deliver-url-env VAR]
+        [--timeout SECONDS] [--neuron-devices PATTERN] [--result-file result.json]
+        [--termination-log /dev/termination-log]
         [--compile-cache TARGET] [--pull-report FILE --pull-source URI]
         [--cache-backend auto|neuron|cuda|cpu] [--cache-deadline SECONDS]
 
@@ -14,12 +15,13 @@ can become a command). In order:
    log as it comes, for at most ``--timeout`` seconds counted from the moment run.py starts
    (the test's ``timeoutSeconds``: time the pod spent waiting for a node, pulling its image or
    in init steps is never the model's); past it the runner stops run.py and says TIMEOUT;
-3. deliver the result document (with the pull's figures) to the results store's delivery area
-   under the run id (:mod:`model_support.delivery`), retried with backoff, so the result
-   outlives the pod, and write a compact copy as the termination message;
+3. deliver the result document (with the pull's figures) to this attempt's delivery slot
+   (:mod:`model_support.delivery`: a folder mounted from the results volume, or an upload URL
+   the operator signed for one key), retried with backoff, so the result outlives the pod, and
+   write a compact copy as the termination message;
 4. push the compile cache to its target whatever run.py's outcome, within a deadline; then
    deliver again, the same document with both transfers' figures beside the result (the
-   delivery area keeps the last delivery of a run), and rewrite the termination message;
+   slot keeps the last delivery), and rewrite the termination message;
 5. print the document as the log's last line (the operator's last fallback) and exit with
    run.py's own status (124 after a timeout; 143, the status the runner Job's pod failure
    policy ignores, only when the pod itself was asked to stop).
@@ -38,6 +40,11 @@ kernel's OOM killer, which only the container's ``OOMKilled`` reason can confirm
 is delivered and the exit status tells the rest (after a SIGKILL the cache is still pushed: what
 compiled before it is worth keeping).
 
+The runner holds no credentials to the results store, only its attempt's slot. An upload URL
+comes in an environment variable (from a Secret), which the runner takes out of the
+environment run.py inherits, and the runner makes itself non-dumpable first, so that code in
+run.py (the model's, extra packages', a pulled cache's) cannot read it from ``/proc``.
+
 Only fsspec and pydantic are imported (plus s3fs/huggingface_hub for those stores): the runner
 image needs the model_support package, not the operator's or viewer's dependencies.
 """
@@ -46,14 +53,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import glob
 import json
 import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -61,15 +65,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from model_support.delivery import DeliveryArea, DeliveryError
+from model_support.delivery import DeliveryError, deliver_to_folder, deliver_to_url
 from model_support.records import RESULT_MARKER, ResultDocument
 from model_support.stop_signals import on_stop_signals
 from model_support.vocabulary import ErrorClass, Result
 
 if TYPE_CHECKING:
-    from model_support.compile_cache import TransferReport
+    from model_support.compile_cache import SigningKey, TransferReport
 
 TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_MESSAGE_LIMIT = 4096
@@ -126,73 +128,42 @@ class Outcome:
 
 
 def run_script(script: str, cwd: Path, out: IO[bytes], timeout_s: float | None = None) -> Outcome:
-    """Run ``python3 script`` in ``cwd``, copying its output to ``out``; pass SIGTERM on, and
-    stop it (SIGTERM, SIGKILL after a grace period) once it ran ``timeout_s`` seconds."""
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, script],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group: a stop reaches every worker
-    )
-    stopped = threading.Event()
+    """Run ``python3 script`` in ``cwd`` (:func:`model_support.execution.run_python`, as the
+    CLI runs it), copying its output to ``out`` as it comes; SIGTERM is passed on, and once it
+    ran ``timeout_s`` seconds it is stopped (SIGTERM, SIGKILL after the grace period)."""
+    from model_support.execution import run_python
 
-    timed_out = threading.Event()
-
-    def stop(signum: int, _frame: Any) -> None:
-        stopped.set()
-        _signal_group(proc.pid, signal.SIGTERM)
-
-    def expire() -> None:
-        if proc.poll() is None:
-            timed_out.set()
-            _signal_group(proc.pid, signal.SIGTERM)
-            # A run.py that ignores SIGTERM (or whose workers hold its output open) is killed
-            # after the grace period, as the kubelet would.
-            killer = threading.Timer(_STOP_GRACE_S, _signal_group, (proc.pid, signal.SIGKILL))
-            killer.daemon = True
-            killer.start()
-
-    timer = threading.Timer(timeout_s, expire) if timeout_s is not None else None
-    if timer is not None:
-        timer.daemon = True
-        timer.start()
     tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
-    try:
-        with on_stop_signals(stop):
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                out.write(line)
-                out.flush()
-                tail.append(line.decode("utf-8", errors="replace").rstrip("\n"))
-            try:
-                waiting = stopped.is_set() or timed_out.is_set()
-                proc.wait(timeout=_STOP_GRACE_S if waiting else None)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc.pid, signal.SIGKILL)
-                proc.wait()
-    finally:
-        if timer is not None:
-            timer.cancel()
-    return Outcome(
-        proc.returncode,
-        stopped.is_set(),
-        list(tail),
-        time.monotonic() - started,
-        timed_out=timed_out.is_set() and not stopped.is_set(),
+
+    def copy(line: bytes) -> None:
+        out.write(line)
+        out.flush()
+        tail.append(line.decode("utf-8", errors="replace").rstrip("\r\n"))
+
+    ended = run_python(
+        script,
+        cwd,
+        copy,
+        timeout_s=timeout_s,
+        timeout_grace_s=_STOP_GRACE_S,  # as the kubelet would: SIGTERM, then SIGKILL
+        pass_on_stop_signals=True,
+        stop_grace_s=_STOP_GRACE_S,
     )
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):  # already gone
-        os.killpg(pid, sig)
+    returncode = ended.returncode if ended.returncode is not None else -signal.SIGKILL
+    return Outcome(
+        returncode,
+        ended.stopped,
+        list(tail),
+        ended.seconds,
+        timed_out=ended.timed_out and not ended.stopped,
+    )
 
 
 def _runner_document(
     script_path: Path, result: Result, error_class: ErrorClass | None, error: str, seconds: float
 ) -> ResultDocument:
-    """A document for a run.py that wrote none: identity from run.py's own config block."""
+    """A document for a run.py that did not run or wrote none: identity from run.py's own
+    config block."""
     from model_support.records import failure_document
     from model_support.script import read_config
 
@@ -203,21 +174,17 @@ def _runner_document(
 def document_for(
     outcome: Outcome, result_file: Path, script_path: Path, timeout_s: float | None = None
 ) -> ResultDocument | None:
-    """The document to deliver for ``outcome``; None when nothing true can be said (see module)."""
-    tail = "\n".join(outcome.tail[-30:])
-    if result_file.is_file():
-        try:
-            return ResultDocument.model_validate_json(result_file.read_bytes())
-        except ValidationError as exc:
-            return _runner_document(
-                script_path,
-                Result.ERROR,
-                ErrorClass.RUNTIME,
-                f"run.py wrote a malformed result document ({exc.error_count()} error(s): "
-                f"{exc.errors()[0]['msg']}). Output tail:\n{tail}",
-                outcome.seconds,
-            )
-    if outcome.timed_out:
+    """The document to deliver for ``outcome``; None when nothing true can be said (see module):
+    a run.py stopped at the test's timeout is TIMEOUT, the rest is
+    :func:`model_support.runpath.document_for_end`, with the Job's outcome as the final word."""
+    from model_support.runpath import Malformed, RunEnd, document_for_end, read_result
+    from model_support.script import read_config
+
+    found = read_result(result_file, None)  # the marked log line is the operator's to read
+    if isinstance(found, ResultDocument):
+        return found
+    if outcome.timed_out and not isinstance(found, Malformed):
+        tail = "\n".join(outcome.tail[-30:])
         return _runner_document(
             script_path,
             Result.TIMEOUT,
@@ -226,20 +193,14 @@ def document_for(
             f"from the moment run.py started) and was stopped. Output tail:\n{tail}",
             outcome.seconds,
         )
-    if outcome.stopped or outcome.returncode == -signal.SIGKILL:
-        return None
-    if outcome.returncode < 0:
-        name = signal.Signals(-outcome.returncode).name
-        why = f"run.py died of signal {name} without a result document"
-    else:
-        why = f"run.py exited with status {outcome.returncode} without a result document"
-    return _runner_document(
-        script_path,
-        Result.ERROR,
-        ErrorClass.RUNTIME,
-        f"{why}. Output tail:\n{tail}",
-        outcome.seconds,
+    end = RunEnd(
+        returncode=outcome.returncode,
+        seconds=outcome.seconds,
+        tail=outcome.tail,
+        stopped=outcome.stopped,
     )
+    config = read_config(script_path.read_text(encoding="utf-8"))  # identity from its config
+    return document_for_end(config, found, end, final_word=False)
 
 
 def compact_document(document: ResultDocument, limit: int = TERMINATION_MESSAGE_LIMIT) -> str:
@@ -275,9 +236,12 @@ def compact_document(document: ResultDocument, limit: int = TERMINATION_MESSAGE_
     return RESULT_MARKER + json.dumps(minimal, separators=(",", ":"))
 
 
+Destination = Callable[[bytes], str]
+"""Delivers one document to this attempt's slot; returns where it went; raises DeliveryError."""
+
+
 def deliver(
-    area: DeliveryArea,
-    run_id: str,
+    destination: Destination,
     payload: bytes,
     *,
     deadline_s: float = DELIVERY_DEADLINE_S,
@@ -289,13 +253,53 @@ def deliver(
     delay = 1.0
     while True:
         try:
-            return area.put(run_id, payload)
+            return destination(payload)
         except DeliveryError as exc:
             if time.monotonic() + delay > give_up:
                 raise
             print(f"model-support: {exc}; retrying in {delay:g} s", file=sys.stderr, flush=True)
             sleep(delay)
             delay = min(delay * 2, 30.0)
+
+
+def destination_from(folder: str | None, url_env: str | None) -> Destination | None:
+    """The attempt's slot from the command line: a mounted folder, or an upload URL read (and
+    removed) from the environment variable ``url_env``. The URL is a credential: it is taken
+    out of the environment run.py inherits and the process is made non-dumpable, so code in
+    run.py cannot read it from this process's ``/proc`` entries."""
+    if folder is not None:
+        if not os.path.isdir(folder):
+            raise SystemExit(
+                f"model-support: --deliver-to {folder} is not a folder (the slot mount)"
+            )
+        return lambda payload: deliver_to_folder(folder, payload)
+    if url_env is None:
+        return None
+    url = os.environ.pop(url_env, "")
+    if not url:
+        print(
+            f"model-support: {url_env} is not set (the operator could not sign this attempt's "
+            "upload URL); the result goes to the log and the termination message only",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None
+    _not_dumpable()
+    return lambda payload: deliver_to_url(url, payload)
+
+
+def _not_dumpable() -> None:
+    """prctl(PR_SET_DUMPABLE, 0): /proc/<pid>/environ and /proc/<pid>/mem of this process are
+    then root's, not readable by run.py's processes (same uid, dumpable again after exec)."""
+    import ctypes
+
+    pr_set_dumpable = 4
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
+    except (OSError, AttributeError) as exc:  # not Linux: say so, keep going
+        print(f"model-support: could not make the runner non-dumpable: {exc}", file=sys.stderr)
 
 
 def _write_termination_message(path: str, text: str) -> None:
@@ -328,6 +332,22 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0][:300]
 
 
+def _signing_key(target: str) -> SigningKey | None:
+    """The key the push signs with, when the operator gave this pod one (a trusted test in a
+    namespace allowed to push to a shared target); a broken key signs nothing, said so."""
+    from model_support.compile_cache import SigningKey, UntrustedCache
+    from model_support.compile_cache.trust import SIGNING_KEY_ENV
+
+    path = os.environ.get(SIGNING_KEY_ENV)
+    if not path:
+        return None
+    try:
+        return SigningKey.load(path)
+    except UntrustedCache as exc:
+        print(f"model-support: not signing the push to {target}: {exc}", file=sys.stderr)
+        return None
+
+
 class _StopPush(Exception):
     """A stop signal arrived while the cache was being pushed."""
 
@@ -343,7 +363,9 @@ def push_cache(target: str, backend: str, deadline_s: float) -> TransferReport:
     started = time.monotonic()
     try:
         with on_stop_signals(stop):
-            return push_for_run(target, backend, deadline_s=deadline_s)
+            return push_for_run(
+                target, backend, deadline_s=deadline_s, signing_key=_signing_key(target)
+            )
     except _StopPush as exc:
         return TransferReport(
             direction="push",
@@ -370,13 +392,13 @@ def _with_cache(
 
 
 def _deliver_document(
-    area: DeliveryArea | None, run_id: str, document: ResultDocument, deadline_s: float, what: str
+    destination: Destination | None, document: ResultDocument, deadline_s: float, what: str
 ) -> None:
-    """Deliver ``document`` (when there is a store to deliver to); say how it went."""
-    if area is None:
+    """Deliver ``document`` (when there is a slot to deliver to); say how it went."""
+    if destination is None:
         return
     try:
-        where = deliver(area, run_id, document.model_dump_json().encode(), deadline_s=deadline_s)
+        where = deliver(destination, document.model_dump_json().encode(), deadline_s=deadline_s)
         print(f"model-support: {what} delivered to {where}", file=sys.stderr, flush=True)
     except DeliveryError as exc:
         print(
@@ -391,8 +413,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run run.py, make its result durable, push the compile cache; return run.py's status."""
     parser = argparse.ArgumentParser(prog="python3 -m model_support.runner_pod")
     parser.add_argument("--run-id", required=True, help="The run id the operator gave this run.")
-    parser.add_argument(
-        "--deliver-to", help="Results store URI whose deliveries/ gets the document."
+    slot = parser.add_mutually_exclusive_group()
+    slot.add_argument(
+        "--deliver-to",
+        metavar="SLOT_DIR",
+        help="This attempt's delivery slot, mounted as a folder.",
+    )
+    slot.add_argument(
+        "--deliver-url-env",
+        metavar="VAR",
+        help="Environment variable holding this attempt's signed upload URL.",
     )
     parser.add_argument(
         "--timeout",
@@ -432,13 +462,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="Seconds the push may take before it is given up (recorded as its error).",
     )
     args = parser.parse_args(argv)
-    area = DeliveryArea(args.deliver_to) if args.deliver_to else None  # validates the URI first
-    if area is not None:
-        area.path(args.run_id)  # and the run id, before anything runs
+    destination = destination_from(args.deliver_to, args.deliver_url_env)  # before run.py
     if args.neuron_devices:
         problem = device_problem(args.neuron_devices)
         if problem is not None:
-            return _refuse(area, args, problem)
+            return _refuse(destination, args, problem)
     # Read before run.py runs: what the init step wrote, not what run.py may leave in /work.
     pulled = load_pull_report(args.pull_report, args.pull_source) if args.pull_report else None
     if pulled is not None:
@@ -467,7 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # First the result (with the pull's figures): nothing after this point can lose it.
     delivered = _with_cache(finished, pulled, None)
-    _deliver_document(area, args.run_id, delivered, args.delivery_deadline, "result")
+    _deliver_document(destination, delivered, args.delivery_deadline, "result")
     _write_termination_message(args.termination_log, compact_document(delivered))
 
     if args.compile_cache and finished.result != Result.EXCLUDED:
@@ -476,8 +504,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stopped = pushed.error is not None and pushed.error.startswith("stopped:")
         delivered = _with_cache(finished, pulled, pushed)
         _deliver_document(
-            area,
-            args.run_id,
+            destination,
             delivered,
             STOPPED_DELIVERY_DEADLINE_S if stopped else args.delivery_deadline,
             "result with the compile cache figures",
@@ -540,14 +567,14 @@ def _exit_status(outcome: Outcome) -> int:
     return 1 if code == STOPPED_EXIT else code
 
 
-def _refuse(area: DeliveryArea | None, args: argparse.Namespace, problem: str) -> int:
+def _refuse(destination: Destination | None, args: argparse.Namespace, problem: str) -> int:
     """Deliver ERROR/infrastructure for a pod that cannot run the test at all (its node's
     fault, never the model's): run.py does not start. Returns the exit status (1)."""
     document = _runner_document(
         Path.cwd() / args.script, Result.ERROR, ErrorClass.INFRASTRUCTURE, problem, 0.0
     )
     print(f"model-support: {problem}", file=sys.stderr, flush=True)
-    _deliver_document(area, args.run_id, document, args.delivery_deadline, "result")
+    _deliver_document(destination, document, args.delivery_deadline, "result")
     _write_termination_message(args.termination_log, compact_document(document))
     print(RESULT_MARKER + document.model_dump_json(), flush=True)
     return 1

@@ -1,8 +1,11 @@
 """Rendering run.py: the runner template with only its config block replaced.
 
-The config travels as a JSON document inside a Python string literal produced by ``json.dumps``
-(a JSON string is a valid Python string literal), so no value (a hostile model id, a prompt)
-can ever become code. The rendered text is what runs and what is stored, byte for byte.
+The config travels as a JSON document, one key per line, inside a raw triple-quoted Python
+string. ``json.dumps`` escapes every quote and backslash inside a JSON string and writes only
+ASCII, and JSON never puts three string delimiters in a row, so the literal cannot end early and
+no value (a hostile model id, a prompt) can become code; every rendering is parsed back and
+compared before it is returned, so a template or value that broke this would be refused. The
+rendered text is what runs and what is stored, byte for byte.
 """
 
 from __future__ import annotations
@@ -36,10 +39,13 @@ def render_script(config: RunConfig, template: str | None = None) -> str:
     matches = list(_BLOCK.finditer(template))
     if len(matches) != 1:
         raise TemplateError(f"run.py must contain exactly one config block, found {len(matches)}")
-    payload = json.dumps(config.model_dump(mode="json"), sort_keys=True)
-    body = "CONFIG_JSON = " + json.dumps(payload)
+    payload = json.dumps(config.model_dump(mode="json"), sort_keys=True, indent=4)
+    body = f'CONFIG_JSON = r"""\n{payload}\n"""'
     start, end = matches[0].span("body")
-    return template[:start] + body + template[end:]
+    rendered = template[:start] + body + template[end:]
+    if read_config(rendered) != config:
+        raise TemplateError("the rendered config block does not read back as the config given")
+    return rendered
 
 
 def read_config(script: str) -> RunConfig:
@@ -57,3 +63,14 @@ def read_config(script: str) -> RunConfig:
     ):
         raise TemplateError("the config block must be a single CONFIG_JSON string assignment")
     return RunConfig.model_validate_json(body[0].value.value)
+
+
+def runner_constant(name: str) -> object:
+    """A module-level constant of the run.py template (a literal), read without importing it
+    (run.py imports torch)."""
+    for node in ast.parse(template_text()).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == name for target in node.targets
+        ):
+            return ast.literal_eval(node.value)
+    raise KeyError(f"run.py defines no constant {name}")

@@ -554,7 +554,7 @@ def _task_of(architectures: list[str]) -> str | None:
     return None
 
 
-# ---- tasks beyond text generation (issue 13): the architectures run.py's loader of each task
+# ---- tasks beyond text generation: the architectures run.py's loader of each task
 # takes, from transformers' auto-class tables. A model outside them is EXCLUDED with reason
 # unsupported-task before anything runs (never an ERROR at load time).
 

@@ -7,11 +7,14 @@ lives only as long as its process)::
     data/<stem>.parquet          the matrix: one file per (compiler version, library version) pair
     README.md                    the dataset card, regenerated with the matrix
     index/materialized.txt       which records the matrix holds: run id -> matrix key
+    history/runs.parquet         every run (not only the latest per stack), a few columns each
     index/.lock                  (local stores) held while a materialize runs
     rankings/snapshots/*.json    what sweeps ranked (time, source, model ids), one file each
 
 Writers only ever create new record files with unique names, so any number of processes can
-add records at once. The matrix, card and index are derived. :meth:`ResultsStore.materialize`
+add records at once. The matrix, card, index and history are derived: the matrix holds the
+latest run of each model per stack, the history every run (a re-run on the same stack is a new
+row, never a replaced one). :meth:`ResultsStore.materialize`
 folds the records the index does not hold yet into the matrix files they belong to, rewriting
 only those (adding one record to a store of 100,000 rewrites one file); records that
 disappeared, a missing matrix file or an index made for another matrix format make it rebuild
@@ -42,6 +45,7 @@ import fcntl
 import gc
 import hashlib
 import io
+import itertools
 import json
 import os
 import re
@@ -59,6 +63,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
@@ -66,6 +71,7 @@ from fsspec.implementations.local import LocalFileSystem
 from pydantic import ValidationError
 
 from model_support.dataset import (
+    HISTORY_SCHEMA,
     MATRIX_COLUMNS,
     MATRIX_FORMAT_VERSION,
     MATRIX_SCHEMA,
@@ -74,10 +80,10 @@ from model_support.dataset import (
     has_versions,
     matrix_file_stem,
     matrix_key,
-    matrix_row_group_rows,
     recency,
     records_to_table,
     render_card,
+    write_matrix,
     writer_stack,
 )
 from model_support.ranking_snapshots import RankingSnapshot
@@ -92,6 +98,10 @@ DATA_DIR = "data"
 INDEX_DIR = "index"
 INDEX_NAME = "materialized.txt"
 CARD_NAME = "README.md"
+HISTORY_DIR = "history"
+HISTORY_NAME = "runs.parquet"
+HISTORY_ROW_GROUP = 8192
+"""Rows per row group of the history: sorted by model id, one model's runs decode one group."""
 SNAPSHOTS_DIR = "rankings/snapshots"
 MATRIX_KEY_METADATA = b"model_support.matrix_key"
 """Parquet key-value metadata naming the file's (compiler, version, library, version); it also
@@ -193,7 +203,7 @@ def _to_pandas(table: pa.Table) -> pd.DataFrame:
 
 
 def _check_run_id(run_id: str) -> None:
-    if not _RUN_ID.match(run_id):
+    if not _RUN_ID.fullmatch(run_id):
         raise ValueError(
             f"run id {run_id!r} cannot name a record file: use 1-200 characters from "
             "[A-Za-z0-9._-], starting with a letter or digit (model_support.records.new_run_id makes one)"
@@ -533,7 +543,7 @@ class ResultsStore:
         gone_keys = set() if index is None else {index[r] for r in index.keys() - listed}
         previous_keys = [] if index is None else sorted(map(_key_from_json, set(index.values())))
 
-        additions, placed = self._fold(sorted(listed - folded.keys()), strict)
+        additions, placed, added_history = self._fold(sorted(listed - folded.keys()), strict)
         members: dict[str, list[str]] = defaultdict(list)
         for run_id, key_text in folded.items():
             members[key_text].append(run_id)
@@ -576,11 +586,7 @@ class ResultsStore:
             metadata = {MATRIX_KEY_METADATA: _key_json(key).encode()}
             buffer = io.BytesIO()
             table = table.combine_chunks()
-            pq.write_table(
-                table.replace_schema_metadata(metadata),
-                buffer,
-                row_group_size=matrix_row_group_rows(table),
-            )
+            write_matrix(table.replace_schema_metadata(metadata), buffer)
             path = f"{data_dir}/{stems[key]}.parquet"
             self._write_if_changed(
                 path, buffer.getvalue(), exists=path.rsplit("/", 1)[-1] in on_disk
@@ -593,6 +599,8 @@ class ResultsStore:
         for stale in sorted(on_disk - produced):
             if self._is_matrix_file(f"{data_dir}/{stale}"):
                 self.fs.rm_file(f"{data_dir}/{stale}")
+        gone = set() if index is None else index.keys() - listed
+        self._write_history(index is not None, listed, gone, added_history, strict)
         folded.update(placed)
         self._write_index(folded)
         paths = [f"{data_dir}/{stems[key]}.parquet" for key in sorted(keys, key=lambda k: stems[k])]
@@ -600,9 +608,9 @@ class ResultsStore:
 
     def _fold(
         self, run_ids: list[str], strict: bool
-    ) -> tuple[dict[MatrixKey, pa.Table], dict[str, str]]:
+    ) -> tuple[dict[MatrixKey, pa.Table], dict[str, str], pa.Table]:
         """The records of ``run_ids``, as the latest row per (model, task) of each matrix file
-        they belong to, and where each record went (run id -> matrix key).
+        they belong to, where each record went (run id -> matrix key), and their history rows.
 
         Many records (a first or full materialize) are read and turned into rows by several
         processes at once, one contiguous share of the run ids each: parsing 100,000 records
@@ -620,20 +628,21 @@ class ResultsStore:
         try:
             parts = [_fold_records(self._read_records(shares[0], strict))]
             for helper in helpers:
-                tables, placed, problems = helper.result()
+                tables, placed, problems, history = helper.result()
                 for problem in problems:
                     warnings.warn(problem, CorruptRecordWarning, stacklevel=4)
-                parts.append((tables, placed))
+                parts.append((tables, placed, history))
         finally:
             for helper in helpers:
                 helper.stop()
         merged: dict[MatrixKey, list[pa.Table]] = defaultdict(list)
         placed_all: dict[str, str] = {}
-        for tables_part, placed_part in parts:
+        for tables_part, placed_part, _ in parts:
             for key, table in tables_part.items():
                 merged[key].append(table)
             placed_all.update(placed_part)
-        return {key: _combine(tables) for key, tables in merged.items()}, placed_all
+        history_all = _history_order(pa.concat_tables([part[2] for part in parts]))
+        return {key: _combine(tables) for key, tables in merged.items()}, placed_all, history_all
 
     def _matrix_table(self, path: str) -> pa.Table | None:
         """A matrix file's rows, or None when it is missing, unreadable, not ours or outdated."""
@@ -650,6 +659,92 @@ class ResultsStore:
             return table.cast(MATRIX_SCHEMA)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return None
+
+    # -- history --------------------------------------------------------------------------
+
+    def history_path(self) -> str:
+        """Where the history (every run, a few columns each) is: ``history/runs.parquet``."""
+        return self._public(self._path(HISTORY_DIR, HISTORY_NAME))
+
+    def _history_table(self) -> pa.Table | None:
+        """The stored history, or None when it is missing, unreadable or of another format."""
+        try:
+            table = self._read_parquet(self._path(HISTORY_DIR, HISTORY_NAME))
+        except (FileNotFoundError, OSError, pa.ArrowInvalid):
+            return None
+        if table.schema.names != HISTORY_SCHEMA.names:
+            return None
+        try:
+            return table.cast(HISTORY_SCHEMA)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+
+    def _history_rows(self) -> int | None:
+        """Rows of the stored history from its footer alone; None when it is missing,
+        unreadable or of another format."""
+        try:
+            with self.fs.open(self._path(HISTORY_DIR, HISTORY_NAME), "rb") as handle:
+                metadata = pq.read_metadata(handle)
+        except (FileNotFoundError, OSError, pa.ArrowInvalid):
+            return None
+        if metadata.schema.to_arrow_schema().names != HISTORY_SCHEMA.names:
+            return None
+        return int(metadata.num_rows)
+
+    def _write_history(
+        self, incremental: bool, listed: set[str], gone: set[str], added: pa.Table, strict: bool
+    ) -> None:
+        """Bring ``history/runs.parquet`` up to date: the stored rows, less those of ``gone``
+        records, plus ``added`` (the rows of the records folded now); rebuilt from every record
+        when there is no usable stored history. Byte for byte what a rebuild gives."""
+        path = self._path(HISTORY_DIR, HISTORY_NAME)
+        added_ids = set(added.column("run_id").to_pylist())
+        if incremental and not gone and not added_ids and self._history_rows() == len(listed):
+            return  # nothing new, nothing gone: the file stays as it is
+        base = self._history_table() if incremental else None
+        if base is None and incremental:
+            # The matrix is current but its history is missing or outdated: read every record.
+            rest = sorted(listed - added_ids)
+            records = self._read_records(rest, strict) if rest else []
+            base = records_to_table(records, [matrix_key(r) for r in records], HISTORY_SCHEMA)
+        if base is None:
+            table = _history_order(added)
+        else:
+            dropped = gone | added_ids  # an added record may be in it already (a re-fold)
+            if dropped:
+                drop = pa.array(sorted(dropped), pa.string())
+                base = base.filter(pc.invert(pc.is_in(base.column("run_id"), value_set=drop)))
+            table = _insert_rows(base, _history_order(added))
+        if table.num_rows != len(listed):
+            # Rows of records the index never held (a materialize that died after writing the
+            # history) and that are gone since: keep exactly the listed records.
+            keep = pa.array(sorted(listed), pa.string())
+            table = table.filter(pc.is_in(table.column("run_id"), value_set=keep))
+        if self._local:
+            os.makedirs(self._path(HISTORY_DIR), exist_ok=True)
+        self._write_if_changed(path, history_bytes(table), exists=self.fs.exists(path))
+
+    def history(self, columns: list[str] | None = None, filters: Any = None) -> pd.DataFrame:
+        """Every run as one DataFrame (the columns of
+        :data:`model_support.dataset.HISTORY_COLUMNS`, or ``columns`` of them), as of the
+        last materialize; ``filters`` as for :meth:`matrix`."""
+        return _to_pandas(self.history_table(columns, filters))
+
+    def history_table(self, columns: list[str] | None = None, filters: Any = None) -> pa.Table:
+        """:meth:`history` as an Arrow table."""
+        if columns is not None:
+            unknown = [c for c in columns if c not in HISTORY_SCHEMA.names]
+            if unknown:
+                raise ValueError(
+                    f"unknown history column(s) {unknown}; the columns are {HISTORY_SCHEMA.names}"
+                )
+        path = self._path(HISTORY_DIR, HISTORY_NAME)
+        if not self.fs.exists(path):
+            empty = HISTORY_SCHEMA.empty_table()
+            return empty.select(columns) if columns is not None else empty
+        return pq.read_table(
+            path, filesystem=self.fs, schema=HISTORY_SCHEMA, columns=columns, filters=filters
+        )
 
     def _read_index(self) -> dict[str, str] | None:
         """run id -> matrix key (JSON) of every record the matrix holds; None without a usable
@@ -884,17 +979,28 @@ def _latest_table(records: Sequence[RunRecord], key: MatrixKey) -> pa.Table:
     return records_to_table(winners, [key] * len(winners))
 
 
-def _fold_records(records: Sequence[RunRecord]) -> tuple[dict[MatrixKey, pa.Table], dict[str, str]]:
-    """Records grouped by matrix key into "latest row per (model, task)" tables, and where
-    each record went (run id -> matrix key as JSON)."""
-    grouped: dict[MatrixKey, list[RunRecord]] = defaultdict(list)
-    for record in records:
-        grouped[matrix_key(record)].append(record)
-    placed: dict[str, str] = {}
-    for key, group in grouped.items():
-        text = _key_json(key)
-        placed.update((record.run_id, text) for record in group)
-    return {key: _latest_table(group, key) for key, group in grouped.items()}, placed
+def _fold_records(
+    records: Sequence[RunRecord],
+) -> tuple[dict[MatrixKey, pa.Table], dict[str, str], pa.Table]:
+    """Records grouped by matrix key into "latest row per (model, task)" tables, where each
+    record went (run id -> matrix key as JSON), and every record's history row.
+
+    Every record's matrix row is made once: the history is a few of its columns, and each
+    matrix file the latest rows of its key (no second pass over the records)."""
+    keys = [matrix_key(record) for record in records]
+    table = records_to_table(records, keys)  # every record's row, in MATRIX_ORDER
+    order = sorted(
+        range(len(records)),
+        key=lambda i: (records[i].model_id, records[i].document.task, records[i].run_id),
+    )  # = the table's row order
+    rows_of: dict[MatrixKey, list[int]] = defaultdict(list)
+    for position, i in enumerate(order):
+        rows_of[keys[i]].append(position)
+    placed = {record.run_id: _key_json(key) for record, key in zip(records, keys, strict=True)}
+    tables = {
+        key: _latest_rows(table.take(pa.array(rows, pa.int64()))) for key, rows in rows_of.items()
+    }
+    return tables, placed, table.select(list(HISTORY_SCHEMA.names))
 
 
 class _FoldHelper:
@@ -934,8 +1040,9 @@ class _FoldHelper:
         except BaseException as exc:  # handed to the caller by result()
             self._answer = exc
 
-    def result(self) -> tuple[dict[MatrixKey, pa.Table], dict[str, str], list[str]]:
-        """Wait for the helper: its tables, where each record went, its warnings."""
+    def result(self) -> tuple[dict[MatrixKey, pa.Table], dict[str, str], list[str], pa.Table]:
+        """Wait for the helper: its tables, where each record went, its warnings, and its
+        records' history rows."""
         self._thread.join()
         if isinstance(self._answer, BaseException):
             raise self._answer
@@ -959,7 +1066,8 @@ class _FoldHelper:
         for key_text, size in header["tables"]:
             tables[_key_from_json(key_text)] = _from_ipc(body[offset : offset + size])
             offset += size
-        return tables, header["placed"], header["problems"]
+        history = _from_ipc(body[offset : offset + header["history"]], HISTORY_SCHEMA)
+        return tables, header["placed"], header["problems"], history
 
     def stop(self) -> None:
         """Make sure the helper is gone (after its answer, or when the caller gave up)."""
@@ -974,7 +1082,7 @@ def fold_share(request: dict[str, Any]) -> bytes:
     try:
         with warnings.catch_warnings(record=True) as caught, _no_cyclic_gc():
             warnings.simplefilter("always", CorruptRecordWarning)
-            tables, placed = _fold_records(
+            tables, placed, history = _fold_records(
                 store._read_records(request["run_ids"], request["strict"])
             )
     except CorruptRecord as exc:
@@ -983,12 +1091,14 @@ def fold_share(request: dict[str, Any]) -> bytes:
         return json.dumps({"error": str(exc)}).encode() + b"\n"
     problems = [str(w.message) for w in caught if issubclass(w.category, CorruptRecordWarning)]
     blobs = [(_key_json(key), _to_ipc(table)) for key, table in tables.items()]
+    history_blob = _to_ipc(history)
     header = {
         "tables": [[key_text, len(blob)] for key_text, blob in blobs],
         "placed": placed,
         "problems": problems,
+        "history": len(history_blob),
     }
-    return json.dumps(header).encode() + b"\n" + b"".join(blob for _, blob in blobs)
+    return json.dumps(header).encode() + b"\n" + b"".join(blob for _, blob in blobs) + history_blob
 
 
 def _to_ipc(table: pa.Table) -> bytes:
@@ -998,8 +1108,8 @@ def _to_ipc(table: pa.Table) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
-def _from_ipc(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all().cast(MATRIX_SCHEMA)
+def _from_ipc(data: bytes, schema: pa.Schema = MATRIX_SCHEMA) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(data)).read_all().cast(schema)
 
 
 def _recencies(table: pa.Table) -> list[tuple[Any, str]]:
@@ -1009,6 +1119,58 @@ def _recencies(table: pa.Table) -> list[tuple[Any, str]]:
     recorded = table.column("recorded_at").to_pylist()
     run_ids = table.column("run_id").to_pylist()
     return [(f or r, i) for f, r, i in zip(finished, recorded, run_ids, strict=True)]
+
+
+def history_bytes(table: pa.Table) -> bytes:
+    """The history file's bytes for ``table`` (rows in :func:`_history_order`): zstd, in row
+    groups of :data:`HISTORY_ROW_GROUP` rows."""
+    buffer = io.BytesIO()
+    pq.write_table(
+        table.combine_chunks(), buffer, row_group_size=HISTORY_ROW_GROUP, compression="zstd"
+    )
+    return buffer.getvalue()
+
+
+def _insert_rows(base: pa.Table, added: pa.Table) -> pa.Table:
+    """``added`` spliced into ``base`` (both in :func:`_history_order`): the same rows in the
+    same order as sorting the two together, without sorting what is already in order."""
+    if added.num_rows == 0:
+        return base
+    if added.num_rows > max(1000, base.num_rows // 10):
+        return _history_order(pa.concat_tables([base, added]))  # many: one sort is cheaper
+    order = list(
+        zip(
+            base.column("model_id").to_pylist(),
+            base.column("task").to_pylist(),
+            base.column("run_id").to_pylist(),
+            strict=True,
+        )
+    )
+    new = zip(
+        added.column("model_id").to_pylist(),
+        added.column("task").to_pylist(),
+        added.column("run_id").to_pylist(),
+        strict=True,
+    )
+    pieces, start = [], 0
+    for j, key in enumerate(new):
+        position = bisect.bisect_left(order, key)
+        pieces.append(base.slice(start, position - start))
+        pieces.append(added.slice(j, 1))
+        start = position
+    pieces.append(base.slice(start))
+    return pa.concat_tables(pieces)
+
+
+def _history_order(table: pa.Table) -> pa.Table:
+    """History rows in the matrix's row order (model, task, run id): any fold gives the same
+    bytes."""
+    if table.num_rows < 2:
+        return table
+    order = pc.sort_indices(
+        table, sort_keys=[(name, "ascending") for name in ("model_id", "task", "run_id")]
+    )
+    return table.take(order)
 
 
 def _slots(table: pa.Table) -> list[tuple[str, str]]:
@@ -1024,10 +1186,17 @@ def _combine(tables: Sequence[pa.Table]) -> pa.Table:
         return tables[0]
     if not tables:
         return MATRIX_SCHEMA.empty_table()
-    table = pa.concat_tables(tables)
+    return _latest_rows(pa.concat_tables(tables))
+
+
+def _latest_rows(table: pa.Table) -> pa.Table:
+    """Per (model, task) the latest row of ``table`` (see :func:`_recencies`), in the file's
+    row order, (model_id, task, run_id)."""
+    slots = _slots(table)
+    if len(set(slots)) == len(slots) and _in_file_order(table):
+        return table.combine_chunks()  # one row per slot, already in order: nothing to choose
     best: dict[tuple[str, str], int] = {}
     when = _recencies(table)
-    slots = _slots(table)
     for i, slot in enumerate(slots):
         j = best.get(slot)
         if j is None or when[i] > when[j]:
@@ -1035,6 +1204,19 @@ def _combine(tables: Sequence[pa.Table]) -> pa.Table:
     # The file's row order, (model_id, task, run_id); when[i][1] is the row's run id.
     order = sorted(best.values(), key=lambda i: (*slots[i], when[i][1]))
     return table.take(pa.array(order, pa.int64())).combine_chunks()
+
+
+def _in_file_order(table: pa.Table) -> bool:
+    """Whether the rows are in the file's order, (model_id, task, run_id)."""
+    keys = list(
+        zip(
+            table.column("model_id").to_pylist(),
+            table.column("task").to_pylist(),
+            table.column("run_id").to_pylist(),
+            strict=True,
+        )
+    )
+    return all(a <= b for a, b in itertools.pairwise(keys))
 
 
 def _merge(base: pa.Table, added: pa.Table) -> pa.Table:

@@ -1,4 +1,4 @@
-"""Builders of the tiny checkpoints for the tasks beyond text generation (issue 13).
+"""Builders of the tiny checkpoints for the tasks beyond text generation.
 
 Each builder makes a model from a config, trains it briefly on a task built from the bundled
 corpus (or drawn images, or tone-spelled text) so that its outputs are decisive, and saves it

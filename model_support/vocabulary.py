@@ -21,6 +21,28 @@ class Result(StrEnum):
     UNVERIFIED = "UNVERIFIED"
 
 
+_RAN_BADLY = (Result.FAIL, Result.ERROR, Result.TIMEOUT)
+REGRESSION_CHANGES: frozenset[tuple[Result, Result]] = frozenset(
+    {(Result.PASS, bad) for bad in _RAN_BADLY} | {(Result.EXCLUDED, Result.ERROR)}
+)
+"""(before, after) results that make a regression between two stacks: a PASS that no longer
+passes, or a model once excluded by design that now errors."""
+FIX_CHANGES: frozenset[tuple[Result, Result]] = frozenset(
+    {(bad, Result.PASS) for bad in _RAN_BADLY}
+)
+"""(before, after) results that make a fix: a model that ran and did not pass, now passing."""
+
+
+def is_regression(before: str | None, after: str | None) -> bool:
+    """Whether going from result ``before`` to ``after`` is a regression (see above)."""
+    return (before, after) in REGRESSION_CHANGES
+
+
+def is_fix(before: str | None, after: str | None) -> bool:
+    """Whether going from result ``before`` to ``after`` is a fix (see above)."""
+    return (before, after) in FIX_CHANGES
+
+
 RESULT_MEANINGS: dict[Result, str] = {
     Result.PASS: (
         "The model loaded with from_pretrained, its forward compiled, it generated the requested "
@@ -105,7 +127,7 @@ class Task(StrEnum):
 
     TEXT_GENERATION = "text-generation"
     IMAGE_TEXT_TO_TEXT = "image-text-to-text"
-    # ---- tasks beyond text generation (issue 13); run.py has one section per task family
+    # ---- tasks beyond text generation; run.py has one section per task family
     FEATURE_EXTRACTION = "feature-extraction"
     SENTENCE_SIMILARITY = "sentence-similarity"
     TEXT2TEXT_GENERATION = "text2text-generation"
@@ -167,7 +189,7 @@ class VerdictCheck(StrEnum):
     Q90 = "q90"
     PEAK = "peak"
     KL = "kl"
-    # ---- checks of the tasks beyond text generation (issue 13)
+    # ---- checks of the tasks beyond text generation
     TOP1 = "top1"
     RANKING = "ranking"
     COSINE = "cosine"

@@ -8,8 +8,10 @@ Objects are changed only through kmock's HTTP API so that watch events fire.
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import itertools
+import os
 import threading
 import time
 import uuid
@@ -21,7 +23,9 @@ from typing import Any
 import kmock
 import kopf
 
+from model_support.delivery import DELIVERY_KEY_ENV, deliver_to_folder, deliver_to_url
 from model_support.operator.handlers import build_registry
+from model_support.operator.manifests import DELIVERY_MOUNT, DELIVERY_URL_ENV
 from model_support.operator.resource import (
     GROUP,
     KIND,
@@ -41,9 +45,27 @@ CMS_URL = f"/api/v1/namespaces/{NS}/configmaps"
 EVENTS_URL = f"/api/v1/namespaces/{NS}/events"
 CLAIM_TEMPLATES_URL = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaimtemplates"
 MODEL = "Qwen/Qwen3-0.6B"
+_MODEL_COMMITS: list[str] = []
+
+
+def serve_model_commit(commit: str) -> None:
+    """Note the commit the stand-in Hub gives MODEL's main (the operator_hub fixture does)."""
+    _MODEL_COMMITS[:] = [commit]
+
+
+def model_commit() -> str:
+    """The commit the operator pins MODEL's revision to (what run.py then writes)."""
+    if not _MODEL_COMMITS:
+        raise RuntimeError("no stand-in Hub serves the operator tests' model (operator_hub)")
+    return _MODEL_COMMITS[0]
+
+
 """The model the operator tests name: served by the stand-in Hub (a tiny checkpoint)."""
 MERGE = {"Content-Type": "application/merge-patch+json"}
 _counter = itertools.count(1)
+# The operator's delivery slot key, as the chart's Secret gives it: the same across the
+# operator restarts a test makes (a random key per process would strand runs in flight).
+os.environ.setdefault(DELIVERY_KEY_ENV, "harness-delivery-key-" + uuid.uuid4().hex)
 
 
 def now() -> str:
@@ -597,6 +619,31 @@ class Harness:
         else:
             await self.patch(url, {"status": {"active": 0, "ready": 0, "failed": 1}})
         return action
+
+    async def deliver(self, job: dict[str, Any], document: bytes) -> str:
+        """What a runner does with its document: into the slot its pod was given and nothing
+        else (the folder the pod mounts from the results volume, or the upload URL in the
+        Secret its env names), exactly as model_support.runner_pod does."""
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        mount = next(
+            (m for m in container.get("volumeMounts") or [] if m["mountPath"] == DELIVERY_MOUNT),
+            None,
+        )
+        if mount is not None:
+            folder = Path(self.settings.results_uri) / mount["subPath"]
+            return await asyncio.to_thread(deliver_to_folder, folder, document)
+        [ref] = [
+            e["valueFrom"]["secretKeyRef"]
+            for e in container.get("env") or []
+            if e["name"] == DELIVERY_URL_ENV
+        ]
+        namespace = job["metadata"]["namespace"]
+        secret = await self.get(f"/api/v1/namespaces/{namespace}/secrets/{ref['name']}")
+        assert secret is not None, f"the Secret {ref['name']} the runner reads is missing"
+        url = (secret.get("stringData") or {}).get(ref["key"]) or base64.b64decode(
+            secret["data"][ref["key"]]
+        ).decode()
+        return await asyncio.to_thread(deliver_to_url, url, document)
 
     async def disrupt_pod(self, pod: dict[str, Any], reason: str = "EvictionByEvictionAPI") -> None:
         """A disruption as the Job controller sees it with our podFailurePolicy: the pod fails

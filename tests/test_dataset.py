@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import pathlib
 import re
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -324,3 +325,29 @@ def test_card_says_how_every_task_is_verified() -> None:
         assert f"- `{task.value}`:" in section
     for check in ("cosine", "norm", "ranking", "top1", "denoiser", "latents"):
         assert f"`{check}`" in section
+
+
+def test_matrix_files_store_the_repeated_run_py_almost_for_free(tmp_path: pathlib.Path) -> None:
+    """Every row keeps its whole run.py (~120 KB, the same harness but for its config block);
+    matrix files are written so the repetition costs next to nothing (snappy took ~55 KB a
+    row), and they still read back exactly."""
+    from model_support.config import RunConfig
+    from model_support.dataset import MATRIX_SCHEMA, record_to_row, write_matrix
+    from model_support.script import render_script
+
+    rows = []
+    for i in range(200):
+        config = RunConfig(
+            model=f"org{i % 7}/model-{i}", revision=f"{i:040x}", max_new_tokens=8 + i
+        )
+        document = ResultDocument(model=config.model, task="text-generation", result=Result.PASS)
+        rows.append(
+            record_to_row(
+                RunRecord(run_id=f"run-{i}", run_py=render_script(config), document=document)
+            )
+        )
+    table = pa.Table.from_pylist(rows, schema=MATRIX_SCHEMA)
+    path = tmp_path / "matrix.parquet"
+    write_matrix(table, str(path))
+    assert path.stat().st_size / len(rows) < 5 * 1024
+    assert pq.read_table(path).column("run_py").to_pylist() == [r["run_py"] for r in rows]

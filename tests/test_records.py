@@ -30,7 +30,7 @@ from model_support.records import (
 )
 from model_support.script import render_script, template_text
 from model_support.store import ResultsStore
-from model_support.vocabulary import Result
+from model_support.vocabulary import ErrorClass, Result
 
 
 def _runner_module(tmp_path: Path) -> ModuleType:
@@ -157,3 +157,23 @@ def test_record_builders_live_with_the_records() -> None:
     record = record_from_document(document, "# run.py\n")
     assert isinstance(record, RunRecord) and record.run_py == "# run.py\n"
     assert RunRecord.from_json(record.to_json()) == record
+
+
+def test_out_of_memory_is_recorded_only_on_the_kernels_report() -> None:
+    """document_for_end: a SIGKILL is out-of-memory only when the memory cgroup counted an OOM
+    kill; inside a pod (not the final word) an unexplained SIGKILL or a stop records nothing."""
+    from model_support.runpath import RunEnd, document_for_end
+
+    config = RunConfig(model="org/model")
+    killed = RunEnd(returncode=-9, seconds=1.0, oom_killed=True)
+    assert document_for_end(config, None, killed, final_word=False).error_class == (  # type: ignore[union-attr]
+        ErrorClass.OUT_OF_MEMORY
+    )
+    unknown = RunEnd(returncode=-9, seconds=1.0, oom_killed=None)
+    assert document_for_end(config, None, unknown, final_word=False) is None
+    local = document_for_end(config, None, unknown, final_word=True)
+    assert local is not None and local.error_class == ErrorClass.RUNTIME
+    stopped = RunEnd(returncode=-15, seconds=1.0, stopped=True)
+    assert document_for_end(config, None, stopped, final_word=False) is None
+    exited = document_for_end(config, None, RunEnd(returncode=3, seconds=1.0), final_word=False)
+    assert exited is not None and "exited with status 3" in (exited.error or "")

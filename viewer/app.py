@@ -5,7 +5,9 @@ the MODEL_SUPPORT_RESULTS environment variable (default: ``results``). MODEL_SUP
 points the rankings at another Hub endpoint.
 
 Deep links: ``?model=org/name&view=trending&compiler=<version>&library=<version>&q=<search>
-&task=<task>``; the page writes its state back into the query parameters.
+&task=<task>``, ``view=compare`` or ``view=regressions`` with ``before`` and ``after`` (stack
+labels), ``view=history`` with ``model`` and ``run`` (a run id); the page writes its state back
+into the query parameters. The History and Regressions views are in ``history_views.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import sys
 import pandas as pd
 import streamlit as st
 
-from model_support.viewer import views
+from model_support.viewer import history_views, views
 from model_support.viewer.data import StackFile
 from model_support.viewer.markup import inline_code, literal
 from model_support.viewer.queries import newest_first, version_key
@@ -34,9 +36,12 @@ VIEWS = {
     "triage": "Triage",
     "compare": "Compare",
     "charts": "Charts",
+    "history": "History",
+    "regressions": "Regressions",
 }
 ALL_TASKS = "all tasks"
-PARAMS = ("view", "compiler", "library", "q", "task", "model", "before", "after")
+PARAMS = ("view", "compiler", "library", "q", "task", "model", "before", "after", "run")
+COMPARING_VIEWS = ("compare", "regressions")  # views whose two stacks are before and after
 
 
 def results_uri() -> str:
@@ -84,9 +89,11 @@ def _seed_from_query_params(files: list[StackFile]) -> None:
     if params.get("model"):
         st.session_state["model"] = params["model"]
     labels = {views.stack_label(f) for f in files}
-    for side in ("before", "after"):  # the Compare view's two stacks
+    for side in ("before", "after"):  # the Compare and Regressions views' two stacks
         if params.get(side) in labels:
             st.session_state[side] = params[side]
+    if params.get("run"):  # the History view's run
+        st.session_state["run"] = params["run"]
 
 
 def _version_param(label: str, files: list[StackFile], attr: str) -> str:
@@ -170,6 +177,12 @@ def main() -> None:
         table = views.view_triage(ctx)
     elif view == "compare":
         table = views.view_compare(ctx)
+    elif view in ("history", "regressions"):
+        history_ctx = history_views.HistoryContext(results_uri=uri, task=ctx.task)
+        if view == "history":
+            history_views.view_history(history_ctx)
+        else:
+            history_views.view_regressions(history_ctx)
     else:
         views.view_charts(ctx)
 
@@ -206,8 +219,9 @@ def main() -> None:
         "q": search or None,
         "task": None if task_choice == ALL_TASKS else task_choice,
         "model": model,
-        "before": st.session_state.get("before") if view == "compare" else None,
-        "after": st.session_state.get("after") if view == "compare" else None,
+        "before": st.session_state.get("before") if view in COMPARING_VIEWS else None,
+        "after": st.session_state.get("after") if view in COMPARING_VIEWS else None,
+        "run": st.session_state.get("run") if view == "history" else None,
     }
     wanted = {k: v for k, v in state.items() if v}
     if {k: st.query_params.get(k) for k in PARAMS if st.query_params.get(k)} != wanted:

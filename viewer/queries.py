@@ -6,8 +6,9 @@ a plain DataFrame in the matrix's columns (model_support.dataset.MATRIX_SCHEMA).
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -71,20 +72,52 @@ def _text(row: Mapping[str, object], name: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def compile_cache_pull(row: Mapping[str, object]) -> tuple[str, str] | None:
+CACHE_TARGETS_ENV = "MODEL_SUPPORT_VIEWER_CACHE_TARGETS"
+"""Compile cache roots the viewer may name in a pull command (comma-separated; ``{namespace}``
+stands for any one namespace): the targets the operator's admin configured."""
+
+
+def configured_cache_targets() -> list[str]:
+    """The compile cache roots the viewer may offer to pull from (see ``CACHE_TARGETS_ENV``)."""
+    return [t.strip() for t in os.environ.get(CACHE_TARGETS_ENV, "").split(",") if t.strip()]
+
+
+def _under_configured(target: str, configured: Sequence[str]) -> bool:
+    """Whether ``target`` lies under a configured root (``{namespace}``: any one segment)."""
+    parts = target.rstrip("/").split("/")
+    if any(p in (".", "..") for p in parts):
+        return False
+    for root in configured:
+        pattern = root.rstrip("/").split("/")
+        if len(parts) >= len(pattern) and all(
+            (want == "{namespace}" and bool(have)) or want == have
+            for want, have in zip(pattern, parts, strict=False)
+        ):
+            return True
+    return False
+
+
+def compile_cache_pull(
+    row: Mapping[str, object], configured: Sequence[str] | None = None
+) -> tuple[str, str] | None:
     """The exact pull command for a row's compiler version, and where that cache is from.
 
-    The run's own cache target when it recorded one, else the public NEFF cache for a
-    Trainium row; None when no shared cache holds this compiler's entries.
+    The run's own cache target when it is one the operator configured (``configured``, default
+    :func:`configured_cache_targets`: a record can name any target, and whoever writes a
+    target runs code in those who pull from it), else the public NEFF cache for a Trainium row;
+    None when no such cache holds this compiler's entries.
     """
     from model_support.compile_cache import pull_command
 
+    configured = configured_cache_targets() if configured is None else configured
     prefix = _text(row, "compile_cache_prefix")
     if prefix is None and _text(row, "neuronx_cc"):
         prefix = f"neuronxcc-{_text(row, 'neuronx_cc')}"
     if prefix is None and _text(row, "compiler") == "inductor" and _text(row, "torch"):
         prefix = f"inductor-torch-{_text(row, 'torch')}"
     target = _text(row, "compile_cache_target")
+    if target is not None and not _under_configured(target, configured):
+        target = None
     origin = "the cache this run pulled and pushed"
     if target is None and prefix is not None and prefix.startswith("neuronxcc-"):
         target, origin = PUBLIC_NEFF_CACHE, "the public TorchNeuron NEFF cache"
@@ -465,7 +498,7 @@ def versions_of(frame: pd.DataFrame, model_id: str) -> list[tuple[str, str]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Task verdicts beyond text generation (issue 13): what the details panel shows of them
+# Task verdicts beyond text generation: what the details panel shows of them
 
 OUTPUT_LABELS: dict[str, str] = {
     "text-classification": "Predicted class per input",

@@ -485,7 +485,7 @@ def _generated_text(row: pd.Series) -> None:
     if not texts:
         return
     prompts = _strings(row["prompts"])
-    st.markdown(f"**{queries.output_label(str(row['task']))}**")
+    st.markdown(f"**{queries.output_label(str(row['task']))}** (as the run reported it)")
     for index, text in enumerate(texts):
         prompt = prompts[index] if index < len(prompts) else None
         st.caption(literal(f"prompt {index + 1}: {prompt!r}" if prompt else f"prompt {index + 1}"))
@@ -522,6 +522,11 @@ def _compile_cache(row: pd.Series) -> None:
         st.caption(f"Cache: {inline_code(where)}")
     if isinstance(row.get("compile_cache_error"), str):
         st.caption(f"The cache failed (the result stands): {literal(row['compile_cache_error'])}")
+
+
+def run_details(row: pd.Series) -> None:
+    """The details of one run, given as a matrix row (the History view shows any run so)."""
+    _details_row(row)
 
 
 def _details_row(row: pd.Series) -> None:
@@ -592,7 +597,8 @@ def _details_row(row: pd.Series) -> None:
     run_py = row["run_py"] if isinstance(row["run_py"], str) else ""
     packages = list(row["packages"]) if row["packages"] is not None and len(row["packages"]) else []
     st.markdown(
-        "1. Install the packages this run used (`requirements.txt` below): `pip install -r requirements.txt`"
+        "1. Install the packages this run reported (`requirements.txt` below: what its pod "
+        "said it had installed, not checked by anyone): `pip install -r requirements.txt`"
     )
     if packages:
         st.download_button(

@@ -8,8 +8,10 @@ from model_support.cli import (
     commands_cache,
     commands_dataset,
     commands_demo,
+    commands_history,
     commands_operator,
     commands_render,
+    commands_reproduce,
     commands_run,
     commands_size,
     commands_sweep,
@@ -30,8 +32,10 @@ for _module in (
     commands_viewer,
     commands_operator,
     commands_render,
+    commands_reproduce,
     commands_sweep,
     commands_cache,
     commands_dataset,
+    commands_history,
 ):
     _module.register(app)

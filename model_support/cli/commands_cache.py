@@ -9,6 +9,7 @@ prefix is accepted when it is the installed compiler's, and refused otherwise.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +23,7 @@ from model_support.records import RunRecord
 from model_support.vocabulary import Backend, Result
 
 if TYPE_CHECKING:  # imported where used: every command's start (`run` included) would pay for it
+    from model_support.compile_cache import SigningKey, TrustPolicy
     from model_support.compile_cache.transfer import TransferReport
 
 console = Console(stderr=True)
@@ -57,6 +59,30 @@ KeepGoingOpt = Annotated[
         "test then runs without the cache, and the failure is recorded with its result).",
     ),
 ]
+TrustedKeyOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--trusted-key",
+        help="Take only entries a manifest signed by this key lists (ed25519:<base64>, as "
+        "`cache keygen` prints it; repeatable; also MODEL_SUPPORT_CACHE_TRUSTED_KEYS).",
+    ),
+]
+TrustUnsignedOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trust-unsigned",
+        help="Trust everyone who can write the target: pull host-side (inductor) entries "
+        "without a signature. Whoever can push there can then run code here.",
+    ),
+]
+SigningKeyOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--signing-key",
+        help="Sign what is pushed with this Ed25519 key (PEM; also "
+        "MODEL_SUPPORT_CACHE_SIGNING_KEY): readers that trust its public key take the entries.",
+    ),
+]
 DeadlineOpt = Annotated[
     float | None,
     typer.Option(
@@ -73,6 +99,29 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
+@dataclass(frozen=True)
+class Trust:
+    """What a transfer trusts (pull) or vouches for (push), from the command line."""
+
+    trusted_keys: tuple[str, ...] = ()
+    trust_unsigned: bool = False
+    signing_key: Path | None = None
+
+
+def _trust_objects(trust: Trust) -> tuple[TrustPolicy, SigningKey | None]:
+    """The policy and key of ``trust``; a malformed key is the user's to fix (exit 2)."""
+    from model_support.compile_cache import SigningKey, TrustPolicy, UntrustedCache
+    from model_support.compile_cache.trust import SIGNING_KEY_ENV
+
+    try:
+        policy = TrustPolicy.from_env(trust.trust_unsigned, trust.trusted_keys)
+        path = trust.signing_key or os.environ.get(SIGNING_KEY_ENV) or None
+        key = SigningKey.load(path) if path else None
+    except UntrustedCache as exc:
+        raise _fail(str(exc), 2) from exc
+    return policy, key
+
+
 def _transfer(
     direction: str,
     target: str,
@@ -81,6 +130,7 @@ def _transfer(
     report_file: Path | None,
     keep_going: bool,
     deadline: float | None,
+    trust: Trust = Trust(),
 ) -> None:
     from model_support.compile_cache import (
         CompileCacheError,
@@ -95,19 +145,25 @@ def _transfer(
         push_for_run,
     )
 
+    policy, signing_key = _trust_objects(trust)
     if keep_going:
         # A pod's init step: whatever goes wrong (the store, the URI, a disabled or mismatched
         # compiler cache) is the report's error, and the test runs without the cache.
-        for_run = pull_for_run if direction == "pull" else push_for_run
-        report = for_run(target, backend.value, deadline_s=deadline)
+        if direction == "pull":
+            report = pull_for_run(target, backend.value, deadline_s=deadline, policy=policy)
+        else:
+            report = push_for_run(
+                target, backend.value, deadline_s=deadline, signing_key=signing_key
+            )
     else:
-        operation = pull if direction == "pull" else push
         try:
             check_target(target, backend.value)  # a wrong URI or prefix: exit 2, nothing read
             compiler = installed_compiler_cache(backend.value)
 
             def run() -> TransferReport:
-                return operation(target, compiler=compiler)
+                if direction == "pull":
+                    return pull(target, compiler=compiler, policy=policy)
+                return push(target, compiler=compiler, signing_key=signing_key)
 
             report = (
                 run() if deadline is None else guarded(run, direction, target, compiler, deadline)  # type: ignore[arg-type]
@@ -141,9 +197,17 @@ def pull_command(
     report: ReportOpt = None,
     keep_going: KeepGoingOpt = False,
     deadline: DeadlineOpt = None,
+    trusted_key: TrustedKeyOpt = None,
+    trust_unsigned: TrustUnsignedOpt = False,
 ) -> None:
-    """Fetch the installed compiler's entries the local cache lacks (each one verified)."""
-    _transfer("pull", target, backend, as_json, report, keep_going, deadline)
+    """Fetch the installed compiler's entries the local cache lacks (each one verified).
+
+    With trusted keys, only entries a manifest signed by one of them lists. Without, NEFF
+    entries, and host-side (inductor) entries only from a folder only you can write, or with
+    --trust-unsigned.
+    """
+    trust = Trust(tuple(trusted_key or ()), trust_unsigned)
+    _transfer("pull", target, backend, as_json, report, keep_going, deadline, trust)
 
 
 @cache_app.command("push")
@@ -154,9 +218,33 @@ def push_command(
     report: ReportOpt = None,
     keep_going: KeepGoingOpt = False,
     deadline: DeadlineOpt = None,
+    signing_key: SigningKeyOpt = None,
 ) -> None:
-    """Upload the local cache's complete entries that the target does not have yet."""
-    _transfer("push", target, backend, as_json, report, keep_going, deadline)
+    """Upload the local cache's complete entries that the target does not have yet (and, with
+    a signing key, a signed manifest of them)."""
+    trust = Trust(signing_key=signing_key)
+    _transfer("push", target, backend, as_json, report, keep_going, deadline, trust)
+
+
+@cache_app.command("keygen")
+def keygen_command(
+    key_file: Annotated[
+        Path, typer.Argument(help="Where to write the new private key (PEM, mode 0600).")
+    ],
+) -> None:
+    """Make a signing key for trusted pushers; print its public key (give it to readers)."""
+    from model_support.compile_cache import SigningKey
+
+    if key_file.exists():
+        raise _fail(f"{key_file} exists; keys are never overwritten: choose another file", 2)
+    key = SigningKey.generate()
+    try:
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        raise _fail(f"cannot write {key_file}: {exc.strerror}", 2) from exc
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(key.pem)
+    print(key.public_key())
 
 
 @cache_app.command("ls")
@@ -267,13 +355,25 @@ class RunCache:
     pulled: TransferReport
 
 
-def before_run(target: str | None, backend: Backend, quiet: bool) -> RunCache | None:
+def before_run(
+    target: str | None, backend: Backend, quiet: bool, untrusted: list[str] | None = None
+) -> RunCache | None:
     """Check the target (a wrong one is the user's to fix: exit 2, nothing runs), then pull.
 
-    A pull that fails is recorded, not raised: the test runs without the cache.
+    A run that executes code nobody reviewed (``untrusted``: the options that make it so) never
+    pushes: whoever pushes to a cache runs code in everyone who pulls from it. A pull that
+    fails is recorded, not raised: the test runs without the cache.
     """
     if target is None:
         return None
+    if untrusted:
+        raise _fail(
+            f"--compile-cache {target} pushes what this run compiles, and {' and '.join(untrusted)} "
+            "runs code nobody reviewed here: whoever pushes to a compile cache runs code in "
+            "everyone who pulls from it. Pull first with `model-support cache pull`, and push "
+            "only from runs of reviewed code",
+            2,
+        )
     from model_support.compile_cache import CompileCacheError, check_target, pull_for_run
 
     try:

@@ -13,7 +13,8 @@ console = Console(stderr=True)
 
 dataset_app = typer.Typer(
     name="dataset",
-    help="Publish the results dataset (matrix, card, selected list).",
+    help="Publish the results dataset (matrix, card, selected list); bring its matrix and "
+    "history up to date.",
     no_args_is_help=True,
 )
 
@@ -69,6 +70,29 @@ def publish_command(
                 else ""
             )
         )
+
+
+@dataset_app.command("materialize")
+def materialize_command(
+    results: Annotated[
+        str, typer.Option(help="Results store location (path or fsspec URI).")
+    ] = "results",
+    rebuild: Annotated[
+        bool, typer.Option(help="Rebuild every derived file from the records.")
+    ] = False,
+) -> None:
+    """Bring the matrix, the dataset card and the history up to date with the records (what
+    every recorded run does; needed only for a store written before a derived file existed)."""
+    from model_support.store import ResultsStore, StoreError
+
+    try:
+        paths = ResultsStore(results).materialize(rebuild=rebuild)
+    except StoreError as exc:
+        from rich.markup import escape
+
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from exc
+    console.print(f"materialized {len(paths) - 1} matrix file(s) and the history", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,8 +1,10 @@
 """`model-support demo`: build tiny checkpoints, test them here, and write a dataset that shows
-every state the results can hold (PASS, FAIL, ERROR, EXCLUDED) over three compiler stacks."""
+every state the results can hold (PASS, FAIL, ERROR, EXCLUDED) over four compiler stacks, two
+of them successive releases of a faulty compiler (a regression and a fix between them)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import threading
 import time
@@ -29,8 +31,10 @@ DEMO_NAMESPACE = "demo"
 """Demo checkpoints are named ``demo/<name>`` in results (their paths stay in ``model_path``)."""
 DEMO_NAMES = ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-llava"]
 DEMO_NAMES += [model.name for model in TASK_MODELS]  # one per task family beyond text generation
-FAULTY_BACKEND = "model_support.faults:buggy_compiler"
-"""The demo's broken stack: miscompiles dense models (FAIL), crashes on mixture of experts (ERROR)."""
+OLDER_RELEASE = "model_support.faults:moe_crash_compiler"
+"""A faulty compiler's release: crashes on mixture of experts (ERROR), dense models PASS."""
+NEWER_RELEASE = "model_support.faults:dense_miscompiler"
+"""Its next release: mixture of experts fixed (PASS), dense models miscompiled (FAIL)."""
 
 # Progress goes to stderr one line at a time, also when it is not a terminal (CI logs, pipes);
 # soft wrapping keeps each line whole instead of folding it at 80 columns.
@@ -55,18 +59,24 @@ class DemoRun:
 
 
 def plan_runs(models: dict[str, DemoModel], main: str, second: str | None) -> list[DemoRun]:
-    """Every model on the main compiler; one on a second compiler; two on the faulty one.
+    """Every model on the main compiler; one on a second compiler; two on each of two releases
+    of a faulty compiler, the older one first.
 
     The second compiler comes first: inductor compiles for about a minute on 2 cores, and the
-    other runs fit beside it.
+    other runs fit beside it. The releases run last and in order, so the newer one is the
+    newest stack: `model-support regressions` compares them by default.
     """
     runs = []
     if second:
         runs.append(DemoRun(models["tiny-llama"], second, "a second compiler, to compare"))
     runs += [DemoRun(models[name], main, "the main stack") for name in DEMO_NAMES]
     runs += [
-        DemoRun(models["tiny-llama"], FAULTY_BACKEND, "FAIL: miscompiled, caught by the verdict"),
-        DemoRun(models["tiny-qwen3-moe"], FAULTY_BACKEND, "ERROR: the compiler crashes"),
+        DemoRun(models["tiny-llama"], OLDER_RELEASE, "a faulty compiler's release: PASS"),
+        DemoRun(models["tiny-qwen3-moe"], OLDER_RELEASE, "ERROR: the compiler crashes"),
+        DemoRun(
+            models["tiny-llama"], NEWER_RELEASE, "its next release: FAIL (a regression, caught)"
+        ),
+        DemoRun(models["tiny-qwen3-moe"], NEWER_RELEASE, "its next release: PASS (a fix)"),
     ]
     return runs
 
@@ -92,20 +102,24 @@ def demo(
         ),
     ] = None,
     jobs: Annotated[
-        int, typer.Option(min=1, help="Tests run at once (default: 2, or 1 on one CPU).")
+        int,
+        typer.Option(
+            min=1, help="Tests (and checkpoint builds) run at once (default: 2, or 1 on one CPU)."
+        ),
     ] = min(2, os.cpu_count() or 1),
     timeout: Annotated[float, typer.Option(help="Seconds per model before TIMEOUT.")] = 900.0,
 ) -> None:
     """Build tiny Llama, Qwen3, Qwen3-MoE and Llava checkpoints, one per other task family
     (embeddings, seq2seq, speech, classification, text-to-image) and a header-only 405B one,
-    test them on three compiler stacks (one deliberately broken), and print the results table."""
+    test them on four compiler stacks (two releases of a deliberately faulty one, with a
+    regression and a fix between them), and print the results table."""
     from model_support.checkpoints import default_cache_dir
     from model_support.store import ResultsStore
 
     started = time.monotonic()
     store = ResultsStore(location)
     dest = models_dir or default_cache_dir()
-    models, oversized = build_checkpoints(dest)
+    models, oversized = build_checkpoints(dest, jobs)
     if second_backend is None:
         second_backend = "aot_eager" if compile_backend == "inductor" else "inductor"
     second = second_backend if second_backend and second_backend != compile_backend else None
@@ -142,7 +156,9 @@ def demo(
         as_json=False,
     )
     say(
-        f"demo done in {time.monotonic() - started:.0f} s; browse it: model-support viewer --results {location}"
+        f"demo done in {time.monotonic() - started:.0f} s; browse it: model-support viewer "
+        f"--results {location}; what the faulty compiler's next release changed: "
+        f"model-support regressions --results {location}"
     )
 
 
@@ -151,35 +167,60 @@ def say(text: str) -> None:
     progress.print(f"[bold]demo:[/] {text}", highlight=False)
 
 
-def build_checkpoints(dest: Path) -> tuple[dict[str, DemoModel], Path]:
-    """The demo checkpoints (built or reused, one line each) and the header-only 405B one."""
-    from transformers.utils import logging as transformers_logging
+def build_checkpoints(dest: Path, workers: int) -> tuple[dict[str, DemoModel], Path]:
+    """The demo checkpoints (built or reused) and the header-only 405B one.
 
+    Missing ones are built ``workers`` at a time, each in a process of its own training on one
+    thread (a line as each is done); a stop signal ends the builders with the demo.
+    """
     from model_support.checkpoints import (
         LLAMA_3_1_405B_CONFIG,
         OVERSIZED_DEMO_NAME,
         build_demo_models,
         build_header_only_checkpoint,
+        checkpoint_dir,
         is_up_to_date,
         llama_tensors,
     )
     from model_support.checkpoints import demo_model as catalogue_entry
 
-    transformers_logging.disable_progress_bar()  # the lines below say what is happening
-    models = {}
-    for name in DEMO_NAMES:
-        fresh = is_up_to_date(catalogue_entry(name), dest / name)
-        if not fresh:
-            say(f"building {name} in {dest} (trained briefly; 10 to 60 s)")
-        start = time.monotonic()
-        (models[name],) = build_demo_models(dest, [name])
-        if not fresh:
-            say(f"built {name} in {time.monotonic() - start:.0f} s")
+    entries = [catalogue_entry(name) for name in DEMO_NAMES]
+    missing = [e.name for e in entries if not is_up_to_date(e, checkpoint_dir(dest, e))]
+    if missing:
+        workers = max(1, min(workers, len(missing)))
+        say(
+            f"building {len(missing)} checkpoints in {dest}, {workers} at a time (each trained "
+            "briefly: 10 to 90 s)"
+        )
+        context = multiprocessing.get_context("spawn")  # no fork of a process holding threads
+        with stopped_by_signals(), context.Pool(workers) as pool:
+            try:
+                for name, seconds in pool.imap_unordered(
+                    build_in_worker, [(dest, n) for n in missing]
+                ):
+                    say(f"built {name} in {seconds:.0f} s")
+            except BaseException:
+                pool.terminate()  # a stop signal or a failed build: no builder outlives the demo
+                raise
+    models = {model.name: model for model in build_demo_models(dest, DEMO_NAMES)}
     oversized = build_header_only_checkpoint(
         dest, OVERSIZED_DEMO_NAME, LLAMA_3_1_405B_CONFIG, llama_tensors(LLAMA_3_1_405B_CONFIG)
     )
     say(f"checkpoints ready in {dest}")
     return models, oversized
+
+
+def build_in_worker(job: tuple[Path, str]) -> tuple[str, float]:
+    """Build one demo checkpoint (in a worker process); its name and the seconds it took."""
+    from transformers.utils import logging as transformers_logging
+
+    from model_support.checkpoints import build_demo_models
+
+    transformers_logging.disable_progress_bar()  # the demo's lines say what is happening
+    dest, name = job
+    start = time.monotonic()
+    build_demo_models(dest, [name])
+    return name, time.monotonic() - start
 
 
 def size_oversized(path: Path, compile_backend: str) -> RunRecord:
@@ -212,7 +253,8 @@ def stopped_by_signals() -> Iterator[None]:
 def run_one(
     run: DemoRun, timeout: float, env: dict[str, str], cancel: threading.Event
 ) -> RunRecord:
-    """One demo test through run.py (``model-support run``'s machinery), named ``demo/<name>``."""
+    """One demo test through ``model-support run``'s machinery (sized, then run.py), named
+    ``demo/<name>``."""
     from model_support.config import RunConfig
     from model_support.execution import run_local
 
@@ -221,6 +263,12 @@ def run_one(
         task=run.model.task,
         compile_backend=run.compile_backend,
     )
+    planned = plan_cores(config, None, None, max_cores=16)
+    labels = {"demo": run.model.name}
+    if isinstance(planned, RunRecord):  # sizing refused it: recorded, not run
+        return planned.model_copy(
+            update={"model_id": run.model_id, "source": "demo", "labels": labels}
+        )
 
     def show(event: StageEvent) -> None:
         if event.status == "start":
@@ -234,11 +282,11 @@ def run_one(
 
     say(f"testing {run.label} ({run.shows})")
     record = run_local(
-        config,
+        planned,
         timeout_s=timeout,
         env=env,
         source="demo",
-        labels={"demo": run.model.name},
+        labels=labels,
         on_stage=show,
         cancel=cancel,
     )

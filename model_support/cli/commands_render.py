@@ -59,9 +59,12 @@ def render_test(
         InvalidTest,
         LoadFailure,
         Transient,
+        check_compile_cache,
+        check_model_path,
         check_store_allowed,
         children,
         claim_template,
+        pin,
         place,
     )
     from model_support.operator.spec import SpecError, parse_spec
@@ -99,6 +102,9 @@ def render_test(
     try:
         spec = parse_spec(dict(body.get("spec") or {}))
         check_store_allowed(spec, settings)
+        check_model_path(spec, settings)
+        check_compile_cache(spec, settings, ns)
+        spec = pin(spec, settings, token=token)
         placement = place(spec, settings, token=token)
     except (SpecError, InvalidTest) as exc:
         return outcome(phase=Phase.INVALID, message=str(exc)), False

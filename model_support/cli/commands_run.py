@@ -7,7 +7,6 @@ import importlib.util
 import json
 import math
 import os
-import re
 import signal
 import sys
 import tempfile
@@ -156,11 +155,11 @@ def plan_cores(
 ) -> RunConfig | RunRecord:
     """Size the model: the config with the planned cores, or an EXCLUDED record (not yet stored)."""
     from model_support.hub import is_unreachable
-    from model_support.sizing import Exclusion, size_run
+    from model_support.runpath import prepare
 
     try:
-        # The same entry point as the operator's, fed from the same config (prompts, tokens).
-        planned = size_run(
+        # The same path as the operator's (runpath.prepare), fed from the same config.
+        prepared = prepare(
             config,
             profile=instance or default_instance(config.backend),
             lnc=lnc,
@@ -173,49 +172,37 @@ def plan_cores(
         if not is_unreachable(exc):
             raise
         raise unreachable_hub(config.model, exc) from exc
-    if isinstance(planned, Exclusion):
-        return excluded_record(config, planned.reason, planned.message)
-    return config.model_copy(update={"cores": planned.cores, "parallelism": planned.parallelism})
-
-
-_COMMIT = re.compile(r"[0-9a-f]{40}")
+    if prepared.exclusion is not None:
+        exclusion = prepared.exclusion
+        return excluded_record(prepared.config, exclusion.reason, exclusion.message)
+    return prepared.config
 
 
 def pin_revision(config: RunConfig) -> RunConfig:
-    """Resolve a Hub model's revision (a branch, a tag, or none) to its commit.
+    """Resolve a Hub model's revision (a branch, a tag, or none) to its commit
+    (:func:`model_support.runpath.pin_revision`), or exit clearly.
 
     The stored run.py then names exactly the weights that were tested, and reruns of it load
-    the same ones. Local checkpoints and commit hashes are already pinned. A gated repository
-    without access is left for sizing, which records it as EXCLUDED (gated-without-token).
+    the same ones. A gated repository without access is left for sizing, which records it as
+    EXCLUDED (gated-without-token).
     """
-    if Path(config.model).is_dir() or (config.revision and _COMMIT.fullmatch(config.revision)):
+    from model_support.runpath import ModelNotOnHub, RevisionNotFound, is_pinned
+    from model_support.runpath import pin_revision as pin
+
+    if is_pinned(config):
         return config  # before importing the Hub client: run.py starts only after this
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    from model_support.hub import is_unreachable
 
-    from model_support.hub import hub_api, is_unreachable
-
-    token = os.environ.get("HF_TOKEN")
     try:
-        info = hub_api(os.environ.get("HF_ENDPOINT"), token).model_info(
-            config.model, revision=config.revision
-        )
-    except GatedRepoError:
-        return config
-    except RevisionNotFoundError as exc:
-        raise fail(f"{config.model!r} has no revision {config.revision!r} on the Hub") from exc
-    except RepositoryNotFoundError as exc:
-        raise fail(
-            f"{config.model!r} is not on the Hub (or is private): check the id, or set HF_TOKEN"
-        ) from exc
+        return pin(
+            config, token=os.environ.get("HF_TOKEN"), endpoint=os.environ.get("HF_ENDPOINT")
+        ).config
+    except (RevisionNotFound, ModelNotOnHub) as exc:
+        raise fail(str(exc)) from exc
     except Exception as exc:
         if not is_unreachable(exc):
             raise
         raise unreachable_hub(config.model, exc) from exc
-    return config.model_copy(update={"revision": info.sha}) if info.sha else config
 
 
 def unreachable_hub(model: str, exc: BaseException) -> typer.Exit:
@@ -429,10 +416,10 @@ def given_cores_exclusion(
     cores, so both paths record the same EXCLUDED row with the same message; a size that does
     not fit is only a note there (the user chose the cores)."""
     from model_support.hub import is_unreachable
-    from model_support.sizing import Exclusion, size_run
+    from model_support.runpath import prepare
 
     try:
-        planned = size_run(
+        prepared = prepare(
             config,
             profile=instance or default_instance(config.backend),
             lnc=lnc,
@@ -446,8 +433,9 @@ def given_cores_exclusion(
         if not is_unreachable(exc):
             raise
         raise unreachable_hub(config.model, exc) from exc
-    if isinstance(planned, Exclusion):
-        return excluded_record(config, planned.reason, planned.message)
+    if prepared.exclusion is not None:
+        exclusion = prepared.exclusion
+        return excluded_record(prepared.config, exclusion.reason, exclusion.message)
     return None
 
 
@@ -561,7 +549,10 @@ def run(
         trust_remote_code=trust_remote_code,
         judge_model=judge_model,
     )
-    cache = commands_cache.before_run(compile_cache, config.backend, quiet=as_json)
+    untrusted = ["--trust-remote-code"] if trust_remote_code else []
+    if compile_backend is not None and ":" in compile_backend:
+        untrusted.append(f"--compile-backend {compile_backend}")
+    cache = commands_cache.before_run(compile_cache, config.backend, as_json, untrusted)
     try:
         with stopped_by_signals():
             store, record = _test(

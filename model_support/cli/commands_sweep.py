@@ -46,9 +46,23 @@ def sweep(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")
     ] = None,
+    estimate: Annotated[
+        bool,
+        typer.Option(
+            "--estimate",
+            help="Print instead the cores each model would take and the sweep's expected "
+            "core-hours and cost (from past runs in --results, else a stated default).",
+        ),
+    ] = False,
+    prices: Annotated[
+        str | None,
+        typer.Option(
+            "--prices", help="Price table over the default one (docs/pricing.md), for --estimate."
+        ),
+    ] = None,
 ) -> None:
     """Print one ModelSupportTest per model of a Hub ranking (multi-document YAML), sorted by
-    name, for clusters without the ModelSupportSweep CRD."""
+    name, for clusters without the ModelSupportSweep CRD; with --estimate, what it would cost."""
     import yaml
 
     from model_support.operator.spec import SpecError
@@ -81,12 +95,89 @@ def sweep(
         raise fail(str(exc)) from exc
     except (SpecError, ValueError) as exc:
         raise fail(str(exc)) from exc
+    if estimate:
+        print_estimate(
+            [(m.model_id, task.value) for m in ranking.models],
+            profile=profile,
+            max_cores=max_cores,
+            results=results or "results",
+            prices=prices,
+        )
+        return
     text = yaml.safe_dump_all(manifests, sort_keys=False)
     if output is None:
         sys.stdout.write(text)
     else:
         output.write_text(text)
         console.print(f"wrote {len(manifests)} tests of sweep {name!r} to {output}")
+
+
+def print_estimate(
+    models: list[tuple[str, str]], *, profile: str, max_cores: int, results: str, prices: str | None
+) -> None:
+    """Size every model and print the sweep's expected core-hours and cost (nothing applied)."""
+    from model_support.estimate import DEFAULT_HOURS_BY_CORES, Sizing, estimate_sweep
+    from model_support.history import money
+    from model_support.hub import is_unreachable, unreachable_message
+    from model_support.operator.spec import PROFILES
+    from model_support.pricing import PriceTableError, load_prices
+    from model_support.sizing import Plan, size_model
+    from model_support.store import ResultsStore, StoreError
+
+    try:
+        table = load_prices(prices)
+    except PriceTableError as exc:
+        raise fail(str(exc)) from exc
+    try:
+        history = ResultsStore(results).history(
+            columns=["model_id", "task", "neuron_cores", "held_s"]
+        )
+    except (StoreError, OSError) as exc:
+        raise fail(f"the past runs in {results!r} could not be read: {exc}") from exc
+
+    def size(model: str, task: str) -> Sizing:
+        try:
+            planned = size_model(
+                model, profile=profile, max_cores=max_cores, task=task,
+                token=os.environ.get("HF_TOKEN"), endpoint=os.environ.get("HF_ENDPOINT"),
+            )  # fmt: skip
+        except ValueError as exc:
+            return Sizing(None, f"cannot be sized: {exc}")
+        except Exception as exc:
+            if is_unreachable(exc):
+                raise fail(unreachable_message(model, exc)) from exc
+            raise
+        if isinstance(planned, Plan):
+            return Sizing(planned.cores)
+        return Sizing(None, planned.reason.value)
+
+    instance = PROFILES[profile].instance_type if profile in PROFILES else None
+    result = estimate_sweep(models, size, history, table, instance)
+    typer.echo(f"estimate: {len(models)} models on {profile}, past runs from {results}")
+    basis = {
+        "model": "its {n} past run(s)",
+        "cores": "{n} past run(s) on as many cores",
+        "default": "the default",
+        "excluded": "excluded: never run",
+    }
+    for m in result.models:
+        cores = "-" if m.cores is None else f"{m.cores} core(s)"
+        why = basis[m.basis].format(n=m.past_runs) + (f" ({m.excluded})" if m.excluded else "")
+        typer.echo(
+            f"  {m.model}  {m.task}  {cores}  {m.hours:.2f} h each ({why})  "
+            f"{m.core_hours:.2f} core-h  {money(m.cost_usd)}"
+        )
+    rate = (
+        f"{money(result.core_hour_usd)} per core-hour of {instance}"
+        if result.core_hour_usd is not None
+        else f"no price for {instance or 'this profile'} in the price table"
+    )
+    typer.echo(
+        f"expected: {result.core_hours:.2f} core-hours, cost {money(result.cost_usd)} ({rate}); "
+        f"the default where no past run exists: "
+        + ", ".join(f"{h:g} h on up to {c} core(s)" for c, h in DEFAULT_HOURS_BY_CORES.items())
+        + ", 2 h above"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -75,6 +75,15 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         headless: Annotated[bool, typer.Option(help="Do not open a browser.")] = False,
+        cache_target: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--cache-target",
+                help="A compile cache root the viewer may name in pull commands (repeatable; "
+                "{namespace} stands for any namespace): the targets your operator configured. "
+                "A record's own target is shown as a command only when it lies under one.",
+            ),
+        ] = None,
     ) -> None:
         """Browse results in the Streamlit viewer (selected, trending, downloads, triage, compare, charts)."""
         if "://" not in results and not Path(results).is_dir():
@@ -92,6 +101,10 @@ def register(app: typer.Typer) -> None:
         env[RESULTS_ENV] = results
         if hub_endpoint:
             env[HUB_ENDPOINT_ENV] = hub_endpoint
+        if cache_target:
+            from model_support.viewer.queries import CACHE_TARGETS_ENV
+
+            env[CACHE_TARGETS_ENV] = ",".join(t.strip() for t in cache_target)
         command = viewer_command(results, port, headless, address.strip())
         typer.echo(f"model-support {model_support.__version__}: viewer on {results}")
         sys.stdout.flush()

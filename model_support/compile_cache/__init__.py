@@ -17,7 +17,7 @@ recorded beside the result (:func:`attach`) and the result itself is untouched.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from model_support.compile_cache.compilers import (
     CompilerCache,
@@ -45,6 +45,7 @@ from model_support.compile_cache.transfer import (
     push,
     transfers_left_behind,
 )
+from model_support.compile_cache.trust import SigningKey, TrustPolicy, UntrustedCache
 from model_support.records import CompileCacheFigures, ResultDocument
 
 
@@ -75,9 +76,21 @@ def pull_for_run(
     backend: str | None = None,
     storage_options: dict[str, Any] | None = None,
     deadline_s: float | None = RUN_TRANSFER_DEADLINE_S,
+    policy: TrustPolicy | None = None,
 ) -> TransferReport:
-    """Pull before a test: never raises for a cache failure (it is the report's ``error``)."""
-    return _transfer_for_run("pull", target, backend, storage_options, deadline_s)
+    """Pull before a test: never raises for a cache failure (it is the report's ``error``).
+    ``policy``: what the pull trusts (default: the environment's trusted keys, see :mod:`.trust`)."""
+    compiler = _compiler_or_none(backend)
+
+    def run() -> TransferReport:
+        return pull(
+            target,
+            compiler=compiler or installed_compiler_cache(backend),
+            storage_options=storage_options,
+            policy=policy,
+        )
+
+    return guarded(run, "pull", target, compiler, deadline_s)
 
 
 def push_for_run(
@@ -85,29 +98,21 @@ def push_for_run(
     backend: str | None = None,
     storage_options: dict[str, Any] | None = None,
     deadline_s: float | None = RUN_TRANSFER_DEADLINE_S,
+    signing_key: SigningKey | None = None,
 ) -> TransferReport:
-    """Push after a test, whatever its outcome: never raises for a cache failure."""
-    return _transfer_for_run("push", target, backend, storage_options, deadline_s)
-
-
-def _transfer_for_run(
-    direction: Literal["pull", "push"],
-    target: str,
-    backend: str | None,
-    storage_options: dict[str, Any] | None,
-    deadline_s: float | None,
-) -> TransferReport:
+    """Push after a test, whatever its outcome: never raises for a cache failure. With
+    ``signing_key`` the push writes a signed manifest of what it vouches for."""
     compiler = _compiler_or_none(backend)
-    transfer = pull if direction == "pull" else push
 
     def run() -> TransferReport:
-        return transfer(
+        return push(
             target,
             compiler=compiler or installed_compiler_cache(backend),
             storage_options=storage_options,
+            signing_key=signing_key,
         )
 
-    return guarded(run, direction, target, compiler, deadline_s)
+    return guarded(run, "push", target, compiler, deadline_s)
 
 
 def attach(
@@ -146,9 +151,12 @@ __all__ = [
     "CompilerMismatch",
     "PrefixListing",
     "PruneReport",
+    "SigningKey",
     "SkippedEntry",
     "TargetUnavailable",
     "TransferReport",
+    "TrustPolicy",
+    "UntrustedCache",
     "attach",
     "check_target",
     "describe_prefix",

@@ -68,7 +68,7 @@ class CompilerCache:
 
 def describe_prefix(prefix: str) -> str:
     """``neuronxcc-2.28.0`` -> ``neuronx-cc 2.28.0``; ``inductor-torch-2.13.0`` -> ``torch 2.13.0``."""
-    match = PREFIX_PATTERN.match(prefix)
+    match = PREFIX_PATTERN.fullmatch(prefix)
     if match is None:
         return prefix
     name = "neuronx-cc" if match["family"] == NEFF_PREFIX else "torch (inductor)"

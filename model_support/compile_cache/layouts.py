@@ -29,6 +29,7 @@ import errno
 import fcntl
 import os
 import re
+import stat
 import struct
 import uuid
 from collections.abc import Iterator
@@ -42,7 +43,7 @@ _NEFF_ENTRY = re.compile(
 )
 _COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]{0,199}$")
 _MAX_DEPTH = 6
-_INDUCTOR_EXCLUDED_TOP = {"locks"}
+_INDUCTOR_EXCLUDED_TOP = {"locks", "signatures"}  # signatures: manifests (see .trust)
 _INDUCTOR_EXCLUDED_SUFFIXES = (".o", ".lock")
 TEMP_PREFIX = ".tmp.model-support."
 """Temporary files of a pull: dot files, which both TorchNeuron and inductor skip."""
@@ -68,7 +69,7 @@ class Skipped:
 def safe_relative_path(path: str) -> bool:
     """A relative path of plain names: no ``..``, no absolute path, no dot files, short."""
     parts = path.split("/")
-    return 0 < len(parts) <= _MAX_DEPTH and all(_COMPONENT.match(p) for p in parts)
+    return 0 < len(parts) <= _MAX_DEPTH and all(_COMPONENT.fullmatch(p) for p in parts)
 
 
 def is_entry_path(kind: CacheKind, path: str) -> bool:
@@ -80,7 +81,7 @@ def is_entry_path(kind: CacheKind, path: str) -> bool:
     if not safe_relative_path(path):
         return False
     if kind == "neff":
-        match = _NEFF_ENTRY.match(path)
+        match = _NEFF_ENTRY.fullmatch(path)
         if match is None:
             return False
         return match["key"].lower().startswith((match["a"] + match["b"]).lower())
@@ -140,10 +141,18 @@ def _kernel_problem(root: Path, file: Path, size: int) -> str | None:
 def lock_held(lock: Path) -> bool:
     """Whether another process holds the ``flock`` on ``lock`` (filelock's Unix lock)."""
     try:
-        fd = os.open(lock, os.O_RDONLY)
+        # Never wait on what is not a regular file (opening a FIFO blocks until a writer comes),
+        # nor follow a link out of the cache.
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return False
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return True  # a link, not a lock: treat its kernel as incomplete
+        raise
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return True  # not a lock file: its kernel is not known to be complete
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError as exc:
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):

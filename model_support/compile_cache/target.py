@@ -26,6 +26,7 @@ import contextlib
 import os
 import re
 import shutil
+import stat
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -82,7 +83,7 @@ class RemoteEntry:
 
 def parse_object(obj: StoredObject) -> RemoteEntry:
     """What an object under a prefix says it is (the caller checks the path's layout)."""
-    match = _VERIFIED_NAME.match(obj.name)
+    match = _VERIFIED_NAME.fullmatch(obj.name)
     if match is None:
         return RemoteEntry(obj.name, obj, None, obj.size)
     return RemoteEntry(match["path"], obj, match["sha256"], int(match["size"]))
@@ -140,7 +141,7 @@ class Target:
                 raise
             raise unavailable(self.uri, "list", exc) from exc
         found = {str(n).rstrip("/").rsplit("/", 1)[-1] for n in names}
-        return sorted(p for p in found if PREFIX_PATTERN.match(p))
+        return sorted(p for p in found if PREFIX_PATTERN.fullmatch(p))
 
     def objects(self, prefix: str) -> list[StoredObject]:
         """Every object under ``prefix`` (recursively)."""
@@ -204,13 +205,79 @@ class Target:
 
 
 class LocalTarget(Target):
-    """A local folder or mounted volume: writes go to a temporary name and are renamed."""
+    """A local folder or mounted volume: writes go to a temporary name and are renamed.
+
+    Nothing under the root is reached through a symbolic link: a link planted in a shared
+    folder (a prefix pointing at ``~/.ssh``) would make a pull copy what it points at into the
+    cache, and a later push publish it.
+    """
+
+    def _inside(self, path: str) -> Path:
+        """``path`` under the root, when no folder or file on the way is a symbolic link."""
+        full = Path(path)
+        root = Path(self.root)
+        try:
+            relative = full.relative_to(root)
+        except ValueError as exc:
+            raise BadCacheTarget(f"{path} is outside the compile cache {self.uri}") from exc
+        current = root
+        for part in relative.parts:
+            current = current / part
+            if current.is_symlink():
+                raise TargetUnavailable(
+                    f"{current} in the compile cache {self.uri} is a symbolic link; a cache "
+                    "target never follows links (remove it)"
+                )
+        return full
+
+    def objects(self, prefix: str) -> list[StoredObject]:
+        # Our own temporary files (a push in progress) are not objects yet; links are never
+        # followed, and neither are the folders they name.
+        base = self._inside(self._full(prefix))
+        if not base.is_dir():
+            return []
+        objects = []
+        for directory, dirs, files in os.walk(base, followlinks=False):
+            dirs[:] = [d for d in dirs if not (Path(directory) / d).is_symlink()]
+            for file in files:
+                path = Path(directory) / file
+                if file.startswith(".") or path.is_symlink():
+                    continue
+                try:
+                    info = path.lstat()
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISREG(info.st_mode):
+                    continue  # a FIFO or device is never an object
+                objects.append(
+                    StoredObject(
+                        path.relative_to(base).as_posix(),
+                        info.st_size,
+                        datetime.fromtimestamp(info.st_mtime, tz=UTC),
+                    )
+                )
+        return sorted(objects, key=lambda o: o.name)
+
+    def download(self, prefix: str, name: str, destination: Path) -> None:
+        source = self._inside(self._full(prefix, name))
+        try:
+            fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise unavailable(self.uri, "read", exc) from exc
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise TargetUnavailable(f"{source} in {self.uri} is not a regular file")
+            with destination.open("wb") as out:
+                shutil.copyfileobj(handle, out, _COPY_CHUNK)
 
     def upload(self, prefix: str, items: list[tuple[Path, str]]) -> None:
         try:
             for local, name in items:
-                final = Path(self._full(prefix, name))
+                final = self._inside(self._full(prefix, name))
                 final.parent.mkdir(parents=True, exist_ok=True)
+                self._inside(str(final.parent))  # created, or there already: never a link
                 temp = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
                 try:
                     shutil.copyfile(local, temp)
@@ -222,11 +289,16 @@ class LocalTarget(Target):
             raise unavailable(self.uri, "write", exc) from exc
 
     def check(self) -> None:
-        return  # a folder that does not exist yet is an empty cache
+        if Path(self.root).exists() and not Path(self.root).is_dir():
+            raise BadCacheTarget(
+                f"the compile cache target {self.uri} is a file, not a folder: give a folder "
+                "(it is created by the first push)"
+            )
 
-    def objects(self, prefix: str) -> list[StoredObject]:
-        # Our own temporary files (a push in progress) are not objects yet.
-        return [o for o in super().objects(prefix) if not o.name.rsplit("/", 1)[-1].startswith(".")]
+    def delete(self, prefix: str, names: Iterable[str]) -> None:
+        for name in names:
+            self._inside(self._full(prefix, name))
+        super().delete(prefix, names)
 
 
 class HfBucketTarget(Target):
@@ -349,7 +421,7 @@ def open_target(
         raise BadCacheTarget("the compile cache target is empty: give a path or a URI")
     root_uri = text.rstrip("/") or text
     last = root_uri.rsplit("/", 1)[-1]
-    if PREFIX_PATTERN.match(last):
+    if PREFIX_PATTERN.fullmatch(last):
         compiler.check_prefix(last, redact(root_uri))
         root_uri = root_uri[: -len(last)].rstrip("/")
     return ResolvedTarget(_target(root_uri, storage_options or {}), compiler.prefix)
@@ -357,7 +429,7 @@ def open_target(
 
 def _target(uri: str, storage_options: dict[str, Any]) -> Target:
     if uri.startswith("hf://"):
-        bucket = _BUCKET.match(uri)
+        bucket = _BUCKET.fullmatch(uri)
         if bucket is None:
             raise BadCacheTarget(
                 f"{uri} is not a Hugging Face storage bucket: compile caches live in buckets, "
@@ -381,5 +453,7 @@ def _target(uri: str, storage_options: dict[str, Any]) -> Target:
             "s3://bucket/prefix with s3fs installed, or hf://buckets/<namespace>/<name>)"
         ) from exc
     if isinstance(fs, LocalFileSystem):
-        return LocalTarget(uri, fs, str(Path(root).resolve()))
+        # The root as given, made absolute: a link in the path above it is the admin's
+        # (a mount point), a link under it is never followed.
+        return LocalTarget(uri, fs, os.path.abspath(root))
     return Target(uri, fs, root)

@@ -22,6 +22,7 @@ from model_support.compile_cache import layouts
 from model_support.compile_cache.compilers import CompilerCache, installed_compiler_cache
 from model_support.compile_cache.errors import CompileCacheError, TargetUnavailable
 from model_support.compile_cache.target import (
+    LocalTarget,
     RemoteEntry,
     ResolvedTarget,
     StoredObject,
@@ -29,6 +30,14 @@ from model_support.compile_cache.target import (
     object_name,
     open_target,
     parse_object,
+)
+from model_support.compile_cache.trust import (
+    MANIFEST_LIMIT_BYTES,
+    SIGNATURES_DIR,
+    SigningKey,
+    TrustPolicy,
+    verified_entries,
+    writable_only_by_me,
 )
 from model_support.records import CacheTransferFigures
 
@@ -179,18 +188,38 @@ def pull(
     compiler: CompilerCache | None = None,
     storage_options: dict[str, Any] | None = None,
     threads: int = TRANSFER_THREADS,
+    policy: TrustPolicy | None = None,
 ) -> TransferReport:
     """Fetch the target's entries for the installed compiler that the local cache lacks.
 
-    Each entry is downloaded to a temporary file beside its place, checked (size, and the
-    SHA-256 its name declares), and only then renamed into place; an entry that fails is
-    skipped and reported, and the next newest version of it (if any) is tried. Raises
-    :class:`CompileCacheError` when the target cannot be used at all.
+    Only entries the trust ``policy`` accepts are considered (see :mod:`.trust`; default: the
+    trusted keys of the environment): with trusted keys, those a manifest signed by one of
+    them lists; without, NEFF entries, and host-side (inductor) entries only from a local
+    folder only this user can write or when the policy trusts unsigned entries. Each entry is
+    downloaded to a temporary file beside its place, checked (size, and the SHA-256 its name
+    declares), and only then renamed into place; an entry that fails is skipped and reported,
+    and the next newest version of it (if any) is tried. Raises :class:`CompileCacheError`
+    when the target cannot be used at all.
     """
+    policy = policy if policy is not None else TrustPolicy.from_env()
     session = _session(target, compiler, storage_options)
     report = session.report("pull")
     kind, root = session.compiler.kind, session.compiler.local_dir
-    grouped, _ = _by_path(kind, session.target.target.objects(session.target.prefix))
+    objects = session.target.target.objects(session.target.prefix)
+    grouped, _ = _by_path(kind, objects)
+    accepted = _accepted_names(session, objects, policy)
+    if accepted is not None:
+        for path in list(grouped):
+            kept = [e for e in grouped[path] if e.object.name in accepted]
+            report.skipped.extend(
+                SkippedEntry(path=e.object.name, reason=accepted.reason)
+                for e in grouped[path]
+                if e.object.name not in accepted
+            )
+            if kept:
+                grouped[path] = kept
+            else:
+                del grouped[path]
     wanted = []
     for path, versions in sorted(grouped.items()):
         if layouts.needs(kind, root, path):
@@ -231,6 +260,55 @@ def pull(
     return report
 
 
+class _Accepted(set[str]):
+    """Object names a pull may take, and what it says of the others."""
+
+    def __init__(self, names: set[str], reason: str) -> None:
+        super().__init__(names)
+        self.reason = reason
+
+
+def _accepted_names(
+    session: _Session, objects: list[StoredObject], policy: TrustPolicy
+) -> _Accepted | None:
+    """What the trust policy lets a pull take from ``objects`` (None: every entry)."""
+    if policy.requires_signatures:
+        names: set[str] = set()
+        for obj in objects:
+            if not obj.name.startswith(SIGNATURES_DIR + "/") or obj.size > MANIFEST_LIMIT_BYTES:
+                continue
+            data = _read_small(session, obj)
+            listed = (
+                verified_entries(data, session.target.prefix, policy.trusted_keys) if data else None
+            )
+            names |= listed or set()
+        return _Accepted(names, "unsigned: no manifest signed by a trusted key lists it")
+    if session.compiler.kind == "neff" or policy.trust_unsigned:
+        return None
+    backing = session.target.target
+    if isinstance(backing, LocalTarget) and writable_only_by_me(Path(backing.root)):
+        return None
+    return _Accepted(
+        set(),
+        "host-side cache (pickles, shared objects) from a target others can write, without "
+        "a signature: give the target's trusted keys (--trusted-key) or trust its writers "
+        "explicitly (--trust-unsigned)",
+    )
+
+
+def _read_small(session: _Session, obj: StoredObject) -> bytes | None:
+    """One manifest's bytes (None when it vanished since it was listed)."""
+    temp = layouts.temp_file(session.compiler.local_dir, "signatures.json")
+    session.compiler.local_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        session.target.target.download(session.target.prefix, obj.name, temp)
+        return temp.read_bytes()[: MANIFEST_LIMIT_BYTES + 1]
+    except FileNotFoundError:
+        return None
+    finally:
+        temp.unlink(missing_ok=True)
+
+
 def _fetch_one(session: _Session, entry: RemoteEntry) -> tuple[str | None, bool]:
     """Download, verify and place one entry: (why it was not taken or None, whether it was
     placed: False when a compiler wrote the same entry meanwhile)."""
@@ -264,12 +342,15 @@ def push(
     *,
     compiler: CompilerCache | None = None,
     storage_options: dict[str, Any] | None = None,
+    signing_key: SigningKey | None = None,
 ) -> TransferReport:
     """Upload the local cache's complete entries that the target does not have yet.
 
     Incomplete local entries (being written, empty, a half-linked kernel) are skipped and
     reported. Entries already in the target, in any verified version, are not sent again.
-    Raises :class:`CompileCacheError` when the target cannot be used at all.
+    With ``signing_key`` (a trusted pusher's), a signed manifest listing every local entry's
+    object name is written last, so readers that trust the key take them. Raises
+    :class:`CompileCacheError` when the target cannot be used at all.
     """
     session = _session(target, compiler, storage_options)
     report = session.report("push")
@@ -283,26 +364,46 @@ def push(
         if any(e.verified and not e.truncated for e in versions)
     }
     todo: list[tuple[layouts.LocalEntry, str]] = []
+    vouched: list[str] = []  # what a signed manifest lists: every local entry, by its bytes
+    stored = {e.object.name for versions in grouped.values() for e in versions}
     for entry in local:
-        if entry.path in have:
+        if entry.path in have and signing_key is None:
             report.present += 1
             continue
         digest = sha256_file(entry.file)
         if entry.file.stat().st_size != entry.size:  # rewritten while hashing: next push
             report.skipped.append(SkippedEntry(path=entry.path, reason="changed while being read"))
             continue
-        todo.append((entry, object_name(entry.path, digest, entry.size)))
+        name = object_name(entry.path, digest, entry.size)
+        vouched.append(name)
+        if name in stored:  # these very bytes are there (a signed pull needs these bytes)
+            report.present += 1
+        else:
+            todo.append((entry, name))
     try:
         for start in range(0, len(todo), UPLOAD_BATCH):
             chunk = todo[start : start + UPLOAD_BATCH]
             session.target.target.upload(session.target.prefix, [(e.file, n) for e, n in chunk])
             report.entries += len(chunk)
             report.bytes += sum(e.size for e, _ in chunk)
+        if signing_key is not None and vouched:
+            _upload_manifest(session, signing_key, vouched)
     except TargetUnavailable as exc:
         # Objects appear whole or not at all: what was sent is valid, the rest goes next time.
         report.error = f"{exc.label}: {exc}"
     report.seconds = time.monotonic() - session.started
     return report
+
+
+def _upload_manifest(session: _Session, key: SigningKey, names: list[str]) -> None:
+    """Write the signed manifest last: it names only objects already stored whole."""
+    name, data = key.sign_manifest(session.target.prefix, names)
+    local = layouts.temp_file(session.compiler.local_dir, "signatures.json")
+    try:
+        local.write_bytes(data)
+        session.target.target.upload(session.target.prefix, [(local, name)])
+    finally:
+        local.unlink(missing_ok=True)
 
 
 class PrefixListing(BaseModel):

@@ -21,6 +21,7 @@ from typing import Any
 
 import kopf
 
+from model_support.operator import metrics
 from model_support.operator.kube import Kube, api_client
 from model_support.operator.leader import Leadership, default_identity, lease_namespace
 from model_support.operator.reconciler import Reconciler
@@ -136,6 +137,11 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
         # Level-based: every event (type None: listed at startup) brings the test's current
         # generation to its Job; nothing but the status is written (no kopf annotations).
         test = _plain(body)
+        metrics.observe_test(
+            str(test["metadata"].get("uid")),
+            (test.get("status") or {}).get("phase"),
+            deleted=type == "DELETED",
+        )
         if type is None:  # listed: at startup or after a relist
             reconciler.note_listing()
         with leadership.acting() as leading:

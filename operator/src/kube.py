@@ -141,6 +141,10 @@ class Kube:
         """Create a ConfigMap; AlreadyExists on 409."""
         return self._create(self.core.create_namespaced_config_map, body)
 
+    def create_secret(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a Secret; AlreadyExists on 409."""
+        return self._create(self.core.create_namespaced_secret, body)
+
     def create_job(self, body: dict[str, Any]) -> dict[str, Any]:
         """Create a Job; AlreadyExists on 409."""
         return self._create(self.batch.create_namespaced_job, body)

@@ -7,10 +7,12 @@ shell string, so nothing a spec holds can become a command.
 
 from __future__ import annotations
 
+import base64
 import math
 from dataclasses import dataclass
 from typing import Any
 
+from model_support.delivery import slot_subpath
 from model_support.operator.dra import container_claims, dra_settings, pod_claims
 from model_support.operator.resource import (
     ANNOTATION_TEST_NAME,
@@ -67,17 +69,25 @@ class CacheWiring:
     target: str | None
     backend: str  # run.py's backend: whose cache (NEFF or inductor) moves
     deadline_s: float
+    trusted_keys: tuple[str, ...] = ()  # the pull takes only what these keys signed
+    trust_unsigned: bool = False  # the source is the namespace's own cache
+    signing_secret: str | None = None  # the push signs with this Secret's key (shared target)
 
     def pull_command(self) -> list[str]:
         """The init step's argv (no shell): a failed pull is its report's error, exit 0."""
         assert self.source is not None
-        return [
+        command = [
             "model-support", "cache", "pull", self.source,
             "--backend", self.backend,
             "--keep-going",
             "--report", PULL_REPORT,
             "--deadline", f"{self.deadline_s:g}",
         ]  # fmt: skip
+        if self.trust_unsigned:  # the namespace's own cache: its own entries, signed or not
+            return [*command, "--trust-unsigned"]
+        for key in self.trusted_keys:
+            command += ["--trusted-key", key]
+        return command
 
     def runner_args(self) -> list[str]:
         """The runner's cache arguments: read the pull report, push after run.py."""
@@ -91,11 +101,37 @@ class CacheWiring:
 
 NEURON_DEVICES = "/dev/neuron*"
 """The Neuron device files a runner pod on a Neuron profile must be able to open."""
+DELIVERY_MOUNT = "/var/run/model-support/delivery"
+"""Where a runner pod sees its attempt's delivery slot (a folder of the results volume)."""
+DELIVERY_URL_ENV = "MODEL_SUPPORT_DELIVERY_URL"
+"""The runner's environment variable holding its attempt's signed upload URL (from a Secret)."""
+DELIVERY_SECRET_KEY = "url"
+SIGNING_KEY_DIR = "/var/run/model-support/cache-signing-key"
+SIGNING_KEY_ENV = "MODEL_SUPPORT_CACHE_SIGNING_KEY"
+"""The runner's variable naming the key file its compile cache push signs with
+(model_support.compile_cache.trust reads the same name)."""
+
+
+@dataclass(frozen=True)
+class DeliveryWiring:
+    """How a runner pod reaches its attempt's delivery slot, and nothing else of the store:
+    a folder of the results volume mounted by ``sub_path``, or a signed upload URL kept in the
+    Secret ``secret_name`` (S3)."""
+
+    slot: str
+    sub_path: str | None = None
+    secret_name: str | None = None
+
+    def runner_args(self) -> list[str]:
+        """The runner's delivery arguments."""
+        if self.sub_path is not None:
+            return ["--deliver-to", DELIVERY_MOUNT]
+        return ["--deliver-url-env", DELIVERY_URL_ENV]
 
 
 def runner_command(
     run_id: str,
-    deliver_to: str | None,
+    delivery: DeliveryWiring | None,
     cache: CacheWiring | None,
     timeout_s: int | None = None,
     neuron: bool = False,
@@ -104,18 +140,19 @@ def runner_command(
 
     ``timeout_s`` is the test's timeout: the runner stops run.py that long after it started
     and delivers TIMEOUT (the Job's own deadline is only a backstop, see :func:`job_deadline`).
+    ``neuron``: the runner first checks that the pod's user can open the node's Neuron devices.
 
-    The runner delivers the result document to ``deliver_to``'s delivery area under ``run_id``,
-    writes the termination message, then pushes the compile cache (when ``cache`` has a
-    target) and delivers the document again with the cache figures beside the result.
+    The runner delivers the result document to its attempt's slot (``delivery``), writes the
+    termination message, then pushes the compile cache (when ``cache`` has a target) and
+    delivers the document again with the cache figures beside the result.
     """
     command = ["python3", "-m", "model_support.runner_pod", "--run-id", run_id]
     if timeout_s is not None:
         command += ["--timeout", str(timeout_s)]
     if neuron:  # the node's devices must open for the pod's user, checked before anything
         command += ["--neuron-devices", NEURON_DEVICES]
-    if deliver_to is not None:
-        command += ["--deliver-to", deliver_to]
+    if delivery is not None:
+        command += delivery.runner_args()
     command += ["--result-file", RESULT_FILE, "--termination-log", TERMINATION_LOG]
     if cache is not None:
         command += cache.runner_args()
@@ -232,18 +269,44 @@ def _is_local(uri: str) -> bool:
     return "://" not in uri
 
 
-def delivery_target(store_uri: str, settings: OperatorSettings) -> str | None:
-    """Where a runner pod can deliver for a test whose store is ``store_uri``, or None.
+def delivery_wiring(
+    store_uri: str, settings: OperatorSettings, slot: str, secret_name: str
+) -> DeliveryWiring | None:
+    """How a runner pod delivers for a test whose store is ``store_uri``, or None (it cannot:
+    the operator then reads the log and the termination message).
 
-    A remote store (s3://, hf://, ...) is reachable from the pod as it is. A local path is
-    reachable only on the shared results volume (``results_volume_claim``), under its mount.
+    S3 stores: a signed upload URL for the slot's one key, in the Secret ``secret_name``. A
+    local path: only on the shared results volume (``results_volume_claim``), whose slot folder
+    the pod mounts alone. Other stores cannot hand out a write to one object.
     """
-    if not _is_local(store_uri):
-        return store_uri
-    if settings.results_volume_claim is None or not _is_local(settings.results_uri):
-        return None
-    root = settings.results_uri.rstrip("/")
-    return store_uri if store_uri == root or store_uri.startswith(root + "/") else None
+    if _is_local(store_uri):
+        if settings.results_volume_claim is None or not _is_local(settings.results_uri):
+            return None
+        sub_path = slot_subpath(store_uri, settings.results_uri, slot)
+        return None if sub_path is None else DeliveryWiring(slot, sub_path=sub_path)
+    if store_uri.startswith(("s3://", "s3a://")):
+        return DeliveryWiring(slot, secret_name=secret_name)
+    return None
+
+
+def build_delivery_secret(
+    test: TestRef, name: str, attempt: int, upload_url: str
+) -> dict[str, Any]:
+    """The Secret holding one attempt's signed upload URL (owned by the test, so it goes
+    with it); the runner container reads it as ``MODEL_SUPPORT_DELIVERY_URL``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": name,
+            "namespace": test.namespace,
+            "labels": labels_for(test, attempt),
+            "annotations": {ANNOTATION_TEST_NAME: test.name},
+            "ownerReferences": [owner_reference(test)],
+        },
+        "type": "Opaque",
+        "data": {DELIVERY_SECRET_KEY: base64.b64encode(upload_url.encode()).decode()},
+    }
 
 
 def _gib(n_bytes: int) -> str:
@@ -293,12 +356,12 @@ def build_job(
     attempt: int,
     run_id: str,
     settings: OperatorSettings,
-    deliver_to: str | None = None,
+    delivery: DeliveryWiring | None = None,
 ) -> dict[str, Any]:
     """The runner Job: ``python3 run.py`` from the ConfigMap, sized and placed for the profile.
 
-    ``deliver_to`` is the results store the runner delivers its document to (None: it cannot
-    reach one; the operator then reads the log and the termination message).
+    ``delivery`` is how the runner reaches its attempt's delivery slot (None: it cannot; the
+    operator then reads the log and the termination message).
     """
     profile = spec.profile_info
     labels = labels_for(test, attempt)
@@ -381,18 +444,61 @@ def build_job(
         )
 
     cache = spec.compileCache
-    wiring = (
-        None
-        if cache is None
-        else CacheWiring(
-            cache.source, cache.target, profile.backend.value, settings.compile_cache_deadline_s
+    wiring = None
+    if cache is not None:
+        from model_support.operator.planning import own_cache, push_target
+
+        pushing = push_target(cache.target, settings, test.namespace) if cache.target else None
+        wiring = CacheWiring(
+            cache.source,
+            cache.target,
+            profile.backend.value,
+            settings.compile_cache_deadline_s,
+            trusted_keys=tuple(settings.compile_cache_trusted_keys),
+            trust_unsigned=cache.source is not None
+            and own_cache(cache.source, settings, test.namespace),
+            signing_secret=settings.compile_cache_signing_secret
+            if pushing is not None and pushing.shared
+            else None,
         )
-    )
-    command = runner_command(run_id, deliver_to, wiring, spec.timeoutSeconds, neuron=profile.neuron)
+    command = runner_command(run_id, delivery, wiring, spec.timeoutSeconds, neuron=profile.neuron)
     env.extend(settings.runner_env)
-    if settings.results_volume_claim is not None and _is_local(settings.results_uri):
-        # A local-path store lives on a shared volume: the runner delivers into the same path.
-        mounts.append({"name": "results", "mountPath": settings.results_uri})
+    # The delivery slot is the runner's alone (no init step sees it).
+    runner_mounts: list[dict[str, Any]] = []
+    runner_env: list[dict[str, Any]] = []
+    extra_volumes: list[dict[str, Any]] = []
+    if wiring is not None and wiring.signing_secret is not None:
+        # The key a trusted test's push signs with (a shared target's readers check it).
+        runner_mounts.append(
+            {"name": "cache-signing-key", "mountPath": SIGNING_KEY_DIR, "readOnly": True}
+        )
+        runner_env.append({"name": SIGNING_KEY_ENV, "value": f"{SIGNING_KEY_DIR}/key"})
+        extra_volumes.append(
+            {
+                "name": "cache-signing-key",
+                "secret": {"secretName": wiring.signing_secret, "defaultMode": 0o440},
+            }
+        )
+    if delivery is not None and delivery.sub_path is not None:
+        # Only this attempt's folder of the results volume, never the store.
+        runner_mounts.append(
+            {"name": "results", "mountPath": DELIVERY_MOUNT, "subPath": delivery.sub_path}
+        )
+    elif delivery is not None and delivery.secret_name is not None:
+        runner_env.append(
+            {
+                "name": DELIVERY_URL_ENV,
+                "valueFrom": {
+                    # optional: when the operator could not sign a URL the pod still runs, and
+                    # the operator reads its log and termination message instead.
+                    "secretKeyRef": {
+                        "name": delivery.secret_name,
+                        "key": DELIVERY_SECRET_KEY,
+                        "optional": True,
+                    }
+                },
+            }
+        )
     if cache is not None and cache.local_paths() and settings.compile_cache_volume_claim:
         # Cache paths live on a shared volume (the operator checked they are under its mount).
         mounts.append({"name": "compile-caches", "mountPath": settings.compile_cache_volume_path})
@@ -411,7 +517,7 @@ def build_job(
                 "env": [e for e in env if e["name"] != "PYTHONPATH"],
                 **({"envFrom": list(settings.runner_env_from)} if settings.runner_env_from else {}),
                 "securityContext": container_security,
-                "volumeMounts": [m for m in mounts if m["name"] not in ("run-script", "results")],
+                "volumeMounts": [m for m in mounts if m["name"] != "run-script"],
                 "resources": {
                     "requests": {"cpu": "500m", "memory": "1Gi"},
                     "limits": {"memory": "4Gi"},
@@ -481,11 +587,11 @@ def build_job(
                 "imagePullPolicy": pull_policy,
                 "command": command,
                 "workingDir": WORKDIR,
-                "env": env,
+                "env": env + runner_env,
                 "resources": resources,
                 "securityContext": container_security,
                 "terminationMessagePolicy": "FallbackToLogsOnError",
-                "volumeMounts": mounts,
+                "volumeMounts": mounts + runner_mounts,
             }
         ],
         "volumes": [
@@ -502,13 +608,14 @@ def build_job(
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": _gib(shm_bytes)}},
         ],
     }
-    if any(m["name"] == "results" for m in mounts):
+    if any(m["name"] == "results" for m in runner_mounts):
         pod_spec["volumes"].append(
             {
                 "name": "results",
                 "persistentVolumeClaim": {"claimName": settings.results_volume_claim},
             }
         )
+    pod_spec["volumes"].extend(extra_volumes)
     if any(m["name"] == "compile-caches" for m in mounts):
         pod_spec["volumes"].append(
             {

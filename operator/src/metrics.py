@@ -1,8 +1,26 @@
-"""Prometheus metrics of the operator (served on /metrics by the `model-support operator` command)."""
+"""Prometheus metrics of the operator (served on /metrics by the `model-support operator` command).
+
+Besides the counters of what the operator did, gauges answer the questions a dashboard or an
+alert asks: the pass rate of each stack in the results store (refreshed after every
+materialize), how many tests are in each phase, and each sweep's regressions against its
+previous run and its cost so far (the chart's PrometheusRule example alerts on a new
+regression).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+import contextlib
+import threading
+from collections import Counter as Tally
+from typing import TYPE_CHECKING, Any
+
+import pyarrow.parquet as pq
+from prometheus_client import Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from model_support.operator.sweep_resource import SweepStatus
+    from model_support.store import ResultsStore
+
 
 TESTS = Counter(
     "model_support_tests_total",
@@ -24,3 +42,94 @@ STATUS_CONFLICTS = Counter(
     "model_support_status_conflicts_total",
     "Test status writes refused with 409 (the test changed since it was read); each is read again.",
 )
+
+STACK_LABELS = ["compiler", "compiler_version", "library", "library_version"]
+PASS_RATE = Gauge(
+    "model_support_pass_rate",
+    "Share of the models that ran on a stack (EXCLUDED left out) whose latest result is PASS.",
+    STACK_LABELS,
+)
+STACK_RESULTS = Gauge(
+    "model_support_stack_results",
+    "Models per latest result on a stack (the matrix file of the stack).",
+    [*STACK_LABELS, "result"],
+)
+TESTS_BY_PHASE = Gauge(
+    "model_support_tests_by_phase",
+    "ModelSupportTests the operator watches, by phase (None: not reconciled yet).",
+    ["phase"],
+)
+SWEEP_REGRESSIONS = Gauge(
+    "model_support_sweep_regressions",
+    "Models of a sweep whose result got worse than under its previous run key.",
+    ["namespace", "sweep"],
+)
+SWEEP_FIXES = Gauge(
+    "model_support_sweep_fixes",
+    "Models of a sweep that did not pass under its previous run key and now pass.",
+    ["namespace", "sweep"],
+)
+SWEEP_COST_USD = Gauge(
+    "model_support_sweep_cost_usd",
+    "What a sweep's finished tests of its current run cost so far (priced tests only).",
+    ["namespace", "sweep"],
+)
+SWEEP_CORE_HOURS = Gauge(
+    "model_support_sweep_core_hours",
+    "Core-hours a sweep's finished tests of its current run held so far.",
+    ["namespace", "sweep"],
+)
+
+_lock = threading.Lock()
+_phases: dict[str, str] = {}
+_stacks: set[tuple[str, ...]] = set()
+
+
+def observe_test(uid: str, phase: str | None, deleted: bool) -> None:
+    """A test was seen (or deleted): keep ``model_support_tests_by_phase`` current."""
+    with _lock:
+        before = Tally(_phases.values())
+        if deleted:
+            _phases.pop(uid, None)
+        else:
+            _phases[uid] = phase or "None"
+        after = Tally(_phases.values())
+        for name in set(before) | set(after):
+            TESTS_BY_PHASE.labels(name).set(after.get(name, 0))
+
+
+def observe_sweep(namespace: str, name: str, status: SweepStatus) -> None:
+    """A sweep's status was written: its regressions, fixes and cost as gauges."""
+    SWEEP_REGRESSIONS.labels(namespace, name).set(status.counts.regressions)
+    SWEEP_FIXES.labels(namespace, name).set(status.counts.fixes)
+    SWEEP_CORE_HOURS.labels(namespace, name).set(status.cost.coreHours)
+    SWEEP_COST_USD.labels(namespace, name).set(status.cost.usd or 0.0)
+
+
+def forget_sweep(namespace: str, name: str) -> None:
+    """A sweep was deleted: its series go."""
+    for gauge in (SWEEP_REGRESSIONS, SWEEP_FIXES, SWEEP_CORE_HOURS, SWEEP_COST_USD):
+        with contextlib.suppress(KeyError):  # never observed: nothing to remove
+            gauge.remove(namespace, name)
+
+
+def observe_stacks(store: ResultsStore) -> None:
+    """After a materialize: each stack's pass rate and result counts from its matrix file."""
+    seen: set[tuple[str, ...]] = set()
+    for matrix_file in store.matrix_files():
+        labels = tuple(str(getattr(matrix_file, name) or "unknown") for name in STACK_LABELS)
+        with store.fs.open(store.fs._strip_protocol(matrix_file.path), "rb") as handle:
+            results = pq.read_table(handle, columns=["result"]).column("result").to_pylist()
+        counts: dict[str, Any] = dict(Tally(str(r) for r in results))
+        ran = sum(n for result, n in counts.items() if result != "EXCLUDED")
+        if ran:
+            PASS_RATE.labels(*labels).set(counts.get("PASS", 0) / ran)
+        for result, n in counts.items():
+            STACK_RESULTS.labels(*labels, str(result)).set(n)
+        seen.add(labels)
+    with _lock:
+        for labels in _stacks - seen:  # a stack whose file is gone
+            with contextlib.suppress(KeyError):  # it had no model that ran
+                PASS_RATE.remove(*labels)
+        _stacks.clear()
+        _stacks.update(seen)

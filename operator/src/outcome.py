@@ -6,6 +6,7 @@ tested on its own and the handlers stay small.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -55,6 +56,15 @@ class Reading:
     exit_code: int | None = None
     termination_message: str | None = None
     pod_name: str | None = None
+    runner_ran: bool | None = None
+    """Whether the runner container started (None: unknown, no pod is left to tell)."""
+    started_at: datetime | None = None
+    """When the Job started (its startTime, else its creation), as Kubernetes says."""
+    ended_at: datetime | None = None
+    """When the Job ended (completionTime, else its terminal condition), as Kubernetes says."""
+    deadline_passed: bool = False
+    """The Job reached its backstop deadline (``DeadlineExceeded``): the Job controller ended
+    it, whatever its state says the time went to."""
 
 
 def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -107,12 +117,21 @@ def read_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> Reading:
     """
     pod = latest_pod(pods)
     pod_name = (pod.get("metadata") or {}).get("name") if pod else None
-    terminated = (_runner_status(pod).get("state") or {}).get("terminated") or {} if pod else {}
+    runner = _runner_status(pod) if pod else {}
+    terminated = (runner.get("state") or {}).get("terminated") or {}
     exit_code = terminated.get("exitCode")
     term_message = terminated.get("message")
+    runner_ran = None if pod is None else _runner_started(runner)
+    job_status = job.get("status") or {}
+    started_at = _parse_time(job_status.get("startTime")) or _parse_time(
+        (job.get("metadata") or {}).get("creationTimestamp")
+    )
+    ended_at = job_ended_at(job)
 
     def reading(state: JobState, message: str) -> Reading:
-        return Reading(state, message, exit_code, term_message, pod_name)
+        return Reading(
+            state, message, exit_code, term_message, pod_name, runner_ran, started_at, ended_at
+        )
 
     if _condition(job, "Complete") or _condition(job, "SuccessCriteriaMet"):
         return reading(JobState.SUCCEEDED, "the runner finished")
@@ -122,7 +141,7 @@ def read_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> Reading:
     reason = failed.get("reason") or ""
     if reason == "DeadlineExceeded":
         state, message = _deadline(job, pod, failed)
-        return reading(state, message)
+        return dataclasses.replace(reading(state, message), deadline_passed=True)
     if terminated.get("reason") == "OOMKilled":
         return reading(
             JobState.OUT_OF_MEMORY,
@@ -214,7 +233,42 @@ def storage_eviction(pod: dict[str, Any]) -> str | None:
 def _parse_time(value: str | None) -> datetime | None:
     if not value:
         return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+def _runner_started(status: dict[str, Any]) -> bool:
+    """Whether the runner container ever started (running now, or terminated once)."""
+    state, last = status.get("state") or {}, status.get("lastState") or {}
+    return bool(state.get("running") or state.get("terminated") or last.get("terminated"))
+
+
+def job_ended_at(job: dict[str, Any]) -> datetime | None:
+    """When a Job finished: its completionTime, else its terminal condition's transition."""
+    status = job.get("status") or {}
+    stamps = [status.get("completionTime")] + [
+        c.get("lastTransitionTime")
+        for c in status.get("conditions") or []
+        if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+    ]
+    for stamp in stamps:
+        if stamp:
+            return _parse_time(stamp)
+    return None
+
+
+def job_outcome_stands(reading: Reading) -> bool:
+    """Whether what Kubernetes says of a Job decides its result whatever a pod delivered.
+
+    A delivery is a pod's claim about its own run, written by code the project does not
+    control: it cannot undo a deadline the Job ran past (TIMEOUT, or ERROR/infrastructure when
+    the time went to waiting), an out-of-memory kill of the runner container, or a runner that
+    never started (a failed init step, an image never pulled).
+    """
+    return (
+        reading.deadline_passed
+        or reading.state in (JobState.TIMEOUT, JobState.OUT_OF_MEMORY)
+        or (reading.state is JobState.INFRASTRUCTURE and reading.runner_ran is False)
+    )
 
 
 def _deadline(
@@ -406,22 +460,62 @@ def identity_problems(document: ResultDocument, config: RunConfig) -> list[str]:
     ]
 
 
-def trusted_document(document: ResultDocument, config: RunConfig) -> ResultDocument:
-    """The document to record: as the runner wrote it when it agrees with the test, else an
-    ERROR that says where it disagrees (what a pod printed never names what was tested)."""
-    problems = identity_problems(document, config)
-    if not problems:
-        return document
-    from model_support.records import failure_document
+def trusted_document(
+    document: ResultDocument,
+    config: RunConfig,
+    *,
+    cache_location: str | None = None,
+    started_at: datetime | None = None,
+    ended_at: datetime | None = None,
+) -> ResultDocument:
+    """The document to record: the runner's when it agrees with the test, else an ERROR that
+    says where it disagrees (what a pod printed never names what was tested).
 
-    return failure_document(
-        config,
-        Result.ERROR,
-        error_class=ErrorClass.INFRASTRUCTURE,
-        error=(
-            "the runner's result document disagrees with the test ("
-            + "; ".join(problems)
-            + f"), so its {document.result.value} is not recorded as this model's result: "
-            "check the runner image and what else runs in the pod"
-        ),
-    )
+    What the operator knows better than the pod replaces what the pod said: the compile cache
+    location is the test's (``cache_location``; a pod's figures without one are dropped), and
+    the document's times lie within the Job's (``started_at`` .. ``ended_at``, else now), so a
+    pod cannot date its run into the future to stay the "latest" row.
+    """
+    problems = identity_problems(document, config)
+    if problems:
+        from model_support.records import failure_document
+
+        document = failure_document(
+            config,
+            Result.ERROR,
+            error_class=ErrorClass.INFRASTRUCTURE,
+            error=(
+                "the runner's result document disagrees with the test ("
+                + "; ".join(problems)
+                + f"), so its {document.result.value} is not recorded as this model's result: "
+                "check the runner image and what else runs in the pod"
+            ),
+        )
+    latest = ended_at or datetime.now(UTC)
+    earliest = started_at if started_at is not None and started_at <= latest else None
+
+    def clamp(when: datetime | None) -> datetime | None:
+        if when is None:
+            return None
+        when = when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+        if earliest is not None and when < earliest:
+            return earliest
+        return min(when, latest)
+
+    update: dict[str, Any] = {
+        "started_at": clamp(document.started_at),
+        "finished_at": clamp(document.finished_at),
+    }
+    figures = document.compile_cache
+    if figures is not None:
+        from model_support.compile_cache.compilers import PREFIX_PATTERN
+        from model_support.compile_cache.target import redact
+
+        if cache_location is None:
+            update["compile_cache"] = None
+        else:
+            prefix = figures.prefix if PREFIX_PATTERN.fullmatch(figures.prefix) else ""
+            update["compile_cache"] = figures.model_copy(
+                update={"target": redact(cache_location), "prefix": prefix}
+            )
+    return document.model_copy(update=update)

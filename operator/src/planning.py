@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from huggingface_hub.errors import HfHubHTTPError
 
+from model_support.delivery import slot_for
 from model_support.hardware import get_profile
 from model_support.hub import is_unreachable
 from model_support.operator.dra import (
@@ -28,7 +31,7 @@ from model_support.operator.manifests import (
     build_configmap,
     build_job,
     claim_template_name,
-    delivery_target,
+    delivery_wiring,
     labels_for,
     owner_reference,
     placement_for,
@@ -36,8 +39,9 @@ from model_support.operator.manifests import (
 from model_support.operator.resource import child_name, run_id_for
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import TestSpec
+from model_support.runpath import ModelNotOnHub, RevisionNotFound, pin_revision, prepare
 from model_support.script import render_script
-from model_support.sizing import Exclusion, MetadataError, ModelNotFound, size_run
+from model_support.sizing import Exclusion, MetadataError, ModelNotFound
 from model_support.vocabulary import ExclusionReason, Parallelism
 
 
@@ -76,11 +80,10 @@ def check_store_allowed(spec: TestSpec, settings: OperatorSettings) -> None:
     if spec.results is None:
         return
     allowed = settings.allowed_results_prefixes or [settings.results_uri]
-    target = spec.results.rstrip("/")
-    for prefix in allowed:
-        root = prefix.rstrip("/")
-        if target == root or target.startswith(root + "/"):
-            return
+    # Segment by segment, and never through ".." (the spec's pattern refuses it too): a
+    # plain prefix test would let <allowed>/../elsewhere through.
+    if any(within(spec.results, prefix) for prefix in allowed):
+        return
     raise InvalidTest(
         f"spec.results {spec.results!r} is outside the stores this operator may write to "
         f"({', '.join(allowed)}); remove spec.results or ask the operator's admin to allow "
@@ -88,9 +91,29 @@ def check_store_allowed(spec: TestSpec, settings: OperatorSettings) -> None:
     )
 
 
-def check_compile_cache(spec: TestSpec, settings: OperatorSettings) -> None:
+def check_model_path(spec: TestSpec, settings: OperatorSettings) -> None:
+    """An absolute spec.model must lie on a configured model volume: the operator sizes it
+    from its own filesystem, which is not the test's to read (``/etc``, ``/proc/self``)."""
+    if not spec.model.startswith("/"):
+        return
+    resolved = os.path.realpath(spec.model)  # a link on the volume may point off it
+    for root in settings.model_volume_paths:
+        real_root = os.path.realpath(root)
+        if within(spec.model, root) and within(resolved, real_root):
+            return
+    raise InvalidTest(
+        f"spec.model {spec.model!r} is a path, and it is not on a model volume of this operator "
+        f"({', '.join(settings.model_volume_paths) or 'none is configured'}); name a Hub model, "
+        "or a checkpoint under one of them (setting modelVolumePaths)"
+    )
+
+
+def check_compile_cache(
+    spec: TestSpec, settings: OperatorSettings, namespace: str | None = None
+) -> None:
     """A compile cache path in a spec must lie on the operator's compile cache volume, the
-    only filesystem a runner pod shares with anything that outlives it."""
+    only filesystem a runner pod shares with anything that outlives it; a push needs a test
+    that runs only code the project controls, to a target this namespace may push to."""
     cache = spec.compileCache
     if cache is None:
         return
@@ -104,11 +127,109 @@ def check_compile_cache(spec: TestSpec, settings: OperatorSettings) -> None:
                 "cache volume (setting compileCacheVolumeClaim); use hf://buckets/... or "
                 "s3://..., or ask the operator's admin for a compile cache volume"
             )
-        if path.rstrip("/") != root and not path.startswith(root + "/"):
+        if not within(path, root):
             raise InvalidTest(
                 f"spec.compileCache.{field} {path!r} is not on the compile cache volume, "
                 f"which runner pods mount at {root}: use a path under {root}/"
             )
+    if cache.target is None or namespace is None:
+        return
+    untrusted = spec.untrusted_code(settings.runner_image)
+    if untrusted:
+        raise InvalidTest(
+            f"spec.compileCache.target: this test runs code the project does not control "
+            f"({', '.join(untrusted)}), and whoever pushes to a compile cache runs code in "
+            "everyone who pulls from it; keep compileCache.source to pull, and remove the target"
+        )
+    pushable = push_target(cache.target, settings, namespace)
+    if pushable is None:
+        allowed = [t.replace("{namespace}", namespace) for t in push_targets(settings)]
+        raise InvalidTest(
+            f"spec.compileCache.target {cache.target!r} is not a compile cache this namespace "
+            f"may push to ({', '.join(allowed) or 'none is configured'}); push under one of "
+            "them, or ask the operator's admin (setting compileCachePushTargets)"
+        )
+
+
+def push_targets(settings: OperatorSettings) -> list[str]:
+    """The configured push targets (templates with ``{namespace}``); by default the
+    namespace's own folder on the compile cache volume."""
+    if settings.compile_cache_push_targets:
+        return list(settings.compile_cache_push_targets)
+    if settings.compile_cache_volume_claim is None:
+        return []
+    return [settings.compile_cache_volume_path.rstrip("/") + "/{namespace}"]
+
+
+@dataclass(frozen=True)
+class PushTarget:
+    """A configured push target a location lies under, resolved for one namespace."""
+
+    root: str
+    shared: bool  # not the namespace's own: its entries are read by every namespace
+
+
+def push_target(location: str, settings: OperatorSettings, namespace: str) -> PushTarget | None:
+    """The push target ``location`` lies under that ``namespace`` may push to, if any."""
+    for template in push_targets(settings):
+        shared = "{namespace}" not in template
+        root = template.replace("{namespace}", namespace)
+        if not within(location, root):
+            continue
+        if shared and namespace not in settings.compile_cache_shared_pushers:
+            continue
+        return PushTarget(root, shared)
+    return None
+
+
+def own_cache(location: str, settings: OperatorSettings, namespace: str) -> bool:
+    """Whether ``location`` lies in this namespace's own compile cache (a ``{namespace}`` push
+    target): only its tests push there, so its unsigned entries are the namespace's own."""
+    return any(
+        "{namespace}" in template and within(location, template.replace("{namespace}", namespace))
+        for template in push_targets(settings)
+    )
+
+
+def within(location: str, root: str) -> bool:
+    """Whether ``location`` is ``root`` or under it, segment by segment: ``.``, ``..`` and
+    empty segments never pass (``/a/../b`` is not under ``/a``)."""
+
+    def segments(text: str) -> list[str] | None:
+        scheme, sep, rest = text.partition("://")
+        parts = (rest if sep else text).rstrip("/").split("/")
+        head = [scheme + sep] if sep else []
+        body = parts if sep else parts[1:] if text.startswith("/") else parts
+        if any(p in ("", ".", "..") for p in body):
+            return None
+        return head + (["/"] if not sep and text.startswith("/") else []) + body
+
+    loc, base = segments(location), segments(root)
+    return loc is not None and base is not None and loc[: len(base)] == base
+
+
+def pin(spec: TestSpec, settings: OperatorSettings, *, token: str | None) -> TestSpec:
+    """The spec with its Hub revision pinned to the commit it names now
+    (:func:`model_support.runpath.pin_revision`), so every run.py rendered from it (the Job's,
+    an exclusion's, one rendered again to record) names the weights that were tested.
+
+    A gated model the operator has no token for keeps its revision: sizing excludes it. Raises
+    InvalidTest (no such model or revision) or Transient (the Hub did not answer).
+    """
+
+    config = spec.run_config(spec.cores or 1, spec.parallelism or Parallelism.NONE)
+    try:
+        pinned = pin_revision(
+            config, token=token, endpoint=settings.hub_endpoint or os.environ.get("HF_ENDPOINT")
+        )
+    except (RevisionNotFound, ModelNotOnHub) as exc:
+        raise InvalidTest(str(exc)) from exc
+    except Exception as exc:
+        kind = classify_sizing_error(exc)
+        raise kind(f"pinning the revision of {spec.model} failed: {exc}") from exc
+    if pinned.config.revision == spec.revision:
+        return spec
+    return spec.model_copy(update={"revision": pinned.config.revision})
 
 
 def place(
@@ -136,7 +257,8 @@ def place(
         )
     config = spec.run_config(spec.cores or 1, spec.parallelism or Parallelism.NONE)
     try:
-        plan = size_run(
+        # The CLI's path (runpath.prepare): the revision pinned (already, by pin), then sized.
+        prepared = prepare(
             config,
             profile=spec.profile,
             lnc=lnc,
@@ -145,9 +267,13 @@ def place(
             token=token,
             endpoint=settings.hub_endpoint or os.environ.get("HF_ENDPOINT"),
         )
+    except (RevisionNotFound, ModelNotOnHub) as exc:
+        raise InvalidTest(str(exc)) from exc
     except Exception as exc:
         kind = classify_sizing_error(exc)
         raise kind(f"sizing {spec.model} failed: {exc}") from exc
+    plan = prepared.exclusion or prepared.plan
+    assert plan is not None  # prepare gives one of the two
     if isinstance(plan, Exclusion):
         if (
             spec.hubTokenSecret is not None
@@ -222,21 +348,29 @@ def children(
     settings: OperatorSettings,
     attempt: int = 1,
     run_py: str | None = None,
+    delivery_key: bytes | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The ConfigMap (run.py) and the runner Job of one attempt, as the operator creates them."""
+    """The ConfigMap (run.py) and the runner Job of one attempt, as the operator creates them.
+
+    ``delivery_key`` is the operator's slot key (:func:`model_support.delivery.slot_for`);
+    None (``model-support render``) draws one, so the slot shown is only an example.
+    """
     if run_py is None:
         run_py = render_script(spec.run_config(placement.cores, placement.parallelism))
     cm_name = child_name(ref.name, ref.uid, ref.generation)
     configmap = build_configmap(ref, cm_name, run_py)
+    job_name = child_name(ref.name, ref.uid, ref.generation, attempt)
+    run_id = run_id_for(ref.uid, ref.generation, attempt)
+    slot = slot_for(run_id, delivery_key or secrets.token_bytes(32))
     job = build_job(
         ref,
         spec,
         placement,
-        job_name=child_name(ref.name, ref.uid, ref.generation, attempt),
+        job_name=job_name,
         configmap_name=cm_name,
         attempt=attempt,
-        run_id=run_id_for(ref.uid, ref.generation, attempt),
+        run_id=run_id,
         settings=settings,
-        deliver_to=delivery_target(store_uri(spec, settings), settings),
+        delivery=delivery_wiring(store_uri(spec, settings), settings, slot, job_name),
     )
     return configmap, job

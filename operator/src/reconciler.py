@@ -15,6 +15,7 @@ store, and kopf runs synchronous handlers in its thread pool, off its event loop
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -29,12 +30,15 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from model_support.config import RunConfig
-from model_support.delivery import DeliveryArea, DeliveryError
+from model_support.delivery import DeliveryArea, DeliveryError, delivery_key, slot_for
 from model_support.operator import metrics
+from model_support.operator.costing import run_cost
 from model_support.operator.kube import AlreadyExists, Conflict, Kube, being_deleted
 from model_support.operator.manifests import (
     Placement,
     TestRef,
+    build_delivery_secret,
+    delivery_wiring,
     job_reference,
 )
 from model_support.operator.outcome import (
@@ -44,6 +48,8 @@ from model_support.operator.outcome import (
     Reading,
     Unavailable,
     WaitKind,
+    job_ended_at,
+    job_outcome_stands,
     pod_waiting,
     read_job,
     stuck_reason,
@@ -54,9 +60,11 @@ from model_support.operator.planning import (
     LoadFailure,
     Transient,
     check_compile_cache,
+    check_model_path,
     check_store_allowed,
     children,
     claim_template,
+    pin,
     place,
     store_uri,
 )
@@ -232,8 +240,19 @@ class Reconciler:
 
     settings: OperatorSettings
     kube: Kube
+    delivery_key: bytes | None = None
+    """The key of delivery slots (:func:`model_support.delivery.slot_for`); None: from the
+    environment (``MODEL_SUPPORT_DELIVERY_KEY``), else random for this process."""
 
     def __post_init__(self) -> None:
+        if self.delivery_key is None:
+            self.delivery_key, configured = delivery_key()
+            if not configured:
+                log.warning(
+                    "MODEL_SUPPORT_DELIVERY_KEY is not set: delivery slots use a key of this "
+                    "process, so runs started before a restart fall back to log and "
+                    "termination message"
+                )
         self._stores: dict[str, ResultsStore] = {}
         self.materializers: dict[str, Materializer] = {}
         self._lock = threading.Lock()
@@ -407,6 +426,10 @@ class Reconciler:
             raise InvalidTest(f"Secret {name} has no key {spec.hubTokenSecret.key!r}")
         return value
 
+    def pin(self, spec: TestSpec, namespace: str) -> TestSpec:
+        """The spec at the commit its revision names now (see :func:`planning.pin`)."""
+        return pin(spec, self.settings, token=self.hub_token(spec, namespace))
+
     def place(self, spec: TestSpec, namespace: str) -> Placement | Exclusion:
         """Cores, host memory and storage of a test (see :func:`planning.place`), with the
         token of its hubTokenSecret when the operator may read it."""
@@ -490,7 +513,9 @@ class Reconciler:
         try:
             spec = parse_spec(dict(body.get("spec") or {}))
             check_store_allowed(spec, self.settings)
-            check_compile_cache(spec, self.settings)
+            check_model_path(spec, self.settings)
+            check_compile_cache(spec, self.settings, ref.namespace)
+            spec = self.pin(spec, ref.namespace)
             placement = self.place(spec, ref.namespace)
         except (SpecError, InvalidTest) as exc:
             self._invalid(body, ref, str(exc))
@@ -610,6 +635,7 @@ class Reconciler:
                 jobName=job_name,
                 runId=run_id_for(ref.uid, generation, attempt),
                 runScriptSha256=hashlib.sha256(run_py.encode()).hexdigest(),
+                revision=spec.revision,
                 conditions=kstatus_conditions(conditions, phase, generation),
             ),
         )
@@ -621,9 +647,12 @@ class Reconciler:
         self, ref: TestRef, spec: TestSpec, placement: Placement, run_py: str, attempt: int
     ) -> tuple[str, str]:
         """Create (or adopt) the ConfigMap and the Job of one attempt; returns their names."""
-        configmap, job = children(ref, spec, placement, self.settings, attempt, run_py)
+        configmap, job = children(
+            ref, spec, placement, self.settings, attempt, run_py, self.delivery_key
+        )
         with _refusal("ResourceClaimTemplate", None):
             self._create_claim_template(ref, spec, placement)
+        self._prepare_delivery(ref, spec, attempt)  # before the pod that reads it
         name = job["metadata"]["name"]
         created: dict[str, Any] | None
         try:
@@ -647,6 +676,39 @@ class Reconciler:
         if template is not None:
             with contextlib.suppress(AlreadyExists):  # shared by the generation's attempts
                 self.kube.create_resource_claim_template(template)
+
+    def _slot(self, run_id: str) -> str:
+        assert self.delivery_key is not None  # set in __post_init__
+        return slot_for(run_id, self.delivery_key)
+
+    def _prepare_delivery(self, ref: TestRef, spec: TestSpec, attempt: int) -> None:
+        """Make the attempt's delivery slot reachable by its runner pod alone: the slot's
+        folder on the results volume, or a Secret with an upload URL signed for its one key.
+
+        A store that cannot make the slot is logged, never fatal: the runner then cannot deliver
+        (the Secret's env is optional) and the operator reads its log and termination message
+        instead. The API server's refusal of the Secret is CreateRefused, as for the Job.
+        """
+        run_id = run_id_for(ref.uid, ref.generation, attempt)
+        job_name = child_name(ref.name, ref.uid, ref.generation, attempt)
+        slot = self._slot(run_id)
+        uri = self.store_uri(spec)
+        wiring = delivery_wiring(uri, self.settings, slot, job_name)
+        if wiring is None:
+            return
+        try:
+            area = DeliveryArea(uri)
+            if wiring.sub_path is not None:
+                area.prepare(slot)
+                return
+            url = area.upload_url(slot, self.settings.delivery_url_expiry_s)
+        except (DeliveryError, ValueError) as exc:
+            log.warning("run %s cannot deliver to %s: %s", run_id, uri, exc)
+            return
+        secret = build_delivery_secret(ref, job_name, attempt, url)
+        # A refusal (a quota on Secrets, say) is said on the test like the Job's own.
+        with _refusal("Secret", secret), contextlib.suppress(AlreadyExists):
+            self.kube.create_secret(secret)  # made by an earlier try: signed alike
 
     def _delete_superseded_job(self, ref: TestRef, status: dict[str, Any]) -> None:
         """A spec change supersedes the running Job of the previous generation."""
@@ -773,6 +835,18 @@ class Reconciler:
             labels |= {"job": job_name, "attempt": str(attempt)}
         return labels
 
+    def _provenance(self, spec: TestSpec | None) -> dict[str, str]:
+        """What ran, as the operator knows it: the runner image, and what in the test runs code
+        the project does not control (the document's stack and packages are what that code
+        reported)."""
+        if spec is None:
+            return {}
+        labels = {"image": spec.image or self.settings.runner_image}
+        untrusted = spec.untrusted_code(self.settings.runner_image)
+        if untrusted:
+            labels["untrusted_code"] = ",".join(untrusted)
+        return labels
+
     def _check_job_exists(self, body: dict[str, Any], ref: TestRef, status: dict[str, Any]) -> None:
         """On restart: a test whose Job vanished while the operator was away is finished from
         its delivered document, or as ERROR/infrastructure when there is none."""
@@ -849,8 +923,9 @@ class Reconciler:
         if not self._due(run_id):
             return  # a deferred recording whose backoff has not elapsed
         delivered = self._read_delivery(test, run_id)
-        if isinstance(delivered, bytes) and _is_document(delivered):
-            # The runner finished and delivered: its pods no longer matter (no need to list them).
+        delivered_document = isinstance(delivered, bytes) and _is_document(delivered)
+        if delivered_document and reading.state is JobState.SUCCEEDED:
+            # The runner finished by itself and delivered: its pods no longer matter.
             self.finish(
                 test, ref, attempt, job_name, reading, ended_at=_ended_at(job),
                 final=event_type == "DELETED", delivered=delivered,
@@ -858,12 +933,20 @@ class Reconciler:
             return
         pods = self.kube.list_pods(ref.namespace, {LABEL_UID: ref.uid, "job-name": job_name})
         reading = read_job(job, pods)
+        if delivered_document and not job_outcome_stands(reading):
+            # A delivery outlives a node lost after it; the Job's own end (deadline, OOM, a
+            # runner that never started) is never overruled by what a pod wrote.
+            self.finish(
+                test, ref, attempt, job_name, reading, ended_at=_ended_at(job),
+                final=event_type == "DELETED", delivered=delivered,
+            )  # fmt: skip
+            return
         if reading.state == JobState.ACTIVE:
             # The Job was deleted under a running test (by hand, or its node pool went away).
-            reading = Reading(
-                JobState.INFRASTRUCTURE,
-                f"the runner Job {job_name} was deleted before it finished",
-                pod_name=reading.pod_name,
+            reading = dataclasses.replace(
+                reading,
+                state=JobState.INFRASTRUCTURE,
+                message=f"the runner Job {job_name} was deleted before it finished",
             )
         if reading.state == JobState.NODE_LOST and attempt < self.settings.max_attempts:
             self._retry(test, ref, attempt, reading)
@@ -881,7 +964,7 @@ class Reconciler:
     def _read_delivery(self, test: dict[str, Any], run_id: str) -> bytes | Unavailable | None:
         """What the runner of ``run_id`` delivered: the bytes, None (nothing), or Unavailable."""
         try:
-            return DeliveryArea(self.store_uri(_spec_or_none(test))).get(run_id)
+            return DeliveryArea(self.store_uri(_spec_or_none(test))).get(self._slot(run_id))
         except (DeliveryError, ValueError) as exc:
             return Unavailable(f"the delivery area could not be read: {exc}")
 
@@ -1073,8 +1156,11 @@ class Reconciler:
             pod_cores=int(status["podCores"]) if status.get("podCores") else None,
         )
         try:
-            _, job = children(ref, spec, placement, self.settings, attempt + 1, run_py="")
+            _, job = children(
+                ref, spec, placement, self.settings, attempt + 1, "", self.delivery_key
+            )
             self._create_claim_template(ref, spec, placement)  # in case it was deleted by hand
+            self._prepare_delivery(ref, spec, attempt + 1)
         except InvalidTest as exc:
             # The operator's settings changed since the first attempt (e.g. DRA's default LNC
             # removed): no record, since the model did nothing wrong; the message says what to fix.
@@ -1195,8 +1281,19 @@ class Reconciler:
                 DocumentSource.OPERATOR,
             )
         document, source = found
-        document = trusted_document(document, config)
-        labels = {**self._labels(ref, job_name, attempt), "document_source": source.value}
+        cache = spec.compileCache if spec is not None else None
+        document = trusted_document(
+            document,
+            config,
+            cache_location=None if cache is None else (cache.target or cache.source),
+            started_at=reading.started_at,
+            ended_at=reading.ended_at or ended_at,
+        )
+        labels = {
+            **self._labels(ref, job_name, attempt),
+            **self._provenance(spec),
+            "document_source": source.value,
+        }
         if (test.get("status") or {}).get("podCores"):
             labels["pod_cores"] = str(test["status"]["podCores"])  # the cores the pod held
         record = record_from_document(
@@ -1220,11 +1317,10 @@ class Reconciler:
             return False
         with self._lock:
             self._retries.pop(run_id, None)
-        if source is DocumentSource.DELIVERY:
-            try:
-                DeliveryArea(store.uri).remove(run_id)
-            except DeliveryError:
-                log.warning("run %s is recorded; its delivery stays until removed by hand", run_id)
+        try:  # the slot (prepared, delivered or not) is done with
+            DeliveryArea(store.uri).remove(self._slot(run_id))
+        except (DeliveryError, ValueError):
+            log.warning("run %s is recorded; its delivery slot stays until removed by hand", run_id)
         with self._lock:  # before the status says Completed: a concurrent resync must not
             self._released[(ref.namespace, job_name)] = time.monotonic()  # release it twice
         if not first_time and self._completed_already(ref):
@@ -1308,8 +1404,11 @@ class Reconciler:
             self.event(test, "Warning", reason, f"{message}; retrying in {delay:g} s")
 
     def _run_py(self, ref: TestRef, test: dict[str, Any], spec: TestSpec | None) -> str:
-        """The run.py that ran: the ConfigMap's, byte for byte (else rendered again from the spec)."""
+        """The run.py that ran: the ConfigMap's, byte for byte (else rendered again from the spec
+        at the commit the status says it was pinned to)."""
         status = test.get("status") or {}
+        if spec is not None and status.get("revision"):
+            spec = spec.model_copy(update={"revision": status["revision"]})
         if spec is not None and status.get("cores") and status.get("runScriptSha256"):
             # Rendering is deterministic: when this operator renders the same bytes (their hash
             # is in the status), the ConfigMap need not be read.
@@ -1341,6 +1440,20 @@ class Reconciler:
         """The runner's document: delivered, else from the log, else from the termination
         message; else one the operator writes for the Job's outcome; else Unavailable."""
         problems: list[str] = []
+        if job_outcome_stands(reading):
+            result, infra_class = INFRA_RESULTS[reading.state]
+            said = _delivered_result(delivered)
+            overruled = (
+                f" (the runner's delivery said {said}, which Kubernetes contradicts)"
+                if said
+                else ""
+            )
+            return (
+                failure_document(
+                    config, result, error_class=infra_class, error=reading.message + overruled
+                ),
+                DocumentSource.OPERATOR,
+            )
         if isinstance(delivered, Unavailable):
             return delivered
         if delivered is not None:
@@ -1403,15 +1516,20 @@ class Reconciler:
     def _complete(
         self, test: dict[str, Any], ref: TestRef, document: ResultDocument, run_id: str
     ) -> None:
+        coalesced: str | None = None
         with self._lock:
             for key in [k for k in list(self._phases) if k[0] == ref.uid]:
                 del self._phases[key]
             for key in [k for k in list(self._running) if k[0] == ref.uid]:
-                del self._running[key]  # the run ended: Completed says it in one write
+                # The run ended: Completed says it in one write, with the start Running had.
+                write = self._running.pop(key)
+                if key[1] == ref.generation:
+                    coalesced = write.started or coalesced
         summary = document.result.value + (
             f"/{document.error_class.value}" if document.error_class else ""
         )
         timings, memory = document.timings, document.memory
+        used, cost = run_cost(test.get("spec") or {}, document, self.settings)
 
         def build(test: dict[str, Any]) -> dict[str, Any]:
             conditions = set_condition(
@@ -1425,8 +1543,10 @@ class Reconciler:
             conditions = set_condition(
                 conditions, "Recorded", True, "Recorded", f"run {run_id} recorded", ref.generation
             )
+            started = (test.get("status") or {}).get("startedAt") or coalesced
             return TestStatus(
                 phase=Phase.COMPLETED,
+                **({"startedAt": started} if started else {}),
                 result=document.result,
                 errorClass=document.error_class,
                 message=_short(document.error) or None,
@@ -1436,6 +1556,8 @@ class Reconciler:
                 decodeTokensPerSecond=timings.decode_tokens_per_s,
                 peakDeviceMemoryBytes=memory.peak_device_memory_bytes,
                 hostPeakRssBytes=memory.host_peak_rss_bytes,
+                coreSeconds=used,
+                costUSD=cost,
                 finishedAt=now(),
                 conditions=kstatus_conditions(
                     conditions,
@@ -1521,7 +1643,9 @@ class Reconciler:
                         continue
                     job_name = child_name(ref.name, ref.uid, ref.generation, attempt)
                     reading = Reading(
-                        JobState.INFRASTRUCTURE, f"runner pod {pod['metadata']['name']} {why}"
+                        JobState.INFRASTRUCTURE,
+                        f"runner pod {pod['metadata']['name']} {why}",
+                        runner_ran=False,  # it is still pending
                     )
                     if self.finish(test, ref, attempt, job_name, reading, final=True):
                         self.kube.delete_job(ref.namespace, job_name)
@@ -1569,6 +1693,16 @@ def _is_document(data: bytes) -> bool:
     return True
 
 
+def _delivered_result(delivered: object) -> str | None:
+    """The result a delivery claimed (for saying it was overruled), if it is a document."""
+    if not isinstance(delivered, bytes):
+        return None
+    try:
+        return ResultDocument.model_validate_json(delivered).result.value
+    except ValidationError:
+        return None
+
+
 def _spec_or_none(test: dict[str, Any]) -> TestSpec | None:
     try:
         return parse_spec(dict(test.get("spec") or {}))
@@ -1593,14 +1727,5 @@ def _newer(body: dict[str, Any], known: dict[str, Any] | None) -> bool:
 
 
 def _ended_at(job: dict[str, Any]) -> datetime | None:
-    """When a Job finished: its completionTime, else its terminal condition's transition."""
-    status = job.get("status") or {}
-    stamps = [status.get("completionTime")] + [
-        c.get("lastTransitionTime")
-        for c in status.get("conditions") or []
-        if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-    ]
-    for stamp in stamps:
-        if stamp:
-            return datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
-    return None
+    """When a Job finished (see :func:`model_support.operator.outcome.job_ended_at`)."""
+    return job_ended_at(job)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from model_support.operator import metrics
 from model_support.store import ResultsStore
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class Materializer:
         while True:
             try:
                 self.store.materialize()
+                metrics.observe_stacks(self.store)
             except Exception:
                 log.exception(
                     "materializing %s failed; records are intact, the next run redoes it",

@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
+
+from model_support.pricing import DEFAULT_PRICES, PriceTable, prices_from_mapping
 
 
 def chart_key(field: str) -> str:
@@ -76,6 +78,12 @@ class OperatorSettings(BaseModel):
     results_volume_claim: str | None = Field(
         None,
         description="PVC holding a local-path results store; mounted into runner pods so they deliver there.",
+    )
+    delivery_url_expiry_s: int = Field(
+        7 * 24 * 3600,
+        ge=60,
+        le=7 * 24 * 3600,  # the longest an S3 SigV4 signature lasts
+        description="How long the upload URL a runner pod gets for its delivery slot (S3 stores) stays valid; it also ends when the operator's own credentials expire.",
     )
     runner_env: list[dict[str, Any]] = Field(
         default_factory=list,
@@ -153,6 +161,26 @@ class OperatorSettings(BaseModel):
         "/var/cache/model-support/compile-caches",
         pattern=r"^/.+",
         description="Where the compile cache PVC is mounted; a spec's compileCache paths must lie under it.",
+    )
+    model_volume_paths: list[str] = Field(
+        default_factory=list,
+        description="Where checkpoints named by an absolute spec.model live (volumes the operator mounts at the same paths as the runner image or pods see them). An absolute spec.model elsewhere is refused: the operator would size it from its own filesystem.",
+    )
+    compile_cache_push_targets: list[str] = Field(
+        default_factory=list,
+        description="Where tests may push compile caches (roots; `{namespace}` is the test's namespace). Empty: the namespace's own folder on the compile cache volume, <compileCacheVolumePath>/{namespace}, when there is a volume; else nowhere. Tests that run code the project does not control never push.",
+    )
+    compile_cache_shared_pushers: list[str] = Field(
+        default_factory=list,
+        description="Namespaces whose tests may push to push targets shared by every namespace (those without `{namespace}`). Anyone who can create a pod there can push what every reader runs: keep them for trusted tests only.",
+    )
+    compile_cache_trusted_keys: list[str] = Field(
+        default_factory=list,
+        description="Public keys (ed25519:<base64>) whose signed manifests compile cache pulls trust; with any, pulls take only signed entries.",
+    )
+    compile_cache_signing_secret: str | None = Field(
+        None,
+        description="Secret (key `key`, an Ed25519 PEM private key) in each shared pusher namespace: runner pods of tests pushing to a shared target sign with it.",
     )
     compile_cache_deadline_s: float = Field(
         1800.0,
@@ -265,6 +293,24 @@ class OperatorSettings(BaseModel):
     metrics_port: int | None = Field(
         9090, description="Prometheus /metrics port; None = no metrics server."
     )
+    instance_prices: dict[str, Any] | None = Field(
+        None,
+        description="Instance prices over the default table (docs/pricing.md: region, "
+        "default_instance_type, prices); tests' and sweeps' costs use them.",
+    )
+
+    @field_validator("instance_prices")
+    @classmethod
+    def _prices_parse(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            prices_from_mapping(value, "settings.instancePrices")  # raises, naming the field
+        return value
+
+    def prices(self) -> PriceTable:
+        """The price table: the default one with ``instance_prices`` over it."""
+        if self.instance_prices is None:
+            return DEFAULT_PRICES
+        return prices_from_mapping(self.instance_prices, "settings.instancePrices")
 
 
 SETTINGS_ENV = "MODEL_SUPPORT_SETTINGS"

@@ -64,6 +64,10 @@ COMPILE_CACHE_FORMS = (
     "hf://buckets/<namespace>/<name>[/<path>], s3://<bucket>[/<prefix>] or an absolute path "
     "on the operator's compile cache volume"
 )
+# A results store: a URI or an absolute path whose segments are plain names (no ".", "..",
+# empty or hidden segments), so that a store under an allowed prefix stays under it.
+_RESULTS_SEGMENT = r"[A-Za-z0-9_~@+=,%-][A-Za-z0-9._~@+=,%-]*"
+RESULTS_PATTERN = rf"^([a-z][a-z0-9+.-]*://|/){_RESULTS_SEGMENT}(/{_RESULTS_SEGMENT})*/?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 COMPILE_BACKEND_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_]*)?$"
 
@@ -101,7 +105,7 @@ class CompileCacheSpec(_Camel):
     @field_validator("source", "target")
     @classmethod
     def _location(cls, value: str | None) -> str | None:
-        if value is None or re.match(COMPILE_CACHE_PATTERN, value):
+        if value is None or re.fullmatch(COMPILE_CACHE_PATTERN, value):
             return value
         scheme = value.split("://", 1)[0] if "://" in value else None
         if scheme == "hf":
@@ -177,7 +181,7 @@ class TestSpec(_Camel):
     ] = Field(default_factory=list, max_length=20)
     timeoutSeconds: int = Field(7200, ge=60, le=172800)
     compileCache: CompileCacheSpec | None = None
-    results: str | None = None
+    results: str | None = Field(None, min_length=1, max_length=1024, pattern=RESULTS_PATTERN)
     hubTokenSecret: SecretRef | None = None
     trustRemoteCode: bool = False
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
@@ -206,6 +210,23 @@ class TestSpec(_Camel):
         ):
             raise ValueError(f"cores={self.cores} needs parallelism tensor or expert")
         return self
+
+    def untrusted_code(self, default_image: str) -> list[str]:
+        """What in this test runs code the project does not control (empty: none does).
+
+        Such a test may still run, but never writes where others read and trust: it cannot
+        push to a compile cache, and its record says what it ran.
+        """
+        reasons = []
+        if self.trustRemoteCode:
+            reasons.append("trustRemoteCode")
+        if self.extraPackages:
+            reasons.append("extraPackages")
+        if self.compileBackend is not None and ":" in self.compileBackend:
+            reasons.append("compileBackend")  # module:function; a plain name is torch's own
+        if self.image is not None and self.image != default_image:
+            reasons.append("image")
+        return reasons
 
     @property
     def profile_info(self) -> Profile:

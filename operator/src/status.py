@@ -144,11 +144,16 @@ class TestStatus(BaseModel):
     configMapName: str | None = None
     runId: str | None = None
     runScriptSha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    revision: str | None = Field(None, pattern=r"^[0-9a-f]{40}$")
     wallTimeSeconds: float | None = None
     compileSeconds: float | None = None
     decodeTokensPerSecond: float | None = None
     peakDeviceMemoryBytes: int | None = None
     hostPeakRssBytes: int | None = None
+    coreSeconds: float | None = Field(
+        None, ge=0, description="Cores x the time the runner held them (docs/pricing.md)."
+    )
+    costUSD: float | None = Field(None, ge=0, description="coreSeconds at the instance's price.")
     startedAt: str | None = None
     finishedAt: str | None = None
     conditions: list[Condition] = Field(default_factory=list)

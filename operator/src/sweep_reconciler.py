@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from model_support.operator import metrics
 from model_support.operator.kube import AlreadyExists, Kube, being_deleted
 from model_support.operator.planning import InvalidTest, check_store_allowed, store_uri
 from model_support.operator.resource import (
@@ -39,9 +40,13 @@ from model_support.operator.spec import SpecError, parse_spec
 from model_support.operator.status import MESSAGE_LIMIT, Phase, condition, set_condition
 from model_support.operator.sweep_resource import (
     HUB_SORTS,
+    MAX_LISTED_REGRESSIONS,
     RankingState,
+    SweepBaseline,
+    SweepCost,
     SweepCounts,
     SweepModel,
+    SweepRegression,
     SweepSpec,
     SweepState,
     SweepStatus,
@@ -57,7 +62,7 @@ from model_support.operator.sweep_resource import (
     sweep_conditions,
 )
 from model_support.ranking_snapshots import RankingSnapshot
-from model_support.vocabulary import Result
+from model_support.vocabulary import Result, is_fix, is_regression
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +95,8 @@ class ChildView:
     result: str | None
     spec_fields: frozenset[str]
     resource_version: str
+    core_seconds: float | None = None
+    cost_usd: float | None = None
 
     @classmethod
     def of(cls, test: dict[str, Any]) -> ChildView:
@@ -109,6 +116,8 @@ class ChildView:
             result=status.get("result"),
             spec_fields=frozenset(spec),
             resource_version=str(meta.get("resourceVersion") or ""),
+            core_seconds=_number(status.get("coreSeconds")),
+            cost_usd=_number(status.get("costUSD")),
         )
 
     @property
@@ -120,6 +129,10 @@ class ChildView:
     def active(self) -> bool:
         """Counts against the cap: created and not finished, whatever its phase."""
         return not self.done
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _newer(candidate: str, known: str) -> bool:
@@ -176,21 +189,26 @@ class SweepReconciler:
         if not uid:
             return
         if event_type == "DELETED":
-            self.forget(uid)
+            self.forget(uid, body)
             return  # its tests go with it (owner references); their records stay
         self._observe(body)
         if not act or being_deleted(body):
             return  # being deleted: its tests go as the garbage collector deletes them
         self.reconcile(uid)
 
-    def forget(self, uid: str) -> None:
-        """Drop a sweep that no longer exists from what this process keeps."""
+    def forget(self, uid: str, body: dict[str, Any] | None = None) -> None:
+        """Drop a sweep that no longer exists from what this process keeps, and its metrics
+        (``body``: the sweep as last seen, when the caller has it)."""
         with self._lock:
+            known = self.sweeps.get(uid)
             for table in (
                 self.sweeps, self._ledgers, self._written_at, self._ranking_retry, self._seen_at
             ):  # fmt: skip
                 table.pop(uid, None)
             self._dirty.discard(uid)
+        meta = (body or known or {}).get("metadata") or {}
+        if meta.get("name"):
+            metrics.forget_sweep(str(meta.get("namespace")), str(meta["name"]))
 
     def note_listing(self) -> None:
         """The watch listed the sweeps (startup or relist): the next :meth:`audit` checks
@@ -375,6 +393,10 @@ class SweepReconciler:
             self._publish(body, status, urgent=True)
             return
         children = self._children(uid, meta["namespace"], meta["name"])
+        # Before any test is re-run under a new key: what the previous key's tests gave.
+        status.baseline = baseline_for(
+            status, key, children, {entry.model for entry in ranking.models}
+        )
         if not waiting:
             self._fill_slots(body, spec, key, ranking, children)
         status = self._status(
@@ -666,6 +688,21 @@ class SweepReconciler:
                     setattr(counts, field_name, getattr(counts, field_name) + 1)
         counts.running = sum(1 for c in children.values() if c.active)
         counts.retained = sum(1 for n in children if n not in ranked)
+        current = [
+            c
+            for entry in ranking.models
+            if (c := children.get(child_name(name, entry.model))) is not None
+            and c.done
+            and c.run_key == key
+        ]
+        regressed = compare_with_baseline(previous.baseline, current)
+        counts.regressions = len(regressed)
+        counts.fixes = sum(
+            1
+            for c in current
+            if previous.baseline is not None
+            and is_fix(previous.baseline.results.get(c.model), c.result)
+        )
         finished = counts.done == counts.models and counts.running == 0 and not waiting
         state: SweepState = "ranking" if waiting else "done" if finished else "testing"
         message = (
@@ -674,7 +711,16 @@ class SweepReconciler:
             f"{counts.excluded} EXCLUDED, {counts.invalid} invalid); {counts.running} running, "
             f"{counts.queued} queued"
             + (f", {counts.retained} retained from earlier rankings" if counts.retained else "")
+            + (
+                f"; {counts.regressions} regression(s) and {counts.fixes} fix(es) against the "
+                "previous run"
+                if previous.baseline is not None
+                else ""
+            )
         )
+        reported = previous.regressionsReported
+        if state == "done" and regressed and reported != key:
+            reported = key  # _publish posts the one Event of this run when it writes this
         if waiting:
             message = (
                 f"waiting for a new ranking ({condition(_plain(previous), 'Ranked').get('message')}); "
@@ -689,6 +735,10 @@ class SweepReconciler:
             lastRankedAt=ranking.fetchedAt,
             ranking=ranking,
             counts=counts,
+            baseline=previous.baseline,
+            regressions=regressed[:MAX_LISTED_REGRESSIONS],
+            regressionsReported=reported,
+            cost=cost_of(current),
             message=message[:MESSAGE_LIMIT],
             conditions=_typed(conditions),
         )
@@ -736,6 +786,13 @@ class SweepReconciler:
         patched = self.kube.patch_sweep_status(meta["namespace"], meta["name"], body_patch)
         if patched is not None:
             self._observe(patched)
+        metrics.observe_sweep(meta["namespace"], meta["name"], status)
+        if new.get("regressionsReported") and new.get("regressionsReported") != old.get(
+            "regressionsReported"
+        ):
+            self.kube.post_event(
+                body, "Warning", "Regressions", regressions_message(status)[:MESSAGE_LIMIT]
+            )
         previous_ready = condition(old, "Ready").get("status")
         if condition(new, "Ready").get("status") == "True" and previous_ready != "True":
             self.kube.post_event(
@@ -756,6 +813,61 @@ _PLACEHOLDER = SweepModel(model="org/placeholder")
 _SEEN_FRESH_INTERVALS = 3
 """How recently (in sweep status intervals: a busy sweep writes its status that often) the API
 must have shown a sweep for it to be trusted to exist without a read."""
+
+
+def baseline_for(
+    status: SweepStatus, key: str, children: dict[str, ChildView], ranked: set[str]
+) -> SweepBaseline | None:
+    """What this run key's results are compared with: when the key changes, each ranked
+    model's result under an earlier key (its test finished and not yet re-run; else the old
+    baseline's entry)."""
+    if status.runKey is None or status.runKey == key:
+        return status.baseline
+    old = status.baseline.results if status.baseline is not None else {}
+    results = {model: result for model, result in old.items() if model in ranked}
+    for child in children.values():
+        if (
+            child.model in ranked
+            and child.done
+            and child.run_key not in (None, key)
+            and child.result is not None
+        ):
+            results[child.model] = child.result
+    return SweepBaseline(runKey=status.runKey, results=results) if results else status.baseline
+
+
+def compare_with_baseline(
+    baseline: SweepBaseline | None, current: list[ChildView]
+) -> list[SweepRegression]:
+    """The current run's tests whose result got worse than the baseline's, by model id."""
+    if baseline is None:
+        return []
+    found = [
+        SweepRegression(model=c.model, before=baseline.results[c.model], after=str(c.result))
+        for c in current
+        if is_regression(baseline.results.get(c.model), c.result)
+    ]
+    return sorted(found, key=lambda r: r.model)
+
+
+def cost_of(current: list[ChildView]) -> SweepCost:
+    """What the current run key's finished tests cost so far."""
+    priced = [c.cost_usd for c in current if c.cost_usd is not None]
+    return SweepCost(
+        coreHours=round(sum(c.core_seconds or 0.0 for c in current) / 3600, 6),
+        usd=round(sum(priced), 6) if priced else None,
+        unpriced=sum(1 for c in current if c.cost_usd is None and c.result is not None),
+    )
+
+
+def regressions_message(status: SweepStatus) -> str:
+    """The Event of a run with regressions: how many, against which run key, and which."""
+    listed = "; ".join(f"{r.model} {r.before} -> {r.after}" for r in status.regressions)
+    more = status.counts.regressions - len(status.regressions)
+    against = status.baseline.runKey if status.baseline is not None else "the previous run"
+    return f"{status.counts.regressions} regression(s) against run {against}: {listed}" + (
+        f" (and {more} more)" if more > 0 else ""
+    )
 
 
 def _plain(status: SweepStatus) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from model_support.operator.spec import (
     DNS_LABEL_PATTERN,
     IMAGE_PATTERN,
     MODEL_PATTERN,
+    RESULTS_PATTERN,
     REVISION_PATTERN,
     ProfileName,
     SpecError,
@@ -80,7 +81,7 @@ class HubSource(_Camel):
 class SelectedSource(_Camel):
     """The dataset's selected list (``selected.yaml`` of a results store)."""
 
-    results: str | None = Field(None, min_length=1, max_length=1024)
+    results: str | None = Field(None, min_length=1, max_length=1024, pattern=RESULTS_PATTERN)
     refreshSeconds: int | None = Field(None, ge=1)
 
 
@@ -336,6 +337,51 @@ class SweepCounts(BaseModel):
     unverified: int = 0
     invalid: int = Field(0, description="Tests that cannot run as written (phase Invalid).")
     retained: int = Field(0, description="Tests of models that left the ranking, kept as they are.")
+    regressions: int = Field(
+        0,
+        description="Models whose result got worse than under the previous run key (PASS to "
+        "FAIL, ERROR or TIMEOUT; EXCLUDED to ERROR).",
+    )
+    fixes: int = Field(
+        0, description="Models that did not pass under the previous run key and now pass."
+    )
+
+
+class SweepBaseline(BaseModel):
+    """The results of the previous run key, what this run's results are compared with."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    runKey: str
+    results: dict[str, str] = Field(
+        default_factory=dict, description="Model id -> its result under that run key."
+    )
+
+
+class SweepRegression(BaseModel):
+    """One model whose result got worse than under the previous run key."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    before: str
+    after: str
+
+
+class SweepCost(BaseModel):
+    """What the current run key's finished tests cost so far (docs/pricing.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    coreHours: float = Field(0.0, ge=0)
+    usd: float | None = Field(None, ge=0, description="Null when no finished test has a price.")
+    unpriced: int = Field(
+        0, ge=0, description="Finished tests without a price (no instance price)."
+    )
+
+
+MAX_LISTED_REGRESSIONS = 100
+"""A sweep's status names at most this many regressions (the count is always whole)."""
 
 
 class RankingState(BaseModel):
@@ -362,6 +408,12 @@ class SweepStatus(BaseModel):
     lastRankedAt: str | None = None
     ranking: RankingState | None = None
     counts: SweepCounts = Field(default_factory=SweepCounts)
+    baseline: SweepBaseline | None = None
+    regressions: list[SweepRegression] = Field(default_factory=list)
+    regressionsReported: str | None = Field(
+        None, description="The run key whose regressions an Event has reported (one per run)."
+    )
+    cost: SweepCost = Field(default_factory=SweepCost)
     message: str | None = Field(None, max_length=4096)
     conditions: list[Condition] = Field(default_factory=list)
 

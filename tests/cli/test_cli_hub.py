@@ -17,6 +17,7 @@ import pytest
 from hubserver import HubServer, Repo
 
 from model_support.checkpoints import DemoModel
+from model_support.script import read_config
 from model_support.store import ResultsStore
 from model_support.vocabulary import Result
 
@@ -56,6 +57,6 @@ def test_a_hub_model_is_pinned_downloaded_and_tested(
     assert record.document.result == Result.PASS
     assert record.document.revision == sha  # the run.py names the commit, not "main"
     assert record.document.resolved_revision == sha
-    assert f'\\"revision\\": \\"{sha}\\"' in record.run_py
+    assert read_config(record.run_py).revision == sha
     # The weights came through the client into this test's own cache.
     assert list((tmp_path / "hf-home").rglob("*.safetensors"))

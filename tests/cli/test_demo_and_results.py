@@ -1,5 +1,6 @@
 """The main job end to end: `model-support demo` writes a dataset holding every result state over
-three stacks; pandas, `results`, `run` and the viewer read it."""
+four stacks, with a regression and a fix between the two newest; pandas, `results`, `run`,
+`history`, `regressions` and the viewer read it."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from filelock import FileLock
 from processes import processes_with
 from streamlit.testing.v1 import AppTest
 
-from model_support.checkpoints import TASK_MODELS, DemoModel
-from model_support.cli.commands_demo import FAULTY_BACKEND
+from model_support.checkpoints import STAMP_FILE, TASK_MODELS, DemoModel
+from model_support.cli.commands_demo import NEWER_RELEASE, OLDER_RELEASE
 from model_support.store import ResultsStore
 
 pytestmark = pytest.mark.slow
@@ -64,7 +65,7 @@ def test_demo_tests_every_model_and_prints_the_table(demo_results: tuple[Path, s
     _, stdout, _ = demo_results
     for name in DEMO_NAMES:
         assert f"demo/{name}" in stdout
-    rows = len(DEMO_NAMES) + 4  # + a second compiler, two faulty runs, the oversized model
+    rows = len(DEMO_NAMES) + 6  # + a second compiler, four faulty runs, the oversized model
     assert f"model-support results ({rows} rows)" in stdout
     # A line per passing run and a row per passing result: every model on the main stack and
     # tiny-llama on the second.
@@ -82,21 +83,27 @@ def test_demo_prints_progress_lines_when_not_on_a_terminal(
     for label in ("demo/tiny-llama · aot_eager", "demo/tiny-llama · inductor"):
         assert any(line.startswith(f"  {label}: load done in") for line in lines), label
         assert any(line.startswith(f"  {label}: verify done in") for line in lines), label
-    assert f"  demo/tiny-qwen3-moe · {FAULTY_BACKEND}: compile failed" in lines
+    assert f"  demo/tiny-qwen3-moe · {OLDER_RELEASE}: compile failed" in lines
     assert any("sizing llama-405b-headers" in line for line in lines)
     assert lines[-1].startswith("demo: demo done in")
+    # The session built every checkpoint before the demo ran: it finds and reuses them all.
+    assert not [line for line in lines if line.startswith("demo: build")], lines[:20]
+    assert any(line.startswith("demo: checkpoints ready in") for line in lines)
 
 
-def test_the_dataset_holds_every_state_over_three_stacks(
+def test_the_dataset_holds_every_state_over_four_stacks(
     demo_results: tuple[Path, str, str], demo_models: dict[str, DemoModel]
 ) -> None:
     results, _, _ = demo_results
     matrix = pd.read_parquet(results / "data").set_index(["model_id", "compiler"])
     assert sorted(set(matrix.index.get_level_values("compiler"))) == sorted(
-        ["aot_eager", "inductor", FAULTY_BACKEND]
+        ["aot_eager", "inductor", OLDER_RELEASE, NEWER_RELEASE]
     )
-    assert matrix.loc[("demo/tiny-llama", FAULTY_BACKEND), "result"] == "FAIL"
-    error = matrix.loc[("demo/tiny-qwen3-moe", FAULTY_BACKEND)]
+    # The faulty compiler's two releases: a regression (tiny-llama) and a fix (the MoE).
+    assert matrix.loc[("demo/tiny-llama", OLDER_RELEASE), "result"] == "PASS"
+    assert matrix.loc[("demo/tiny-llama", NEWER_RELEASE), "result"] == "FAIL"
+    assert matrix.loc[("demo/tiny-qwen3-moe", NEWER_RELEASE), "result"] == "PASS"
+    error = matrix.loc[("demo/tiny-qwen3-moe", OLDER_RELEASE)]
     assert (error.result, error.error_class) == ("ERROR", "compile")
     assert "InjectedCompilerError" in error.error
     excluded = matrix.loc[(OVERSIZED, "aot_eager")]
@@ -154,7 +161,10 @@ def test_results_json_filters_rows(demo_results: tuple[Path, str, str]) -> None:
         check=True,
     )
     rows = json.loads(done.stdout)
-    assert sorted(r["model_id"] for r in rows) == ["demo/tiny-qwen3", "demo/tiny-qwen3-moe"]
+    # The MoE passes on the main stack and on the faulty compiler's newer release.
+    assert sorted(r["model_id"] for r in rows) == [
+        "demo/tiny-qwen3", "demo/tiny-qwen3-moe", "demo/tiny-qwen3-moe",
+    ]  # fmt: skip
     assert all(r["result"] == "PASS" and r["task"] == "text-generation" for r in rows)
 
 
@@ -173,7 +183,7 @@ def test_a_rerun_under_the_demo_id_replaces_its_row(
             "--results",
             str(results),
             "--compile-backend",
-            FAULTY_BACKEND,
+            NEWER_RELEASE,
             "--model-id",
             "demo/tiny-llama",
             "--json",
@@ -191,7 +201,7 @@ def test_a_rerun_under_the_demo_id_replaces_its_row(
     matrix = pd.read_parquet(results / "data")
     assert len(matrix) == rows_before  # the latest run replaced the row of its stack
     llama = matrix[matrix.model_id == "demo/tiny-llama"].set_index("compiler")
-    assert llama.loc[FAULTY_BACKEND, "run_id"] == summary["run_id"]
+    assert llama.loc[NEWER_RELEASE, "run_id"] == summary["run_id"]
     assert set(llama.result) == {"PASS", "FAIL"}
 
 
@@ -253,26 +263,69 @@ def test_the_viewer_shows_each_view_on_the_demo_dataset(
     selected = page.dataframe[0].value.set_index("model")
     assert list(selected["result"]) == ["PASS"] * len(DEMO_NAMES) + ["EXCLUDED"]
     assert selected.loc[OVERSIZED, "why"] == "too-large"
-    # Triage on the broken stack: the FAIL and the ERROR, each its own group.
-    faulty = next(o for o in page.selectbox(key="compiler").options if FAULTY_BACKEND in o)
-    page.selectbox(key="compiler").select(faulty)
-    page.radio(key="view").set_value("Triage").run()
-    groups = page.dataframe[0].value
-    assert sorted(groups["results"]) == ["ERROR", "FAIL"]
-    assert any("InjectedCompilerError" in s for s in groups["signature"])
-    # Compare the main stack with the broken one: tiny-llama regressed.
+    # Triage on each faulty release: the ERROR (the compiler's message), then the FAIL.
+    for release, state in ((OLDER_RELEASE, "ERROR"), (NEWER_RELEASE, "FAIL")):
+        faulty = next(o for o in page.selectbox(key="compiler").options if release in o)
+        page.selectbox(key="compiler").select(faulty)
+        page.radio(key="view").set_value("Triage").run()
+        groups = page.dataframe[0].value
+        assert list(groups["results"]) == [state]
+    # Compare the main stack with the newer release: tiny-llama regressed.
     page.radio(key="view").set_value("Compare").run()
     page.selectbox(key="before").set_value(
         next(o for o in page.selectbox(key="before").options if o.startswith("aot_eager "))
     ).run()
     changes = page.dataframe[0].value.set_index("model")
     assert changes.loc["demo/tiny-llama", "change"] == "regression"
-    assert changes.loc["demo/tiny-qwen3-moe", "change"] == "regression"
     # Charts: a pass rate per compiler.
     page.radio(key="view").set_value("Charts").run()
     charts = page.get("vega_lite_chart")
     assert len(charts) == 2
-    assert all(name in str(charts[0].proto) for name in ("aot_eager", "inductor", FAULTY_BACKEND))
+    assert all(
+        name in str(charts[0].proto)
+        for name in ("aot_eager", "inductor", OLDER_RELEASE, NEWER_RELEASE)
+    )
+    # Regressions, by default between the two newest stacks (the faulty compiler's releases):
+    # a regression and a fix, so a new user sees the view populated.
+    page.radio(key="view").set_value("Regressions").run()
+    assert OLDER_RELEASE in page.selectbox(key="before").value
+    assert NEWER_RELEASE in page.selectbox(key="after").value
+    regressed, fixed = page.dataframe[0].value, page.dataframe[1].value
+    assert list(regressed["model"]) == ["demo/tiny-llama"]
+    assert regressed["group"].iloc[0].startswith("FAIL")
+    assert list(fixed["model"]) == ["demo/tiny-qwen3-moe"]
+    # History of tiny-llama: a run on each of the four stacks, each with its core-hours.
+    page.radio(key="view").set_value("History").run()
+    page.selectbox(key="history-model").set_value("demo/tiny-llama").run()
+    runs = page.dataframe[0].value
+    assert runs["stack"].nunique() == 4
+    assert (runs["core-hours"] > 0).all()
+
+
+def test_regressions_and_history_commands_on_the_demo_dataset(
+    demo_results: tuple[Path, str, str],
+) -> None:
+    results, _, _ = demo_results
+    done = subprocess.run(
+        [CLI, "regressions", "--results", str(results), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 3, done.stderr  # there is a regression
+    report = json.loads(done.stdout)
+    assert NEWER_RELEASE in report["after"] and OLDER_RELEASE in report["before"]
+    assert [(c["model"], c["before"], c["after"]) for c in report["regressions"]] == [
+        ("demo/tiny-llama", "PASS", "FAIL")
+    ]
+    assert [c["model"] for c in report["fixes"]] == ["demo/tiny-qwen3-moe"]
+    shown = subprocess.run(
+        [CLI, "history", "demo/tiny-llama", "--results", str(results)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert shown.stdout.count("model-support reproduce ") >= 4
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -306,3 +359,106 @@ def test_stopping_the_demo_stops_its_runs(
     while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes_with(marker) == []  # no run.py (or worker) outlived the demo
+
+
+def test_stopping_the_demo_while_it_builds_leaves_no_builder_and_no_half_model(
+    tmp_path: Path,
+) -> None:
+    marker = f"demo-{uuid.uuid4().hex}"
+    models = tmp_path / "models"
+    process = subprocess.Popen(
+        [CLI, "demo", "--results", str(tmp_path / "results"), "--models-dir", str(models)],
+        env={**os.environ, "MODEL_SUPPORT_DEMO_MARKER": marker},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if line.startswith("demo: building "):
+                break
+        assert ", 2 at a time" in line or ", 1 at a time" in line, line
+        deadline = time.monotonic() + 60
+        while len(processes_with(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)  # the builders are starting
+        assert len(processes_with(marker)) >= 2  # the demo and its builders
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode != 0
+    deadline = time.monotonic() + 30
+    while processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_with(marker) == []  # no builder outlived the demo
+    # Whatever was being built is invisible: a model folder exists only once it is complete.
+    for folder in models.glob("*/*"):
+        if not folder.name.startswith("."):
+            assert (folder / STAMP_FILE).is_file(), folder
+
+
+def _demo_row(results: Path, model_id: str, compile_backend: str) -> pd.Series:
+    frame = pd.read_parquet(results / "data")
+    rows = frame[(frame.model_id == model_id) & (frame.compile_backend == compile_backend)]
+    assert len(rows) == 1, rows[["run_id", "compile_backend"]]
+    return rows.iloc[0]
+
+
+@pytest.mark.parametrize(
+    ("compile_backend", "expected"), [("aot_eager", "PASS"), (NEWER_RELEASE, "FAIL")]
+)
+def test_reproduce_reruns_a_demo_row_and_agrees(
+    demo_results: tuple[Path, str, str], tmp_path: Path, compile_backend: str, expected: str
+) -> None:
+    """`reproduce RUN_ID --run` writes the row's exact run.py and the packages it needs, runs it
+    here and finds the same verdict and tokens: the demo's PASS, and its FAIL (the miscompiling
+    backend is a module:function the rerun imports as the run did)."""
+    results, _, _ = demo_results
+    row = _demo_row(results, "demo/tiny-llama", compile_backend)
+    assert row.result == expected
+    folder = tmp_path / "again"
+    done = subprocess.run(
+        [CLI, "reproduce", row.run_id, "--results", str(results), "-o", str(folder), "--run"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (folder / "run.py").read_text() == row.run_py  # byte for byte what ran
+    requirements = (folder / "requirements.txt").read_text().splitlines()
+    pinned = {line.split("==")[0].lower(): line for line in requirements if "==" in line}
+    stack = json.loads(row.stack)
+    assert pinned["transformers"] == f"transformers=={stack['transformers']}"
+    assert pinned["torch"] == f"torch=={stack['torch']}"
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in requirements
+    # Only what run.py needs: not the harness's own environment.
+    assert not {"kopf", "streamlit", "pytest", "pandas", "moto"} & set(pinned)
+    rerun = json.loads((folder / "result.json").read_text())
+    stored = json.loads(row.verification_json)
+    assert rerun["result"] == expected
+    assert rerun["verification"]["failed_checks"] == stored["failed_checks"]
+    tokens = [p["token"] for p in stored["positions"]]
+    assert [t for prompt in rerun["tokens"] for t in prompt] == tokens
+    assert "they agree" in done.stdout and "python:3.11-slim" in done.stdout
+
+
+def test_reproduce_asks_for_a_run_id_when_a_model_has_several_rows(
+    demo_results: tuple[Path, str, str], tmp_path: Path
+) -> None:
+    results, _, _ = demo_results
+    frame = pd.read_parquet(results / "data")
+    run_ids = frame[frame.model_id == "demo/tiny-llama"].run_id
+    done = subprocess.run(
+        [CLI, "reproduce", "demo/tiny-llama", "--results", str(results), "-o", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "name one by its run id" in done.stderr
+    assert all(run_id in " ".join(done.stderr.split()) for run_id in run_ids)
+    assert not (tmp_path / "run.py").exists()

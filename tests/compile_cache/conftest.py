@@ -41,20 +41,6 @@ def neff_dir(tmp_path: Path) -> Path:
     return root
 
 
-@pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[str]:
-    """moto's S3 server (the real S3 protocol) on 127.0.0.1, shared by the session."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-
-
 @pytest.fixture
 def s3_target(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A new, empty S3 bucket on moto's server, reached through s3fs."""

@@ -28,9 +28,13 @@ from model_support.compile_cache import (
     push_for_run,
 )
 from model_support.compile_cache.errors import TargetUnavailable
+from model_support.compile_cache.trust import TrustPolicy
 
 BUCKET = "team/compile-cache"
 PREFIX = "inductor-torch-2.13.0+cpu"
+
+WRITERS_TRUSTED = TrustPolicy(trust_unsigned=True)
+"""These tests are about moving entries; whose entries to trust is tests/compile_cache/test_trust.py's."""
 
 
 @pytest.fixture
@@ -66,7 +70,9 @@ def test_pull_from_a_bucket_verifies_each_entry_and_skips_broken_ones(
     )  # never an entry
 
     local = tmp_path / "inductor"
-    report = pull(f"hf://buckets/{BUCKET}/cache", compiler=inductor_cache(local))
+    report = pull(
+        f"hf://buckets/{BUCKET}/cache", compiler=inductor_cache(local), policy=WRITERS_TRUSTED
+    )
     assert report.error is None
     assert report.entries == 2
     assert (local / "43" / "c43wrapper.py").read_bytes() == b"print('hi')\n"
@@ -142,7 +148,9 @@ def test_push_then_pull_through_a_bucket_round_trips_every_entry(
     ]
     assert push(f"hf://buckets/{BUCKET}/cache", compiler=inductor_cache(local)).entries == 0
     fresh = tmp_path / "fresh"
-    pulled = pull(f"hf://buckets/{BUCKET}/cache", compiler=inductor_cache(fresh))
+    pulled = pull(
+        f"hf://buckets/{BUCKET}/cache", compiler=inductor_cache(fresh), policy=WRITERS_TRUSTED
+    )
     assert (pulled.entries, pulled.skipped) == (2, [])
     for path in ("43/c43wrapper.py", "fxgraph/ab/fabc/entry1"):
         assert (fresh / path).read_bytes() == (local / path).read_bytes()
@@ -193,4 +201,8 @@ def test_a_bucket_that_does_not_exist_is_reported_as_unavailable(
     hub: HubServer, tmp_path: Path
 ) -> None:
     with pytest.raises(TargetUnavailable, match="hf://buckets/team/missing"):
-        pull("hf://buckets/team/missing", compiler=inductor_cache(tmp_path / "x"))
+        pull(
+            "hf://buckets/team/missing",
+            compiler=inductor_cache(tmp_path / "x"),
+            policy=WRITERS_TRUSTED,
+        )

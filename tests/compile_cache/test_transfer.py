@@ -25,6 +25,7 @@ from model_support.compile_cache import (
     push_for_run,
 )
 from model_support.compile_cache.layouts import is_entry_path
+from model_support.compile_cache.trust import TrustPolicy
 
 INDUCTOR_ENTRIES = {
     "fxgraph/kn/fkn2btr2vnbnjr5wfq/xo7xmdndgb7o7ptcpgy",
@@ -34,6 +35,9 @@ INDUCTOR_ENTRIES = {
     "3g/c3g2mqobe6g24e353lemr6cp.so",
 }
 PREFIX = "inductor-torch-2.13.0+cpu"
+
+WRITERS_TRUSTED = TrustPolicy(trust_unsigned=True)
+"""These tests are about moving entries; whose entries to trust is tests/compile_cache/test_trust.py's."""
 
 
 def stored(uri: str) -> dict[str, bytes]:
@@ -104,13 +108,13 @@ def test_pull_restores_every_entry_byte_for_byte(
 ) -> None:
     push(target, compiler=inductor_cache(inductor_dir))
     fresh = tmp_path / "fresh"
-    report = pull(target, compiler=inductor_cache(fresh))
+    report = pull(target, compiler=inductor_cache(fresh), policy=WRITERS_TRUSTED)
     assert report.error is None and not report.skipped
     assert (report.entries, report.unverified) == (5, 0)
     original = entries_of(inductor_dir)
     assert entries_of(fresh) == {p: original[p] for p in INDUCTOR_ENTRIES}
     # a second pull finds everything in place and moves nothing
-    again = pull(target, compiler=inductor_cache(fresh))
+    again = pull(target, compiler=inductor_cache(fresh), policy=WRITERS_TRUSTED)
     assert (again.entries, again.present) == (0, 5)
 
 
@@ -127,7 +131,7 @@ def test_corrupt_and_truncated_entries_are_skipped_reported_and_never_loaded(
     fs.pipe_file(kernel, fs.cat_file(kernel)[:1000])  # an upload cut short
 
     fresh = tmp_path / "fresh"
-    report = pull(target, compiler=inductor_cache(fresh))
+    report = pull(target, compiler=inductor_cache(fresh), policy=WRITERS_TRUSTED)
     reasons = {s.path.rpartition("@")[0]: s.reason for s in report.skipped}
     assert reasons.keys() == {
         "fxgraph/kn/fkn2btr2vnbnjr5wfq/xo7xmdndgb7o7ptcpgy",
@@ -181,7 +185,7 @@ def test_two_pushers_of_the_same_entries_at_once_leave_one_valid_entry_each(
     objects = stored(f"{target}/{PREFIX}")
     assert len(objects) == 5  # one object per entry
     fresh = tmp_path / "fresh"
-    assert pull(target, compiler=inductor_cache(fresh)).skipped == []
+    assert pull(target, compiler=inductor_cache(fresh), policy=WRITERS_TRUSTED).skipped == []
     assert set(entries_of(fresh)) == INDUCTOR_ENTRIES
 
 
@@ -353,8 +357,16 @@ def test_a_missing_bucket_is_an_error_but_a_missing_folder_is_an_empty_cache(
     from model_support.compile_cache import TargetUnavailable
 
     with pytest.raises(TargetUnavailable, match="bucket that does not exist"):
-        pull("s3://no-such-bucket-here/cache", compiler=inductor_cache(inductor_dir))
-    empty = pull(f"{s3_target}/not-pushed-yet", compiler=inductor_cache(tmp_path / "fresh"))
+        pull(
+            "s3://no-such-bucket-here/cache",
+            compiler=inductor_cache(inductor_dir),
+            policy=WRITERS_TRUSTED,
+        )
+    empty = pull(
+        f"{s3_target}/not-pushed-yet",
+        compiler=inductor_cache(tmp_path / "fresh"),
+        policy=WRITERS_TRUSTED,
+    )
     assert (empty.entries, empty.error) == (0, None)
 
 
@@ -384,7 +396,7 @@ def test_the_figures_beside_a_result_name_where_the_run_pushed(
     source, team = str(tmp_path / "public"), str(tmp_path / "team")
     push(source, compiler=inductor_cache(inductor_dir))
     local = inductor_cache(tmp_path / "machine")
-    pulled = pull(source, compiler=local)
+    pulled = pull(source, compiler=local, policy=WRITERS_TRUSTED)
     pushed = push(team, compiler=local)
     document = ResultDocument(model="org/m", task="text-generation", result=Result.PASS)
     recorded = attach(document, pulled, pushed)

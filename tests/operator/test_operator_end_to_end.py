@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 from k8s_harness import CMS_URL, JOBS_URL, Harness
 
+from model_support.compile_cache import SigningKey
 from model_support.operator.manifests import WORKDIR
 from model_support.operator.resource import LABEL_TEST
 from model_support.store import ResultsStore
@@ -47,7 +48,13 @@ async def _run_container(
         local = root / mount["name"]  # one folder per volume, shared by the pod's containers
         source = volumes[mount["name"]]
         if "persistentVolumeClaim" in source:
-            paths[mount["mountPath"]] = Path(mount["mountPath"])  # a shared volume: the host's
+            # A shared volume: where the operator has it mounted (the host's), or its subPath.
+            claims = {
+                h.settings.results_volume_claim: h.settings.results_uri,
+                h.settings.compile_cache_volume_claim: h.settings.compile_cache_volume_path,
+            }
+            volume_root = Path(claims[source["persistentVolumeClaim"]["claimName"]])
+            paths[mount["mountPath"]] = volume_root / mount.get("subPath", "")
         elif "configMap" in source:
             url = f"{CMS_URL}/{source['configMap']['name']}"
             # Created right after its Job (the Job owns it): the kubelet retries the mount.
@@ -171,8 +178,9 @@ CPU_SPEC = {
 }
 
 
-def _seed_cache(target: str, tmp_path: Path) -> int:
-    """Push three complete inductor entries (as torch lays them out) to ``target``."""
+def _seed_cache(target: str, tmp_path: Path, key: Any = None) -> int:
+    """Push three complete inductor entries (as torch lays them out) to ``target`` (signed
+    with ``key``: a trusted pusher's)."""
     from model_support.compile_cache import installed_compiler_cache, push
 
     local = tmp_path / "seeded-inductor"
@@ -184,7 +192,7 @@ def _seed_cache(target: str, tmp_path: Path) -> int:
         (local / relpath).parent.mkdir(parents=True, exist_ok=True)
         (local / relpath).write_bytes(data)
     compiler = installed_compiler_cache("cpu", environ={"TORCHINDUCTOR_CACHE_DIR": str(local)})
-    report = push(target, compiler=compiler)
+    report = push(target, compiler=compiler, signing_key=key)
     assert report.error is None and report.entries == 3
     return report.entries
 
@@ -225,8 +233,11 @@ async def test_the_job_pulls_and_pushes_a_cache_on_its_volume_and_records_the_fi
     volume = tmp_path / "compile-caches"  # the cache PVC, as the stand-in mounts it
     h.settings.compile_cache_volume_claim = "compile-caches"
     h.settings.compile_cache_volume_path = str(volume)
-    shared, team = f"{volume}/shared", f"{volume}/team-a"
-    entries = _seed_cache(shared, tmp_path)
+    # A shared cache its readers trust by its pusher's signature; the namespace's own cache.
+    key = SigningKey.generate()
+    h.settings.compile_cache_trusted_keys = [key.public_key()]
+    shared, team = f"{volume}/shared", f"{volume}/default"
+    entries = _seed_cache(shared, tmp_path, key)
     await h.start_operator()
 
     status, record, log = await _run_cached_test(
@@ -282,7 +293,9 @@ async def test_the_job_pulls_and_pushes_an_s3_cache_and_a_failed_pull_changes_no
     h.settings.results_volume_claim = "results"
     # The store's endpoint and credentials reach the pull step and the runner alike.
     h.settings.runner_env = [{"name": k, "value": v} for k, v in s3_cache.items()]
-    target = "s3://neff-team/compile-cache"
+    # The namespace's own prefix: its tests push there, and pull their own entries unsigned.
+    h.settings.compile_cache_push_targets = ["s3://neff-team/{namespace}"]
+    target = "s3://neff-team/default"
     entries = _seed_cache(target, tmp_path)
     await h.start_operator()
 

@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import k8s_harness
 import kmock
 import torch
+from hubserver import HubServer
 from k8s_harness import CMS_URL, JOBS_URL, PODS_URL, TESTS_URL, Harness
 from prometheus_client import REGISTRY
 from safetensors.torch import save_file
@@ -29,8 +31,14 @@ def runner_log(result: Result, **fields: Any) -> str:
 
 
 def document_for(result: Result, **fields: Any) -> ResultDocument:
-    """A document as run.py writes it for SPEC (what the test asked for, and the outcome)."""
-    asked = {"model": "Qwen/Qwen3-0.6B", "task": "text-generation", "dtype": "bfloat16"}
+    """A document as run.py writes it for SPEC (what the test asked for, at the commit the
+    operator pinned its revision to, and the outcome)."""
+    asked = {
+        "model": "Qwen/Qwen3-0.6B",
+        "revision": k8s_harness.model_commit(),
+        "task": "text-generation",
+        "dtype": "bfloat16",
+    }
     return ResultDocument.model_validate({**asked, "result": result, **fields})
 
 
@@ -62,17 +70,19 @@ def passes_counted() -> float:
     )
 
 
-async def test_pass_lifecycle(harness: Harness) -> None:
+async def test_pass_lifecycle(harness: Harness, operator_hub: HubServer) -> None:
     h = harness
     passes_before = passes_counted()
     test, job = await start(h)
     uid = test["metadata"]["uid"]
     assert job["metadata"]["name"] == child_name("qwen", uid, 1, 1)
 
-    # run.py in the ConfigMap is exactly what render_script makes of the spec.
+    # run.py in the ConfigMap is exactly what render_script makes of the spec, its revision
+    # (none: main) pinned to the commit main names on the Hub.
     cm_url = f"{CMS_URL}/{child_name('qwen', uid, 1)}"
     cm = await h.wait_for(lambda: h.get(cm_url), what="the ConfigMap (made after its Job)")
-    expected = RunConfig(model="Qwen/Qwen3-0.6B", backend=Backend.NEURON, cores=1)
+    commit = operator_hub.repos["Qwen/Qwen3-0.6B"].sha("main")
+    expected = RunConfig(model="Qwen/Qwen3-0.6B", revision=commit, backend=Backend.NEURON, cores=1)
     assert cm["data"]["run.py"] == render_script(expected)
     # The run.py belongs to the Job (collected with it once recorded), the Job to the test.
     [cm_owner] = cm["metadata"]["ownerReferences"]
@@ -103,6 +113,7 @@ async def test_pass_lifecycle(harness: Harness) -> None:
 
     status = await h.wait_status("qwen", lambda s: s.get("phase") == "Pending", "Pending")
     assert status["runId"] == run_id_for(uid, 1, 1) and status["cores"] == 1
+    assert status["revision"] == commit
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
         "Sized": "True",
         "JobCreated": "True",
@@ -438,3 +449,26 @@ async def test_sizing_places_a_model_that_fits(harness: Harness, tiny_llama_path
     assert resources["limits"]["aws.amazon.com/neuroncore"] == "1"
     assert resources["limits"]["memory"] == "17Gi"
     assert resources["requests"]["ephemeral-storage"] == "35Gi"  # checkpoint + 4 + 10 + 20 GiB
+
+
+async def test_a_branch_is_recorded_at_its_commit_even_without_the_configmap(
+    harness: Harness, operator_hub: HubServer
+) -> None:
+    """A test applied with a branch (kubectl apply, a sweep) runs and records a run.py that
+    names the branch's commit; when the ConfigMap is gone by the time the run is recorded, the
+    run.py rendered again names the same commit (the status keeps it)."""
+    h = harness
+    test, job = await start(h, spec={**SPEC, "revision": "main"})
+    uid = test["metadata"]["uid"]
+    commit = operator_hub.repos["Qwen/Qwen3-0.6B"].sha("main")
+    cm_url = f"{CMS_URL}/{child_name('qwen', uid, 1)}"
+    cm = await h.get(cm_url)
+    assert cm is not None and read_config(cm["data"]["run.py"]).revision == commit
+    await h.delete(cm_url)
+    pod = await h.start_pod(job)
+    await h.run_pod(pod)
+    await h.end_pod(job, pod, exit_code=0, log=runner_log(Result.PASS))
+    await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
+    [record] = records(h)
+    assert record.run_py == cm["data"]["run.py"]  # byte for byte what ran
+    assert read_config(record.run_py).revision == commit

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import functools
 from pathlib import Path
@@ -775,7 +776,7 @@ VALUES = [
             "lncNodeLabel": "example.com/lnc",
             "serviceAccountName": "runner",
             "env": [{"name": "AWS_REGION", "value": "us-west-2"}],
-            "envFrom": [{"secretRef": {"name": "store-credentials"}}],
+            "envFrom": [{"secretRef": {"name": "compile-cache-credentials"}}],
         },
         "settings": {"unschedulableLimitSeconds": 3600, "minHostMemoryGiB": 32, "maxAttempts": 5},
         "metrics": {"enabled": False},
@@ -837,17 +838,30 @@ def test_chart_renders_valid_least_privilege_manifests(values: dict[str, Any]) -
 
     # The chart's template and settings_from_values (used by `model-support render`) agree.
     assert settings == settings_from_values(values)
+    # Secrets: create (one per runner attempt: its delivery slot's upload URL), never list,
+    # and get only to read a test's Hub token when that is on.
     if values.get("readHubTokenSecrets"):
-        assert verbs[("", "secrets")] == {"get"} and settings.read_token_secrets
+        assert verbs[("", "secrets")] == {"create", "get"} and settings.read_token_secrets
     else:
-        assert ("", "secrets") not in verbs and not settings.read_token_secrets
+        assert verbs[("", "secrets")] == {"create"} and not settings.read_token_secrets
+    # The delivery slot key comes from the chart's own Secret, never from the settings.
+    [key_secret] = [
+        d for d in docs if d["kind"] == "Secret" and "delivery-key" in d["metadata"]["name"]
+    ]
+    assert len(base64.b64decode(key_secret["data"]["key"])) == 48
+    key_env = next(e for e in container["env"] if e["name"] == "MODEL_SUPPORT_DELIVERY_KEY")
+    assert key_env["valueFrom"]["secretKeyRef"] == {
+        "name": key_secret["metadata"]["name"],
+        "key": "key",
+        "optional": True,
+    }
     if values.get("watchNamespaces"):
         watched = [
             d for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] != "model-support"
         ]
         assert len(watched) == 2 and settings.namespaces == ["ml", "research"]
         assert settings.scheduler_name == "my-scheduler" and settings.unschedulable_limit_s == 3600
-        assert settings.runner_env_from == [{"secretRef": {"name": "store-credentials"}}]
+        assert settings.runner_env_from == [{"secretRef": {"name": "compile-cache-credentials"}}]
         assert settings.metrics_port is None and "Service" not in kinds
     else:
         assert "ClusterRole" in kinds and settings.all_namespaces
@@ -923,3 +937,36 @@ def test_without_a_deadline_budget_the_job_waits_and_the_runner_keeps_the_timeou
     assert "activeDeadlineSeconds" not in job["spec"]
     argv = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert argv[argv.index("--timeout") + 1] == "900"
+
+
+@pytest.mark.parametrize(
+    "results",
+    [
+        "/results/../elsewhere",
+        "s3://bucket/allowed/../other-team",
+        "/results/./x",
+        "/results//x",
+        "/results/.hidden",
+        "results/relative",
+    ],
+)
+def test_a_results_store_cannot_climb_out_of_where_it_points(
+    crd: dict[str, Any], schema: jsonschema.Validator, results: str
+) -> None:
+    from model_support.operator.planning import InvalidTest, check_store_allowed
+
+    spec = {"model": "a/b", "results": results}
+    assert _api_verdict(crd, schema, spec), f"the API server would admit {results!r}"
+    with pytest.raises(SpecError, match=r"spec\.results"):
+        parse_spec(spec)
+    # The operator's own check refuses it too, whatever admitted it (segments, not prefixes).
+    settings = SETTINGS.model_copy(
+        update={"allowed_results_prefixes": ["/results", "s3://bucket/allowed"]}
+    )
+    if ".hidden" not in results:  # a hidden name is odd, but still under the prefix
+        sneaked = parse_spec({"model": "a/b"}).model_copy(update={"results": results})
+        with pytest.raises(InvalidTest, match="outside the stores this operator may write to"):
+            check_store_allowed(sneaked, settings)
+    for fine in ("/results", "/results/team-a/", "s3://bucket/allowed/x"):
+        assert not _api_verdict(crd, schema, {"model": "a/b", "results": fine})
+        check_store_allowed(parse_spec({"model": "a/b", "results": fine}), settings)

@@ -28,9 +28,9 @@ def h(harness: Harness) -> Harness:
     return harness
 
 
-def deliver(h: Harness, status: dict[str, Any], document: ResultDocument) -> None:
-    """What the runner does at the end of run.py: the document into the store, by run id."""
-    DeliveryArea(str(h.results)).put(status["runId"], document.model_dump_json().encode())
+async def deliver(h: Harness, job: dict[str, Any], document: ResultDocument) -> None:
+    """What the runner does at the end of run.py: the document into its attempt's slot."""
+    await h.deliver(job, document.model_dump_json().encode())
 
 
 async def pending(h: Harness, name: str = "qwen") -> dict[str, Any]:
@@ -47,12 +47,14 @@ async def test_the_delivered_document_is_the_result_when_log_and_message_are_gon
     _, job = await start(h)
     status = await pending(h)
     runner = job["spec"]["template"]["spec"]["containers"][0]
-    # The runner is told where to deliver: the store on the shared volume, mounted in the pod.
-    assert runner["command"][runner["command"].index("--deliver-to") + 1] == str(h.results)
-    assert {"name": "results", "mountPath": str(h.results)} in runner["volumeMounts"]
+    # The runner is told where to deliver: its attempt's slot, the one folder of the shared
+    # volume its pod mounts (never the store itself).
+    [mount] = [m for m in runner["volumeMounts"] if m["name"] == "results"]
+    assert runner["command"][runner["command"].index("--deliver-to") + 1] == mount["mountPath"]
+    assert mount["subPath"].startswith(f"deliveries/{status['runId']}.")
 
     pod = await h.start_pod(job)
-    deliver(h, status, document_for(Result.PASS, tokens=[[5, 6, 7]]))
+    await deliver(h, job, document_for(Result.PASS, tokens=[[5, 6, 7]]))
     # The node went away with the log; no termination message either.
     await h.end_pod(job, pod, exit_code=0, log=None)
     done = await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
@@ -60,18 +62,18 @@ async def test_the_delivered_document_is_the_result_when_log_and_message_are_gon
     [record] = records(h)
     assert record.labels["document_source"] == "delivery"
     assert record.document.tokens == [[5, 6, 7]]  # the whole document, not a compact copy
-    assert DeliveryArea(str(h.results)).run_ids() == []  # delivered once, recorded once
+    assert DeliveryArea(str(h.results)).slots() == []  # delivered once, recorded once
 
 
 async def test_a_job_deleted_while_the_operator_was_away_still_yields_the_result(
     h: Harness,
 ) -> None:
     _, job = await start(h)
-    status = await pending(h)
+    await pending(h)
     pod = await h.start_pod(job)
     await h.stop_operator()
     # The run ends, and the Job and its pod are removed before any operator sees the end.
-    deliver(h, status, document_for(Result.FAIL))
+    await deliver(h, job, document_for(Result.FAIL))
     await h.end_pod(job, pod, exit_code=0, log=None)
     await h.delete(f"{JOBS_URL}/{job['metadata']['name']}")
     await h.start_operator()
@@ -82,7 +84,7 @@ async def test_a_job_deleted_while_the_operator_was_away_still_yields_the_result
 
 async def test_an_unreadable_result_is_retried_never_recorded_as_the_models(h: Harness) -> None:
     _, job = await start(h)
-    status = await pending(h)
+    await pending(h)
     pod = await h.start_pod(job)
     # The pod is gone (node removed) and nothing has arrived in the store yet.
     await h.delete(f"/api/v1/namespaces/default/pods/{pod['metadata']['name']}")
@@ -97,7 +99,7 @@ async def test_an_unreadable_result_is_retried_never_recorded_as_the_models(h: H
     assert "ResultUnavailable" in [e["reason"] for e in await h.events()]
 
     # The delivery lands late (a store that was slow): the retry records the real result.
-    deliver(h, status, document_for(Result.PASS))
+    await deliver(h, job, document_for(Result.PASS))
     done = await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
     assert done["result"] == "PASS" and len(records(h)) == 1
     assert conditions(done)["Recorded"]["status"] == "True"
@@ -118,11 +120,11 @@ async def test_unreadable_for_too_long_is_infrastructure_not_a_verdict(h: Harnes
 
 async def test_a_document_that_disagrees_with_the_test_is_an_error_saying_so(h: Harness) -> None:
     _, job = await start(h)
-    status = await pending(h)
+    await pending(h)
     pod = await h.start_pod(job)
     # A pod claims to have tested another model on 8 cores: what it says is not trusted.
     liar = document_for(Result.PASS, model="org/other", cores=8, parallelism="tensor")
-    deliver(h, status, liar)
+    await deliver(h, job, liar)
     await h.end_pod(job, pod, exit_code=0, log=runner_log(Result.PASS))
     done = await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
     assert (done["result"], done["errorClass"]) == ("ERROR", "infrastructure")
@@ -134,11 +136,11 @@ async def test_a_document_that_disagrees_with_the_test_is_an_error_saying_so(h: 
 
 async def test_packages_must_be_name_equals_version(h: Harness) -> None:
     _, job = await start(h)
-    status = await pending(h)
+    await pending(h)
     pod = await h.start_pod(job)
     bad = document_for(Result.PASS).model_dump(mode="json")
     bad["packages"] = ["torch==2.13.0", "--index-url http://evil"]
-    DeliveryArea(str(h.results)).put(status["runId"], json.dumps(bad).encode())
+    await h.deliver(job, json.dumps(bad).encode())
     await h.end_pod(job, pod, exit_code=0, log=None, termination_message="x")
     done = await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
     assert done["result"] == "ERROR"
@@ -149,13 +151,13 @@ async def test_packages_must_be_name_equals_version(h: Harness) -> None:
 
 async def test_a_store_that_refuses_writes_is_retried_and_surfaced(h: Harness) -> None:
     _, job = await start(h)
-    status = await pending(h)
+    await pending(h)
     pod = await h.start_pod(job)
     # The store refuses every write (here: its records/ folder cannot be created).
     h.results.mkdir(parents=True, exist_ok=True)
     blocker = h.results / "records"
     blocker.write_text("not a folder")
-    deliver(h, status, document_for(Result.PASS))
+    await deliver(h, job, document_for(Result.PASS))
     await h.end_pod(job, pod, exit_code=0, log=None)
     waiting = await h.wait_status(
         "qwen",

@@ -9,12 +9,14 @@ from typing import Any
 import kubernetes_validate
 import torch
 import yaml
+from hubserver import HubServer
 from k8s_harness import CMS_URL, JOBS_URL, Harness
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from model_support.cli import app
 from model_support.operator.settings import settings_from_values
+from model_support.script import read_config
 
 TEST_UID = "3f1c9a2e-5b7d-4c1e-9a0f-2d6b8e4c7a11"
 
@@ -65,7 +67,9 @@ def strip_server_fields(obj: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in obj.items() if k not in ("metadata", "status")}, "metadata": meta}
 
 
-async def test_render_prints_what_the_operator_creates(harness: Harness, tmp_path: Path) -> None:
+async def test_render_prints_what_the_operator_creates(
+    harness: Harness, operator_hub: HubServer, tmp_path: Path
+) -> None:
     h = harness
     values = chart_values(
         h, runner={"schedulerName": "neuron-scheduler"}, settings={
@@ -99,6 +103,10 @@ async def test_render_prints_what_the_operator_creates(harness: Harness, tmp_pat
     assert (owner["kind"], owner["uid"]) == ("Job", job["metadata"]["uid"])
     rendered_cm["metadata"].pop("ownerReferences")
     assert rendered_cm == created_cm
+    # Both name the commit main has on the Hub, not a floating branch.
+    assert read_config(rendered_cm["data"]["run.py"]).revision == operator_hub.repos[
+        "Qwen/Qwen3-0.6B"
+    ].sha("main")
     kubernetes_validate.validate(rendered_job, "1.33", strict=True)
     pod = rendered_job["spec"]["template"]["spec"]
     assert pod["schedulerName"] == "neuron-scheduler"  # from the values: two cores
@@ -124,7 +132,8 @@ def test_render_shows_the_status_a_test_would_get_instead(tmp_path: Path) -> Non
         manifest("bad", {"model": "a/b", "cores": 4}),
         manifest("elsewhere", {"model": "a/b", "cores": 1, "results": "s3://other/x"}),
     ]
-    result, documents = render(tmp_path, tests, {"results": "s3://bucket/ms"})
+    values = {"results": "s3://bucket/ms", "settings": {"modelVolumePaths": [str(tmp_path)]}}
+    result, documents = render(tmp_path, tests, values)
     assert result.exit_code == 3, result.output  # some would get no Job
     statuses = {d["metadata"]["name"]: d["status"] for d in documents}
     assert statuses["custom"]["result"] == "EXCLUDED"

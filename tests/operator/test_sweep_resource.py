@@ -16,8 +16,11 @@ from model_support.operator.spec import SpecError, parse_spec
 from model_support.operator.sweep_resource import (
     OWNED_FIELDS,
     RankingState,
+    SweepBaseline,
+    SweepCost,
     SweepCounts,
     SweepModel,
+    SweepRegression,
     SweepStatus,
     build_child,
     child_name,
@@ -63,7 +66,9 @@ def test_the_sweep_crd_is_valid_and_the_chart_holds_the_same(crd: dict[str, Any]
     assert crd["spec"]["names"]["shortNames"] == ["mss"]
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"] if "priority" not in c]
-    assert columns == ["Source", "Models", "Done", "Pass", "Fail", "Error", "Excluded", "Age"]
+    assert columns == [
+        "Source", "Models", "Done", "Pass", "Fail", "Error", "Excluded", "Regressions", "Age",
+    ]  # fmt: skip
     chart_copy = ROOT / "charts" / "model-support" / "crds" / "modelsupportsweeps.yaml"
     assert chart_copy.read_text() == SWEEP_CRD.read_text()
 
@@ -254,7 +259,13 @@ def test_the_status_the_operator_writes_fits_the_crd(crd: dict[str, Any]) -> Non
             models=[SweepModel(model="a/b")],
             snapshot="/r/rankings/snapshots/x.json",
         ),
-        counts=SweepCounts(models=10, done=3, passed=2, failed=1, running=2, queued=5),
+        counts=SweepCounts(
+            models=10, done=3, passed=2, failed=1, running=2, queued=5, regressions=1, fixes=0
+        ),
+        baseline=SweepBaseline(runKey="old", results={"a/b": "PASS"}),
+        regressions=[SweepRegression(model="a/b", before="PASS", after="FAIL")],
+        regressionsReported="abc",
+        cost=SweepCost(coreHours=1.5, usd=0.9, unpriced=1),
         message="3 of 10 models tested",
         conditions=conditions,  # type: ignore[arg-type]
     )

@@ -138,3 +138,22 @@ def test_run_py_loads_safetensors_only(tiny_llama_path: Path, tmp_path: Path) ->
     document = run_local(config, timeout_s=300).document
     assert (document.result, document.error_class) == (Result.ERROR, ErrorClass.LOAD)
     assert "safetensors" in (document.error or "")
+
+
+def test_a_malformed_result_document_is_recorded_as_an_error_that_says_so() -> None:
+    """One policy for the CLI and the pod: what does not validate is an ERROR saying what was
+    wrong (the CLI used to raise and record nothing)."""
+    run_py = _script("DOC = json.dumps({'model': 'org/model', 'result': 'PASS', 'cores': 'many'})")
+    document = run_script(run_py, CONFIG, timeout_s=60)
+    assert (document.result, document.error_class) == (Result.ERROR, ErrorClass.RUNTIME)
+    assert document.error and "malformed result document (result file" in document.error
+    assert document.model == "org/model"  # identity from the config, not the child's claim
+
+
+def test_a_run_killed_by_sigkill_is_not_guessed_out_of_memory() -> None:
+    """SIGKILL without the kernel's OOM report is a runtime ERROR that says what is known (the
+    CLI used to record out-of-memory for any SIGKILL)."""
+    run_py = _script("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+    document = run_script(run_py, CONFIG, timeout_s=60)
+    assert (document.result, document.error_class) == (Result.ERROR, ErrorClass.RUNTIME)
+    assert document.error and "killed by SIGKILL without a result document" in document.error

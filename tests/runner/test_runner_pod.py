@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from model_support.config import RunConfig
-from model_support.delivery import DeliveryArea
+from model_support.delivery import DeliveryArea, slot_for
+from model_support.operator.manifests import DELIVERY_URL_ENV
 from model_support.records import RESULT_MARKER, ResultDocument, Verification, parse_result_line
 from model_support.runner_pod import compact_document
 from model_support.script import BEGIN, END, render_script
@@ -60,7 +61,21 @@ if mode == "malformed":
     with open(config["result_path"], "w") as f:
         f.write(json.dumps({{"model": config["model"]}}))
     sys.exit(0)
+if mode == "steal":  # code under test looking for the runner's upload URL
+    doc["text"] = [os.environ.get("MODEL_SUPPORT_DELIVERY_URL") or ""]
+    with open(config["result_path"], "w") as f:
+        f.write(json.dumps(doc))
+    sys.exit(0)
 """
+
+
+SLOT = slot_for("op-run-1", b"the operator's key, not the pod's")
+"""The run's delivery slot: what the operator prepares and reads, the only thing the pod gets."""
+
+
+def delivered_to(store: str | Path) -> bytes | None:
+    """What the runner delivered, read as the operator reads it."""
+    return DeliveryArea(str(store)).get(SLOT)
 
 
 def start_runner(
@@ -70,21 +85,32 @@ def start_runner(
     *extra: str,
     env: dict[str, str | None] | None = None,
     prefix: tuple[str, ...] = (),
+    pod_aws: dict[str, str | None] | None = None,
 ) -> subprocess.Popen[str]:
+    """The runner as the operator starts it: given its slot only, a folder mounted from the
+    results volume (local stores) or an upload URL signed for one key (s3://), never the
+    store's credentials. ``pod_aws``: the pod's own AWS settings (e.g. Pod Identity's), which
+    its compile cache transfers use; None values are left out."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "run.py").write_text(render_script(CONFIG, template=FAKE_RUN_PY))
     argv = [*prefix, sys.executable, "-m", "model_support.runner_pod", "--run-id", "op-run-1"]
-    if store is not None:
-        argv += ["--deliver-to", store]
+    # None: not in the pod's environment
+    pod_env = {
+        k: v for k, v in {**os.environ, **(env or {}), "FAKE_MODE": mode}.items() if v is not None
+    }
+    if store is not None and "://" not in store:
+        argv += ["--deliver-to", DeliveryArea(store).prepare(SLOT)]
+    elif store is not None:
+        pod_env[DELIVERY_URL_ENV] = DeliveryArea(store).upload_url(SLOT, 600)
+        argv += ["--deliver-url-env", DELIVERY_URL_ENV]
+        for name in [k for k in pod_env if k.startswith("AWS_")]:
+            del pod_env[name]  # no store credentials in the pod
+    pod_env.update({k: v for k, v in (pod_aws or {}).items() if v is not None})
     argv += ["--termination-log", str(workdir / "termination-log"), *extra]
     return subprocess.Popen(
         argv,
         cwd=workdir,
-        env={
-            k: v
-            for k, v in {**os.environ, **(env or {}), "FAKE_MODE": mode}.items()
-            if v is not None
-        },  # None: not in the pod's environment
+        env=pod_env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -98,8 +124,9 @@ def run_runner(
     *extra: str,
     env: dict[str, str | None] | None = None,
     prefix: tuple[str, ...] = (),
+    pod_aws: dict[str, str | None] | None = None,
 ) -> tuple[int, str]:
-    proc = start_runner(workdir, mode, store, *extra, env=env, prefix=prefix)
+    proc = start_runner(workdir, mode, store, *extra, env=env, prefix=prefix, pod_aws=pod_aws)
     output, _ = proc.communicate(timeout=120)
     return proc.returncode, output
 
@@ -112,7 +139,7 @@ def test_the_result_is_delivered_and_noise_after_it_does_not_matter(tmp_path: Pa
     store = tmp_path / "results"
     code, output = run_runner(tmp_path / "pod", "pass", str(store))
     assert code == 0, output
-    delivered = DeliveryArea(str(store)).get("op-run-1")
+    delivered = delivered_to(store)
     assert delivered is not None
     document = ResultDocument.model_validate_json(delivered)
     assert document.result == Result.PASS and document.tokens == [[1, 2, 3]]
@@ -130,7 +157,7 @@ def test_a_run_py_that_dies_without_a_document_gets_one_saying_why(tmp_path: Pat
     store = tmp_path / "results"
     code, _ = run_runner(tmp_path / "pod", "exit3", str(store))
     assert code == 3  # run.py's own status
-    delivered = DeliveryArea(str(store)).get("op-run-1")
+    delivered = delivered_to(store)
     assert delivered is not None
     document = ResultDocument.model_validate_json(delivered)
     assert (document.result, document.error_class) == (Result.ERROR, ErrorClass.RUNTIME)
@@ -143,7 +170,7 @@ def test_a_malformed_result_file_is_not_passed_on(tmp_path: Path) -> None:
     store = tmp_path / "results"
     code, _ = run_runner(tmp_path / "pod", "malformed", str(store))
     assert code == 1
-    delivered = DeliveryArea(str(store)).get("op-run-1")
+    delivered = delivered_to(store)
     assert delivered is not None
     document = ResultDocument.model_validate_json(delivered)
     assert document.result == Result.ERROR and "malformed" in (document.error or "")
@@ -154,7 +181,7 @@ def test_sigkill_delivers_nothing_the_container_status_decides(tmp_path: Path) -
     store = tmp_path / "results"
     code, _ = run_runner(tmp_path / "pod", "sigkill", str(store))
     assert code == 137
-    assert DeliveryArea(str(store)).get("op-run-1") is None
+    assert delivered_to(store) is None
     message = termination_message(tmp_path / "pod")
     assert message.startswith("model-support runner:") and "SIGKILL" in message
 
@@ -173,7 +200,7 @@ def test_sigterm_stops_run_py_and_delivers_nothing(tmp_path: Path) -> None:
     proc.communicate(timeout=60)
     assert time.monotonic() - started < 30  # passed on at once, not after run.py's sleep
     assert proc.returncode == 143
-    assert DeliveryArea(str(store)).get("op-run-1") is None
+    assert delivered_to(store) is None
     assert "stopped by a signal" in termination_message(tmp_path / "pod")
 
 
@@ -185,7 +212,7 @@ def test_run_py_past_the_timeout_is_stopped_and_recorded_as_timeout(tmp_path: Pa
     code, output = run_runner(tmp_path / "pod", "sleep", str(store), "--timeout", "2")
     assert time.monotonic() - started < 30, output  # stopped at its timeout, not after 60 s
     assert code == 124  # not 143: the Job's pod failure policy ignores that one
-    delivered = DeliveryArea(str(store)).get("op-run-1")
+    delivered = delivered_to(store)
     assert delivered is not None, output
     document = ResultDocument.model_validate_json(delivered)
     assert document.result == Result.TIMEOUT
@@ -196,7 +223,7 @@ def test_a_run_py_that_exits_143_itself_is_not_taken_for_a_stopped_pod(tmp_path:
     store = tmp_path / "results"
     code, _ = run_runner(tmp_path / "pod", "exit143", str(store))
     assert code == 1  # 143 is kept for a pod asked to stop (ignored by the Job, replaced)
-    delivered = DeliveryArea(str(store)).get("op-run-1")
+    delivered = delivered_to(store)
     assert delivered is not None
     document = ResultDocument.model_validate_json(delivered)
     assert document.result == Result.ERROR and "status 143" in (document.error or "")
@@ -223,7 +250,7 @@ def test_a_node_whose_neuron_devices_the_pod_cannot_open_is_infrastructure(
     )  # fmt: skip
     assert code == 1, output
     assert "loading" not in output  # checked before anything else: run.py never started
-    delivered = DeliveryArea(str(store)).get("op-run-1")
+    delivered = delivered_to(store)
     assert delivered is not None, output
     document = ResultDocument.model_validate_json(delivered)
     assert (document.result, document.error_class) == (Result.ERROR, ErrorClass.INFRASTRUCTURE)
@@ -286,7 +313,7 @@ def test_the_cache_is_pulled_before_and_pushed_after_and_recorded(tmp_path: Path
         env=local,
     )  # fmt: skip
     assert code == 0, output
-    delivered = DeliveryArea(str(store)).get("op-run-1")
+    delivered = delivered_to(store)
     assert delivered is not None
     document = ResultDocument.model_validate_json(delivered)
     assert document.result == Result.PASS and document.compile_cache is not None
@@ -318,7 +345,7 @@ def test_a_failing_cache_push_changes_nothing_and_is_recorded(tmp_path: Path) ->
     )  # fmt: skip
     assert code == 0, output  # run.py's status, not the cache's
     assert time.monotonic() - started < 60  # not held by the stalled client's retries
-    delivered = DeliveryArea(str(store)).get("op-run-1")
+    delivered = delivered_to(store)
     assert delivered is not None
     document = ResultDocument.model_validate_json(delivered)
     assert document.result == Result.PASS and document.tokens == [[1, 2, 3]]
@@ -343,7 +370,7 @@ def test_a_push_to_an_unwritable_path_and_a_missing_pull_report_are_recorded(
         env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},
     )  # fmt: skip
     assert code == 3, output  # run.py's own status, whatever the cache did
-    delivered = DeliveryArea(str(store)).get("op-run-1")
+    delivered = delivered_to(store)
     assert delivered is not None
     document = ResultDocument.model_validate_json(delivered)
     assert (document.result, document.error_class) == (Result.ERROR, ErrorClass.RUNTIME)
@@ -394,8 +421,7 @@ def s3_store() -> tuple[object, str, dict[str, str]]:
     import s3fs
 
     s3fs.S3FileSystem.clear_instance_cache()
-    # moto keeps its buckets in the process, across servers: a bucket of this test's own.
-    bucket = f"results-{uuid.uuid4().hex[:12]}"
+    bucket = f"results-{uuid.uuid4().hex[:12]}"  # moto's buckets outlive its servers
     s3fs.S3FileSystem().mkdir(bucket)
     try:
         yield server, f"s3://{bucket}/model-support", env
@@ -407,6 +433,20 @@ def s3_store() -> tuple[object, str, dict[str, str]]:
             else:
                 os.environ[k] = v
         s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_run_py_does_not_inherit_the_runners_upload_url(
+    tmp_path: Path, s3_store: tuple[object, str, dict[str, str]]
+) -> None:
+    """The upload URL is a credential for the attempt's slot: code in run.py (the model's,
+    extra packages', a pulled cache's) does not find it in its environment."""
+    _, uri, env = s3_store
+    code, output = run_runner(tmp_path / "pod", "steal", uri, env=env)
+    assert code == 0, output
+    delivered = delivered_to(uri)
+    assert delivered is not None
+    assert ResultDocument.model_validate_json(delivered).text == [""]
+    assert "X-Amz-Signature" not in output  # nor in the pod's log
 
 
 def test_delivery_to_s3_survives_a_store_outage(
@@ -425,26 +465,32 @@ def test_delivery_to_s3_survives_a_store_outage(
     try:
         output, _ = proc.communicate(timeout=180)
         assert proc.returncode == 0, output
-        delivered = DeliveryArea(uri).get("op-run-1")
+        delivered = delivered_to(uri)
         assert delivered is not None
         assert json.loads(delivered)["result"] == "PASS"
     finally:
         back.stop()
 
 
-def test_delivery_to_s3_with_eks_pod_identity_credentials(
+def test_s3_with_eks_pod_identity_credentials_delivery_needs_none_the_cache_push_uses_them(
     tmp_path: Path, s3_store: tuple[object, str, dict[str, str]]
 ) -> None:
     """With EKS Pod Identity the pod has no keys: the SDK asks the node's agent (what the
-    chart's NetworkPolicy lets runners reach) with the projected token. A stand-in agent
-    serves credentials only for that token."""
+    chart's NetworkPolicy lets runners reach) with the projected token, for the compile cache
+    push to s3://; the result goes to the attempt's signed URL, which needs no credentials. A
+    stand-in agent serves credentials only for that token."""
     import http.server
     import threading
+
+    import s3fs
 
     _, uri, env = s3_store
     token = "pod-identity-token-123"
     (tmp_path / "token").write_text(token)
     asked: list[str] = []
+    cache_bucket = f"cache-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem().mkdir(cache_bucket)
+    entries = _seed_inductor_cache(tmp_path / "inductor")
 
     class Agent(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -475,11 +521,11 @@ def test_delivery_to_s3_with_eks_pod_identity_credentials(
     try:
         code, output = run_runner(
             tmp_path / "pod", "pass", uri,
-            env={
+            "--compile-cache", f"s3://{cache_bucket}/cache", "--cache-backend", "cpu",
+            env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},
+            pod_aws={
                 "AWS_ENDPOINT_URL": env["AWS_ENDPOINT_URL"],
                 "AWS_DEFAULT_REGION": "us-east-1",
-                "AWS_ACCESS_KEY_ID": None,  # no keys in the pod: only the agent's credentials
-                "AWS_SECRET_ACCESS_KEY": None,
                 "AWS_CONFIG_FILE": str(tmp_path / "no-config"),
                 "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-credentials"),
                 "AWS_CONTAINER_CREDENTIALS_FULL_URI": f"http://127.0.0.1:{agent.server_port}/v1/credentials",
@@ -489,6 +535,11 @@ def test_delivery_to_s3_with_eks_pod_identity_credentials(
     finally:
         agent.shutdown()
     assert code == 0, output
-    assert token in asked  # the credentials came from the agent
-    delivered = DeliveryArea(uri).get("op-run-1")
-    assert delivered is not None and json.loads(delivered)["result"] == "PASS"
+    assert token in asked  # the push's credentials came from the agent
+    delivered = delivered_to(uri)
+    assert delivered is not None, output
+    document = ResultDocument.model_validate_json(delivered)
+    assert document.result == Result.PASS and document.compile_cache is not None
+    push = document.compile_cache.push
+    assert push is not None and (push.entries, push.error) == (entries, None), output
+    assert len(s3fs.S3FileSystem().find(f"{cache_bucket}/cache")) >= entries

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from model_support.config import RunConfig
+from model_support.records import ResultDocument
 from model_support.script import (
     BEGIN,
     END,
@@ -17,7 +20,7 @@ from model_support.script import (
     render_script,
     template_text,
 )
-from model_support.vocabulary import Parallelism, Task
+from model_support.vocabulary import ErrorClass, Parallelism, Result, Task
 
 HOSTILE = 'evil/x"\nimport os; os.system("touch /tmp/pwned") #\'\'\'"""\\'
 
@@ -106,3 +109,41 @@ def test_rendered_script_is_valid_python_that_needs_no_package() -> None:
         text=True,
     )
     assert result.returncode == 0
+
+
+def test_run_py_without_torch_writes_a_classified_error(tmp_path: Path) -> None:
+    """An image without torch (or whose torch fails to import) still gets a document: an
+    infrastructure ERROR of the setup stage that says so, not a traceback and no record."""
+    shadow = tmp_path / "shadow" / "torch"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\")\n")
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    (workdir / "run.py").write_text(render_script(RunConfig(model="org/model")))
+    done = subprocess.run(
+        [sys.executable, "run.py"],
+        cwd=workdir,
+        env={**os.environ, "PYTHONPATH": str(shadow.parent)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    document = ResultDocument.model_validate_json((workdir / "result.json").read_text())
+    assert (document.result, document.error_class, document.stage) == (
+        Result.ERROR,
+        ErrorClass.INFRASTRUCTURE,
+        "setup",
+    )
+    assert document.error and "torch cannot be imported" in document.error
+    assert document.backend is None and document.packages  # nothing ran; the stack is known
+
+
+def test_the_config_block_reads_one_key_per_line() -> None:
+    """The block a reader edits is indented JSON: every key of the config on its own line."""
+    rendered = render_script(RunConfig(model="org/model", prompts=["a", "b"]))
+    block = rendered.split(BEGIN, 1)[1].split(END, 1)[0]
+    lines = block.strip().splitlines()
+    for key in RunConfig.model_fields:
+        assert sum(line.strip().startswith(f'"{key}":') for line in lines) == 1, key
+    assert max(len(line) for line in lines) < 100

@@ -135,7 +135,7 @@ def test_native_backend_decision() -> None:
 
 
 def test_without_torch_neuronx_auto_runs_on_cpu() -> None:
-    assert runner.select_backend("auto") == "cpu"  # this machine: no torch_neuronx, no CUDA
+    assert runner.select_backend("auto").name == "cpu"  # this machine: no torch_neuronx, no CUDA
 
 
 def test_an_xla_era_torch_neuronx_is_an_infrastructure_error(xla_era_torch_neuronx: None) -> None:
@@ -146,9 +146,9 @@ def test_an_xla_era_torch_neuronx_is_an_infrastructure_error(xla_era_torch_neuro
 
 
 def test_torchneuron_is_chosen(native_torch_neuronx: FakeNeuronDevice) -> None:
-    assert runner.select_backend("auto") == "neuron"
-    assert runner.select_backend("neuron") == "neuron"
-    assert runner.select_backend("cpu") == "cpu"  # a forced backend still wins
+    assert runner.select_backend("auto").name == "neuron"
+    assert runner.select_backend("neuron").name == "neuron"
+    assert runner.select_backend("cpu").name == "cpu"  # a forced backend still wins
 
 
 def test_a_torch_neuronx_that_fails_to_import_is_an_infrastructure_error(
@@ -363,7 +363,7 @@ def test_an_unreadable_stat_falls_through_to_the_next_source() -> None:
 
 
 def test_neuron_peak_is_read_after_synchronizing(native_torch_neuronx: FakeNeuronDevice) -> None:
-    peak, source = runner.device_peak_memory("neuron", torch.device("cpu", 2))
+    peak, source = runner.BACKENDS["neuron"].peak_memory(torch.device("cpu", 2))
     assert (peak, source) == (123, "torch.neuron.max_memory_allocated")
     # The Neuron allocator is asynchronous: synchronize before any reading.
     assert [name for name, _ in native_torch_neuronx.calls] == [
@@ -383,8 +383,8 @@ def test_the_device_name_comes_from_get_device_properties(
         return types.SimpleNamespace(name="Trainium2", total_memory=24 * 2**30)
 
     monkeypatch.setattr(native_torch_neuronx, "get_device_properties", properties, raising=False)
-    assert runner.device_name("neuron", "neuron:1") == "Trainium2" and seen == ["neuron:1"]
-    assert runner.device_name("cpu")  # the processor elsewhere
+    assert runner.BACKENDS["neuron"].device_name("neuron:1") == "Trainium2" and seen == ["neuron:1"]
+    assert runner.BACKENDS["cpu"].device_name(None)  # the processor elsewhere
 
 
 # --------------------------------------------------------------------------- compilation
@@ -466,18 +466,18 @@ def test_dynamo_counts_a_graph_break_and_the_shapes(tmp_path: Path) -> None:
         torch._dynamo.graph_break()
         return torch.cos(y)
 
-    before = runner.read_compile_counts("cpu")
+    before = runner.read_compile_counts(runner.BACKENDS["cpu"])
     compiled = torch.compile(forward, backend="aot_eager", dynamic=False)
     compiled(torch.ones(3))
     compiled(torch.ones(5))  # a new shape: static shapes compile again
-    summary = runner.compilation_summary(before, runner.read_compile_counts("cpu"))
+    summary = runner.compilation_summary(before, runner.read_compile_counts(runner.BACKENDS["cpu"]))
     assert summary["graphs"] == 4 and summary["graph_breaks"] >= 1
     assert summary["cache_hit"] is None  # aot_eager consults no cache
 
 
 def test_the_document_declares_every_new_field() -> None:
     assert set(runner.compilation_summary(_counts(), _counts())) == set(Compilation.model_fields)
-    assert set(runner.collect_stack("cpu")) <= set(Stack.model_fields)
+    assert set(runner.collect_stack(runner.BACKENDS["cpu"])) <= set(Stack.model_fields)
     assert (
         "compilation" in runner.new_document(_config())
         and "compilation" in ResultDocument.model_fields

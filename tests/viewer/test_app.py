@@ -97,6 +97,8 @@ def test_deep_link_opens_the_model_details(page: AppTest) -> None:
         in text
     )
     assert "torch-neuronx==2.13.0" in text  # packages to install
+    # ... as the run's pod reported them: a claim, said to be one.
+    assert any("this run reported" in m.value and "not checked" in m.value for m in page.markdown)
     labels = [b.proto.label for b in page.get("download_button")]
     assert "Download run.py" in labels and "Download requirements.txt" in labels
     stacks = [j.value for j in page.json]

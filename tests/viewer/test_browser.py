@@ -132,3 +132,23 @@ def test_run_values_render_as_text_in_the_browser(hostile_dataset: Path, dead_hu
         assert markdown.locator('a[href^="javascript"]').count() == 0
         assert markdown.locator("script, img").count() == 0
         assert markdown.locator("strong", has_text="bold").count() == 0
+
+
+def test_history_and_regressions_views_in_the_browser(server: str) -> None:
+    """The new views render in a real browser: a model's runs with a flip and a chart, and the
+    regressions between the two newest stacks with their reproduce commands."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    with browser_page() as page:
+        page.goto(f"{server}/?view=history&model=Qwen/Qwen3-0.6B")
+        wait_ready(page)
+        assert row_count(page) == 3  # two runs on the newer stack, one on the older
+        page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(timeout=30_000)
+        page.screenshot(path=str(ARTIFACTS / "viewer-history.png"), full_page=True)
+        page.goto(f"{server}/?view=regressions")
+        wait_ready(page)
+        assert row_count(page) == 2  # Qwen3-1.7B (ERROR compile) and llava (TIMEOUT)
+        page.get_by_text("The report for a bug report (Markdown, JSON)").first.click()
+        page.get_by_text("Download the report (Markdown)").first.wait_for(timeout=30_000)
+        page.get_by_text("### ERROR compile (1)").first.wait_for(timeout=30_000)
+        page.screenshot(path=str(ARTIFACTS / "viewer-regressions.png"), full_page=True)
+    assert (ARTIFACTS / "viewer-regressions.png").stat().st_size > 10_000

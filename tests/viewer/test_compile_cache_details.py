@@ -36,6 +36,7 @@ def page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str) -> AppT
     store.add(record.model_copy(update={"document": document}))
     store.materialize()
     monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("MODEL_SUPPORT_VIEWER_CACHE_TARGETS", "s3://team bucket")
     monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", dead_hub)
     return AppTest.from_file(APP, default_timeout=30)
 
@@ -74,7 +75,20 @@ def test_the_pull_command_falls_back_to_the_public_neff_cache_and_never_invents_
         "compile_cache_target": "/mnt/pvc/cache",
         "compile_cache_prefix": "inductor-torch-2.13.0+cpu",
     }
-    assert compile_cache_pull(recorded) == (
+    assert compile_cache_pull(recorded, ["/mnt/pvc/{namespace}"]) == (
         "model-support cache pull /mnt/pvc/cache/inductor-torch-2.13.0+cpu",
         "the cache this run pulled and pushed",
     )
+    # A target the operator did not configure is never offered: whoever wrote it runs code
+    # in those who pull from it.
+    assert compile_cache_pull(recorded, []) is None
+    assert compile_cache_pull(recorded, ["/mnt/other"]) is None
+    assert (
+        compile_cache_pull(
+            {**recorded, "compile_cache_target": "/mnt/pvc/../x"}, ["/mnt/pvc/{namespace}"]
+        )
+        is None
+    )
+    poisoned = {**neuron, "compile_cache_target": "s3://attacker/neff"}
+    command, _ = compile_cache_pull(poisoned, ["s3://org-cache"]) or ("", "")
+    assert "attacker" not in command and "torch-neuronx-neff-cache" in command

@@ -67,11 +67,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create]
-{{- if .Values.readHubTokenSecrets }}
+# create: one Secret per runner attempt holding its delivery slot's upload URL (S3 stores);
+# get only to read a test's Hub token Secret (readHubTokenSecrets); never list.
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [get]
-{{- end }}
+  verbs: [create{{ if .Values.readHubTokenSecrets }}, get{{ end }}]
 {{- if .Values.neuron.dra.enabled }}
 # One ResourceClaimTemplate per test generation (DRA); pods' claims are made from it.
 - apiGroups: [resource.k8s.io]

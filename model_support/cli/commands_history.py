@@ -1,0 +1,209 @@
+"""`model-support history` and `model-support regressions`: every run of a model across stacks
+and time, and what changed between two stacks (markdown for a bug report, or JSON)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from model_support.cli.commands_run import fail
+
+DEFAULT_RESULTS = "results"
+
+PRICES_HELP = (
+    "Price table (YAML or JSON) over the default one (docs/pricing.md); default: "
+    "$MODEL_SUPPORT_PRICES when set."
+)
+
+
+def _load_prices(path: str | None):  # type: ignore[no-untyped-def]
+    from model_support.pricing import PriceTableError, load_prices
+
+    try:
+        return load_prices(path)
+    except PriceTableError as exc:
+        raise fail(str(exc)) from exc
+
+
+def _open(location: str):  # type: ignore[no-untyped-def]
+    from model_support.store import ResultsStore, StoreError
+
+    try:
+        store = ResultsStore(location)
+        if not store.fs.exists(store.history_path()):
+            if store.matrix_files():
+                raise fail(
+                    f"the results at {location!r} have no history yet (stored before histories "
+                    f"were kept): run `model-support dataset materialize --results {location}` "
+                    "or any new test to build it",
+                    1,
+                )
+            raise fail(
+                f"no results at {location!r}: run `model-support run MODEL --results "
+                f"{location}` first",
+                1,
+            )
+    except StoreError as exc:
+        raise fail(str(exc)) from exc
+    return store
+
+
+def history(
+    model: Annotated[str, typer.Argument(help="Model id as results name it (org/name).")],
+    task: Annotated[str | None, typer.Option(help="Only runs of this task.")] = None,
+    location: Annotated[
+        str, typer.Option("--results", help="Results store location.")
+    ] = DEFAULT_RESULTS,
+    prices: Annotated[str | None, typer.Option("--prices", help=PRICES_HELP)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of runs.")] = False,
+) -> None:
+    """Every run of MODEL across stacks and time, oldest first: result, cores, wall and
+    compile time, tok/s, peak memory, the verdict's figures, core-hours and cost, flips on
+    the same stack, and the command that reproduces each run."""
+    from model_support.history import model_history, read_history, reproduce_command
+
+    store = _open(location)
+    table = _load_prices(prices)
+    runs = model_history(read_history(store, model_id=model), model, task, table)
+    if runs.empty:
+        raise fail(
+            f"no runs of {model!r}" + (f" ({task})" if task else "") + f" in {location!r}", 1
+        )
+    runs = runs.assign(reproduce=[reproduce_command(r) for r in runs["run_id"]])
+    if as_json:
+        typer.echo(runs.to_json(orient="records", date_format="iso"))
+        return
+    from model_support.history import money
+
+    typer.echo(f"{model}: {len(runs)} run(s), oldest first ({location})")
+    for row in runs.to_dict(orient="records"):
+        finished = row["finished_at"] if _known(row["finished_at"]) else row["recorded_at"]
+        result = str(row["result"]) + (
+            f" {row['error_class']}" if isinstance(row["error_class"], str) else ""
+        )
+        figures = [
+            f"{row['neuron_cores']} core(s)" if _known(row["neuron_cores"]) else None,
+            _fig(row["wall_time_s"], "wall {:.1f} s"),
+            _fig(row["compile_time_s"], "compile {:.1f} s"),
+            _fig(row["decode_tokens_per_s"], "{:.1f} tok/s"),
+            _fig(row["peak_device_memory_bytes"], "peak {:.2f} GiB", 2**-30),
+            _fig(row["error_ratio"], "error ratio {:.2f}"),
+            _fig(row["core_seconds"], "{:.3f} core-h", 1 / 3600),
+            _fig(row["compile_share"], "{:.0f}% compiling", 100),
+            money(row["cost_usd"] if _known(row["cost_usd"]) else None),
+        ]
+        line = "  ".join(
+            [f"{finished:%Y-%m-%d %H:%M}" if _known(finished) else "(no time)", str(row["stack_label"]),
+             str(row["task"]), result, *(f for f in figures if f)]
+        )  # fmt: skip
+        typer.echo(line)
+        if isinstance(row["flip"], str):
+            typer.echo(f"    changed on this stack: {row['flip']}")
+        typer.echo(f"    {row['reproduce']}")
+
+
+def _known(value: object) -> bool:
+    import pandas as pd
+
+    return value is not None and not (pd.api.types.is_scalar(value) and pd.isna(value))
+
+
+def _fig(value: object, pattern: str, scale: float = 1.0) -> str | None:
+    return pattern.format(float(value) * scale) if _known(value) else None  # type: ignore[arg-type]
+
+
+def regressions(
+    before: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            help="The older stack: its label, 'compiler version', the compiler version or the "
+            "compiler alone (default: the second newest stack).",
+        ),
+    ] = None,
+    after: Annotated[
+        str | None, typer.Option("--to", help="The newer stack (default: the newest).")
+    ] = None,
+    task: Annotated[str | None, typer.Option(help="Only this task.")] = None,
+    location: Annotated[
+        str, typer.Option("--results", help="Results store location.")
+    ] = DEFAULT_RESULTS,
+    max_decode_drop: Annotated[
+        float | None,
+        typer.Option(min=0, help="Decode tok/s may drop by this fraction (default 0.10)."),
+    ] = None,
+    max_compile_growth: Annotated[
+        float | None,
+        typer.Option(min=0, help="Compile time may grow by this fraction (default 0.25)."),
+    ] = None,
+    max_memory_growth: Annotated[
+        float | None,
+        typer.Option(min=0, help="Peak device memory may grow by this fraction (default 0.05)."),
+    ] = None,
+    reason: Annotated[
+        str | None,
+        typer.Option(help="Why the thresholds given here (required with any of them)."),
+    ] = None,
+    prices: Annotated[str | None, typer.Option("--prices", help=PRICES_HELP)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """What changed between two stacks: models whose result got worse, whose decode tok/s
+    dropped or compile time / peak memory grew past a threshold, and models fixed, grouped by
+    error class or failed check. Markdown with reproduce commands, or --json.
+
+    Exit code 0 with no regression, 3 with regressions (for CI), 2 on bad input."""
+    from model_support.history import (
+        StackNotFound,
+        Thresholds,
+        default_pair,
+        find_stack,
+        read_stack_runs,
+        read_stacks,
+        render_json,
+        render_markdown,
+    )
+    from model_support.history import regressions as compare
+
+    given = [v for v in (max_decode_drop, max_compile_growth, max_memory_growth) if v is not None]
+    if given and not reason:
+        raise fail(
+            "a threshold set here needs --reason saying why that value (it is printed with "
+            "the report, beside each threshold)"
+        )
+    thresholds = Thresholds()
+    if given:
+        assert reason is not None
+        thresholds = thresholds.with_values(
+            reason,
+            decode_drop=max_decode_drop,
+            compile_growth=max_compile_growth,
+            memory_growth=max_memory_growth,
+        )
+    store = _open(location)
+    table = _load_prices(prices)
+    known = read_stacks(store)
+    try:
+        old, new = default_pair(known) if before is None or after is None else (None, None)
+        old = find_stack(before, known) if before is not None else old
+        new = find_stack(after, known) if after is not None else new
+    except StackNotFound as exc:
+        raise fail(str(exc)) from exc
+    assert old is not None and new is not None
+    if old == new:
+        raise fail(f"--from and --to name the same stack ({old.label}): give two stacks")
+    frame = read_stack_runs(store, [old, new])
+    report = compare(frame, old, new, thresholds, table, task=task)
+    typer.echo(render_json(report) if as_json else render_markdown(report, location), nl=False)
+    if report.regressions:
+        raise typer.Exit(EXIT_REGRESSIONS)
+
+
+EXIT_REGRESSIONS = 3
+"""`regressions` exits with this when it found any (0 without), so CI can gate on it."""
+
+
+def register(app: typer.Typer) -> None:
+    """Add history and regressions to the command line."""
+    app.command()(history)
+    app.command()(regressions)

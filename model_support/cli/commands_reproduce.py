@@ -1,0 +1,195 @@
+"""`model-support reproduce`: a row's exact run.py, what to install, where to run it; --run reruns
+it here and sets the new result beside the stored one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from model_support.cli.commands_run import DEFAULT_RESULTS, fail, positive_seconds
+
+if TYPE_CHECKING:
+    from model_support.store import ResultsStore
+
+console = Console(stderr=True)
+out = Console(highlight=False, soft_wrap=True)
+
+EXIT_DISAGREE = 4
+"""--run: the rerun's result or tokens differ from the stored row's."""
+
+ROW_COLUMNS = [
+    "run_id",
+    "model_id",
+    "model_path",
+    "task",
+    "backend",
+    "compile_backend",
+    "result",
+    "error_class",
+    "neuron_cores",
+    "lnc",
+    "instance_type",
+    "stack",
+    "packages",
+    "run_py",
+    "verification_json",
+    "recorded_at",
+]
+
+
+def find_row(store: ResultsStore, what: str) -> dict[str, Any]:
+    """The row to reproduce: the run ``what`` (its record, or its matrix row), else the one
+    matrix row of the model ``what``. Exits 2 naming the choices when the model has several."""
+    from model_support.dataset import record_to_row
+    from model_support.store import RecordNotFound, StoreError
+
+    try:
+        return record_to_row(store.get(what))
+    except (RecordNotFound, ValueError):
+        pass  # not a run id of a stored record: a published dataset holds rows only
+    except StoreError as exc:
+        raise fail(str(exc)) from exc
+    try:
+        frame = store.matrix(columns=ROW_COLUMNS)
+    except StoreError as exc:
+        raise fail(str(exc)) from exc
+    matches = frame[(frame["run_id"] == what) | (frame["model_id"] == what)]
+    if matches.empty:
+        raise fail(
+            f"{what!r} is neither a run id nor a model id of {store.uri}: "
+            f"`model-support results --results {store.uri}` lists them",
+            1,
+        )
+    if len(matches) > 1:
+        choices = "; ".join(
+            f"{row.run_id} ({row.task}, {row.compile_backend}, {row.result})"
+            for row in matches.itertuples(index=False)
+        )
+        raise fail(f"{what!r} has {len(matches)} rows: name one by its run id: {choices}")
+    row = {
+        name: None if _missing(value) else value
+        for name, value in matches.iloc[0].to_dict().items()
+    }
+    packages = row.get("packages")
+    row["packages"] = [str(p) for p in packages] if packages is not None else []
+    return row
+
+
+def _missing(value: Any) -> bool:
+    """A cell pandas holds as missing (None, NaN, NA, NaT); lists and arrays never are."""
+    import pandas as pd
+
+    return not hasattr(value, "__len__") and bool(pd.isna(value))
+
+
+def reproduce(
+    what: Annotated[str, typer.Argument(metavar="RUN_ID|MODEL", help="A run id, or a model id.")],
+    location: Annotated[
+        str, typer.Option("--results", help="Results store or dataset location.")
+    ] = DEFAULT_RESULTS,
+    output: Annotated[
+        Path | None,
+        typer.Option("-o", "--output", help="Folder to write run.py and requirements.txt to."),
+    ] = None,
+    rerun: Annotated[
+        bool,
+        typer.Option("--run", help="Run it here and print the new result beside the stored one."),
+    ] = False,
+    timeout: Annotated[
+        float,
+        typer.Option(help="--run: seconds before it is stopped.", callback=positive_seconds),
+    ] = 3600.0,
+) -> None:
+    """Write a row's exact run.py and the packages it needs; print where and how to run it."""
+    from model_support.reproduce import NotReproducible, recipe
+    from model_support.store import ResultsStore, StoreError
+
+    try:
+        store = ResultsStore(location)
+    except StoreError as exc:
+        raise fail(str(exc)) from exc
+    row = find_row(store, what)
+    try:
+        plan = recipe(row)
+    except NotReproducible as exc:
+        raise fail(str(exc)) from exc
+    folder = output or Path(f"reproduce-{plan.run_id}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "run.py").write_text(plan.run_py, encoding="utf-8")
+        (folder / "requirements.txt").write_text(plan.requirements_text(), encoding="utf-8")
+    except OSError as exc:
+        raise fail(f"cannot write to {str(folder)!r}: {exc.strerror or exc}") from exc
+    show_recipe(row, plan, folder)
+    if rerun:
+        agree = run_here(row, plan.run_py, folder, timeout)
+        if not agree:
+            raise typer.Exit(EXIT_DISAGREE)
+
+
+def show_recipe(row: dict[str, Any], plan: Any, folder: Path) -> None:
+    """What was written, the image and machine, and the commands."""
+    out.print(
+        f"[bold]{escape(plan.model_id)}[/] run {escape(plan.run_id)}: "
+        f"{escape(str(row.get('result')))} ({escape(str(row.get('task')))})"
+    )
+    out.print(f"  wrote {escape(str(folder / 'run.py'))} (the exact run.py that ran)")
+    out.print(
+        f"  wrote {escape(str(folder / 'requirements.txt'))} "
+        f"({len(plan.requirements)} pinned packages on top of the image)"
+    )
+    out.print(f"  image: {escape(plan.image)}")
+    out.print(f"         [dim]{escape(plan.image_note)}[/]")
+    machine = plan.instance or "any machine of the row's backend"
+    lnc = f", LNC={plan.lnc} (NEURON_LOGICAL_NC_CONFIG)" if plan.lnc else ""
+    out.print(f"  machine: {escape(machine)}, {plan.cores} core(s){escape(lnc)}")
+    for note in plan.notes:
+        out.print(f"  [yellow]note:[/] {escape(note)}")
+    out.print("  commands:")
+    for command in plan.commands(str(folder)):
+        out.print(f"    {escape(command)}")
+
+
+def run_here(row: dict[str, Any], run_py: str, folder: Path, timeout: float) -> bool:
+    """Run run.py here (this Python, its packages), print the comparison; True if they agree."""
+    from model_support.execution import run_script
+    from model_support.reproduce import compare
+    from model_support.script import read_config
+
+    console.print("[cyan]running run.py here …[/]")
+    document = run_script(run_py, read_config(run_py), timeout_s=timeout)
+    (folder / "result.json").write_text(document.model_dump_json(indent=2), encoding="utf-8")
+    comparison = compare(row, document)
+    table = Table(title=f"stored {row.get('run_id')} beside the rerun here")
+    for column in ("", "stored", "rerun"):
+        table.add_column(column)
+    for what, stored, new in comparison.figures:
+        table.add_row(escape(what), escape(_cell(stored)), escape(_cell(new)))
+    out.print(table)
+    if comparison.agree:
+        out.print("[bold green]they agree[/]: same result" + (" and tokens" if any(
+            name == "tokens" for name, _, _ in comparison.figures) else ""))  # fmt: skip
+    else:
+        out.print("[bold red]they differ[/]: " + escape("; ".join(comparison.reasons)))
+    out.print(f"  the rerun's document: {escape(str(folder / 'result.json'))}")
+    return comparison.agree
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "none"
+    return str(value)
+
+
+def register(app: typer.Typer) -> None:
+    """Add reproduce to the command line."""
+    app.command()(reproduce)

@@ -1,0 +1,30 @@
+"""What a recorded test cost: core-seconds from the run's own timestamps, priced by the instance
+the operator ran it on (docs/pricing.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from model_support.dataset import core_seconds
+from model_support.operator.settings import OperatorSettings
+from model_support.operator.spec import SpecError, parse_spec
+from model_support.records import ResultDocument
+
+
+def run_cost(
+    spec: dict[str, Any], document: ResultDocument, settings: OperatorSettings
+) -> tuple[float | None, float | None]:
+    """(core-seconds, dollars) of one recorded run.
+
+    The instance is the one the test asked for (its ``instanceType``, else its profile's):
+    what the operator scheduled it on, not what a pod says; a run that names none (a cpu
+    profile) is priced by the table's ``default_instance_type``, else not at all.
+    """
+    used = core_seconds(document)
+    try:
+        test = parse_spec(spec)
+    except SpecError:
+        return used, None
+    instance = test.instanceType or test.profile_info.instance_type
+    lnc = test.lnc or document.stack.lnc
+    return used, settings.prices().cost_usd(used, instance, lnc)

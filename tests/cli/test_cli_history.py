@@ -1,0 +1,191 @@
+"""`model-support history`, `regressions` and `sweep --estimate` on a real store (and the Hub
+stand-in for sizing): what a user reads, and the clear errors of bad input."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from hubserver import HubServer, Repo
+from test_history import CC_NEW, CC_OLD, on_compiler
+from test_store import T0, make_record
+from typer.testing import CliRunner
+
+from model_support.checkpoints import (
+    LLAMA_3_1_405B_CONFIG,
+    build_header_only_checkpoint,
+    llama_tensors,
+)
+from model_support.cli import app
+from model_support.pricing import DEFAULT_PRICES
+from model_support.store import ResultsStore
+from model_support.vocabulary import Result
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> tuple[str, dict[str, str]]:
+    """A store with a regression, a fix and a flip between two neuronx-cc versions."""
+    store = ResultsStore(tmp_path / "results")
+    runs = {
+        "old-a": on_compiler(make_record("org/a", finished=T0), CC_OLD),
+        "old-b": on_compiler(make_record("org/b", Result.ERROR, finished=T0), CC_OLD),
+        "new-a": on_compiler(make_record("org/a", Result.ERROR, finished=T0 + timedelta(days=1)), CC_NEW),
+        "new-b": on_compiler(make_record("org/b", finished=T0 + timedelta(days=1)), CC_NEW),
+        "new-b-again": on_compiler(make_record("org/b", Result.ERROR, finished=T0 + timedelta(days=2)), CC_NEW),
+        "new-b-third": on_compiler(make_record("org/b", finished=T0 + timedelta(days=3)), CC_NEW),
+    }  # fmt: skip
+    for record in runs.values():
+        store.add(record)
+    store.materialize()
+    return str(tmp_path / "results"), {name: r.run_id for name, r in runs.items()}
+
+
+def test_history_lists_every_run_with_flips_cost_and_reproduce(
+    results: tuple[str, dict[str, str]],
+) -> None:
+    location, ids = results
+    shown = runner.invoke(app, ["history", "org/b", "--results", location])
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.stdout.split())
+    for name in ("old-b", "new-b", "new-b-again", "new-b-third"):
+        assert f"model-support reproduce {ids[name]}" in text
+    assert "PASS -> ERROR/compile" in text and "ERROR/compile -> PASS" in text
+    assert f"neuronx-cc {CC_OLD}" in text and f"neuronx-cc {CC_NEW}" in text
+    listed = json.loads(
+        runner.invoke(app, ["history", "org/b", "--results", location, "--json"]).stdout
+    )
+    assert [r["run_id"] for r in listed] == [
+        ids["old-b"], ids["new-b"], ids["new-b-again"], ids["new-b-third"],
+    ]  # fmt: skip
+    trn2 = DEFAULT_PRICES.price_of("trn2.48xlarge")
+    assert trn2 is not None
+    assert listed[1]["cost_usd"] == pytest.approx(120 / 3600 * trn2.usd_per_hour / 64)
+    assert listed[1]["core_seconds"] == pytest.approx(120.0)
+    missing = runner.invoke(app, ["history", "org/none", "--results", location])
+    assert missing.exit_code == 1 and "no runs of 'org/none'" in missing.output
+
+
+def test_regressions_print_markdown_and_json_and_exit_3_when_there_are_any(
+    results: tuple[str, dict[str, str]],
+) -> None:
+    location, ids = results
+    shown = runner.invoke(app, ["regressions", "--results", location])
+    assert shown.exit_code == 3, shown.output
+    text = shown.stdout
+    assert text.startswith(f"# Regressions: neuronx-cc {CC_OLD}")
+    assert "### ERROR compile (1)" in text
+    assert f"`model-support reproduce {ids['new-a']}`" in text
+    assert "## Fixes" in text and "`org/b`" in text
+    report = json.loads(runner.invoke(app, ["regressions", "--results", location, "--json"]).stdout)
+    assert [(c["model"], c["kind"]) for c in report["regressions"]] == [("org/a", "regression")]
+    assert [c["after_run_id"] for c in report["fixes"]] == [ids["new-b-third"]]
+    # Backwards: the fix becomes a regression and the other way round.
+    back = runner.invoke(
+        app, ["regressions", "--results", location, "--from", CC_NEW, "--to", CC_OLD, "--json"]
+    )
+    assert [c["model"] for c in json.loads(back.stdout)["regressions"]] == ["org/b"]
+
+
+def test_regressions_refuse_unexplained_thresholds_and_unknown_stacks(
+    results: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    location, _ = results
+    bare = runner.invoke(app, ["regressions", "--results", location, "--max-decode-drop", "0.3"])
+    assert bare.exit_code == 2
+    assert "needs --reason" in bare.output
+    explained = runner.invoke(
+        app,
+        [
+            "regressions",
+            "--results",
+            location,
+            "--max-decode-drop",
+            "0.3",
+            "--reason",
+            "shared host",
+        ],
+    )
+    assert "decode tokens/s dropped by more than 30%: shared host" in explained.stdout
+    unknown = runner.invoke(app, ["regressions", "--results", location, "--from", "9.9"])
+    assert unknown.exit_code == 2
+    assert "no stack is named '9.9'" in unknown.output and CC_OLD in unknown.output
+    empty = runner.invoke(app, ["regressions", "--results", str(tmp_path / "none")])
+    assert empty.exit_code == 1 and "no results at" in empty.output
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("prices: 3\n")
+    bad = runner.invoke(app, ["regressions", "--results", location, "--prices", str(prices)])
+    assert bad.exit_code == 2 and "prices" in bad.output
+
+
+@pytest.fixture
+def hub(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_llama_path: Path
+) -> Iterator[HubServer]:
+    huge = build_header_only_checkpoint(
+        tmp_path / "ckpt", "huge", LLAMA_3_1_405B_CONFIG, llama_tensors(LLAMA_3_1_405B_CONFIG)
+    )
+    repos = [
+        Repo.from_dir("org/tiny", tiny_llama_path, downloads=900),
+        Repo.from_dir("org/huge", huge, downloads=800),
+        Repo.from_dir("org/fresh", tiny_llama_path, downloads=700),
+    ]
+    with HubServer(repos) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        yield server
+
+
+def test_a_sweep_estimate_sizes_each_model_and_prices_past_runs(
+    hub: HubServer, tmp_path: Path
+) -> None:
+    store = ResultsStore(tmp_path / "results")
+    for minutes in (10, 20, 30):  # org/tiny held its core 10, 20, 30 minutes: median 20
+        record = make_record("org/tiny", finished=T0 + timedelta(days=minutes))
+        doc = record.document
+        started = doc.finished_at - timedelta(minutes=minutes)  # type: ignore[operator]
+        store.add(
+            record.model_copy(update={"document": doc.model_copy(update={"started_at": started})})
+        )
+    store.materialize()
+    shown = runner.invoke(
+        app,
+        ["sweep", "nightly", "--limit", "5", "--profile", "trn1", "--estimate", "--results",
+         str(tmp_path / "results")],
+    )  # fmt: skip
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.stdout.split())
+    assert "apiVersion" not in text  # nothing to apply: only the estimate
+    assert "org/tiny" in text and "its 3 past run(s)" in text
+    assert "excluded: never run (too-large)" in text
+    # org/fresh: no run of its own, but org/tiny ran on as many cores (1): its median.
+    assert "1 past run(s) on as many cores" not in text and "3 past run(s) on as many cores" in text
+    # 2 models x 1 core x 1/3 h at trn1.32xlarge's $21.50 / 32 cores per core-hour.
+    expected = 2 * (20 / 60) * 21.50 / 32
+    assert f"expected: {2 * 20 / 60:.2f} core-hours, cost ${expected:,.4f}" in text
+    fresh = runner.invoke(
+        app,
+        ["sweep", "nightly", "--limit", "5", "--profile", "trn1", "--estimate", "--results",
+         str(tmp_path / "empty")],
+    )  # fmt: skip
+    assert fresh.exit_code == 0, fresh.output
+    assert "the default" in fresh.stdout and "0.25 h on up to 1 core(s)" in fresh.stdout
+
+
+def test_a_store_without_a_history_says_how_to_build_it(
+    results: tuple[str, dict[str, str]],
+) -> None:
+    location, ids = results
+    (Path(location) / "history" / "runs.parquet").unlink()  # a store from before histories
+    missing = runner.invoke(app, ["regressions", "--results", location])
+    assert missing.exit_code == 1
+    assert "model-support dataset materialize" in " ".join(missing.output.split())
+    built = runner.invoke(app, ["dataset", "materialize", "--results", location])
+    assert built.exit_code == 0, built.output
+    listed = json.loads(
+        runner.invoke(app, ["history", "org/a", "--results", location, "--json"]).stdout
+    )
+    assert [r["run_id"] for r in listed] == [ids["old-a"], ids["new-a"]]

@@ -1,0 +1,380 @@
+"""A runner pod reports only its own attempt, and Kubernetes has the last word on how it ended.
+
+A runner pod runs code the project does not control. What it can write is its own attempt's
+delivery slot (a folder of the results volume mounted alone, or an upload URL signed for one
+S3 key), whose name a run id does not reveal; what it writes is a claim about that attempt,
+checked against the Job's own end and the test's spec.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from k8s_harness import Harness, now
+from test_operator_lifecycle import SPEC, document_for, start
+
+from model_support.delivery import DeliveryArea
+from model_support.operator.manifests import Placement, TestRef, build_job
+from model_support.operator.planning import InvalidTest, check_compile_cache, check_model_path
+from model_support.operator.settings import OperatorSettings
+from model_support.operator.spec import parse_spec
+from model_support.records import CompileCacheFigures
+from model_support.store import ResultsStore
+from model_support.vocabulary import Parallelism, Result
+
+
+@pytest.fixture
+def h(harness: Harness) -> Harness:
+    """The harness with the results store on a shared volume (runners deliver into slots)."""
+    harness.settings.results_volume_claim = "model-support-results"
+    harness.settings.retry_cap_s = 1.0
+    return harness
+
+
+def records(h: Harness) -> list[Any]:
+    return list(ResultsStore(h.settings.results_uri).records())
+
+
+def runner(job: dict[str, Any]) -> dict[str, Any]:
+    return dict(job["spec"]["template"]["spec"]["containers"][0])
+
+
+async def completed(h: Harness) -> dict[str, Any]:
+    return await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
+
+
+def forge_everywhere_a_run_id_leads(results: Path, run_id: str, payload: bytes) -> list[Path]:
+    """What a pod holding the store (or a guess) could write for another test's run id:
+    every name derivable from the run id alone."""
+    deliveries = results / "deliveries"
+    paths = [deliveries / f"{run_id}.json", deliveries / run_id / "result.json"]
+    paths += [deliveries / f"{run_id}.{'0' * 32}" / "result.json"]
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(payload)
+    return paths
+
+
+async def test_a_delivery_forged_for_a_known_run_id_is_never_read(h: Harness) -> None:
+    _, job = await start(h)
+    status = await h.wait_status("qwen", lambda s: s.get("phase") == "Pending", "Pending")
+    # The run id is public (status, records); a forger writes a PASS wherever it leads.
+    forged = document_for(Result.PASS).model_dump_json().encode()
+    forge_everywhere_a_run_id_leads(h.results, status["runId"], forged)
+    pod = await h.start_pod(job)
+    await h.end_pod(job, pod, exit_code=1, log="Traceback: boom\n")
+    done = await completed(h)
+    assert (done["result"], done["errorClass"]) == ("ERROR", "infrastructure")
+    [record] = records(h)
+    assert record.labels["document_source"] == "operator"
+
+
+async def test_the_runner_pod_holds_its_own_slot_and_nothing_else_of_the_store(
+    h: Harness,
+) -> None:
+    _, job = await start(h)
+    status = await h.wait_status("qwen", lambda s: s.get("phase") == "Pending", "Pending")
+    pod_spec = job["spec"]["template"]["spec"]
+    mounts = [
+        (c["name"], m)
+        for c in pod_spec["containers"] + pod_spec.get("initContainers", [])
+        for m in c.get("volumeMounts") or []
+        if m["name"] == "results"
+    ]
+    # One mount of the results volume, by the runner, of one folder: the slot, whose name is
+    # the run id plus a token only the operator's key gives.
+    [(container, mount)] = mounts
+    assert container == runner(job)["name"]
+    assert re.fullmatch(rf"deliveries/{status['runId']}\.[0-9a-f]{{32}}", mount["subPath"])
+    assert mount["subPath"] not in str(status) + str(job["metadata"])
+    # The operator prepared that folder (a kubelet would create it root-owned).
+    assert (h.results / mount["subPath"]).is_dir()
+
+
+async def test_each_attempt_gets_its_own_slot(h: Harness) -> None:
+    from model_support.delivery import slot_for
+
+    key = b"k" * 32
+    slots = {slot_for(f"op-{uuid.uuid4().hex[:24]}", key) for _ in range(50)}
+    assert len(slots) == 50
+    assert slot_for("op-1", key) != slot_for("op-1", b"x" * 32)  # another key, another slot
+    assert slot_for("op-1", key) == slot_for("op-1", key)  # the same on every replay
+
+
+@pytest.mark.parametrize(
+    ("how", "expected"),
+    [
+        ("oom", ("ERROR", "out-of-memory")),
+        ("deadline", ("TIMEOUT", None)),
+        ("deadline-after-waiting", ("ERROR", "infrastructure")),
+        ("never-started", ("ERROR", "infrastructure")),
+    ],
+)
+async def test_the_jobs_own_end_stands_over_what_the_pod_delivered(
+    h: Harness, how: str, expected: tuple[str, str | None]
+) -> None:
+    _, job = await start(h)
+    await h.wait_status("qwen", lambda s: s.get("phase") == "Pending", "Pending")
+    pod = await h.start_pod(job)
+    # Code in the pod writes a PASS into the pod's own slot, then the run ends otherwise.
+    await h.deliver(job, document_for(Result.PASS).model_dump_json().encode())
+    if how == "oom":
+        await h.end_pod(job, pod, exit_code=137, log=None, container_reason="OOMKilled")
+    elif how.startswith("deadline"):
+        # The Job's backstop deadline: after run.py ran its whole timeout (TIMEOUT), or after
+        # the time went to waiting and run.py had only just started (the cluster's fault).
+        await h.end_pod(
+            job, pod, exit_code=143, log=None, job_condition=("Failed", "DeadlineExceeded"),
+            started_at="2020-01-01T00:00:00Z" if how == "deadline" else now(),
+        )  # fmt: skip
+    else:  # the compile cache pull (an init container) failed: run.py never started
+        await h.patch(
+            f"/api/v1/namespaces/default/pods/{pod['metadata']['name']}/status",
+            {
+                "status": {
+                    "phase": "Failed",
+                    "initContainerStatuses": [
+                        {
+                            "name": "extra-packages",
+                            "state": {"terminated": {"exitCode": 1, "message": "no such pkg"}},
+                        }
+                    ],
+                    "containerStatuses": [
+                        {
+                            "name": runner(job)["name"],
+                            "state": {"waiting": {"reason": "PodInitializing"}},
+                        }
+                    ],
+                }
+            },
+        )
+        await h.finish_job(job, exit_code=1)
+    done = await completed(h)
+    assert (done["result"], done.get("errorClass")) == expected
+    [record] = records(h)
+    assert record.document.result.value == expected[0]
+    assert "the runner's delivery said PASS" in (record.document.error or "")
+
+
+async def test_a_delivery_cannot_date_itself_into_the_future(h: Harness) -> None:
+    _, job = await start(h)
+    await h.wait_status("qwen", lambda s: s.get("phase") == "Pending", "Pending")
+    pod = await h.start_pod(job)
+    future = datetime(9999, 1, 1, tzinfo=UTC)
+    await h.deliver(
+        job,
+        document_for(Result.PASS, finished_at=future, started_at=future).model_dump_json().encode(),
+    )
+    await h.end_pod(job, pod, exit_code=0, log=None)
+    done = await completed(h)
+    assert done["result"] == "PASS"
+    [record] = records(h)
+    finished = record.document.finished_at
+    assert finished is not None and finished <= datetime.now(UTC)
+    assert record.document.started_at is not None and record.document.started_at <= finished
+    # What ran is the operator's word: the runner image, and that the test ran only our code.
+    assert record.labels["image"] == h.settings.runner_image
+    assert "untrusted_code" not in record.labels
+
+
+async def test_a_record_says_what_in_the_test_ran_code_the_project_does_not_control(
+    h: Harness,
+) -> None:
+    spec = dict(SPEC, trustRemoteCode=True, compileBackend="mypkg.backends:fast")
+    _, job = await start(h, spec=spec)
+    pod = await h.start_pod(job)
+    await h.deliver(
+        job,
+        document_for(Result.PASS, compile_backend="mypkg.backends:fast").model_dump_json().encode(),
+    )
+    await h.end_pod(job, pod, exit_code=0, log=None)
+    await completed(h)
+    [record] = records(h)
+    assert record.labels["untrusted_code"] == "trustRemoteCode,compileBackend"
+
+
+@pytest.mark.parametrize("cache", [None, "s3://team-cache/default"])
+async def test_the_compile_cache_named_is_the_tests_never_the_pods(
+    h: Harness, cache: str | None
+) -> None:
+    h.settings.compile_cache_push_targets = ["s3://team-cache/{namespace}"]
+    spec = dict(SPEC, compileCache={"source": cache, "target": cache}) if cache else SPEC
+    _, job = await start(h, spec=spec)
+    await h.wait_status("qwen", lambda s: s.get("phase") == "Pending", "Pending")
+    pod = await h.start_pod(job)
+    claim = CompileCacheFigures(target="s3://attacker/poison", prefix="neuronxcc-2.28\n")
+    await h.deliver(job, document_for(Result.PASS, compile_cache=claim).model_dump_json().encode())
+    await h.end_pod(job, pod, exit_code=0, log=None)
+    await completed(h)
+    [record] = records(h)
+    figures = record.document.compile_cache
+    if cache is None:
+        assert figures is None  # the test named no cache: the pod's figures are not kept
+    else:
+        assert figures is not None and (figures.target, figures.prefix) == (cache, "")
+
+
+async def test_an_s3_store_hands_the_pod_one_signed_key_and_no_credentials(
+    harness: Harness, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = harness
+    for key, value in {
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)  # the operator's own credentials
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    bucket = f"results-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem().mkdir(bucket)
+    h.settings.results_uri = f"s3://{bucket}/model-support"
+    _, job = await start(h)
+    status = await h.wait_status("qwen", lambda s: s.get("phase") == "Pending", "Pending")
+    container = runner(job)
+    names = {e["name"] for e in container["env"]} | {
+        e["name"]
+        for c in job["spec"]["template"]["spec"].get("initContainers", [])
+        for e in c["env"]
+    }
+    assert not {n for n in names if n.startswith("AWS_")}
+    [url_env] = [e for e in container["env"] if e["name"] == "MODEL_SUPPORT_DELIVERY_URL"]
+    secret_ref = url_env["valueFrom"]["secretKeyRef"]
+    secret = await h.get(f"/api/v1/namespaces/default/secrets/{secret_ref['name']}")
+    assert secret is not None
+    url = base64.b64decode(secret["data"]["url"]).decode()
+    # The URL writes one key: this attempt's slot, named with a token the run id lacks.
+    key_path = url.split("?", 1)[0]
+    assert re.search(rf"/deliveries/{status['runId']}\.[0-9a-f]{{32}}/result\.json$", key_path)
+    assert "X-Amz-Signature" in url and "X-Amz-Expires" in url
+
+    pod = await h.start_pod(job)
+    where = await h.deliver(job, document_for(Result.PASS, tokens=[[9]]).model_dump_json().encode())
+    assert "X-Amz" not in where  # the signature is a credential: never printed
+    await h.end_pod(job, pod, exit_code=0, log=None)
+    done = await completed(h)
+    assert done["result"] == "PASS"
+    [record] = ResultsStore(h.settings.results_uri).records()
+    assert record.document.tokens == [[9]] and record.labels["document_source"] == "delivery"
+    assert DeliveryArea(h.settings.results_uri).slots() == []
+
+
+# ---- a shared compile cache is not a way in ------------------------------------------------
+
+CACHE_SETTINGS = OperatorSettings(
+    results_uri="/tmp/r",
+    runner_image="registry.example/runner:1",
+    compile_cache_volume_claim="caches",
+    compile_cache_volume_path="/caches",
+)
+
+
+def cache_job(spec: dict[str, Any], settings: OperatorSettings, namespace: str) -> dict[str, Any]:
+    """The Job the operator would create for ``spec`` in ``namespace`` (after its checks)."""
+    parsed = parse_spec({"model": "a/b", "profile": "cpu", "cores": 1, **spec})
+    ref = TestRef(namespace, "t", "6b1c2f4e-0000-4000-8000-000000000009", 1)
+    check_compile_cache(parsed, settings, namespace)
+    return build_job(
+        ref,
+        parsed,
+        Placement(1, Parallelism.NONE, 2**30, 0),
+        job_name="t-job",
+        configmap_name="t-cm",
+        attempt=1,
+        run_id="op-1",
+        settings=settings,
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        ({"trustRemoteCode": True}, "trustRemoteCode"),
+        ({"extraPackages": ["mypkg==1.0"]}, "extraPackages"),
+        ({"compileBackend": "mypkg.backends:fast"}, "compileBackend"),
+        ({"image": "registry.example/theirs:1"}, "image"),
+    ],
+)
+def test_a_test_running_code_the_project_does_not_control_never_pushes(
+    extra: dict[str, Any], why: str
+) -> None:
+    spec = {"compileCache": {"source": "/caches/ml", "target": "/caches/ml"}, **extra}
+    with pytest.raises(InvalidTest, match=rf"does not control \({why}\).*remove the target"):
+        cache_job(spec, CACHE_SETTINGS, "ml")
+    cache_job({"compileCache": {"source": "/caches/ml"}, **extra}, CACHE_SETTINGS, "ml")  # pulls
+
+
+def test_a_namespace_pushes_to_its_own_cache_unless_allowed_a_shared_one() -> None:
+    own = cache_job({"compileCache": {"target": "/caches/ml/neff"}}, CACHE_SETTINGS, "ml")
+    assert own["spec"]["template"]["spec"]["containers"][0]["command"][-5] == "/caches/ml/neff"
+    for elsewhere in ("/caches/research/neff", "/caches", "/caches/mlx", "s3://org-cache/shared"):
+        with pytest.raises(InvalidTest, match="not a compile cache this namespace may push to"):
+            cache_job({"compileCache": {"target": elsewhere}}, CACHE_SETTINGS, "ml")
+    shared = CACHE_SETTINGS.model_copy(
+        update={
+            "compile_cache_push_targets": ["s3://org-cache/shared", "s3://org-cache/{namespace}"],
+            "compile_cache_shared_pushers": ["nightly"],
+            "compile_cache_signing_secret": "cache-signing-key",
+        }
+    )
+    with pytest.raises(InvalidTest, match="may push to"):
+        cache_job({"compileCache": {"target": "s3://org-cache/shared"}}, shared, "ml")
+    job = cache_job({"compileCache": {"target": "s3://org-cache/ml"}}, shared, "ml")
+    assert "cache-signing-key" not in str(job)  # its own target: nothing to sign for others
+    job = cache_job({"compileCache": {"target": "s3://org-cache/shared"}}, shared, "nightly")
+    pod = job["spec"]["template"]["spec"]
+    runner_env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert runner_env["MODEL_SUPPORT_CACHE_SIGNING_KEY"].startswith("/var/run/")
+    [volume] = [v for v in pod["volumes"] if v["name"] == "cache-signing-key"]
+    assert volume["secret"]["secretName"] == "cache-signing-key"
+
+
+def test_the_pull_step_trusts_the_configured_keys_and_the_namespaces_own_cache() -> None:
+    def pull_args(source: str, settings: OperatorSettings, namespace: str = "ml") -> list[str]:
+        job = cache_job({"compileCache": {"source": source}}, settings, namespace)
+        [init] = job["spec"]["template"]["spec"]["initContainers"]
+        return list(init["command"])
+
+    assert "--trust-unsigned" in pull_args("/caches/ml", CACHE_SETTINGS)  # its own entries
+    assert "--trust-unsigned" not in pull_args("/caches/research", CACHE_SETTINGS)
+    assert "--trust-unsigned" not in pull_args("s3://someone/else", CACHE_SETTINGS)
+    key = "ed25519:" + base64.b64encode(b"k" * 32).decode()
+    keyed = CACHE_SETTINGS.model_copy(update={"compile_cache_trusted_keys": [key]})
+    args = pull_args("/caches/research", keyed)
+    assert args[args.index("--trusted-key") + 1] == key and "--trust-unsigned" not in args
+    assert "--trusted-key" not in pull_args("/caches/ml", keyed)  # its own: unsigned is fine
+
+
+# ---- paths stay where they were allowed -----------------------------------------------------
+
+
+def test_an_absolute_model_is_sized_only_from_a_model_volume(
+    tmp_path: Path, tiny_llama_path: Path
+) -> None:
+    volume = tmp_path / "models"
+    volume.mkdir()
+    (volume / "sneaky").symlink_to("/etc")
+    settings = CACHE_SETTINGS.model_copy(update={"model_volume_paths": [str(volume)]})
+    for model in ("/etc", "/proc/self", f"{volume}/sneaky", f"{tmp_path}/models-other/x"):
+        with pytest.raises(InvalidTest, match="not on a model volume"):
+            check_model_path(parse_spec({"model": model}), settings)
+    with pytest.raises(InvalidTest, match="none is configured"):
+        check_model_path(parse_spec({"model": str(tiny_llama_path)}), CACHE_SETTINGS)
+    check_model_path(parse_spec({"model": f"{volume}/tiny"}), settings)
+    check_model_path(parse_spec({"model": "Qwen/Qwen3-0.6B"}), CACHE_SETTINGS)  # the Hub's
+
+
+async def test_an_operator_never_sizes_its_own_files(h: Harness) -> None:
+    await h.start_operator()
+    await h.create_test("peek", {"model": "/proc/self", "profile": "cpu"})
+    status = await h.wait_status("peek", lambda s: s.get("phase") == "Invalid", "Invalid")
+    assert "not on a model volume" in status["message"]
+    assert records(h) == []

@@ -1,0 +1,139 @@
+"""A sweep's regressions against its previous run key, its cost so far, its one Event per run
+and the operator's Prometheus metrics, end to end on kmock with the kubelet stand-in."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from k8s_harness import NS, Harness
+from kmock_kubelet import RUN_SECONDS, Kubelet
+from prometheus_client import REGISTRY
+from test_sweeps import (  # the sweep harness (its fixture sh included)
+    SWEEPS_URL,
+    children_of,
+    create_sweep,
+    model_id,
+    ready,
+    sh,
+    start,
+    sweep_hub,
+    wait_sweep,
+)
+
+from model_support.pricing import DEFAULT_PRICES
+from model_support.vocabulary import Result
+
+__all__ = ["sh", "sweep_hub"]  # fixtures used by name
+
+MODELS = [model_id(i) for i in range(4)]
+RUNNING_S = 2.5
+
+
+def metric(name: str, **labels: str) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+async def test_a_new_run_key_counts_regressions_and_fixes_with_one_event_and_its_cost(
+    sh: Harness,
+) -> None:
+    outcome = {m: Result.PASS for m in MODELS} | {MODELS[2]: Result.ERROR}
+    held_since: dict[str, float] = {}
+
+    def hold(model: str) -> bool:
+        """Each runner stays RUNNING_S: its Job then spans whole seconds of Kubernetes time."""
+        since = held_since.setdefault(model, time.monotonic())
+        if time.monotonic() - since < RUNNING_S:
+            return True
+        del held_since[model]  # the next run of the model is held again
+        return False
+
+    await start(sh)
+    async with Kubelet(
+        sh, sh.results, result_for=lambda model: outcome[model], hold=hold
+    ) as kubelet:
+        await create_sweep(
+            sh,
+            "nightly",
+            {
+                "source": {"models": [{"model": m} for m in MODELS]},
+                "template": {"cores": 1},
+                "concurrency": {"maxRunning": 4},
+            },
+        )
+        first = await wait_sweep(
+            sh, "nightly", lambda s: ready(s) and s["counts"]["done"] == 4, "4"
+        )
+        assert first["counts"]["regressions"] == 0 and "baseline" not in first
+        # The next compiler: model 0 now fails, model 2 is fixed.
+        outcome.update({MODELS[0]: Result.FAIL, MODELS[2]: Result.PASS})
+        await sh.patch(f"{SWEEPS_URL}/nightly", {"spec": {"epoch": 2}})
+        second = await wait_sweep(
+            sh,
+            "nightly",
+            lambda s: ready(s) and s["observedGeneration"] == 2 and s["counts"]["done"] == 4,
+            "the second run done",
+        )
+        assert kubelet.error is None, kubelet.error
+    assert second["baseline"]["runKey"] == first["runKey"] != second["runKey"]
+    assert second["baseline"]["results"] == {
+        MODELS[0]: "PASS", MODELS[1]: "PASS", MODELS[2]: "ERROR", MODELS[3]: "PASS",
+    }  # fmt: skip
+    assert (second["counts"]["regressions"], second["counts"]["fixes"]) == (1, 1)
+    assert second["regressions"] == [{"model": MODELS[0], "before": "PASS", "after": "FAIL"}]
+    assert "1 regression(s) and 1 fix(es) against the previous run" in second["message"]
+    # Cost so far: this run's four tests. Each runner claims 30 s on one trn2.48xlarge core;
+    # the operator believes the claim only within the Job's own lifetime (RUNNING_S here, in
+    # whole seconds of Kubernetes time), so a test's core-seconds are about that, not 30.
+    trn2 = DEFAULT_PRICES.price_of("trn2.48xlarge")
+    assert trn2 is not None
+    tests = children_of(sh, "nightly")
+    used = [t["status"]["coreSeconds"] for t in tests]
+    assert all(1 <= u <= RUNNING_S + 1 < RUN_SECONDS for u in used), used
+    for test in tests:
+        assert test["status"]["costUSD"] == pytest.approx(
+            test["status"]["coreSeconds"] / 3600 * trn2.usd_per_hour / 64
+        )
+    assert second["cost"]["coreHours"] == pytest.approx(sum(used) / 3600, abs=1e-6)
+    assert second["cost"]["usd"] == pytest.approx(
+        sum(t["status"]["costUSD"] for t in tests), abs=1e-6
+    )
+    assert second["cost"]["unpriced"] == 0
+    # One Warning Event for the run, naming the regression; a restart says nothing more.
+    assert len(await _regression_events(sh)) == 1
+    await sh.stop_operator()
+    await start(sh)
+    await wait_sweep(sh, "nightly", ready, "ready after the restart")
+    await sh.wait_for(
+        lambda: metric("model_support_sweep_regressions", namespace=NS, sweep="nightly") == 1,
+        what="the regressions gauge after the restart",
+    )
+    events = await _regression_events(sh)
+    assert len(events) == 1
+    assert events[0]["type"] == "Warning"
+    assert f"{MODELS[0]} PASS -> FAIL" in events[0]["message"]
+    assert first["runKey"] in events[0]["message"]
+    # The metrics: this sweep's regressions, fixes and cost; tests by phase; the stack's pass rate.
+    assert metric("model_support_sweep_fixes", namespace=NS, sweep="nightly") == 1
+    assert metric("model_support_sweep_cost_usd", namespace=NS, sweep="nightly") == pytest.approx(
+        second["cost"]["usd"], rel=1e-3
+    )
+    assert (metric("model_support_tests_by_phase", phase="Completed") or 0) >= 4
+    stack = {
+        "compiler": "neuronx-cc", "compiler_version": "2.28", "library": "transformers",
+        "library_version": "5.24.0",
+    }  # fmt: skip
+    await sh.wait_for(
+        lambda: metric("model_support_pass_rate", **stack) == 0.75, what="the stack's pass rate"
+    )
+    assert metric("model_support_stack_results", **stack, result="FAIL") == 1
+
+
+async def _regression_events(h: Harness) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in await h.events()
+        if e.get("reason") == "Regressions"
+        and (e.get("involvedObject") or {}).get("name") == "nightly"
+    ]

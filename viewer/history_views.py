@@ -1,0 +1,407 @@
+"""The History and Regressions views: every run of a model across stacks and time, and what
+changed between two stacks.
+
+Their own module (the page's other views are in ``views.py``), drawn from the store's history
+(``history/runs.parquet``) through :mod:`model_support.history`, the functions the command
+line uses. Data is read through caches keyed by the history file's fingerprint, so a
+rematerialized history is read again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import streamlit as st
+
+from model_support.history import (
+    Report,
+    Stack,
+    StackInfo,
+    StackNotFound,
+    Thresholds,
+    default_pair,
+    model_history,
+    money,
+    read_stack_runs,
+    read_stacks,
+    regression_table,
+    regressions,
+    render_json,
+    render_markdown,
+    reproduce_command,
+)
+from model_support.pricing import DEFAULT_PRICES, PriceTable, PriceTableError, load_prices
+from model_support.store import ResultsStore
+from model_support.viewer.markup import inline_code, literal
+
+FINGERPRINT_TTL_S = 30
+HISTORY_METRICS: dict[str, tuple[str, float]] = {
+    "wall time (s)": ("wall_time_s", 1.0),
+    "compile time (s)": ("compile_time_s", 1.0),
+    "decode tokens/s": ("decode_tokens_per_s", 1.0),
+    "peak device memory (GiB)": ("peak_device_memory_bytes", 2**-30),
+    "core-hours": ("core_seconds", 1 / 3600),
+    "error ratio": ("error_ratio", 1.0),
+}
+"""What the History chart can plot over time: label -> (history column, scale)."""
+
+
+@dataclass(frozen=True)
+class HistoryContext:
+    """Where the results are, and the page's task filter."""
+
+    results_uri: str
+    task: str | None
+
+
+# ---------------------------------------------------------------------------------------------
+# Cached readers
+
+
+@st.cache_data(ttl=FINGERPRINT_TTL_S, show_spinner=False)
+def _fingerprint(results_uri: str) -> str | None:
+    """The history file's modification stamp and size; None when there is none."""
+    store = ResultsStore(results_uri)
+    path = store.history_path()
+    fs_path = store.fs._strip_protocol(path)
+    if not store.fs.exists(fs_path):
+        return None
+    info = store.fs.info(fs_path)
+    stamp = next(
+        (str(info[k]) for k in ("mtime", "LastModified", "ETag", "etag", "created") if info.get(k)),
+        "",
+    )
+    return f"{stamp}:{info.get('size')}"
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def _model_runs(results_uri: str, fingerprint: str, model_id: str) -> pd.DataFrame:
+    return ResultsStore(results_uri).history(filters=[("model_id", "==", model_id)])
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _models(results_uri: str, fingerprint: str) -> list[str]:
+    frame = ResultsStore(results_uri).history(columns=["model_id"])
+    return sorted(pd.unique(frame["model_id"]).tolist())
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _stacks(results_uri: str, fingerprint: str) -> list[StackInfo]:
+    return read_stacks(ResultsStore(results_uri))
+
+
+# Frames are never changed in place (pandas copy-on-write): shared without copies.
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _stack_runs(results_uri: str, fingerprint: str, chosen: tuple[Stack, ...]) -> pd.DataFrame:
+    return read_stack_runs(ResultsStore(results_uri), chosen)
+
+
+@st.cache_resource(show_spinner=False, max_entries=32)
+def _report(
+    results_uri: str,
+    fingerprint: str,
+    before: Stack,
+    after: Stack,
+    thresholds: Thresholds,
+    prices: PriceTable,
+    task: str | None,
+) -> Report:
+    runs = _stack_runs(results_uri, fingerprint, (before, after))
+    return regressions(runs, before, after, thresholds, prices, task)
+
+
+@st.cache_resource(show_spinner=False)
+def _prices() -> PriceTable | PriceTableError:
+    try:
+        return load_prices()
+    except PriceTableError as exc:
+        return exc
+
+
+def prices() -> PriceTable:
+    """The price table ($MODEL_SUPPORT_PRICES over the default); the default with a warning
+    when that file cannot be used."""
+    table = _prices()
+    if isinstance(table, PriceTableError):
+        st.warning(
+            f"The price table could not be used, so costs use the default one: {literal(table)}"
+        )
+        return DEFAULT_PRICES
+    return table
+
+
+def _no_history(ctx: HistoryContext) -> None:
+    st.info(
+        f"No history under {inline_code(ctx.results_uri)} yet: it is written with the matrix "
+        "by every recorded run (`model-support dataset materialize` builds it for an older store)."
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# History
+
+
+def view_history(ctx: HistoryContext) -> None:
+    """Every run of one model, oldest first, a chart of a figure over time, and a run's details."""
+    fingerprint = _fingerprint(ctx.results_uri)
+    if fingerprint is None:
+        _no_history(ctx)
+        return
+    models = _models(ctx.results_uri, fingerprint)
+    wanted = st.session_state.get("model")
+    index = models.index(wanted) if wanted in models else None
+    model = st.selectbox(
+        "Model",
+        models,
+        index=index,
+        key="history-model",
+        placeholder="Pick a model (or open the page with ?view=history&model=org/name)",
+    )
+    if not model:
+        st.caption(f"{len(models):,} models have runs in this dataset.")
+        return
+    if model != wanted:
+        st.session_state["model"] = model  # the page's details and its URL follow
+    table = prices()
+    runs = model_history(_model_runs(ctx.results_uri, fingerprint, model), model, ctx.task, table)
+    if runs.empty:
+        st.info(f"{literal(model)} has no runs of {literal(ctx.task)}.")
+        return
+    flips = int(runs["flip"].notna().sum())
+    cols = st.columns(4)
+    cols[0].metric("runs", len(runs))
+    cols[1].metric("stacks", runs["stack_label"].nunique())
+    cols[2].metric("changes on one stack", flips)
+    known = runs["cost_usd"].dropna()
+    cols[3].metric("cost of these runs", money(float(known.sum())) if not known.empty else "—")
+    _history_chart(runs)
+    shown = history_table(runs)
+    event = st.dataframe(
+        shown,
+        hide_index=True,
+        on_select="rerun",
+        selection_mode="single-row",
+        key="history-table",
+        column_config={
+            "reproduce": st.column_config.TextColumn("reproduce", width="large"),
+            "cost": st.column_config.NumberColumn("cost (USD)", format="$%.4f"),
+        },
+    )
+    rows = event.selection.rows if event is not None else []
+    run_id = str(shown.iloc[rows[0]]["run id"]) if rows else st.session_state.get("run")
+    if run_id and run_id in set(shown["run id"]):
+        st.session_state["run"] = run_id
+        _run_details(ctx, run_id)
+    else:
+        st.session_state.pop("run", None)
+        st.caption("Click a run for its details and how to reproduce it.")
+
+
+def history_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """A model's runs as the History view's table (one row per run, readable columns)."""
+    when = runs["finished_at"].fillna(runs["recorded_at"])
+    why = (
+        runs["error_class"]
+        .astype("object")
+        .where(runs["result"] == "ERROR", runs["exclusion_reason"].astype("object"))
+    )
+    return pd.DataFrame(
+        {
+            "finished": when,
+            "stack": runs["stack_label"],
+            "task": runs["task"],
+            "result": runs["result"],
+            "why": why.where(why.notna(), None),
+            "changed on this stack": runs["flip"],
+            "cores": runs["neuron_cores"].astype("Int64"),
+            "wall time (s)": runs["wall_time_s"].astype("Float64").round(1),
+            "compile time (s)": runs["compile_time_s"].astype("Float64").round(1),
+            "decode tokens/s": runs["decode_tokens_per_s"].astype("Float64").round(1),
+            "peak device memory (GiB)": (
+                runs["peak_device_memory_bytes"].astype("Float64") / 2**30
+            ).round(2),
+            "failed checks": [", ".join(_strings(v)) or None for v in runs["failed_checks"]],
+            "error ratio": runs["error_ratio"].astype("Float64").round(2),
+            "q90 ratio": runs["q90_ratio"].astype("Float64").round(2),
+            "peak ratio": runs["peak_ratio"].astype("Float64").round(2),
+            "kl ratio": runs["kl_ratio"].astype("Float64").round(2),
+            "bad tokens": runs["bad_tokens"].astype("Int64"),
+            "core-hours": (runs["core_seconds"].astype("Float64") / 3600).round(3),
+            "compile share": runs["compile_share"].astype("Float64").round(2),
+            "cost": runs["cost_usd"].astype("Float64"),
+            "run id": runs["run_id"],
+            "reproduce": [reproduce_command(r) for r in runs["run_id"]],
+        }
+    ).reset_index(drop=True)
+
+
+def _strings(value: object) -> list[str]:
+    """A list column's value (None, a list or an array of strings) as a list."""
+    if value is None or isinstance(value, float):
+        return []
+    return [str(v) for v in value]  # type: ignore[attr-defined]
+
+
+def _history_chart(runs: pd.DataFrame) -> None:
+    import altair as alt
+
+    from model_support.viewer.views import RESULT_CHART_COLOURS
+
+    label = st.selectbox("Chart", list(HISTORY_METRICS), key="history-metric")
+    column, scale = HISTORY_METRICS[label]
+    points = pd.DataFrame(
+        {
+            "finished": runs["finished_at"].fillna(runs["recorded_at"]),
+            label: runs[column].astype("Float64") * scale,
+            "stack": runs["stack_label"],
+            "result": runs["result"],
+            "run": runs["run_id"],
+        }
+    ).dropna(subset=[label])
+    if points.empty:
+        st.caption(f"No run of this model recorded {literal(label)}.")
+        return
+    points[label] = points[label].astype("float64")
+    base = alt.Chart(points).encode(
+        x=alt.X("finished:T", title="finished"),
+        y=alt.Y(f"{label}:Q", title=label),
+    )
+    chart = base.mark_line(opacity=0.4).encode(color=alt.Color("stack:N")) + base.mark_point(
+        size=80, filled=True
+    ).encode(
+        color=alt.Color("stack:N"),
+        shape=alt.Shape(
+            "result:N",
+            scale=alt.Scale(domain=list(RESULT_CHART_COLOURS)),
+        ),
+        tooltip=["finished:T", "stack:N", "result:N", f"{label}:Q", "run:N"],
+    )
+    st.altair_chart(chart, width="stretch")
+
+
+def _run_details(ctx: HistoryContext, run_id: str) -> None:
+    """One run's whole record, as the page's details show a matrix row."""
+    from model_support.dataset import record_to_row
+    from model_support.store import StoreError
+    from model_support.viewer.views import run_details
+
+    st.subheader(f"Run {literal(run_id)}")
+    try:
+        record = ResultsStore(ctx.results_uri).get(run_id)
+    except StoreError as exc:
+        st.error(f"The run's record could not be read: {literal(exc)}")
+        return
+    st.markdown(f"Reproduce it exactly: {inline_code(reproduce_command(run_id))}")
+    run_details(pd.Series(record_to_row(record)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Regressions
+
+
+def view_regressions(ctx: HistoryContext) -> None:
+    """What changed between two stacks (default: the two newest), grouped, with thresholds."""
+    fingerprint = _fingerprint(ctx.results_uri)
+    if fingerprint is None:
+        _no_history(ctx)
+        return
+    infos = _stacks(ctx.results_uri, fingerprint)
+    known = [info.stack for info in infos]
+    try:
+        older, newer = default_pair(infos)
+    except StackNotFound as exc:
+        st.info(literal(exc))
+        return
+    labels = [s.label for s in known]
+    for key, default in (("before", older.label), ("after", newer.label)):
+        if st.session_state.get(key) not in labels:
+            st.session_state[key] = default
+    left, right = st.columns(2)
+    before_label = left.selectbox("Before (older stack)", labels, key="before")
+    after_label = right.selectbox("After (newer stack)", labels, key="after")
+    thresholds = _thresholds()
+    if before_label == after_label:
+        st.info("Pick two different stacks.")
+        return
+    before, after = known[labels.index(before_label)], known[labels.index(after_label)]
+    table = prices()
+    report = _report(ctx.results_uri, fingerprint, before, after, thresholds, table, ctx.task)
+    cols = st.columns(4)
+    cols[0].metric("regressions", len(report.regressions))
+    cols[1].metric("fixes", len(report.fixes))
+    cols[2].metric("compared", report.compared)
+    cols[3].metric("cost of the newer stack's runs", money(report.cost_usd_after))
+    st.caption(
+        "A regression: a worse result (PASS to FAIL, ERROR or TIMEOUT; EXCLUDED to ERROR) or, "
+        "between two PASSes, a figure past its threshold. Grouped by the error class, the "
+        "verdict's failed checks or the figure."
+    )
+    st.subheader("Regressions")
+    if report.regressions:
+        st.dataframe(
+            regression_table(report.regressions),
+            hide_index=True,
+            key="regressions-table",
+            column_config={"cost (USD)": st.column_config.NumberColumn(format="$%.4f")},
+        )
+    else:
+        st.success("No regressions.")
+    st.subheader("Fixes")
+    if report.fixes:
+        st.dataframe(regression_table(report.fixes), hide_index=True, key="fixes-table")
+    else:
+        st.caption("No fixes.")
+    # The report is made on demand: a large comparison's text costs more than the tables.
+    if st.toggle("The report for a bug report (Markdown, JSON)", key="report-toggle"):
+        markdown = render_markdown(report, ctx.results_uri)
+        left, right = st.columns(2)
+        left.download_button(
+            "Download the report (Markdown)", markdown, file_name="regressions.md", key="report-md"
+        )
+        right.download_button(
+            "Download the report (JSON)",
+            render_json(report),
+            file_name="regressions.json",
+            mime="application/json",
+            key="report-json",
+        )
+        st.code(markdown, language="markdown")
+
+
+def _thresholds() -> Thresholds:
+    """The thresholds as set on the page; a changed one needs a reason (else the defaults)."""
+    defaults = Thresholds()
+    with st.expander("Thresholds (between two PASSes)"):
+        cols = st.columns(3)
+        decode = cols[0].number_input(
+            "decode tokens/s may drop by (%)", 0.0, 1000.0,
+            defaults.decode_drop.value * 100, step=5.0, key="decode-drop",
+            help=defaults.decode_drop.reason,
+        )  # fmt: skip
+        compile_ = cols[1].number_input(
+            "compile time may grow by (%)", 0.0, 10000.0,
+            defaults.compile_growth.value * 100, step=5.0, key="compile-growth",
+            help=defaults.compile_growth.reason,
+        )  # fmt: skip
+        memory = cols[2].number_input(
+            "peak memory may grow by (%)", 0.0, 1000.0,
+            defaults.memory_growth.value * 100, step=1.0, key="memory-growth",
+            help=defaults.memory_growth.reason,
+        )  # fmt: skip
+        reason = st.text_input("Why these values", key="threshold-reason")
+    values = {
+        "decode_drop": decode / 100,
+        "compile_growth": compile_ / 100,
+        "memory_growth": memory / 100,
+    }
+    changed = {k: v for k, v in values.items() if abs(v - getattr(defaults, k).value) > 1e-9}
+    if not changed:
+        return defaults
+    if not reason.strip():
+        st.warning(
+            "A changed threshold needs a reason (it is printed with the report): the default "
+            "thresholds are used until one is given."
+        )
+        return defaults
+    return defaults.with_values(reason.strip(), **changed)
