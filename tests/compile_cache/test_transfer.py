@@ -426,11 +426,13 @@ def test_a_name_that_is_both_a_file_and_a_folder_is_skipped_and_says_whose_fault
     write(target, f"aotautograd/in/the/way/z@{hashlib.sha256(data).hexdigest()}-{len(data)}", data)
     report = pull(str(tmp_path / "target"), compiler=inductor_cache(fresh), policy=WRITERS_TRUSTED)
     assert report.error is None and report.entries == 1
-    assert (fresh / "fxgraph/zz/fzz/x").read_bytes() == b"a file"
     reasons = {s.path.partition("@")[0]: s.reason for s in report.skipped}
-    assert reasons["fxgraph/zz/fzz/x/y"].startswith("target: it names both 'fxgraph/zz/fzz/x'")
-    assert reasons["aotautograd/in/the/way/z"].startswith("local disk: ")
-    assert set(reasons) == {"fxgraph/zz/fzz/x/y", "aotautograd/in/the/way/z"}
+    assert reasons.pop("aotautograd/in/the/way/z").startswith("local disk: ")
+    # Fetched concurrently: whichever of the two came first is placed, the other says why not.
+    ((skipped, reason),) = reasons.items()
+    placed = ({"fxgraph/zz/fzz/x", "fxgraph/zz/fzz/x/y"} - {skipped}).pop()
+    assert (fresh / placed).read_bytes() in {b"a file", b"under it"}
+    assert reason.startswith("target: it names both ") and "a file and a folder" in reason
 
 
 def test_an_object_time_that_is_no_date_is_an_unknown_time(inductor_dir: Path) -> None:
