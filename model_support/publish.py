@@ -61,8 +61,17 @@ def parse_dataset_uri(uri: str) -> str:
 def _local_files(store: ResultsStore) -> dict[str, bytes]:
     """The files that make up the published dataset, by path in the repository."""
     files: dict[str, bytes] = {}
-    for path in sorted(store.fs.glob(f"{store.root.rstrip('/')}/{DATA_DIR}/*.parquet")):
+    # Listed through the store, never globbed: a store path is a path, not a pattern (a glob
+    # of res[1]/data/*.parquet published res1's files).
+    for matrix_file in sorted(store.matrix_files(), key=lambda f: f.path):
+        path = matrix_file.path
         files[f"{DATA_DIR}/{path.rsplit('/', 1)[-1]}"] = store.fs.cat_file(path)
+    if not files:
+        raise PublishError(
+            f"the results at {store.root!r} hold records but no matrix after materialize: "
+            "nothing is published (publishing nothing would delete the dataset's data); "
+            "run `model-support dataset materialize` and check its error"
+        )
     files[CARD_NAME] = store.fs.cat_file(f"{store.root.rstrip('/')}/{CARD_NAME}")
     for name in SELECTED_NAMES:
         path = f"{store.root.rstrip('/')}/{name}"

@@ -249,3 +249,14 @@ def test_the_publish_command_refuses_a_bad_repository_uri(results: Path) -> None
     )
     assert done.returncode == 2
     assert "hf://datasets/ORG/NAME" in " ".join(done.stderr.split())
+
+
+def test_a_store_path_is_a_path_not_a_pattern(tmp_path: Path, hub: HubServer) -> None:
+    """`res[1]` publishes its own matrix, never the files of a folder the brackets match."""
+    mine, other = tmp_path / "res[1]", tmp_path / "res1"
+    ResultsStore(str(mine)).add(record("Qwen/Qwen3-0.6B", "PASS", "2.28.7631.0"))
+    ResultsStore(str(other)).add_and_materialize(record("org/other", "FAIL", "2.27.100.0"))
+    publish(str(mine), URI, endpoint=hub.url)
+    assert sorted(p for p in head_files(hub) if p.startswith("data/")) == [
+        "data/neuronx-cc-2.28.7631.0__transformers-5.24.0.parquet"
+    ]
