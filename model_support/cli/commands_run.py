@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from model_support.cli import commands_cache
@@ -377,6 +378,8 @@ def print_record(record: RunRecord) -> None:
         )
     if v.reason:
         out.print(f"  [red]{v.reason}[/]")
+    if v.first_divergence is not None:
+        out.print(f"  where: {escape(v.first_divergence.summary())}")
     if doc.error:
         out.print(f"  [yellow]{doc.error.splitlines()[0][:400]}[/]")
     for text in doc.text[:3]:
