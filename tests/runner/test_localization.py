@@ -7,6 +7,7 @@ the faulty compilers of model_support.faults, whose target module is known.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -250,3 +251,42 @@ def test_a_correct_compile_passes_and_its_localization_blames_nothing(
     found = doc["verification"]["first_divergence"]
     assert (found["status"], found["module"], found["path"]) == ("none", None, [])
     assert found["reason"] is None
+
+
+def _search_after_a_fail(model: Path, compile_backend: Any, **verification: Any) -> dict:
+    """localize_stage on its own, after a FAIL verdict, with ``compile_backend``."""
+    from transformers import AutoTokenizer
+
+    config = RunConfig(
+        model=str(model),
+        backend="cpu",  # type: ignore[arg-type]
+        max_new_tokens=4,
+        verification=verification,  # type: ignore[arg-type]
+    ).model_dump(mode="json")
+    ctx = runner.RunContext(config)
+    ctx.doc = {"result": "FAIL", "verification": {"passed": False, "first_divergence": None}}
+    placement = runner.Placement(
+        runner.select_backend("cpu"), torch.device("cpu"), compile_backend, None
+    )
+    tokens = torch.arange(1, 1 + 4 * len(config["prompts"])).reshape(len(config["prompts"]), 4)
+    processor = AutoTokenizer.from_pretrained(config["model"])
+    runner.localize_stage(ctx, placement, processor, runner.Generation(tokens, None))
+    assert ctx.doc["result"] == "FAIL"  # whatever the search met, the verdict stands
+    return ctx.doc["verification"]["first_divergence"]
+
+
+def test_a_module_that_does_not_compile_on_its_own_is_recorded_not_raised(
+    tiny_llama_path: Path,
+) -> None:
+    def refuses(gm: Any, example_inputs: Any) -> Any:
+        raise RuntimeError("cannot lower this graph (an injected compiler failure)")
+
+    found = _search_after_a_fail(tiny_llama_path, refuses)
+    assert (found["status"], found["error_class"], found["module"]) == ("failed", "compile", None)
+    assert "cannot lower this graph" in found["reason"]
+
+
+def test_a_search_out_of_time_says_so(tiny_llama_path: Path) -> None:
+    found = _search_after_a_fail(tiny_llama_path, "aot_eager", localize_budget_s=1e-9)
+    assert (found["status"], found["module"]) == ("incomplete", None)
+    assert found["reason"] == "the localization's time budget (1e-09 s) ran out"
