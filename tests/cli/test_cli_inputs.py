@@ -335,3 +335,18 @@ def test_given_cores_a_local_diffusers_pipeline_is_not_excluded() -> None:
     (pipeline,) = build_demo_models(default_cache_dir(), ["tiny-stable-diffusion"])
     config = RunConfig(model=str(pipeline.require_path()), task=Task.TEXT_TO_IMAGE, cores=1)
     assert given_cores_exclusion(config, None, None) is None
+
+
+def test_the_script_carries_when_to_localize_a_fail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    monkeypatch.chdir(tmp_path)
+    default = runner.invoke(app, ["script", "./ckpt", "--cores", "1"])
+    assert read_config(default.stdout).verification.localize == "on_fail"
+    result = runner.invoke(app, ["script", "./ckpt", "--cores", "1", "--localize", "always"])
+    assert result.exit_code == 0, result.output
+    assert read_config(result.stdout).verification.localize == "always"
+    refused = runner.invoke(app, ["run", "./ckpt", "--localize", "sometimes"])
+    assert refused.exit_code == 2 and "sometimes" in refused.output
