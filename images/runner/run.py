@@ -2851,8 +2851,17 @@ class LevelProbe(torch.nn.Module if torch is not None else object):  # type: ign
                 # A list's item by index, as the model's own code reaches its layers: the
                 # backend then sees the same module path (model.layers[1]) as in the whole model.
                 module = module[int(part)] if part.isdigit() else getattr(module, part)
-            outputs.append(first_tensor(module(*args, **kwargs)))
+            outputs.append(tensor_output(module(*args, **kwargs)))
         return outputs
+
+
+def tensor_output(output):
+    """A module's output tensor: itself, or the first item of a tuple / output class; None
+    when there is none (such a module is left out of the search: nothing to compare)."""
+    if hasattr(output, "dim"):
+        return output
+    first = output[0] if isinstance(output, (tuple, list)) or hasattr(output, "to_tuple") else None
+    return first if hasattr(first, "dim") else None
 
 
 def capture_calls(model, names: list, root_calls: list) -> list:
@@ -2866,10 +2875,11 @@ def capture_calls(model, names: list, root_calls: list) -> list:
         def keep(module, args, kwargs, output):
             if name not in captured[-1]:
                 clone = lambda t: t.detach().clone().cpu()  # noqa: E731
+                value = tensor_output(output)
                 captured[-1][name] = (
                     map_tensors(args, clone),
                     map_tensors(kwargs, clone),
-                    first_tensor(output).detach().double().cpu(),
+                    None if value is None else value.detach().double().cpu(),
                 )
 
         return keep
@@ -2926,6 +2936,13 @@ def localize(ctx: RunContext, placement: Placement, root_calls: list, in_time) -
 
     def measure(names: list) -> list:
         reference_calls = capture_calls(reference, names, root_calls)
+        names = [
+            name
+            for name in names
+            if all(name in calls and calls[name][2] is not None for calls in reference_calls)
+        ]
+        if not names:
+            return []
         torch._dynamo.reset()  # one fresh graph per level (and prompt), never a stale one
         compiled = torch.compile(
             LevelProbe(device_model, names), backend=placement.compile_backend, dynamic=False
@@ -2944,7 +2961,7 @@ def localize(ctx: RunContext, placement: Placement, root_calls: list, in_time) -
                     for name in names:
                         module = baseline.get_submodule(name)
                         args, kwargs = _cast_call(calls[name], dtype, torch.device("cpu"))
-                        out = first_tensor(module(*args, **kwargs))
+                        out = tensor_output(module(*args, **kwargs))
                         baseline_errors[name].append(row_errors(out, calls[name][2]))
         modules = dict(reference.named_modules())
         return [

@@ -105,6 +105,16 @@ def test_relative_errors_are_per_position() -> None:
     assert errors[:-1].abs().max() == 0
 
 
+def test_a_modules_output_tensor_is_found_or_it_has_none() -> None:
+    x = torch.ones(2)
+    assert runner.tensor_output(x) is x
+    assert runner.tensor_output((x, None)) is x
+    # A module whose output holds no tensor (a cache, None) has nothing to compare.
+    assert runner.tensor_output((None, x)) is None
+    assert runner.tensor_output(None) is None
+    assert runner.tensor_output({"hidden": x}) is None
+
+
 def _measure_with_fault(faulty: set[str], seen: list[list[str]]):
     """A measurement where each faulty module, and every module enclosing one, diverges."""
 
