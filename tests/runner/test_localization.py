@@ -241,6 +241,25 @@ def test_the_dense_miscompiler_is_localized_to_the_last_layers_mlp_output(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fault", "module"),
+    [
+        # The last layer's input norm read 10% too large.
+        ("scale_norm_10pct", "model.layers.1.input_layernorm"),
+        # Every logit outside a position's top 64 raised: the LM head's output.
+        ("vocab_tail_bias", "lm_head"),
+    ],
+)
+def test_faults_at_a_norm_and_at_the_lm_head_are_named_exactly(
+    fault: str, module: str, demo_models: dict[str, DemoModel]
+) -> None:
+    doc = _run(demo_models["tiny-llama"], f"model_support.faults:{fault}")
+    assert doc["result"] == "FAIL"
+    found = doc["verification"]["first_divergence"]
+    assert (found["status"], found["module"]) == ("found", module)
+
+
+@pytest.mark.slow
 def test_a_zeroed_head_in_a_float32_moe_model_is_localized_to_its_output_projection(
     demo_models: dict[str, DemoModel],
 ) -> None:
