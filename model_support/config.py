@@ -10,6 +10,7 @@ from model_support.vocabulary import (
     SHARDABLE_TASKS,
     Backend,
     Float32Precision,
+    LocalizeMode,
     Parallelism,
     Task,
 )
@@ -149,6 +150,15 @@ class VerificationConfig(BaseModel):
         ge=0,
         le=1,
         description="Largest share of a prompt's positions excused from the q90, peak and kl checks as router near-ties.",
+    )
+    localize: LocalizeMode = Field(
+        LocalizeMode.ON_FAIL,
+        description="When to search the first module whose compiled output diverges from the reference (first_divergence): on_fail, always (any verdict) or never.",
+    )
+    localize_budget_s: float = Field(
+        600.0,
+        gt=0,
+        description="Seconds the search for the first diverging module may take before it stops and records what it found so far.",
     )
     float32_precision: Float32Precision = Field(
         Float32Precision.AUTO,

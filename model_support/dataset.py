@@ -30,12 +30,13 @@ from pydantic import BaseModel
 
 from model_support.config import VerificationConfig
 from model_support.models import is_local_path
-from model_support.records import ResultDocument, RunRecord, Stack
+from model_support.records import ResultDocument, RunRecord, Stack, Verification
 from model_support.vocabulary import (
     ERROR_CLASS_MEANINGS,
     EXCLUSION_MEANINGS,
     FLOAT32_PRECISION_DEFAULTS,
     FLOAT32_PRECISION_MEANINGS,
+    LOCALIZATION_STATUS_MEANINGS,
     PASS_BLIND_SPOTS,
     PASS_GUARANTEES,
     RESULT_MEANINGS,
@@ -127,6 +128,11 @@ def _field(path: str) -> Callable[[_Source], Any]:
     """
     getter: Callable[[_Source], Any] = attrgetter(path)
     return getter
+
+
+def _first_divergence(verification: Verification, name: str) -> Any:
+    found = verification.first_divergence
+    return None if found is None else getattr(found, name)
 
 
 def _enum_value(value: Any) -> str | None:
@@ -593,6 +599,24 @@ COLUMNS: tuple[Column, ...] = (
         "For float32 runs: the arithmetic the baseline reproduced (ieee, tf32 or bf16 matmul operands); null otherwise.",
         lambda s: _enum_value(s.doc.verification.float32_precision),
     ),
+    Column(
+        "first_divergence",
+        _STRING,
+        "For a FAIL: the first module, in execution order, whose compiled output diverges from the float32 reference on the reference's inputs (e.g. model.layers.1.mlp.down_proj); null when not searched or none diverges (see Where a FAIL starts).",
+        lambda s: _first_divergence(s.doc.verification, "module"),
+    ),
+    Column(
+        "first_divergence_kind",
+        _STRING,
+        "That module's class (LlamaMLP, Linear): what FAILs of a stack are grouped by across models.",
+        lambda s: _first_divergence(s.doc.verification, "kind"),
+    ),
+    Column(
+        "first_divergence_ratio",
+        _FLOAT,
+        "That module's median relative output error / the baseline's, on the same inputs.",
+        lambda s: _first_divergence(s.doc.verification, "error_ratio"),
+    ),
     # ---- end of verdict statistics ----
     Column(
         "verification_reason",
@@ -959,6 +983,28 @@ Float32 runs are judged against the arithmetic their backend may use (`float32_p
 {precisions}
 
 {task_verdicts_section()}
+
+{first_divergence_section()}
+"""
+
+
+def first_divergence_section() -> str:
+    """Where a FAIL starts (the localization), for the dataset card."""
+    statuses = "\n".join(
+        f"- `{status.value}`: {meaning}" for status, meaning in LOCALIZATION_STATUS_MEANINGS.items()
+    )
+    return f"""### Where a FAIL starts
+
+On a FAIL, run.py searches the first module whose compiled output diverges: level by level
+from the model's children down, the modules of a level are compiled together with the run's
+compile backend and each is called on the float32 reference's inputs for it (teacher forced),
+its output compared with the reference's relative to the baseline's on the same inputs, by the
+verdict's bounds on the median, 90th percentile and maximum over positions. The deepest first
+diverging module is `first_divergence` (its class `first_divergence_kind`); `verification_json`
+holds the whole search (`first_divergence`: the enclosing modules, the next two diverging
+modules, the time and memory it took). Its `status`:
+
+{statuses}
 """
 
 

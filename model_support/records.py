@@ -20,6 +20,7 @@ from model_support.vocabulary import (
     ErrorClass,
     ExclusionReason,
     Float32Precision,
+    LocalizationStatus,
     Parallelism,
     Result,
     VerdictCheck,
@@ -196,6 +197,70 @@ class CompileCacheFigures(BaseModel):
     push: CacheTransferFigures | None = Field(None, description="The push after run.py.")
 
 
+class ModuleDivergence(BaseModel):
+    """One module's compiled output against the float32 reference, given the reference's inputs."""
+
+    model_config = _FORBID
+
+    module: str = Field(..., description="The module's name in the model (model.layers.1.mlp).")
+    kind: str = Field(..., description="Its class (LlamaMLP, Linear).")
+    error_ratio: float = Field(
+        ...,
+        description="Median over positions of the output's relative error / the baseline's.",
+    )
+    q90_ratio: float = Field(..., description="The same for the 90th percentile over positions.")
+    peak_ratio: float = Field(..., description="The same for the largest error over positions.")
+    device_error: float = Field(..., description="The device's median relative error.")
+    baseline_error: float = Field(..., description="The baseline's median relative error.")
+    failed_checks: list[str] = Field(
+        default_factory=list, description="The bounds it beats: median, q90, peak."
+    )
+
+
+class FirstDivergence(BaseModel):
+    """Where a FAIL starts: the first module in execution order whose output diverges."""
+
+    model_config = _FORBID
+
+    status: LocalizationStatus
+    module: str | None = Field(None, description="The first diverging module (deepest level).")
+    kind: str | None = None
+    error_ratio: float | None = None
+    q90_ratio: float | None = None
+    peak_ratio: float | None = None
+    device_error: float | None = None
+    baseline_error: float | None = None
+    failed_checks: list[str] = Field(default_factory=list)
+    path: list[ModuleDivergence] = Field(
+        default_factory=list, description="The enclosing modules that diverged, outermost first."
+    )
+    candidates: list[ModuleDivergence] = Field(
+        default_factory=list,
+        description="The next diverging modules of the same level, in execution order (at most two).",
+    )
+    rank: int | None = Field(None, description="The worker (rank) that searched.")
+    reason: str | None = Field(None, description="Why the search stopped short, when it did.")
+    error_class: ErrorClass | None = Field(
+        None, description="The class of the error that stopped the search (status failed)."
+    )
+    seconds: float | None = Field(None, description="What the search took.")
+    host_peak_rss_increase_bytes: int | None = Field(
+        None, description="How much the search raised the process's peak resident memory."
+    )
+
+    def summary(self) -> str:
+        """One line: the first diverging module and its ratio, or why none is named."""
+        cost = f" ({self.seconds:.1f} s)" if self.seconds is not None else ""
+        if self.module is None:
+            line = f"no first diverging module ({self.status.value})"
+        else:
+            ratio = "?" if self.error_ratio is None else f"{self.error_ratio:.3g}"
+            line = f"first diverging module: {self.module} ({self.kind}), error ratio {ratio}"
+            if self.status is LocalizationStatus.INCOMPLETE:
+                line += ", search incomplete"
+        return line + (f": {self.reason}" if self.reason else "") + cost
+
+
 class Verification(BaseModel):
     """The verdict's figures, kept whole so thresholds can be re-judged from the dataset."""
 
@@ -270,6 +335,10 @@ class Verification(BaseModel):
     positions: list[dict[str, Any]] = Field(
         default_factory=list,
         description="Per prompt and position: token, reference argmax, margin, baseline and device deviation and KL, router tie, verdict.",
+    )
+    first_divergence: FirstDivergence | None = Field(
+        None,
+        description="Where the FAIL starts: the first module whose compiled output diverges (searched on a FAIL, or always on request).",
     )
     # ---- the tasks beyond text generation
     method: str | None = Field(

@@ -250,6 +250,33 @@ VERDICT_CHECK_MEANINGS: dict[VerdictCheck, str] = {
 }
 
 
+class LocalizeMode(StrEnum):
+    """When a run searches the first module whose compiled output diverges."""
+
+    ON_FAIL = "on_fail"
+    ALWAYS = "always"
+    NEVER = "never"
+
+
+class LocalizationStatus(StrEnum):
+    """How the search for the first diverging module ended (``first_divergence.status``)."""
+
+    FOUND = "found"
+    NONE = "none"
+    INCOMPLETE = "incomplete"
+    FAILED = "failed"
+    NOT_SUPPORTED = "not_supported"
+
+
+LOCALIZATION_STATUS_MEANINGS: dict[LocalizationStatus, str] = {
+    LocalizationStatus.FOUND: "A module diverges on its own: the first one in execution order, at the deepest level searched.",
+    LocalizationStatus.NONE: "No module's output diverges on the reference's inputs (the error arises elsewhere, e.g. in the cached decode path).",
+    LocalizationStatus.INCOMPLETE: "The time budget ran out; the module named, if any, is the deepest one confirmed so far.",
+    LocalizationStatus.FAILED: "The search itself failed (a module that does not compile on its own, memory): the reason and its error class say why.",
+    LocalizationStatus.NOT_SUPPORTED: "Not searched: a sharded run, or a task family the search does not cover yet.",
+}  # fmt: skip
+
+
 class Float32Precision(StrEnum):
     """The arithmetic a float32 run's compile backend may use, which its baseline reproduces."""
 

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from packaging.version import InvalidVersion, Version
 
+from model_support.records import FirstDivergence
 from model_support.vocabulary import Result
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ LIST_COLUMNS: tuple[str, ...] = (
 )
 TRIAGE_COLUMNS: tuple[str, ...] = (
     "model_id", "task", "result", "error_class", "error", "verification_reason",
+    "first_divergence", "first_divergence_kind",
 )  # fmt: skip
 COMPARE_COLUMNS: tuple[str, ...] = ("model_id", "task", "result", "error_class", "wall_time_s")
 PASS_RATE_COLUMNS: tuple[str, ...] = ("compiler", "compiler_version", "model_id", "result")
@@ -332,20 +334,60 @@ def failure_messages(failed: pd.DataFrame) -> pd.Series:
     return messages.where(messages.notna(), None)
 
 
+def divergence_signature(module: object, kind: object) -> str | None:
+    """A FAIL's group by where it starts: the first diverging module's own name (its last
+    part, e.g. o_proj) and class, the same in every layer and every model; None when unknown."""
+    if not isinstance(module, str) or not module:
+        return None
+    return f"FAIL, first diverging module: {module.rpartition('.')[2]} ({kind})"
+
+
 def failure_signatures(failed: pd.DataFrame) -> list[str]:
-    """The signature of each failure: of its error, else of the verdict's first reason (a FAIL
-    lists up to a few bad tokens and the error ratio, separated by "; ")."""
-    errors = failed["error"].astype("object")
-    if "verification_reason" in failed.columns:
-        reasons = failed["verification_reason"].astype("object")
-    else:
-        reasons = pd.Series(None, index=failed.index, dtype="object")
+    """The signature of each failure: for a FAIL whose first diverging module is known, that
+    module's kind; else of its error, else of the verdict's first reason (a FAIL lists up to a
+    few bad tokens and the error ratio, separated by "; ")."""
+    none = pd.Series(None, index=failed.index, dtype="object")
+
+    def column(name: str) -> pd.Series:
+        return failed[name].astype("object") if name in failed.columns else none
+
+    errors, reasons = column("error"), column("verification_reason")
+    modules, kinds = column("first_divergence"), column("first_divergence_kind")
     return [
-        error_signature(
+        divergence_signature(m, k)
+        or error_signature(
             e if isinstance(e, str) else r.split("; ")[0] if isinstance(r, str) else None
         )
-        for e, r in zip(errors, reasons, strict=True)
+        for e, r, m, k in zip(errors, reasons, modules, kinds, strict=True)
     ]
+
+
+def first_divergence(verification: dict) -> tuple[str | None, pd.DataFrame]:
+    """Where a FAIL starts, from a run's verification: one sentence, and the modules searched
+    (the enclosing ones, the first diverging one, the next candidates) with their ratios."""
+    found = verification.get("first_divergence")
+    if not isinstance(found, dict):
+        return None, pd.DataFrame()
+    sentence = FirstDivergence.model_validate(found).summary()
+    module = found.get("module")
+    roles = (
+        [("enclosing", m) for m in found.get("path") or []]
+        + ([("first diverging", found)] if module else [])
+        + [("next candidate", m) for m in found.get("candidates") or []]
+    )
+    rows = [
+        {
+            "role": role,
+            "module": m.get("module"),
+            "kind": m.get("kind"),
+            "error ratio": m.get("error_ratio"),
+            "q90 ratio": m.get("q90_ratio"),
+            "peak ratio": m.get("peak_ratio"),
+            "failed checks": ", ".join(m.get("failed_checks") or []),
+        }
+        for role, m in roles
+    ]
+    return sentence, pd.DataFrame(rows)
 
 
 def triage(frame: pd.DataFrame, max_models: int = 5) -> pd.DataFrame:

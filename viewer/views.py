@@ -304,8 +304,8 @@ def view_triage(ctx: Context) -> pd.DataFrame:
     groups = queries.triage(frame)
     st.caption(
         "Failures (FAIL, ERROR, TIMEOUT) grouped by the first line of their error (for a FAIL, the "
-        "verdict's reason) with numbers, "
-        "addresses, paths and quoted names stripped."
+        "kind of its first diverging module when it was found, else the verdict's reason) with "
+        "numbers, addresses, paths and quoted names stripped."
     )
     if groups.empty:
         st.success("No failures on this stack.")
@@ -589,6 +589,11 @@ def _details_row(row: pd.Series) -> None:
         st.dataframe(measures, hide_index=True)
         with st.expander("Per input / per step"):
             st.dataframe(queries.verdict_items(verification), hide_index=True)
+    where, modules = queries.first_divergence(verification)
+    if where is not None:
+        st.markdown(literal(where))
+        if not modules.empty:
+            st.dataframe(modules, hide_index=True)
     with st.expander("Whole verification (JSON)"):
         st.json(verification)
     _generated_text(row)

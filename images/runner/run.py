@@ -16,7 +16,8 @@ Contents
     main()       the stages, top to bottom: setup, load, compile, generate, verify
     Appendix A   task families, one section each ("# ---- task: <pipeline tags>")
     Appendix B   device backends, one class each: neuron, cuda, cpu
-    Appendix C   the verdict: float32 reference, baseline, token and logit checks
+    Appendix C   the verdict: float32 reference, baseline, token and logit checks; on a FAIL,
+                 the first module whose compiled output diverges (localization)
     Appendix D   plumbing: vocabulary, errors, stages, the document, sharded workers
 """
 
@@ -72,6 +73,8 @@ CONFIG_JSON = r"""
         "error_floor": 0.001,
         "float32_precision": "auto",
         "kl_floor": 1e-06,
+        "localize": "on_fail",
+        "localize_budget_s": 600.0,
         "max_error_ratio": 3.0,
         "max_kl_ratio": 10.0,
         "max_peak_ratio": 4.0,
@@ -128,6 +131,8 @@ def run_test(ctx: RunContext) -> dict:
         return doc
     with stage("verify", ctx):
         verify_stage(ctx, processor, generation)
+    if localization_wanted(config["verification"], doc["result"]):
+        localize_stage(ctx, placement, processor, generation)
     if config["judge_model"]:
         judge_stage(ctx)
     return doc
@@ -241,6 +246,7 @@ def verify_stage(ctx: RunContext, processor, generation: Generation) -> None:
     # Every document has the same fields: the token verdict has no per-measure or per-item list.
     verification.setdefault("metrics", [])
     verification.setdefault("items", [])
+    verification.setdefault("first_divergence", None)  # searched after the verdict, on a FAIL
     doc["timings"]["reference_s"] = seconds
     doc["verification"] = verification
     doc["result"] = "PASS" if verification["passed"] else "FAIL"
@@ -322,6 +328,12 @@ class TaskScenario(abc.ABC):
     def cast(self, model, dtype) -> None:
         """Move a float32 model to the baseline's dtype in place."""
         model.to(dtype)
+
+    def localization_calls(self, config: dict, processor, generation: Generation) -> list | None:
+        """The model's forward, once per input, as (args, kwargs) on CPU, for localizing a FAIL
+        (the device's output fed back as input, as the verdict scores it); None where this
+        family is not localized."""
+        return None
 
     def verify(
         self, config: dict, processor, generation: Generation, dtype_name: str, backend: str
@@ -520,6 +532,15 @@ class TextGeneration(GreedyDecoding):
         )
         judged["routing_flips"] = scored["routing_flips"]
         return judged
+
+    def localization_calls(self, config, processor, generation):
+        calls = []
+        for prompt, generated in zip(config["prompts"], generation.tokens, strict=True):
+            single = dict(build_inputs(config, processor, [prompt]))
+            ids = torch.cat([single.pop("input_ids"), generated.unsqueeze(0)], dim=1)
+            single["attention_mask"] = torch.ones_like(ids)
+            calls.append(((), {"input_ids": ids, "use_cache": False, **single}))
+        return calls
 
 
 def build_inputs(config: dict, processor, prompts: list[str]):
@@ -2198,6 +2219,9 @@ def compilation_summary(before: CompileCounts, after: CompileCounts) -> dict:
 # The output is compared with a float32 CPU reference, relative to the same pass in a correct
 # run's arithmetic (the baseline). Method and sources: docs/verification.md.
 
+# The verification settings that are not thresholds (the record keeps the thresholds as numbers).
+NON_NUMERIC_PARAMETERS = ("enabled", "float32_precision", "localize")
+
 TOP_K_NOISE = 8  # reference top-k tokens whose baseline deviation sets a position's noise level
 
 
@@ -2528,9 +2552,7 @@ def verdict(
         "router_tie_tokens": router_tie_tokens,
         "first_mismatch": first_mismatch,
         "reason": "; ".join(reasons) if reasons else None,
-        "parameters": {
-            k: float(v) for k, v in params.items() if k not in ("enabled", "float32_precision")
-        },
+        "parameters": {k: float(v) for k, v in params.items() if k not in NON_NUMERIC_PARAMETERS},
         "prompt_statistics": prompt_stats,
         "positions": positions,
     }
@@ -2651,12 +2673,374 @@ def task_verdict(
         "near_ties": choices.get("near_ties"),
         "bad_tokens": choices.get("bad"),
         "reason": "; ".join(reasons) if reasons else None,
-        "parameters": {
-            k: float(v) for k, v in params.items() if k not in ("enabled", "float32_precision")
-        },
+        "parameters": {k: float(v) for k, v in params.items() if k not in NON_NUMERIC_PARAMETERS},
         "metrics": metrics,
         "items": items,
     }
+
+
+# ---- localization: where a FAIL starts
+#
+# On a FAIL (verification.localize "on_fail"; "always" for any run, "never" to skip) the run
+# names the first module, in execution order, whose compiled output diverges. The float32
+# reference runs the model's forward on each prompt and the device's tokens (as the verdict
+# scores it) and keeps every module's inputs and output. Level by level from the model's
+# children down, the modules of a level are compiled together with the run's compile backend
+# (one graph per level and prompt, under the model's own module names) and each is called on
+# the reference's inputs for it (teacher forced: an earlier module's error never reaches a later
+# one); the baseline (the run's arithmetic on CPU) runs on the same inputs. A module diverges
+# when its output's relative error beats the baseline's by the verdict's own bounds
+# (max_error_ratio on the median over positions, max_q90_ratio, max_peak_ratio). The first
+# diverging module of a level is searched in turn, down to a module none of whose children
+# diverges. It never changes the result; what stopped it is recorded. docs/verification.md.
+
+LOCALIZE_MODES = ("on_fail", "always", "never")
+LOCALIZATION_STATUSES = ("found", "none", "incomplete", "failed", "not_supported")
+LOCALIZE_CANDIDATES = 2  # further diverging modules (after the answer) that are named too
+# Each check of a module's relative error (over positions) and the verdict's bound for it.
+DIVERGENCE_BOUNDS = (
+    ("median", 0.5, "max_error_ratio"),
+    ("q90", 0.9, "max_q90_ratio"),
+    ("peak", 1.0, "max_peak_ratio"),
+)
+
+
+def localization_wanted(params: dict, result: str | None) -> bool:
+    """Whether this run localizes: on a FAIL by default, on any verdict with "always"."""
+    mode = params.get("localize", "on_fail")
+    if mode not in LOCALIZE_MODES:
+        raise ValueError(
+            f"verification.localize is {mode!r}: use one of {', '.join(LOCALIZE_MODES)}"
+        )
+    return mode == "always" or (mode == "on_fail" and result == "FAIL")
+
+
+def row_errors(value, reference):
+    """Per position (every row of the last dimension), ||value - reference|| / ||reference||."""
+    ref = torch.as_tensor(reference).double()
+    rows = ref.reshape(-1, ref.shape[-1]) if ref.dim() else ref.reshape(1, 1)
+    diff = torch.as_tensor(value).double().reshape(rows.shape) - rows
+    return diff.norm(dim=-1) / rows.norm(dim=-1).clamp_min(1e-30)
+
+
+@dataclasses.dataclass
+class ModuleDeviation:
+    """One module's output against the reference, the device's errors over the baseline's."""
+
+    module: str  # its name in the model, as named_modules spells it
+    kind: str  # its class
+    ratios: dict  # check -> the device's error statistic / the baseline's (floored)
+    device_error: float  # the median relative error over positions
+    baseline_error: float
+    failed_checks: list
+
+    def record(self) -> dict:
+        return {
+            "module": self.module,
+            "kind": self.kind,
+            "error_ratio": _figure(self.ratios["median"]),
+            "q90_ratio": _figure(self.ratios["q90"]),
+            "peak_ratio": _figure(self.ratios["peak"]),
+            "device_error": _figure(self.device_error),
+            "baseline_error": _figure(self.baseline_error),
+            "failed_checks": list(self.failed_checks),
+        }
+
+
+def module_deviation(module: str, kind: str, device_errors, baseline_errors, params: dict):
+    """Judge one module from its per-position relative errors, device and baseline (pure).
+
+    Each check is a statistic over positions of the device's error divided by the baseline's
+    (at least ``relative_error_floor``), against the verdict's bound for that statistic.
+    """
+    floor = float(params.get("relative_error_floor", 1e-5))
+    ratios, failed = {}, []
+    for check, q, bound in DIVERGENCE_BOUNDS:
+        device = _quantile(device_errors.double(), q)
+        base = _quantile(baseline_errors.double(), q)
+        ratios[check] = device / max(base, floor)
+        if not ratios[check] <= params[bound]:  # a NaN error diverges too
+            failed.append(check)
+    return ModuleDeviation(
+        module,
+        kind,
+        ratios,
+        _quantile(device_errors.double(), 0.5),
+        _quantile(baseline_errors.double(), 0.5),
+        failed,
+    )
+
+
+def called_children(parent: str, called: list) -> list:
+    """The modules called directly under ``parent`` ("" is the model), in first-call order.
+
+    ``called``: every module the forward called, in first-call order. A container that is never
+    called itself (a ModuleList of layers) is looked through: its layers are the children.
+    """
+    called_set = set(called)
+    children = []
+    for name in called:
+        if name == parent or not (parent == "" or name.startswith(parent + ".")):
+            continue
+        ancestor = name.rpartition(".")[0]
+        while ancestor != parent and ancestor not in called_set:
+            ancestor = ancestor.rpartition(".")[0]
+        if ancestor == parent:
+            children.append(name)
+    return children
+
+
+def descend(measure, called: list, in_time) -> dict:
+    """Search the first diverging module level by level (pure: ``measure`` does the running).
+
+    ``measure(names)``: the ModuleDeviation of each named module, in order. ``in_time()``:
+    whether another level may start. Returns the deepest first diverging module, the modules
+    that led to it (``path``), the next LOCALIZE_CANDIDATES diverging modules after it (its own
+    level's first, then the enclosing levels') and the status: found, none (no module of the model diverges) or incomplete (out of time).
+    """
+    found: ModuleDeviation | None = None
+    path: list = []
+    candidates: list = []
+    parent = ""
+    while True:
+        names = called_children(parent, called)
+        if not names:
+            break
+        if not in_time():
+            return {
+                "status": "incomplete",
+                "found": found,
+                "path": path,
+                "candidates": candidates[:LOCALIZE_CANDIDATES],
+            }
+        diverging = [d for d in measure(names) if d.failed_checks]
+        if not diverging:
+            break
+        if found is not None:
+            path.append(found)
+        # The level's later diverging modules first, then the enclosing levels' later ones.
+        found, candidates = diverging[0], diverging[1:] + candidates
+        parent = found.module
+    return {
+        "status": "found" if found is not None else "none",
+        "found": found,
+        "path": path,
+        "candidates": candidates[:LOCALIZE_CANDIDATES],
+    }
+
+
+class LevelProbe(torch.nn.Module if torch is not None else object):  # type: ignore[misc]
+    """The modules of one level, each called on its own inputs, under the model's own names.
+
+    The model's top-level children are this module's children, so a compile backend sees the
+    module paths it sees in the whole model's graph (``model.layers.1.mlp``).
+    """
+
+    def __init__(self, model, names: list) -> None:
+        super().__init__()
+        for child, module in model.named_children():
+            if any(name == child or name.startswith(child + ".") for name in names):
+                self.add_module(child, module)
+        self.names = list(names)
+
+    def forward(self, calls: list) -> list:
+        outputs = []
+        for name, (args, kwargs) in zip(self.names, calls, strict=True):
+            module = self
+            for part in name.split("."):
+                # A list's item by index, as the model's own code reaches its layers: the
+                # backend then sees the same module path (model.layers[1]) as in the whole model.
+                module = module[int(part)] if part.isdigit() else getattr(module, part)
+            outputs.append(tensor_output(module(*args, **kwargs)))
+        return outputs
+
+
+def tensor_output(output):
+    """A module's output tensor: itself, or the first item of a tuple / output class; None
+    when there is none (such a module is left out of the search: nothing to compare)."""
+    if hasattr(output, "dim"):
+        return output
+    first = output[0] if isinstance(output, (tuple, list)) or hasattr(output, "to_tuple") else None
+    return first if hasattr(first, "dim") else None
+
+
+def capture_calls(model, names: list, root_calls: list) -> list:
+    """Run the model on each root call; per call, each named module's first (args, kwargs,
+    output) on CPU, and the order in which all modules were first called (``names`` None)."""
+    modules = dict(model.named_modules())
+    captured: list = []
+    order: list = []
+
+    def keeper(name: str):
+        def keep(module, args, kwargs, output):
+            if name not in captured[-1]:
+                clone = lambda t: t.detach().clone().cpu()  # noqa: E731
+                value = tensor_output(output)
+                captured[-1][name] = (
+                    map_tensors(args, clone),
+                    map_tensors(kwargs, clone),
+                    None if value is None else value.detach().double().cpu(),
+                )
+
+        return keep
+
+    def note(name: str):
+        def seen(module, args):
+            if name not in order:
+                order.append(name)
+
+        return seen
+
+    hooks = [
+        modules[name].register_forward_hook(keeper(name), with_kwargs=True) for name in names
+    ] + [
+        module.register_forward_pre_hook(note(name))
+        for name, module in modules.items()
+        if name and not names
+    ]
+    try:
+        with torch.no_grad():
+            for args, kwargs in root_calls:
+                captured.append({})
+                model(*args, **kwargs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return order if not names else captured
+
+
+def _cast_call(call, dtype, device):
+    args, kwargs, _ = call
+    move = lambda t: t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)  # noqa: E731
+    return map_tensors(args, move), map_tensors(kwargs, move)
+
+
+def localize(ctx: RunContext, placement: Placement, root_calls: list, in_time) -> dict:
+    """Run the level-by-level search on this run's device (see the section's comment)."""
+    config, params = ctx.config, ctx.config["verification"]
+    scenario, dtype_name = scenario_for(config["task"]), config["dtype"]
+    dtype = torch_dtype(dtype_name)
+    precision = float32_precision(params, placement.backend.name)
+    _, reference = scenario.load(config, "float32", torch.device("cpu"))
+    baseline = reference
+    if dtype_name != "float32":
+        import copy
+
+        baseline = copy.deepcopy(reference)
+        scenario.cast(baseline, dtype)
+    baseline_precision = (
+        reduced_precision(precision) if dtype_name == "float32" else contextlib.nullcontext()
+    )
+    _, device_model = scenario.load(config, dtype_name, placement.device)
+    called = capture_calls(reference, [], root_calls)
+
+    def measure(names: list) -> list:
+        reference_calls = capture_calls(reference, names, root_calls)
+        names = [
+            name
+            for name in names
+            if all(name in calls and calls[name][2] is not None for calls in reference_calls)
+        ]
+        if not names:
+            return []
+        torch._dynamo.reset()  # one fresh graph per level (and prompt), never a stale one
+        compiled = torch.compile(
+            LevelProbe(device_model, names), backend=placement.compile_backend, dynamic=False
+        )
+        device_errors: dict = {name: [] for name in names}
+        baseline_errors: dict = {name: [] for name in names}
+        with torch.no_grad():
+            for calls in reference_calls:
+                device_out = compiled(
+                    [_cast_call(calls[name], dtype, placement.device) for name in names]
+                )
+                placement.backend.synchronize()
+                for name, out in zip(names, device_out, strict=True):
+                    device_errors[name].append(row_errors(out.detach().cpu(), calls[name][2]))
+                with baseline_precision:
+                    for name in names:
+                        module = baseline.get_submodule(name)
+                        args, kwargs = _cast_call(calls[name], dtype, torch.device("cpu"))
+                        out = tensor_output(module(*args, **kwargs))
+                        baseline_errors[name].append(row_errors(out, calls[name][2]))
+        modules = dict(reference.named_modules())
+        return [
+            module_deviation(
+                name,
+                type(modules[name]).__name__,
+                torch.cat(device_errors[name]),
+                torch.cat(baseline_errors[name]),
+                params,
+            )
+            for name in names
+        ]
+
+    return descend(measure, called, in_time)
+
+
+def localize_stage(ctx: RunContext, placement: Placement, processor, generation) -> None:
+    """Name the first diverging module in ``verification.first_divergence`` (rank 0).
+
+    Never changes the result: a search that cannot finish (time, memory, a module that does
+    not compile on its own) records why, with the error's class.
+    """
+    config, doc = ctx.config, ctx.doc
+    params = config["verification"]
+    start, rss_before = time.perf_counter(), proc_status_bytes().get("VmHWM")
+    record: dict = {
+        "status": "not_supported",
+        "module": None,
+        "kind": None,
+        "path": [],
+        "candidates": [],
+        "rank": ctx.rank,
+        "reason": None,
+        "error_class": None,
+    }
+    scenario = scenario_for(config["task"])
+    root_calls = (
+        None if ctx.world_size > 1 else scenario.localization_calls(config, processor, generation)
+    )
+    if ctx.world_size > 1:
+        record["reason"] = "localization runs on one core; this run was sharded"
+    elif root_calls is None:
+        record["reason"] = f"localization is not implemented for {config['task']} models"
+    else:
+        emit_progress("localize", "start")
+        budget = float(params.get("localize_budget_s", 600.0))
+        searched: dict = {}
+        try:
+            searched = localize(
+                ctx, placement, root_calls, lambda: time.perf_counter() - start < budget
+            )
+        except Exception as exc:
+            # The search failed, not the model: the verdict stands; why it failed is recorded.
+            record["status"] = "failed"
+            record["error_class"] = classify("compile", exc)
+            record["reason"] = f"{type(exc).__name__}: {exc}"[:2000]
+        else:
+            record["status"] = searched["status"]
+            if searched["status"] == "incomplete":
+                record["reason"] = f"the localization's time budget ({budget:g} s) ran out"
+            elif searched["status"] == "none" and doc["result"] == "FAIL":
+                record["reason"] = (
+                    "no module's output diverges on the reference's inputs: the error arises "
+                    "outside one forward over the whole sequence (e.g. the cached decode path)"
+                )
+            found = searched["found"]
+            if found is not None:
+                record.update(found.record())
+            record["path"] = [d.record() for d in searched["path"]]
+            record["candidates"] = [d.record() for d in searched["candidates"]]
+        gc.collect()
+    rss_after = proc_status_bytes().get("VmHWM")
+    record["seconds"] = _figure(time.perf_counter() - start)
+    record["host_peak_rss_increase_bytes"] = (
+        None if rss_before is None or rss_after is None else max(rss_after - rss_before, 0)
+    )
+    doc["verification"]["first_divergence"] = record
+    if record["status"] != "not_supported":
+        emit_progress("localize", record["status"], record["seconds"], record["module"])
 
 
 JUDGE_QUESTION = (

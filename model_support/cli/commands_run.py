@@ -23,12 +23,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from model_support.cli import commands_cache
-from model_support.config import COMPILE_BACKEND_PATTERN, RunConfig
+from model_support.config import COMPILE_BACKEND_PATTERN, RunConfig, VerificationConfig
 from model_support.execution import StageEvent
 from model_support.models import BadModelReference, resolve_model
 from model_support.records import RunRecord, excluded_record
 from model_support.stop_signals import on_stop_signals
-from model_support.vocabulary import Backend, Parallelism, Result, Task
+from model_support.vocabulary import Backend, LocalizeMode, Parallelism, Result, Task
 
 if TYPE_CHECKING:
     from model_support.store import ResultsStore
@@ -73,6 +73,13 @@ LncOpt = Annotated[
     int | None, typer.Option(help="Logical NeuronCore config for sizing (trn2: 1 or 2).")
 ]
 MaxCoresOpt = Annotated[int, typer.Option(min=1, help="Most cores sizing may choose.")]
+LocalizeOpt = Annotated[
+    LocalizeMode,
+    typer.Option(
+        help="When to search the first module whose compiled output diverges: on a FAIL, "
+        "always, or never."
+    ),
+]
 TokensOpt = Annotated[int, typer.Option("--max-new-tokens", min=1, help="Tokens to generate.")]
 RemoteOpt = Annotated[
     bool, typer.Option("--trust-remote-code", help="Allow code from the model's repository.")
@@ -233,6 +240,7 @@ def build_config(
     max_new_tokens: int,
     trust_remote_code: bool,
     judge_model: Path | None = None,
+    localize: LocalizeMode = LocalizeMode.ON_FAIL,
 ) -> RunConfig:
     """Validate the command line into a RunConfig (Hub revision pinned), or exit clearly."""
     try:
@@ -268,6 +276,7 @@ def build_config(
             judge_model=str(judge_model.resolve()) if judge_model else None,
             cores=n_cores,
             parallelism=parallelism,
+            verification=VerificationConfig(localize=localize),
         )
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
@@ -383,6 +392,8 @@ def print_record(record: RunRecord) -> None:
         )
     if v.reason:
         out.print(f"  [red]{escape(v.reason)}[/]")
+    if v.first_divergence is not None:
+        out.print(f"  where: {escape(v.first_divergence.summary())}")
     if doc.error:
         out.print(f"  [yellow]{escape(doc.error.splitlines()[0][:400])}[/]")
     for text in doc.text[:3]:
@@ -502,6 +513,7 @@ def run(
     parallelism: ParallelismOpt = None,
     max_new_tokens: TokensOpt = 32,
     trust_remote_code: RemoteOpt = False,
+    localize: LocalizeOpt = LocalizeMode.ON_FAIL,
     judge_model: Annotated[
         Path | None,
         typer.Option(
@@ -560,6 +572,7 @@ def run(
         max_new_tokens=max_new_tokens,
         trust_remote_code=trust_remote_code,
         judge_model=judge_model,
+        localize=localize,
     )
     untrusted = ["--trust-remote-code"] if trust_remote_code else []
     if compile_backend is not None and ":" in compile_backend:
@@ -688,6 +701,7 @@ def script(
     parallelism: ParallelismOpt = None,
     max_new_tokens: TokensOpt = 32,
     trust_remote_code: RemoteOpt = False,
+    localize: LocalizeOpt = LocalizeMode.ON_FAIL,
     instance: InstanceOpt = None,
     lnc: LncOpt = None,
     max_cores: MaxCoresOpt = 16,
@@ -706,6 +720,7 @@ def script(
         parallelism=parallelism,
         max_new_tokens=max_new_tokens,
         trust_remote_code=trust_remote_code,
+        localize=localize,
     )
     if cores is None:
         planned = plan_cores(config, instance, lnc, max_cores)

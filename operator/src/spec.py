@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from model_support.config import COMPILE_BACKEND_PATTERN, RunConfig, VerificationConfig
-from model_support.vocabulary import Backend, Float32Precision, Parallelism, Task
+from model_support.vocabulary import Backend, Float32Precision, LocalizeMode, Parallelism, Task
 
 ProfileName = Literal["trn2", "trn1", "inf2", "cpu"]
 
@@ -93,6 +93,8 @@ class VerificationSpec(_Camel):
     routerTieFloor: float | None = Field(None, ge=0)
     routerTieShare: float | None = Field(None, ge=0, le=1)
     float32Precision: Float32Precision | None = None
+    localize: LocalizeMode | None = None
+    localizeBudgetSeconds: float | None = Field(None, gt=0)
 
 
 class CompileCacheSpec(_Camel):
@@ -249,6 +251,8 @@ class TestSpec(_Camel):
                 "router_tie_floor": self.verification.routerTieFloor,
                 "router_tie_share": self.verification.routerTieShare,
                 "float32_precision": self.verification.float32Precision,
+                "localize": self.verification.localize,
+                "localize_budget_s": self.verification.localizeBudgetSeconds,
             }.items()
             if value is not None
         }

@@ -362,3 +362,18 @@ def test_each_bad_input_is_one_clear_line_and_exit_2(
     assert message in output
     assert "Traceback" not in output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing written
+
+
+def test_the_script_carries_when_to_localize_a_fail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    monkeypatch.chdir(tmp_path)
+    default = runner.invoke(app, ["script", "./ckpt", "--cores", "1"])
+    assert read_config(default.stdout).verification.localize == "on_fail"
+    result = runner.invoke(app, ["script", "./ckpt", "--cores", "1", "--localize", "always"])
+    assert result.exit_code == 0, result.output
+    assert read_config(result.stdout).verification.localize == "always"
+    refused = runner.invoke(app, ["run", "./ckpt", "--localize", "sometimes"])
+    assert refused.exit_code == 2 and "sometimes" in refused.output

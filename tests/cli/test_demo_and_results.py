@@ -102,6 +102,13 @@ def test_the_dataset_holds_every_state_over_four_stacks(
     # The faulty compiler's two releases: a regression (tiny-llama) and a fix (the MoE).
     assert matrix.loc[("demo/tiny-llama", OLDER_RELEASE), "result"] == "PASS"
     assert matrix.loc[("demo/tiny-llama", NEWER_RELEASE), "result"] == "FAIL"
+    # The FAIL says where it starts: the release adds noise after the last layer's MLP output.
+    fail = matrix.loc[("demo/tiny-llama", NEWER_RELEASE)]
+    assert (fail.first_divergence, fail.first_divergence_kind) == (
+        "model.layers.1.mlp.down_proj",
+        "Linear",
+    )
+    assert pd.isna(matrix.loc[("demo/tiny-qwen3-moe", NEWER_RELEASE), "first_divergence"])
     assert matrix.loc[("demo/tiny-qwen3-moe", NEWER_RELEASE), "result"] == "PASS"
     error = matrix.loc[("demo/tiny-qwen3-moe", OLDER_RELEASE)]
     assert (error.result, error.error_class) == ("ERROR", "compile")
@@ -140,6 +147,7 @@ def test_the_demo_dataset_has_its_card(demo_results: tuple[Path, str, str]) -> N
     card = (results / "README.md").read_text()
     assert "configs:" in card and "PASS" in card and "EXCLUDED" in card
     assert "`model_path`" in card
+    assert "### Where a FAIL starts" in card and "`first_divergence`" in card
 
 
 def test_results_json_filters_rows(demo_results: tuple[Path, str, str]) -> None:

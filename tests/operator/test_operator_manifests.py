@@ -152,6 +152,8 @@ def test_valid_specs_pass_the_schema_and_the_operator(schema: jsonschema.Validat
         ({"compileCache": {"source": "/mnt/caches/../etc"}}, "source"),
         ({"extraPackages": ["--index-url=http://evil"]}, "extraPackages"),
         ({"queueName": "Not_A_Label"}, "queueName"),
+        ({"verification": {"localize": "sometimes"}}, "localize"),
+        ({"verification": {"localizeBudgetSeconds": 0}}, "localizeBudgetSeconds"),
         ({"unknownField": 1}, None),
     ],
 )
@@ -568,6 +570,16 @@ def test_a_small_host_memory_floor_is_requested_in_mebibytes() -> None:
     assert resources["limits"]["memory"] == resources["requests"]["memory"] == "512Mi"
     docs = render_chart({"results": "s3://b/r", "settings": {"minHostMemoryGiB": 0.375}})
     assert chart_settings(docs).min_host_memory_gib == 0.375
+
+
+def test_when_to_localize_a_fail_reaches_run_py(schema: jsonschema.Validator) -> None:
+    spec = {**full_spec(), "verification": {"localize": "always", "localizeBudgetSeconds": 120}}
+    body = {"apiVersion": "modelsupport.dev/v1alpha1", "kind": "ModelSupportTest"}
+    schema.validate({**body, "metadata": {"name": "x"}, "spec": spec})
+    verification = parse_spec(spec).run_config(4, Parallelism.TENSOR).verification
+    assert (verification.localize, verification.localize_budget_s) == ("always", 120.0)
+    default = parse_spec(full_spec()).run_config(4, Parallelism.TENSOR).verification
+    assert (default.localize, default.localize_budget_s) == ("on_fail", 600.0)
 
 
 def test_configmap_holds_the_rendered_script() -> None:

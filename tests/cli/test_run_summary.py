@@ -1,0 +1,66 @@
+"""The one-run summary `model-support run` prints: a FAIL says where it starts."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from model_support.cli.commands_run import print_record
+from model_support.records import (
+    FirstDivergence,
+    ResultDocument,
+    RunRecord,
+    Verification,
+    new_run_id,
+)
+from model_support.vocabulary import LocalizationStatus, Result
+
+
+def _failed(where: FirstDivergence) -> RunRecord:
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    document = ResultDocument(
+        model="org/m",
+        task="text-generation",
+        result=Result.FAIL,
+        verification=Verification(
+            passed=False, error_ratio=8.6, reason="3 bad tokens", first_divergence=where
+        ),
+        started_at=now,
+        finished_at=now,
+    )
+    return RunRecord(
+        run_id=new_run_id(now), document=document, run_py="", source="cli", recorded_at=now
+    )
+
+
+def test_a_fail_summary_names_its_first_diverging_module(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    where = FirstDivergence(
+        status=LocalizationStatus.FOUND,
+        module="model.layers.1.mlp.down_proj",
+        kind="Linear",
+        error_ratio=402.176,
+        seconds=7.2,
+    )
+    print_record(_failed(where))
+    out = capsys.readouterr().out
+    assert (
+        "where: first diverging module: model.layers.1.mlp.down_proj (Linear), error ratio 402 "
+        "(7.2 s)" in " ".join(out.split())
+    )
+
+
+def test_a_search_that_stopped_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    where = FirstDivergence(
+        status=LocalizationStatus.NOT_SUPPORTED,
+        reason="localization runs on one core; this run was sharded [red]",
+    )
+    print_record(_failed(where))
+    out = " ".join(capsys.readouterr().out.split())
+    # The reason is data: printed literally, never read as Rich markup.
+    assert (
+        "where: no first diverging module (not_supported): localization runs on one core; " in out
+    )
+    assert "this run was sharded [red]" in out

@@ -1,0 +1,321 @@
+"""Localization: a FAIL names the first module whose compiled output diverges.
+
+The pure parts (which modules form a level, when a module diverges, the level-by-level descent)
+are tested on synthetic inputs; the whole search runs in run.py on the tiny checkpoints with
+the faulty compilers of model_support.faults, whose target module is known.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from model_support.checkpoints import DemoModel
+from model_support.config import RunConfig
+from model_support.records import ResultDocument
+from model_support.runner import run as runner
+from model_support.vocabulary import LocalizationStatus, LocalizeMode
+
+# The order in which a Llama-style forward first calls its modules (named_modules' names).
+LLAMA_CALLS = [
+    "model",
+    "model.embed_tokens",
+    "model.rotary_emb",
+    "model.layers.0",
+    "model.layers.0.input_layernorm",
+    "model.layers.0.self_attn",
+    "model.layers.0.self_attn.q_proj",
+    "model.layers.0.self_attn.o_proj",
+    "model.layers.0.post_attention_layernorm",
+    "model.layers.0.mlp",
+    "model.layers.0.mlp.down_proj",
+    "model.layers.1",
+    "model.layers.1.input_layernorm",
+    "model.layers.1.self_attn",
+    "model.layers.1.self_attn.q_proj",
+    "model.layers.1.self_attn.o_proj",
+    "model.layers.1.post_attention_layernorm",
+    "model.layers.1.mlp",
+    "model.layers.1.mlp.down_proj",
+    "model.norm",
+    "lm_head",
+]
+
+
+def _params(**overrides: Any) -> dict:
+    params = RunConfig(model="org/model").verification.model_dump(mode="json")
+    return {**params, **overrides}
+
+
+def test_a_level_is_the_called_children_in_call_order_looking_through_module_lists() -> None:
+    assert runner.called_children("", LLAMA_CALLS) == ["model", "lm_head"]
+    # model.layers (a ModuleList) is never called: its layers are model's children.
+    assert runner.called_children("model", LLAMA_CALLS) == [
+        "model.embed_tokens",
+        "model.rotary_emb",
+        "model.layers.0",
+        "model.layers.1",
+        "model.norm",
+    ]
+    assert runner.called_children("model.layers.1", LLAMA_CALLS) == [
+        "model.layers.1.input_layernorm",
+        "model.layers.1.self_attn",
+        "model.layers.1.post_attention_layernorm",
+        "model.layers.1.mlp",
+    ]
+    # A prefix of another name is not its parent (layers.1 is not under layers.10's parent).
+    assert runner.called_children("model.layers.1", ["model.layers.1", "model.layers.10.mlp"]) == []
+    assert runner.called_children("lm_head", LLAMA_CALLS) == []
+
+
+def test_a_module_diverges_when_a_statistic_beats_the_baseline_by_the_verdicts_bound() -> None:
+    params = _params()
+    baseline = torch.full((20,), 0.01, dtype=torch.float64)
+    same = runner.module_deviation("m", "Linear", baseline.clone(), baseline, params)
+    assert same.failed_checks == []
+    assert same.ratios["median"] == pytest.approx(1.0)
+    # Just inside and just beyond max_error_ratio on every position: the median decides.
+    inside = runner.module_deviation("m", "Linear", baseline * 2.9, baseline, params)
+    assert inside.failed_checks == []
+    beyond = runner.module_deviation("m", "Linear", baseline * 3.1, baseline, params)
+    assert beyond.failed_checks == ["median"]
+    # One position far off: the median and q90 hold, the peak check catches it.
+    spike = baseline.clone()
+    spike[7] = 0.05
+    assert runner.module_deviation("m", "Linear", spike, baseline, params).failed_checks == ["peak"]
+    # A strict float32 baseline (no deviation) is floored: float32 rounding passes, more fails.
+    zero = torch.zeros(20, dtype=torch.float64)
+    floor = params["relative_error_floor"]
+    assert runner.module_deviation("m", "x", zero + floor, zero, params).failed_checks == []
+    assert runner.module_deviation("m", "x", zero + 10 * floor, zero, params).failed_checks
+    nan = torch.full((20,), float("nan"), dtype=torch.float64)
+    assert runner.module_deviation("m", "x", nan, baseline, params).failed_checks
+
+
+def test_relative_errors_are_per_position() -> None:
+    reference = torch.ones(2, 3, 4)
+    device = reference.clone()
+    device[1, 2] *= 1.5
+    errors = runner.row_errors(device, reference)
+    assert errors.shape == (6,)
+    assert errors[-1] == pytest.approx(0.5)
+    assert errors[:-1].abs().max() == 0
+
+
+def test_a_modules_output_tensor_is_found_or_it_has_none() -> None:
+    x = torch.ones(2)
+    assert runner.tensor_output(x) is x
+    assert runner.tensor_output((x, None)) is x
+    # A module whose output holds no tensor (a cache, None) has nothing to compare.
+    assert runner.tensor_output((None, x)) is None
+    assert runner.tensor_output(None) is None
+    assert runner.tensor_output({"hidden": x}) is None
+
+
+def _measure_with_fault(faulty: set[str], seen: list[list[str]]):
+    """A measurement where each faulty module, and every module enclosing one, diverges."""
+
+    def measure(names: list[str]) -> list:
+        seen.append(names)
+        deviations = []
+        for name in names:
+            bad = any(f == name or f.startswith(name + ".") for f in faulty)
+            errors = torch.full((4,), 1.0 if bad else 0.01, dtype=torch.float64)
+            base = torch.full((4,), 0.01, dtype=torch.float64)
+            deviations.append(runner.module_deviation(name, "M", errors, base, _params()))
+        return deviations
+
+    return measure
+
+
+def test_the_descent_names_the_deepest_first_diverging_module_and_only_opens_its_path() -> None:
+    seen: list[list[str]] = []
+    measure = _measure_with_fault({"model.layers.1.mlp.down_proj"}, seen)
+    searched = runner.descend(measure, LLAMA_CALLS, lambda: True)
+    assert searched["status"] == "found"
+    assert searched["found"].module == "model.layers.1.mlp.down_proj"
+    assert [d.module for d in searched["path"]] == ["model", "model.layers.1", "model.layers.1.mlp"]
+    assert searched["candidates"] == []
+    # One level per step down the path: layer 0's and the attention's children never ran.
+    assert [names[0] for names in seen] == [
+        "model",
+        "model.embed_tokens",
+        "model.layers.1.input_layernorm",
+        "model.layers.1.mlp.down_proj",
+    ]
+
+
+def test_the_first_in_execution_order_wins_and_the_next_two_are_candidates() -> None:
+    faulty = {"model.layers.0.post_attention_layernorm", "model.layers.1", "model.norm"}
+    searched = runner.descend(_measure_with_fault(faulty, []), LLAMA_CALLS, lambda: True)
+    assert searched["found"].module == "model.layers.0.post_attention_layernorm"
+    assert [d.module for d in searched["path"]] == ["model", "model.layers.0"]
+    # Nothing diverges after it inside layer 0: the next candidates come from model's level.
+    assert [d.module for d in searched["candidates"]] == ["model.layers.1", "model.norm"]
+    searched = runner.descend(
+        _measure_with_fault({"model.embed_tokens", "model.layers.1", "model.norm", "lm_head"}, []),
+        LLAMA_CALLS,
+        lambda: True,
+    )
+    assert searched["found"].module == "model.embed_tokens"
+    # At most two: the level's own (layers.1, norm) before the enclosing level's (lm_head).
+    assert [d.module for d in searched["candidates"]] == ["model.layers.1", "model.norm"]
+
+
+def test_a_fault_between_children_names_the_enclosing_module() -> None:
+    # model.layers.1 diverges but none of its children does (a wrong residual add).
+    def measure(names: list[str]) -> list:
+        return [
+            runner.module_deviation(
+                name,
+                "M",
+                torch.full((4,), 1.0 if name in ("model", "model.layers.1") else 0.01),
+                torch.full((4,), 0.01),
+                _params(),
+            )
+            for name in names
+        ]
+
+    searched = runner.descend(measure, LLAMA_CALLS, lambda: True)
+    assert (searched["status"], searched["found"].module) == ("found", "model.layers.1")
+
+
+def test_no_diverging_module_and_an_exhausted_budget_say_so() -> None:
+    clean = runner.descend(_measure_with_fault(set(), []), LLAMA_CALLS, lambda: True)
+    assert (clean["status"], clean["found"]) == ("none", None)
+    levels = iter([True, True, False])
+    searched = runner.descend(
+        _measure_with_fault({"model.layers.1.mlp.down_proj"}, []), LLAMA_CALLS, lambda: next(levels)
+    )
+    # Out of time after two levels: the deepest module confirmed so far, marked incomplete.
+    assert searched["status"] == "incomplete"
+    assert searched["found"].module == "model.layers.1"
+
+
+def test_localization_runs_on_a_fail_unless_asked_otherwise() -> None:
+    assert runner.localization_wanted(_params(), "FAIL")
+    assert not runner.localization_wanted(_params(), "PASS")
+    assert runner.localization_wanted(_params(localize="always"), "PASS")
+    assert not runner.localization_wanted(_params(localize="never"), "FAIL")
+    with pytest.raises(ValueError, match=r"verification\.localize is 'sometimes': use one of"):
+        runner.localization_wanted(_params(localize="sometimes"), "FAIL")
+
+
+def test_runner_localization_vocabulary_matches_the_package() -> None:
+    assert set(runner.LOCALIZE_MODES) == {m.value for m in LocalizeMode}
+    assert set(runner.LOCALIZATION_STATUSES) == {s.value for s in LocalizationStatus}
+
+
+def _run(model: DemoModel, backend: str, dtype: str = "bfloat16", **verification: Any) -> dict:
+    config = RunConfig(
+        model=str(model.require_path()),
+        compile_backend=backend,
+        backend="cpu",  # type: ignore[arg-type]
+        dtype=dtype,  # type: ignore[arg-type]
+        max_new_tokens=8,
+        verification=verification,  # type: ignore[arg-type]
+    ).model_dump(mode="json")
+    doc = runner.execute(runner.RunContext(config))
+    ResultDocument.model_validate(doc)  # the record keeps every field the search wrote
+    return doc
+
+
+@pytest.mark.slow
+def test_the_dense_miscompiler_is_localized_to_the_last_layers_mlp_output(
+    demo_models: dict[str, DemoModel],
+) -> None:
+    """dense_miscompiler adds noise after the last decoder layer's MLP output (down_proj)."""
+    doc = _run(demo_models["tiny-llama"], "model_support.faults:dense_miscompiler")
+    assert doc["result"] == "FAIL"
+    found = doc["verification"]["first_divergence"]
+    assert found["status"] == "found", found
+    assert found["module"] == "model.layers.1.mlp.down_proj"
+    assert [p["module"] for p in found["path"]] == ["model", "model.layers.1", "model.layers.1.mlp"]
+    assert found["kind"] == "Linear"
+    assert found["error_ratio"] > _params()["max_error_ratio"]
+    assert found["rank"] == 0 and found["seconds"] > 0
+    assert found["host_peak_rss_increase_bytes"] is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fault", "module"),
+    [
+        # The last layer's input norm read 10% too large.
+        ("scale_norm_10pct", "model.layers.1.input_layernorm"),
+        # Every logit outside a position's top 64 raised: the LM head's output.
+        ("vocab_tail_bias", "lm_head"),
+    ],
+)
+def test_faults_at_a_norm_and_at_the_lm_head_are_named_exactly(
+    fault: str, module: str, demo_models: dict[str, DemoModel]
+) -> None:
+    doc = _run(demo_models["tiny-llama"], f"model_support.faults:{fault}")
+    assert doc["result"] == "FAIL"
+    found = doc["verification"]["first_divergence"]
+    assert (found["status"], found["module"]) == ("found", module)
+
+
+@pytest.mark.slow
+def test_a_zeroed_head_in_a_float32_moe_model_is_localized_to_its_output_projection(
+    demo_models: dict[str, DemoModel],
+) -> None:
+    """zero_head zeroes head 0 at the input of the last layer's o_proj: o_proj diverges."""
+    doc = _run(demo_models["tiny-qwen3-moe"], "model_support.faults:zero_head", "float32")
+    assert doc["result"] == "FAIL"
+    found = doc["verification"]["first_divergence"]
+    assert (found["status"], found["module"]) == ("found", "model.layers.1.self_attn.o_proj")
+    assert found["path"][-1]["module"] == "model.layers.1.self_attn"
+
+
+@pytest.mark.slow
+def test_a_correct_compile_passes_and_its_localization_blames_nothing(
+    demo_models: dict[str, DemoModel],
+) -> None:
+    doc = _run(demo_models["tiny-llama"], "aot_eager", localize="always")
+    assert doc["result"] == "PASS"
+    found = doc["verification"]["first_divergence"]
+    assert (found["status"], found["module"], found["path"]) == ("none", None, [])
+    assert found["reason"] is None
+
+
+def _search_after_a_fail(model: Path, compile_backend: Any, **verification: Any) -> dict:
+    """localize_stage on its own, after a FAIL verdict, with ``compile_backend``."""
+    from transformers import AutoTokenizer
+
+    config = RunConfig(
+        model=str(model),
+        backend="cpu",  # type: ignore[arg-type]
+        max_new_tokens=4,
+        verification=verification,  # type: ignore[arg-type]
+    ).model_dump(mode="json")
+    ctx = runner.RunContext(config)
+    ctx.doc = {"result": "FAIL", "verification": {"passed": False, "first_divergence": None}}
+    placement = runner.Placement(
+        runner.select_backend("cpu"), torch.device("cpu"), compile_backend, None
+    )
+    tokens = torch.arange(1, 1 + 4 * len(config["prompts"])).reshape(len(config["prompts"]), 4)
+    processor = AutoTokenizer.from_pretrained(config["model"])
+    runner.localize_stage(ctx, placement, processor, runner.Generation(tokens, None))
+    assert ctx.doc["result"] == "FAIL"  # whatever the search met, the verdict stands
+    return ctx.doc["verification"]["first_divergence"]
+
+
+def test_a_module_that_does_not_compile_on_its_own_is_recorded_not_raised(
+    tiny_llama_path: Path,
+) -> None:
+    def refuses(gm: Any, example_inputs: Any) -> Any:
+        raise RuntimeError("cannot lower this graph (an injected compiler failure)")
+
+    found = _search_after_a_fail(tiny_llama_path, refuses)
+    assert (found["status"], found["error_class"], found["module"]) == ("failed", "compile", None)
+    assert "cannot lower this graph" in found["reason"]
+
+
+def test_a_search_out_of_time_says_so(tiny_llama_path: Path) -> None:
+    found = _search_after_a_fail(tiny_llama_path, "aot_eager", localize_budget_s=1e-9)
+    assert (found["status"], found["module"]) == ("incomplete", None)
+    assert found["reason"] == "the localization's time budget (1e-09 s) ran out"
