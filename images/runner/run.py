@@ -2754,6 +2754,13 @@ NEURON_INFRASTRUCTURE_MESSAGES = (
     "uncorrectable memory error",  # runtime: hardware error of a NeuronCore
     "uncorrectable hbm memory error",  # runtime: hardware error of the device memory
     "is in an abort state",  # runtime: a DMA engine aborted (hardware)
+    "neuron_hw_err=",  # runtime: the hardware-error line it logs for the instance (any kind)
+    "nrt_exec_hw_err_",  # runtime status: HBM / NeuronCore memory / DMA / collectives hardware
+    "dma engine encountered an unrecoverable error",  # runtime status text of ..._DMA_ABORT
+    "nrt_exec_nc_busy",  # runtime status: the core is locked by another model or process
+    "neuron core is locked",  # its text: "the neuron core is locked (in use) by another ..."
+    "nrt_load_not_enough_nc",  # runtime status: not enough NeuronCores to load a NEFF
+    "failed to allocate enough ncs",  # its text
     "attempted to have more than one device per process",  # TorchNeuron: >1 core per worker
     "ncc_earg001",  # compiler: LNC not supported by the target (node/compiler mismatch)
 )
@@ -2766,13 +2773,15 @@ NEURON_OUT_OF_MEMORY_MESSAGES = (
     "exceeds the high-bandwidth memory limit",  # the message of NCC_EOOM001/002
     "estimated peak hbm usage",  # compiler: "[XCG815] Estimated peak HBM usage (...) exceeds 16GB"
     "device mempool",  # driver: "neuron:mc_alloc: device mempool [0:0] total ... needed ..."
+    "(oom)",  # TorchNeuron: "NRT allocation failed ... (OOM)" (review of its source; unconfirmed)
 )
 
 
+# Compiler errors by their own names only: a message that merely mentions a NEFF file (a cache
+# path, a load of a finished executable) says nothing about compiling, so "neff" is not here.
 NEURON_COMPILE_MESSAGES = (
     "ncc_e",  # every neuronx-cc error code (NCC_EXXXnnn)
     "neuronx-cc",  # e.g. "Failed compilation with ['neuronx-cc', 'compile', ...]"
-    "neff",
 )
 
 

@@ -273,6 +273,24 @@ def test_another_compilers_prefix_is_refused_for_pull_and_push(
     assert sorted(os.listdir(tmp_path / "target")) == [PREFIX]
 
 
+def test_an_installed_compiler_with_a_build_hash_finds_the_public_prefix(tmp_path: Path) -> None:
+    """pip reports neuronx-cc with a build hash (2.20.2831.0+8bfecb25); a target written for its
+    public version, as the docs and CRD examples spell it, is the same compiler's cache."""
+    mirror = tmp_path / "mirror" / "neuronxcc-2.24.8799.0"
+    key = "3f/a2/3fa2" + "0" * 28 + ".neff"
+    write(mirror, key, b"a neff")
+    version = "2.24.8799.0+6f62ff7c"
+    assert neff_cache(tmp_path, version=version).prefix == "neuronxcc-2.24.8799.0"
+    spellings = ("", "/neuronxcc-2.24.8799.0", "/neuronxcc-2.24.8799.0+6f62ff7c")
+    for n, spelling in enumerate(spellings):
+        installed = neff_cache(tmp_path / f"neff{n}", version=version)
+        assert pull(str(tmp_path / "mirror") + spelling, compiler=installed).entries == 1
+        assert entries_of(tmp_path / f"neff{n}") == {key: b"a neff"}
+    installed = neff_cache(tmp_path / "neff", version=version)
+    with pytest.raises(CompilerMismatch, match=r"neuronx-cc 2\.24\.8799\.1"):
+        pull(str(tmp_path / "mirror" / "neuronxcc-2.24.8799.1"), compiler=installed)
+
+
 def test_the_prefix_and_folder_come_from_the_installed_stack(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -558,6 +558,46 @@ NEURON_MESSAGES = [
         "infrastructure",
     ),
     ("generate", "[MLA 0][NC 0] DMA TX engine 0 is in an abort state", "infrastructure"),
+    # Neuron Runtime status codes (neuron-runtime/api/nrt_status.rst, nrt_status.h): the
+    # framework surfaces the status name or its description
+    ("generate", "RuntimeError: nrt_execute failed with NRT_EXEC_NC_BUSY (1005)", "infrastructure"),
+    (
+        "generate",
+        "RuntimeError: the neuron core is locked (in use) by another model/process",
+        "infrastructure",
+    ),
+    ("compile", "RuntimeError: nrt_load failed: NRT_LOAD_NOT_ENOUGH_NC", "infrastructure"),
+    (
+        "compile",
+        "RuntimeError: Failed to allocate enough NCs for loading a NEFF",
+        "infrastructure",
+    ),
+    ("generate", "RuntimeError: execution failed: NRT_EXEC_HW_ERR_HBM_UE (1201)", "infrastructure"),
+    (
+        "generate",
+        "RuntimeError: execution failed: NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE (1205)",
+        "infrastructure",
+    ),
+    ("generate", "RuntimeError: execution failed: NRT_EXEC_HW_ERR_DMA_ABORT", "infrastructure"),
+    (
+        "generate",
+        "RuntimeError: A DMA engine encountered an unrecoverable error.",
+        "infrastructure",
+    ),
+    # the runtime's hardware-error log line (neuron-runtime/nrt-troubleshoot.rst)
+    (
+        "generate",
+        "NEURON_HW_ERR=SRAM_UNCORRECTABLE_ERROR instance-id=i-0592464924bd45322 nd-id=0 nc-id=0 "
+        "action=TERMINATE_INSTANCE",
+        "infrastructure",
+    ),
+    # TorchNeuron's allocator on a runtime allocation failure (quoted by a review of its source;
+    # not in a public page: docs/trainium.md lists it as unconfirmed)
+    (
+        "generate",
+        "RuntimeError: NRT allocation failed for 2147483648 bytes on neuron:0 (OOM)",
+        "out-of-memory",
+    ),
     # TorchNeuron's process group: more than one core visible to a worker
     (
         "setup",
@@ -570,6 +610,14 @@ NEURON_MESSAGES = [
 @pytest.mark.parametrize(("stage", "message", "expected"), NEURON_MESSAGES)
 def test_documented_neuron_messages_are_classified(stage: str, message: str, expected: str) -> None:
     assert runner.classify(stage, RuntimeError(message)) == expected
+
+
+@pytest.mark.parametrize("stage", ["compile", "generate"])
+def test_a_message_that_only_names_a_neff_file_is_not_a_compile_error(stage: str) -> None:
+    """A NEFF is the compiled program; a failure that mentions one (reading a cached file,
+    loading a finished executable) is not the compiler's."""
+    error = PermissionError("[Errno 13] Permission denied: '/var/cache/neff/3f/a2/3fa2.neff'")
+    assert runner.classify(stage, error) == "runtime"
 
 
 def test_the_error_classes_used_are_in_the_vocabulary() -> None:
