@@ -279,13 +279,21 @@ def test_an_installed_compiler_with_a_build_hash_finds_the_public_prefix(tmp_pat
     mirror = tmp_path / "mirror" / "neuronxcc-2.24.8799.0"
     key = "3f/a2/3fa2" + "0" * 28 + ".neff"
     write(mirror, key, b"a neff")
+    # a folder spelled as Neuron's own caches spell it, with the build hash
+    legacy = tmp_path / "legacy" / "neuronxcc-2.24.8799.0+6f62ff7c"
+    old_key = "b7/01/b701" + "1" * 28 + ".neff"
+    write(legacy, old_key, b"an older neff")
     version = "2.24.8799.0+6f62ff7c"
     assert neff_cache(tmp_path, version=version).prefix == "neuronxcc-2.24.8799.0"
-    spellings = ("", "/neuronxcc-2.24.8799.0", "/neuronxcc-2.24.8799.0+6f62ff7c")
-    for n, spelling in enumerate(spellings):
+    expected = {
+        "mirror": {key: b"a neff"},
+        "mirror/neuronxcc-2.24.8799.0": {key: b"a neff"},
+        "legacy/neuronxcc-2.24.8799.0+6f62ff7c": {old_key: b"an older neff"},
+    }
+    for n, (named, entries) in enumerate(expected.items()):
         installed = neff_cache(tmp_path / f"neff{n}", version=version)
-        assert pull(str(tmp_path / "mirror") + spelling, compiler=installed).entries == 1
-        assert entries_of(tmp_path / f"neff{n}") == {key: b"a neff"}
+        assert pull(str(tmp_path / named), compiler=installed).entries == 1
+        assert entries_of(tmp_path / f"neff{n}") == entries
     installed = neff_cache(tmp_path / "neff", version=version)
     with pytest.raises(CompilerMismatch, match=r"neuronx-cc 2\.24\.8799\.1"):
         pull(str(tmp_path / "mirror" / "neuronxcc-2.24.8799.1"), compiler=installed)
