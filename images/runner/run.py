@@ -148,6 +148,12 @@ def setup_stage(ctx: RunContext) -> Placement:
     if neuron_intended(config["backend"]):
         apply_env(neuron_core_env(dict(os.environ), ctx.rank, ctx.world_size))
     backend = ctx.backend = select_backend(config["backend"])
+    if backend.name == "neuron":
+        # Before any model is touched: a node that cannot run a test fails here, as
+        # infrastructure naming the check, never as the model's result.
+        failure = preflight_failure(node_checks(node_facts(), os.getuid()))
+        if failure is not None:
+            raise failure
     doc["backend"] = backend.name
     doc["stack"] = collect_stack(backend)
     doc["stack"].update(backend.runtime_settings())
@@ -1960,6 +1966,238 @@ def read_lnc() -> tuple[int | None, str | None]:
     with contextlib.suppress(OSError), open(LNC_CONFIG_FILE, encoding="utf-8") as handle:
         text = handle.read()
     return effective_lnc(dict(os.environ), text, instance_type())
+
+
+# ---- node preflight: can this node run a Trainium test at all?
+#
+# Each check is a pure function of facts gathered once (node_facts): the CPU tests drive every
+# failure path, and `model-support doctor` prints the same checks for people (docs/trainium.md).
+
+NEURON_DEVICE_DIR = "/dev"
+NEURON_DRIVER_VERSION_FILE = "/sys/module/neuron/version"  # the kernel module's own version
+TORCHNEURON_MIN_VERSION = (2, 13)  # torch-neuronx 2.13 and later is TorchNeuron; 2.9 was XLA
+
+
+@dataclasses.dataclass(frozen=True)
+class PreflightCheck:
+    """One preflight check: its name, whether the node passes it, and what was found or what to do."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeFacts:
+    """What the preflight checks read, gathered by node_facts() (or written by a test)."""
+
+    device_files: dict[str, str | None]  # /dev/neuronN -> None when usable, else why not
+    versions: dict[str, str | None]  # torch-neuronx, neuronx-cc, torch
+    driver_version: str | None
+    environ: dict[str, str]
+    lnc_file_text: str | None
+    instance: str | None
+    cache_dir_problem: str | None  # why TorchNeuron's NEFF cache folder cannot be written
+
+
+def check_device_files(device_files: dict[str, str | None], uid: int) -> PreflightCheck:
+    """The Neuron devices are present and readable and writable by this user."""
+    name = "device files"
+    if not device_files:
+        return PreflightCheck(
+            name,
+            False,
+            f"no {NEURON_DEVICE_DIR}/neuron* device: this is not a Neuron instance, or the "
+            "container was given none (request aws.amazon.com/neuroncore or a DRA claim, or "
+            "docker run --device=/dev/neuron0)",
+        )
+    refused = {path: why for path, why in sorted(device_files.items()) if why is not None}
+    if refused:
+        path, why = next(iter(refused.items()))
+        return PreflightCheck(
+            name,
+            False,
+            f"{path} cannot be used by uid {uid}: {why} ({len(refused)} of {len(device_files)} "
+            "devices); the runtime opens it read-write",
+        )
+    return PreflightCheck(name, True, ", ".join(sorted(device_files)))
+
+
+def version_tuple(version: str | None) -> tuple[int, ...]:
+    """The leading numeric release of a version string: ``2.14.3.0+abc`` -> (2, 14, 3, 0)."""
+    parts: list[int] = []
+    for part in (version or "").split("+", 1)[0].split("."):
+        if not part.isdigit():
+            break
+        parts.append(int(part))
+    return tuple(parts)
+
+
+def check_versions(versions: dict[str, str | None], driver_version: str | None) -> PreflightCheck:
+    """TorchNeuron (torch-neuronx 2.13 or later) and neuronx-cc are installed; reports the driver."""
+    name = "versions"
+    found = ", ".join(f"{dist} {versions.get(dist) or 'missing'}" for dist in sorted(versions))
+    found += f", neuron driver {driver_version or 'unknown'}"
+    neuronx = versions.get("torch-neuronx")
+    if neuronx is None or versions.get("neuronx-cc") is None:
+        return PreflightCheck(
+            name,
+            False,
+            f"{found}: torch-neuronx and neuronx-cc must both be installed (run in the "
+            f"model-support runner image built on {TORCHNEURON_BASE_IMAGE})",
+        )
+    if version_tuple(neuronx)[:2] < TORCHNEURON_MIN_VERSION:
+        return PreflightCheck(
+            name,
+            False,
+            f"{found}: torch-neuronx {neuronx} is the PyTorch/XLA library, not TorchNeuron "
+            "(2.13 and later)",
+        )
+    return PreflightCheck(name, True, found)
+
+
+def check_torchneuron(
+    import_error: str | None,
+    has_device_module: bool,
+    compile_backends: list[str],
+    version: str | None,
+) -> PreflightCheck:
+    """torch_neuronx imports and registers torch.neuron and the "neuron" compile backend."""
+    name = "TorchNeuron"
+    if import_error is not None:
+        return PreflightCheck(name, False, f"torch_neuronx failed to import: {import_error}")
+    problem = native_neuron_problem(has_device_module, compile_backends, version)
+    if problem:
+        return PreflightCheck(name, False, problem)
+    return PreflightCheck(name, True, 'torch.neuron and the "neuron" compile backend registered')
+
+
+def check_cores_and_lnc(
+    environ: dict[str, str], lnc_file_text: str | None, instance: str | None
+) -> PreflightCheck:
+    """The cores the runtime will be given and the LNC it will use, as run.py reads them."""
+    name = "cores and LNC"
+    try:
+        lnc, source = effective_lnc(environ, lnc_file_text, instance)
+        spec = (environ.get("NEURON_RT_VISIBLE_CORES") or "").strip()
+        cores = parse_visible_cores(spec) if spec else None
+    except InfrastructureError as exc:
+        return PreflightCheck(name, False, str(exc))
+    if lnc is None:
+        return PreflightCheck(
+            name,
+            False,
+            f"the logical NeuronCore size is unknown: no NEURON_LOGICAL_NC_CONFIG, no "
+            f"{LNC_CONFIG_FILE} and no known instance type ({instance or 'none found'}); set "
+            "NEURON_LOGICAL_NC_CONFIG or MODEL_SUPPORT_INSTANCE_TYPE",
+        )
+    visible = (
+        f"NEURON_RT_VISIBLE_CORES={spec} ({len(cores)} cores)"
+        if cores is not None
+        else "NEURON_RT_VISIBLE_CORES unset (any free core; a sharded run takes cores 0..n-1)"
+    )
+    return PreflightCheck(name, True, f"{visible}; LNC {lnc} ({source})")
+
+
+def check_compile_cache_dir(environ: dict[str, str], problem: str | None) -> PreflightCheck:
+    """TorchNeuron's NEFF cache folder can be written (a miss is then cached for the next run)."""
+    name = "compile cache folder"
+    directory = neff_cache_dir(environ)
+    if directory is None:
+        return PreflightCheck(
+            name, True, "TORCH_NEURONX_NEFF_DISABLE_CACHE is set: every run compiles cold"
+        )
+    if problem is not None:
+        return PreflightCheck(name, False, f"{directory}: {problem}")
+    return PreflightCheck(name, True, f"{directory} (TORCH_NEURONX_NEFF_CACHE_DIR) is writable")
+
+
+def node_checks(facts: NodeFacts, uid: int) -> list[PreflightCheck]:
+    """The preflight checks of the node itself, in the order a person would fix them."""
+    return [
+        check_device_files(facts.device_files, uid),
+        check_versions(facts.versions, facts.driver_version),
+        check_cores_and_lnc(facts.environ, facts.lnc_file_text, facts.instance),
+        check_compile_cache_dir(facts.environ, facts.cache_dir_problem),
+    ]
+
+
+def torchneuron_check() -> PreflightCheck:
+    """check_torchneuron for this process (imports torch_neuronx, which starts no runtime)."""
+    try:
+        import torch_neuronx  # noqa: F401
+    except Exception as exc:
+        return check_torchneuron(f"{type(exc).__name__}: {exc}", False, [], None)
+    return check_torchneuron(
+        None,
+        hasattr(torch, "neuron"),
+        torch._dynamo.list_backends(exclude_tags=()),
+        package_version("torch-neuronx"),
+    )
+
+
+def device_file_problem(path: str) -> str | None:
+    """Why this user cannot open ``path`` read-write (None when it can), without opening it."""
+    if not os.path.exists(path):
+        return "missing"
+    if not os.access(path, os.R_OK | os.W_OK):
+        return "permission denied (no read-write access)"
+    return None
+
+
+def writable_dir_problem(directory: str) -> str | None:
+    """Why ``directory`` (or, while it does not exist, the folder it would be made in) cannot be
+    written by this user (None when it can)."""
+    path = os.path.abspath(directory)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    if not os.path.isdir(path):
+        return f"{path} is not a folder"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{path} is not writable by uid {os.getuid()}"
+    return None
+
+
+def node_facts() -> NodeFacts:
+    """The facts node_checks reads, from this process and machine."""
+    devices: dict[str, str | None] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(NEURON_DEVICE_DIR):
+            if entry.startswith("neuron") and entry[len("neuron") :].isdigit():
+                path = os.path.join(NEURON_DEVICE_DIR, entry)
+                devices[path] = device_file_problem(path)
+    driver = None
+    with contextlib.suppress(OSError), open(NEURON_DRIVER_VERSION_FILE, encoding="utf-8") as handle:
+        driver = handle.read().strip() or None
+    lnc_text = None
+    with contextlib.suppress(OSError), open(LNC_CONFIG_FILE, encoding="utf-8") as handle:
+        lnc_text = handle.read()
+    environ = dict(os.environ)
+    cache_dir = neff_cache_dir(environ)
+    return NodeFacts(
+        device_files=devices,
+        versions={dist: package_version(dist) for dist in ("torch", "torch-neuronx", "neuronx-cc")},
+        driver_version=driver,
+        environ=environ,
+        lnc_file_text=lnc_text,
+        instance=instance_type(),
+        cache_dir_problem=writable_dir_problem(cache_dir) if cache_dir else None,
+    )
+
+
+def preflight_failure(checks: list[PreflightCheck]) -> InfrastructureError | None:
+    """The error a failed preflight is recorded as: infrastructure, naming the first failed check."""
+    failed = [check for check in checks if not check.ok]
+    if not failed:
+        return None
+    first = failed[0]
+    others = f" (and {len(failed) - 1} more: run `model-support doctor`)" if len(failed) > 1 else ""
+    return InfrastructureError(
+        f"node preflight check '{first.name}' failed: {first.detail}{others}"
+    )
 
 
 # ---- device memory

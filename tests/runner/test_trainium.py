@@ -10,6 +10,7 @@ and message are in docs/trainium.md.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.machinery
 import os
 import re
@@ -622,3 +623,114 @@ def test_a_message_that_only_names_a_neff_file_is_not_a_compile_error(stage: str
 
 def test_the_error_classes_used_are_in_the_vocabulary() -> None:
     assert {expected for _, _, expected in NEURON_MESSAGES} <= set(runner.ERROR_CLASSES)
+
+
+# --------------------------------------------------------------------------- node preflight
+
+
+def _facts(**changes: Any) -> runner.NodeFacts:
+    """A trn2 node that passes every check; each test breaks one thing."""
+    healthy = runner.NodeFacts(
+        device_files={"/dev/neuron0": None, "/dev/neuron1": None},
+        versions={"torch": "2.14.0", "torch-neuronx": "2.14.3.0", "neuronx-cc": "2.28.7631.0+ab12"},
+        driver_version="2.26.5.0",
+        environ={"NEURON_RT_VISIBLE_CORES": "4-5"},
+        lnc_file_text=None,
+        instance="trn2.48xlarge",
+        cache_dir_problem=None,
+    )
+    return dataclasses.replace(healthy, **changes)
+
+
+def _failed(facts: runner.NodeFacts) -> dict[str, str]:
+    return {c.name: c.detail for c in runner.node_checks(facts, uid=1000) if not c.ok}
+
+
+def test_a_healthy_node_passes_every_check() -> None:
+    checks = runner.node_checks(_facts(), uid=1000)
+    assert [c.name for c in checks] == [
+        "device files",
+        "versions",
+        "cores and LNC",
+        "compile cache folder",
+    ]
+    assert all(c.ok for c in checks)
+    details = " ".join(c.detail for c in checks)
+    assert "NEURON_RT_VISIBLE_CORES=4-5 (2 cores)" in details
+    assert "LNC 2 (default for trn2)" in details
+    assert "neuron driver 2.26.5.0" in details
+
+
+@pytest.mark.parametrize(
+    ("changes", "check", "says"),
+    [
+        ({"device_files": {}}, "device files", "no /dev/neuron* device"),
+        (
+            {"device_files": {"/dev/neuron0": None, "/dev/neuron1": "permission denied"}},
+            "device files",
+            "/dev/neuron1 cannot be used by uid 1000: permission denied (1 of 2 devices)",
+        ),
+        (
+            {"versions": {"torch": "2.14.0", "torch-neuronx": None, "neuronx-cc": "2.28.7631.0"}},
+            "versions",
+            "torch-neuronx missing",
+        ),
+        (
+            {"versions": {"torch": "2.9.0", "torch-neuronx": "2.9.0.2.11", "neuronx-cc": "2.26.1"}},
+            "versions",
+            "PyTorch/XLA library",
+        ),
+        (
+            {"environ": {"NEURON_RT_VISIBLE_CORES": "5-4"}},
+            "cores and LNC",
+            "descending range",
+        ),
+        (
+            {"environ": {"NEURON_LOGICAL_NC_CONFIG": "4"}},
+            "cores and LNC",
+            "only 1 and 2 are supported",
+        ),
+        ({"instance": None}, "cores and LNC", "logical NeuronCore size is unknown"),
+        (
+            {"cache_dir_problem": "/var/cache is not writable by uid 1000"},
+            "compile cache folder",
+            "/tmp/neff_cache: /var/cache is not writable",
+        ),
+    ],
+)
+def test_each_preflight_check_names_what_is_wrong(changes: dict, check: str, says: str) -> None:
+    failed = _failed(_facts(**changes))
+    assert list(failed) == [check]
+    assert says in failed[check]
+
+
+def test_the_torchneuron_check_refuses_a_failed_import_and_the_xla_library() -> None:
+    assert not runner.check_torchneuron("ImportError: libnrt.so.1", False, [], None).ok
+    xla = runner.check_torchneuron(None, False, ["inductor"], "2.9.0.2.11")
+    assert not xla.ok and "PyTorch/XLA" in xla.detail
+    assert runner.check_torchneuron(None, True, ["inductor", "neuron"], "2.14.3.0").ok
+
+
+def test_the_facts_of_this_machine_fail_the_device_check(tmp_path: Path) -> None:
+    """This CPU machine has no Neuron device; the folder checks read the real filesystem."""
+    facts = runner.node_facts()
+    assert facts.device_files == {}
+    assert runner.writable_dir_problem(str(tmp_path / "new" / "cache")) is None
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.getuid() != 0:  # root writes anywhere
+        assert "not writable" in (runner.writable_dir_problem(str(locked / "cache")) or "")
+    (tmp_path / "file").write_text("x")
+    assert "is not a folder" in (runner.writable_dir_problem(str(tmp_path / "file" / "c")) or "")
+
+
+def test_a_node_that_fails_preflight_is_an_infrastructure_error_naming_the_check(
+    native_torch_neuronx: FakeNeuronDevice, clean_neuron_env: None
+) -> None:
+    """TorchNeuron imports here (a fake) but the machine has no Neuron device: the run stops in
+    setup before any model is loaded, and the record says which check failed."""
+    doc = runner.execute(runner.RunContext(_config()))
+    assert (doc["result"], doc["error_class"], doc["stage"]) == ("ERROR", "infrastructure", "setup")
+    assert "node preflight check 'device files' failed" in doc["error"]
+    assert native_torch_neuronx.calls == []  # nothing was allocated on the device
+    ResultDocument.model_validate(doc)
