@@ -154,6 +154,9 @@ def setup_stage(ctx: RunContext) -> Placement:
         failure = preflight_failure(node_checks(node_facts(), os.getuid()))
         if failure is not None:
             raise failure
+    # Before the runtime starts (at the process group, or the first tensor on the device): the
+    # growth from here is the runtime's own use as well as the tensors' (docs/trainium.md).
+    runtime_before = read_runtime_device_memory() if backend.name == "neuron" else None
     doc["backend"] = backend.name
     doc["stack"] = collect_stack(backend)
     doc["stack"].update(backend.runtime_settings())
@@ -167,7 +170,7 @@ def setup_stage(ctx: RunContext) -> Placement:
     # torch, the backend and the process group live as long as this process: the collector
     # need not walk them again in every full collection (loading, compiling, freeing the model).
     gc.freeze()
-    return Placement(backend, device, compile_backend, distributed_config)
+    return Placement(backend, device, compile_backend, distributed_config, runtime_before)
 
 
 def load_stage(ctx: RunContext, placement: Placement) -> LoadedModel:
@@ -230,6 +233,12 @@ def generate_stage(
     doc["compilation"] = compilation_summary(compile_start, read_compile_counts(backend))
     peak, source = backend.peak_memory(placement.device)
     doc["memory"]["peak_device_memory_bytes"], doc["memory"]["device_memory_source"] = peak, source
+    before = placement.runtime_memory_before  # None: not Neuron, sysfs is not read
+    grown, categories = runtime_memory_growth(
+        before, read_runtime_device_memory() if before is not None else {}
+    )
+    doc["memory"]["runtime_device_memory_bytes"] = grown
+    doc["memory"]["runtime_device_memory_categories"] = categories
     generation = scenario.collect(config, loaded, out)
     doc["tokens"] = [] if generation.tokens is None else generation.tokens.tolist()
     doc["text"] = list(generation.text)
@@ -1927,7 +1936,7 @@ def apply_env(changes: dict[str, str | None]) -> None:
 # ---- Logical NeuronCore configuration
 
 LNC_CONFIG_FILE = "/opt/aws/neuron/logical_nc_config"  # a node's LNC, set by its launch template
-LNC_DEFAULT_BY_FAMILY = {"trn2": 2, "trn3": 2, "trn1": 1, "trn1n": 1, "inf2": 1}
+LNC_DEFAULT_BY_FAMILY = {"trn2": 2, "trn2u": 2, "trn3": 2, "trn1": 1, "trn1n": 1, "inf2": 1}
 
 
 def effective_lnc(
@@ -2201,6 +2210,46 @@ def preflight_failure(checks: list[PreflightCheck]) -> InfrastructureError | Non
 
 
 # ---- device memory
+
+
+NEURON_SYSFS_ROOT = "/sys/devices/virtual/neuron_device"  # one neuronN/ folder per device
+
+
+def read_runtime_device_memory(root: str = NEURON_SYSFS_ROOT) -> dict[str, int]:
+    """Device memory the Neuron runtime and driver hold now, per category, in bytes, summed over
+    every NeuronCore the driver's sysfs lists ({} where there is none: not a Neuron machine).
+
+    Layout (Neuron sysfs user guide): ``neuronN/neuron_coreM/stats/memory_usage/device_mem/
+    <category>/{total,present,peak}``, categories such as model_code, model_shared_scratchpad,
+    runtime_memory, dma_rings, collectives, tensors; ``total`` is the current usage.
+    """
+    usage: dict[str, int] = {}
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for device in sorted(os.listdir(root)):
+            if not (device.startswith("neuron") and device[len("neuron") :].isdigit()):
+                continue
+            for core in sorted(os.listdir(os.path.join(root, device))):
+                if not core.startswith("neuron_core"):
+                    continue
+                base = os.path.join(root, device, core, "stats", "memory_usage", "device_mem")
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                    for category in sorted(os.listdir(base)):
+                        with open(os.path.join(base, category, "total"), encoding="utf-8") as f:
+                            usage[category] = usage.get(category, 0) + int(f.read().split()[0])
+    return usage
+
+
+def runtime_memory_growth(
+    before: dict[str, int] | None, after: dict[str, int]
+) -> tuple[int | None, dict[str, int] | None]:
+    """What a run added to the runtime's device memory: the total and each category that grew.
+
+    None where sysfs gave nothing (not Neuron, or no reading before the runtime started).
+    """
+    if before is None or not after:
+        return None, None
+    grown = {cat: after[cat] - before.get(cat, 0) for cat in sorted(after)}
+    return sum(grown.values()), {cat: bytes_ for cat, bytes_ in grown.items() if bytes_ > 0}
 
 
 def device_index(device) -> int | None:
@@ -3120,6 +3169,7 @@ class Placement:
     device: Any
     compile_backend: Any  # a registered torch.compile backend name or a callable
     distributed_config: Any  # transformers DistributedConfig, None on one core
+    runtime_memory_before: dict[str, int] | None = None  # sysfs device_mem before the runtime
 
 
 @dataclasses.dataclass

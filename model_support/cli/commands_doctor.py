@@ -55,11 +55,13 @@ def compile_cache_check(
 def results_store_check(location: str | None) -> PreflightCheck:
     """The results store can be written (a probe file is written and removed)."""
     from model_support.runner.run import PreflightCheck
-    from model_support.store import ResultsStore, StoreError
 
     name = "results store"
     if location is None:
         return PreflightCheck(name, True, "no store given (--results): not checked")
+    # Only here: the runner image has no pandas/pyarrow, and needs no store to check its node.
+    from model_support.store import ResultsStore, StoreError
+
     try:
         store = ResultsStore(location)
         store.check_writable()

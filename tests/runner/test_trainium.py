@@ -295,6 +295,8 @@ def test_apply_env_sets_and_unsets(monkeypatch: pytest.MonkeyPatch, clean_neuron
         ),
         ({}, "NEURON_LOGICAL_NC_CONFIG=1\n", "trn2.48xlarge", (1, runner.LNC_CONFIG_FILE)),
         ({}, None, "trn2.48xlarge", (2, "default for trn2")),
+        # the UltraServer member (Trn2 architecture page): Trainium2 too, so LNC 2 by default
+        ({}, None, "trn2u.48xlarge", (2, "default for trn2u")),
         ({}, None, "trn1.32xlarge", (1, "default for trn1")),
         ({}, None, None, (None, None)),
         ({"NEURON_LOGICAL_NC_CONFIG": " "}, "", "inf2.xlarge", (1, "default for inf2")),
@@ -734,3 +736,70 @@ def test_a_node_that_fails_preflight_is_an_infrastructure_error_naming_the_check
     assert "node preflight check 'device files' failed" in doc["error"]
     assert native_torch_neuronx.calls == []  # nothing was allocated on the device
     ResultDocument.model_validate(doc)
+
+
+# --------------------------------------------------------------------------- runtime device memory
+
+
+def _sysfs(root: Path, usage: dict[tuple[int, int, str], int]) -> Path:
+    """The driver's sysfs as the Neuron sysfs user guide lays it out: a counter folder per
+    category with total (current use), present (last change) and peak."""
+    for (device, core, category), total in usage.items():
+        counter = (
+            (root / f"neuron{device}" / f"neuron_core{core}" / "stats" / "memory_usage")
+            / "device_mem"
+            / category
+        )
+        counter.mkdir(parents=True, exist_ok=True)
+        (counter / "total").write_text(f"{total}\n")
+        (counter / "present").write_text("4096\n")
+        (counter / "peak").write_text(f"{total * 2}\n")
+    for device in {d for d, _, _ in usage}:
+        (root / f"neuron{device}" / "core_count").write_text("8\n")
+        (root / f"neuron{device}" / "stats" / "hardware").mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def test_the_runtimes_device_memory_is_read_per_category_over_every_core(tmp_path: Path) -> None:
+    root = _sysfs(
+        tmp_path / "neuron_device",
+        {
+            (0, 0, "model_code"): 96 * 2**20,
+            (0, 1, "model_code"): 96 * 2**20,
+            (0, 0, "tensors"): 3 * 2**30,
+            (1, 0, "dma_rings"): 2**20,
+        },
+    )
+    assert runner.read_runtime_device_memory(str(root)) == {
+        "dma_rings": 2**20,
+        "model_code": 192 * 2**20,
+        "tensors": 3 * 2**30,
+    }
+    assert runner.read_runtime_device_memory(str(tmp_path / "absent")) == {}
+
+
+def test_the_run_records_what_the_runtime_added_beyond_the_allocator(tmp_path: Path) -> None:
+    root = tmp_path / "neuron_device"
+    _sysfs(root, {(0, 0, "runtime_memory"): 2**20, (0, 1, "tensors"): 5 * 2**20})
+    before = runner.read_runtime_device_memory(str(root))  # another run already holds these
+    _sysfs(
+        root,
+        {
+            (0, 0, "runtime_memory"): 2**20,
+            (0, 1, "tensors"): 5 * 2**20,
+            (0, 2, "model_code"): 96 * 2**20,
+            (0, 2, "model_shared_scratchpad"): 64 * 2**20,
+            (0, 2, "tensors"): 2**30,
+        },
+    )
+    total, categories = runner.runtime_memory_growth(
+        before, runner.read_runtime_device_memory(str(root))
+    )
+    assert categories == {
+        "model_code": 96 * 2**20,
+        "model_shared_scratchpad": 64 * 2**20,
+        "tensors": 2**30,
+    }
+    assert total == 2**30 + 160 * 2**20
+    assert runner.runtime_memory_growth(None, {"tensors": 1}) == (None, None)
+    assert runner.runtime_memory_growth({}, {}) == (None, None)  # no sysfs: not a Neuron machine
