@@ -299,6 +299,18 @@ def test_an_installed_compiler_with_a_build_hash_finds_the_public_prefix(tmp_pat
         pull(str(tmp_path / "mirror" / "neuronxcc-2.24.8799.1"), compiler=installed)
 
 
+def test_a_pull_says_which_local_folder_it_filled_and_which_variable_chose_it(
+    tmp_path: Path,
+) -> None:
+    """The runner image reads /var/cache/neff (TORCH_NEURONX_NEFF_CACHE_DIR), not TorchNeuron's
+    default /tmp/neff_cache: a person syncing by hand must see where entries went."""
+    mirror = tmp_path / "mirror" / "neuronxcc-2.28.7631.0"
+    write(mirror, "3f/a2/3fa2" + "0" * 28 + ".neff", b"a neff")
+    report = pull(str(tmp_path / "mirror"), compiler=neff_cache(tmp_path / "var-cache-neff"))
+    line = report.summary()
+    assert f"into {tmp_path / 'var-cache-neff'} (TORCH_NEURONX_NEFF_CACHE_DIR)" in line, line
+
+
 def test_the_prefix_and_folder_come_from_the_installed_stack(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
