@@ -73,6 +73,7 @@ def run_python(
     *,
     env: dict[str, str] | None = None,
     timeout_s: float | None = None,
+    timeout_grace_s: float | None = None,
     cancel: threading.Event | None = None,
     pass_on_stop_signals: bool = False,
     stop_grace_s: float = 20.0,
@@ -84,10 +85,12 @@ def run_python(
     thread that drains the pipe to its end whatever the callback does (its first exception is
     re-raised once the run is over), so a chatty child never blocks on a full pipe. It ends
     when the process does, past ``timeout_s``, or when ``cancel`` is set (SIGKILL to its whole
-    process group). With ``pass_on_stop_signals`` (a pod's main thread), SIGTERM and SIGINT are
-    passed on to the group as SIGTERM and the run is given ``stop_grace_s`` before SIGKILL. On
-    every way out, an exception included, the process group is killed: run.py kills its own
-    workers, but a run stopped from outside cannot, and no worker may outlive its run.
+    process group; past ``timeout_s`` with ``timeout_grace_s``, SIGTERM first and SIGKILL only
+    once the grace ran out, as the kubelet stops a container). With ``pass_on_stop_signals`` (a
+    pod's main thread), SIGTERM and SIGINT are passed on to the group as SIGTERM and the run is
+    given ``stop_grace_s`` before SIGKILL. On every way out, an exception included, the process
+    group is killed: run.py kills its own workers, but a run stopped from outside cannot, and no
+    worker may outlive its run.
     """
     t0 = time.monotonic()
     proc = subprocess.Popen(
@@ -121,7 +124,9 @@ def run_python(
 
     try:
         with on_stop_signals(stop) if pass_on_stop_signals else contextlib.nullcontext():
-            timed_out, cancelled = _wait(proc, timeout_s, cancel, stopped, stop_grace_s)
+            timed_out, cancelled = _wait(
+                proc, timeout_s, cancel, stopped, stop_grace_s, timeout_grace_s
+            )
     finally:
         _kill_group(proc)
         reader.join(timeout=30)
@@ -201,23 +206,32 @@ def _wait(
     cancel: threading.Event | None,
     stopped: threading.Event,
     stop_grace_s: float,
+    timeout_grace_s: float | None = None,
 ) -> tuple[bool, bool]:
-    """Wait for run.py to end, the deadline to pass, ``cancel``, or the grace after a stop
-    signal to run out; (timed out, cancelled)."""
+    """Wait for run.py to end, the deadline (and its grace, if any) to pass, ``cancel``, or the
+    grace after a stop signal to run out; (timed out, cancelled)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     grace_ends: float | None = None
+    timeout_grace_ends: float | None = None
     while proc.poll() is None:
         if cancel is not None and cancel.is_set():
             return False, True
         if deadline is not None and time.monotonic() > deadline:
-            return True, False
+            if timeout_grace_s is None:
+                return True, False
+            if timeout_grace_ends is None:  # asked to stop first, as the kubelet would
+                timeout_grace_ends = time.monotonic() + timeout_grace_s
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+            elif time.monotonic() > timeout_grace_ends:
+                return True, False  # the group is killed on the way out
         if stopped.is_set():
             grace_ends = grace_ends or time.monotonic() + stop_grace_s
             if time.monotonic() > grace_ends:
                 return False, False  # the group is killed on the way out
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=0.1)
-    return False, False
+    return timeout_grace_ends is not None, False
 
 
 class RunOutput:

@@ -41,12 +41,35 @@ class HardwareProfile:
     runtime_reserve_bytes: int
     workspace_fraction: float
     description: str
+    placeable_devices: tuple[int, ...] | None = None
+    """Device counts one pod can be given when it spans more than one device (the Neuron
+    scheduler extension and the DRA driver's connected groups on torus instances: 1, 4, 8 or 16
+    devices; docs/hardware.md); None: any count."""
+
+    def pod_cores(self, cores: int) -> int:
+        """The cores a pod must hold for a run on ``cores`` cores: ``cores`` itself within one
+        device, else every core of the fewest placeable devices that hold them.
+
+        Raises ValueError when no placeable set of one instance holds them."""
+        if self.placeable_devices is None or cores <= self.cores_per_device:
+            return cores
+        devices = -(-cores // self.cores_per_device)
+        for count in self.placeable_devices:
+            if count >= devices:
+                return count * self.cores_per_device
+        raise ValueError(
+            f"{cores} cores need {devices} devices of {self.name}; a pod can hold at most "
+            f"{self.placeable_devices[-1]} connected devices"
+        )
 
 
 # Neuron runtime reserve per core: the runtime, the loaded NEFF and collective buffers. A fixed
 # 1 GiB is a deliberate over-estimate until device measurements replace it.
 _NEURON_RESERVE = 1 * GiB
 _WORKSPACE = 0.10
+_TORUS_DEVICES = (1, 4, 8, 16)
+"""Device counts the Neuron scheduler extension (and the DRA driver's device groups) places on
+the 16-device 2D torus of trn1.32xlarge and trn2.48xlarge (docs/hardware.md)."""
 
 PROFILES: dict[tuple[str, int | None], HardwareProfile] = {
     ("trn2", 2): HardwareProfile(
@@ -59,6 +82,7 @@ PROFILES: dict[tuple[str, int | None], HardwareProfile] = {
         runtime_reserve_bytes=_NEURON_RESERVE,
         workspace_fraction=_WORKSPACE,
         description="trn2.48xlarge, LNC=2: 16 Trainium2 devices x 4 logical cores, 24 GiB per core",
+        placeable_devices=_TORUS_DEVICES,
     ),
     ("trn2", 1): HardwareProfile(
         name="trn2-lnc1",
@@ -70,6 +94,7 @@ PROFILES: dict[tuple[str, int | None], HardwareProfile] = {
         runtime_reserve_bytes=_NEURON_RESERVE,
         workspace_fraction=_WORKSPACE,
         description="trn2.48xlarge, LNC=1: 16 Trainium2 devices x 8 cores, ~12 GiB per core",
+        placeable_devices=_TORUS_DEVICES,
     ),
     ("trn1", None): HardwareProfile(
         name="trn1",
@@ -81,6 +106,7 @@ PROFILES: dict[tuple[str, int | None], HardwareProfile] = {
         runtime_reserve_bytes=_NEURON_RESERVE,
         workspace_fraction=_WORKSPACE,
         description="trn1.32xlarge: 16 Trainium1 devices x 2 cores, 16 GiB per core",
+        placeable_devices=_TORUS_DEVICES,
     ),
     ("inf2", None): HardwareProfile(
         name="inf2",

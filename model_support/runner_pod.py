@@ -1,7 +1,8 @@
 """The runner container's entry point: ``python3 run.py`` unchanged, then the result made durable.
 
     python3 -m model_support.runner_pod --run-id RUN_ID [--deliver-to SLOT_DIR | --deliver-url-env VAR]
-        [--result-file result.json] [--termination-log /dev/termination-log]
+        [--timeout SECONDS] [--neuron-devices PATTERN] [--result-file result.json]
+        [--termination-log /dev/termination-log]
         [--compile-cache TARGET] [--pull-report FILE --pull-source URI]
         [--cache-backend auto|neuron|cuda|cpu] [--cache-deadline SECONDS]
 
@@ -11,7 +12,9 @@ can become a command). In order:
 1. read the init step's compile cache pull report (``model-support cache pull --report``), before
    run.py can touch the working directory;
 2. run ``python3 run.py`` in the working directory, its output passed through to the container
-   log as it comes;
+   log as it comes, for at most ``--timeout`` seconds counted from the moment run.py starts
+   (the test's ``timeoutSeconds``: time the pod spent waiting for a node, pulling its image or
+   in init steps is never the model's); past it the runner stops run.py and says TIMEOUT;
 3. deliver the result document (with the pull's figures) to this attempt's delivery slot
    (:mod:`model_support.delivery`: a folder mounted from the results volume, or an upload URL
    the operator signed for one key), retried with backoff, so the result outlives the pod, and
@@ -20,7 +23,8 @@ can become a command). In order:
    deliver again, the same document with both transfers' figures beside the result (the
    slot keeps the last delivery), and rewrite the termination message;
 5. print the document as the log's last line (the operator's last fallback) and exit with
-   run.py's own status.
+   run.py's own status (124 after a timeout; 143, the status the runner Job's pod failure
+   policy ignores, only when the pod itself was asked to stop).
 
 Delivering before the push means a push that hangs, fails, or is cut short by the Job's
 deadline or a disruption can neither lose the result nor delay it: the worst it costs is the
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import glob
 import json
 import os
 import signal
@@ -63,7 +68,7 @@ from typing import IO, TYPE_CHECKING, Any
 from model_support.delivery import DeliveryError, deliver_to_folder, deliver_to_url
 from model_support.records import RESULT_MARKER, ResultDocument
 from model_support.stop_signals import on_stop_signals
-from model_support.vocabulary import Result
+from model_support.vocabulary import ErrorClass, Result
 
 if TYPE_CHECKING:
     from model_support.compile_cache import SigningKey, TransferReport
@@ -79,6 +84,12 @@ STOPPED_DELIVERY_DEADLINE_S = 10.0
 """Delivery retries after a stop signal: the kubelet's grace period is short, and the result
 was delivered once already."""
 _STOP_GRACE_S = 20.0
+TIMEOUT_EXIT = 124
+"""The runner's status when run.py ran past the test's timeout (as coreutils ``timeout``)."""
+STOPPED_EXIT = 143
+"""128 + SIGTERM: the runner's status when its pod was asked to stop, and only then. The
+runner Job's pod failure policy ignores it (a Kueue preemption or a deleted pod is not the
+run's outcome), so a run.py that exits 143 by itself is reported as 1."""
 
 RUNNER_MESSAGE_PREFIX = "model-support runner:"
 """How the runner's own termination message starts when run.py left no document."""
@@ -113,11 +124,13 @@ class Outcome:
     stopped: bool  # the runner was asked to stop (SIGTERM / SIGINT) and passed it on
     tail: list[str]
     seconds: float
+    timed_out: bool = False  # run.py ran past the timeout and the runner stopped it
 
 
-def run_script(script: str, cwd: Path, out: IO[bytes]) -> Outcome:
+def run_script(script: str, cwd: Path, out: IO[bytes], timeout_s: float | None = None) -> Outcome:
     """Run ``python3 script`` in ``cwd`` (:func:`model_support.execution.run_python`, as the
-    CLI runs it), copying its output to ``out`` as it comes; SIGTERM is passed on."""
+    CLI runs it), copying its output to ``out`` as it comes; SIGTERM is passed on, and once it
+    ran ``timeout_s`` seconds it is stopped (SIGTERM, SIGKILL after the grace period)."""
     from model_support.execution import run_python
 
     tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
@@ -127,20 +140,59 @@ def run_script(script: str, cwd: Path, out: IO[bytes]) -> Outcome:
         out.flush()
         tail.append(line.decode("utf-8", errors="replace").rstrip("\r\n"))
 
-    ended = run_python(script, cwd, copy, pass_on_stop_signals=True, stop_grace_s=_STOP_GRACE_S)
+    ended = run_python(
+        script,
+        cwd,
+        copy,
+        timeout_s=timeout_s,
+        timeout_grace_s=_STOP_GRACE_S,  # as the kubelet would: SIGTERM, then SIGKILL
+        pass_on_stop_signals=True,
+        stop_grace_s=_STOP_GRACE_S,
+    )
     returncode = ended.returncode if ended.returncode is not None else -signal.SIGKILL
-    return Outcome(returncode, ended.stopped, list(tail), ended.seconds)
+    return Outcome(
+        returncode,
+        ended.stopped,
+        list(tail),
+        ended.seconds,
+        timed_out=ended.timed_out and not ended.stopped,
+    )
 
 
-def document_for(outcome: Outcome, result_file: Path, script_path: Path) -> ResultDocument | None:
+def _runner_document(
+    script_path: Path, result: Result, error_class: ErrorClass | None, error: str, seconds: float
+) -> ResultDocument:
+    """A document for a run.py that did not run or wrote none: identity from run.py's own
+    config block."""
+    from model_support.records import failure_document
+    from model_support.script import read_config
+
+    config = read_config(script_path.read_text(encoding="utf-8"))
+    return failure_document(config, result, error_class=error_class, error=error, total_s=seconds)
+
+
+def document_for(
+    outcome: Outcome, result_file: Path, script_path: Path, timeout_s: float | None = None
+) -> ResultDocument | None:
     """The document to deliver for ``outcome``; None when nothing true can be said (see module):
+    a run.py stopped at the test's timeout is TIMEOUT, the rest is
     :func:`model_support.runpath.document_for_end`, with the Job's outcome as the final word."""
-    from model_support.runpath import RunEnd, document_for_end, read_result
+    from model_support.runpath import Malformed, RunEnd, document_for_end, read_result
     from model_support.script import read_config
 
     found = read_result(result_file, None)  # the marked log line is the operator's to read
     if isinstance(found, ResultDocument):
         return found
+    if outcome.timed_out and not isinstance(found, Malformed):
+        tail = "\n".join(outcome.tail[-30:])
+        return _runner_document(
+            script_path,
+            Result.TIMEOUT,
+            None,
+            f"run.py ran past the test's timeout of {timeout_s or outcome.seconds:g} s (counted "
+            f"from the moment run.py started) and was stopped. Output tail:\n{tail}",
+            outcome.seconds,
+        )
     end = RunEnd(
         returncode=outcome.returncode,
         seconds=outcome.seconds,
@@ -372,6 +424,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="VAR",
         help="Environment variable holding this attempt's signed upload URL.",
     )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        help="Seconds run.py may run, counted from its start (the test's timeoutSeconds).",
+    )
+    parser.add_argument(
+        "--neuron-devices",
+        metavar="PATTERN",
+        help="Neuron device files the run needs (e.g. /dev/neuron*), checked before anything.",
+    )
     parser.add_argument("--script", default="run.py")
     parser.add_argument("--result-file", default="result.json", help="run.py's result_path.")
     parser.add_argument("--termination-log", default=TERMINATION_LOG)
@@ -401,6 +463,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     destination = destination_from(args.deliver_to, args.deliver_url_env)  # before run.py
+    if args.neuron_devices:
+        problem = device_problem(args.neuron_devices)
+        if problem is not None:
+            return _refuse(destination, args, problem)
     # Read before run.py runs: what the init step wrote, not what run.py may leave in /work.
     pulled = load_pull_report(args.pull_report, args.pull_source) if args.pull_report else None
     if pulled is not None:
@@ -408,10 +474,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     cwd = Path.cwd()
     script_path = cwd / args.script
-    outcome = run_script(args.script, cwd, sys.stdout.buffer)
+    outcome = run_script(args.script, cwd, sys.stdout.buffer, timeout_s=args.timeout)
     sys.stdout.flush()
-    exit_code = outcome.returncode if outcome.returncode >= 0 else 128 - outcome.returncode
-    document = document_for(outcome, cwd / args.result_file, script_path)
+    exit_code = _exit_status(outcome)
+    document = document_for(outcome, cwd / args.result_file, script_path, args.timeout)
 
     if document is None:
         message = STOPPED_MESSAGE if outcome.stopped else KILLED_MESSAGE
@@ -450,6 +516,68 @@ def main(argv: Sequence[str] | None = None) -> int:
     if exit_code == 0 and document.result not in (Result.PASS, Result.FAIL):
         exit_code = 1
     return exit_code
+
+
+NODE_NAME_ENV = "NODE_NAME"
+"""The node the pod runs on (the Job sets it from the downward API's spec.nodeName)."""
+
+
+def device_problem(pattern: str) -> str | None:
+    """Why this pod cannot use its Neuron devices (``pattern``, e.g. ``/dev/neuron*``), or None.
+
+    Checked before anything else runs: a node whose devices the pod's user cannot open would
+    otherwise surface as the model's runtime error, deep inside the first compile.
+    """
+    node = os.environ.get(NODE_NAME_ENV) or "(unknown node)"
+    devices = sorted(glob.glob(pattern))
+    if not devices:
+        return (
+            f"no Neuron device matching {pattern} is visible in the pod on node {node}: the "
+            "device plugin or DRA driver did not give the pod its devices (check the node's "
+            "Neuron driver and the pod's aws.amazon.com/neuroncore request or resource claim)"
+        )
+    refused = []
+    for device in devices:
+        try:
+            os.close(os.open(device, os.O_RDWR))
+        except PermissionError:
+            refused.append(device)
+        except OSError:
+            continue  # busy or not a device this user may probe: the runtime says more
+    if not refused:
+        return None
+    stat = os.stat(refused[0])
+    return (
+        f"the Neuron devices {', '.join(refused)} on node {node} cannot be opened by the pod's "
+        f"user (uid {os.getuid()}, groups {sorted(os.getgroups())}; {refused[0]} is owned by "
+        f"{stat.st_uid}:{stat.st_gid}, mode {oct(stat.st_mode & 0o777)}): let the container "
+        "runtime give devices the pod's user (containerd: device_ownership_from_security_context "
+        "= true), or add the devices' group to runner pods (operator setting "
+        "runnerSupplementalGroups)"
+    )
+
+
+def _exit_status(outcome: Outcome) -> int:
+    """The runner's exit status for how run.py ended (see :data:`STOPPED_EXIT`)."""
+    if outcome.timed_out:
+        return TIMEOUT_EXIT
+    if outcome.stopped:
+        return STOPPED_EXIT
+    code = outcome.returncode if outcome.returncode >= 0 else 128 - outcome.returncode
+    return 1 if code == STOPPED_EXIT else code
+
+
+def _refuse(destination: Destination | None, args: argparse.Namespace, problem: str) -> int:
+    """Deliver ERROR/infrastructure for a pod that cannot run the test at all (its node's
+    fault, never the model's): run.py does not start. Returns the exit status (1)."""
+    document = _runner_document(
+        Path.cwd() / args.script, Result.ERROR, ErrorClass.INFRASTRUCTURE, problem, 0.0
+    )
+    print(f"model-support: {problem}", file=sys.stderr, flush=True)
+    _deliver_document(destination, document, args.delivery_deadline, "result")
+    _write_termination_message(args.termination_log, compact_document(document))
+    print(RESULT_MARKER + document.model_dump_json(), flush=True)
+    return 1
 
 
 def _announce_left_behind() -> None:

@@ -53,6 +53,24 @@ DEFAULT_LIST_FIELDS = (
 )  # fmt: skip
 
 
+_DIGESTS: dict[int, tuple[bytes, bytes]] = {}
+_DIGESTS_LOCK = threading.Lock()
+
+
+def _content_digest(content: bytes) -> bytes:
+    """sha1 of a file's bytes, computed once per bytes object (a listing of a thousand repos
+    names every repo's sha on every page). The object is kept with its digest, so its id is
+    never reused while cached."""
+    with _DIGESTS_LOCK:
+        known = _DIGESTS.get(id(content))
+    if known is not None and known[0] is content:
+        return known[1]
+    digest = hashlib.sha1(content).digest()
+    with _DIGESTS_LOCK:
+        _DIGESTS[id(content)] = (content, digest)
+    return digest
+
+
 @dataclass
 class Repo:
     """One model repository: files per revision plus the listing fields the Hub reports.
@@ -96,7 +114,7 @@ class Repo:
         """The commit sha of a named revision (stable, derived from the name and files)."""
         digest = hashlib.sha1(f"{self.repo_id}@{revision}".encode())
         for name in sorted(self.revisions[revision]):
-            digest.update(name.encode() + hashlib.sha1(self.revisions[revision][name]).digest())
+            digest.update(name.encode() + _content_digest(self.revisions[revision][name]))
         return digest.hexdigest()
 
     def resolve(self, revision: str | None) -> str | None:

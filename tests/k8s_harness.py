@@ -84,8 +84,15 @@ class Emulator(kmock.KubernetesEmulator):
     operator_requests: collections.Counter[str]
     observers: tuple[Callable[[kmock.Request], None], ...] = ()
     """Called after every request that wrote an object (a test's view of the API over time)."""
+    refusals: tuple[Callable[[kmock.Request], kmock.KubernetesError | None], ...] = ()
+    """Asked before a request is served: an error returned is the API server's answer (a
+    ResourceQuota's 403, an admission webhook's 422), and nothing is stored."""
 
     async def _handle(self, request: kmock.Request) -> Any:
+        for refuse in self.refusals:
+            refused = refuse(request)
+            if refused is not None:
+                raise refused
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {})
             if not meta.get("name") and meta.get("generateName"):
@@ -94,6 +101,8 @@ class Emulator(kmock.KubernetesEmulator):
             # send none of these; the Job controller stand-in tells Jobs apart by uid).
             meta.setdefault("uid", str(uuid.uuid4()))
             meta.setdefault("creationTimestamp", now())
+        if request.method.value == "PATCH" and isinstance(request.data, dict):
+            self._check_precondition(request)
         if request.method.value in ("POST", "PATCH") and isinstance(request.data, dict):
             # Every write gets a new, larger resourceVersion, as on a real API server (the
             # operator orders what it sees of an object by it).
@@ -114,6 +123,62 @@ class Emulator(kmock.KubernetesEmulator):
             for observe in self.observers:
                 observe(request)
         return response
+
+    # One object by name is one lookup, as on a real API server (kmock scans every object it
+    # holds for each read, write and delete: quadratic in the objects of a scale run).
+
+    def _stored_object(self, request: kmock.Request) -> Any:
+        try:
+            return self._objects[request.resource, request.namespace, request.name]
+        except KeyError:
+            return None
+
+    async def _serve_fetch(self, request: kmock.Request) -> Any:
+        if request.name is None:
+            return await super()._serve_fetch(request)
+        async with self._lock:
+            obj = self._stored_object(request)
+        if obj is None or obj.deleted:
+            raise kmock.KubernetesObjectNotFoundError()
+        return obj.raw
+
+    async def _serve_update(self, request: kmock.Request) -> Any:
+        if request.name is None:
+            return await super()._serve_update(request)
+        async with self._lock:
+            obj = self._stored_object(request)
+        assert obj is not None  # updated (or refused) by _handle before this is served
+        return obj.last.raw
+
+    async def _serve_delete(self, request: kmock.Request) -> Any:
+        if request.name is None:
+            return await super()._serve_delete(request)
+        async with self._lock:
+            obj = self._stored_object(request)
+        assert obj is not None  # deleted (or refused) by _handle before this is served
+        return obj.last.raw
+
+    def _check_precondition(self, request: kmock.Request) -> None:
+        """Optimistic concurrency, as the API server has it: a patch that carries
+        ``metadata.resourceVersion`` applies only to that version of the object, else 409.
+        (The harness's own writes, which play other writers, carry none.)"""
+        if request.headers.get("User-Agent", "").startswith("kmock/"):
+            return
+        sent = (request.data.get("metadata") or {}).get("resourceVersion")
+        if sent is None or request.resource is None:
+            return
+        key = (request.resource, request.namespace, request.name)
+        if key not in self._objects or self._objects[key].deleted:
+            return  # kmock answers 404
+        stored = str((self._objects[key].raw.get("metadata") or {}).get("resourceVersion"))
+        if str(sent) != stored:
+            raise kmock.KubernetesError(
+                status=409,
+                reason="Conflict",
+                message=f"Operation cannot be fulfilled on {request.resource.plural} "
+                f'"{request.name}": the object has been modified; please apply your changes to '
+                "the latest version and try again",
+            )
 
     def _server_fields(self, request: kmock.Request) -> None:
         """What a real API server fills in: uid and creationTimestamp on create; for custom
@@ -167,6 +232,27 @@ def declare_resources(server: kmock.KubernetesEmulator) -> None:
         namespaced=True,
         verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
     )
+
+
+def pod_failure_action(
+    job_spec: dict[str, Any], exit_code: int, conditions: list[dict[str, Any]]
+) -> str:
+    """What the Job controller does with a failed runner pod under ``job_spec``'s
+    podFailurePolicy (the first matching rule; Count when none matches), for the runner
+    container's exit code and the pod's conditions."""
+    for rule in (job_spec.get("podFailurePolicy") or {}).get("rules") or []:
+        codes = rule.get("onExitCodes")
+        if codes is not None and codes.get("containerName") in (None, RUNNER_CONTAINER):
+            inside = exit_code in codes["values"]
+            if exit_code != 0 and inside == (codes["operator"] == "In"):
+                return str(rule["action"])
+        for pattern in rule.get("onPodConditions") or []:
+            for cond in conditions:
+                if cond["type"] == pattern["type"] and cond["status"] == pattern.get(
+                    "status", "True"
+                ):
+                    return str(rule["action"])
+    return "Count"
 
 
 class OperatorThread:
@@ -437,11 +523,14 @@ class Harness:
         job_condition: tuple[str, str] | None = None,
         termination_message: str | None = None,
         pod_extra: dict[str, Any] | None = None,
+        started_at: str | None = None,
     ) -> None:
         """The runner container ended: pod status, log, and the Job's condition."""
         if log is not None:
             self.logs[pod["metadata"]["name"]] = log
         terminated: dict[str, Any] = {"exitCode": exit_code, "finishedAt": now()}
+        if started_at is not None:
+            terminated["startedAt"] = started_at
         if container_reason:
             terminated["reason"] = container_reason
         if termination_message is not None:
@@ -488,6 +577,48 @@ class Harness:
                 }
             },
         )
+
+    async def fail_pod(
+        self,
+        job: dict[str, Any],
+        pod: dict[str, Any],
+        *,
+        exit_code: int,
+        termination_message: str | None = None,
+        pod_reason: str | None = None,
+        pod_message: str | None = None,
+        conditions: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The runner container ended non-zero and the Job controller applied the Job's own
+        ``podFailurePolicy`` (read from the API: the rules the operator wrote), as it does:
+        the first matching rule's action; no match counts against ``backoffLimit``. Returns the
+        action taken (FailJob, Ignore or Count); an ignored pod leaves the Job active."""
+        terminated: dict[str, Any] = {"exitCode": exit_code, "reason": "Error", "finishedAt": now()}
+        if termination_message is not None:
+            terminated["message"] = termination_message
+        status: dict[str, Any] = {
+            "phase": "Failed",
+            "containerStatuses": [{"name": RUNNER_CONTAINER, "state": {"terminated": terminated}}],
+        }
+        if pod_reason is not None:
+            status["reason"] = pod_reason
+        if pod_message is not None:
+            status["message"] = pod_message
+        if conditions is not None:
+            status["conditions"] = conditions
+        await self.patch(f"{PODS_URL}/{pod['metadata']['name']}/status", {"status": status})
+        current = await self.get(f"{JOBS_URL}/{job['metadata']['name']}")
+        assert current is not None
+        action = pod_failure_action(current["spec"], exit_code, conditions or [])
+        url = f"{JOBS_URL}/{job['metadata']['name']}/status"
+        if action == "Ignore":
+            await self.patch(url, {"status": {"active": 0, "ready": 0}})
+        elif action == "FailJob" or int(current["spec"].get("backoffLimit", 6)) == 0:
+            reason = "PodFailurePolicy" if action == "FailJob" else "BackoffLimitExceeded"
+            await self.finish_job(job, exit_code=exit_code, job_condition=("Failed", reason))
+        else:
+            await self.patch(url, {"status": {"active": 0, "ready": 0, "failed": 1}})
+        return action
 
     async def deliver(self, job: dict[str, Any], document: bytes) -> str:
         """What a runner does with its document: into the slot its pod was given and nothing

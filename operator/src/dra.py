@@ -77,14 +77,17 @@ def claim_lnc(spec: TestSpec, dra: NeuronDraSettings) -> int:
 
 def device_claim(cores: int, lnc: int) -> DeviceClaim:
     """The fewest whole trn2 devices that hold ``cores`` logical cores at ``lnc``."""
-    per_device = get_profile(DRA_PROFILE, lnc).cores_per_device
-    devices = math.ceil(cores / per_device)
+    profile = get_profile(DRA_PROFILE, lnc)
+    per_device = profile.cores_per_device
+    needed = math.ceil(cores / per_device)
     largest = CONNECTED_GROUPS[-1]
-    if devices > largest:
+    if needed > largest:
         raise DraError(
-            f"{cores} cores at LNC={lnc} need {devices} Trainium2 devices ({per_device} cores "
+            f"{cores} cores at LNC={lnc} need {needed} Trainium2 devices ({per_device} cores "
             f"each); one trn2 node has {largest}: lower spec.cores or spec.maxCores"
         )
+    # Only whole connected groups are placed (1, 4, 8 or 16 devices): 2 devices are 4.
+    devices = math.ceil(profile.pod_cores(cores) / per_device)
     group = None if devices == 1 else next(g for g in CONNECTED_GROUPS if g >= devices)
     return DeviceClaim(devices, lnc, group)
 

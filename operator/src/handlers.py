@@ -15,12 +15,15 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import kopf
 
 from model_support.operator import metrics
 from model_support.operator.kube import Kube, api_client
+from model_support.operator.leader import Leadership, default_identity, lease_namespace
 from model_support.operator.reconciler import Reconciler
 from model_support.operator.resource import (
     FIELD_MANAGER,
@@ -39,8 +42,13 @@ log = logging.getLogger(__name__)
 
 
 def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf.OperatorRegistry:
-    """A kopf registry with the operator's handlers (a fresh one per operator, tests included)."""
+    """A kopf registry with the operator's handlers (a fresh one per operator, tests included).
+
+    With leader election (the default) every replica watches, and only the one holding the
+    Lease acts: the others keep what they see current and take over from it (see leader.py).
+    """
     registry = kopf.OperatorRegistry()
+    settings_ = settings
     kube = kube or Kube(
         api_client(settings.api_server),
         request_timeout_s=settings.request_timeout_s,
@@ -49,6 +57,31 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
     reconciler = Reconciler(settings, kube)
     sweeps = SweepReconciler(settings, kube)
     watchdog: dict[str, asyncio.Task[None]] = {}
+    leadership = Leadership(
+        kube.client,
+        namespace=lease_namespace(settings.lease_namespace),
+        name=settings.lease_name,
+        identity=default_identity(),
+        lease_s=settings.lease_duration_s,
+        renew_deadline_s=settings.lease_renew_deadline_s,
+        retry_s=settings.lease_retry_s,
+        request_timeout_s=settings.request_timeout_s,
+    )
+    if not settings.leader_election:
+        leadership.leading.set()
+
+    def resume_as_leader() -> None:
+        with leadership.acting() as leading:
+            if leading:
+                resume(reconciler, sweeps)
+
+    def take_over() -> None:
+        # Level-based: the new leader brings every test and sweep it watched while waiting
+        # to where it should be (what happened meanwhile is in the API, not in events). In a
+        # thread of its own: the Lease's renewals must not wait for it.
+        threading.Thread(
+            target=resume_as_leader, name="model-support take-over", daemon=True
+        ).start()
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -67,17 +100,31 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
         settings.watching.chunk_size = reconciler.settings.list_page_size
         # Only our Jobs travel from the API server: the selector is applied there, not here.
         settings.watching.label_selectors["batch", "jobs"] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
-        watchdog["task"] = asyncio.create_task(_watchdog(reconciler), name="model-support watchdog")
-        watchdog["sweeps"] = asyncio.create_task(run_ticker(sweeps), name="model-support sweeps")
+        watchdog["task"] = asyncio.create_task(
+            _watchdog(reconciler, sweeps, leadership), name="model-support watchdog"
+        )
+        watchdog["sweeps"] = asyncio.create_task(
+            run_ticker(sweeps, lambda: _as_leader(leadership, sweeps.tick)),
+            name="model-support sweeps",
+        )
+        watchdog["running"] = asyncio.create_task(
+            _flush_running(reconciler, leadership), name="model-support running phases"
+        )
+        if settings_.leader_election:
+            watchdog["leader"] = asyncio.create_task(
+                _elect(leadership, take_over), name="model-support leader election"
+            )
 
     @kopf.on.cleanup(registry=registry)
     async def stop_watchdog(**_: Any) -> None:
-        for name in ("task", "sweeps"):
+        for name in ("leader", "running", "task", "sweeps"):
             task = watchdog.pop(name, None)
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        if settings_.leader_election:
+            await asyncio.to_thread(leadership.release)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -95,18 +142,30 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
             (test.get("status") or {}).get("phase"),
             deleted=type == "DELETED",
         )
-        reconciler.on_test(test, type)
-        sweeps.on_test(test, type)  # a sweep's test: its sweep may go on
+        if type is None:  # listed: at startup or after a relist
+            reconciler.note_listing()
+        with leadership.acting() as leading:
+            if not leading:  # waiting for the Lease: only keep the view current
+                reconciler.observe_test(test, type)
+                sweeps.on_test(test, type, act=False)
+                return
+            reconciler.on_test(test, type)
+            sweeps.on_test(test, type)  # a sweep's test: its sweep may go on
 
     @kopf.on.event(GROUP, VERSION, SWEEP_PLURAL, registry=registry)
     def sweep_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         # Level-based like tests: the ranking and the tests it made are in the API.
-        sweeps.on_sweep(_plain(body), type)
+        if type is None:
+            sweeps.note_listing()
+        with leadership.acting() as leading:
+            sweeps.on_sweep(_plain(body), type, act=leading)
 
     @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: MANAGED_BY}, registry=registry)
     def job_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         # type None: the Job was listed when the watch (re)started, e.g. after an operator restart.
-        reconciler.on_job(_plain(body), type or "LISTED")
+        with leadership.acting() as leading:
+            if leading:  # a replica that takes over resyncs every Job it did not act on
+                reconciler.on_job(_plain(body), type or "LISTED")
 
     return registry
 
@@ -116,16 +175,58 @@ def _plain(body: kopf.Body) -> dict[str, Any]:
     return dict(json.loads(json.dumps(body, default=dict)))
 
 
-async def _watchdog(reconciler: Reconciler) -> None:
+def resume(reconciler: Reconciler, sweeps: SweepReconciler) -> None:
+    """Bring everything watched so far to where it should be (on becoming the leader)."""
+    for test in list(reconciler.tests.values()):
+        reconciler.on_test(test, None)
+    reconciler.resync_jobs()
+    for uid in list(sweeps.sweeps):
+        sweeps.reconcile(uid)
+
+
+async def _elect(leadership: Leadership, on_gained: Callable[[], None]) -> None:
+    while True:
+        wait = await asyncio.to_thread(leadership.step, on_gained)
+        await asyncio.sleep(wait)
+
+
+async def _flush_running(reconciler: Reconciler, leadership: Leadership) -> None:
+    interval = max(0.1, min(1.0, reconciler.settings.running_write_delay_s / 2))
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await asyncio.to_thread(_as_leader, leadership, reconciler.flush_running)
+        except Exception:
+            log.exception("writing Running phases failed; retrying in %s s", interval)
+
+
+async def _watchdog(
+    reconciler: Reconciler, sweeps: SweepReconciler, leadership: Leadership
+) -> None:
     interval = reconciler.settings.watchdog_interval_s
     while True:
         await asyncio.sleep(interval)
-        for check in (reconciler.retry_tests, reconciler.check_waiting, reconciler.resync_jobs):
+        if not leadership.leading.is_set():
+            continue
+        for check in (
+            reconciler.retry_tests,
+            reconciler.check_waiting,
+            reconciler.check_admission,
+            reconciler.resync_jobs,
+            reconciler.audit,
+            sweeps.audit,
+        ):
             try:
-                await asyncio.to_thread(check)
+                await asyncio.to_thread(_as_leader, leadership, check)
             except Exception:
                 # The next round tries again; an API hiccup must not stop the watchdog for good.
                 log.exception("the watchdog's check failed; retrying in %s s", interval)
+
+
+def _as_leader(leadership: Leadership, check: Callable[[], object]) -> None:
+    with leadership.acting() as leading:
+        if leading:
+            check()
 
 
 __all__ = ["FIELD_MANAGER", "Reconciler", "build_registry", "set_condition"]

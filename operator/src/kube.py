@@ -33,6 +33,16 @@ class AlreadyExists(Exception):
     """The object exists (409 Conflict on create): the caller adopts it."""
 
 
+class Conflict(Exception):
+    """A write carried a resourceVersion the object no longer has (409): read it again."""
+
+
+def being_deleted(obj: dict[str, Any]) -> bool:
+    """Whether ``obj`` is being deleted (``metadata.deletionTimestamp`` set: finalizers, such
+    as the garbage collector's foregroundDeletion, hold it until they are done)."""
+    return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+
+
 def api_client(server: str | None, pool_size: int = 32) -> kubernetes.client.ApiClient:
     """An API client for ``server``, else in-cluster credentials, else the local kubeconfig."""
     if server is not None:
@@ -270,9 +280,20 @@ class Kube:
         )
 
     def patch_test_status(
-        self, namespace: str, name: str, status: dict[str, Any]
+        self,
+        namespace: str,
+        name: str,
+        status: dict[str, Any],
+        resource_version: str | None = None,
     ) -> dict[str, Any] | None:
-        """Merge ``status`` into a test's status subresource; None if the test is gone."""
+        """Merge ``status`` into a test's status subresource; None if the test is gone.
+
+        With ``resource_version`` the write applies only to that version of the test (the API
+        server's optimistic concurrency): Conflict when the test changed since it was read.
+        """
+        body: dict[str, Any] = {"status": status}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
         try:
             return _json(
                 self._call(
@@ -282,12 +303,14 @@ class Kube:
                     namespace,
                     PLURAL,
                     name,
-                    {"status": status},
+                    body,
                 )
             )
         except ApiException as exc:
             if exc.status == 404:
                 return None
+            if exc.status == 409:
+                raise Conflict(name) from exc
             raise
 
     # ------------------------------------------------------------- what sweeps need of tests
@@ -302,8 +325,22 @@ class Kube:
 
         return self._create(create, body)
 
-    def list_tests(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
-        """ModelSupportTests with all of ``labels`` in ``namespace`` (every page)."""
+    def list_sweeps(self, namespace: str | None) -> list[dict[str, Any]]:
+        """Every ModelSupportSweep in ``namespace`` (None = every namespace; every page)."""
+
+        def namespaced(ns: str, **kwargs: Any) -> Any:
+            return self.custom.list_namespaced_custom_object(
+                GROUP, VERSION, ns, SWEEP_PLURAL, **kwargs
+            )
+
+        def everywhere(**kwargs: Any) -> Any:
+            return self.custom.list_cluster_custom_object(GROUP, VERSION, SWEEP_PLURAL, **kwargs)
+
+        return self._list(namespaced, everywhere, namespace)
+
+    def list_tests(self, namespace: str | None, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """ModelSupportTests with all of ``labels`` in ``namespace`` (None = every namespace;
+        every page)."""
 
         def namespaced(ns: str, **kwargs: Any) -> Any:
             return self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, **kwargs)
@@ -311,7 +348,8 @@ class Kube:
         def everywhere(**kwargs: Any) -> Any:
             return self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kwargs)
 
-        tests = self._list(namespaced, everywhere, namespace, label_selector=_selector(labels))
+        selectors = {"label_selector": _selector(labels)} if labels else {}
+        tests = self._list(namespaced, everywhere, namespace, **selectors)
         return [t for t in tests if _matches(t, labels)]
 
     def patch_test(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
@@ -332,6 +370,12 @@ class Kube:
             if exc.status == 404:
                 return None
             raise
+
+    def get_sweep(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A ModelSupportSweep, or None if it was deleted."""
+        return self._read(
+            self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, SWEEP_PLURAL, name
+        )
 
     def patch_sweep_status(
         self, namespace: str, name: str, status: dict[str, Any]

@@ -16,6 +16,7 @@ from model_support.delivery import slot_subpath
 from model_support.operator.dra import container_claims, dra_settings, pod_claims
 from model_support.operator.resource import (
     ANNOTATION_TEST_NAME,
+    ANNOTATION_TIMEOUT,
     API_VERSION,
     KIND,
     LABEL_ATTEMPT,
@@ -30,6 +31,7 @@ from model_support.operator.resource import (
 )
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import TestSpec
+from model_support.runner_pod import STOPPED_EXIT
 from model_support.sizing import Plan
 from model_support.vocabulary import Parallelism
 
@@ -43,6 +45,8 @@ WORKDIR = "/work"
 EXTRA_PACKAGES_DIR = "/work/extra-packages"
 RUN_PY_KEY = "run.py"
 ANNOTATION_RUN_ID = "modelsupport.dev/run-id"
+DELIVERY_DEADLINE_S = 300
+"""How long the runner retries a delivery (``model_support.runner_pod``'s default)."""
 ANNOTATION_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 
 RESULT_FILE = "result.json"
@@ -95,6 +99,8 @@ class CacheWiring:
         return [*args, "--cache-backend", self.backend, "--cache-deadline", f"{self.deadline_s:g}"]
 
 
+NEURON_DEVICES = "/dev/neuron*"
+"""The Neuron device files a runner pod on a Neuron profile must be able to open."""
 DELIVERY_MOUNT = "/var/run/model-support/delivery"
 """Where a runner pod sees its attempt's delivery slot (a folder of the results volume)."""
 DELIVERY_URL_ENV = "MODEL_SUPPORT_DELIVERY_URL"
@@ -124,15 +130,27 @@ class DeliveryWiring:
 
 
 def runner_command(
-    run_id: str, delivery: DeliveryWiring | None, cache: CacheWiring | None
+    run_id: str,
+    delivery: DeliveryWiring | None,
+    cache: CacheWiring | None,
+    timeout_s: int | None = None,
+    neuron: bool = False,
 ) -> list[str]:
     """The runner container's argv: run.py through model_support.runner_pod (no shell).
+
+    ``timeout_s`` is the test's timeout: the runner stops run.py that long after it started
+    and delivers TIMEOUT (the Job's own deadline is only a backstop, see :func:`job_deadline`).
+    ``neuron``: the runner first checks that the pod's user can open the node's Neuron devices.
 
     The runner delivers the result document to its attempt's slot (``delivery``), writes the
     termination message, then pushes the compile cache (when ``cache`` has a target) and
     delivers the document again with the cache figures beside the result.
     """
     command = ["python3", "-m", "model_support.runner_pod", "--run-id", run_id]
+    if timeout_s is not None:
+        command += ["--timeout", str(timeout_s)]
+    if neuron:  # the node's devices must open for the pod's user, checked before anything
+        command += ["--neuron-devices", NEURON_DEVICES]
     if delivery is not None:
         command += delivery.runner_args()
     command += ["--result-file", RESULT_FILE, "--termination-log", TERMINATION_LOG]
@@ -162,6 +180,14 @@ class Placement:
     parallelism: Parallelism
     host_memory_bytes: int
     checkpoint_bytes: int = 0
+    pod_cores: int | None = None
+    """The cores the pod holds (a placeable set, see ``HardwareProfile.pod_cores``); None: the
+    same as ``cores``."""
+
+    @property
+    def held_cores(self) -> int:
+        """The cores the pod requests."""
+        return self.pod_cores or self.cores
 
 
 def placement_for(plan: Plan, settings: OperatorSettings) -> Placement:
@@ -206,8 +232,25 @@ def claim_template_name(test: TestRef) -> str:
     return child_name(test.name, test.uid, test.generation)
 
 
+def job_reference(job: dict[str, Any]) -> dict[str, Any]:
+    """Owner reference to a runner Job (as the API returned it, uid included)."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": job["metadata"]["name"],
+        "uid": job["metadata"]["uid"],
+        "controller": False,
+        "blockOwnerDeletion": False,
+    }
+
+
 def build_configmap(test: TestRef, name: str, run_py: str) -> dict[str, Any]:
-    """The ConfigMap holding the rendered run.py, byte for byte what runs and is recorded."""
+    """The ConfigMap holding the rendered run.py, byte for byte what runs and is recorded.
+
+    Built owned by the test; the operator creates it owned by the generation's first runner
+    Job instead (:func:`job_reference`), so the TTL controller's collection of that Job, once
+    the run is recorded, collects the ConfigMap too (etcd does not keep every run.py ever run).
+    """
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -281,6 +324,28 @@ def _cpu(value: float) -> str:
     return f"{max(1, math.ceil(value * 1000))}m"
 
 
+def job_deadline(spec: TestSpec, settings: OperatorSettings) -> int | None:
+    """The runner Job's ``activeDeadlineSeconds``: a backstop, never the model's timeout.
+
+    Kubernetes counts it from the Job's start, so waiting for a node, pulling the image and the
+    init steps count too; the runner enforces the test's timeout itself from run.py's start.
+    The backstop is that timeout plus what may happen outside run.py: the queue and pull budget
+    (``deadlineBudgetSeconds``), the compile cache pull and push deadlines, and the delivery.
+    None (no budget configured): no Job deadline at all, the Job waits as long as it takes.
+    """
+    if settings.deadline_budget_s is None:
+        return None
+    cache = spec.compileCache
+    transfers = 0.0
+    if cache is not None:
+        transfers += settings.compile_cache_deadline_s * (
+            (cache.source is not None) + (cache.target is not None)
+        )
+    return math.ceil(
+        spec.timeoutSeconds + settings.deadline_budget_s + transfers + DELIVERY_DEADLINE_S
+    )
+
+
 def build_job(
     test: TestRef,
     spec: TestSpec,
@@ -312,6 +377,8 @@ def build_job(
         # The root filesystem is read-only: every cache goes to a writable volume.
         {"name": "HOME", "value": "/tmp/home"},
         {"name": "XDG_CACHE_HOME", "value": "/tmp/cache"},
+        # Named in the runner's own errors about the node (e.g. devices it cannot open).
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
     ]
     if spec.hubTokenSecret is not None:
         # The token comes from the Secret at run time; it is never in the ConfigMap or the spec.
@@ -394,7 +461,7 @@ def build_job(
             if pushing is not None and pushing.shared
             else None,
         )
-    command = runner_command(run_id, delivery, wiring)
+    command = runner_command(run_id, delivery, wiring, spec.timeoutSeconds, neuron=profile.neuron)
     env.extend(settings.runner_env)
     # The delivery slot is the runner's alone (no init step sees it).
     runner_mounts: list[dict[str, Any]] = []
@@ -484,8 +551,9 @@ def build_job(
         tolerations.append({"key": NEURON_TAINT, "operator": "Exists", "effect": "NoSchedule"})
     elif profile.neuron:
         # Extended resources need requests == limits; the device plugin sets NEURON_RT_VISIBLE_CORES.
-        resources["requests"][NEURONCORE_RESOURCE] = str(placement.cores)
-        resources["limits"][NEURONCORE_RESOURCE] = str(placement.cores)
+        # The pod holds a placeable set (whole devices beyond one); run.py uses its cores.
+        resources["requests"][NEURONCORE_RESOURCE] = str(placement.held_cores)
+        resources["limits"][NEURONCORE_RESOURCE] = str(placement.held_cores)
         tolerations.append({"key": NEURON_TAINT, "operator": "Exists", "effect": "NoSchedule"})
     instance_type = spec.instanceType or profile.instance_type
     if instance_type is not None:
@@ -505,6 +573,12 @@ def build_job(
             "runAsGroup": 1000,
             "fsGroup": 1000,
             "seccompProfile": {"type": "RuntimeDefault"},
+            # e.g. the group owning /dev/neuron* on nodes that keep the devices root-owned.
+            **(
+                {"supplementalGroups": list(settings.runner_supplemental_groups)}
+                if settings.runner_supplemental_groups
+                else {}
+            ),
         },
         "containers": [
             {
@@ -560,7 +634,7 @@ def build_job(
     if tolerations:
         pod_spec["tolerations"] = tolerations
     scheduler = spec.scheduling.schedulerName
-    if scheduler is None and profile.neuron and placement.cores > 1 and dra is None:
+    if scheduler is None and profile.neuron and placement.held_cores > 1 and dra is None:
         # More than one core must be connected cores: the Neuron scheduler extension's job
         # (under DRA the claim's connected-group constraint is).
         scheduler = settings.scheduler_name
@@ -576,9 +650,12 @@ def build_job(
         job_labels[LABEL_KUEUE_QUEUE] = spec.queueName
     job_spec: dict[str, Any] = {
         # Disruptions (eviction, preemption, node drain: pods with a DisruptionTarget condition)
-        # are not counted and the pod is replaced; any container's non-zero exit is the run's
-        # own outcome and fails the Job at once. Other pod failures (a node lost without the
-        # condition) fail it too; the operator then retries in a new Job (max_attempts).
+        # are not counted and the pod is replaced. So is a runner stopped from outside (exit
+        # 143, which the runner uses for that alone): Kueue preempts by suspending the Job and
+        # the Job controller deletes its pods without that condition, and a pod deleted by hand
+        # has none either. Any other non-zero exit is the run's own outcome and fails the Job
+        # at once. Other pod failures (a node lost without the condition) fail it too; the
+        # operator then retries in a new Job (max_attempts).
         "backoffLimit": 0,
         "podFailurePolicy": {
             "rules": [
@@ -586,12 +663,19 @@ def build_job(
                     "action": "Ignore",
                     "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
                 },
+                {
+                    "action": "Ignore",
+                    "onExitCodes": {
+                        "containerName": RUNNER_CONTAINER,
+                        "operator": "In",
+                        "values": [STOPPED_EXIT],
+                    },
+                },
                 {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [0]}},
             ]
         },
         # A replacement waits until its predecessor has ended: it needs the same NeuronCores.
         "podReplacementPolicy": "Failed",
-        "activeDeadlineSeconds": spec.timeoutSeconds,
         "template": {
             "metadata": {
                 "labels": labels,
@@ -604,6 +688,9 @@ def build_job(
             "spec": pod_spec,
         },
     }
+    deadline = job_deadline(spec, settings)
+    if deadline is not None:
+        job_spec["activeDeadlineSeconds"] = deadline
     if spec.queueName:
         # Kueue admits the Job by unsuspending it.
         job_spec["suspend"] = True
@@ -614,7 +701,11 @@ def build_job(
             "name": job_name,
             "namespace": test.namespace,
             "labels": job_labels,
-            "annotations": {ANNOTATION_RUN_ID: run_id, ANNOTATION_TEST_NAME: test.name},
+            "annotations": {
+                ANNOTATION_RUN_ID: run_id,
+                ANNOTATION_TEST_NAME: test.name,
+                ANNOTATION_TIMEOUT: str(spec.timeoutSeconds),
+            },
             "ownerReferences": [owner_reference(test)],
         },
         "spec": job_spec,

@@ -38,6 +38,10 @@ JOBS_CREATED = Counter(
 RETRIES = Counter(
     "model_support_node_loss_retries_total", "Runner Jobs re-created after their node was lost."
 )
+STATUS_CONFLICTS = Counter(
+    "model_support_status_conflicts_total",
+    "Test status writes refused with 409 (the test changed since it was read); each is read again.",
+)
 
 STACK_LABELS = ["compiler", "compiler_version", "library", "library_version"]
 PASS_RATE = Gauge(

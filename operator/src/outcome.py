@@ -6,15 +6,16 @@ tested on its own and the handlers stay small.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
 from model_support.config import RunConfig
-from model_support.operator.resource import RUNNER_CONTAINER
+from model_support.operator.resource import ANNOTATION_TIMEOUT, RUNNER_CONTAINER
 from model_support.records import ResultDocument
-from model_support.runner_pod import STOPPED_MESSAGE
+from model_support.runner_pod import STOPPED_EXIT, STOPPED_MESSAGE
 from model_support.vocabulary import ErrorClass, Result
 
 IMAGE_PULL_REASONS = frozenset(
@@ -43,6 +44,7 @@ class JobState(StrEnum):
     OUT_OF_MEMORY = "out-of-memory"  # the runner container was OOM-killed
     NODE_LOST = "node-lost"  # the node went away: worth another attempt
     INFRASTRUCTURE = "infrastructure"  # failed for a reason of the cluster, not of the model
+    STORAGE = "storage"  # evicted for using more local storage than the pod was sized for
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,9 @@ class Reading:
     """When the Job started (its startTime, else its creation), as Kubernetes says."""
     ended_at: datetime | None = None
     """When the Job ended (completionTime, else its terminal condition), as Kubernetes says."""
+    deadline_passed: bool = False
+    """The Job reached its backstop deadline (``DeadlineExceeded``): the Job controller ended
+    it, whatever its state says the time went to."""
 
 
 def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -77,14 +82,18 @@ def _runner_status(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def latest_pod(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The pod that decided a Job's end: the latest one that was not disrupted (the Job
-    replaced disrupted ones), else simply the latest."""
+    """The pod that decided a Job's end: the latest one the Job's pod failure policy did not
+    ignore (the Job replaced disrupted pods and runners stopped from outside, exit 143), else
+    simply the latest. Creation times have a one-second grain: a replacement made within the
+    same second as its predecessor is still told apart."""
     if not pods:
         return None
     return max(
         pods,
         key=lambda p: (
             _condition(p, "DisruptionTarget") is None,
+            ((_runner_status(p).get("state") or {}).get("terminated") or {}).get("exitCode")
+            != STOPPED_EXIT,
             (p.get("metadata") or {}).get("creationTimestamp") or "",
         ),
     )
@@ -131,10 +140,8 @@ def read_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> Reading:
         return reading(JobState.ACTIVE, "the runner has not finished")
     reason = failed.get("reason") or ""
     if reason == "DeadlineExceeded":
-        return reading(
-            JobState.TIMEOUT,
-            f"the Job ran past activeDeadlineSeconds: {failed.get('message') or reason}",
-        )
+        state, message = _deadline(job, pod, failed)
+        return dataclasses.replace(reading(state, message), deadline_passed=True)
     if terminated.get("reason") == "OOMKilled":
         return reading(
             JobState.OUT_OF_MEMORY,
@@ -154,6 +161,9 @@ def read_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> Reading:
             f"run.py started{': ' + detail if detail else ''}",
         )
     pod_status = pod.get("status") or {}
+    storage = storage_eviction(pod)
+    if storage is not None:
+        return reading(JobState.STORAGE, storage)
     disruption = _condition(pod, "DisruptionTarget")
     if disruption is not None or pod_status.get("reason") in NODE_LOSS_REASONS:
         why = (disruption or {}).get("reason") or pod_status.get("reason")
@@ -172,6 +182,52 @@ def read_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> Reading:
         # node shut down): a disruption all the same, worth another attempt.
         return reading(JobState.NODE_LOST, "the runner was stopped from outside its pod")
     return reading(JobState.FAILED, f"run.py exited with status {exit_code}")
+
+
+_STORAGE_EVICTION = ("ephemeral local storage", "local ephemeral storage", "emptydir volume")
+"""What the kubelet's eviction messages for local storage limits say (pkg/kubelet/eviction: a
+pod or container over its ephemeral-storage limit, an emptyDir over its sizeLimit). A node low
+on ephemeral-storage is node pressure instead: that eviction carries DisruptionTarget."""
+
+
+def storage_eviction(pod: dict[str, Any]) -> str | None:
+    """Why a pod evicted for local storage was (with its storage sizing), or None.
+
+    These evictions carry no ``DisruptionTarget`` condition, and retrying with the same limits
+    would end the same way: they are the pod's sizing, said with the numbers.
+    """
+    status = pod.get("status") or {}
+    message = str(status.get("message") or "")
+    if (
+        status.get("reason") != "Evicted"
+        or _condition(pod, "DisruptionTarget") is not None
+        or not any(word in message.lower() for word in _STORAGE_EVICTION)
+    ):
+        return None
+    spec = pod.get("spec") or {}
+    limits = [
+        f"{volume['name']} {volume['emptyDir']['sizeLimit']}"
+        for volume in spec.get("volumes") or []
+        if "emptyDir" in volume
+        and (volume["emptyDir"] or {}).get("sizeLimit")
+        and (volume["emptyDir"] or {}).get("medium") != "Memory"
+    ]
+    requested = next(
+        (
+            ((c.get("resources") or {}).get("requests") or {}).get("ephemeral-storage")
+            for c in spec.get("containers") or []
+            if c.get("name") == RUNNER_CONTAINER
+        ),
+        None,
+    )
+    sizing = f"emptyDir sizeLimits {', '.join(limits) or 'none'}" + (
+        f", ephemeral-storage request {requested}" if requested else ""
+    )
+    return (
+        f"the runner pod was evicted for local storage: {message.strip()} (the pod was sized "
+        f"{sizing}); not retried with the same limits: raise the operator's workHeadroomGiB, "
+        "tmpSizeGiB or neffCacheSizeGiB, and check the node's ephemeral storage"
+    )
 
 
 def _parse_time(value: str | None) -> datetime | None:
@@ -204,12 +260,80 @@ def job_outcome_stands(reading: Reading) -> bool:
     """Whether what Kubernetes says of a Job decides its result whatever a pod delivered.
 
     A delivery is a pod's claim about its own run, written by code the project does not
-    control: it cannot undo a deadline the Job ran past, an out-of-memory kill of the runner
-    container, or a runner that never started (a failed init step, an image never pulled).
+    control: it cannot undo a deadline the Job ran past (TIMEOUT, or ERROR/infrastructure when
+    the time went to waiting), an out-of-memory kill of the runner container, or a runner that
+    never started (a failed init step, an image never pulled).
     """
-    return reading.state in (JobState.TIMEOUT, JobState.OUT_OF_MEMORY) or (
-        reading.state is JobState.INFRASTRUCTURE and reading.runner_ran is False
+    return (
+        reading.deadline_passed
+        or reading.state in (JobState.TIMEOUT, JobState.OUT_OF_MEMORY)
+        or (reading.state is JobState.INFRASTRUCTURE and reading.runner_ran is False)
     )
+
+
+def _deadline(
+    job: dict[str, Any], pod: dict[str, Any] | None, failed: dict[str, Any]
+) -> tuple[JobState, str]:
+    """A Job that reached its backstop deadline (``activeDeadlineSeconds``).
+
+    That deadline counts from the Job's start, waiting and pulling included; the test's own
+    timeout is the runner's, from run.py's start (it delivers TIMEOUT itself). So the backstop
+    is TIMEOUT only when run.py demonstrably ran at least the test's timeout (the runner failed
+    to stop it); otherwise the time went to waiting: ERROR/infrastructure, saying for what.
+    """
+    deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    timeout = annotations.get(ANNOTATION_TIMEOUT)
+    what = f"the Job's backstop deadline ({deadline} s, activeDeadlineSeconds)"
+    runner = _runner_status(pod) if pod else {}
+    state = runner.get("state") or {}
+    ran = state.get("terminated") or state.get("running") or {}
+    started = _parse_time(ran.get("startedAt"))
+    if pod is None:
+        return (
+            JobState.INFRASTRUCTURE,
+            f"{what} passed and no runner pod is left to say whether run.py started; the runner "
+            "enforces the test's timeout itself and delivered no TIMEOUT",
+        )
+    if started is None:
+        return (
+            JobState.INFRASTRUCTURE,
+            f"{what} passed before run.py started: the pod was {_waited_for(pod)}",
+        )
+    ended = _parse_time(ran.get("finishedAt")) or _parse_time(failed.get("lastTransitionTime"))
+    ran_s = ((ended or datetime.now(UTC)) - started).total_seconds()
+    if timeout is not None and ran_s >= float(timeout):
+        return (
+            JobState.TIMEOUT,
+            f"run.py ran {ran_s:.0f} s, past the test's timeout of {timeout} s, and {what} "
+            "ended it",
+        )
+    return (
+        JobState.INFRASTRUCTURE,
+        f"{what} passed after run.py had run only {ran_s:.0f} s of its {timeout or '?'} s "
+        "timeout: the rest went to waiting for a node, the image or the init steps (raise "
+        "the setting deadlineBudgetSeconds, or free capacity)",
+    )
+
+
+def _waited_for(pod: dict[str, Any]) -> str:
+    """What a runner pod that never ran run.py was waiting for, in words."""
+    status = pod.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return f"never scheduled ({cond.get('reason') or 'Unschedulable'}: {cond.get('message') or 'no node fits'})"
+    for container in status.get("initContainerStatuses") or []:
+        state = container.get("state") or {}
+        if "terminated" not in state or (state["terminated"] or {}).get("exitCode") != 0:
+            waiting = state.get("waiting") or {}
+            doing = waiting.get("reason") or ("running" if "running" in state else "waiting")
+            return f"in its init step {container.get('name')} ({doing})"
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting:
+            detail = f": {waiting['message']}" if waiting.get("message") else ""
+            return f"waiting to start container {container.get('name')} ({waiting.get('reason')}{detail})"
+    return "scheduled but its runner container never started"
 
 
 class WaitKind(StrEnum):
@@ -291,6 +415,7 @@ INFRA_RESULTS: dict[JobState, tuple[Result, ErrorClass | None]] = {
     JobState.OUT_OF_MEMORY: (Result.ERROR, ErrorClass.OUT_OF_MEMORY),
     JobState.NODE_LOST: (Result.ERROR, ErrorClass.INFRASTRUCTURE),
     JobState.INFRASTRUCTURE: (Result.ERROR, ErrorClass.INFRASTRUCTURE),
+    JobState.STORAGE: (Result.ERROR, ErrorClass.INFRASTRUCTURE),
 }
 """The result recorded for a Job that ended without a result document of its own."""
 

@@ -7,6 +7,7 @@ Job the operator would create (or the status it would record instead).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any
 from huggingface_hub.errors import HfHubHTTPError
 
 from model_support.delivery import slot_for
+from model_support.hardware import get_profile
 from model_support.hub import is_unreachable
 from model_support.operator.dra import (
     DraError,
@@ -287,10 +289,26 @@ def place(
     placement = placement_for(plan, settings)
     if dra is not None and lnc is not None:
         try:
-            device_claim(placement.cores, lnc)
+            claim = device_claim(placement.cores, lnc)
         except DraError as exc:
             raise InvalidTest(str(exc)) from exc
-    return placement
+        per_device = get_profile(spec.profile, lnc).cores_per_device
+        return dataclasses.replace(placement, pod_cores=claim.devices * per_device)
+    if not spec.profile_info.neuron:
+        return placement
+    try:
+        pod_cores = get_profile(spec.profile, lnc).pod_cores(placement.cores)
+    except ValueError as exc:
+        raise InvalidTest(f"{exc}: lower spec.cores or spec.maxCores") from exc
+    if pod_cores > 1 and not (spec.scheduling.schedulerName or settings.scheduler_name):
+        raise InvalidTest(
+            f"{spec.model} runs on {placement.cores} NeuronCores (the pod holds {pod_cores}), "
+            "which must be connected cores: the default scheduler does not place them, so the "
+            "pod would never run as sized. Set the chart value runner.schedulerName to the "
+            "Neuron scheduler extension's scheduler, enable neuron.dra (trn2), or give the "
+            "test spec.scheduling.schedulerName"
+        )
+    return dataclasses.replace(placement, pod_cores=pod_cores)
 
 
 def store_uri(spec: TestSpec | None, settings: OperatorSettings) -> str:

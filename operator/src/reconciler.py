@@ -17,9 +17,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -31,12 +33,13 @@ from model_support.config import RunConfig
 from model_support.delivery import DeliveryArea, DeliveryError, delivery_key, slot_for
 from model_support.operator import metrics
 from model_support.operator.costing import run_cost
-from model_support.operator.kube import AlreadyExists, Kube
+from model_support.operator.kube import AlreadyExists, Conflict, Kube, being_deleted
 from model_support.operator.manifests import (
     Placement,
     TestRef,
     build_delivery_secret,
     delivery_wiring,
+    job_reference,
 )
 from model_support.operator.outcome import (
     INFRA_RESULTS,
@@ -128,6 +131,48 @@ def _short(text: str | None) -> str:
     return first[:MESSAGE_LIMIT]
 
 
+class CreateRefused(Exception):
+    """The API server refused to create a child (quota, admission, validation)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@contextlib.contextmanager
+def _refusal(kind: str, body: dict[str, Any] | None) -> Iterator[None]:
+    """Turn the API server's refusal of a create (403, 422, ...) into CreateRefused, with its
+    own message (a ResourceQuota's or LimitRange's, an admission webhook's)."""
+    try:
+        yield
+    except ApiException as exc:
+        if exc.status in (404, 409) or exc.status is None or exc.status >= 500:
+            raise
+        detail = exc.reason or ""
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            detail = json.loads(exc.body).get("message") or detail
+        name = ((body or {}).get("metadata") or {}).get("name")
+        raise CreateRefused(
+            exc.status,
+            f"the API server refused to create {kind}{' ' + name if name else ''} "
+            f"({exc.status}): {detail}",
+        ) from exc
+
+
+def _retrying(status: dict[str, Any]) -> bool:
+    """Whether the status says this generation waits for a retry (sizing, or a refused create)."""
+    return (
+        condition(status, "Sized").get("reason") == "SizingRetrying"
+        or condition(status, "JobCreated").get("reason") == "CreateRefused"
+    )
+
+
+class _NoSpec:
+    """Stands for a spec that no longer parses (only what a message needs of it)."""
+
+    queueName: str | None = None
+
+
 class _NotRead:
     """Marks a delivery not read yet (``finish`` reads it itself)."""
 
@@ -135,8 +180,42 @@ class _NotRead:
 _NOT_READ = _NotRead()
 
 
+_WAITING_FOR_ADMISSION = frozenset(
+    {(Phase.QUEUED, "KueueAdmission"), (Phase.QUEUED, "NotAdmitted")}
+)
+_WAITING_FOR_CAPACITY = frozenset({(Phase.QUEUED, "Unschedulable")})
+_NOT_ADMITTED = frozenset({(Phase.QUEUED, "NotAdmitted")})
+
+StatusPatch = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any] | None]
+"""A status merge patch, or a function making it from the test as the API has it."""
+_CONFLICT_TRIES = 5
+
 _RELEASE_MEMORY_S = 600.0
 """How long a released Job is remembered (a stale listing of it is not released again)."""
+
+
+@dataclass
+class _Audit:
+    """When what this process knows of a kind was last compared with the API."""
+
+    listed: bool = False
+    at: float = 0.0
+
+    def due(self, interval_s: float) -> bool:
+        return self.listed or time.monotonic() - self.at >= interval_s
+
+    def done(self) -> None:
+        self.listed, self.at = False, time.monotonic()
+
+
+@dataclass(frozen=True)
+class _RunningWrite:
+    """A Running phase to write once due (unless the run ended before)."""
+
+    due: float
+    ref: TestRef
+    attempt: int
+    started: str | None
 
 
 @dataclass(frozen=True)
@@ -183,8 +262,10 @@ class Reconciler:
         self._reconciling: set[tuple[str, int]] = set()
         self._finishing: set[str] = set()
         self._phases: dict[tuple[str, int, int], tuple[Phase, str]] = {}
+        self._running: dict[tuple[str, int, int], _RunningWrite] = {}
         self.tests: dict[str, dict[str, Any]] = {}
         """Every watched test by uid, as the watch last showed it (saves a GET per Job event)."""
+        self._audit = _Audit()
 
     # ---------------------------------------------------------------- the tests we know of
 
@@ -201,6 +282,30 @@ class Reconciler:
             elif _newer(body, self.tests.get(uid)):
                 self.tests[uid] = body
 
+    def note_listing(self) -> None:
+        """The watch listed the tests (at startup, or after a relist: a 410 Gone, a restarted
+        stream). A listing brings no event for what was deleted meanwhile, so the next
+        :meth:`audit` compares what this process knows with what the API holds."""
+        self._audit.listed = True
+
+    def audit(self) -> int:
+        """After a listing (and every ``cache_audit_s`` anyway): drop the tests that no longer
+        exist from what this process keeps; returns how many went. One list per namespace."""
+        if not self._audit.due(self.settings.cache_audit_s):
+            return 0
+        with self._lock:
+            known = set(self.tests)
+        listed: set[str] = set()
+        for namespace in self.watched_namespaces():
+            listed.update(
+                str(t["metadata"].get("uid")) for t in self.kube.list_tests(namespace, {})
+            )
+        gone = known - listed
+        for uid in gone:
+            self.forget_test(uid)
+        self._audit.done()
+        return len(gone)
+
     def _test(self, ref: TestRef) -> dict[str, Any] | None:
         """A test as last seen, else read from the API (None when it is gone)."""
         known = self.tests.get(ref.uid)
@@ -212,12 +317,53 @@ class Reconciler:
             return test
         return None
 
-    def patch_status(self, ref: TestRef, patch: dict[str, Any]) -> dict[str, Any] | None:
-        """Merge ``patch`` into a test's status; what the API returns becomes what we know."""
-        patched = self.kube.patch_test_status(ref.namespace, ref.name, patch)
-        if patched is not None and patched["metadata"].get("uid") == ref.uid:
+    def patch_status(self, ref: TestRef, build: StatusPatch) -> dict[str, Any] | None:
+        """Write a test's status; what the API returns becomes what we know.
+
+        ``build`` is the merge patch, or makes it from the test (None: nothing to write). The
+        write carries the resourceVersion of the test it was made from, so a stale view never
+        wins: on 409 the test is read again and ``build`` runs again on what it says. Nothing
+        is written to a test of another generation, or to one whose generation is Completed
+        (a terminal phase is never moved back). Returns the patched test, None when nothing
+        was written.
+        """
+        test = self._test(ref)
+        for _ in range(_CONFLICT_TRIES):
+            if test is None or int(test["metadata"].get("generation") or 1) != ref.generation:
+                return None  # gone, or a newer spec: this write is about the past
+            status = test.get("status") or {}
+            if (
+                status.get("phase") == Phase.COMPLETED
+                and status.get("observedGeneration") == ref.generation
+            ):
+                return None
+            patch = build(test) if callable(build) else build
+            if patch is None:
+                return None
+            version = (test.get("metadata") or {}).get("resourceVersion")
+            try:
+                patched = self.kube.patch_test_status(
+                    ref.namespace, ref.name, patch, resource_version=version
+                )
+            except Conflict:
+                metrics.STATUS_CONFLICTS.inc()
+                fresh = self.kube.get_test(ref.namespace, ref.name)
+                if fresh is None or fresh["metadata"].get("uid") != ref.uid:
+                    self.forget_test(ref.uid)
+                    return None
+                self.observe_test(fresh, "FETCHED")
+                test = fresh
+                continue
+            if patched is None or patched["metadata"].get("uid") != ref.uid:
+                self.forget_test(ref.uid)
+                return None
             self.observe_test(patched, "PATCHED")
-        return patched
+            return patched
+        log.warning(
+            "%s/%s: the status write kept conflicting (%d tries); the next event retries it",
+            ref.namespace, ref.name, _CONFLICT_TRIES,
+        )  # fmt: skip
+        return None
 
     def event(self, test: dict[str, Any], kind: str, reason: str, message: str) -> None:
         """An Event on the test (posted with our client, so it works from any thread)."""
@@ -300,8 +446,8 @@ class Reconciler:
         outage) the watchdog offers again (:meth:`retry_tests`).
         """
         self.observe_test(body, event_type)
-        if event_type == "DELETED":
-            return
+        if event_type == "DELETED" or being_deleted(body):
+            return  # a test being deleted is never sized, launched or recorded
         # A late event (older than what this process wrote or saw since, e.g. the startup
         # listing after the test was completed) must not undo a handled generation: act on
         # the newest view.
@@ -310,14 +456,22 @@ class Reconciler:
             newest = self.tests.get(uid, body) if uid else body
         self.reconcile(newest, resumed=event_type is None)
 
-    def reconcile(self, body: dict[str, Any], *, resumed: bool = False) -> None:
-        """Bring one generation of a test to a running Job (or a recorded final state)."""
+    def reconcile(
+        self, body: dict[str, Any], *, resumed: bool = False, from_cache: bool = False
+    ) -> None:
+        """Bring one generation of a test to a running Job (or a recorded final state).
+
+        ``from_cache``: ``body`` is what this process last saw, not an event just received, so
+        the API is asked whether the test still exists before anything is created for it.
+        """
         meta = body["metadata"]
+        if being_deleted(body):
+            return
         ref = TestRef(
             meta["namespace"], meta["name"], meta["uid"], int(meta.get("generation") or 1)
         )
         status = dict(body.get("status") or {})
-        retrying = condition(status, "Sized").get("reason") == "SizingRetrying"
+        retrying = _retrying(status)
         handled = status.get("observedGeneration") == ref.generation and status.get("phase")
         if handled and not retrying:
             if resumed and status.get("phase") in ACTIVE_PHASES:
@@ -330,7 +484,7 @@ class Reconciler:
                 return  # being reconciled in another thread, or waiting for its retry
             self._reconciling.add(key)
         try:
-            self._reconcile(body, ref, status, backoff.tries if backoff else 0)
+            self._reconcile(body, ref, status, backoff.tries if backoff else 0, from_cache)
         finally:
             with self._lock:
                 self._reconciling.discard(key)
@@ -342,14 +496,18 @@ class Reconciler:
         for test in list(self.tests.values()):
             status = test.get("status") or {}
             generation = int(test["metadata"].get("generation") or 1)
-            retrying = condition(status, "Sized").get("reason") == "SizingRetrying"
-            if status.get("observedGeneration") != generation or retrying:
-                self.reconcile(test)
+            if status.get("observedGeneration") != generation or _retrying(status):
+                self.reconcile(test, from_cache=True)
                 offered += 1
         return offered
 
     def _reconcile(
-        self, body: dict[str, Any], ref: TestRef, status: dict[str, Any], retry: int
+        self,
+        body: dict[str, Any],
+        ref: TestRef,
+        status: dict[str, Any],
+        retry: int,
+        from_cache: bool = False,
     ) -> None:
         self._delete_superseded_job(ref, status)
         try:
@@ -375,38 +533,49 @@ class Reconciler:
                     "SizingFailed",
                 )  # fmt: skip
                 return
-            delay = min(self.settings.retry_cap_s, self.settings.sizing_retry_base_s * 2**retry)
-            with self._lock:
-                self._sizing[(ref.uid, ref.generation)] = _Backoff(
-                    time.monotonic() + delay, retry + 1
-                )
-            message = f"{exc}; retrying in {delay:g} s (try {retry + 1})"
-            log.warning("%s/%s: %s", ref.namespace, ref.name, message)
-            self.patch_status(
-                ref,
-                TestStatus.new_generation(
-                    phase=Phase.PENDING,
-                    observedGeneration=ref.generation,
-                    message=message[:MESSAGE_LIMIT],
-                    conditions=kstatus_conditions(
-                        set_condition(
-                            None, "Sized", False, "SizingRetrying", message, ref.generation
-                        ),
-                        Phase.PENDING,
-                        ref.generation,
-                        message=message,
-                    ),
-                ),
-            )
-            if retry == 0:
-                self.event(body, "Warning", "SizingRetrying", message)
+            self._retry_later(body, ref, retry, "Sized", "SizingRetrying", str(exc))
             return
         with self._lock:
             self._sizing.pop((ref.uid, ref.generation), None)
         if isinstance(placement, Exclusion):
             self._record_exclusion(body, ref, spec, placement)
             return
-        self._launch(body, ref, spec, placement)
+        if from_cache and self._fresh_test(ref) is None:
+            return  # what we knew is stale (e.g. missed after a watch relist): no owner, no Job
+        try:
+            self._launch(body, ref, spec, placement)
+        except CreateRefused as exc:
+            if exc.status in (400, 422):  # admission or validation: the spec cannot run as is
+                self._invalid(body, ref, str(exc))
+            else:  # quota (403), throttling (429), the API server's trouble: retried
+                self._retry_later(body, ref, retry, "JobCreated", "CreateRefused", str(exc))
+
+    def _retry_later(
+        self, body: dict[str, Any], ref: TestRef, retry: int, kind: str, reason: str, why: str
+    ) -> None:
+        """Reconcile this generation again after a capped backoff; say why on the test (a
+        condition ``kind`` with ``reason``, and an Event on the first try)."""
+        delay = min(self.settings.retry_cap_s, self.settings.sizing_retry_base_s * 2**retry)
+        with self._lock:
+            self._sizing[(ref.uid, ref.generation)] = _Backoff(time.monotonic() + delay, retry + 1)
+        message = f"{why}; retrying in {delay:g} s (try {retry + 1})"
+        log.warning("%s/%s: %s", ref.namespace, ref.name, message)
+        self.patch_status(
+            ref,
+            TestStatus.new_generation(
+                phase=Phase.PENDING,
+                observedGeneration=ref.generation,
+                message=message[:MESSAGE_LIMIT],
+                conditions=kstatus_conditions(
+                    set_condition(None, kind, False, reason, message, ref.generation),
+                    Phase.PENDING,
+                    ref.generation,
+                    message=message,
+                ),
+            ),
+        )
+        if retry == 0:
+            self.event(body, "Warning", reason, message)
 
     def _launch(
         self,
@@ -425,7 +594,12 @@ class Reconciler:
             "Sized",
             True,
             "Override" if spec.cores else "Sized",
-            f"{placement.cores} core(s), parallelism {placement.parallelism.value}",
+            f"{placement.cores} core(s), parallelism {placement.parallelism.value}"
+            + (
+                f"; the pod holds {placement.held_cores} (whole devices the scheduler places)"
+                if placement.held_cores != placement.cores
+                else ""
+            ),
             generation,
         )
         queued = f" queued in Kueue LocalQueue {spec.queueName}" if spec.queueName else ""
@@ -452,6 +626,7 @@ class Reconciler:
                 phase=phase,
                 observedGeneration=generation,
                 cores=placement.cores,
+                podCores=placement.held_cores,
                 parallelism=placement.parallelism,
                 hostMemoryBytes=placement.host_memory_bytes,
                 checkpointBytes=placement.checkpoint_bytes,
@@ -475,18 +650,25 @@ class Reconciler:
         configmap, job = children(
             ref, spec, placement, self.settings, attempt, run_py, self.delivery_key
         )
-        with contextlib.suppress(AlreadyExists):  # 409: made by an earlier try of this handler
-            self.kube.create_configmap(configmap)
-        self._create_claim_template(ref, spec, placement)
-        self._prepare_delivery(ref, spec, attempt)
+        with _refusal("ResourceClaimTemplate", None):
+            self._create_claim_template(ref, spec, placement)
+        self._prepare_delivery(ref, spec, attempt)  # before the pod that reads it
+        name = job["metadata"]["name"]
+        created: dict[str, Any] | None
         try:
-            self.kube.create_job(job)
+            with _refusal("Job", job):
+                created = self.kube.create_job(job)
             metrics.JOBS_CREATED.inc()
         except AlreadyExists:
-            log.info(
-                "Job %s/%s already exists; adopting it", ref.namespace, job["metadata"]["name"]
-            )
-        return configmap["metadata"]["name"], job["metadata"]["name"]
+            log.info("Job %s/%s already exists; adopting it", ref.namespace, name)
+            created = self.kube.read_job(ref.namespace, name)
+        if created is not None:
+            # The Job owns its run.py: collected with it once the run is recorded. Its pod
+            # waits for the ConfigMap (the kubelet retries the mount) the moment it takes.
+            configmap["metadata"]["ownerReferences"] = [job_reference(created)]
+        with _refusal("ConfigMap", configmap), contextlib.suppress(AlreadyExists):
+            self.kube.create_configmap(configmap)  # 409: made by an earlier try: adopted
+        return configmap["metadata"]["name"], name
 
     def _create_claim_template(self, ref: TestRef, spec: TestSpec, placement: Placement) -> None:
         """Create (or adopt) the generation's ResourceClaimTemplate when cores come via DRA."""
@@ -503,8 +685,9 @@ class Reconciler:
         """Make the attempt's delivery slot reachable by its runner pod alone: the slot's
         folder on the results volume, or a Secret with an upload URL signed for its one key.
 
-        A failure is logged, never fatal: the runner then cannot deliver (the Secret's env is
-        optional) and the operator reads its log and termination message instead.
+        A store that cannot make the slot is logged, never fatal: the runner then cannot deliver
+        (the Secret's env is optional) and the operator reads its log and termination message
+        instead. The API server's refusal of the Secret is CreateRefused, as for the Job.
         """
         run_id = run_id_for(ref.uid, ref.generation, attempt)
         job_name = child_name(ref.name, ref.uid, ref.generation, attempt)
@@ -523,8 +706,9 @@ class Reconciler:
             log.warning("run %s cannot deliver to %s: %s", run_id, uri, exc)
             return
         secret = build_delivery_secret(ref, job_name, attempt, url)
-        with contextlib.suppress(AlreadyExists):  # made by an earlier try: signed alike
-            self.kube.create_secret(secret)
+        # A refusal (a quota on Secrets, say) is said on the test like the Job's own.
+        with _refusal("Secret", secret), contextlib.suppress(AlreadyExists):
+            self.kube.create_secret(secret)  # made by an earlier try: signed alike
 
     def _delete_superseded_job(self, ref: TestRef, status: dict[str, Any]) -> None:
         """A spec change supersedes the running Job of the previous generation."""
@@ -711,12 +895,21 @@ class Reconciler:
         meta = job.get("metadata") or {}
         job_name = meta["name"]
         reading = read_job(job, [])
-        if reading.state == JobState.ACTIVE and event_type != "DELETED":
+        deleting = event_type == "DELETED" or being_deleted(job)
+        if reading.state == JobState.ACTIVE and not deleting:
             self._progress(ref, attempt, job)
             return
         test = self._current_test(ref, attempt, completed=True)
         if test is None:
             return
+        if deleting and (test.get("status") or {}).get("phase") != Phase.COMPLETED:
+            # A Job goes first when its test is deleted (the garbage collector deletes the
+            # dependents of a test in foreground deletion while the test still exists, and the
+            # test's own event may come later): ask the API, not what was last seen.
+            fresh = self._fresh_test(ref)
+            if fresh is None:
+                return  # the test is gone or being deleted: nothing is recorded
+            test = fresh
         if (test.get("status") or {}).get("phase") == Phase.COMPLETED:
             if (
                 LABEL_RECORDED not in (meta.get("labels") or {})
@@ -799,8 +992,8 @@ class Reconciler:
         """The test a Job serves, if that Job is still the test's current, unfinished attempt
         (``completed``: finished ones too)."""
         test = self._test(ref)
-        if test is None:
-            return None  # deleted (its children go with it)
+        if test is None or being_deleted(test):
+            return None  # deleted or being deleted (its children go with it)
         if int(test["metadata"].get("generation") or 1) != ref.generation:
             return None  # the spec changed: this Job's generation is superseded
         status = test.get("status") or {}
@@ -818,21 +1011,57 @@ class Reconciler:
         Pending (admitted, no pod ready), Running (a runner pod is ready)."""
         job_status, job_spec = job.get("status") or {}, job.get("spec") or {}
         if int(job_status.get("ready") or 0) > 0:
-            self._set_phase(
-                ref, attempt, Phase.RUNNING, "Running", True, "PodReady", "a runner pod is ready",
-                started=job_status.get("startTime"),
-            )  # fmt: skip
+            started = job_status.get("startTime")
+            key = (ref.uid, ref.generation, attempt)
+            if self._phases.get(key) == (Phase.RUNNING, "PodReady"):
+                return  # said already
+            if self.settings.running_write_delay_s > 0:
+                # Written a moment later, unless the run ends first: then one write says
+                # Completed (see flush_running).
+                due = time.monotonic() + self.settings.running_write_delay_s
+                with self._lock:
+                    self._running.setdefault(key, _RunningWrite(due, ref, attempt, started))
+                return
+            self._set_running(ref, attempt, started)
         elif job_spec.get("suspend"):
+            # Not admitted yet, or preempted: Kueue suspends an admitted Job to preempt it (the
+            # Job controller deletes its pods; the pod failure policy ignores the runner's stop
+            # exit), and it runs again once Kueue resumes it. Either way it waits, as Queued.
             queue = ((job.get("metadata") or {}).get("labels") or {}).get(LABEL_KUEUE_QUEUE)
+            known = self._phases.get((ref.uid, ref.generation, attempt))
+            preempted = known is not None and known[0] in (Phase.PENDING, Phase.RUNNING)
+            message = (
+                f"suspended by Kueue (preempted); waiting to be admitted again (LocalQueue {queue})"
+                if preempted
+                else f"waiting for Kueue to admit the Job (LocalQueue {queue})"
+            )
             self._set_phase(
-                ref, attempt, Phase.QUEUED, "Queued", True, "KueueAdmission",
-                f"waiting for Kueue to admit the Job (LocalQueue {queue})",
+                ref, attempt, Phase.QUEUED, "Queued", True, "KueueAdmission", message,
+                backwards=True, event=("Normal", "Preempted") if preempted else None,
+                keep=_NOT_ADMITTED,  # still waiting: what check_admission said stays said
             )  # fmt: skip
         else:
             self._set_phase(
                 ref, attempt, Phase.PENDING, "Queued", False, "Admitted", "the Job is admitted",
-                only_from=(Phase.QUEUED, "KueueAdmission"),
+                only_from=_WAITING_FOR_ADMISSION,
             )  # fmt: skip
+
+    def _set_running(self, ref: TestRef, attempt: int, started: str | None) -> None:
+        self._set_phase(
+            ref, attempt, Phase.RUNNING, "Running", True, "PodReady", "a runner pod is ready",
+            started=started,
+        )  # fmt: skip
+
+    def flush_running(self) -> int:
+        """Write the Running phase of runner pods ready for ``running_write_delay_s`` whose run
+        has not ended meanwhile; returns how many were written."""
+        now_ = time.monotonic()
+        with self._lock:
+            due = [k for k, w in self._running.items() if w.due <= now_]
+            writes = [self._running.pop(k) for k in due]
+        for write in writes:
+            self._set_running(write.ref, write.attempt, write.started)
+        return len(writes)
 
     def _set_phase(
         self,
@@ -845,62 +1074,74 @@ class Reconciler:
         message: str,
         *,
         started: str | None = None,
-        only_from: tuple[Phase, str] | None = None,
+        only_from: frozenset[tuple[Phase, str]] | None = None,
         backwards: bool = False,
         event: tuple[str, str] | None = None,
+        keep: frozenset[tuple[Phase, str]] = frozenset(),
     ) -> None:
         """Set an active test's phase (and one condition) unless it is already there.
 
         Phases only move forward (Queued -> Pending -> Running) unless ``backwards`` (a pod
-        that lost its node goes back to waiting); ``only_from`` restricts the move to one phase
-        entered for one reason (leaving Queued for Kueue is not leaving Queued for capacity).
+        that lost its node goes back to waiting); ``only_from`` restricts the move to phases
+        entered for given reasons (leaving Queued for Kueue is not leaving Queued for capacity).
         """
         key = (ref.uid, ref.generation, attempt)
         known = self._phases.get(key)
         if known is not None and (
             known == (phase, reason)
-            or (only_from is not None and known != only_from)
+            or (only_from is not None and known not in only_from)
             or (not backwards and PHASE_ORDER[phase] < PHASE_ORDER.get(known[0], 0))
         ):
             return  # nothing to change, by what this operator last set: no request
+        if known in keep:
+            return
         test = self._current_test(ref, attempt)
         if test is None:
             return
-        status = test.get("status") or {}
-        current = status.get("phase")
-        if (current, condition(status, kind).get("reason")) == (phase, reason) or (
-            current not in PHASE_ORDER
-        ):
-            self._phases[key] = (phase, reason)
-            return
-        current_phase = Phase(current)
-        if (
-            only_from is not None
-            and (
-                current_phase,
-                condition(status, "Queued").get("reason"),
-            )
-            != only_from
-        ):
-            return
-        if not backwards and PHASE_ORDER[phase] < PHASE_ORDER[current_phase]:
-            return
-        conditions = set_condition(
-            status.get("conditions"), kind, value, reason, message, ref.generation
-        )
-        if phase is Phase.RUNNING:
+        moved: list[bool] = []
+
+        def build(test: dict[str, Any]) -> dict[str, Any] | None:
+            status = test.get("status") or {}
+            if int(status.get("attempt") or 0) != attempt:
+                return None  # superseded by a retry
+            current = status.get("phase")
+            if (current, condition(status, kind).get("reason")) == (phase, reason) or (
+                current not in PHASE_ORDER
+            ):
+                self._phases[key] = (phase, reason)
+                return None
+            current_phase = Phase(current)
+            if (current_phase, condition(status, "Queued").get("reason")) in keep:
+                return None
+            if (
+                only_from is not None
+                and (current_phase, condition(status, "Queued").get("reason")) not in only_from
+            ):
+                return None
+            if not backwards and PHASE_ORDER[phase] < PHASE_ORDER[current_phase]:
+                return None
             conditions = set_condition(
-                conditions, "Queued", False, "Started", "a runner pod is ready", ref.generation
+                status.get("conditions"), kind, value, reason, message, ref.generation
             )
-        fields: dict[str, Any] = {
-            "phase": phase,
-            "conditions": kstatus_conditions(conditions, phase, ref.generation, message=message),
-        }
-        if phase is Phase.RUNNING:
-            fields["startedAt"] = started or now()
-        self.patch_status(ref, TestStatus(**fields).patch())
+            if phase is Phase.RUNNING:
+                conditions = set_condition(
+                    conditions, "Queued", False, "Started", "a runner pod is ready", ref.generation
+                )
+            fields: dict[str, Any] = {
+                "phase": phase,
+                "conditions": kstatus_conditions(
+                    conditions, phase, ref.generation, message=message
+                ),
+            }
+            if phase is Phase.RUNNING:
+                fields["startedAt"] = started or now()
+            moved.append(True)
+            return TestStatus(**fields).patch()
+
+        if self.patch_status(ref, build) is None:
+            return
         self._phases[key] = (phase, reason)
-        if event is not None:
+        if event is not None and moved:
             self.event(test, event[0], event[1], message)
 
     def _retry(self, test: dict[str, Any], ref: TestRef, attempt: int, reading: Reading) -> None:
@@ -912,6 +1153,7 @@ class Reconciler:
             Parallelism(status.get("parallelism") or Parallelism.NONE.value),
             int(status.get("hostMemoryBytes") or self.settings.min_host_memory_gib * GiB),
             int(status.get("checkpointBytes") or 0),
+            pod_cores=int(status["podCores"]) if status.get("podCores") else None,
         )
         try:
             _, job = children(
@@ -932,19 +1174,23 @@ class Reconciler:
         except AlreadyExists:
             log.info("retry Job %s/%s already exists; adopting it", ref.namespace, job_name)
         message = f"{reading.message}; attempt {attempt + 1} in Job {job_name}"
-        conditions = set_condition(
-            status.get("conditions"), "JobCreated", True, "NodeLost", message, ref.generation
-        )
-        self.patch_status(
-            ref,
-            TestStatus(
+
+        def build(test: dict[str, Any]) -> dict[str, Any] | None:
+            status = test.get("status") or {}
+            if int(status.get("attempt") or 0) != attempt:
+                return None  # another thread (or replica) retried it already
+            conditions = set_condition(
+                status.get("conditions"), "JobCreated", True, "NodeLost", message, ref.generation
+            )
+            return TestStatus(
                 phase=Phase.PENDING,
                 attempt=attempt + 1,
                 jobName=job_name,
                 runId=run_id_for(ref.uid, ref.generation, attempt + 1),
                 conditions=kstatus_conditions(conditions, Phase.PENDING, ref.generation),
-            ).patch(),
-        )
+            ).patch()
+
+        self.patch_status(ref, build)
         self._phases[(ref.uid, ref.generation, attempt + 1)] = (Phase.PENDING, "NodeLost")
         self.event(
             test,
@@ -1043,16 +1289,15 @@ class Reconciler:
             started_at=reading.started_at,
             ended_at=reading.ended_at or ended_at,
         )
+        labels = {
+            **self._labels(ref, job_name, attempt),
+            **self._provenance(spec),
+            "document_source": source.value,
+        }
+        if (test.get("status") or {}).get("podCores"):
+            labels["pod_cores"] = str(test["status"]["podCores"])  # the cores the pod held
         record = record_from_document(
-            document,
-            run_py,
-            source="operator",
-            labels={
-                **self._labels(ref, job_name, attempt),
-                **self._provenance(spec),
-                "document_source": source.value,
-            },
-            run_id=run_id,
+            document, run_py, source="operator", labels=labels, run_id=run_id
         )
         try:
             first_time = self.record(spec, record)
@@ -1079,11 +1324,35 @@ class Reconciler:
         with self._lock:  # before the status says Completed: a concurrent resync must not
             self._released[(ref.namespace, job_name)] = time.monotonic()  # release it twice
         if not first_time and self._completed_already(ref):
-            self._release(ref.namespace, job_name)
+            self._release_attempts(ref, attempt)
             return True  # what we knew of the test was behind: it is complete, say nothing twice
         self._complete(test, ref, document, run_id)
-        self._release(ref.namespace, job_name)
+        self._release_attempts(ref, attempt)
         return True
+
+    def _release_attempts(self, ref: TestRef, attempt: int) -> None:
+        """Release the recorded attempt's Job and those of the attempts before it (kept until
+        now: the first one owns the generation's run.py, which a retry runs too)."""
+        for earlier in range(attempt, 0, -1):
+            self._release(ref.namespace, child_name(ref.name, ref.uid, ref.generation, earlier))
+
+    def _fresh_test(self, ref: TestRef) -> dict[str, Any] | None:
+        """The test as the API has it now; None when it is gone, replaced or being deleted."""
+        fresh = self.kube.get_test(ref.namespace, ref.name)
+        if fresh is None or fresh["metadata"].get("uid") != ref.uid:
+            self.forget_test(ref.uid)
+            return None
+        self.observe_test(fresh, "FETCHED")
+        return None if being_deleted(fresh) else fresh
+
+    def forget_test(self, uid: str) -> None:
+        """Drop a test that no longer exists from what this process keeps."""
+        with self._lock:
+            self.tests.pop(uid, None)
+            for key in [k for k in list(self._phases) if k[0] == uid]:
+                del self._phases[key]
+            for key in [k for k in list(self._running) if k[0] == uid]:
+                del self._running[key]
 
     def _completed_already(self, ref: TestRef) -> bool:
         """Whether the API (not what we last saw) says this generation is Completed."""
@@ -1118,17 +1387,21 @@ class Reconciler:
                 previous.delay * 2 if previous else self.settings.watchdog_interval_s,
             )
             self._retries[run_id] = _Retry(time.monotonic() + delay, delay)
-        status = test.get("status") or {}
-        current = condition(status, "Recorded")
-        if current.get("reason") == reason and current.get("status") == "False":
-            return  # already said; the condition's message keeps the first occurrence
-        conditions = set_condition(
-            status.get("conditions"), "Recorded", False, reason, message, ref.generation
-        )
-        patched = self.patch_status(ref, TestStatus(conditions=conditions).patch())
+
+        def build(test: dict[str, Any]) -> dict[str, Any] | None:
+            status = test.get("status") or {}
+            current = condition(status, "Recorded")
+            if current.get("reason") == reason and current.get("status") == "False":
+                return None  # already said; the condition's message keeps the first occurrence
+            conditions = set_condition(
+                status.get("conditions"), "Recorded", False, reason, message, ref.generation
+            )
+            return TestStatus(conditions=conditions).patch()
+
+        patched = self.patch_status(ref, build)
         if patched is not None:
             test["status"] = patched.get("status") or {}
-        self.event(test, "Warning", reason, f"{message}; retrying in {delay:g} s")
+            self.event(test, "Warning", reason, f"{message}; retrying in {delay:g} s")
 
     def _run_py(self, ref: TestRef, test: dict[str, Any], spec: TestSpec | None) -> str:
         """The run.py that ran: the ConfigMap's, byte for byte (else rendered again from the spec
@@ -1243,30 +1516,37 @@ class Reconciler:
     def _complete(
         self, test: dict[str, Any], ref: TestRef, document: ResultDocument, run_id: str
     ) -> None:
+        coalesced: str | None = None
         with self._lock:
             for key in [k for k in list(self._phases) if k[0] == ref.uid]:
                 del self._phases[key]
-        status = test.get("status") or {}
+            for key in [k for k in list(self._running) if k[0] == ref.uid]:
+                # The run ended: Completed says it in one write, with the start Running had.
+                write = self._running.pop(key)
+                if key[1] == ref.generation:
+                    coalesced = write.started or coalesced
         summary = document.result.value + (
             f"/{document.error_class.value}" if document.error_class else ""
         )
-        conditions = set_condition(
-            status.get("conditions"), "Running", False, "Finished", "the runner finished",
-            ref.generation,
-        )  # fmt: skip
-        conditions = set_condition(
-            conditions, "Completed", True, _reason(summary), _short(document.error) or summary,
-            ref.generation,
-        )  # fmt: skip
-        conditions = set_condition(
-            conditions, "Recorded", True, "Recorded", f"run {run_id} recorded", ref.generation
-        )
         timings, memory = document.timings, document.memory
         used, cost = run_cost(test.get("spec") or {}, document, self.settings)
-        self.patch_status(
-            ref,
-            TestStatus(
+
+        def build(test: dict[str, Any]) -> dict[str, Any]:
+            conditions = set_condition(
+                (test.get("status") or {}).get("conditions"), "Running", False, "Finished",
+                "the runner finished", ref.generation,
+            )  # fmt: skip
+            conditions = set_condition(
+                conditions, "Completed", True, _reason(summary),
+                _short(document.error) or summary, ref.generation,
+            )  # fmt: skip
+            conditions = set_condition(
+                conditions, "Recorded", True, "Recorded", f"run {run_id} recorded", ref.generation
+            )
+            started = (test.get("status") or {}).get("startedAt") or coalesced
+            return TestStatus(
                 phase=Phase.COMPLETED,
+                **({"startedAt": started} if started else {}),
                 result=document.result,
                 errorClass=document.error_class,
                 message=_short(document.error) or None,
@@ -1286,19 +1566,57 @@ class Reconciler:
                     result=_reason(summary),
                     message=_short(document.error) or summary,
                 ),
-            ).patch(),
-        )
-        warning = document.result not in (Result.PASS, Result.EXCLUDED)
+            ).patch()
+
+        if self.patch_status(ref, build) is None:
+            return  # completed already (another writer), gone, or superseded: nothing to say
+        if document.result in (Result.PASS, Result.EXCLUDED):
+            return  # said by the status (Ready, result): an Event is an API request per test
         message = f"{summary}: {_short(document.error)}" if document.error else summary
-        self.event(
-            test, "Warning" if warning else "Normal", _EVENT_REASON[document.result], message
-        )
+        self.event(test, "Warning", _EVENT_REASON[document.result], message)
 
     # ---------------------------------------------------------------- the watchdog's checks
 
     def watched_namespaces(self) -> list[str | None]:
         """The namespaces to list children in; [None] means every namespace."""
         return list(self.settings.namespaces) if self.settings.namespaces else [None]
+
+    def check_admission(self, now: datetime | None = None) -> int:
+        """Say so on tests whose Job Kueue has not admitted within ``kueue_admission_limit_s``
+        (no Kueue installed, or no such LocalQueue, leaves a Job suspended forever): condition
+        ``Queued`` with reason ``NotAdmitted`` and one Warning Event; the test keeps waiting.
+        Works from the tests as watched: no API request unless one is overdue."""
+        now = now or datetime.now(UTC)
+        flagged = 0
+        for test in list(self.tests.values()):
+            status = test.get("status") or {}
+            queued = condition(status, "Queued")
+            if status.get("phase") != Phase.QUEUED or queued.get("reason") != "KueueAdmission":
+                continue
+            since = queued.get("lastTransitionTime")
+            if not since:
+                continue
+            waited = (now - datetime.fromisoformat(since.replace("Z", "+00:00"))).total_seconds()
+            if waited < self.settings.kueue_admission_limit_s:
+                continue
+            meta = test["metadata"]
+            ref = TestRef(
+                meta["namespace"], meta["name"], meta["uid"], int(meta.get("generation") or 1)
+            )
+            queue = (_spec_or_none(test) or _NoSpec()).queueName
+            message = (
+                f"Kueue has not admitted the Job for {waited:.0f} s (more than "
+                f"kueueAdmissionLimitSeconds, {self.settings.kueue_admission_limit_s:g} s): check "
+                f"that Kueue is installed and that LocalQueue {queue} exists in namespace "
+                f"{ref.namespace} (kubectl get localqueue -n {ref.namespace} {queue}); the test "
+                "keeps waiting"
+            )
+            self._set_phase(
+                ref, int(status.get("attempt") or 1), Phase.QUEUED, "Queued", True, "NotAdmitted",
+                message, only_from=_WAITING_FOR_ADMISSION, event=("Warning", "NotAdmitted"),
+            )  # fmt: skip
+            flagged += 1
+        return flagged
 
     def check_waiting(self, now: datetime | None = None) -> int:
         """Look at pending runner pods: a pod no node fits makes its test Queued (or ends it,
@@ -1343,7 +1661,7 @@ class Reconciler:
                 else:
                     self._set_phase(
                         ref, attempt, Phase.PENDING, "Queued", False, "Scheduled",
-                        "the runner pod is scheduled", only_from=(Phase.QUEUED, "Unschedulable"),
+                        "the runner pod is scheduled", only_from=_WAITING_FOR_CAPACITY,
                     )  # fmt: skip
         return ended
 

@@ -37,6 +37,9 @@ ANNOTATION_SWEEP_RUN = f"{GROUP}/sweep-run"
 ANNOTATION_TEST_NAME = f"{GROUP}/test-name"
 """The test's full name on its Job and pods (names go up to 253 characters, labels to 63)."""
 
+ANNOTATION_TIMEOUT = f"{GROUP}/timeout-seconds"
+"""The test's timeoutSeconds on its runner Job: what the runner enforces from run.py's start."""
+
 RUNNER_CONTAINER = "runner"
 
 _MAX_NAME = 63  # Job names end up in the pod label job-name, which is limited to 63 characters.

@@ -116,6 +116,26 @@ class OperatorSettings(BaseModel):
         gt=0,
         description="A runner pod failing to pull its image this long after it was scheduled ends the test ERROR/infrastructure.",
     )
+    deadline_budget_s: float | None = Field(
+        3600.0,
+        ge=0,
+        description="Time a runner Job may spend outside run.py (waiting for a node or for Kueue, image pull, init steps) before its backstop deadline (activeDeadlineSeconds = timeoutSeconds + this + the compile cache and delivery deadlines). The test's own timeout is enforced by the runner from run.py's start. A Job that reaches the backstop before run.py ran is ERROR/infrastructure. None = no Job deadline: wait as long as it takes.",
+    )
+    running_write_delay_s: float = Field(
+        2.0,
+        ge=0,
+        description="A ready runner pod's Running phase is written this long after it became ready, unless the run ended meanwhile (then one write says Completed): one status write less for runs that end at once. 0 = at once.",
+    )
+    kueue_admission_limit_s: float = Field(
+        600.0,
+        gt=0,
+        description="A test whose Job Kueue has not admitted this long gets condition Queued=True, reason NotAdmitted, and a Warning Event NotAdmitted (is Kueue installed, does the LocalQueue exist?); it keeps waiting.",
+    )
+    cache_audit_s: float = Field(
+        600.0,
+        gt=0,
+        description="The tests and sweeps the operator keeps in memory are compared with the API this often (and after every relist of its watches, which brings no event for what was deleted meanwhile); what no longer exists is dropped.",
+    )
     watchdog_interval_s: float = Field(
         30.0, gt=0, description="How often stuck runner pods are looked for."
     )
@@ -198,6 +218,10 @@ class OperatorSettings(BaseModel):
     log_tail_lines: int = Field(
         400, ge=10, description="Lines of the runner's log read for the result line."
     )
+    runner_supplemental_groups: list[int] = Field(
+        default_factory=list,
+        description="Supplemental groups of runner pods, e.g. the group owning /dev/neuron* on nodes (Bottlerocket, hardened AMIs) whose devices are not given to the pod's user by the container runtime.",
+    )
     service_account: str | None = Field(
         None, description="ServiceAccount of runner pods (no API access needed)."
     )
@@ -244,6 +268,25 @@ class OperatorSettings(BaseModel):
         300.0,
         gt=0,
         description="A sweep with work left lists its tests from the API this often (the watch keeps them current in between).",
+    )
+    leader_election: bool = Field(
+        True,
+        description="Act only while holding a coordination.k8s.io Lease, so that two replicas (or the old and new pod of a rolling update) never both act; the others watch and wait.",
+    )
+    lease_name: str = Field("model-support-operator", min_length=1)
+    lease_namespace: str | None = Field(
+        None, description="Namespace of the Lease; None = the operator's own (POD_NAMESPACE)."
+    )
+    lease_duration_s: float = Field(
+        30.0, gt=0, description="A Lease not renewed this long may be taken over."
+    )
+    lease_renew_deadline_s: float = Field(
+        20.0,
+        gt=0,
+        description="The leader stops acting when it could not renew this long (less than the lease duration).",
+    )
+    lease_retry_s: float = Field(
+        5.0, gt=0, description="How often the Lease is renewed, or tried by a waiting replica."
     )
     namespaces: list[str] = Field(default_factory=list)
     all_namespaces: bool = False

@@ -135,6 +135,7 @@ class TestStatus(BaseModel):
     exclusionReason: ExclusionReason | None = None
     message: str | None = Field(None, max_length=4096)
     cores: int | None = Field(None, ge=1)
+    podCores: int | None = Field(None, ge=1)
     parallelism: Parallelism | None = None
     attempt: int | None = Field(None, ge=0)
     hostMemoryBytes: int | None = Field(None, ge=0)

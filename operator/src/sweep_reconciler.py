@@ -22,11 +22,12 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from model_support.operator import metrics
-from model_support.operator.kube import AlreadyExists, Kube
+from model_support.operator.kube import AlreadyExists, Kube, being_deleted
 from model_support.operator.planning import InvalidTest, check_store_allowed, store_uri
 from model_support.operator.resource import (
     ANNOTATION_MODEL,
@@ -174,28 +175,84 @@ class SweepReconciler:
         self._written_at: dict[str, float] = {}
         self._ranking_retry: dict[str, tuple[float, float]] = {}  # uid -> (next at, delay)
         self._stores: dict[str, Any] = {}
+        self._seen_at: dict[str, float] = {}
+        """When the API last showed each sweep to exist (an event, a write's answer, a read)."""
+        self._listed = False
+        self._audited_at = 0.0
 
     # ---------------------------------------------------------------- events
 
-    def on_sweep(self, body: dict[str, Any], event_type: str | None) -> None:
-        """A sweep changed (or was listed at startup: ``event_type`` None)."""
+    def on_sweep(self, body: dict[str, Any], event_type: str | None, *, act: bool = True) -> None:
+        """A sweep changed (or was listed at startup: ``event_type`` None); ``act`` False:
+        only keep what this process knows of it (a replica waiting for leadership)."""
         uid = (body.get("metadata") or {}).get("uid")
         if not uid:
             return
         if event_type == "DELETED":
-            with self._lock:
-                for table in (self.sweeps, self._ledgers, self._written_at, self._ranking_retry):
-                    table.pop(uid, None)
-                self._dirty.discard(uid)
-            meta = body.get("metadata") or {}
-            metrics.forget_sweep(str(meta.get("namespace")), str(meta.get("name")))
+            self.forget(uid, body)
             return  # its tests go with it (owner references); their records stay
         self._observe(body)
+        if not act or being_deleted(body):
+            return  # being deleted: its tests go as the garbage collector deletes them
         self.reconcile(uid)
 
-    def on_test(self, body: dict[str, Any], event_type: str | None) -> None:
+    def forget(self, uid: str, body: dict[str, Any] | None = None) -> None:
+        """Drop a sweep that no longer exists from what this process keeps, and its metrics
+        (``body``: the sweep as last seen, when the caller has it)."""
+        with self._lock:
+            known = self.sweeps.get(uid)
+            for table in (
+                self.sweeps, self._ledgers, self._written_at, self._ranking_retry, self._seen_at
+            ):  # fmt: skip
+                table.pop(uid, None)
+            self._dirty.discard(uid)
+        meta = (body or known or {}).get("metadata") or {}
+        if meta.get("name"):
+            metrics.forget_sweep(str(meta.get("namespace")), str(meta["name"]))
+
+    def note_listing(self) -> None:
+        """The watch listed the sweeps (startup or relist): the next :meth:`audit` checks
+        which of those this process knows no longer exist (a listing says nothing of them)."""
+        self._listed = True
+
+    def audit(self) -> int:
+        """After a listing (and every ``cache_audit_s``): drop sweeps that no longer exist."""
+        if not self._listed and time.monotonic() - self._audited_at < self.settings.cache_audit_s:
+            return 0
+        self._listed = False
+        with self._lock:
+            known = set(self.sweeps)
+        namespaces: list[str | None] = (
+            list(self.settings.namespaces) if self.settings.namespaces else [None]
+        )
+        listed = {
+            str(s["metadata"].get("uid")) for ns in namespaces for s in self.kube.list_sweeps(ns)
+        }
+        gone = known - listed
+        for uid in gone:
+            self.forget(uid)
+        self._audited_at = time.monotonic()
+        return len(gone)
+
+    def _exists(self, body: dict[str, Any]) -> bool:
+        """Whether the sweep still exists and is not being deleted: what the API showed in the
+        last few seconds, else asked now (nothing is created for an owner that is gone)."""
+        uid = body["metadata"]["uid"]
+        with self._lock:
+            seen = self._seen_at.get(uid)
+        fresh_s = _SEEN_FRESH_INTERVALS * self.settings.sweep_status_interval_s
+        if seen is not None and time.monotonic() - seen < fresh_s:
+            return not being_deleted(body)
+        fresh = self.kube.get_sweep(body["metadata"]["namespace"], body["metadata"]["name"])
+        if fresh is None or fresh["metadata"].get("uid") != uid:
+            self.forget(uid)
+            return False
+        self._observe(fresh)
+        return not being_deleted(fresh)
+
+    def on_test(self, body: dict[str, Any], event_type: str | None, *, act: bool = True) -> None:
         """A test changed: if a sweep owns it, keep its ledger current and let the sweep go on
-        when the test finished (or vanished)."""
+        when the test finished (or vanished); ``act`` False: the ledger only."""
         uid = sweep_owner(body)
         if uid is None:
             return
@@ -214,9 +271,27 @@ class SweepReconciler:
                 )  # fmt: skip
             else:
                 changed = False
-            wanted = changed and uid in self.sweeps
+            wanted = act and changed and uid in self.sweeps
+        if wanted and event_type == "DELETED" and not self._sweep_stays(uid, body):
+            return  # its sweep is gone or being deleted: nothing is created again
         if wanted:
             self.reconcile(uid)
+
+    def _sweep_stays(self, uid: str, test: dict[str, Any]) -> bool:
+        """Whether the sweep that owned ``test`` still exists and is not being deleted, as the
+        API says now (a test of a sweep in foreground deletion goes while the sweep exists, and
+        the sweep's own event may come later)."""
+        owner = next(
+            ref.get("name")
+            for ref in test["metadata"].get("ownerReferences") or []
+            if ref.get("uid") == uid
+        )
+        fresh = self.kube.get_sweep(test["metadata"]["namespace"], owner)
+        if fresh is None or fresh["metadata"].get("uid") != uid:
+            self.forget(uid)
+            return False
+        self._observe(fresh)
+        return not being_deleted(fresh)
 
     def tick(self) -> int:
         """Reconcile sweeps with something due: a status write held back, a ranking to
@@ -283,7 +358,7 @@ class SweepReconciler:
 
     def _reconcile(self, uid: str) -> None:
         body = self.sweeps.get(uid)
-        if body is None:
+        if body is None or being_deleted(body):
             return
         meta = body["metadata"]
         generation = int(meta.get("generation") or 1)
@@ -539,6 +614,7 @@ class SweepReconciler:
         meta = body["metadata"]
         uid = meta["uid"]
         free = spec.concurrency.maxRunning - sum(1 for c in children.values() if c.active)
+        confirmed = False
         for entry in ranking.models:
             if free <= 0:
                 return
@@ -546,6 +622,10 @@ class SweepReconciler:
             child = children.get(name)
             if child is not None and (child.active or child.run_key == key):
                 continue
+            if not confirmed:
+                if not self._exists(body):
+                    return  # gone (missed after a relist) or being deleted: nothing is created
+                confirmed = True
             if child is None:
                 try:
                     created = self.kube.create_test(
@@ -699,7 +779,11 @@ class SweepReconciler:
                 return
             self._written_at[uid] = clock
             self._dirty.discard(uid)
-        patched = self.kube.patch_sweep_status(meta["namespace"], meta["name"], new)
+        body_patch = dict(new)
+        if _stored(old.get("ranking")) == _stored(new.get("ranking")):
+            # Up to thousands of models: a merge patch that leaves it out leaves it as it is.
+            body_patch.pop("ranking", None)
+        patched = self.kube.patch_sweep_status(meta["namespace"], meta["name"], body_patch)
         if patched is not None:
             self._observe(patched)
         metrics.observe_sweep(meta["namespace"], meta["name"], status)
@@ -718,6 +802,7 @@ class SweepReconciler:
     def _observe(self, body: dict[str, Any]) -> None:
         uid = body["metadata"]["uid"]
         with self._lock:
+            self._seen_at[uid] = time.monotonic()
             known = self.sweeps.get(uid)
             rv = str(body["metadata"].get("resourceVersion") or "")
             if known is None or _newer(rv, str(known["metadata"].get("resourceVersion") or "")):
@@ -725,6 +810,9 @@ class SweepReconciler:
 
 
 _PLACEHOLDER = SweepModel(model="org/placeholder")
+_SEEN_FRESH_INTERVALS = 3
+"""How recently (in sweep status intervals: a busy sweep writes its status that often) the API
+must have shown a sweep for it to be trusted to exist without a read."""
 
 
 def baseline_for(
@@ -812,13 +900,14 @@ def _age_s(stamp: str) -> float:
     return (datetime.now(UTC) - when).total_seconds()
 
 
-async def run_ticker(sweeps: SweepReconciler) -> None:
-    """Call :meth:`SweepReconciler.tick` every ``sweep_status_interval_s`` (off the loop)."""
+async def run_ticker(sweeps: SweepReconciler, tick: Callable[[], object] | None = None) -> None:
+    """Call :meth:`SweepReconciler.tick` (or ``tick``: the operator's, gated by leadership)
+    every ``sweep_status_interval_s``, off the loop."""
     interval = min(sweeps.settings.sweep_status_interval_s, sweeps.settings.watchdog_interval_s)
     while True:
         await asyncio.sleep(interval)
         try:
-            await asyncio.to_thread(sweeps.tick)
+            await asyncio.to_thread(tick or sweeps.tick)
         except Exception:
             log.exception("the sweeps' tick failed; trying again in %s s", interval)
 

@@ -17,7 +17,7 @@ does with it, for the parts of the pod API this project uses:
   (``runAsUser`` / ``runAsGroup`` / ``fsGroup``, ``runAsNonRoot`` enforced,
   ``readOnlyRootFilesystem``, ``allowPrivilegeEscalation: false`` as no-new-privileges,
   capabilities); volumes (``emptyDir`` as a host folder or, with ``medium: Memory``, a tmpfs;
-  its ``sizeLimit`` enforced by eviction; ``configMap`` / ``secret`` files, read-only; a
+  its ``sizeLimit`` enforced by eviction (no DisruptionTarget: a local-storage eviction); ``configMap`` / ``secret`` files, read-only; a
   ``persistentVolumeClaim`` as a host folder per claim); ``resources.limits.memory`` as the
   container's memory limit (no swap: over it the kernel OOM-kills, reason ``OOMKilled``); the
   termination message file (``terminationMessagePath`` / ``FallbackToLogsOnError``); pod and
@@ -57,6 +57,7 @@ JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
 TERMINATION_MESSAGE_LIMIT = 4096  # bytes kept of a termination message file
 FALLBACK_LOG_LINES, FALLBACK_LOG_BYTES = 80, 2048  # FallbackToLogsOnError, as the kubelet
 DEFAULT_GRACE_S = 30
+MOUNT_RETRIES = 40  # a missing ConfigMap or Secret is looked for again for 10 s, then waited on
 RETRY_DELAY_S = 1.0  # the Job controller backs off 10 s, doubling; the stand-in keeps tests fast
 CONTAINERS_URL_LABEL = "model-support-test.node"
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
@@ -531,11 +532,14 @@ class Node:
             pod, "Evicted", grace_s=self._grace(pod) if grace_s is None else grace_s
         )
 
-    async def evict_by_kubelet(self, pod: Pod, message: str) -> None:
-        """The kubelet's own eviction (node pressure, an emptyDir over its sizeLimit): the pod is
-        killed at once and stays, Failed with reason Evicted and a DisruptionTarget condition."""
+    async def evict_by_kubelet(self, pod: Pod, message: str, *, node_pressure: bool) -> None:
+        """The kubelet's own eviction: the pod is killed at once and stays, Failed with reason
+        Evicted. Only a node-pressure eviction adds a DisruptionTarget condition
+        (TerminationByKubelet); one for the pod's own local storage limits (an emptyDir over
+        its sizeLimit, an ephemeral-storage limit) adds none (pkg/kubelet/eviction)."""
         pod.reason, pod.message = "Evicted", message
-        pod.set_condition("DisruptionTarget", "TerminationByKubelet", message)
+        if node_pressure:
+            pod.set_condition("DisruptionTarget", "TerminationByKubelet", message)
         await self.stop_pod(pod, "Evicted", grace_s=0)
 
     @staticmethod
@@ -565,6 +569,13 @@ class Node:
                 kind = "configmaps" if "configMap" in volume else "secrets"
                 ref = source.get("name") or source.get("secretName")
                 obj = await self.h.get(f"/api/v1/namespaces/{NS}/{kind}/{ref}")
+                for _ in range(
+                    MOUNT_RETRIES
+                ):  # the kubelet retries a mount whose source is missing
+                    if obj is not None:
+                        break
+                    await asyncio.sleep(0.25)
+                    obj = await self.h.get(f"/api/v1/namespaces/{NS}/{kind}/{ref}")
                 if obj is None:
                     first = pod.spec["containers"][0]["name"]
                     message = (
@@ -644,6 +655,7 @@ class Node:
                     "metadata.name": pod.name,
                     "metadata.namespace": NS,
                     "status.podIP": "127.0.0.1",
+                    "spec.nodeName": f"node-{self.id}",
                 }
                 env[var["name"]] = fields[source["fieldRef"]["fieldPath"]]
                 continue
@@ -809,8 +821,8 @@ class Node:
                     continue
                 used = await self._call(_disk_usage, volume["path"])
                 if used > limit:
-                    message = f"Usage of EmptyDir volume {name!r} exceeds the limit {limit!r}."
-                    await self.evict_by_kubelet(pod, message)
+                    message = f'Usage of EmptyDir volume "{name}" exceeds the limit "{limit}". '
+                    await self.evict_by_kubelet(pod, message, node_pressure=False)
                     return
 
     async def wait_log(self, pod: Pod, container: str, text: str, timeout: float = 120) -> None:

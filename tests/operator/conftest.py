@@ -35,6 +35,7 @@ async def harness(
             runner_image="registry.example/model-support/runner:test",
             image_pull_limit_s=0.5,
             watchdog_interval_s=0.2,
+            running_write_delay_s=0.2,
             namespaces=["default"],
             metrics_port=None,
             hub_endpoint=operator_hub.url,

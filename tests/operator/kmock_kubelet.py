@@ -118,12 +118,18 @@ class Kubelet:
         name = job["metadata"]["name"]
         volumes = job["spec"]["template"]["spec"]["volumes"]
         cm_name = next(v["configMap"]["name"] for v in volumes if "configMap" in v)
-        [cm] = [
-            obj.raw
-            for (resource, _, cm_key), obj in self.h.k.objects.items()
-            if resource.plural == "configmaps" and cm_key == cm_name and not obj.deleted
-        ] or [None]
-        assert cm is not None, f"Job {name} mounts ConfigMap {cm_name}, which does not exist"
+
+        def configmap() -> dict[str, Any] | None:
+            found = [
+                obj.raw
+                for (resource, _, cm_key), obj in self.h.k.objects.items()
+                if resource.plural == "configmaps" and cm_key == cm_name and not obj.deleted
+            ]
+            return found[0] if found else None
+
+        # The operator creates the ConfigMap right after the Job (the Job owns it); the kubelet
+        # retries the mount until it exists.
+        cm = await self.h.wait_for(configmap, timeout=30, what=f"ConfigMap {cm_name}")
         config = read_config(cm["data"]["run.py"])
         await self.h.patch(
             f"{JOBS_URL}/{name}/status", {"status": {"active": 1, "ready": 1, "startTime": now()}}

@@ -53,6 +53,11 @@ def test_argo_cd_and_flux_apply_folders_that_exist() -> None:
     assert (ROOT / chart["spec"]["source"]["path"] / "Chart.yaml").is_file()
     assert chart["spec"]["source"]["helm"]["valuesObject"]["results"]  # the chart needs it
     assert sweeps["spec"]["source"]["path"] == "gitops/sweeps"
+    # A first sync that comes before the sweep CRD exists converges instead of failing.
+    assert "SkipDryRunOnMissingResource=true" in sweeps["spec"]["syncPolicy"]["syncOptions"]
+    for app in apps:
+        retry = app["spec"]["syncPolicy"]["retry"]
+        assert retry["limit"] >= 5 and retry["backoff"]["factor"] >= 2
     repo, kustomization = docs(GITOPS / "flux" / "kustomization.yaml")
     assert repo["kind"] == "GitRepository" and kustomization["kind"] == "Kustomization"
     assert kustomization["apiVersion"] == "kustomize.toolkit.fluxcd.io/v1"
@@ -68,7 +73,11 @@ def test_argo_cd_and_flux_apply_folders_that_exist() -> None:
 def health() -> dict[str, str]:
     [cm] = docs(GITOPS / "argocd" / "argocd-cm-health.yaml")
     prefix = "resource.customizations.health.modelsupport.dev_"
-    return {key.removeprefix(prefix): script for key, script in cm["data"].items()}
+    return {
+        key.removeprefix(prefix): script
+        for key, script in cm["data"].items()
+        if key.startswith(prefix)
+    }
 
 
 def run_check(script: str, obj: dict[str, Any]) -> dict[str, str]:
@@ -146,3 +155,15 @@ def test_a_sweeps_health_is_progressing_until_every_model_is_tested(
     assert run_check(check, resource("ModelSupportSweep", status, generation=4))["status"] == (
         "Progressing"
     )
+
+
+def test_sync_waves_wait_for_the_applications_health() -> None:
+    """Sync waves of an app of apps wait for each Application's health, which Argo CD no
+    longer assesses by itself: the check must be in argocd-cm, and must follow the child's."""
+    [cm] = docs(GITOPS / "argocd" / "argocd-cm-health.yaml")
+    check = cm["data"]["resource.customizations.health.argoproj.io_Application"]
+    app = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Application", "metadata": {"name": "a"}}
+    assert run_check(check, app)["status"] == "Progressing"
+    for state in ("Healthy", "Progressing", "Degraded"):
+        status = {"health": {"status": state, "message": "m"}}
+        assert run_check(check, {**app, "status": status}) == {"status": state, "message": "m"}

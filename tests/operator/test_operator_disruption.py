@@ -50,16 +50,25 @@ async def test_exit_137_without_oomkilled_is_not_out_of_memory(harness: Harness)
     assert status["result"] == "ERROR" and status["errorClass"] != "out-of-memory"
 
 
-async def test_a_runner_stopped_from_outside_is_tried_again(harness: Harness) -> None:
-    """SIGTERM without a DisruptionTarget condition (a pod deleted by hand): another attempt."""
-    from model_support.runner_pod import STOPPED_MESSAGE
+async def test_a_runner_stopped_from_outside_is_replaced_by_its_job(harness: Harness) -> None:
+    """SIGTERM without a DisruptionTarget condition (a pod deleted by hand, a node shut down):
+    the runner exits 143, which the Job's pod failure policy ignores, so the Job replaces the
+    pod; the operator records nothing for the stopped pod and starts no Job of its own."""
+    from model_support.runner_pod import STOPPED_EXIT, STOPPED_MESSAGE
 
     h = harness
     _, job = await start(h)
     pod = await h.start_pod(job)
-    await h.end_pod(job, pod, exit_code=143, log=None, termination_message=STOPPED_MESSAGE)
-    status = await h.wait_status("qwen", lambda s: s.get("attempt") == 2, "attempt 2")
-    assert status["phase"] == "Pending" and records(h) == []
+    await h.run_pod(pod)
+    await phase(h, "Running")
+    action = await h.fail_pod(job, pod, exit_code=STOPPED_EXIT, termination_message=STOPPED_MESSAGE)
+    assert action == "Ignore"
+    second = await h.start_pod(job)
+    await h.run_pod(second)
+    await h.end_pod(job, second, exit_code=0, log=runner_log(Result.PASS))
+    status = await phase(h, "Completed")
+    assert status["result"] == "PASS" and status["attempt"] == 1
+    assert len(records(h)) == 1 and len(await h.items(JOBS_URL)) == 1
 
 
 async def test_waiting_for_capacity_is_queued_not_a_result(harness: Harness) -> None:

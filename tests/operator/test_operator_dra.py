@@ -38,13 +38,14 @@ GiB = 2**30
 NEURONCORE = "aws.amazon.com/neuroncore"
 
 # (cores, LNC) -> (whole trn2 devices, connected group): 4 logical cores per device at LNC=2,
-# 8 at LNC=1.
+# 8 at LNC=1; beyond one device only whole connected groups of 4, 8 or 16 are placed (16 cores
+# at LNC=1 need 2 devices: the claim holds 4).
 CASES = {
     (1, 1): (1, None),
     (1, 2): (1, None),
     (4, 1): (1, None),
     (4, 2): (1, None),
-    (16, 1): (2, 4),
+    (16, 1): (4, 4),
     (16, 2): (4, 4),
 }
 
@@ -122,10 +123,10 @@ def assert_pod_uses_the_claim(job: dict[str, Any], template_name: str) -> None:
     ("cores", "lnc", "devices", "group"),
     [
         *((c, lnc, d, g) for (c, lnc), (d, g) in CASES.items()),
-        (8, 2, 2, 4),
-        (12, 2, 3, 4),  # three devices of one group of four: still connected
-        (24, 2, 6, 8),
-        (40, 1, 5, 8),
+        (8, 2, 4, 4),  # two devices' worth: the driver places whole groups (1, 4, 8, 16)
+        (12, 2, 4, 4),
+        (24, 2, 8, 8),
+        (40, 1, 8, 8),
         (64, 2, 16, 16),
         (128, 1, 16, 16),
     ],
@@ -220,6 +221,7 @@ async def test_each_test_claims_whole_devices_at_its_lnc(harness: Harness) -> No
         assert_pod_uses_the_claim(job, template["metadata"]["name"])
         status = await h.wait_status(name, lambda s: "cores" in s, "the sized cores")
         assert status["cores"] == cores  # sized cores; the devices may hold more
+        assert status["podCores"] == CASES[cores, lnc][0] * (4 if lnc == 2 else 8)
 
     status = await h.wait_status("no-lnc", lambda s: s.get("phase") == "Invalid", "Invalid")
     assert "neuron.dra.defaultLnc" in status["message"] and "spec.lnc" in status["message"]
@@ -303,7 +305,7 @@ async def test_render_prints_the_claim_template_the_operator_creates(
     _, rendered_template, rendered_job = documents
     assert rendered_template == strip_server_fields(template)
     assert rendered_job == strip_server_fields(job)
-    assert_claims_devices(rendered_template, 2, 4, 1)
+    assert_claims_devices(rendered_template, 4, 4, 1)
 
 
 # ------------------------------------------------------------------------- the chart

@@ -56,8 +56,9 @@ async def _run_container(
             volume_root = Path(claims[source["persistentVolumeClaim"]["claimName"]])
             paths[mount["mountPath"]] = volume_root / mount.get("subPath", "")
         elif "configMap" in source:
-            cm = await h.get(f"{CMS_URL}/{source['configMap']['name']}")
-            assert cm is not None, "the Job mounts a ConfigMap that does not exist"
+            url = f"{CMS_URL}/{source['configMap']['name']}"
+            # Created right after its Job (the Job owns it): the kubelet retries the mount.
+            cm = await h.wait_for(lambda u=url: h.get(u), what="the Job's ConfigMap", timeout=30)
             local.mkdir(parents=True, exist_ok=True)
             (local / mount["subPath"]).write_text(cm["data"][mount["subPath"]])
             paths[mount["mountPath"]] = local / mount["subPath"]
@@ -77,6 +78,10 @@ async def _run_container(
 
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "OMP_NUM_THREADS", "LANG")}
     for var in container.get("env", []):
+        field = (var.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath")
+        if field == "spec.nodeName":
+            env[var["name"]] = "stand-in-node"
+            continue
         assert "value" in var, f"this stand-in resolves no valueFrom ({var['name']})"
         env[var["name"]] = local_path(var["value"])
     env["HF_HUB_OFFLINE"] = "1"  # a local checkpoint: nothing to fetch

@@ -75,13 +75,17 @@ async def test_a_253_character_name_runs_to_its_result(harness: Harness) -> None
     pod = await h.start_pod(job)
     await h.run_pod(pod)
     await h.wait_status(name, lambda s: s.get("phase") == "Running", "Running")
-    await h.end_pod(job, pod, exit_code=0, log=runner_log(Result.PASS))
+    await h.end_pod(job, pod, exit_code=1, log=runner_log(Result.FAIL))
     status = await h.wait_status(name, lambda s: s.get("phase") == "Completed", "Completed")
-    assert status["result"] == "PASS"
+    assert status["result"] == "FAIL"
     [record] = records(h)
     assert record.labels["test"] == name and record.labels["test_uid"] == test["metadata"]["uid"]
-    events = [e for e in await h.events() if e["involvedObject"]["name"] == name]
-    assert "Passed" in {e["reason"] for e in events}
+
+    async def failed_event() -> bool:  # posted right after the status that says Completed
+        events = [e for e in await h.events() if e["involvedObject"]["name"] == name]
+        return "Failed" in {e["reason"] for e in events}
+
+    await h.wait_for(failed_event, what="the Failed Event (on the long name)", timeout=10)
 
 
 # ------------------------------------------------------------------------- generations, kstatus

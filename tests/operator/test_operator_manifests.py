@@ -440,10 +440,21 @@ def test_full_job_manifest(tmp_path: Path) -> None:
     job = job_for(full_spec())
     validate(job)
     spec = job["spec"]
-    assert (spec["backoffLimit"], spec["activeDeadlineSeconds"], spec["suspend"]) == (0, 5400, True)
-    # Disruptions are retried by the Job; the runner's own exit codes end it at once.
+    # The test's timeout (5,400 s) is the runner's, from run.py's start; the Job's deadline is a
+    # backstop: + the queue/pull budget, the cache pull and push deadlines, the delivery.
+    assert (spec["backoffLimit"], spec["suspend"]) == (0, True)
+    assert spec["activeDeadlineSeconds"] == 5400 + 3600 + 2 * 1800 + 300
+    runner_argv = spec["template"]["spec"]["containers"][0]["command"]
+    assert runner_argv[runner_argv.index("--timeout") + 1] == "5400"
+    assert job["metadata"]["annotations"]["modelsupport.dev/timeout-seconds"] == "5400"
+    # Disruptions and a runner stopped from outside (exit 143: Kueue's preemption, a deleted
+    # pod) are retried by the Job; the runner's own exit codes end it at once.
     assert spec["podFailurePolicy"]["rules"] == [
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        {
+            "action": "Ignore",
+            "onExitCodes": {"containerName": "runner", "operator": "In", "values": [143]},
+        },
         {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [0]}},
     ]
     assert spec["podReplacementPolicy"] == "Failed"
@@ -490,6 +501,7 @@ def test_full_job_manifest(tmp_path: Path) -> None:
     # target (one argument each) after run.py, whatever its outcome.
     assert runner["command"] == [
         "python3", "-m", "model_support.runner_pod", "--run-id", run_id_for(REF.uid, REF.generation, 1),
+        "--timeout", "5400", "--neuron-devices", "/dev/neuron*",
         "--result-file", "result.json", "--termination-log", "/dev/termination-log",
         "--pull-report", "/work/.model-support/compile-cache-pull.json",
         "--pull-source", "hf://buckets/aws-neuron/neff-cache/x",
@@ -604,7 +616,22 @@ def test_job_readings() -> None:
     assert (
         read_job(_job("Complete", "Completed"), [_pod({"exitCode": 0})]).state == JobState.SUCCEEDED
     )
-    assert read_job(_job("Failed", "DeadlineExceeded"), [_pod()]).state == JobState.TIMEOUT
+    # The Job's deadline is a backstop counted from the Job's start: without run.py having run
+    # its timeout it is the cluster's waiting, never the model's TIMEOUT.
+    never_ran = read_job(_job("Failed", "DeadlineExceeded"), [_pod()])
+    assert (
+        never_ran.state == JobState.INFRASTRUCTURE and "before run.py started" in never_ran.message
+    )
+    ran_long = _job("Failed", "DeadlineExceeded")
+    ran_long["metadata"] = {"annotations": {"modelsupport.dev/timeout-seconds": "60"}}
+    started = {
+        "exitCode": 143,
+        "startedAt": "2026-01-01T00:00:00Z",
+        "finishedAt": "2026-01-01T00:01:30Z",
+    }
+    assert read_job(ran_long, [_pod(started)]).state == JobState.TIMEOUT
+    started_late = {**started, "startedAt": "2026-01-01T00:01:00Z"}
+    assert read_job(ran_long, [_pod(started_late)]).state == JobState.INFRASTRUCTURE
     assert (
         read_job(
             _job("Failed", "BackoffLimitExceeded"), [_pod({"exitCode": 137, "reason": "OOMKilled"})]
@@ -829,7 +856,10 @@ def test_chart_renders_valid_least_privilege_manifests(values: dict[str, Any]) -
         "optional": True,
     }
     if values.get("watchNamespaces"):
-        assert kinds.count("Role") == 2 and settings.namespaces == ["ml", "research"]
+        watched = [
+            d for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] != "model-support"
+        ]
+        assert len(watched) == 2 and settings.namespaces == ["ml", "research"]
         assert settings.scheduler_name == "my-scheduler" and settings.unschedulable_limit_s == 3600
         assert settings.runner_env_from == [{"secretRef": {"name": "compile-cache-credentials"}}]
         assert settings.metrics_port is None and "Service" not in kinds
@@ -868,7 +898,8 @@ def test_runner_pods_may_reach_only_dns_and_https() -> None:
 
     assert policy["podSelector"]["matchLabels"] == {LABEL_MANAGED_BY: MANAGED_BY}
     assert policy["ingress"] == [] and set(policy["policyTypes"]) == {"Ingress", "Egress"}
-    dns, https = policy["egress"]
+    # DNS, the EKS Pod Identity agent (tests/operator/test_chart_cluster.py), HTTPS.
+    dns, _, https = policy["egress"]
     assert {p["port"] for p in dns["ports"]} == {53}
     assert [p["port"] for p in https["ports"]] == [443]
     assert https["to"][0]["ipBlock"] == {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}
@@ -881,6 +912,31 @@ def test_a_misspelt_setting_is_refused_by_name() -> None:
 
     with pytest.raises(ValidationError, match="unschedulableLimitSecs"):
         settings_from_values({"results": "s3://b/x", "settings": {"unschedulableLimitSecs": 5}})
+
+
+def test_the_pod_that_decided_is_not_one_the_job_replaced_within_the_same_second() -> None:
+    """A runner stopped from outside (exit 143, ignored by the Job) and its replacement made
+    in the same second (creation times have a one-second grain): the replacement decided."""
+    from model_support.operator.outcome import latest_pod
+
+    stopped = _pod({"exitCode": 143})
+    stopped["metadata"]["name"] = "stopped"
+    replacement = _pod({"exitCode": 0})
+    replacement["metadata"]["name"] = "replacement"
+    for pods in ([stopped, replacement], [replacement, stopped]):
+        decided = latest_pod(pods)
+        assert decided is not None and decided["metadata"]["name"] == "replacement"
+
+
+def test_without_a_deadline_budget_the_job_waits_and_the_runner_keeps_the_timeout() -> None:
+    """deadlineBudgetSeconds null: no Job deadline at all (a Job may wait for capacity as long
+    as it takes); the test's own timeout is still the runner's, from run.py's start."""
+    waiting = SETTINGS.model_copy(update={"deadline_budget_s": None})
+    job = job_for({"model": "a/b", "timeoutSeconds": 900}, cores=1, settings=waiting)
+    validate(job)
+    assert "activeDeadlineSeconds" not in job["spec"]
+    argv = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert argv[argv.index("--timeout") + 1] == "900"
 
 
 @pytest.mark.parametrize(

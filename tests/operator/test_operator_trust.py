@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from k8s_harness import Harness
+from k8s_harness import Harness, now
 from test_operator_lifecycle import SPEC, document_for, start
 
 from model_support.delivery import DeliveryArea
@@ -112,6 +112,7 @@ async def test_each_attempt_gets_its_own_slot(h: Harness) -> None:
     [
         ("oom", ("ERROR", "out-of-memory")),
         ("deadline", ("TIMEOUT", None)),
+        ("deadline-after-waiting", ("ERROR", "infrastructure")),
         ("never-started", ("ERROR", "infrastructure")),
     ],
 )
@@ -125,10 +126,13 @@ async def test_the_jobs_own_end_stands_over_what_the_pod_delivered(
     await h.deliver(job, document_for(Result.PASS).model_dump_json().encode())
     if how == "oom":
         await h.end_pod(job, pod, exit_code=137, log=None, container_reason="OOMKilled")
-    elif how == "deadline":
+    elif how.startswith("deadline"):
+        # The Job's backstop deadline: after run.py ran its whole timeout (TIMEOUT), or after
+        # the time went to waiting and run.py had only just started (the cluster's fault).
         await h.end_pod(
-            job, pod, exit_code=143, log=None, job_condition=("Failed", "DeadlineExceeded")
-        )
+            job, pod, exit_code=143, log=None, job_condition=("Failed", "DeadlineExceeded"),
+            started_at="2020-01-01T00:00:00Z" if how == "deadline" else now(),
+        )  # fmt: skip
     else:  # the compile cache pull (an init container) failed: run.py never started
         await h.patch(
             f"/api/v1/namespaces/default/pods/{pod['metadata']['name']}/status",

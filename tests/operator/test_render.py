@@ -90,13 +90,19 @@ async def test_render_prints_what_the_operator_creates(
     await h.start_operator()
     await h.create_test("qwen", dict(spec), uid=TEST_UID)
     [job] = await h.wait_job()
-    configmaps = await h.items(CMS_URL)
+    configmaps = await h.wait_for(lambda: h.items(CMS_URL), what="the ConfigMap")
 
     result, documents = render(tmp_path, [manifest("qwen", spec, uid=TEST_UID)], values)
     assert result.exit_code == 0, result.output
     rendered_cm, rendered_job = documents
     assert rendered_job == strip_server_fields(job)
-    assert rendered_cm == strip_server_fields(configmaps[0])  # run.py byte for byte
+    # run.py byte for byte; rendered owned by the test, created owned by its Job (whose uid
+    # only exists once it is created), so that the Job's collection takes it along.
+    created_cm = strip_server_fields(configmaps[0])
+    [owner] = created_cm["metadata"].pop("ownerReferences")
+    assert (owner["kind"], owner["uid"]) == ("Job", job["metadata"]["uid"])
+    rendered_cm["metadata"].pop("ownerReferences")
+    assert rendered_cm == created_cm
     # Both name the commit main has on the Hub, not a floating branch.
     assert read_config(rendered_cm["data"]["run.py"]).revision == operator_hub.repos[
         "Qwen/Qwen3-0.6B"

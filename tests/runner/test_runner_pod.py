@@ -50,6 +50,8 @@ if mode == "pass":
 if mode == "exit3":
     print("Traceback: boom", flush=True)
     sys.exit(3)
+if mode == "exit143":
+    sys.exit(143)
 if mode == "sigkill":
     os.kill(os.getpid(), signal.SIGKILL)
 if mode == "sleep":
@@ -77,15 +79,25 @@ def delivered_to(store: str | Path) -> bytes | None:
 
 
 def start_runner(
-    workdir: Path, mode: str, store: str | None, *extra: str, env: dict[str, str] | None = None
+    workdir: Path,
+    mode: str,
+    store: str | None,
+    *extra: str,
+    env: dict[str, str | None] | None = None,
+    prefix: tuple[str, ...] = (),
+    pod_aws: dict[str, str | None] | None = None,
 ) -> subprocess.Popen[str]:
     """The runner as the operator starts it: given its slot only, a folder mounted from the
     results volume (local stores) or an upload URL signed for one key (s3://), never the
-    store's credentials."""
+    store's credentials. ``pod_aws``: the pod's own AWS settings (e.g. Pod Identity's), which
+    its compile cache transfers use; None values are left out."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "run.py").write_text(render_script(CONFIG, template=FAKE_RUN_PY))
-    argv = [sys.executable, "-m", "model_support.runner_pod", "--run-id", "op-run-1"]
-    pod_env = {**os.environ, **(env or {}), "FAKE_MODE": mode}
+    argv = [*prefix, sys.executable, "-m", "model_support.runner_pod", "--run-id", "op-run-1"]
+    # None: not in the pod's environment
+    pod_env = {
+        k: v for k, v in {**os.environ, **(env or {}), "FAKE_MODE": mode}.items() if v is not None
+    }
     if store is not None and "://" not in store:
         argv += ["--deliver-to", DeliveryArea(store).prepare(SLOT)]
     elif store is not None:
@@ -93,6 +105,7 @@ def start_runner(
         argv += ["--deliver-url-env", DELIVERY_URL_ENV]
         for name in [k for k in pod_env if k.startswith("AWS_")]:
             del pod_env[name]  # no store credentials in the pod
+    pod_env.update({k: v for k, v in (pod_aws or {}).items() if v is not None})
     argv += ["--termination-log", str(workdir / "termination-log"), *extra]
     return subprocess.Popen(
         argv,
@@ -105,9 +118,15 @@ def start_runner(
 
 
 def run_runner(
-    workdir: Path, mode: str, store: str | None, *extra: str, env: dict[str, str] | None = None
+    workdir: Path,
+    mode: str,
+    store: str | None,
+    *extra: str,
+    env: dict[str, str | None] | None = None,
+    prefix: tuple[str, ...] = (),
+    pod_aws: dict[str, str | None] | None = None,
 ) -> tuple[int, str]:
-    proc = start_runner(workdir, mode, store, *extra, env=env)
+    proc = start_runner(workdir, mode, store, *extra, env=env, prefix=prefix, pod_aws=pod_aws)
     output, _ = proc.communicate(timeout=120)
     return proc.returncode, output
 
@@ -183,6 +202,77 @@ def test_sigterm_stops_run_py_and_delivers_nothing(tmp_path: Path) -> None:
     assert proc.returncode == 143
     assert delivered_to(store) is None
     assert "stopped by a signal" in termination_message(tmp_path / "pod")
+
+
+def test_run_py_past_the_timeout_is_stopped_and_recorded_as_timeout(tmp_path: Path) -> None:
+    """The test's timeout counts from run.py's start, inside the runner (not the Job's deadline,
+    which also counts time waiting for a node and pulling images)."""
+    store = tmp_path / "results"
+    started = time.monotonic()
+    code, output = run_runner(tmp_path / "pod", "sleep", str(store), "--timeout", "2")
+    assert time.monotonic() - started < 30, output  # stopped at its timeout, not after 60 s
+    assert code == 124  # not 143: the Job's pod failure policy ignores that one
+    delivered = delivered_to(store)
+    assert delivered is not None, output
+    document = ResultDocument.model_validate_json(delivered)
+    assert document.result == Result.TIMEOUT
+    assert "timeout of 2 s" in (document.error or "") and "compiling" in (document.error or "")
+
+
+def test_a_run_py_that_exits_143_itself_is_not_taken_for_a_stopped_pod(tmp_path: Path) -> None:
+    store = tmp_path / "results"
+    code, _ = run_runner(tmp_path / "pod", "exit143", str(store))
+    assert code == 1  # 143 is kept for a pod asked to stop (ignored by the Job, replaced)
+    delivered = delivered_to(store)
+    assert delivered is not None
+    document = ResultDocument.model_validate_json(delivered)
+    assert document.result == Result.ERROR and "status 143" in (document.error or "")
+
+
+AS_POD_USER = ("unshare", "--user", "--map-user=1000", "--map-group=1000")
+"""Run as uid/gid 1000 (the runner pod's user) in a user namespace: no root privileges over
+files, so a device file this user may not open is refused as on a node."""
+
+
+@pytest.mark.parametrize("mode", [0o060, None], ids=["not-accessible", "missing"])
+def test_a_node_whose_neuron_devices_the_pod_cannot_open_is_infrastructure(
+    tmp_path: Path, mode: int | None
+) -> None:
+    devices = tmp_path / "dev"
+    devices.mkdir()
+    if mode is not None:  # root-owned, group-only: like 0660 root:neuron for a user not in it
+        (devices / "neuron0").touch()
+        (devices / "neuron0").chmod(mode)
+    store = tmp_path / "results"
+    code, output = run_runner(
+        tmp_path / "pod", "pass", str(store), "--neuron-devices", str(devices / "neuron*"),
+        env={"NODE_NAME": "ip-10-0-3-7.ec2.internal"}, prefix=AS_POD_USER,
+    )  # fmt: skip
+    assert code == 1, output
+    assert "loading" not in output  # checked before anything else: run.py never started
+    delivered = delivered_to(store)
+    assert delivered is not None, output
+    document = ResultDocument.model_validate_json(delivered)
+    assert (document.result, document.error_class) == (Result.ERROR, ErrorClass.INFRASTRUCTURE)
+    error = document.error or ""
+    assert "ip-10-0-3-7.ec2.internal" in error
+    if mode is not None:
+        assert "uid 1000" in error and "device_ownership_from_security_context" in error
+        assert "runnerSupplementalGroups" in error
+    else:
+        assert "no Neuron device" in error
+
+
+def test_a_pod_that_can_open_its_neuron_devices_runs(tmp_path: Path) -> None:
+    devices = tmp_path / "dev"
+    devices.mkdir()
+    (devices / "neuron0").touch()
+    (devices / "neuron0").chmod(0o600)  # the pod's user owns it (in its user namespace)
+    code, output = run_runner(
+        tmp_path / "pod", "pass", str(tmp_path / "results"),
+        "--neuron-devices", str(devices / "neuron*"), prefix=AS_POD_USER,
+    )  # fmt: skip
+    assert code == 0, output
 
 
 def _seed_inductor_cache(root: Path) -> int:
@@ -380,3 +470,76 @@ def test_delivery_to_s3_survives_a_store_outage(
         assert json.loads(delivered)["result"] == "PASS"
     finally:
         back.stop()
+
+
+def test_s3_with_eks_pod_identity_credentials_delivery_needs_none_the_cache_push_uses_them(
+    tmp_path: Path, s3_store: tuple[object, str, dict[str, str]]
+) -> None:
+    """With EKS Pod Identity the pod has no keys: the SDK asks the node's agent (what the
+    chart's NetworkPolicy lets runners reach) with the projected token, for the compile cache
+    push to s3://; the result goes to the attempt's signed URL, which needs no credentials. A
+    stand-in agent serves credentials only for that token."""
+    import http.server
+    import threading
+
+    import s3fs
+
+    _, uri, env = s3_store
+    token = "pod-identity-token-123"
+    (tmp_path / "token").write_text(token)
+    asked: list[str] = []
+    cache_bucket = f"cache-{uuid.uuid4().hex[:12]}"
+    s3fs.S3FileSystem().mkdir(cache_bucket)
+    entries = _seed_inductor_cache(tmp_path / "inductor")
+
+    class Agent(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.headers.get("Authorization") or "")
+            if self.headers.get("Authorization") != token:
+                self.send_response(401)
+                self.end_headers()
+                return
+            body = json.dumps(
+                {
+                    "AccessKeyId": "ASIAPODIDENTITY",
+                    "SecretAccessKey": "pod-identity-secret",
+                    "Token": "pod-identity-session",
+                    "Expiration": "2099-01-01T00:00:00Z",
+                }
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    agent = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Agent)
+    threading.Thread(target=agent.serve_forever, daemon=True).start()
+    try:
+        code, output = run_runner(
+            tmp_path / "pod", "pass", uri,
+            "--compile-cache", f"s3://{cache_bucket}/cache", "--cache-backend", "cpu",
+            env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},
+            pod_aws={
+                "AWS_ENDPOINT_URL": env["AWS_ENDPOINT_URL"],
+                "AWS_DEFAULT_REGION": "us-east-1",
+                "AWS_CONFIG_FILE": str(tmp_path / "no-config"),
+                "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-credentials"),
+                "AWS_CONTAINER_CREDENTIALS_FULL_URI": f"http://127.0.0.1:{agent.server_port}/v1/credentials",
+                "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE": str(tmp_path / "token"),
+            },
+        )  # fmt: skip
+    finally:
+        agent.shutdown()
+    assert code == 0, output
+    assert token in asked  # the push's credentials came from the agent
+    delivered = delivered_to(uri)
+    assert delivered is not None, output
+    document = ResultDocument.model_validate_json(delivered)
+    assert document.result == Result.PASS and document.compile_cache is not None
+    push = document.compile_cache.push
+    assert push is not None and (push.entries, push.error) == (entries, None), output
+    assert len(s3fs.S3FileSystem().find(f"{cache_bucket}/cache")) >= entries

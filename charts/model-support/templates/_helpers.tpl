@@ -23,6 +23,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
+{{/* The viewer's and the publish CronJob's own ServiceAccounts: no API token, no rights. */}}
+{{- define "model-support.viewerServiceAccount" -}}
+{{- printf "%s-viewer" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "model-support.publishServiceAccount" -}}
+{{- printf "%s-publish" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{/* The namespaced permissions: what the operator does where tests live. */}}
 {{- define "model-support.rules" -}}
 # create: a ModelSupportSweep's tests (patch: a sweep re-runs a finished one).

@@ -1,0 +1,380 @@
+"""The API server's own rules: optimistic concurrency, refused creates, relists, leadership.
+
+Some tests drive the reconciler directly against kmock (no kopf): they play what a watch
+would (or would not) have delivered, which is exactly what these rules are about.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kmock
+from k8s_harness import CMS_URL, JOBS_URL, NS, TESTS_URL, Harness, OperatorThread, now
+from kmock_kubelet import Kubelet
+from test_operator_lifecycle import SPEC, records, runner_log, start
+from test_sweeps import create_sweep, model_id, ready, sh, sweep_hub, wait_sweep  # noqa: F401
+from test_sweeps import start as start_sweeps
+
+from model_support.operator.kube import Kube, api_client
+from model_support.operator.reconciler import Reconciler
+from model_support.operator.resource import (
+    GROUP,
+    PLURAL,
+    SWEEP_KIND,
+    SWEEP_PLURAL,
+    VERSION,
+    child_name,
+)
+from model_support.operator.sweep_reconciler import SweepReconciler
+from model_support.vocabulary import Result
+
+SWEEPS_URL = f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{SWEEP_PLURAL}"
+
+
+def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status.get("conditions") or []}
+
+
+def reconciler(h: Harness) -> Reconciler:
+    """The operator's logic without kopf (what its watches deliver is played by the test);
+    phases are written at once (no task flushes deferred Running writes here)."""
+    h.settings.running_write_delay_s = 0
+    return Reconciler(h.settings, Kube(api_client(h.settings.api_server)))
+
+
+def posts(h: Harness, plural: str) -> int:
+    return sum(
+        1 for r in h.k[kmock.method.POST] if r.resource is not None and r.resource.plural == plural
+    )
+
+
+# ------------------------------------------------------------------ optimistic concurrency
+
+
+async def test_a_stale_status_write_never_moves_a_completed_test_back(harness: Harness) -> None:
+    h = harness
+    rec = reconciler(h)
+    test = await h.create_test("qwen", dict(SPEC))
+    await asyncio.to_thread(rec.on_test, test, "ADDED")
+    [job] = await h.items(JOBS_URL)
+    assert (await h.test_status("qwen"))["phase"] == "Pending"
+    # Another writer (the replica that held the Lease before) completed the test; this
+    # reconciler has not seen that yet, and a late event of the Job says its pod is ready.
+    await h.patch(
+        f"{TESTS_URL}/qwen/status",
+        {"status": {"phase": "Completed", "result": "PASS", "finishedAt": now()}},
+    )
+    job["status"] = {"active": 1, "ready": 1, "startTime": now()}
+    await asyncio.to_thread(rec.on_job, job, "MODIFIED")
+    status = await h.test_status("qwen")
+    assert (status["phase"], status["result"]) == ("Completed", "PASS")
+
+
+async def test_a_conflicting_status_write_is_made_again_from_a_fresh_read(
+    harness: Harness,
+) -> None:
+    h = harness
+    rec = reconciler(h)
+    test = await h.create_test("qwen", dict(SPEC))
+    await asyncio.to_thread(rec.on_test, test, "ADDED")
+    [job] = await h.items(JOBS_URL)
+    status = await h.test_status("qwen")
+    audited = {
+        "type": "Audited", "status": "True", "reason": "Checked", "message": "by an auditor",
+        "lastTransitionTime": now(),
+    }  # fmt: skip
+    await h.patch(
+        f"{TESTS_URL}/qwen/status", {"status": {"conditions": [*status["conditions"], audited]}}
+    )
+    job["status"] = {"active": 1, "ready": 1, "startTime": now()}
+    await asyncio.to_thread(rec.on_job, job, "MODIFIED")
+    status = await h.test_status("qwen")
+    assert status["phase"] == "Running"
+    assert conditions(status)["Audited"]["message"] == "by an auditor"  # not written over
+
+
+# ------------------------------------------------------------------ refused creates
+
+
+def refuse_job_creates(times: int, status: int, message: str) -> Any:
+    left = {"n": times}
+
+    def refuse(request: kmock.Request) -> kmock.KubernetesError | None:
+        creating_job = (
+            request.action == kmock.action.CREATE
+            and request.resource is not None
+            and request.resource.plural == "jobs"
+        )
+        if not creating_job or left["n"] <= 0:
+            return None
+        left["n"] -= 1
+        reason = "Forbidden" if status == 403 else "Invalid"
+        return kmock.KubernetesError(status=status, reason=reason, message=message)
+
+    return refuse
+
+
+async def test_a_job_refused_by_a_quota_is_said_once_and_created_when_allowed(
+    harness: Harness,
+) -> None:
+    h = harness
+    h.settings.sizing_retry_base_s = 0.2
+    quota = (
+        'jobs.batch "qwen" is forbidden: exceeded quota: trainium, requested: '
+        "count/jobs.batch=1, used: count/jobs.batch=10, limited: count/jobs.batch=10"
+    )
+    h.k.refusals = (refuse_job_creates(3, 403, quota),)
+    await start(h)  # the Job is created once the quota lets it
+    events = [e for e in await h.events() if e["reason"] == "CreateRefused"]
+    assert len(events) == 1 and events[0]["type"] == "Warning"
+    assert "exceeded quota: trainium" in events[0]["message"]
+    status = await h.wait_status("qwen", lambda s: s.get("phase") == "Pending", "Pending")
+    assert conditions(status)["JobCreated"]["status"] == "True"
+
+
+async def test_a_job_refused_by_admission_makes_the_test_invalid(harness: Harness) -> None:
+    h = harness
+    denied = (
+        'admission webhook "policy.example.com" denied the request: runner pods must set '
+        "resources.limits.cpu"
+    )
+    h.k.refusals = (refuse_job_creates(100, 422, denied),)
+    await h.start_operator()
+    await h.create_test("qwen", dict(SPEC))
+    status = await h.wait_status(
+        "qwen", lambda s: s.get("phase") == "Invalid", "Invalid", timeout=20
+    )
+    assert "runner pods must set resources.limits.cpu" in status["message"]
+    assert records(h) == []
+    assert [e["reason"] for e in await h.events()].count("InvalidSpec") == 1
+
+
+# ------------------------------------------------------------------ relists
+
+
+async def test_tests_deleted_while_unseen_leave_the_cache_and_get_no_job(
+    harness: Harness,
+) -> None:
+    h = harness
+    rec = reconciler(h)
+    kept = await h.create_test("kept", dict(SPEC))
+    gone = await h.create_test("gone", dict(SPEC))
+    for test in (kept, gone):
+        rec.observe_test(test, None)  # listed by the watch, not reconciled yet
+    # Deleted while the watch was away (a 410 Gone relist brings no event for it).
+    await h.delete(f"{TESTS_URL}/gone")
+    rec.note_listing()
+    assert await asyncio.to_thread(rec.audit) == 1
+    assert set(rec.tests) == {kept["metadata"]["uid"]}
+
+    # A test known only from the cache is read before anything is created for it.
+    stale = await h.create_test("stale", dict(SPEC))
+    rec.observe_test(stale, None)
+    await h.delete(f"{TESTS_URL}/stale")
+    await asyncio.to_thread(rec.retry_tests)  # the watchdog offers what is not handled
+    names = {
+        j["metadata"]["annotations"]["modelsupport.dev/test-name"] for j in await h.items(JOBS_URL)
+    }
+    assert names == {"kept"}
+    assert stale["metadata"]["uid"] not in rec.tests
+
+
+async def test_a_sweep_deleted_while_unseen_creates_no_tests(harness: Harness) -> None:
+    h = harness
+    h.settings.sweep_status_interval_s = 0.1
+    sweeps = SweepReconciler(h.settings, Kube(api_client(h.settings.api_server)))
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": SWEEP_KIND,
+        "metadata": {"name": "gone"},
+        "spec": {"source": {"models": [{"model": "Qwen/Qwen3-0.6B"}]},
+                 "stack": {"profile": "trn2"}},
+    }  # fmt: skip
+    sweep = await h.create(SWEEPS_URL, body)
+    sweeps.on_sweep(sweep, None, act=False)  # listed while waiting for leadership
+    await h.delete(f"{SWEEPS_URL}/gone")  # and deleted while the watch was away
+    await asyncio.sleep(0.5)
+    await asyncio.to_thread(sweeps.tick)
+    assert await h.items(TESTS_URL) == []
+    sweeps.note_listing()
+    await asyncio.to_thread(sweeps.audit)
+    assert sweeps.sweeps == {}
+
+
+# ------------------------------------------------------------------ leadership
+
+
+async def test_two_replicas_act_as_one_and_the_other_takes_over(harness: Harness) -> None:
+    h = harness
+    h.k.history = None  # every request is kept: the test counts them
+    await h.start_operator()
+    leases = "/apis/coordination.k8s.io/v1/namespaces/default/leases/model-support-operator"
+
+    async def held() -> Any:
+        lease = await h.get(leases)
+        return lease and lease["spec"].get("holderIdentity")
+
+    first = await h.wait_for(held, what="the Lease held")
+    second = OperatorThread(h.settings)
+    watches = h._watches()
+    second.start()
+    await asyncio.to_thread(second.ready.wait, 15)
+    await h.wait_for(lambda: h._watches()[0] > watches[0], what="the second replica's watches")
+    try:
+        await h.create_test("qwen", dict(SPEC))
+        [job] = await h.wait_job()
+        pod = await h.start_pod(job)
+        await h.run_pod(pod)
+        await h.end_pod(job, pod, exit_code=1, log=runner_log(Result.FAIL))
+        await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
+        # One replica acted: one ConfigMap and one Job created, one result Event.
+        assert (posts(h, "configmaps"), posts(h, "jobs")) == (1, 1)
+        assert [e["reason"] for e in await h.events()].count("Failed") == 1
+        assert len(records(h)) == 1
+
+        # The leader stops (a rolling update): it gives the Lease up, the other takes over.
+        await h.stop_operator()
+        await h.wait_for(lambda: held_by_other(h, leases, first), what="the other replica leading")
+        await h.create_test("second", dict(SPEC))
+        await h.wait_job(count=2)
+    finally:
+        await asyncio.to_thread(second.stop)
+
+
+async def held_by_other(h: Harness, url: str, first: str) -> bool:
+    lease = await h.get(url)
+    holder = (lease or {}).get("spec", {}).get("holderIdentity")
+    return bool(holder) and holder != first
+
+
+# ------------------------------------------------------------------ sweep status writes
+
+
+async def test_a_sweep_status_patch_leaves_out_an_unchanged_ranking(
+    sh: Harness,  # noqa: F811
+) -> None:
+    rankings: list[bool] = []
+
+    def observe(request: kmock.Request) -> None:
+        if (
+            request.method.value == "PATCH"
+            and request.resource is not None
+            and request.resource.plural == SWEEP_PLURAL
+            and request.subresource == "status"
+        ):
+            rankings.append("ranking" in ((request.data or {}).get("status") or {}))
+
+    sh.k.observers = (observe,)
+    await start_sweeps(sh)
+    models = [{"model": model_id(i)} for i in range(6)]
+    async with Kubelet(sh, sh.results) as kubelet:
+        await create_sweep(
+            sh,
+            "lean",
+            {"source": {"models": models}, "template": {"cores": 1},
+             "concurrency": {"maxRunning": 2}},
+        )  # fmt: skip
+        await wait_sweep(sh, "lean", lambda s: ready(s) and s["counts"]["done"] == 6, "6 done")
+        assert kubelet.error is None, kubelet.error
+    # The ranking goes with the patch that sets it, and with no other.
+    assert len(rankings) >= 3 and rankings.count(True) == 1, rankings
+
+
+# ------------------------------------------------------------------ what etcd keeps
+
+
+async def test_every_attempt_is_released_and_run_py_goes_with_its_job(harness: Harness) -> None:
+    h = harness
+    test, first = await start(h)
+    uid = test["metadata"]["uid"]
+    cm = await h.wait_for(
+        lambda: h.get(f"{CMS_URL}/{child_name('qwen', uid, 1)}"), what="the ConfigMap"
+    )
+    # The run.py is owned by the generation's first Job: collected when that Job is.
+    [owner] = cm["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"]) == ("Job", first["metadata"]["uid"])
+    # The node went away with the pod: the operator retries in a new Job.
+    await h.finish_job(first, exit_code=1, job_condition=("Failed", "PodFailurePolicy"))
+    await h.wait_status("qwen", lambda s: s.get("attempt") == 2, "attempt 2")
+    [second] = [j for j in await h.wait_job(count=2) if j["metadata"]["name"].endswith("-a2")]
+    pod = await h.start_pod(second)
+    await h.run_pod(pod)
+    await h.end_pod(second, pod, exit_code=0, log=runner_log(Result.PASS))
+    await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
+
+    async def released() -> list[dict[str, Any]] | None:
+        jobs = await h.items(JOBS_URL)
+        done = all("modelsupport.dev/recorded" in j["metadata"]["labels"] for j in jobs)
+        return jobs if done else None
+
+    jobs = await h.wait_for(released, what="both attempts' Jobs released")
+    assert len(jobs) == 2
+    assert {j["spec"]["ttlSecondsAfterFinished"] for j in jobs} == {
+        h.settings.ttl_seconds_after_finished
+    }
+
+
+# ------------------------------------------------------------------ placeable cores
+
+
+async def test_a_pod_holds_placeable_cores_and_both_counts_are_recorded(
+    harness: Harness,
+) -> None:
+    h = harness
+    h.settings.scheduler_name = "neuron-scheduler"
+    spec = {**SPEC, "cores": 8, "parallelism": "tensor"}  # 2 trn2 devices: not placeable
+    await h.start_operator()
+    await h.create_test("qwen", spec)
+    # Sizing a tensor-parallel plan reads the model's config with transformers (its first
+    # import in this process is slow on a loaded machine).
+    [job] = await h.wait_for(lambda: h.items(JOBS_URL), what="the Job", timeout=240)
+    runner = job["spec"]["template"]["spec"]["containers"][0]
+    assert runner["resources"]["limits"]["aws.amazon.com/neuroncore"] == "16"  # 4 devices
+    assert job["spec"]["template"]["spec"]["schedulerName"] == "neuron-scheduler"
+    status = await h.wait_status("qwen", lambda s: s.get("phase") == "Pending", "Pending")
+    assert (status["cores"], status["podCores"]) == (8, 16)
+    pod = await h.start_pod(job)
+    await h.end_pod(
+        job, pod, exit_code=0, log=runner_log(Result.PASS, cores=8, parallelism="tensor")
+    )
+    await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
+    [record] = records(h)
+    assert record.document.cores == 8 and record.labels["pod_cores"] == "16"
+
+
+async def test_multi_core_pods_without_the_scheduler_extension_are_refused(
+    harness: Harness,
+) -> None:
+    h = harness
+    assert h.settings.scheduler_name is None and h.settings.neuron_dra is None
+    await h.start_operator()
+    await h.create_test("qwen", {**SPEC, "cores": 2, "parallelism": "tensor"})
+    status = await h.wait_status(
+        "qwen", lambda s: s.get("phase") == "Invalid", "Invalid", timeout=240
+    )  # sizing a tensor-parallel plan imports transformers (slow on a loaded machine)
+    assert "runner.schedulerName" in status["message"] and "neuron.dra" in status["message"]
+    assert await h.items(JOBS_URL) == [] and records(h) == []
+
+
+async def test_a_run_that_ends_at_once_is_written_completed_without_running(
+    harness: Harness,
+) -> None:
+    h = harness
+    h.k.history = None
+    h.settings.running_write_delay_s = 5.0
+    _, job = await start(h)
+    await h.wait_status("qwen", lambda s: s.get("phase") == "Pending", "Pending")
+    pod = await h.start_pod(job)
+    await h.run_pod(pod)
+    await h.end_pod(job, pod, exit_code=0, log=runner_log(Result.PASS))
+    status = await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
+    # The one write says when the run started too (the Job's start, as Running would have).
+    assert status["result"] == "PASS" and status.get("startedAt")
+    await asyncio.sleep(6)  # past the delay: nothing is written after Completed
+    writes = [
+        r.data["status"].get("phase")
+        for r in h.k[kmock.method.PATCH]
+        if r.resource is not None and r.resource.plural == PLURAL and r.subresource == "status"
+    ]
+    assert writes == ["Pending", "Completed"]

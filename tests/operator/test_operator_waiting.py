@@ -1,0 +1,129 @@
+"""Time spent waiting, preemption and queueing are never the model's result.
+
+The harness plays the Job controller with the Job's own podFailurePolicy (``Harness.fail_pod``
+applies the rules the operator wrote), Kueue by suspending and resuming the Job, and the
+kubelet by the pod status it writes for a deadline or an eviction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from k8s_harness import JOBS_URL, Harness, now
+from test_operator_lifecycle import SPEC, records, runner_log, start
+
+from model_support.runner_pod import STOPPED_EXIT, STOPPED_MESSAGE
+from model_support.vocabulary import Result
+
+
+def conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status.get("conditions") or []}
+
+
+async def phase(h: Harness, want: str, name: str = "qwen") -> dict[str, Any]:
+    return await h.wait_status(name, lambda s: s.get("phase") == want, want)
+
+
+UNSCHEDULABLE = {
+    "type": "PodScheduled",
+    "status": "False",
+    "reason": "Unschedulable",
+    "message": "0/3 nodes are available: 3 Insufficient aws.amazon.com/neuroncore",
+    "lastTransitionTime": "2020-01-01T00:00:00Z",
+}
+
+
+async def test_the_timeout_counts_from_run_py_and_waiting_past_the_backstop_is_not_timeout(
+    harness: Harness,
+) -> None:
+    h = harness
+    _, job = await start(h, spec={**SPEC, "timeoutSeconds": 600})
+    # The runner enforces the test's timeout from run.py's start; the Job's deadline is only a
+    # backstop that leaves room for waiting, pulling and the init steps.
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--timeout") + 1] == "600"
+    assert job["spec"]["activeDeadlineSeconds"] >= 600 + 3600
+    # No node fits the pod until the backstop passes: the Job controller ends it DeadlineExceeded.
+    await h.start_pod(job, conditions=[UNSCHEDULABLE])
+    await phase(h, "Queued")
+    await h.finish_job(job, exit_code=1, job_condition=("Failed", "DeadlineExceeded"))
+    status = await phase(h, "Completed")
+    assert (status["result"], status.get("errorClass")) == ("ERROR", "infrastructure")
+    assert "before run.py started" in status["message"]
+    assert "Insufficient aws.amazon.com/neuroncore" in status["message"]
+    [record] = records(h)
+    assert record.document.result == Result.ERROR
+
+
+async def test_kueue_preemption_requeues_the_test_and_it_runs_when_resumed(
+    harness: Harness,
+) -> None:
+    h = harness
+    _, job = await start(h, spec={**SPEC, "queueName": "trainium"})
+    url = f"{JOBS_URL}/{job['metadata']['name']}"
+    await phase(h, "Queued")
+    await h.patch(url, {"spec": {"suspend": False}})  # Kueue admits it
+    first = await h.start_pod(job)
+    await h.run_pod(first)
+    await phase(h, "Running")
+
+    # Kueue preempts: it suspends the Job; the Job controller deletes the pod without a
+    # DisruptionTarget condition, and the runner, stopped by SIGTERM, exits 143.
+    await h.patch(url, {"spec": {"suspend": True}})
+    action = await h.fail_pod(
+        job, first, exit_code=STOPPED_EXIT, termination_message=STOPPED_MESSAGE
+    )
+    assert action == "Ignore"  # the Job's own policy: not the run's outcome, nothing counted
+    status = await phase(h, "Queued")
+    assert conditions(status)["Queued"]["reason"] == "KueueAdmission"
+    assert "preempted" in conditions(status)["Queued"]["message"]
+    assert records(h) == [] and status["attempt"] == 1
+
+    # Kueue resumes the Job (startTime reset): a new pod runs the test to its result.
+    await h.patch(url, {"spec": {"suspend": False}, "status": {"startTime": now()}})
+    await phase(h, "Pending")
+    second = await h.start_pod(job)
+    await h.run_pod(second)
+    await h.end_pod(job, second, exit_code=0, log=runner_log(Result.PASS))
+    status = await phase(h, "Completed")
+    assert status["result"] == "PASS" and status["attempt"] == 1
+    assert [r.document.result for r in records(h)] == [Result.PASS]
+    assert len(await h.items(JOBS_URL)) == 1
+
+
+async def test_a_storage_eviction_is_recorded_with_its_sizing_and_not_retried(
+    harness: Harness,
+) -> None:
+    h = harness
+    _, job = await start(h)
+    pod = await h.start_pod(job)
+    await h.run_pod(pod)
+    # The kubelet evicts a pod whose emptyDir outgrew its sizeLimit at once (SIGKILL) and
+    # adds no DisruptionTarget condition; exit 137 fails the Job under its policy.
+    volumes = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}
+    limit = volumes["work"]["emptyDir"]["sizeLimit"]
+    action = await h.fail_pod(
+        job, pod, exit_code=137, pod_reason="Evicted",
+        pod_message=f'Usage of EmptyDir volume "work" exceeds the limit "{limit}". ',
+    )  # fmt: skip
+    assert action == "FailJob"
+    status = await phase(h, "Completed")
+    assert (status["result"], status.get("errorClass")) == ("ERROR", "infrastructure")
+    assert "evicted for local storage" in status["message"] and f"work {limit}" in status["message"]
+    assert status["attempt"] == 1 and len(await h.items(JOBS_URL)) == 1  # not retried unchanged
+
+
+async def test_a_queue_that_never_admits_is_said_on_the_test(harness: Harness) -> None:
+    h = harness
+    h.settings.kueue_admission_limit_s = 0.5
+    await start(h, spec={**SPEC, "queueName": "no-such-queue"})
+    status = await h.wait_status(
+        "qwen",
+        lambda s: conditions(s).get("Queued", {}).get("reason") == "NotAdmitted",
+        "condition Queued=NotAdmitted",
+    )
+    assert status["phase"] == "Queued"  # it keeps waiting
+    assert "LocalQueue no-such-queue" in conditions(status)["Queued"]["message"]
+    events = [e for e in await h.events() if e["reason"] == "NotAdmitted"]
+    assert len(events) == 1 and events[0]["type"] == "Warning"
+    assert records(h) == []
