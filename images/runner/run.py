@@ -344,7 +344,8 @@ class TaskScenario(abc.ABC):
         """The verdict and the seconds it took; the float32 precision policy as for text."""
         start = time.perf_counter()
         params = config["verification"]
-        precision = float32_precision(params, backend) if dtype_name == "float32" else None
+        flags = os.environ.get("NEURON_CC_FLAGS")
+        precision = float32_precision(params, backend, flags) if dtype_name == "float32" else None
         scored = self.score(config, processor, generation, dtype_name, precision or "ieee")
         verification = self.judge(
             config, generation, scored, precision_label(dtype_name, precision or "ieee")
@@ -2496,7 +2497,9 @@ FLOAT32_PRECISIONS = ("ieee", "tf32", "bf16")
 
 
 FLOAT32_PRECISION_BY_BACKEND = {
-    "neuron": "bf16",  # neuronx-cc casts float32 matmuls to bfloat16 unless told otherwise
+    # neuronx-cc leaves float32 as float32 (--auto-cast none) since 2.22 (Neuron 2.27.0), unless
+    # NEURON_CC_FLAGS asks otherwise: neuron_float32_precision reads the flags actually used.
+    "neuron": "ieee",
     "cuda": "tf32",  # PyTorch runs cuDNN convolutions in TF32 by default; matmuls by one setting
     "cpu": "ieee",  # inductor on CPU keeps float32 arithmetic float32
 }
@@ -2537,12 +2540,38 @@ MATMUL_OPERANDS = {
 }
 
 
-def float32_precision(params: dict, backend: str) -> str:
-    """The float32 arithmetic the baseline reproduces: the configured one, else the backend's."""
+def float32_precision(params: dict, backend: str, compiler_flags: str | None = None) -> str:
+    """The float32 arithmetic the baseline reproduces: the configured one, else the backend's
+    (on neuron, what the compiler flags in effect, ``compiler_flags``, make neuronx-cc do)."""
     configured = params.get("float32_precision", "auto")
     if configured in FLOAT32_PRECISIONS:
         return configured
+    if backend == "neuron":
+        return neuron_float32_precision(compiler_flags)
     return FLOAT32_PRECISION_BY_BACKEND.get(backend, "ieee")
+
+
+def neuron_float32_precision(compiler_flags: str | None) -> str:
+    """The float32 matmul arithmetic of neuronx-cc under ``compiler_flags`` (NEURON_CC_FLAGS).
+
+    ``--auto-cast`` is none (float32 stays float32) by default since neuronx-cc 2.22; matmult or
+    all casts to ``--auto-cast-type`` (bf16 by default; the right-most option wins). fp16 keeps
+    TF32's 10 mantissa bits, so its operands are judged as tf32; fp8 has no baseline of its own
+    and is judged as bf16 (stricter than its arithmetic).
+    """
+    mode, cast_type = "none", "bf16"
+    tokens = (compiler_flags or "").split()
+    for i, token in enumerate(tokens):
+        name, equals, value = token.partition("=")
+        if not equals:
+            value = tokens[i + 1] if i + 1 < len(tokens) else ""
+        if name == "--auto-cast":
+            mode = value
+        elif name == "--auto-cast-type":
+            cast_type = value
+    if mode == "none":
+        return "ieee"
+    return {"tf32": "tf32", "fp16": "tf32"}.get(cast_type, "bf16")
 
 
 def reduced_precision(precision: str):
