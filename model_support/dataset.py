@@ -178,10 +178,18 @@ def held_seconds(doc: ResultDocument) -> float | None:
     return held
 
 
-def core_seconds(doc: ResultDocument) -> float | None:
-    """Cores x :func:`held_seconds`: what the run used, compile included."""
+def core_seconds(doc: ResultDocument, held_cores: int | None = None) -> float | None:
+    """Cores held x :func:`held_seconds`: what the run used, compile included. ``held_cores``:
+    the cores the pod held when the scheduler places more than the model uses (whole devices);
+    else the run's own cores."""
     held = held_seconds(doc)
-    return None if held is None else held * doc.cores
+    return None if held is None else held * (held_cores or doc.cores)
+
+
+def record_held_cores(record: RunRecord) -> int | None:
+    """The cores the pod held, where the operator recorded it (label ``pod_cores``)."""
+    value = record.labels.get("pod_cores")
+    return int(value) if value and value.isdigit() and int(value) > 0 else None
 
 
 def _held_s(s: _Source) -> float | None:
@@ -189,7 +197,7 @@ def _held_s(s: _Source) -> float | None:
 
 
 def _core_seconds(s: _Source) -> float | None:
-    return core_seconds(s.doc)
+    return core_seconds(s.doc, record_held_cores(s.record))
 
 
 def _compile_share(s: _Source) -> float | None:

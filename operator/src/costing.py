@@ -12,15 +12,19 @@ from model_support.records import ResultDocument
 
 
 def run_cost(
-    spec: dict[str, Any], document: ResultDocument, settings: OperatorSettings
+    spec: dict[str, Any],
+    document: ResultDocument,
+    settings: OperatorSettings,
+    held_cores: int | None = None,
 ) -> tuple[float | None, float | None]:
     """(core-seconds, dollars) of one recorded run.
 
     The instance is the one the test asked for (its ``instanceType``, else its profile's):
     what the operator scheduled it on, not what a pod says; a run that names none (a cpu
-    profile) is priced by the table's ``default_instance_type``, else not at all.
+    profile) is priced by the table's ``default_instance_type``, else not at all. The cores
+    priced are those the pod held (``held_cores``, whole devices), not only those it used.
     """
-    used = core_seconds(document)
+    used = core_seconds(document, held_cores)
     try:
         test = parse_spec(spec)
     except SpecError:

@@ -1529,7 +1529,10 @@ class Reconciler:
             f"/{document.error_class.value}" if document.error_class else ""
         )
         timings, memory = document.timings, document.memory
-        used, cost = run_cost(test.get("spec") or {}, document, self.settings)
+        pod_cores = (test.get("status") or {}).get("podCores")
+        used, cost = run_cost(
+            test.get("spec") or {}, document, self.settings, int(pod_cores) if pod_cores else None
+        )
 
         def build(test: dict[str, Any]) -> dict[str, Any]:
             conditions = set_condition(

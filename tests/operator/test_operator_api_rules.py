@@ -10,12 +10,14 @@ import asyncio
 from typing import Any
 
 import kmock
+import pytest
 from k8s_harness import CMS_URL, JOBS_URL, NS, TESTS_URL, Harness, OperatorThread, now
 from kmock_kubelet import Kubelet
 from test_operator_lifecycle import SPEC, records, runner_log, start
 from test_sweeps import create_sweep, model_id, ready, sh, sweep_hub, wait_sweep  # noqa: F401
 from test_sweeps import start as start_sweeps
 
+from model_support.dataset import held_seconds, matrix_key, records_to_table
 from model_support.operator.kube import Kube, api_client
 from model_support.operator.reconciler import Reconciler
 from model_support.operator.resource import (
@@ -336,11 +338,21 @@ async def test_a_pod_holds_placeable_cores_and_both_counts_are_recorded(
     assert (status["cores"], status["podCores"]) == (8, 16)
     pod = await h.start_pod(job)
     await h.end_pod(
-        job, pod, exit_code=0, log=runner_log(Result.PASS, cores=8, parallelism="tensor")
+        job,
+        pod,
+        exit_code=0,
+        log=runner_log(Result.PASS, cores=8, parallelism="tensor", timings={"total_s": 60.0}),
     )
-    await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
+    status = await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
     [record] = records(h)
     assert record.document.cores == 8 and record.labels["pod_cores"] == "16"
+    # The run is priced by the cores its pod held, idle ones included, in the status and the
+    # dataset alike.
+    held = held_seconds(record.document)
+    assert held is not None and held > 0
+    assert status["coreSeconds"] == pytest.approx(16 * held, rel=1e-3)
+    [row] = records_to_table([record], [matrix_key(record)]).to_pylist()
+    assert row["core_seconds"] == pytest.approx(16 * held, rel=1e-3)
 
 
 async def test_multi_core_pods_without_the_scheduler_extension_are_refused(
