@@ -402,6 +402,13 @@ COLUMNS: tuple[Column, ...] = (
         lambda s: s.doc.memory.device_memory_source,
     ),
     Column(
+        "runtime_device_memory_bytes",
+        _INT,
+        "Neuron: device memory the runtime held after generating, less before it started "
+        "(sysfs, every category; includes its own allocations the allocator peak misses).",
+        lambda s: s.doc.memory.runtime_device_memory_bytes,
+    ),
+    Column(
         "lnc",
         _INT,
         "Logical NeuronCore size in effect on the neuron backend (1 or 2); null elsewhere.",

@@ -85,6 +85,17 @@ class Memory(BaseModel):
     host_peak_rss_bytes: int | None = None
     host_rss_anon_bytes: int | None = None
     host_rss_file_bytes: int | None = None
+    runtime_device_memory_bytes: int | None = Field(
+        None,
+        description=(
+            "Neuron only: device memory the runtime and driver held after generating, less what "
+            "they held before the runtime started (sysfs device_mem, every category: model code, "
+            "scratchpad, runtime memory, DMA rings, tensors...). Covers the whole host's cores."
+        ),
+    )
+    runtime_device_memory_categories: dict[str, int] | None = Field(
+        None, description="runtime_device_memory_bytes per sysfs category that grew."
+    )
 
 
 class Compilation(BaseModel):

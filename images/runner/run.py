@@ -153,6 +153,15 @@ def setup_stage(ctx: RunContext) -> Placement:
     if neuron_intended(config["backend"]):
         apply_env(neuron_core_env(dict(os.environ), ctx.rank, ctx.world_size))
     backend = ctx.backend = select_backend(config["backend"])
+    if backend.name == "neuron":
+        # Before any model is touched: a node that cannot run a test fails here, as
+        # infrastructure naming the check, never as the model's result.
+        failure = preflight_failure(node_checks(node_facts(), os.getuid()))
+        if failure is not None:
+            raise failure
+    # Before the runtime starts (at the process group, or the first tensor on the device): the
+    # growth from here is the runtime's own use as well as the tensors' (docs/trainium.md).
+    runtime_before = read_runtime_device_memory() if backend.name == "neuron" else None
     doc["backend"] = backend.name
     doc["stack"] = collect_stack(backend)
     doc["stack"].update(backend.runtime_settings())
@@ -166,7 +175,7 @@ def setup_stage(ctx: RunContext) -> Placement:
     # torch, the backend and the process group live as long as this process: the collector
     # need not walk them again in every full collection (loading, compiling, freeing the model).
     gc.freeze()
-    return Placement(backend, device, compile_backend, distributed_config)
+    return Placement(backend, device, compile_backend, distributed_config, runtime_before)
 
 
 def load_stage(ctx: RunContext, placement: Placement) -> LoadedModel:
@@ -229,6 +238,12 @@ def generate_stage(
     doc["compilation"] = compilation_summary(compile_start, read_compile_counts(backend))
     peak, source = backend.peak_memory(placement.device)
     doc["memory"]["peak_device_memory_bytes"], doc["memory"]["device_memory_source"] = peak, source
+    before = placement.runtime_memory_before  # None: not Neuron, sysfs is not read
+    grown, categories = runtime_memory_growth(
+        before, read_runtime_device_memory() if before is not None else {}
+    )
+    doc["memory"]["runtime_device_memory_bytes"] = grown
+    doc["memory"]["runtime_device_memory_categories"] = categories
     generation = scenario.collect(config, loaded, out)
     doc["tokens"] = [] if generation.tokens is None else generation.tokens.tolist()
     doc["text"] = list(generation.text)
@@ -341,7 +356,8 @@ class TaskScenario(abc.ABC):
         """The verdict and the seconds it took; the float32 precision policy as for text."""
         start = time.perf_counter()
         params = config["verification"]
-        precision = float32_precision(params, backend) if dtype_name == "float32" else None
+        flags = os.environ.get("NEURON_CC_FLAGS")
+        precision = float32_precision(params, backend, flags) if dtype_name == "float32" else None
         scored = self.score(config, processor, generation, dtype_name, precision or "ieee")
         verification = self.judge(
             config, generation, scored, precision_label(dtype_name, precision or "ieee")
@@ -1942,7 +1958,7 @@ def apply_env(changes: dict[str, str | None]) -> None:
 # ---- Logical NeuronCore configuration
 
 LNC_CONFIG_FILE = "/opt/aws/neuron/logical_nc_config"  # a node's LNC, set by its launch template
-LNC_DEFAULT_BY_FAMILY = {"trn2": 2, "trn3": 2, "trn1": 1, "trn1n": 1, "inf2": 1}
+LNC_DEFAULT_BY_FAMILY = {"trn2": 2, "trn2u": 2, "trn3": 2, "trn1": 1, "trn1n": 1, "inf2": 1}
 
 
 def effective_lnc(
@@ -1983,7 +1999,279 @@ def read_lnc() -> tuple[int | None, str | None]:
     return effective_lnc(dict(os.environ), text, instance_type())
 
 
+# ---- node preflight: can this node run a Trainium test at all?
+#
+# Each check is a pure function of facts gathered once (node_facts): the CPU tests drive every
+# failure path, and `model-support doctor` prints the same checks for people (docs/trainium.md).
+
+NEURON_DEVICE_DIR = "/dev"
+NEURON_DRIVER_VERSION_FILE = "/sys/module/neuron/version"  # the kernel module's own version
+TORCHNEURON_MIN_VERSION = (2, 13)  # torch-neuronx 2.13 and later is TorchNeuron; 2.9 was XLA
+
+
+@dataclasses.dataclass(frozen=True)
+class PreflightCheck:
+    """One preflight check: its name, whether the node passes it, and what was found or what to do."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeFacts:
+    """What the preflight checks read, gathered by node_facts() (or written by a test)."""
+
+    device_files: dict[str, str | None]  # /dev/neuronN -> None when usable, else why not
+    versions: dict[str, str | None]  # torch-neuronx, neuronx-cc, torch
+    driver_version: str | None
+    environ: dict[str, str]
+    lnc_file_text: str | None
+    instance: str | None
+    cache_dir_problem: str | None  # why TorchNeuron's NEFF cache folder cannot be written
+
+
+def check_device_files(device_files: dict[str, str | None], uid: int) -> PreflightCheck:
+    """The Neuron devices are present and readable and writable by this user."""
+    name = "device files"
+    if not device_files:
+        return PreflightCheck(
+            name,
+            False,
+            f"no {NEURON_DEVICE_DIR}/neuron* device: this is not a Neuron instance, or the "
+            "container was given none (request aws.amazon.com/neuroncore or a DRA claim, or "
+            "docker run --device=/dev/neuron0)",
+        )
+    refused = {path: why for path, why in sorted(device_files.items()) if why is not None}
+    if refused:
+        path, why = next(iter(refused.items()))
+        return PreflightCheck(
+            name,
+            False,
+            f"{path} cannot be used by uid {uid}: {why} ({len(refused)} of {len(device_files)} "
+            "devices); the runtime opens it read-write",
+        )
+    return PreflightCheck(name, True, ", ".join(sorted(device_files)))
+
+
+def version_tuple(version: str | None) -> tuple[int, ...]:
+    """The leading numeric release of a version string: ``2.14.3.0+abc`` -> (2, 14, 3, 0)."""
+    parts: list[int] = []
+    for part in (version or "").split("+", 1)[0].split("."):
+        if not part.isdigit():
+            break
+        parts.append(int(part))
+    return tuple(parts)
+
+
+def check_versions(versions: dict[str, str | None], driver_version: str | None) -> PreflightCheck:
+    """TorchNeuron (torch-neuronx 2.13 or later) and neuronx-cc are installed; reports the driver."""
+    name = "versions"
+    found = ", ".join(f"{dist} {versions.get(dist) or 'missing'}" for dist in sorted(versions))
+    found += f", neuron driver {driver_version or 'unknown'}"
+    neuronx = versions.get("torch-neuronx")
+    if neuronx is None or versions.get("neuronx-cc") is None:
+        return PreflightCheck(
+            name,
+            False,
+            f"{found}: torch-neuronx and neuronx-cc must both be installed (run in the "
+            f"model-support runner image built on {TORCHNEURON_BASE_IMAGE})",
+        )
+    if version_tuple(neuronx)[:2] < TORCHNEURON_MIN_VERSION:
+        return PreflightCheck(
+            name,
+            False,
+            f"{found}: torch-neuronx {neuronx} is the PyTorch/XLA library, not TorchNeuron "
+            "(2.13 and later)",
+        )
+    return PreflightCheck(name, True, found)
+
+
+def check_torchneuron(
+    import_error: str | None,
+    has_device_module: bool,
+    compile_backends: list[str],
+    version: str | None,
+) -> PreflightCheck:
+    """torch_neuronx imports and registers torch.neuron and the "neuron" compile backend."""
+    name = "TorchNeuron"
+    if import_error is not None:
+        return PreflightCheck(name, False, f"torch_neuronx failed to import: {import_error}")
+    problem = native_neuron_problem(has_device_module, compile_backends, version)
+    if problem:
+        return PreflightCheck(name, False, problem)
+    return PreflightCheck(name, True, 'torch.neuron and the "neuron" compile backend registered')
+
+
+def check_cores_and_lnc(
+    environ: dict[str, str], lnc_file_text: str | None, instance: str | None
+) -> PreflightCheck:
+    """The cores the runtime will be given and the LNC it will use, as run.py reads them."""
+    name = "cores and LNC"
+    try:
+        lnc, source = effective_lnc(environ, lnc_file_text, instance)
+        spec = (environ.get("NEURON_RT_VISIBLE_CORES") or "").strip()
+        cores = parse_visible_cores(spec) if spec else None
+    except InfrastructureError as exc:
+        return PreflightCheck(name, False, str(exc))
+    if lnc is None:
+        return PreflightCheck(
+            name,
+            False,
+            f"the logical NeuronCore size is unknown: no NEURON_LOGICAL_NC_CONFIG, no "
+            f"{LNC_CONFIG_FILE} and no known instance type ({instance or 'none found'}); set "
+            "NEURON_LOGICAL_NC_CONFIG or MODEL_SUPPORT_INSTANCE_TYPE",
+        )
+    visible = (
+        f"NEURON_RT_VISIBLE_CORES={spec} ({len(cores)} cores)"
+        if cores is not None
+        else "NEURON_RT_VISIBLE_CORES unset (any free core; a sharded run takes cores 0..n-1)"
+    )
+    return PreflightCheck(name, True, f"{visible}; LNC {lnc} ({source})")
+
+
+def check_compile_cache_dir(environ: dict[str, str], problem: str | None) -> PreflightCheck:
+    """TorchNeuron's NEFF cache folder can be written (a miss is then cached for the next run)."""
+    name = "compile cache folder"
+    directory = neff_cache_dir(environ)
+    if directory is None:
+        return PreflightCheck(
+            name, True, "TORCH_NEURONX_NEFF_DISABLE_CACHE is set: every run compiles cold"
+        )
+    if problem is not None:
+        return PreflightCheck(name, False, f"{directory}: {problem}")
+    return PreflightCheck(name, True, f"{directory} (TORCH_NEURONX_NEFF_CACHE_DIR) is writable")
+
+
+def node_checks(facts: NodeFacts, uid: int) -> list[PreflightCheck]:
+    """The preflight checks of the node itself, in the order a person would fix them."""
+    return [
+        check_device_files(facts.device_files, uid),
+        check_versions(facts.versions, facts.driver_version),
+        check_cores_and_lnc(facts.environ, facts.lnc_file_text, facts.instance),
+        check_compile_cache_dir(facts.environ, facts.cache_dir_problem),
+    ]
+
+
+def torchneuron_check() -> PreflightCheck:
+    """check_torchneuron for this process (imports torch_neuronx, which starts no runtime)."""
+    try:
+        import torch_neuronx  # noqa: F401
+    except Exception as exc:
+        return check_torchneuron(f"{type(exc).__name__}: {exc}", False, [], None)
+    return check_torchneuron(
+        None,
+        hasattr(torch, "neuron"),
+        torch._dynamo.list_backends(exclude_tags=()),
+        package_version("torch-neuronx"),
+    )
+
+
+def device_file_problem(path: str) -> str | None:
+    """Why this user cannot open ``path`` read-write (None when it can), without opening it."""
+    if not os.path.exists(path):
+        return "missing"
+    if not os.access(path, os.R_OK | os.W_OK):
+        return "permission denied (no read-write access)"
+    return None
+
+
+def writable_dir_problem(directory: str) -> str | None:
+    """Why ``directory`` (or, while it does not exist, the folder it would be made in) cannot be
+    written by this user (None when it can)."""
+    path = os.path.abspath(directory)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    if not os.path.isdir(path):
+        return f"{path} is not a folder"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{path} is not writable by uid {os.getuid()}"
+    return None
+
+
+def node_facts() -> NodeFacts:
+    """The facts node_checks reads, from this process and machine."""
+    devices: dict[str, str | None] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(NEURON_DEVICE_DIR):
+            if entry.startswith("neuron") and entry[len("neuron") :].isdigit():
+                path = os.path.join(NEURON_DEVICE_DIR, entry)
+                devices[path] = device_file_problem(path)
+    driver = None
+    with contextlib.suppress(OSError), open(NEURON_DRIVER_VERSION_FILE, encoding="utf-8") as handle:
+        driver = handle.read().strip() or None
+    lnc_text = None
+    with contextlib.suppress(OSError), open(LNC_CONFIG_FILE, encoding="utf-8") as handle:
+        lnc_text = handle.read()
+    environ = dict(os.environ)
+    cache_dir = neff_cache_dir(environ)
+    return NodeFacts(
+        device_files=devices,
+        versions={dist: package_version(dist) for dist in ("torch", "torch-neuronx", "neuronx-cc")},
+        driver_version=driver,
+        environ=environ,
+        lnc_file_text=lnc_text,
+        instance=instance_type(),
+        cache_dir_problem=writable_dir_problem(cache_dir) if cache_dir else None,
+    )
+
+
+def preflight_failure(checks: list[PreflightCheck]) -> InfrastructureError | None:
+    """The error a failed preflight is recorded as: infrastructure, naming the first failed check."""
+    failed = [check for check in checks if not check.ok]
+    if not failed:
+        return None
+    first = failed[0]
+    others = f" (and {len(failed) - 1} more: run `model-support doctor`)" if len(failed) > 1 else ""
+    return InfrastructureError(
+        f"node preflight check '{first.name}' failed: {first.detail}{others}"
+    )
+
+
 # ---- device memory
+
+
+NEURON_SYSFS_ROOT = "/sys/devices/virtual/neuron_device"  # one neuronN/ folder per device
+
+
+def read_runtime_device_memory(root: str = NEURON_SYSFS_ROOT) -> dict[str, int]:
+    """Device memory the Neuron runtime and driver hold now, per category, in bytes, summed over
+    every NeuronCore the driver's sysfs lists ({} where there is none: not a Neuron machine).
+
+    Layout (Neuron sysfs user guide): ``neuronN/neuron_coreM/stats/memory_usage/device_mem/
+    <category>/{total,present,peak}``, categories such as model_code, model_shared_scratchpad,
+    runtime_memory, dma_rings, collectives, tensors; ``total`` is the current usage.
+    """
+    usage: dict[str, int] = {}
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for device in sorted(os.listdir(root)):
+            if not (device.startswith("neuron") and device[len("neuron") :].isdigit()):
+                continue
+            for core in sorted(os.listdir(os.path.join(root, device))):
+                if not core.startswith("neuron_core"):
+                    continue
+                base = os.path.join(root, device, core, "stats", "memory_usage", "device_mem")
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                    for category in sorted(os.listdir(base)):
+                        with open(os.path.join(base, category, "total"), encoding="utf-8") as f:
+                            usage[category] = usage.get(category, 0) + int(f.read().split()[0])
+    return usage
+
+
+def runtime_memory_growth(
+    before: dict[str, int] | None, after: dict[str, int]
+) -> tuple[int | None, dict[str, int] | None]:
+    """What a run added to the runtime's device memory: the total and each category that grew.
+
+    None where sysfs gave nothing (not Neuron, or no reading before the runtime started).
+    """
+    if before is None or not after:
+        return None, None
+    grown = {cat: after[cat] - before.get(cat, 0) for cat in sorted(after)}
+    return sum(grown.values()), {cat: bytes_ for cat, bytes_ in grown.items() if bytes_ > 0}
 
 
 def device_index(device) -> int | None:
@@ -2233,7 +2521,9 @@ FLOAT32_PRECISIONS = ("ieee", "tf32", "bf16")
 
 
 FLOAT32_PRECISION_BY_BACKEND = {
-    "neuron": "bf16",  # neuronx-cc casts float32 matmuls to bfloat16 unless told otherwise
+    # neuronx-cc leaves float32 as float32 (--auto-cast none) since 2.22 (Neuron 2.27.0), unless
+    # NEURON_CC_FLAGS asks otherwise: neuron_float32_precision reads the flags actually used.
+    "neuron": "ieee",
     "cuda": "tf32",  # PyTorch runs cuDNN convolutions in TF32 by default; matmuls by one setting
     "cpu": "ieee",  # inductor on CPU keeps float32 arithmetic float32
 }
@@ -2274,12 +2564,38 @@ MATMUL_OPERANDS = {
 }
 
 
-def float32_precision(params: dict, backend: str) -> str:
-    """The float32 arithmetic the baseline reproduces: the configured one, else the backend's."""
+def float32_precision(params: dict, backend: str, compiler_flags: str | None = None) -> str:
+    """The float32 arithmetic the baseline reproduces: the configured one, else the backend's
+    (on neuron, what the compiler flags in effect, ``compiler_flags``, make neuronx-cc do)."""
     configured = params.get("float32_precision", "auto")
     if configured in FLOAT32_PRECISIONS:
         return configured
+    if backend == "neuron":
+        return neuron_float32_precision(compiler_flags)
     return FLOAT32_PRECISION_BY_BACKEND.get(backend, "ieee")
+
+
+def neuron_float32_precision(compiler_flags: str | None) -> str:
+    """The float32 matmul arithmetic of neuronx-cc under ``compiler_flags`` (NEURON_CC_FLAGS).
+
+    ``--auto-cast`` is none (float32 stays float32) by default since neuronx-cc 2.22; matmult or
+    all casts to ``--auto-cast-type`` (bf16 by default; the right-most option wins). fp16 keeps
+    TF32's 10 mantissa bits, so its operands are judged as tf32; fp8 has no baseline of its own
+    and is judged as bf16 (stricter than its arithmetic).
+    """
+    mode, cast_type = "none", "bf16"
+    tokens = (compiler_flags or "").split()
+    for i, token in enumerate(tokens):
+        name, equals, value = token.partition("=")
+        if not equals:
+            value = tokens[i + 1] if i + 1 < len(tokens) else ""
+        if name == "--auto-cast":
+            mode = value
+        elif name == "--auto-cast-type":
+            cast_type = value
+    if mode == "none":
+        return "ieee"
+    return {"tf32": "tf32", "fp16": "tf32"}.get(cast_type, "bf16")
 
 
 def reduced_precision(precision: str):
@@ -3138,6 +3454,13 @@ NEURON_INFRASTRUCTURE_MESSAGES = (
     "uncorrectable memory error",  # runtime: hardware error of a NeuronCore
     "uncorrectable hbm memory error",  # runtime: hardware error of the device memory
     "is in an abort state",  # runtime: a DMA engine aborted (hardware)
+    "neuron_hw_err=",  # runtime: the hardware-error line it logs for the instance (any kind)
+    "nrt_exec_hw_err_",  # runtime status: HBM / NeuronCore memory / DMA / collectives hardware
+    "dma engine encountered an unrecoverable error",  # runtime status text of ..._DMA_ABORT
+    "nrt_exec_nc_busy",  # runtime status: the core is locked by another model or process
+    "neuron core is locked",  # its text: "the neuron core is locked (in use) by another ..."
+    "nrt_load_not_enough_nc",  # runtime status: not enough NeuronCores to load a NEFF
+    "failed to allocate enough ncs",  # its text
     "attempted to have more than one device per process",  # TorchNeuron: >1 core per worker
     "ncc_earg001",  # compiler: LNC not supported by the target (node/compiler mismatch)
 )
@@ -3150,13 +3473,15 @@ NEURON_OUT_OF_MEMORY_MESSAGES = (
     "exceeds the high-bandwidth memory limit",  # the message of NCC_EOOM001/002
     "estimated peak hbm usage",  # compiler: "[XCG815] Estimated peak HBM usage (...) exceeds 16GB"
     "device mempool",  # driver: "neuron:mc_alloc: device mempool [0:0] total ... needed ..."
+    "(oom)",  # TorchNeuron: "NRT allocation failed ... (OOM)" (review of its source; unconfirmed)
 )
 
 
+# Compiler errors by their own names only: a message that merely mentions a NEFF file (a cache
+# path, a load of a finished executable) says nothing about compiling, so "neff" is not here.
 NEURON_COMPILE_MESSAGES = (
     "ncc_e",  # every neuronx-cc error code (NCC_EXXXnnn)
     "neuronx-cc",  # e.g. "Failed compilation with ['neuronx-cc', 'compile', ...]"
-    "neff",
 )
 
 
@@ -3257,6 +3582,7 @@ class Placement:
     device: Any
     compile_backend: Any  # a registered torch.compile backend name or a callable
     distributed_config: Any  # transformers DistributedConfig, None on one core
+    runtime_memory_before: dict[str, int] | None = None  # sysfs device_mem before the runtime
 
 
 @dataclasses.dataclass

@@ -8,6 +8,7 @@ from model_support.cli import (
     commands_cache,
     commands_dataset,
     commands_demo,
+    commands_doctor,
     commands_history,
     commands_operator,
     commands_render,
@@ -37,5 +38,6 @@ for _module in (
     commands_cache,
     commands_dataset,
     commands_history,
+    commands_doctor,
 ):
     _module.register(app)

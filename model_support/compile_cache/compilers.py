@@ -49,13 +49,28 @@ class CompilerCache:
 
     @property
     def prefix(self) -> str:
-        """The target prefix for this compiler version, e.g. ``neuronxcc-2.28.7631.0``."""
-        family = NEFF_PREFIX if self.kind == "neff" else INDUCTOR_PREFIX
-        return f"{family}-{self.version}"
+        """The target prefix for this compiler version, e.g. ``neuronxcc-2.28.7631.0``.
+
+        A NEFF prefix carries neuronx-cc's public version: an installed neuronx-cc reports a
+        build hash after ``+`` (``2.20.2831.0+8bfecb25`` in ``pip list``), which the CRD
+        examples, the docs and people typing a path leave out. torch keeps its ``+cpu`` /
+        ``+cu128``: those are different builds with different kernels.
+        """
+        if self.kind == "neff":
+            return f"{NEFF_PREFIX}-{public_version(self.version)}"
+        return f"{INDUCTOR_PREFIX}-{self.version}"
+
+    @property
+    def accepted_prefixes(self) -> tuple[str, ...]:
+        """Every spelling of this compiler's prefix a target may name: the canonical one first,
+        then, for neuronx-cc, the installed version with its build hash (as Neuron's own caches
+        name their folders, e.g. ``neuronxcc-2.16.372.0+4a9b2326``)."""
+        spelled_out = f"{NEFF_PREFIX if self.kind == 'neff' else INDUCTOR_PREFIX}-{self.version}"
+        return tuple(dict.fromkeys((self.prefix, spelled_out)))
 
     def check_prefix(self, named: str, uri: str) -> None:
         """Refuse a target that names another compiler's prefix (``named``)."""
-        if named != self.prefix:
+        if named not in self.accepted_prefixes:
             raise CompilerMismatch(
                 f"{uri} names the cache of {describe_prefix(named)}, but this machine has "
                 f"{self.compiler} {self.version} installed (prefix {self.prefix}). A compile "
@@ -64,6 +79,11 @@ class CompilerCache:
                 f"versions. Give the cache's root ({uri.rstrip('/').rsplit('/', 1)[0]}) and the "
                 "prefix is chosen from the installed stack."
             )
+
+
+def public_version(version: str) -> str:
+    """A version without its PEP 440 local segment: ``2.24.8799.0+6f62ff7c`` -> ``2.24.8799.0``."""
+    return version.split("+", 1)[0]
 
 
 def describe_prefix(prefix: str) -> str:

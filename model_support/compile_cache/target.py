@@ -471,10 +471,12 @@ def open_target(
         )
     root_uri = text.rstrip("/") or text
     last = root_uri.rsplit("/", 1)[-1]
+    prefix = compiler.prefix
     if PREFIX_PATTERN.fullmatch(last):
         compiler.check_prefix(last, redact(root_uri))
         root_uri = root_uri[: -len(last)].rstrip("/")
-    return ResolvedTarget(_target(root_uri, storage_options or {}), compiler.prefix)
+        prefix = last  # the spelling named: a folder made under neuronx-cc's +hash spelling
+    return ResolvedTarget(_target(root_uri, storage_options or {}), prefix)
 
 
 def _target(uri: str, storage_options: dict[str, Any]) -> Target:

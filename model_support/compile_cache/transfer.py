@@ -98,10 +98,18 @@ class TransferReport(BaseModel):
     def summary(self) -> str:
         """One line for people."""
         verb = "pulled" if self.direction == "pull" else "pushed"
+        # Where on this machine: a pull into a folder the compiler does not read is a cold
+        # compile later, so the line says which variable chose it.
+        variable = (
+            "TORCH_NEURONX_NEFF_CACHE_DIR"
+            if self.prefix.startswith("neuronxcc-")
+            else "TORCHINDUCTOR_CACHE_DIR"
+        )
+        here = f"{'into' if self.direction == 'pull' else 'from'} {self.local_dir} ({variable})"
         text = (
             f"{verb} {self.entries} entries ({_size(self.bytes)}) in {self.seconds:.1f} s "
-            f"{'from' if self.direction == 'pull' else 'to'} {self.target}/{self.prefix}; "
-            f"{self.present} already there"
+            f"{'from' if self.direction == 'pull' else 'to'} {self.target}/{self.prefix} "
+            f"{here}; {self.present} already there"
         )
         if self.unverified:
             text += f", {self.unverified} unverified (plain mirror entries)"

@@ -273,6 +273,44 @@ def test_another_compilers_prefix_is_refused_for_pull_and_push(
     assert sorted(os.listdir(tmp_path / "target")) == [PREFIX]
 
 
+def test_an_installed_compiler_with_a_build_hash_finds_the_public_prefix(tmp_path: Path) -> None:
+    """pip reports neuronx-cc with a build hash (2.20.2831.0+8bfecb25); a target written for its
+    public version, as the docs and CRD examples spell it, is the same compiler's cache."""
+    mirror = tmp_path / "mirror" / "neuronxcc-2.24.8799.0"
+    key = "3f/a2/3fa2" + "0" * 28 + ".neff"
+    write(mirror, key, b"a neff")
+    # a folder spelled as Neuron's own caches spell it, with the build hash
+    legacy = tmp_path / "legacy" / "neuronxcc-2.24.8799.0+6f62ff7c"
+    old_key = "b7/01/b701" + "1" * 28 + ".neff"
+    write(legacy, old_key, b"an older neff")
+    version = "2.24.8799.0+6f62ff7c"
+    assert neff_cache(tmp_path, version=version).prefix == "neuronxcc-2.24.8799.0"
+    expected = {
+        "mirror": {key: b"a neff"},
+        "mirror/neuronxcc-2.24.8799.0": {key: b"a neff"},
+        "legacy/neuronxcc-2.24.8799.0+6f62ff7c": {old_key: b"an older neff"},
+    }
+    for n, (named, entries) in enumerate(expected.items()):
+        installed = neff_cache(tmp_path / f"neff{n}", version=version)
+        assert pull(str(tmp_path / named), compiler=installed).entries == 1
+        assert entries_of(tmp_path / f"neff{n}") == entries
+    installed = neff_cache(tmp_path / "neff", version=version)
+    with pytest.raises(CompilerMismatch, match=r"neuronx-cc 2\.24\.8799\.1"):
+        pull(str(tmp_path / "mirror" / "neuronxcc-2.24.8799.1"), compiler=installed)
+
+
+def test_a_pull_says_which_local_folder_it_filled_and_which_variable_chose_it(
+    tmp_path: Path,
+) -> None:
+    """The runner image reads /var/cache/neff (TORCH_NEURONX_NEFF_CACHE_DIR), not TorchNeuron's
+    default /tmp/neff_cache: a person syncing by hand must see where entries went."""
+    mirror = tmp_path / "mirror" / "neuronxcc-2.28.7631.0"
+    write(mirror, "3f/a2/3fa2" + "0" * 28 + ".neff", b"a neff")
+    report = pull(str(tmp_path / "mirror"), compiler=neff_cache(tmp_path / "var-cache-neff"))
+    line = report.summary()
+    assert f"into {tmp_path / 'var-cache-neff'} (TORCH_NEURONX_NEFF_CACHE_DIR)" in line, line
+
+
 def test_the_prefix_and_folder_come_from_the_installed_stack(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

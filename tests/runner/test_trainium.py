@@ -10,6 +10,7 @@ and message are in docs/trainium.md.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.machinery
 import os
 import re
@@ -294,6 +295,8 @@ def test_apply_env_sets_and_unsets(monkeypatch: pytest.MonkeyPatch, clean_neuron
         ),
         ({}, "NEURON_LOGICAL_NC_CONFIG=1\n", "trn2.48xlarge", (1, runner.LNC_CONFIG_FILE)),
         ({}, None, "trn2.48xlarge", (2, "default for trn2")),
+        # the UltraServer member (Trn2 architecture page): Trainium2 too, so LNC 2 by default
+        ({}, None, "trn2u.48xlarge", (2, "default for trn2u")),
         ({}, None, "trn1.32xlarge", (1, "default for trn1")),
         ({}, None, None, (None, None)),
         ({"NEURON_LOGICAL_NC_CONFIG": " "}, "", "inf2.xlarge", (1, "default for inf2")),
@@ -558,6 +561,46 @@ NEURON_MESSAGES = [
         "infrastructure",
     ),
     ("generate", "[MLA 0][NC 0] DMA TX engine 0 is in an abort state", "infrastructure"),
+    # Neuron Runtime status codes (neuron-runtime/api/nrt_status.rst, nrt_status.h): the
+    # framework surfaces the status name or its description
+    ("generate", "RuntimeError: nrt_execute failed with NRT_EXEC_NC_BUSY (1005)", "infrastructure"),
+    (
+        "generate",
+        "RuntimeError: the neuron core is locked (in use) by another model/process",
+        "infrastructure",
+    ),
+    ("compile", "RuntimeError: nrt_load failed: NRT_LOAD_NOT_ENOUGH_NC", "infrastructure"),
+    (
+        "compile",
+        "RuntimeError: Failed to allocate enough NCs for loading a NEFF",
+        "infrastructure",
+    ),
+    ("generate", "RuntimeError: execution failed: NRT_EXEC_HW_ERR_HBM_UE (1201)", "infrastructure"),
+    (
+        "generate",
+        "RuntimeError: execution failed: NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE (1205)",
+        "infrastructure",
+    ),
+    ("generate", "RuntimeError: execution failed: NRT_EXEC_HW_ERR_DMA_ABORT", "infrastructure"),
+    (
+        "generate",
+        "RuntimeError: A DMA engine encountered an unrecoverable error.",
+        "infrastructure",
+    ),
+    # the runtime's hardware-error log line (neuron-runtime/nrt-troubleshoot.rst)
+    (
+        "generate",
+        "NEURON_HW_ERR=SRAM_UNCORRECTABLE_ERROR instance-id=i-0592464924bd45322 nd-id=0 nc-id=0 "
+        "action=TERMINATE_INSTANCE",
+        "infrastructure",
+    ),
+    # TorchNeuron's allocator on a runtime allocation failure (quoted by a review of its source;
+    # not in a public page: docs/trainium.md lists it as unconfirmed)
+    (
+        "generate",
+        "RuntimeError: NRT allocation failed for 2147483648 bytes on neuron:0 (OOM)",
+        "out-of-memory",
+    ),
     # TorchNeuron's process group: more than one core visible to a worker
     (
         "setup",
@@ -572,5 +615,191 @@ def test_documented_neuron_messages_are_classified(stage: str, message: str, exp
     assert runner.classify(stage, RuntimeError(message)) == expected
 
 
+@pytest.mark.parametrize("stage", ["compile", "generate"])
+def test_a_message_that_only_names_a_neff_file_is_not_a_compile_error(stage: str) -> None:
+    """A NEFF is the compiled program; a failure that mentions one (reading a cached file,
+    loading a finished executable) is not the compiler's."""
+    error = PermissionError("[Errno 13] Permission denied: '/var/cache/neff/3f/a2/3fa2.neff'")
+    assert runner.classify(stage, error) == "runtime"
+
+
 def test_the_error_classes_used_are_in_the_vocabulary() -> None:
     assert {expected for _, _, expected in NEURON_MESSAGES} <= set(runner.ERROR_CLASSES)
+
+
+# --------------------------------------------------------------------------- node preflight
+
+
+def _facts(**changes: Any) -> runner.NodeFacts:
+    """A trn2 node that passes every check; each test breaks one thing."""
+    healthy = runner.NodeFacts(
+        device_files={"/dev/neuron0": None, "/dev/neuron1": None},
+        versions={"torch": "2.14.0", "torch-neuronx": "2.14.3.0", "neuronx-cc": "2.28.7631.0+ab12"},
+        driver_version="2.26.5.0",
+        environ={"NEURON_RT_VISIBLE_CORES": "4-5"},
+        lnc_file_text=None,
+        instance="trn2.48xlarge",
+        cache_dir_problem=None,
+    )
+    return dataclasses.replace(healthy, **changes)
+
+
+def _failed(facts: runner.NodeFacts) -> dict[str, str]:
+    return {c.name: c.detail for c in runner.node_checks(facts, uid=1000) if not c.ok}
+
+
+def test_a_healthy_node_passes_every_check() -> None:
+    checks = runner.node_checks(_facts(), uid=1000)
+    assert [c.name for c in checks] == [
+        "device files",
+        "versions",
+        "cores and LNC",
+        "compile cache folder",
+    ]
+    assert all(c.ok for c in checks)
+    details = " ".join(c.detail for c in checks)
+    assert "NEURON_RT_VISIBLE_CORES=4-5 (2 cores)" in details
+    assert "LNC 2 (default for trn2)" in details
+    assert "neuron driver 2.26.5.0" in details
+
+
+@pytest.mark.parametrize(
+    ("changes", "check", "says"),
+    [
+        ({"device_files": {}}, "device files", "no /dev/neuron* device"),
+        (
+            {"device_files": {"/dev/neuron0": None, "/dev/neuron1": "permission denied"}},
+            "device files",
+            "/dev/neuron1 cannot be used by uid 1000: permission denied (1 of 2 devices)",
+        ),
+        (
+            {"versions": {"torch": "2.14.0", "torch-neuronx": None, "neuronx-cc": "2.28.7631.0"}},
+            "versions",
+            "torch-neuronx missing",
+        ),
+        (
+            {"versions": {"torch": "2.9.0", "torch-neuronx": "2.9.0.2.11", "neuronx-cc": "2.26.1"}},
+            "versions",
+            "PyTorch/XLA library",
+        ),
+        (
+            {"environ": {"NEURON_RT_VISIBLE_CORES": "5-4"}},
+            "cores and LNC",
+            "descending range",
+        ),
+        (
+            {"environ": {"NEURON_LOGICAL_NC_CONFIG": "4"}},
+            "cores and LNC",
+            "only 1 and 2 are supported",
+        ),
+        ({"instance": None}, "cores and LNC", "logical NeuronCore size is unknown"),
+        (
+            {"cache_dir_problem": "/var/cache is not writable by uid 1000"},
+            "compile cache folder",
+            "/tmp/neff_cache: /var/cache is not writable",
+        ),
+    ],
+)
+def test_each_preflight_check_names_what_is_wrong(changes: dict, check: str, says: str) -> None:
+    failed = _failed(_facts(**changes))
+    assert list(failed) == [check]
+    assert says in failed[check]
+
+
+def test_the_torchneuron_check_refuses_a_failed_import_and_the_xla_library() -> None:
+    assert not runner.check_torchneuron("ImportError: libnrt.so.1", False, [], None).ok
+    xla = runner.check_torchneuron(None, False, ["inductor"], "2.9.0.2.11")
+    assert not xla.ok and "PyTorch/XLA" in xla.detail
+    assert runner.check_torchneuron(None, True, ["inductor", "neuron"], "2.14.3.0").ok
+
+
+def test_the_facts_of_this_machine_fail_the_device_check(tmp_path: Path) -> None:
+    """This CPU machine has no Neuron device; the folder checks read the real filesystem."""
+    facts = runner.node_facts()
+    assert facts.device_files == {}
+    assert runner.writable_dir_problem(str(tmp_path / "new" / "cache")) is None
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.getuid() != 0:  # root writes anywhere
+        assert "not writable" in (runner.writable_dir_problem(str(locked / "cache")) or "")
+    (tmp_path / "file").write_text("x")
+    assert "is not a folder" in (runner.writable_dir_problem(str(tmp_path / "file" / "c")) or "")
+
+
+def test_a_node_that_fails_preflight_is_an_infrastructure_error_naming_the_check(
+    native_torch_neuronx: FakeNeuronDevice, clean_neuron_env: None
+) -> None:
+    """TorchNeuron imports here (a fake) but the machine has no Neuron device: the run stops in
+    setup before any model is loaded, and the record says which check failed."""
+    doc = runner.execute(runner.RunContext(_config()))
+    assert (doc["result"], doc["error_class"], doc["stage"]) == ("ERROR", "infrastructure", "setup")
+    assert "node preflight check 'device files' failed" in doc["error"]
+    assert native_torch_neuronx.calls == []  # nothing was allocated on the device
+    ResultDocument.model_validate(doc)
+
+
+# --------------------------------------------------------------------------- runtime device memory
+
+
+def _sysfs(root: Path, usage: dict[tuple[int, int, str], int]) -> Path:
+    """The driver's sysfs as the Neuron sysfs user guide lays it out: a counter folder per
+    category with total (current use), present (last change) and peak."""
+    for (device, core, category), total in usage.items():
+        counter = (
+            (root / f"neuron{device}" / f"neuron_core{core}" / "stats" / "memory_usage")
+            / "device_mem"
+            / category
+        )
+        counter.mkdir(parents=True, exist_ok=True)
+        (counter / "total").write_text(f"{total}\n")
+        (counter / "present").write_text("4096\n")
+        (counter / "peak").write_text(f"{total * 2}\n")
+    for device in {d for d, _, _ in usage}:
+        (root / f"neuron{device}" / "core_count").write_text("8\n")
+        (root / f"neuron{device}" / "stats" / "hardware").mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def test_the_runtimes_device_memory_is_read_per_category_over_every_core(tmp_path: Path) -> None:
+    root = _sysfs(
+        tmp_path / "neuron_device",
+        {
+            (0, 0, "model_code"): 96 * 2**20,
+            (0, 1, "model_code"): 96 * 2**20,
+            (0, 0, "tensors"): 3 * 2**30,
+            (1, 0, "dma_rings"): 2**20,
+        },
+    )
+    assert runner.read_runtime_device_memory(str(root)) == {
+        "dma_rings": 2**20,
+        "model_code": 192 * 2**20,
+        "tensors": 3 * 2**30,
+    }
+    assert runner.read_runtime_device_memory(str(tmp_path / "absent")) == {}
+
+
+def test_the_run_records_what_the_runtime_added_beyond_the_allocator(tmp_path: Path) -> None:
+    root = tmp_path / "neuron_device"
+    _sysfs(root, {(0, 0, "runtime_memory"): 2**20, (0, 1, "tensors"): 5 * 2**20})
+    before = runner.read_runtime_device_memory(str(root))  # another run already holds these
+    _sysfs(
+        root,
+        {
+            (0, 0, "runtime_memory"): 2**20,
+            (0, 1, "tensors"): 5 * 2**20,
+            (0, 2, "model_code"): 96 * 2**20,
+            (0, 2, "model_shared_scratchpad"): 64 * 2**20,
+            (0, 2, "tensors"): 2**30,
+        },
+    )
+    total, categories = runner.runtime_memory_growth(
+        before, runner.read_runtime_device_memory(str(root))
+    )
+    assert categories == {
+        "model_code": 96 * 2**20,
+        "model_shared_scratchpad": 64 * 2**20,
+        "tensors": 2**30,
+    }
+    assert total == 2**30 + 160 * 2**20
+    assert runner.runtime_memory_growth(None, {"tensors": 1}) == (None, None)
+    assert runner.runtime_memory_growth({}, {}) == (None, None)  # no sysfs: not a Neuron machine

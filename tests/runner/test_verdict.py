@@ -241,7 +241,8 @@ def test_thresholds_come_from_the_parameters(synthetic: Synthetic) -> None:
 
 
 def test_float32_precision_defaults_per_backend_and_override() -> None:
-    assert runner.float32_precision({"float32_precision": "auto"}, "neuron") == "bf16"
+    # neuronx-cc keeps float32 matmuls float32 unless told to auto-cast (since 2.22)
+    assert runner.float32_precision({"float32_precision": "auto"}, "neuron") == "ieee"
     assert runner.float32_precision({"float32_precision": "auto"}, "cuda") == "tf32"
     assert runner.float32_precision({"float32_precision": "auto"}, "cpu") == "ieee"
     assert runner.float32_precision({"float32_precision": "ieee"}, "neuron") == "ieee"
@@ -339,3 +340,25 @@ def test_routers_of_a_mixture_of_experts_model_are_observed() -> None:
     with runner.observe_routers(dense) as seen, torch.no_grad():
         dense(input_ids=ids)
     assert seen == {}
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (None, "ieee"),
+        ("--model-type=transformer -O1", "ieee"),
+        ("--auto-cast=none", "ieee"),
+        ("--auto-cast matmult", "bf16"),
+        ("--auto-cast=matmult --auto-cast-type=tf32", "tf32"),
+        ("--auto-cast=all --auto-cast-type fp16", "tf32"),
+        ("--auto-cast=matmult --auto-cast=none", "ieee"),  # the right-most option wins
+        ("--auto-cast-type=bf16 --auto-cast=all", "bf16"),
+    ],
+)
+def test_the_neuron_baseline_follows_the_compiler_flags_in_effect(
+    flags: str | None, expected: str
+) -> None:
+    """neuronx-cc's --auto-cast / --auto-cast-type (its CLI reference) decide whether float32
+    matmuls read bfloat16 or TF32 operands; a strict run is judged strictly."""
+    assert runner.float32_precision({"float32_precision": "auto"}, "neuron", flags) == expected
+    assert runner.float32_precision({"float32_precision": "bf16"}, "neuron", flags) == "bf16"
