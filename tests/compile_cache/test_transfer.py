@@ -535,10 +535,12 @@ def test_a_missing_bucket_is_an_error_but_a_missing_folder_is_an_empty_cache(
 
 
 def test_a_transfer_past_its_deadline_is_given_up_and_recorded(tmp_path: Path) -> None:
-    from model_support.compile_cache import TransferReport, guarded
+    from model_support.compile_cache import TransferReport, guarded, transfers_left_behind
+
+    answered = threading.Event()
 
     def hangs() -> TransferReport:
-        time.sleep(3)  # a store that does not answer (the Hub's clients retry for minutes)
+        answered.wait(3)  # a store that does not answer (the Hub's clients retry for minutes)
         raise AssertionError("the caller stopped waiting long before")
 
     started = time.monotonic()
@@ -546,6 +548,14 @@ def test_a_transfer_past_its_deadline_is_given_up_and_recorded(tmp_path: Path) -
     assert time.monotonic() - started < 2
     assert report.error is not None and report.error.startswith("deadline: the push did not finish")
     assert report.prefix == PREFIX
+    assert transfers_left_behind() == ["compile-cache-push"]
+    # Let it end: a command that finds a transfer left behind exits at once (later tests
+    # run the command line in this process).
+    answered.set()
+    until = time.monotonic() + 5
+    while transfers_left_behind() and time.monotonic() < until:
+        time.sleep(0.01)
+    assert transfers_left_behind() == []
 
 
 def test_the_figures_beside_a_result_name_where_the_run_pushed(
