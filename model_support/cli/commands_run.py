@@ -366,6 +366,11 @@ def summary(record: RunRecord) -> dict[str, object]:
     }
 
 
+def _figure(value: float | None, digits: int) -> str:
+    """A figure a run may leave out (a task without a token verdict, a stage that never ran)."""
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
 def print_record(record: RunRecord) -> None:
     """A human summary of one run."""
     doc = record.document
@@ -378,8 +383,9 @@ def print_record(record: RunRecord) -> None:
     t, m, v = doc.timings, doc.memory, doc.verification
     if t.wall_time_s is not None:
         out.print(
-            f"  wall {t.wall_time_s:.2f} s (load {t.load_s:.2f} s, first generate {t.first_generate_s:.2f} s, "
-            f"steady {t.steady_generate_s:.3f} s), decode {t.decode_tokens_per_s or 0:.1f} tok/s"
+            f"  wall {t.wall_time_s:.2f} s (load {_figure(t.load_s, 2)} s, first generate "
+            f"{_figure(t.first_generate_s, 2)} s, steady {_figure(t.steady_generate_s, 3)} s), "
+            f"decode {t.decode_tokens_per_s or 0:.1f} tok/s"
         )
     if m.peak_device_memory_bytes:
         out.print(
@@ -388,7 +394,7 @@ def print_record(record: RunRecord) -> None:
     if v.passed is not None:
         out.print(
             f"  verification: exact={v.exact} mismatches={v.mismatches} near-ties={v.near_ties} "
-            f"bad={v.bad_tokens} error ratio={v.error_ratio:.2f}"
+            f"bad={v.bad_tokens} error ratio={_figure(v.error_ratio, 2)}"
         )
     if v.reason:
         out.print(f"  [red]{escape(v.reason)}[/]")

@@ -64,3 +64,27 @@ def test_a_search_that_stopped_says_why(capsys: pytest.CaptureFixture[str]) -> N
         "where: no first diverging module (not_supported): localization runs on one core; " in out
     )
     assert "this run was sharded [red]" in out
+
+
+def test_a_summary_without_some_figures_prints_them_as_missing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A verdict without an error ratio (an embeddings or classification verdict) and a run
+    whose stages left some timings unset are summarised, not a crash."""
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    document = ResultDocument(
+        model="org/embedder",
+        task="sentence-similarity",
+        result=Result.PASS,
+        verification=Verification(passed=True),
+        timings={"wall_time_s": 3.5},
+        started_at=now,
+        finished_at=now,
+    )
+    record = RunRecord(
+        run_id=new_run_id(now), document=document, run_py="", source="cli", recorded_at=now
+    )
+    print_record(record)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "error ratio=n/a" in out
+    assert "wall 3.50 s (load n/a s" in out
