@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
 # Bump whenever the build or training code changes what ends up on disk: it is part of the
 # fingerprint (the cache key), so every model is built once more, into a new folder.
-BUILDER_VERSION = 3
+BUILDER_VERSION = 4
 SEED_ATTEMPTS = 3
 """Seeds tried (the recipe's, then the next ones) before a model out of its band is an error."""
 
@@ -682,6 +682,20 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
+    """torch's global RNG seeded for one build, and restored after it.
+
+    Training draws dropout masks from the global RNG: a builder process that had built
+    another model first (the demo builds two at a time in a pool of processes) trained the
+    same recipe to different weights."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
 def _build(model: DemoModel, out: Path, corpus: str) -> None:
     """Build, train and save ``model`` into the empty directory ``out``, stamp last.
 
@@ -693,7 +707,7 @@ def _build(model: DemoModel, out: Path, corpus: str) -> None:
     quality: dict[str, Any] | None = None
     for seed in range(model.recipe.seed, model.recipe.seed + SEED_ATTEMPTS):
         seeded = replace(model, recipe=replace(model.recipe, seed=seed))
-        with _one_thread():
+        with _one_thread(), _seeded(seed):
             if model.kind in TASK_KINDS:
                 from model_support import task_fixtures
 

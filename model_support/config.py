@@ -162,7 +162,7 @@ class VerificationConfig(BaseModel):
     )
     float32_precision: Float32Precision = Field(
         Float32Precision.AUTO,
-        description="Arithmetic a float32 run's baseline reproduces: ieee (strict), tf32 or bf16 matmul operands with float32 accumulation; auto = the backend's (neuron bf16, cuda tf32, cpu ieee).",
+        description="Arithmetic a float32 run's baseline reproduces: ieee (strict), tf32 or bf16 matmul operands with float32 accumulation; auto = the backend's (neuron: ieee unless NEURON_CC_FLAGS asks for auto-casting; cuda tf32; cpu ieee).",
     )
 
 

@@ -294,12 +294,15 @@ FLOAT32_PRECISION_MEANINGS: dict[Float32Precision, str] = {
         "accumulation: TensorFloat-32 tensor cores."
     ),
     Float32Precision.BF16: (
-        "Matmul operands rounded to bfloat16, float32 accumulation: Neuron's default auto-cast."
+        "Matmul operands rounded to bfloat16, float32 accumulation: neuronx-cc's --auto-cast "
+        "matmult (its default before 2.22)."
     ),
 }
 
 FLOAT32_PRECISION_DEFAULTS: dict[Backend, Float32Precision] = {
-    Backend.NEURON: Float32Precision.BF16,
+    # neuronx-cc's --auto-cast defaults to none since 2.22 (Neuron 2.27.0); run.py reads
+    # NEURON_CC_FLAGS for a run that asks for auto-casting.
+    Backend.NEURON: Float32Precision.IEEE,
     Backend.CUDA: Float32Precision.TF32,
     Backend.CPU: Float32Precision.IEEE,
 }

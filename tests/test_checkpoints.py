@@ -320,6 +320,21 @@ def test_build_does_not_depend_on_the_callers_thread_count(tmp_path: Path) -> No
     assert digests[0] == digests[1]
 
 
+def test_a_task_model_builds_the_same_whatever_its_process_did_before(tmp_path: Path) -> None:
+    # The demo's builder processes build several models each, in whatever order the pool
+    # hands them out: training (BERT's dropout) must not depend on what ran before it.
+    import torch
+
+    digests = []
+    for state, folder in ((0, "fresh"), (1234, "after-another-build")):
+        torch.manual_seed(state)
+        torch.rand(1000)  # what an earlier build in the same process would have drawn
+        (model,) = build_demo_models(tmp_path / folder, [_quick("tiny-bert-classifier", steps=5)])
+        weights = model.require_path() / "model.safetensors"
+        digests.append(hashlib.sha256(weights.read_bytes()).hexdigest())
+    assert digests[0] == digests[1]
+
+
 def test_unknown_model_name_fails_before_building_anything(tmp_path: Path) -> None:
     dest = tmp_path / "cache"
     with pytest.raises(ValueError, match=r"unknown demo model 'tiny-gpt'.*tiny-llama"):
