@@ -302,7 +302,7 @@ def test_card_says_what_a_pass_guarantees_and_which_check_fails_a_run() -> None:
     for check in VerdictCheck:
         assert f"- `{check.value}`" in section
     assert "`failed_checks`" in section
-    assert "neuron `bf16`, cuda `tf32`, cpu `ieee`" in section
+    assert "neuron `ieee`, cuda `tf32`, cpu `ieee`" in section
     assert "(default bound 4x)" in section  # the peak bound, from VerificationConfig
 
 
