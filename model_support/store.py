@@ -1131,6 +1131,18 @@ def history_bytes(table: pa.Table) -> bytes:
     return buffer.getvalue()
 
 
+def _history_keys(table: pa.Table) -> list[tuple[str, str, str]]:
+    """Each row's (model, task, run id): the key :func:`_history_order` sorts by."""
+    return list(
+        zip(
+            table.column("model_id").to_pylist(),
+            table.column("task").to_pylist(),
+            table.column("run_id").to_pylist(),
+            strict=True,
+        )
+    )
+
+
 def _insert_rows(base: pa.Table, added: pa.Table) -> pa.Table:
     """``added`` spliced into ``base`` (both in :func:`_history_order`): the same rows in the
     same order as sorting the two together, without sorting what is already in order."""
@@ -1138,20 +1150,8 @@ def _insert_rows(base: pa.Table, added: pa.Table) -> pa.Table:
         return base
     if added.num_rows > max(1000, base.num_rows // 10):
         return _history_order(pa.concat_tables([base, added]))  # many: one sort is cheaper
-    order = list(
-        zip(
-            base.column("model_id").to_pylist(),
-            base.column("task").to_pylist(),
-            base.column("run_id").to_pylist(),
-            strict=True,
-        )
-    )
-    new = zip(
-        added.column("model_id").to_pylist(),
-        added.column("task").to_pylist(),
-        added.column("run_id").to_pylist(),
-        strict=True,
-    )
+    order = _history_keys(base)
+    new = _history_keys(added)
     pieces, start = [], 0
     for j, key in enumerate(new):
         position = bisect.bisect_left(order, key)
@@ -1243,20 +1243,8 @@ def _merge(base: pa.Table, added: pa.Table) -> pa.Table:
     if not winners:
         return base
     new = added.take(pa.array(winners, pa.int64()))  # still in the file's row order
-    order = list(
-        zip(
-            base.column("model_id").to_pylist(),
-            base.column("task").to_pylist(),
-            base.column("run_id").to_pylist(),
-            strict=True,
-        )
-    )
-    new_order = zip(
-        new.column("model_id").to_pylist(),
-        new.column("task").to_pylist(),
-        new.column("run_id").to_pylist(),
-        strict=True,
-    )
+    order = _history_keys(base)
+    new_order = _history_keys(new)
     events = sorted(
         [(bisect.bisect_left(order, k), 0, j) for j, k in enumerate(new_order)]
         + [(i, 1, -1) for i in replaced]
