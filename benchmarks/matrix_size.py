@@ -2,12 +2,12 @@
 
 Run: python benchmarks/matrix_size.py [--rows 1000 100000]. Every row is a realistic, distinct
 test: its own model, revision (a 40-hex commit), dtype, cores and prompts, so its run.py is the
-real rendered one (about 120 KB, unique in its config block); its verification holds the
+real rendered one (about 160 KB, unique in its config block); its verification holds the
 per-position figures of 3 prompts x 32 tokens drawn at random (what run.py writes; drawn once
 for a pool of VERIFICATIONS rows, more than a row group holds, so no page or dictionary sees
 one twice), its packages a realistic environment. The rows go through ``record_to_row`` once (the template) and
 differ where tests differ. Rows are written in row groups as the store writes them, streamed, so
-100,000 rows of 120 KB need no 12 GB table; each codec writes the same rows:
+100,000 rows of 190 KB need no 19 GB table; each codec writes the same rows:
 
 - before: pyarrow's defaults (snappy, 1 MiB pages), what the store wrote first;
 - zstd everywhere: zstd level 3 for every column, pages as large as a row group (the store's
