@@ -64,7 +64,9 @@ def sweep(
     ] = None,
 ) -> None:
     """Print one ModelSupportTest per model of a Hub ranking (multi-document YAML), sorted by
-    name, for clusters without the ModelSupportSweep CRD; with --estimate, what it would cost."""
+    name, for clusters without the ModelSupportSweep CRD; with --estimate, what it would cost.
+    A model whose test the API server would refuse (an id the CRD's pattern refuses) is
+    skipped with a line saying why; the others are written."""
     import yaml
 
     from model_support.operator.spec import SpecError
@@ -94,26 +96,40 @@ def sweep(
             endpoint=os.environ.get("HF_ENDPOINT"),
             token=os.environ.get("HF_TOKEN"),
         )
-        manifests = sweep_manifests(ranking, options)
+        flat = sweep_manifests(ranking, options)
     except RankingError as exc:
         raise fail(str(exc)) from exc
     except (SpecError, ValueError) as exc:
         raise fail(str(exc)) from exc
+    for skipped in flat.skipped:
+        console.print(
+            escape(
+                f"skipped {skipped.model}: the API server would refuse its test ({skipped.reason})"
+            ),
+            style="yellow",
+        )
+    tested = {m["spec"]["model"] for m in flat.manifests}
     if estimate:
         print_estimate(
-            [(m.model_id, task.value) for m in ranking.models],
+            [(m.model_id, task.value) for m in ranking.models if m.model_id in tested],
             profile=profile,
             max_cores=max_cores,
             results=results or "results",
             prices=prices,
         )
         return
+    manifests = flat.manifests
     text = yaml.safe_dump_all(manifests, sort_keys=False)
     if output is None:
         sys.stdout.write(text)
     else:
         write_output(output, text)
-        console.print(escape(f"wrote {len(manifests)} tests of sweep {name!r} to {output}"))
+        console.print(
+            escape(
+                f"wrote {len(manifests)} tests of sweep {name!r} to {output}"
+                + (f" ({len(flat.skipped)} model(s) skipped)" if flat.skipped else "")
+            )
+        )
 
 
 def check_output(output: Path, example: str) -> None:
