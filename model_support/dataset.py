@@ -461,6 +461,13 @@ COLUMNS: tuple[Column, ...] = (
         lambda s: s.doc.compile_cache.prefix if s.doc.compile_cache else None,
     ),
     Column(
+        "compile_cache_prefix_matched",
+        _BOOL,
+        "The pulled target held entries under that prefix (either spelling of neuronx-cc's "
+        "version); false: it held none for this compiler, so every graph compiled cold.",
+        lambda s: _cache_figure(s, "pull", "prefix_matched"),
+    ),
+    Column(
         "compile_cache_pulled_entries",
         _INT,
         "Complete, verified cache entries pulled before the run.",

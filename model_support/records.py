@@ -175,6 +175,11 @@ class CacheTransferFigures(BaseModel):
 
     model_config = _FORBID
 
+    prefix_matched: bool | None = Field(
+        None,
+        description="Pull: the target held entries under this compiler's prefix (either "
+        "spelling of neuronx-cc's version); false: it held none, so the run compiled cold.",
+    )
     entries: int = Field(0, description="Complete cache entries transferred.")
     bytes: int = Field(0, description="Bytes of those entries.")
     seconds: float | None = Field(None, description="Wall time of the transfer.")
