@@ -427,6 +427,13 @@ COLUMNS: tuple[Column, ...] = (
         lambda s: s.doc.compilation.graph_breaks,
     ),
     Column(
+        "timed_call_graphs",
+        _INT,
+        "Graphs compiled during the timed (second) call: 0 when the first call compiled "
+        "everything; more means it recompiled, and its timings include compiling.",
+        lambda s: s.doc.compilation.timed_call_graphs,
+    ),
+    Column(
         "compile_cache_hit",
         _BOOL,
         "Every compiled graph came from the compile cache (compile_time_s is then mostly loading); "

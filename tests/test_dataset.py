@@ -186,6 +186,14 @@ def test_the_row_says_whether_the_pulled_cache_matched_the_compiler() -> None:
     assert record_to_row(record())["compile_cache_prefix_matched"] is None  # no cache pulled
 
 
+def test_the_row_says_whether_the_timed_call_recompiled() -> None:
+    from model_support.records import Compilation
+
+    row = record_to_row(record(compilation=Compilation(graphs=9, timed_call_graphs=7)))
+    assert (row["compiled_graphs"], row["timed_call_graphs"]) == (9, 7)
+    assert record_to_row(record())["timed_call_graphs"] is None  # not measured
+
+
 def test_cpu_and_custom_backend_placement() -> None:
     cpu = record_to_row(record(backend="cpu", compile_backend=None, stack=CPU_STACK))
     assert (cpu["compiler"], cpu["compiler_version"], cpu["neuronx_cc"]) == (
