@@ -427,6 +427,13 @@ COLUMNS: tuple[Column, ...] = (
         lambda s: s.doc.compilation.graph_breaks,
     ),
     Column(
+        "timed_call_graphs",
+        _INT,
+        "Graphs compiled during the timed (second) call: 0 when the first call compiled "
+        "everything; more means it recompiled, and its timings include compiling.",
+        lambda s: s.doc.compilation.timed_call_graphs,
+    ),
+    Column(
         "compile_cache_hit",
         _BOOL,
         "Every compiled graph came from the compile cache (compile_time_s is then mostly loading); "
@@ -459,6 +466,13 @@ COLUMNS: tuple[Column, ...] = (
         _STRING,
         "The compiler prefix under that root: neuronxcc-<version> or inductor-torch-<version>.",
         lambda s: s.doc.compile_cache.prefix if s.doc.compile_cache else None,
+    ),
+    Column(
+        "compile_cache_prefix_matched",
+        _BOOL,
+        "The pulled target held entries under that prefix (either spelling of neuronx-cc's "
+        "version); false: it held none for this compiler, so every graph compiled cold.",
+        lambda s: _cache_figure(s, "pull", "prefix_matched"),
     ),
     Column(
         "compile_cache_pulled_entries",

@@ -167,6 +167,33 @@ def test_neuron_row() -> None:
     assert rows_to_table([row]).schema.equals(MATRIX_SCHEMA)
 
 
+def test_the_row_says_whether_the_pulled_cache_matched_the_compiler() -> None:
+    from model_support.records import CacheTransferFigures, CompileCacheFigures
+
+    def cache(matched: bool | None) -> CompileCacheFigures:
+        return CompileCacheFigures(
+            target="hf://buckets/aws-neuron/torch-neuronx-neff-cache",
+            prefix="neuronxcc-2.28.7631.0",
+            pull=CacheTransferFigures(prefix_matched=matched, entries=0),
+        )
+
+    cold = record_to_row(record(compile_cache=cache(False)))
+    assert (cold["compile_cache_prefix"], cold["compile_cache_prefix_matched"]) == (
+        "neuronxcc-2.28.7631.0",
+        False,
+    )
+    assert record_to_row(record(compile_cache=cache(True)))["compile_cache_prefix_matched"]
+    assert record_to_row(record())["compile_cache_prefix_matched"] is None  # no cache pulled
+
+
+def test_the_row_says_whether_the_timed_call_recompiled() -> None:
+    from model_support.records import Compilation
+
+    row = record_to_row(record(compilation=Compilation(graphs=9, timed_call_graphs=7)))
+    assert (row["compiled_graphs"], row["timed_call_graphs"]) == (9, 7)
+    assert record_to_row(record())["timed_call_graphs"] is None  # not measured
+
+
 def test_cpu_and_custom_backend_placement() -> None:
     cpu = record_to_row(record(backend="cpu", compile_backend=None, stack=CPU_STACK))
     assert (cpu["compiler"], cpu["compiler_version"], cpu["neuronx_cc"]) == (

@@ -299,6 +299,19 @@ class OperatorSettings(BaseModel):
         "default_instance_type, prices); tests' and sweeps' costs use them.",
     )
 
+    @field_validator("runner_env")
+    @classmethod
+    def _runner_env_leaves_lnc(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # The operator sets it per test, to the LNC the test was sized and placed for; a
+        # chart-wide value would run the runtime at another LNC than the cores counted.
+        if any(isinstance(e, dict) and e.get("name") == "NEURON_LOGICAL_NC_CONFIG" for e in value):
+            raise ValueError(
+                "runner.env (runnerEnv) sets NEURON_LOGICAL_NC_CONFIG, which the operator sets on each "
+                "runner from the LNC the test was sized for: remove it and set the LNC with "
+                "spec.lnc, neuron.dra.defaultLnc or the nodes' LNC label"
+            )
+        return value
+
     @field_validator("instance_prices")
     @classmethod
     def _prices_parse(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
