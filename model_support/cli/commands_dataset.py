@@ -91,15 +91,11 @@ def materialize_command(
 ) -> None:
     """Bring the matrix, the dataset card and the history up to date with the records (what
     every recorded run does; needed only for a store written before a derived file existed)."""
-    from model_support.store import ResultsStore, StoreError
+    from model_support.cli.commands_run import reading_store
+    from model_support.store import ResultsStore
 
-    try:
+    with reading_store(results):
         paths = ResultsStore(results).materialize(rebuild=rebuild)
-    except StoreError as exc:
-        from rich.markup import escape
-
-        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2) from exc
     console.print(f"materialized {len(paths) - 1} matrix file(s) and the history", highlight=False)
 
 

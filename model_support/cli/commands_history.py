@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from model_support.cli.commands_run import fail
+from model_support.cli.commands_run import fail, reading_store
 
 DEFAULT_RESULTS = "results"
 
@@ -27,9 +27,12 @@ def _load_prices(path: str | None):  # type: ignore[no-untyped-def]
 
 
 def _open(location: str):  # type: ignore[no-untyped-def]
-    from model_support.store import ResultsStore, StoreError
+    """The store at ``location``, refused when it holds no history to read: exit 2 for no
+    results at all (a wrong location is bad input, as for `results`), 1 for a store whose
+    history was never built (materialize builds it)."""
+    from model_support.store import ResultsStore
 
-    try:
+    with reading_store(location):
         store = ResultsStore(location)
         if not store.fs.exists(store.history_path()):
             if store.matrix_files():
@@ -48,12 +51,9 @@ def _open(location: str):  # type: ignore[no-untyped-def]
                     1,
                 )
             raise fail(
-                f"no results at {location!r}: run `model-support run MODEL --results "
-                f"{location}` first",
-                1,
+                f"no results at {location!r}: give the results store with --results, or first "
+                f"run `model-support run MODEL --results {location}`"
             )
-    except StoreError as exc:
-        raise fail(str(exc)) from exc
     return store
 
 
@@ -73,7 +73,9 @@ def history(
 
     store = _open(location)
     table = _load_prices(prices)
-    runs = model_history(read_history(store, model_id=model), model, task, table)
+    with reading_store(location):
+        frame = read_history(store, model_id=model)
+    runs = model_history(frame, model, task, table)
     if runs.empty:
         raise fail(
             f"no runs of {model!r}" + (f" ({task})" if task else "") + f" in {location!r}", 1
@@ -161,7 +163,8 @@ def regressions(
     error class or failed check. Markdown with reproduce commands, or --json.
 
     Exit code 0 with no regression, 3 with regressions (for CI), 1 when there is nothing to
-    compare (no results, or no model with a result on both stacks), 2 on bad input."""
+    compare (a store without a history yet, or no model with a result on both stacks), 2 on
+    bad input (no results store at --results, one that cannot be read, bad options)."""
     from model_support.history import (
         StackNotFound,
         Thresholds,
@@ -191,7 +194,8 @@ def regressions(
         )
     store = _open(location)
     table = _load_prices(prices)
-    known = read_stacks(store)
+    with reading_store(location):
+        known = read_stacks(store)
     try:
         old, new = default_pair(known) if before is None or after is None else (None, None)
         old = find_stack(before, known) if before is not None else old
@@ -201,7 +205,8 @@ def regressions(
     assert old is not None and new is not None
     if old == new:
         raise fail(f"--from and --to name the same stack ({old.label}): give two stacks")
-    frame = read_stack_runs(store, [old, new])
+    with reading_store(location):
+        frame = read_stack_runs(store, [old, new])
     report = compare(frame, old, new, thresholds, table, task=task)
     if report.compared == 0:
         raise fail(

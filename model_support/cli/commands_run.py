@@ -227,6 +227,26 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+@contextlib.contextmanager
+def reading_store(location: str, code: int = 2) -> Iterator[None]:
+    """Say in one line, and exit ``code``, when the results store at ``location`` cannot be
+    read: what the store refused (:class:`StoreError`), or the storage itself failing (no
+    credentials, access denied, its endpoint down). Anything else surfaces as itself."""
+    from model_support.storage_errors import access_failure_reason, is_store_error
+    from model_support.store import StoreError
+
+    try:
+        yield
+    except StoreError as exc:
+        raise fail(str(exc), code) from exc
+    except Exception as exc:
+        if not is_store_error(exc):
+            raise
+        raise fail(
+            f"could not read the results store {location!r}: {access_failure_reason(exc)}", code
+        ) from exc
+
+
 def build_config(
     model: str,
     *,
@@ -771,18 +791,17 @@ def results(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of rows.")] = False,
 ) -> None:
     """Show the results matrix (latest result per model and task, per stack)."""
-    from model_support.store import ResultsStore, StoreError
+    from model_support.store import ResultsStore
 
-    try:
+    with reading_store(location):
         store = ResultsStore(location)
         files = store.matrix_files()
-    except StoreError as exc:
-        raise fail(str(exc)) from exc
-    if not files:
-        raise fail(
-            f"no results at {location!r}: first run `model-support run MODEL --results {location}`"
-        )
-    frame = store.matrix(columns=RESULT_COLUMNS)
+        if not files:
+            raise fail(
+                f"no results at {location!r}: first run `model-support run MODEL --results "
+                f"{location}`"
+            )
+        frame = store.matrix(columns=RESULT_COLUMNS)
     if model:
         frame = frame[frame["model_id"].str.contains(model, case=False, regex=False)]
     if result:

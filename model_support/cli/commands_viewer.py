@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 import model_support
-from model_support.cli.commands_run import fail
+from model_support.cli.commands_run import fail, reading_store
 
 DEFAULT_RESULTS = "results"
 DEFAULT_ADDRESS = "127.0.0.1"
@@ -112,7 +112,10 @@ def register(app: typer.Typer) -> None:
             ResultsStore(results)  # the protocol is known and its filesystem installed
         except StoreLocationError as exc:
             raise fail(f"--results {results}: {exc}") from exc
-        if "://" not in results and not Path(results).is_dir():
+        if "://" in results:
+            with reading_store(results):  # credentials and endpoint, before anything starts
+                ResultsStore(results).matrix_files()
+        elif not Path(results).is_dir():
             raise fail(
                 f"--results {results} is not a directory; give a results directory (or an "
                 "fsspec URL such as hf://datasets/org/name)"

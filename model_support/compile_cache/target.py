@@ -41,6 +41,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from model_support.compile_cache.compilers import PREFIX_PATTERN, CompilerCache
 from model_support.compile_cache.errors import BadCacheTarget, LocalCacheError, TargetUnavailable
+from model_support.storage_errors import is_store_error
 
 _VERIFIED_NAME = re.compile(r"^(?P<path>.+)@(?P<sha256>[0-9a-f]{64})-(?P<size>[0-9]{1,15})$")
 _BUCKET = re.compile(r"^hf://buckets/(?P<id>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:/(?P<path>.*))?$")
@@ -359,17 +360,6 @@ class HfBucketTarget(Target):
             raise unavailable(self.uri, "delete", exc) from exc
         finally:
             self.fs.invalidate_cache(self._full(prefix))
-
-
-_STORE_ERROR_MODULES = ("httpx", "httpx2", "botocore", "aiobotocore", "aiohttp", "hf_xet", "s3fs")
-
-
-def is_store_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is the storage failing (I/O, network, the service's refusal), as opposed
-    to a bug here, which must surface as itself."""
-    if isinstance(exc, OSError | TimeoutError):
-        return True
-    return any(cls.__module__.split(".", 1)[0] in _STORE_ERROR_MODULES for cls in type(exc).__mro__)
 
 
 def unavailable(uri: str, action: str, exc: BaseException) -> TargetUnavailable:

@@ -31,7 +31,6 @@ from model_support.compile_cache.target import (
     RemoteEntry,
     ResolvedTarget,
     StoredObject,
-    is_store_error,
     local_failure,
     object_name,
     open_target,
@@ -46,6 +45,7 @@ from model_support.compile_cache.trust import (
     writable_only_by_me,
 )
 from model_support.records import CacheTransferFigures
+from model_support.storage_errors import is_store_error
 
 TRANSFER_THREADS = 8
 """Objects moved at once (each is one request; object stores answer them in parallel)."""

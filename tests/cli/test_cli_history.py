@@ -115,7 +115,7 @@ def test_regressions_refuse_unexplained_thresholds_and_unknown_stacks(
     assert unknown.exit_code == 2
     assert "no stack is named '9.9'" in unknown.output and CC_OLD in unknown.output
     empty = runner.invoke(app, ["regressions", "--results", str(tmp_path / "none")])
-    assert empty.exit_code == 1 and "no results at" in empty.output
+    assert empty.exit_code == 2 and "no results at" in empty.output  # a wrong --results
     prices = tmp_path / "prices.yaml"
     prices.write_text("prices: 3\n")
     bad = runner.invoke(app, ["regressions", "--results", location, "--prices", str(prices)])

@@ -6,7 +6,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -347,6 +349,8 @@ def test_given_cores_a_local_diffusers_pipeline_is_not_excluded() -> None:
             "expected a backend name or module:function",
         ),
         (["results", "--results", "{tmp}/results"], "first run `model-support run MODEL"),
+        (["regressions", "--results", "{tmp}/results"], "no results at"),
+        (["history", "org/a", "--results", "{tmp}/results"], "no results at"),
         (
             ["viewer", "--results", "{tmp}", "--address", "999.1.1.1"],
             "999.1.1.1 is not an IP address or a name this machine resolves",
@@ -473,3 +477,89 @@ def test_the_script_carries_when_to_localize_a_fail(
     assert read_config(result.stdout).verification.localize == "always"
     refused = runner.invoke(app, ["run", "./ckpt", "--localize", "sometimes"])
     assert refused.exit_code == 2 and "sometimes" in refused.output
+
+
+# --- a results store that cannot be read: one line that says why, exit 2 ------------------------
+
+
+class _DenyingS3(BaseHTTPRequestHandler):
+    """An S3 endpoint that refuses every request, as S3 does to credentials without access."""
+
+    def _deny(self) -> None:
+        body = b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+        self.send_response(403)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _deny
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # the refusals are the point, not noise
+
+
+@pytest.fixture(scope="module")
+def denying_s3() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _DenyingS3)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+STORE_READERS = [
+    ["results"],
+    ["regressions"],
+    ["history", "org/a"],
+    ["dataset", "materialize"],
+    ["viewer"],
+]
+
+
+@pytest.mark.parametrize("command", STORE_READERS, ids=lambda c: c[0])
+@pytest.mark.parametrize(
+    ("failure", "message"),
+    [
+        ("no-credentials", "no credentials were found for it (NoCredentialsError"),
+        ("access-denied", "access was denied (PermissionError"),
+        ("unreachable", "its endpoint did not answer"),
+    ],
+)
+def test_a_store_that_cannot_be_read_is_one_line_saying_why(
+    command: list[str],
+    failure: str,
+    message: str,
+    denying_s3: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No credentials, access denied, an endpoint down: each command that reads a results
+    store says which, for that store, in one line and exit 2; never a traceback."""
+    from s3fs import S3FileSystem
+
+    S3FileSystem.clear_instance_cache()  # a cached client would keep another case's settings
+    monkeypatch.setattr(os, "execve", _no_exec)  # the viewer must refuse before it starts
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    if failure != "no-credentials":
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    if failure == "access-denied":
+        monkeypatch.setenv("AWS_ENDPOINT_URL", denying_s3)
+    result = runner.invoke(app, [*command, "--results", "s3://bucket/results"])
+    S3FileSystem.clear_instance_cache()
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, (output, result.exception)
+    assert "could not read the results store 's3://bucket/results': " + message in output
+    assert "Traceback" not in output and output.count("error:") == 1

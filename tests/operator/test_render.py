@@ -131,8 +131,17 @@ def test_render_shows_the_status_a_test_would_get_instead(tmp_path: Path) -> Non
         manifest("custom", {"model": str(checkpoint)}),
         manifest("bad", {"model": "a/b", "cores": 4}),
         manifest("elsewhere", {"model": "a/b", "cores": 1, "results": "s3://other/x"}),
+        manifest("off-cache", {"model": "a/b", "cores": 1, "compileCache": {"source": "/etc/n"}}),
+        manifest("off-models", {"model": "/etc", "cores": 1}),
     ]
-    values = {"results": "s3://bucket/ms", "settings": {"modelVolumePaths": [str(tmp_path)]}}
+    values = {
+        "results": "s3://bucket/ms",
+        "settings": {
+            "modelVolumePaths": [str(tmp_path)],
+            "compileCacheVolumeClaim": "caches",
+            "compileCacheVolumePath": "/caches",
+        },
+    }
     result, documents = render(tmp_path, tests, values)
     assert result.exit_code == 3, result.output  # some would get no Job
     statuses = {d["metadata"]["name"]: d["status"] for d in documents}
@@ -140,6 +149,11 @@ def test_render_shows_the_status_a_test_would_get_instead(tmp_path: Path) -> Non
     assert statuses["custom"]["exclusionReason"] == "remote-code-required"
     assert statuses["bad"]["phase"] == "Invalid" and "parallelism" in statuses["bad"]["message"]
     assert "outside the stores" in statuses["elsewhere"]["message"]
+    # What the operator refuses for paths off its volumes, render refuses the same way.
+    assert statuses["off-cache"]["phase"] == "Invalid"
+    assert "not on the compile cache volume" in statuses["off-cache"]["message"]
+    assert statuses["off-models"]["phase"] == "Invalid"
+    assert "not on a model volume" in statuses["off-models"]["message"]
 
 
 def test_render_refuses_bad_values_by_name(tmp_path: Path) -> None:
