@@ -19,7 +19,7 @@ import sys
 import pandas as pd
 import streamlit as st
 
-from model_support.viewer import history_views, views
+from model_support.viewer import details, history_views, views
 from model_support.viewer.data import StackFile
 from model_support.viewer.markup import inline_code, literal
 from model_support.viewer.queries import newest_first, version_key
@@ -209,7 +209,7 @@ def main() -> None:
         placeholder="Pick a model, or click a row of the table",
     )
     if model:
-        views.details(ctx, model)
+        details.details(ctx, model)
 
     # Write the state back so the URL is a deep link to what is on screen.
     state = {

@@ -54,7 +54,8 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "verification_reason", "verification_json", "text", "texts", "prompts", "neuronx_cc", "compiler", "run_py",
     "packages", "stack", "run_id", "source", "backend", "compile_backend", "dtype", "parallelism",
     "revision", "resolved_revision", "torch", "torch_neuronx", "started_at", "finished_at",
-    "recorded_at",
+    "recorded_at", "stage", "failed_checks", "q90_ratio", "peak_ratio", "kl_ratio", "parameters",
+    "instance_type", "lnc", "device_name", "library", "library_version",
 )  # fmt: skip
 
 COMPILE_CACHE_COLUMNS: tuple[str, ...] = (

@@ -18,6 +18,7 @@ import streamlit as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared hubserver module
 from hubserver import HubServer, Repo
 
+from model_support.config import RunConfig
 from model_support.records import (
     Memory,
     ResultDocument,
@@ -27,8 +28,9 @@ from model_support.records import (
     Verification,
     new_run_id,
 )
+from model_support.script import render_script
 from model_support.store import ResultsStore
-from model_support.vocabulary import ErrorClass, ExclusionReason, Result
+from model_support.vocabulary import ErrorClass, ExclusionReason, Result, Task
 
 OLD_CC, NEW_CC = "2.27.100.0", "2.28.7631.0"
 TRANSFORMERS = "5.24.0"
@@ -55,6 +57,11 @@ RERUN = ("Qwen/Qwen3-0.6B", "text-generation", "TIMEOUT", NEW_CC)
 """An earlier run of a model on the new stack that timed out (it passed when run again)."""
 LOAD_ERROR = "OSError: gated repo google/gemma-3-1b-it requires a token"
 RUN_PY = "#!/usr/bin/env python3\n# model-support run.py for {model}\nCONFIG = {{'model': '{model}'}}\nprint('hello')\n"
+
+
+def rendered_run_py(model: str, task: str) -> str:
+    """The run.py model-support renders for ``model`` (the runner with its config block)."""
+    return render_script(RunConfig(model=model, task=Task(task)))
 
 
 def make_record(
@@ -113,7 +120,7 @@ def make_record(
     return RunRecord(
         run_id=new_run_id(when),
         document=document,
-        run_py=RUN_PY.format(model=model),
+        run_py=rendered_run_py(model, task),
         source="cli",
         exclusion_reason=ExclusionReason.TOO_LARGE if state == Result.EXCLUDED else None,
         recorded_at=when + timedelta(minutes=4),
