@@ -165,6 +165,7 @@ def main() -> None:
         hub_endpoint=hub_endpoint,
     )
     view = next(k for k, v in VIEWS.items() if v == label)
+    views.device_note(ctx)
     st.header(label)
     table: pd.DataFrame | None = None
     if view == "selected":

@@ -15,7 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from model_support.selection import SelectionError, load_selected
-from model_support.viewer import queries
+from model_support.viewer import formatting, queries
 from model_support.viewer.data import (
     StackFile,
     ViewerDataError,
@@ -26,6 +26,8 @@ from model_support.viewer.markup import inline_code, literal
 from model_support.vocabulary import Result, Task
 
 if TYPE_CHECKING:
+    from streamlit.elements.lib.column_types import ColumnConfig
+
     # Imported where used: the Hub client and altair cost a second or two of a fresh server's
     # first page, and only the ranking and chart views need them.
     from model_support.ranking_snapshots import RankingSnapshot
@@ -168,18 +170,41 @@ def show_sweep(ctx: Context, task: str, frame: pd.DataFrame, *, heading: bool = 
 # Tables
 
 
-def show_table(table: pd.DataFrame, key: str) -> str | None:
-    """Draw a results table with row selection; returns the model of a newly selected row."""
-    config = {
+NUMBER_FORMATS: dict[str, tuple[str, str | None]] = {
+    "wall time (s)": ("localized", "Load + compile + generate, in seconds"),
+    "wall time before (s)": ("localized", None),
+    "wall time after (s)": ("localized", None),
+    "peak device memory (GiB)": ("localized", None),
+    "downloads": ("localized", None),
+    "trending score": ("localized", None),
+    "parameters": ("compact", "Parameter count (k: thousand, M: million, B: billion)"),
+}
+"""How a table's number columns are written: with the reader's thousands separators (the unit is
+in the column's name), parameter counts compact (1.2M, never rounded to 0)."""
+
+
+def table_config(table: pd.DataFrame) -> dict[str, ColumnConfig]:
+    """The column configuration of a results table: widths, number formats, help."""
+    config: dict[str, ColumnConfig] = {
         "model": st.column_config.TextColumn("model", width="medium"),
         "result": st.column_config.TextColumn("result", width="small"),
-        "wall time (s)": st.column_config.NumberColumn(
-            "wall time (s)", help="Load + compile + generate", format="%.1f"
-        ),
-        "peak device memory (GiB)": st.column_config.NumberColumn(
-            "peak device memory (GiB)", format="%.2f"
-        ),
     }
+    for name, (number_format, help_text) in NUMBER_FORMATS.items():
+        if name in table.columns:
+            config[name] = st.column_config.NumberColumn(
+                name,
+                help=help_text,
+                format=number_format,  # type: ignore[arg-type]
+            )
+    return config
+
+
+def show_table(table: pd.DataFrame, key: str) -> str | None:
+    """Draw a results table with row selection (its row count above it, blanks where a value is
+    missing); returns the model of a newly selected row."""
+    st.caption(f"{len(table):,} row{'' if len(table) == 1 else 's'}")
+    config = table_config(table)
+    table = formatting.blank_missing(table)
     if len(table) > DICTIONARY_ABOVE_ROWS:
         # Few distinct values: sent as Arrow dictionaries, the page's largest message shrinks by
         # almost half (it is serialized and hashed on every rerun).
@@ -309,8 +334,12 @@ def view_triage(ctx: Context) -> pd.DataFrame:
     if groups.empty:
         st.success("No failures on this stack.")
         return pd.DataFrame(columns=["model"])
+    st.caption(
+        f"{len(groups):,} group{'' if len(groups) == 1 else 's'} of "
+        f"{int(groups['count'].sum()):,} failures"
+    )
     st.dataframe(
-        groups,
+        formatting.blank_missing(groups),
         hide_index=True,
         column_config={
             "signature": st.column_config.TextColumn(width="large"),
@@ -323,6 +352,25 @@ def view_triage(ctx: Context) -> pd.DataFrame:
     )
     models = queries.models_with_signature(frame, signature) if signature else []
     return pd.DataFrame({"model": models})
+
+
+DEVICE_NAMES = {"neuron": "Trainium", "cpu": "CPU", "cuda": "CUDA"}
+
+
+def device_note(ctx: Context) -> None:
+    """Say so when the current stack's results did not run on Trainium (CPU or CUDA runs show
+    whether a model runs unmodified through torch.compile, not Trainium's figures)."""
+    if ctx.current is None:
+        return
+    backends = sorted({b for b in read(ctx, [ctx.current], ("backend",))["backend"].dropna()})
+    if not backends or "neuron" in backends:
+        return
+    names = ", ".join(DEVICE_NAMES.get(b, b) for b in backends)
+    st.info(
+        f"These results ran on {literal(names)} ({literal(ctx.current.compiler_label)}), not on "
+        "Trainium: they say whether each model runs unmodified through torch.compile there; "
+        "their times and memory are not Trainium's."
+    )
 
 
 def stack_label(f: StackFile) -> str:

@@ -10,77 +10,16 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from streamlit.testing.v1 import AppTest
-from viewer_support import NEW_CC, START, make_record
+from viewer_support import NEW_CC, POSITIONS, TRACEBACK
 
-from model_support.records import RunRecord, Verification
-from model_support.store import ResultsStore
 from model_support.viewer.failures import token_table
-from model_support.vocabulary import ErrorClass, Result
 
 APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
-TRACEBACK = 'Traceback (most recent call last):\n  File "run.py", line 812, in compile\nRuntimeError: SBUF overflow'
-POSITIONS = [
-    {"prompt": 0, "position": 0, "token": 11, "reference_token": 11, "margin": 0.0, "verdict": "match"},
-    {"prompt": 0, "position": 1, "token": 4242, "reference_token": 17, "margin": 2.5, "verdict": "bad"},
-    {"prompt": 0, "position": 2, "token": 9, "reference_token": 10, "margin": 0.01, "verdict": "near-tie"},
-]  # fmt: skip
-FAIL_VERDICT = Verification(
-    passed=False,
-    exact=False,
-    failed_checks=["tokens", "median"],
-    error_ratio=8.6,
-    q90_ratio=2.0,
-    mismatches=2,
-    near_ties=1,
-    bad_tokens=1,
-    first_mismatch=1,
-    reason="tokens: prompt 0 token 1: generated 4242 but the reference prefers 17",
-    parameters={"max_error_ratio": 3.0, "max_q90_ratio": 3.5, "max_peak_ratio": 4.0},
-    positions=POSITIONS,
-)
-
-
-def _on(record: RunRecord, **changes: object) -> RunRecord:
-    return record.model_copy(update={"document": record.document.model_copy(update=changes)})
-
-
-@pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A Trainium FAIL, ERROR and EXCLUDED, a CPU PASS, and a model on an older stack only."""
-    root = tmp_path_factory.mktemp("details")
-    store = ResultsStore(str(root))
-    failed = make_record("org/fails", "text-generation", "FAIL", NEW_CC, START)
-    stack = failed.document.stack.model_copy(update={"instance_type": "trn2.48xlarge", "lnc": 2})
-    store.add(_on(failed, verification=FAIL_VERDICT, stack=stack, cores=4, parameters=1_234_567))
-    errored = make_record("org/errors", "text-generation", "TIMEOUT", NEW_CC, START)
-    store.add(
-        _on(
-            errored,
-            result=Result.ERROR,
-            error_class=ErrorClass.COMPILE,
-            error="neuronx-cc failed: SBUF overflow",
-            traceback=TRACEBACK,
-            stage="compile",
-        )
-    )
-    store.add(make_record("org/too-large", "text-generation", "EXCLUDED", NEW_CC, START))
-    cpu = make_record("org/on-cpu", "text-generation", "PASS", NEW_CC, START)
-    store.add(
-        _on(
-            cpu,
-            backend="cpu",
-            compile_backend="inductor",
-            stack=cpu.document.stack.model_copy(update={"neuronx_cc": None, "torch_neuronx": None}),
-        )
-    )
-    store.add(make_record("org/older", "text-generation", "PASS", "2.27.100.0", START))
-    store.materialize()
-    return root
 
 
 @pytest.fixture
-def page(results: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str) -> AppTest:
-    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(results))
+def page(explained_dataset: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str) -> AppTest:
+    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(explained_dataset))
     monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", dead_hub)
     at = AppTest.from_file(APP, default_timeout=30)
     at.query_params["view"] = "all"
@@ -213,10 +152,10 @@ def test_an_excluded_model_says_why_and_offers_no_reproduce(page: AppTest) -> No
 
 
 def test_a_malformed_json_field_does_not_hide_the_rest(
-    results: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str
+    explained_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str
 ) -> None:
     copy = tmp_path / "results"
-    shutil.copytree(results, copy)
+    shutil.copytree(explained_dataset, copy)
     [path] = [p for p in (copy / "data").glob("*.parquet") if "2.28" in p.name]
     table = pq.read_table(path)
     column = table.column("verification_json").to_pylist()

@@ -174,6 +174,75 @@ def _fresh_streamlit_caches() -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Runs that did not pass, each with what explains it, and a CPU run.
+
+TRACEBACK = 'Traceback (most recent call last):\n  File "run.py", line 812, in compile\nRuntimeError: SBUF overflow'
+POSITIONS = [
+    {"prompt": 0, "position": 0, "token": 11, "reference_token": 11, "margin": 0.0, "verdict": "match"},
+    {"prompt": 0, "position": 1, "token": 4242, "reference_token": 17, "margin": 2.5, "verdict": "bad"},
+    {"prompt": 0, "position": 2, "token": 9, "reference_token": 10, "margin": 0.01, "verdict": "near-tie"},
+]  # fmt: skip
+FAIL_VERDICT = Verification(
+    passed=False,
+    exact=False,
+    failed_checks=["tokens", "median"],
+    error_ratio=8.6,
+    q90_ratio=2.0,
+    mismatches=2,
+    near_ties=1,
+    bad_tokens=1,
+    first_mismatch=1,
+    reason="tokens: prompt 0 token 1: generated 4242 but the reference prefers 17",
+    parameters={"max_error_ratio": 3.0, "max_q90_ratio": 3.5, "max_peak_ratio": 4.0},
+    positions=POSITIONS,
+)
+
+
+def _on(record: RunRecord, **changes: object) -> RunRecord:
+    return record.model_copy(update={"document": record.document.model_copy(update=changes)})
+
+
+def build_explained_dataset(root: Path) -> None:
+    """A Trainium FAIL, ERROR, EXCLUDED and PASS, a CPU PASS, and a model on an older stack only."""
+    store = ResultsStore(str(root))
+    failed = make_record("org/fails", "text-generation", "FAIL", NEW_CC, START)
+    stack = failed.document.stack.model_copy(update={"instance_type": "trn2.48xlarge", "lnc": 2})
+    store.add(_on(failed, verification=FAIL_VERDICT, stack=stack, cores=4, parameters=1_234_567))
+    errored = make_record("org/errors", "text-generation", "TIMEOUT", NEW_CC, START)
+    store.add(
+        _on(
+            errored,
+            result=Result.ERROR,
+            error_class=ErrorClass.COMPILE,
+            error="neuronx-cc failed: SBUF overflow",
+            traceback=TRACEBACK,
+            stage="compile",
+        )
+    )
+    store.add(make_record("org/too-large", "text-generation", "EXCLUDED", NEW_CC, START))
+    store.add(make_record("org/passes", "text-generation", "PASS", NEW_CC, START))
+    cpu = make_record("org/on-cpu", "text-generation", "PASS", NEW_CC, START)
+    store.add(
+        _on(
+            cpu,
+            backend="cpu",
+            compile_backend="inductor",
+            stack=cpu.document.stack.model_copy(update={"neuronx_cc": None, "torch_neuronx": None}),
+        )
+    )
+    store.add(make_record("org/older", "text-generation", "PASS", "2.27.100.0", START))
+    store.materialize()
+
+
+@pytest.fixture(scope="session")
+def explained_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The results of build_explained_dataset (read-only use)."""
+    root = tmp_path_factory.mktemp("explained")
+    build_explained_dataset(root)
+    return root
+
+
+# ---------------------------------------------------------------------------------------------
 # The Hub: tests/hubserver.py's stand-in, listing these models (GET /api/models).
 
 HUB_MODELS = [
