@@ -7,6 +7,7 @@ chosen results location, stack and filters. Data comes through the cached reader
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from datetime import UTC
 from typing import TYPE_CHECKING
@@ -18,9 +19,11 @@ from model_support.selection import SelectionError, load_selected
 from model_support.viewer import formatting, queries
 from model_support.viewer.data import (
     StackFile,
+    UnreadableFile,
     ViewerDataError,
     list_stack_files,
-    read_columns,
+    read_columns_reporting,
+    unlisted_data_files,
 )
 from model_support.viewer.markup import inline_code, literal
 from model_support.vocabulary import Result, Task
@@ -77,9 +80,11 @@ class Context:
 
 
 @st.cache_data(ttl=FILE_LIST_TTL_S, show_spinner=False)
-def stack_files(results_uri: str) -> list[StackFile]:
-    """The dataset's matrix files (re-listed at most every FILE_LIST_TTL_S seconds)."""
-    return list_stack_files(results_uri)
+def stack_files(results_uri: str) -> tuple[list[StackFile], list[UnreadableFile]]:
+    """The dataset's matrix files, and the Parquet files under data/ that are not readable
+    matrix files (re-listed at most every FILE_LIST_TTL_S seconds)."""
+    files = list_stack_files(results_uri)
+    return files, unlisted_data_files(results_uri, files)
 
 
 # A resource cache (no copy on each use, unlike cache_data): frames are never modified in place
@@ -90,9 +95,29 @@ def _read(
     files: tuple[tuple[str, str], ...],
     columns: tuple[str, ...],
     model_id: str | None,
-) -> pd.DataFrame:
+) -> tuple[pd.DataFrame, list[UnreadableFile]]:
     # ``files`` carries (path, fingerprint): a changed file is a new cache key.
-    return read_columns(results_uri, [path for path, _ in files], columns, model_id=model_id)
+    return read_columns_reporting(
+        results_uri, [path for path, _ in files], columns, model_id=model_id
+    )
+
+
+REPORTED_KEY = "_reported-files"
+"""Session state: the unreadable files already reported in this run of the page."""
+
+
+def report_unreadable(unreadable: list[UnreadableFile]) -> None:
+    """One warning per unreadable file per run of the page: what it is, why, and what to do."""
+    reported: set[str] = st.session_state.setdefault(REPORTED_KEY, set())
+    for bad in unreadable:
+        if bad.path in reported:
+            continue
+        reported.add(bad.path)
+        st.warning(
+            f"Left out {inline_code(bad.path)}: {literal(bad.reason)}. The other files are "
+            "shown; rebuild the matrix from the records with "
+            "`model-support dataset materialize --rebuild`."
+        )
 
 
 def read(
@@ -101,8 +126,13 @@ def read(
     columns: tuple[str, ...],
     model_id: str | None = None,
 ) -> pd.DataFrame:
-    """Only ``columns`` of ``files`` (cached by path + fingerprint)."""
-    return _read(ctx.results_uri, tuple((f.path, f.fingerprint) for f in files), columns, model_id)
+    """Only ``columns`` of ``files`` (cached by path + fingerprint); a file that cannot be read
+    is left out and reported."""
+    frame, unreadable = _read(
+        ctx.results_uri, tuple((f.path, f.fingerprint) for f in files), columns, model_id
+    )
+    report_unreadable(unreadable)
+    return frame
 
 
 def current_frame(ctx: Context, columns: tuple[str, ...]) -> pd.DataFrame:
@@ -352,6 +382,17 @@ def view_triage(ctx: Context) -> pd.DataFrame:
     )
     models = queries.models_with_signature(frame, signature) if signature else []
     return pd.DataFrame({"model": models})
+
+
+def no_results_message(results_uri: str) -> str:
+    """What an empty results location says, in every view: that it is empty, and how to fill it."""
+    option = f" --results {shlex.quote(results_uri)}" if results_uri != "results" else ""
+    return (
+        f"No results yet under {inline_code(results_uri)}. "
+        f"{inline_code(f'model-support demo{option}')} tests a few tiny models on this machine and "
+        f"records them here; "
+        f"{inline_code(f'model-support run ORG/NAME{option}')} tests one model from the Hub."
+    )
 
 
 DEVICE_NAMES = {"neuron": "Trainium", "cpu": "CPU", "cuda": "CUDA"}
