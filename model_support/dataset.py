@@ -427,6 +427,13 @@ COLUMNS: tuple[Column, ...] = (
         lambda s: s.doc.compilation.graph_breaks,
     ),
     Column(
+        "timed_call_graphs",
+        _INT,
+        "Graphs compiled during the timed (second) call: 0 when the first call compiled "
+        "everything; more means it recompiled, and its timings include compiling.",
+        lambda s: s.doc.compilation.timed_call_graphs,
+    ),
+    Column(
         "compile_cache_hit",
         _BOOL,
         "Every compiled graph came from the compile cache (compile_time_s is then mostly loading); "
@@ -459,6 +466,13 @@ COLUMNS: tuple[Column, ...] = (
         _STRING,
         "The compiler prefix under that root: neuronxcc-<version> or inductor-torch-<version>.",
         lambda s: s.doc.compile_cache.prefix if s.doc.compile_cache else None,
+    ),
+    Column(
+        "compile_cache_prefix_matched",
+        _BOOL,
+        "The pulled target held entries under that prefix (either spelling of neuronx-cc's "
+        "version); false: it held none for this compiler, so every graph compiled cold.",
+        lambda s: _cache_figure(s, "pull", "prefix_matched"),
     ),
     Column(
         "compile_cache_pulled_entries",
@@ -747,26 +761,68 @@ def matrix_row_group_rows(table: pa.Table) -> int:
     return max(64, min(table.num_rows, MATRIX_ROW_GROUP_BYTES // row_bytes))
 
 
-MATRIX_WRITE_OPTIONS: dict[str, Any] = {
-    "compression": "zstd",
-    "compression_level": 3,
-    "data_page_size": MATRIX_ROW_GROUP_BYTES,
-}
-"""How matrix files are encoded. Every row holds its whole run.py (~120 KB: the same harness
-text but for the config block), and snappy's 64 KB window never sees the previous row's copy:
-53-87 KB per row. zstd's window (2 MiB at level 3) with data pages as large as a row group sees
-the rows before it in the page, so a repeated run.py costs a few hundred bytes
-(benchmarks/matrix_size.py). zstd is one of Parquet's standard codecs: pandas, pyarrow, DuckDB
-and datasets.load_dataset read it."""
+MATRIX_ZSTD_COLUMNS: tuple[str, ...] = ("run_py", "verification_json")
+"""The matrix columns written with zstd; every other column is snappy. Every row holds its whole
+run.py (~160 KB: the same harness text but for the config block), and snappy's 64 KB window
+never sees the previous row's copy: 53-87 KB per row. zstd's window (2 MiB at level 3) with data
+pages as large as a row group sees the rows before it in the page, so a repeated run.py costs
+under 1 KB; the verification JSON (per-position figures, unique to each row) takes half
+snappy's bytes. The columns the viewer's lists read stay snappy, cheaper to decode than zstd
+(zstd everywhere read them 1.1-1.4x slower), so the list and triage reads are as fast as
+before run.py was compressed across rows (benchmarks/matrix_size.py,
+benchmarks/viewer_scale.py --compare-codecs). Both are standard Parquet codecs, chosen per
+column chunk: pandas, pyarrow, DuckDB and datasets.load_dataset read such files."""
+
+MATRIX_ZSTD_LEVEL = 3
+"""zstd's level for MATRIX_ZSTD_COLUMNS (zstd's default). Over 1,000 realistic rows level 1 took
+4.63 KB a row against 4.68 and 0.23 s of CPU to write against 0.28, but its window (512 KiB for
+inputs this large, against 2 MiB) holds only three of today's 158 KB run.py copies, and a
+run.py it cannot see back to costs its whole compressed size again; level 6 took 4.35 KB a row
+for twice the write time."""
+
+
+def matrix_write_options(schema: pa.Schema) -> dict[str, Any]:
+    """pyarrow's Parquet writer options for a matrix table of ``schema``: zstd for
+    MATRIX_ZSTD_COLUMNS, snappy for the rest, data pages as large as a row group.
+
+    Per-column codecs are keyed by Parquet leaf paths (a list column ``packages`` is
+    ``packages.list.element``), and a column the mapping leaves out would be written
+    uncompressed, so the paths are taken from the schema pyarrow writes for ``schema``.
+    """
+    paths = _parquet_leaf_paths(schema)
+    return {
+        "compression": {
+            path: "zstd" if path in MATRIX_ZSTD_COLUMNS else "snappy" for path in paths
+        },
+        "compression_level": {
+            path: MATRIX_ZSTD_LEVEL for path in paths if path in MATRIX_ZSTD_COLUMNS
+        },
+        "data_page_size": MATRIX_ROW_GROUP_BYTES,
+    }
+
+
+def _parquet_leaf_paths(schema: pa.Schema) -> list[str]:
+    import io
+
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_metadata(schema, buffer)
+    buffer.seek(0)
+    parquet_schema = pq.read_metadata(buffer).schema
+    return [parquet_schema.column(i).path for i in range(len(parquet_schema))]
 
 
 def write_matrix(table: pa.Table, where: Any) -> None:
     """Write a matrix table (a file path or a binary file object) as every matrix file is
-    written: row groups of about MATRIX_ROW_GROUP_BYTES, MATRIX_WRITE_OPTIONS."""
+    written: row groups of about MATRIX_ROW_GROUP_BYTES, matrix_write_options."""
     import pyarrow.parquet as pq
 
     pq.write_table(
-        table, where, row_group_size=matrix_row_group_rows(table), **MATRIX_WRITE_OPTIONS
+        table,
+        where,
+        row_group_size=matrix_row_group_rows(table),
+        **matrix_write_options(table.schema),
     )
 
 

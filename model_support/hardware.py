@@ -123,6 +123,39 @@ PROFILES: dict[tuple[str, int | None], HardwareProfile] = {
 
 DEFAULT_LNC = {"trn2": 2}
 
+TORCHNEURON_FAMILIES = ("trn2", "trn2u", "trn3")
+"""EC2 instance families TorchNeuron (``torch.compile(backend="neuron")``) runs on: it supports
+Trainium2 and Trainium3 only (TorchNeuron release notes; docs/trainium.md, "Instances")."""
+NEURON_FAMILIES_WITHOUT_TORCHNEURON = ("trn1", "trn1n", "inf1", "inf2")
+"""Neuron instance families whose only PyTorch path is the XLA-based torch-neuronx (2.9 and
+older), which run.py refuses: a test there could only fail, so it is not run."""
+
+
+def instance_family(instance: str) -> str:
+    """The family of an EC2 instance type (``trn1.32xlarge`` -> ``trn1``); a profile kind
+    (``trn2``, ``inf2``) is its own family."""
+    return instance.strip().lower().split(".", 1)[0]
+
+
+def torchneuron_refusal(instance: str) -> str | None:
+    """Why a TorchNeuron test cannot run on ``instance`` (an instance type or profile kind), as
+    a sentence; None when TorchNeuron supports it."""
+    family = instance_family(instance)
+    if family in TORCHNEURON_FAMILIES:
+        return None
+    if family in NEURON_FAMILIES_WITHOUT_TORCHNEURON:
+        return (
+            f"{instance} is a {family} instance, and TorchNeuron (the neuron backend, "
+            "torch.compile(backend='neuron')) supports Trn2 and Trn3 only; its PyTorch path is "
+            "the XLA-based torch-neuronx, which model-support does not test. Test it on trn2 "
+            "(or trn3) instead."
+        )
+    return (
+        f"{instance} is not a Trainium instance type ({', '.join(TORCHNEURON_FAMILIES)}), so "
+        "the neuron backend has no NeuronCores there; pick a trn2 or trn3 instance type, or "
+        "the cpu profile."
+    )
+
 
 def _host_memory_bytes() -> int:
     """Physical memory of this host (POSIX sysconf)."""

@@ -116,6 +116,21 @@ class Compilation(BaseModel):
     )
     cache: str | None = Field(None, description="Which cache: neff or inductor-fx-graph.")
     source: str | None = Field(None, description="Which API counted the graphs.")
+    cache_per_graph: bool | None = Field(
+        None,
+        description="Hits and misses were counted per compiled graph (what the cache did from "
+        "its compile to the end of its first call), not from process-wide counters.",
+    )
+    cache_entries_outside_graphs: int | None = Field(
+        None,
+        description="NEFF cache entries written outside every compiled graph (eager ops inside "
+        "generate()); not misses. Null off neuron.",
+    )
+    timed_call_graphs: int | None = Field(
+        None,
+        description="Graphs compiled during the timed (second) call: 0 when the first call "
+        "compiled everything; more means the timed figures include compiling (recompiles).",
+    )
 
 
 class PromptStatistics(BaseModel):
@@ -175,6 +190,11 @@ class CacheTransferFigures(BaseModel):
 
     model_config = _FORBID
 
+    prefix_matched: bool | None = Field(
+        None,
+        description="Pull: the target held entries under this compiler's prefix (either "
+        "spelling of neuronx-cc's version); false: it held none, so the run compiled cold.",
+    )
     entries: int = Field(0, description="Complete cache entries transferred.")
     bytes: int = Field(0, description="Bytes of those entries.")
     seconds: float | None = Field(None, description="Wall time of the transfer.")

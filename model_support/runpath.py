@@ -116,6 +116,7 @@ def prepare(
     cores: int | None = None,
     token: str | None = None,
     endpoint: str | None = None,
+    instance_type: str | None = None,
 ) -> Prepared:
     """Pin the revision, then size the test (``sizing.size_run``, the one sizing entry point):
     the config to render, or the exclusion to record. ``cores`` fixes the core count (with
@@ -136,6 +137,7 @@ def prepare(
         cores=cores,
         token=token,
         endpoint=endpoint,
+        instance_type=instance_type,
     )
     if isinstance(sized, Exclusion):
         return Prepared(config, None, sized, pinned.note)

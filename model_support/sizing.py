@@ -81,11 +81,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from model_support import hub
 from model_support.config import RunConfig
-from model_support.hardware import HardwareProfile, get_profile
+from model_support.hardware import HardwareProfile, get_profile, torchneuron_refusal
 from model_support.hub import TensorSpec
 from model_support.vocabulary import (
     GENERATING_TASKS,
     SHARDABLE_TASKS,
+    Backend,
     ExclusionReason,
     Parallelism,
     Task,
@@ -1121,15 +1122,30 @@ def size_run(
     cores: int | None = None,
     token: str | None = None,
     endpoint: str | None = None,
+    instance_type: str | None = None,
 ) -> Plan | Exclusion:
     """Size the run ``config`` describes: the one entry point of the CLI and the operator.
 
     Model, revision, task, dtype, prompts and new tokens come from ``config``, so what is sized
     is what runs (:func:`run_shape`). ``cores`` overrides the core count only (with
     ``config.parallelism``): the plan, its parameter count and checkpoint size are still read
-    from the model. Raises MetadataError (ModelNotFound) when the model cannot be read.
+    from the model. ``instance_type`` is the EC2 type the test asked for (else the profile's
+    kind): a neuron run on an instance TorchNeuron does not support (trn1, inf2) is EXCLUDED
+    (unsupported-instance) before the model is read. Raises MetadataError (ModelNotFound)
+    when the model cannot be read.
     """
     hw = get_profile(profile, lnc)
+    if config.backend == Backend.NEURON and hw.instance not in ("cpu", "cuda"):
+        # Refused before the Hub is asked anything: whatever the model, it cannot run there.
+        refusal = torchneuron_refusal(instance_type or hw.instance)
+        if refusal is not None:
+            return Exclusion(
+                model=config.model,
+                revision=config.revision,
+                reason=ExclusionReason.UNSUPPORTED_INSTANCE,
+                message=refusal,
+                profile=hw.name,
+            )
 
     def one_core(meta: ModelMetadata) -> bool:
         # The plan is made at one core when one is given, or when one fits (the smallest

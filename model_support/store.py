@@ -479,6 +479,10 @@ class ResultsStore:
         for start in range(0, len(ids), _READ_BATCH):
             yield from self._read_records(ids[start : start + _READ_BATCH], strict)
 
+    def record_count(self) -> int:
+        """How many records the store holds (one listing; no record is read)."""
+        return len(self._record_ids())
+
     def _record_ids(self) -> list[str]:
         return [n.removesuffix(".json") for n in self._names(self._path(RECORDS_DIR), ".json")]
 

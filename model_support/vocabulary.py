@@ -109,6 +109,7 @@ class ExclusionReason(StrEnum):
     GATED_WITHOUT_TOKEN = "gated-without-token"
     NO_SAFETENSORS = "no-safetensors"
     CURATED = "curated"
+    UNSUPPORTED_INSTANCE = "unsupported-instance"
 
 
 EXCLUSION_MEANINGS: dict[ExclusionReason, str] = {
@@ -119,6 +120,7 @@ EXCLUSION_MEANINGS: dict[ExclusionReason, str] = {
     ExclusionReason.GATED_WITHOUT_TOKEN: "A gated repository and no Hub token was given.",
     ExclusionReason.NO_SAFETENSORS: "Publishes no safetensors weights (pickle-only checkpoints are not loaded).",
     ExclusionReason.CURATED: "Left out of the selected list on purpose; the list gives the reason.",
+    ExclusionReason.UNSUPPORTED_INSTANCE: "Asked for an instance type TorchNeuron does not run on (it supports Trn2 and Trn3 only, not trn1 or inf2).",
 }
 
 

@@ -167,6 +167,33 @@ def test_neuron_row() -> None:
     assert rows_to_table([row]).schema.equals(MATRIX_SCHEMA)
 
 
+def test_the_row_says_whether_the_pulled_cache_matched_the_compiler() -> None:
+    from model_support.records import CacheTransferFigures, CompileCacheFigures
+
+    def cache(matched: bool | None) -> CompileCacheFigures:
+        return CompileCacheFigures(
+            target="hf://buckets/aws-neuron/torch-neuronx-neff-cache",
+            prefix="neuronxcc-2.28.7631.0",
+            pull=CacheTransferFigures(prefix_matched=matched, entries=0),
+        )
+
+    cold = record_to_row(record(compile_cache=cache(False)))
+    assert (cold["compile_cache_prefix"], cold["compile_cache_prefix_matched"]) == (
+        "neuronxcc-2.28.7631.0",
+        False,
+    )
+    assert record_to_row(record(compile_cache=cache(True)))["compile_cache_prefix_matched"]
+    assert record_to_row(record())["compile_cache_prefix_matched"] is None  # no cache pulled
+
+
+def test_the_row_says_whether_the_timed_call_recompiled() -> None:
+    from model_support.records import Compilation
+
+    row = record_to_row(record(compilation=Compilation(graphs=9, timed_call_graphs=7)))
+    assert (row["compiled_graphs"], row["timed_call_graphs"]) == (9, 7)
+    assert record_to_row(record())["timed_call_graphs"] is None  # not measured
+
+
 def test_cpu_and_custom_backend_placement() -> None:
     cpu = record_to_row(record(backend="cpu", compile_backend=None, stack=CPU_STACK))
     assert (cpu["compiler"], cpu["compiler_version"], cpu["neuronx_cc"]) == (
@@ -327,10 +354,12 @@ def test_card_says_how_every_task_is_verified() -> None:
         assert f"`{check}`" in section
 
 
-def test_matrix_files_store_the_repeated_run_py_almost_for_free(tmp_path: pathlib.Path) -> None:
-    """Every row keeps its whole run.py (~120 KB, the same harness but for its config block);
-    matrix files are written so the repetition costs next to nothing (snappy took ~55 KB a
-    row), and they still read back exactly."""
+@pytest.fixture(scope="module")
+def harness_matrix(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[pathlib.Path, list[dict[str, object]]]:
+    """A matrix file of 200 rows as the store writes it, each with its own whole run.py (the
+    same harness but for its config block), and the rows written."""
     from model_support.config import RunConfig
     from model_support.dataset import MATRIX_SCHEMA, record_to_row, write_matrix
     from model_support.script import render_script
@@ -347,7 +376,42 @@ def test_matrix_files_store_the_repeated_run_py_almost_for_free(tmp_path: pathli
             )
         )
     table = pa.Table.from_pylist(rows, schema=MATRIX_SCHEMA)
-    path = tmp_path / "matrix.parquet"
+    path = tmp_path_factory.mktemp("matrix") / "matrix.parquet"
     write_matrix(table, str(path))
+    return path, rows
+
+
+def test_matrix_files_store_the_repeated_run_py_almost_for_free(
+    harness_matrix: tuple[pathlib.Path, list[dict[str, object]]],
+) -> None:
+    """Every row keeps its whole run.py (~120 KB, the same harness but for its config block);
+    matrix files are written so the repetition costs next to nothing (snappy took ~55 KB a
+    row), and they still read back exactly."""
+    path, rows = harness_matrix
     assert path.stat().st_size / len(rows) < 5 * 1024
     assert pq.read_table(path).column("run_py").to_pylist() == [r["run_py"] for r in rows]
+
+
+def test_only_the_long_texts_pay_zstd_the_viewers_list_columns_stay_snappy(
+    harness_matrix: tuple[pathlib.Path, list[dict[str, object]]],
+) -> None:
+    """Only the long texts pay zstd's slower decoding: the columns the viewer's results list and
+    triage read are snappy in every row group, as they were before run.py was compressed across
+    rows, and no column is left uncompressed (a per-column codec missing a nested column's
+    Parquet path, e.g. ``packages.list.element``, would write it raw)."""
+    from model_support.viewer.queries import LIST_COLUMNS, TRIAGE_COLUMNS
+
+    path, _ = harness_matrix
+    metadata = pq.ParquetFile(path).metadata
+    codecs: dict[str, set[str]] = {}
+    for group in range(metadata.num_row_groups):
+        for column in range(metadata.num_columns):
+            chunk = metadata.row_group(group).column(column)
+            codecs.setdefault(chunk.path_in_schema, set()).add(chunk.compression)
+    assert codecs["run_py"] == {"ZSTD"}
+    assert codecs["verification_json"] == {"ZSTD"}
+    read_by_lists = {*LIST_COLUMNS, *TRIAGE_COLUMNS}
+    assert {name: codecs[name] for name in read_by_lists} == {
+        name: {"SNAPPY"} for name in read_by_lists
+    }
+    assert not [name for name, used in codecs.items() if "UNCOMPRESSED" in used]

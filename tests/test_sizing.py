@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -405,6 +406,47 @@ def test_the_run_is_sized_from_its_own_config(tiny_llama: tuple[Path, int]) -> N
     # More tokens: a larger cache, sized, not assumed.
     longer = size_run(config.model_copy(update={"max_new_tokens": 1000}))
     assert isinstance(longer, Plan) and longer.memory.kv_cache > plan.memory.kv_cache
+
+
+@pytest.mark.parametrize(
+    ("profile", "instance_type", "why"),
+    [
+        ("trn1", None, "trn1 instance.*Trn2 and Trn3 only"),
+        ("inf2", None, "inf2 instance.*Trn2 and Trn3 only"),
+        ("trn2", "trn1n.32xlarge", "trn1n instance.*Trn2 and Trn3 only"),
+        ("trn2", "inf2.xlarge", "inf2 instance"),
+        ("trn2", "m7i.4xlarge", "not a Trainium instance type"),
+    ],
+)
+def test_a_neuron_run_where_torchneuron_does_not_run_is_excluded(
+    tiny_llama: tuple[Path, int], profile: str, instance_type: str | None, why: str
+) -> None:
+    """TorchNeuron supports Trn2 and Trn3 only: a neuron test on trn1/inf2 (by profile or by
+    the instance type asked for) is EXCLUDED with the reason, never sized and run to fail."""
+    from model_support.config import RunConfig
+    from model_support.sizing import size_run
+    from model_support.vocabulary import Backend
+
+    config = RunConfig(model=str(tiny_llama[0]), backend=Backend.NEURON)
+    result = size_run(config, profile=profile, instance_type=instance_type)
+    assert isinstance(result, Exclusion), result
+    assert result.reason is ExclusionReason.UNSUPPORTED_INSTANCE
+    assert re.search(why, result.message), result.message
+
+
+@pytest.mark.parametrize("instance_type", [None, "trn2.3xlarge", "trn2u.48xlarge", "trn3.3xlarge"])
+def test_trainium2_and_trainium3_instances_are_sized(
+    tiny_llama: tuple[Path, int], instance_type: str | None
+) -> None:
+    from model_support.config import RunConfig
+    from model_support.sizing import size_run
+    from model_support.vocabulary import Backend
+
+    config = RunConfig(model=str(tiny_llama[0]), backend=Backend.NEURON)
+    assert isinstance(size_run(config, profile="trn2", instance_type=instance_type), Plan)
+    # Off the neuron backend a trn1 profile is only a memory budget: sized as before.
+    cpu = config.model_copy(update={"backend": Backend.CPU})
+    assert isinstance(size_run(cpu, profile="trn1"), Plan)
 
 
 def test_a_core_override_changes_only_the_core_count(tiny_llama: tuple[Path, int]) -> None:

@@ -156,6 +156,7 @@ def _compile_cache(row: pd.Series) -> None:
     figures = {
         "hits": row.get("compile_cache_hits"),
         "misses": row.get("compile_cache_misses"),
+        "prefix matched": row.get("compile_cache_prefix_matched"),
         "pulled entries": row.get("compile_cache_pulled_entries"),
         "pulled MiB": row.get("compile_cache_pulled_bytes"),
         "pull s": row.get("compile_cache_pull_s"),

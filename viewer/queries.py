@@ -61,7 +61,7 @@ DETAIL_COLUMNS: tuple[str, ...] = (
 
 COMPILE_CACHE_COLUMNS: tuple[str, ...] = (
     "compiler_version", "compile_cache_hits", "compile_cache_misses", "compile_cache_target",
-    "compile_cache_prefix", "compile_cache_pulled_entries", "compile_cache_pulled_bytes",
+    "compile_cache_prefix", "compile_cache_prefix_matched", "compile_cache_pulled_entries", "compile_cache_pulled_bytes",
     "compile_cache_pull_s", "compile_cache_pushed_entries", "compile_cache_pushed_bytes",
     "compile_cache_push_s", "compile_cache_skipped", "compile_cache_error",
 )  # fmt: skip

@@ -202,32 +202,44 @@ def load_stage(ctx: RunContext, placement: Placement) -> LoadedModel:
     return LoadedModel(processor, model, inputs, scenario.pad_token_id(processor))
 
 
-def compile_stage(ctx: RunContext, placement: Placement, loaded: LoadedModel) -> CompileCounts:
+@dataclasses.dataclass
+class CompileWatch:
+    """The compilation counters from before compiling, and the graphs compiled since."""
+
+    before: CompileCounts
+    ledger: GraphLedger
+
+
+def compile_stage(ctx: RunContext, placement: Placement, loaded: LoadedModel) -> CompileWatch:
     """Compile what the task runs on the device, then make the first call, which compiles.
 
     Static shapes (``dynamic=False``): Neuron compiles one graph per input shape. Records
-    timings.first_generate_s; returns the compilation counters from before compiling.
+    timings.first_generate_s; returns the counters from before compiling and the ledger of
+    the graphs compiled (each one's cache hit or miss).
     """
     config = ctx.config
     scenario = scenario_for(config["task"])
     before = read_compile_counts(placement.backend)
-    scenario.compile(loaded.model, placement.compile_backend)
+    ledger = GraphLedger(placement.backend.cache_probe)
+    scenario.compile(loaded.model, ledger.wrap(placement.compile_backend))
     t0 = time.perf_counter()
     with torch.no_grad():
         scenario.call(config, loaded)
     placement.backend.synchronize()
     ctx.doc["timings"]["first_generate_s"] = time.perf_counter() - t0
-    return before
+    return CompileWatch(before, ledger)
 
 
 def generate_stage(
-    ctx: RunContext, placement: Placement, loaded: LoadedModel, compile_start: CompileCounts
+    ctx: RunContext, placement: Placement, loaded: LoadedModel, compile_start: CompileWatch
 ) -> Generation:
     """The compiled model's call again, timed (generating tasks: also its first token, the
-    prefill). Records timings, what compiling took, peak device memory, tokens and text."""
+    prefill). Records timings, what compiling took (and whether this call compiled again),
+    peak device memory, tokens and text."""
     config, doc = ctx.config, ctx.doc
     scenario, backend = scenario_for(config["task"]), placement.backend
     clock = first_token_clock(backend) if scenario.generates else None
+    compiled_before = len(compile_start.ledger.graphs)
     with torch.no_grad():
         t0 = time.perf_counter()
         out = scenario.call(config, loaded, clock)
@@ -235,7 +247,12 @@ def generate_stage(
         steady_s = time.perf_counter() - t0
     prefill_s = None if clock is None or clock.at is None else clock.at - t0
     record_timings(doc["timings"], config, steady_s, prefill_s)
-    doc["compilation"] = compilation_summary(compile_start, read_compile_counts(backend))
+    doc["compilation"] = compilation_summary(
+        compile_start.before,
+        read_compile_counts(backend),
+        compile_start.ledger.graphs,
+        timed_call_graphs=len(compile_start.ledger.graphs) - compiled_before,
+    )
     peak, source = backend.peak_memory(placement.device)
     doc["memory"]["peak_device_memory_bytes"], doc["memory"]["device_memory_source"] = peak, source
     before = placement.runtime_memory_before  # None: not Neuron, sysfs is not read
@@ -1702,6 +1719,15 @@ class Backend:
         (None, None: dynamo's and inductor's counters say it)."""
         return None, None
 
+    def cache_probe(self) -> tuple[int, int | None] | None:
+        """The compile cache's counters now, read before and after each compiled graph:
+        (entries written, hits); hits None where only new entries can be seen; None where
+        there is no cache to read. Here inductor's FX graph cache counts both."""
+        from torch._dynamo.utils import counters
+
+        inductor = counters["inductor"]
+        return int(inductor["fxgraph_cache_miss"]), int(inductor["fxgraph_cache_hit"])
+
 
 class CudaBackend(Backend):
     """An NVIDIA GPU: one per rank."""
@@ -1772,6 +1798,12 @@ class NeuronBackend(Backend):
 
             return getattr(neuronxcc, "__version__", None)
         return None
+
+    def cache_probe(self):
+        # A graph TorchNeuron compiles writes one NEFF entry unless the persistent cache had it;
+        # eager ops write entries too, but never while a compiled graph compiles or first runs.
+        directory = neff_cache_dir(dict(os.environ))
+        return None if directory is None else (count_neff_entries(directory), None)
 
     def compile_counts(self):
         metrics = getattr(torch.neuron, "get_dynamo_metrics", None)
@@ -2448,6 +2480,76 @@ def neff_cache_dir(environ: dict) -> str | None:
     return environ.get("TORCH_NEURONX_NEFF_CACHE_DIR") or "/tmp/neff_cache"
 
 
+@dataclasses.dataclass
+class GraphCompile:
+    """One graph dynamo handed to the compile backend, and what the cache did for it: entries
+    written and hits counted from its compile to the end of its first call (where a backend
+    that compiles lazily compiles)."""
+
+    index: int
+    new_entries: int | None = None
+    hits: int | None = None
+
+    @property
+    def outcome(self) -> str | None:
+        """ "miss" (it wrote an entry), "hit" (it came from the cache), None (no cache seen)."""
+        if self.new_entries is None:
+            return None
+        if self.new_entries > 0:
+            return "miss"
+        if self.hits is None:  # only new entries are visible: compiled without writing one
+            return "hit"
+        return "hit" if self.hits > 0 else None  # no lookup at all (aot_eager): no verdict
+
+
+class GraphLedger:
+    """Wraps a torch.compile backend to count cache hits and misses per compiled graph.
+
+    A process-wide count of new cache entries also counts what the eager ops around the graphs
+    write (TorchNeuron caches those too), so cold and warm would not mean what they say.
+    ``probe`` is the backend's :meth:`Backend.cache_probe`.
+    """
+
+    def __init__(self, probe) -> None:
+        self.probe = probe
+        self.graphs: list[GraphCompile] = []
+
+    def wrap(self, compile_backend):
+        """A torch.compile backend that compiles with ``compile_backend`` (a registered name or
+        a callable) and records each graph it is given."""
+        if isinstance(compile_backend, str):
+            inner = torch._dynamo.lookup_backend(compile_backend)
+        else:
+            inner = compile_backend
+
+        def compile_graph(graph_module, example_inputs, **kwargs):
+            record = GraphCompile(len(self.graphs))
+            self.graphs.append(record)
+            start = self.probe()
+            compiled = inner(graph_module, example_inputs, **kwargs)
+            first = [True]
+
+            def call(*args):
+                if not first:
+                    return compiled(*args)
+                try:
+                    return compiled(*args)
+                finally:
+                    first.clear()
+                    end = self.probe()
+                    if start is not None and end is not None:
+                        record.new_entries = end[0] - start[0]
+                        if start[1] is not None and end[1] is not None:
+                            record.hits = end[1] - start[1]
+
+            # The calling convention dynamo reads from what a backend returns (boxed arguments).
+            if getattr(compiled, "_boxed_call", False):
+                call._boxed_call = True  # type: ignore[attr-defined]
+            return call
+
+        return compile_graph
+
+
 def read_compile_counts(backend: Backend) -> CompileCounts:
     """The compilation counters now: dynamo's and inductor's, and the device compiler's."""
     from torch._dynamo.utils import counters
@@ -2463,13 +2565,22 @@ def read_compile_counts(backend: Backend) -> CompileCounts:
     )
 
 
-def compilation_summary(before: CompileCounts, after: CompileCounts) -> dict:
+def compilation_summary(
+    before: CompileCounts,
+    after: CompileCounts,
+    compiled_graphs: list[GraphCompile] | None = None,
+    timed_call_graphs: int | None = None,
+) -> dict:
     """What compiling took between two readings: graphs, breaks, and whether the cache served it.
 
     On neuron a graph counts once TorchNeuron compiled it to a NEFF, and a cache miss is a new
     entry in the persistent NEFF cache; elsewhere dynamo counts graphs and inductor's FX graph
-    cache counts hits and misses. ``cache_hit`` is true when every compiled graph came from the
-    cache (compile_s is then mostly loading), null where no cache was consulted.
+    cache counts hits and misses. With ``compiled_graphs`` (a :class:`GraphLedger`'s) hits and misses
+    are counted per compiled graph, and NEFF entries written outside every graph (eager ops)
+    are counted apart, never as misses. ``cache_hit`` is true when every compiled graph came
+    from the cache (compile_s is then mostly loading), null where no cache was consulted.
+    ``timed_call_graphs``: graphs compiled during the timed (second) call, 0 when the first
+    call compiled everything.
     """
     if after.neuron_graphs is not None and before.neuron_graphs is not None:
         graphs, source = (
@@ -2491,6 +2602,15 @@ def compilation_summary(before: CompileCounts, after: CompileCounts) -> dict:
         cache = "inductor-fx-graph"
     else:
         hits = misses = cache = None
+    outcomes = [g.outcome for g in compiled_graphs or []]
+    per_graph = any(outcome is not None for outcome in outcomes)
+    outside = None
+    if per_graph:
+        hits, misses = outcomes.count("hit"), outcomes.count("miss")
+        if cache == "neff" and after.neff_entries is not None and before.neff_entries is not None:
+            written = after.neff_entries - before.neff_entries
+            outside = max(written - sum(g.new_entries or 0 for g in compiled_graphs or []), 0)
+        cache = cache or "inductor-fx-graph"
     return {
         "graphs": graphs,
         "graph_breaks": after.graph_breaks - before.graph_breaks,
@@ -2499,6 +2619,9 @@ def compilation_summary(before: CompileCounts, after: CompileCounts) -> dict:
         "cache_hit": None if hits is None else (misses == 0 and hits > 0),
         "cache": cache,
         "source": source,
+        "cache_per_graph": per_graph,
+        "cache_entries_outside_graphs": outside,
+        "timed_call_graphs": timed_call_graphs,
     }
 
 

@@ -39,6 +39,14 @@ def _open(location: str):  # type: ignore[no-untyped-def]
                     "or any new test to build it",
                     1,
                 )
+            records = store.record_count()
+            if records:
+                raise fail(
+                    f"the results at {location!r} hold {records} record(s) but no history yet "
+                    f"(never materialized): run `model-support dataset materialize --results "
+                    f"{location}` to build it",
+                    1,
+                )
             raise fail(
                 f"no results at {location!r}: run `model-support run MODEL --results "
                 f"{location}` first",
@@ -152,7 +160,8 @@ def regressions(
     dropped or compile time / peak memory grew past a threshold, and models fixed, grouped by
     error class or failed check. Markdown with reproduce commands, or --json.
 
-    Exit code 0 with no regression, 3 with regressions (for CI), 2 on bad input."""
+    Exit code 0 with no regression, 3 with regressions (for CI), 1 when there is nothing to
+    compare (no results, or no model with a result on both stacks), 2 on bad input."""
     from model_support.history import (
         StackNotFound,
         Thresholds,
@@ -194,6 +203,13 @@ def regressions(
         raise fail(f"--from and --to name the same stack ({old.label}): give two stacks")
     frame = read_stack_runs(store, [old, new])
     report = compare(frame, old, new, thresholds, table, task=task)
+    if report.compared == 0:
+        raise fail(
+            f"nothing to compare: no model{f' of task {task!r}' if task else ''} has a result "
+            f"on both {old.label} and {new.label} in {location!r}; run the same models on both "
+            "stacks (`model-support history MODEL` lists a model's runs)",
+            1,
+        )
     typer.echo(render_json(report) if as_json else render_markdown(report, location), nl=False)
     if report.regressions:
         raise typer.Exit(EXIT_REGRESSIONS)

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 from rich.markup import escape
 
@@ -29,6 +30,11 @@ def _load_yaml(path: Path, what: str) -> list[Any]:
         return [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
     except OSError as exc:
         raise _fail(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise _fail(
+            f"{what} {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+            f"{exc.start}): save it as UTF-8, as Kubernetes and Helm read it"
+        ) from exc
     except yaml.YAMLError as exc:
         raise _fail(f"{what} {path} is not valid YAML: {exc}") from exc
 
@@ -43,6 +49,47 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 
 
 _Dumper.add_representer(str, _str)
+
+
+class _Metadata(BaseModel):
+    """The metadata render reads, typed as the API server types it (it refuses other types)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str | None = None
+    namespace: str | None = None
+    uid: str | None = None
+    generation: int | None = Field(None, ge=1)
+
+
+def _problems(exc: ValidationError, prefix: str | None = None) -> str:
+    """Each problem of ``exc`` as ``field.path: what is wrong``, joined by "; "."""
+    return "; ".join(
+        f"{'.'.join([*([prefix] if prefix else []), *(str(p) for p in e['loc'])])}: "
+        + ("Input should be a mapping" if e["type"] == "model_type" else e["msg"])
+        for e in exc.errors()
+    )
+
+
+def _check_manifest(test: dict[str, Any], index: int, file: Path) -> None:
+    """Refuse a manifest the API server would refuse before the operator sees it: metadata
+    or spec that is not a mapping, metadata fields of the wrong type."""
+    from model_support.operator.resource import KIND
+
+    where = f"{file}, {KIND} #{index + 1}"
+    for part in ("metadata", "spec"):
+        if test.get(part) is not None and not isinstance(test[part], dict):
+            raise _fail(
+                f"{where}: {part} is a {type(test[part]).__name__}; it must be a mapping "
+                f"({part}: followed by indented fields)"
+            )
+    try:
+        _Metadata.model_validate(test.get("metadata") or {})
+    except ValidationError as exc:
+        raise _fail(
+            f"{where}: {_problems(exc, 'metadata')}; the API server would refuse it: fix the "
+            "manifest"
+        ) from exc
 
 
 def _uid(namespace: str, name: str) -> str:
@@ -152,29 +199,32 @@ def register(app: typer.Typer) -> None:
         """Print the ConfigMap and Job (and, with DRA, the ResourceClaimTemplate) the operator
         would create for each test (sizing included), or the status it would record instead;
         exit 3 if any would get no Job."""
-        from pydantic import ValidationError
-
         from model_support.operator.resource import API_VERSION, KIND
         from model_support.operator.settings import OperatorSettings, settings_from_values
 
         try:
             if values is not None:
                 loaded = _load_yaml(values, "values file")
+                if loaded and not isinstance(loaded[0], dict):
+                    raise _fail(
+                        f"values file {values} holds a {type(loaded[0]).__name__}; it must be "
+                        "a mapping of chart values (as the chart's values.yaml)"
+                    )
                 settings = settings_from_values(loaded[0] if loaded else {})
             else:
                 settings = OperatorSettings(results_uri=results)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-            )
-            raise _fail(f"the values do not make valid operator settings: {problems}") from exc
+            raise _fail(
+                f"the values do not make valid operator settings: {_problems(exc)}"
+            ) from exc
         except ValueError as exc:
             raise _fail(str(exc)) from exc
         tests = [d for d in _load_yaml(file, "file") if isinstance(d, dict)]
         tests = [d for d in tests if d.get("kind") == KIND]
         if not tests:
             raise _fail(f"{file} holds no {KIND} (apiVersion {API_VERSION})")
-        for test in tests:
+        for index, test in enumerate(tests):
+            _check_manifest(test, index, file)
             if test.get("apiVersion") != API_VERSION:
                 raise _fail(
                     f"{(test.get('metadata') or {}).get('name')}: apiVersion "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -63,7 +64,9 @@ def sweep(
     ] = None,
 ) -> None:
     """Print one ModelSupportTest per model of a Hub ranking (multi-document YAML), sorted by
-    name, for clusters without the ModelSupportSweep CRD; with --estimate, what it would cost."""
+    name, for clusters without the ModelSupportSweep CRD; with --estimate, what it would cost.
+    A model whose test the API server would refuse (an id the CRD's pattern refuses) is
+    skipped with a line saying why; the others are written."""
     import yaml
 
     from model_support.operator.spec import SpecError
@@ -72,6 +75,8 @@ def sweep(
 
     if sort not in RANKING_SORTS:
         raise fail(f"--sort {sort!r}: use one of {', '.join(RANKING_SORTS)}")
+    if output is not None and not estimate:
+        check_output(output, f"{name}.yaml")
     options = SweepOptions(
         name=name,
         profile=profile,
@@ -91,26 +96,78 @@ def sweep(
             endpoint=os.environ.get("HF_ENDPOINT"),
             token=os.environ.get("HF_TOKEN"),
         )
-        manifests = sweep_manifests(ranking, options)
+        flat = sweep_manifests(ranking, options)
     except RankingError as exc:
         raise fail(str(exc)) from exc
     except (SpecError, ValueError) as exc:
         raise fail(str(exc)) from exc
+    for skipped in flat.skipped:
+        console.print(
+            escape(
+                f"skipped {skipped.model}: the API server would refuse its test ({skipped.reason})"
+            ),
+            style="yellow",
+        )
+    tested = {m["spec"]["model"] for m in flat.manifests}
     if estimate:
         print_estimate(
-            [(m.model_id, task.value) for m in ranking.models],
+            [(m.model_id, task.value) for m in ranking.models if m.model_id in tested],
             profile=profile,
             max_cores=max_cores,
             results=results or "results",
             prices=prices,
         )
         return
+    manifests = flat.manifests
     text = yaml.safe_dump_all(manifests, sort_keys=False)
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text)
-        console.print(escape(f"wrote {len(manifests)} tests of sweep {name!r} to {output}"))
+        write_output(output, text)
+        console.print(
+            escape(
+                f"wrote {len(manifests)} tests of sweep {name!r} to {output}"
+                + (f" ({len(flat.skipped)} model(s) skipped)" if flat.skipped else "")
+            )
+        )
+
+
+def check_output(output: Path, example: str) -> None:
+    """Refuse an --output that could not be written (a folder, or a folder that is missing)
+    before anything is fetched."""
+    if output.is_dir():
+        raise fail(
+            f"--output {output}: that is a folder; give a file in it, e.g. {output / example}"
+        )
+    folder = output.parent
+    if not folder.is_dir():
+        state = "is a file" if folder.exists() else "does not exist"
+        raise fail(
+            f"--output {output}: its folder {folder} {state}; give a file in an existing folder"
+        )
+
+
+def write_output(output: Path, text: str) -> None:
+    """Write ``text`` to ``output`` whole or not at all: a failed write leaves what was there."""
+    temp: str | None = None
+    try:
+        handle, temp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        # The mode a plain write would give: the file's own, or the default under the umask.
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = output.stat().st_mode & 0o777 if output.exists() else 0o666 & ~umask
+        os.chmod(temp, mode)
+        os.replace(temp, output)
+        temp = None
+    except OSError as exc:
+        raise fail(
+            f"cannot write --output {output}: {exc.strerror or exc}; nothing was written"
+        ) from exc
+    finally:
+        if temp is not None:
+            Path(temp).unlink(missing_ok=True)
 
 
 def print_estimate(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -10,6 +11,7 @@ from typing import Annotated
 import typer
 
 import model_support
+from model_support.cli.commands_run import fail
 
 DEFAULT_RESULTS = "results"
 DEFAULT_ADDRESS = "127.0.0.1"
@@ -37,6 +39,24 @@ def viewer_command(
         command += ["--server.headless", "true"]
     command += ["--browser.gatherUsageStats", "false", "--", "--results", results]
     return command
+
+
+def address_problem(address: str) -> str | None:
+    """Why the viewer could not listen on ``address``, or None when it can: the name must
+    resolve and be an address of this machine (a probe binds a free port there and lets go)."""
+    try:
+        family, kind, _, _, where = socket.getaddrinfo(
+            address, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
+        return f"{address} is not an IP address or a name this machine resolves ({reason})"
+    with socket.socket(family, kind) as probe:
+        try:
+            probe.bind((where[0], 0, *where[2:]))
+        except OSError as exc:
+            return f"{address} is not an address of this machine ({exc.strerror or exc})"
+    return None
 
 
 def register(app: typer.Typer) -> None:
@@ -86,16 +106,23 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Browse results in the Streamlit viewer (selected, trending, downloads, triage, compare, charts)."""
+        from model_support.store import ResultsStore, StoreLocationError
+
+        try:
+            ResultsStore(results)  # the protocol is known and its filesystem installed
+        except StoreLocationError as exc:
+            raise fail(f"--results {results}: {exc}") from exc
         if "://" not in results and not Path(results).is_dir():
-            raise typer.BadParameter(
-                f"{results} is not a directory; pass --results with a results directory (or an "
-                "fsspec URL such as hf://datasets/org/name)",
-                param_hint="--results",
+            raise fail(
+                f"--results {results} is not a directory; give a results directory (or an "
+                "fsspec URL such as hf://datasets/org/name)"
             )
-        if not address.strip():
-            raise typer.BadParameter(
-                "the address is empty; give 127.0.0.1 (this machine) or 0.0.0.0 (every interface)",
-                param_hint="--address",
+        where = address.strip()
+        problem = address_problem(where) if where else "the address is empty"
+        if problem is not None:
+            raise fail(
+                f"--address {address}: {problem}; give 127.0.0.1 (this machine only) or "
+                "0.0.0.0 (every interface)"
             )
         env = dict(os.environ)
         env[RESULTS_ENV] = results
@@ -105,7 +132,7 @@ def register(app: typer.Typer) -> None:
             from model_support.viewer.queries import CACHE_TARGETS_ENV
 
             env[CACHE_TARGETS_ENV] = ",".join(t.strip() for t in cache_target)
-        command = viewer_command(results, port, headless, address.strip())
+        command = viewer_command(results, port, headless, where)
         typer.echo(f"model-support {model_support.__version__}: viewer on {results}")
         sys.stdout.flush()
         sys.stderr.flush()

@@ -440,6 +440,9 @@ class ResolvedTarget:
 
     target: Target
     prefix: str
+    prefix_named: bool = False
+    """The URI named the prefix itself (one spelling, kept); else it was derived from the
+    installed compiler, and a pull may find the entries under its other spelling."""
 
     @property
     def uri(self) -> str:
@@ -476,6 +479,7 @@ def open_target(
         compiler.check_prefix(last, redact(root_uri))
         root_uri = root_uri[: -len(last)].rstrip("/")
         prefix = last  # the spelling named: a folder made under neuronx-cc's +hash spelling
+        return ResolvedTarget(_target(root_uri, storage_options or {}), prefix, prefix_named=True)
     return ResolvedTarget(_target(root_uri, storage_options or {}), prefix)
 
 

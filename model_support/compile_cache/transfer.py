@@ -12,7 +12,7 @@ import weakref
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import CancelledError, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -83,10 +83,21 @@ class TransferReport(BaseModel):
     unverified: int = 0
     skipped: list[SkippedEntry] = Field(default_factory=list)
     error: str | None = None
+    prefix_matched: bool | None = Field(
+        None,
+        description="Pull: the target held entries under this compiler's prefix (either "
+        "spelling of neuronx-cc's version); false: none, so every graph compiles cold. "
+        "Null for a push or a pull that failed before listing.",
+    )
+    other_prefixes: list[str] = Field(
+        default_factory=list,
+        description="Pull without a match: the compiler prefixes the target does hold.",
+    )
 
     def figures(self) -> CacheTransferFigures:
         """The counts a result records (the dataset's columns come from these)."""
         return CacheTransferFigures(
+            prefix_matched=self.prefix_matched,
             entries=self.entries,
             bytes=self.bytes,
             seconds=round(self.seconds, 3),
@@ -115,6 +126,12 @@ class TransferReport(BaseModel):
             text += f", {self.unverified} unverified (plain mirror entries)"
         if self.skipped:
             text += f", {len(self.skipped)} skipped"
+        if self.prefix_matched is False:
+            held = ", ".join(self.other_prefixes) or "none"
+            text += (
+                f"; NO ENTRIES under {self.prefix}: every graph compiles cold (prefixes the "
+                f"target holds: {held})"
+            )
         if self.error:
             text += f"; FAILED: {self.error}"
         return text
@@ -178,6 +195,26 @@ def _session(
     return _Session(compiler, resolved)
 
 
+def _matching_prefix(session: _Session) -> tuple[ResolvedTarget, list[StoredObject]]:
+    """The target with the prefix spelling that holds this compiler's entries, and its objects.
+
+    A root URI gets the canonical prefix (neuronx-cc's public version); when nothing is there,
+    the same compiler's other spelling (the version with its build hash, as Neuron's own
+    caches name folders) is looked at too, so either spelling in a target is found.
+    """
+    resolved = session.target
+    objects = resolved.target.objects(resolved.prefix)
+    if objects or resolved.prefix_named:
+        return resolved, objects
+    for spelling in session.compiler.accepted_prefixes:
+        if spelling == resolved.prefix:
+            continue
+        found = resolved.target.objects(spelling)
+        if found:
+            return replace(resolved, prefix=spelling), found
+    return resolved, objects
+
+
 def _by_path(kind: str, objects: list[StoredObject]) -> tuple[dict[str, list[RemoteEntry]], int]:
     """The target's entries grouped by local path, newest first; and how many objects are not
     entries of this cache at all."""
@@ -225,10 +262,15 @@ def pull(
     """
     policy = policy if policy is not None else TrustPolicy.from_env()
     session = _session(target, compiler, storage_options)
-    report = session.report("pull")
     kind, root = session.compiler.kind, session.compiler.local_dir
-    objects = session.target.target.objects(session.target.prefix)
+    session.target, objects = _matching_prefix(session)
+    report = session.report("pull")
     grouped, _ = _by_path(kind, objects)
+    report.prefix_matched = bool(grouped)
+    if not grouped:
+        report.other_prefixes = [
+            p for p in session.target.target.prefixes() if p != session.target.prefix
+        ]
     accepted = _accepted_names(session, objects, policy)
     if accepted is not None:
         for path in list(grouped):

@@ -8,9 +8,10 @@ Trainium2 devices through a ResourceClaimTemplate instead of ``aws.amazon.com/ne
 - more than one device must be connected: a ``matchAttribute`` constraint on
   ``resource.aws.com/devicegroup{N}_id`` (N = 4, 8, 16, the driver's connected groups) keeps
   them in one group, so the Neuron scheduler extension is not needed;
-- the LNC is set on the claim (opaque ``NeuronConfig``, ``logicalNeuronCore``), never in the pod.
-  It is the test's ``spec.lnc``, else the chart's ``neuron.dra.defaultLnc``; sizing uses the
-  same value, so the cores counted are the cores the devices show.
+- the LNC is set on the claim (opaque ``NeuronConfig``, ``logicalNeuronCore``). It is the
+  test's ``spec.lnc``, else the chart's ``neuron.dra.defaultLnc``; sizing uses the same value,
+  so the cores counted are the cores the devices show, and the runner container gets it in
+  ``NEURON_LOGICAL_NC_CONFIG`` (:func:`runtime_lnc`), the only LNC setting TorchNeuron reads.
 
 Facts and sources: docs/trainium.md ("LNC and DRA").
 """
@@ -21,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from model_support.hardware import get_profile
+from model_support.hardware import DEFAULT_LNC, get_profile
 from model_support.operator.settings import NeuronDraSettings, OperatorSettings
 from model_support.operator.spec import TestSpec
 
@@ -73,6 +74,23 @@ def claim_lnc(spec: TestSpec, dra: NeuronDraSettings) -> int:
             "or 2"
         )
     return lnc
+
+
+LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+"""The only LNC setting TorchNeuron reads; without it the platform default (trn2/trn3: 2)
+applies, never the node's /opt/aws/neuron/logical_nc_config (docs/trainium.md, "LNC")."""
+
+
+def runtime_lnc(spec: TestSpec, settings: OperatorSettings) -> int | None:
+    """The LNC a test is sized and placed for, which its runner must run at: the claim's under
+    DRA, else the test's own ``spec.lnc``, else the profile's default (trn2: 2); None for a
+    profile without logical cores. Raises DraError when DRA has no LNC to claim."""
+    dra = dra_settings(spec, settings)
+    if dra is not None:
+        return claim_lnc(spec, dra)
+    if not spec.profile_info.neuron:
+        return None
+    return spec.lnc or DEFAULT_LNC.get(spec.profile)
 
 
 def device_claim(cores: int, lnc: int) -> DeviceClaim:

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from model_support.delivery import slot_subpath
-from model_support.operator.dra import container_claims, dra_settings, pod_claims
+from model_support.operator.dra import (
+    LNC_ENV,
+    container_claims,
+    dra_settings,
+    pod_claims,
+    runtime_lnc,
+)
 from model_support.operator.resource import (
     ANNOTATION_TEST_NAME,
     ANNOTATION_TIMEOUT,
@@ -36,8 +42,6 @@ from model_support.sizing import Plan
 from model_support.vocabulary import Parallelism
 
 GiB = 2**30
-DEFAULT_LNC = 2
-"""trn2's logical NeuronCore config when a test names none (what sizing assumes)."""
 NEURONCORE_RESOURCE = "aws.amazon.com/neuroncore"
 NEURON_TAINT = "aws.amazon.com/neuron"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -463,6 +467,11 @@ def build_job(
         )
     command = runner_command(run_id, delivery, wiring, spec.timeoutSeconds, neuron=profile.neuron)
     env.extend(settings.runner_env)
+    lnc = runtime_lnc(spec, settings)
+    if lnc is not None:
+        # TorchNeuron reads only this variable (else trn2's default, 2), never the node's LNC
+        # file: the runtime must run at the LNC the test was sized, selected and claimed for.
+        env.append({"name": LNC_ENV, "value": str(lnc)})
     # The delivery slot is the runner's alone (no init step sees it).
     runner_mounts: list[dict[str, Any]] = []
     runner_env: list[dict[str, Any]] = []
@@ -558,9 +567,10 @@ def build_job(
     instance_type = spec.instanceType or profile.instance_type
     if instance_type is not None:
         node_selector[INSTANCE_TYPE_LABEL] = instance_type
-    if profile.name == "trn2" and settings.lnc_node_label and dra is None:
-        # LNC is a node setting: select nodes configured with the LNC this test was sized for.
-        node_selector[settings.lnc_node_label] = str(spec.lnc or DEFAULT_LNC)
+    if profile.name == "trn2" and settings.lnc_node_label and dra is None and lnc is not None:
+        # The devices' LNC is a node setting: select nodes configured with the LNC this test
+        # was sized for (the same one its runtime is given above).
+        node_selector[settings.lnc_node_label] = str(lnc)
     node_selector.update(spec.scheduling.nodeSelector)
     tolerations.extend(t.model_dump(exclude_none=True) for t in spec.scheduling.tolerations)
 

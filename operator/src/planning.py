@@ -266,6 +266,7 @@ def place(
             cores=spec.cores,
             token=token,
             endpoint=settings.hub_endpoint or os.environ.get("HF_ENDPOINT"),
+            instance_type=spec.instanceType or spec.profile_info.instance_type,
         )
     except (RevisionNotFound, ModelNotOnHub) as exc:
         raise InvalidTest(str(exc)) from exc
@@ -362,15 +363,18 @@ def children(
     job_name = child_name(ref.name, ref.uid, ref.generation, attempt)
     run_id = run_id_for(ref.uid, ref.generation, attempt)
     slot = slot_for(run_id, delivery_key or secrets.token_bytes(32))
-    job = build_job(
-        ref,
-        spec,
-        placement,
-        job_name=job_name,
-        configmap_name=cm_name,
-        attempt=attempt,
-        run_id=run_id,
-        settings=settings,
-        delivery=delivery_wiring(store_uri(spec, settings), settings, slot, job_name),
-    )
+    try:
+        job = build_job(
+            ref,
+            spec,
+            placement,
+            job_name=job_name,
+            configmap_name=cm_name,
+            attempt=attempt,
+            run_id=run_id,
+            settings=settings,
+            delivery=delivery_wiring(store_uri(spec, settings), settings, slot, job_name),
+        )
+    except DraError as exc:  # the LNC to claim and run at is unknown (see place)
+        raise InvalidTest(str(exc)) from exc
     return configmap, job

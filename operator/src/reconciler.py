@@ -666,8 +666,15 @@ class Reconciler:
             # The Job owns its run.py: collected with it once the run is recorded. Its pod
             # waits for the ConfigMap (the kubelet retries the mount) the moment it takes.
             configmap["metadata"]["ownerReferences"] = [job_reference(created)]
-        with _refusal("ConfigMap", configmap), contextlib.suppress(AlreadyExists):
-            self.kube.create_configmap(configmap)  # 409: made by an earlier try: adopted
+        try:
+            with _refusal("ConfigMap", configmap), contextlib.suppress(AlreadyExists):
+                self.kube.create_configmap(configmap)  # 409: made by an earlier try: adopted
+        except CreateRefused as exc:
+            if exc.status in (400, 422):
+                # Refused for good: the Job's pod would hold its cores waiting for a run.py
+                # that never comes. (A quota's refusal is retried; the Job is adopted then.)
+                self.kube.delete_job(ref.namespace, name)
+            raise
         return configmap["metadata"]["name"], name
 
     def _create_claim_template(self, ref: TestRef, spec: TestSpec, placement: Placement) -> None:

@@ -299,6 +299,19 @@ class OperatorSettings(BaseModel):
         "default_instance_type, prices); tests' and sweeps' costs use them.",
     )
 
+    @field_validator("runner_env")
+    @classmethod
+    def _runner_env_leaves_lnc(cls, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # The operator sets it per test, to the LNC the test was sized and placed for; a
+        # chart-wide value would run the runtime at another LNC than the cores counted.
+        if any(isinstance(e, dict) and e.get("name") == "NEURON_LOGICAL_NC_CONFIG" for e in value):
+            raise ValueError(
+                "runner.env (runnerEnv) sets NEURON_LOGICAL_NC_CONFIG, which the operator sets on each "
+                "runner from the LNC the test was sized for: remove it and set the LNC with "
+                "spec.lnc, neuron.dra.defaultLnc or the nodes' LNC label"
+            )
+        return value
+
     @field_validator("instance_prices")
     @classmethod
     def _prices_parse(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -331,12 +344,56 @@ def settings_from_json(text: str, **overrides: Any) -> OperatorSettings:
     )
 
 
+class _ValuesBlock(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class _VolumeValues(_ValuesBlock):
+    enabled: bool = False
+    claimName: str | None = None
+
+
+class _RunnerValues(_ValuesBlock):
+    schedulerName: str | None = None
+    lncNodeLabel: str | None = None
+    serviceAccountName: str | None = None
+    env: list[dict[str, Any]] | None = None
+    envFrom: list[dict[str, Any]] | None = None
+
+
+class _NeuronValues(_ValuesBlock):
+    dra: dict[str, Any] | None = None
+
+
+class _MetricsValues(_ValuesBlock):
+    enabled: bool = True
+    port: int = 9090
+
+
+class ChartValues(_ValuesBlock):
+    """The chart values the operator's settings are made from, with their types (a value of
+    the wrong type is refused naming it; values the operator does not read are left alone)."""
+
+    results: str | None = None
+    watchNamespaces: list[str] | None = None
+    resultsVolume: _VolumeValues | None = None
+    readHubTokenSecrets: bool = False
+    runnerImage: str | None = None
+    allowedResultsPrefixes: list[str] | None = None
+    runner: _RunnerValues | None = None
+    neuron: _NeuronValues | None = None
+    metrics: _MetricsValues | None = None
+    settings: dict[str, Any] | None = None
+
+
 def settings_from_values(values: dict[str, Any]) -> OperatorSettings:
     """The operator's settings for Helm values (only what differs from values.yaml is needed).
 
     Mirrors the chart's ``model-support.settings`` template: top-level chart values first,
-    then the ``settings:`` block (camelCase keys) over them.
+    then the ``settings:`` block (camelCase keys) over them. Raises pydantic's
+    ValidationError naming a value of the wrong type.
     """
+    ChartValues.model_validate(values)  # the types of what is read below
     results = values.get("results")
     if not results:
         raise ValueError(

@@ -72,7 +72,15 @@ DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
 class SpecError(ValueError):
-    """The spec cannot be run as written; the message says which field and what to do."""
+    """The spec cannot be run as written; the message says which field and what to do.
+
+    ``problems`` is what is wrong alone (``spec.field: why``, joined by "; "), for callers
+    that say what to do themselves.
+    """
+
+    def __init__(self, message: str, problems: str | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or message
 
 
 class _Camel(BaseModel):
@@ -285,5 +293,6 @@ def parse_spec(spec: dict[str, Any]) -> TestSpec:
             for err in exc.errors()
         )
         raise SpecError(
-            f"invalid ModelSupportTest spec: {problems}. Fix the resource and apply it again."
+            f"invalid ModelSupportTest spec: {problems}. Fix the resource and apply it again.",
+            problems,
         ) from exc

@@ -24,7 +24,13 @@ from model_support.operator.resource import (
     LABEL_SWEEP,
 )
 from model_support.operator.spec import parse_spec
-from model_support.operator.sweep_resource import MAX_SWEEP_NAME, child_name
+from model_support.operator.sweep_resource import (
+    MAX_SWEEP_NAME,
+    PLACEHOLDER_MODEL,
+    SkippedModel,
+    child_name,
+    refusal,
+)
 from model_support.rankings import Ranking
 
 PRUNE_SAFE = {
@@ -49,9 +55,18 @@ class SweepOptions:
     max_cores: int = 16
 
 
-def sweep_manifests(ranking: Ranking, options: SweepOptions) -> list[dict[str, Any]]:
-    """One ModelSupportTest per ranked model, sorted by name; raises SpecError on a bad
-    option and ValueError on a bad sweep name."""
+@dataclass(frozen=True)
+class FlatSweep:
+    """The tests of a sweep, sorted by name, and the ranked models left out with why."""
+
+    manifests: list[dict[str, Any]]
+    skipped: list[SkippedModel]
+
+
+def sweep_manifests(ranking: Ranking, options: SweepOptions) -> FlatSweep:
+    """One ModelSupportTest per ranked model, sorted by name; a model whose test the API
+    server would refuse is skipped (with why) and never blocks the others. Raises SpecError
+    on a bad option (it would refuse every test) and ValueError on a bad sweep name."""
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", options.name):
         raise ValueError(
             f"sweep name {options.name!r} must be a DNS label (lowercase letters, digits, '-')"
@@ -61,30 +76,15 @@ def sweep_manifests(ranking: Ranking, options: SweepOptions) -> list[dict[str, A
             f"sweep name {options.name!r} has {len(options.name)} characters; use at most "
             f"{MAX_SWEEP_NAME} (its tests are named <sweep>-<profile>-<model>-<hash>, at most 63)"
         )
+    parse_spec(_spec(PLACEHOLDER_MODEL, ranking.task, options))  # the options alone
     manifests = []
+    skipped = []
     for ranked in ranking.models:
-        spec: dict[str, Any] = {
-            "model": ranked.model_id,
-            "task": ranking.task,
-            "profile": options.profile,
-            "maxCores": options.max_cores,
-        }
-        if options.token_secret:
-            spec["hubTokenSecret"] = {"name": options.token_secret}
-        if options.compile_cache_source or options.compile_cache_target:
-            spec["compileCache"] = {
-                key: value
-                for key, value in (
-                    ("source", options.compile_cache_source),
-                    ("target", options.compile_cache_target),
-                )
-                if value
-            }
-        if options.results:
-            spec["results"] = options.results
-        if options.queue_name:
-            spec["queueName"] = options.queue_name
-        parse_spec(spec)  # the operator's own validation: a sweep never holds a test it refuses
+        spec = _spec(ranked.model_id, ranking.task, options)
+        reason = refusal(spec)  # the operator's own validation, per model
+        if reason is not None:
+            skipped.append(SkippedModel(model=ranked.model_id, reason=reason))
+            continue
         metadata: dict[str, Any] = {
             "name": child_name(options.name, ranked.model_id, options.profile),
             "labels": {LABEL_SWEEP: options.name},
@@ -95,4 +95,30 @@ def sweep_manifests(ranking: Ranking, options: SweepOptions) -> list[dict[str, A
         manifests.append(
             {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
         )
-    return sorted(manifests, key=lambda m: str(m["metadata"]["name"]))
+    return FlatSweep(sorted(manifests, key=lambda m: str(m["metadata"]["name"])), skipped)
+
+
+def _spec(model: str, task: str, options: SweepOptions) -> dict[str, Any]:
+    """The spec of the sweep's test of ``model``."""
+    spec: dict[str, Any] = {
+        "model": model,
+        "task": task,
+        "profile": options.profile,
+        "maxCores": options.max_cores,
+    }
+    if options.token_secret:
+        spec["hubTokenSecret"] = {"name": options.token_secret}
+    if options.compile_cache_source or options.compile_cache_target:
+        spec["compileCache"] = {
+            key: value
+            for key, value in (
+                ("source", options.compile_cache_source),
+                ("target", options.compile_cache_target),
+            )
+            if value
+        }
+    if options.results:
+        spec["results"] = options.results
+    if options.queue_name:
+        spec["queueName"] = options.queue_name
+    return spec

@@ -41,7 +41,10 @@ from model_support.operator.status import MESSAGE_LIMIT, Phase, condition, set_c
 from model_support.operator.sweep_resource import (
     HUB_SORTS,
     MAX_LISTED_REGRESSIONS,
+    MAX_LISTED_SKIPPED,
+    PLACEHOLDER_MODEL,
     RankingState,
+    SkippedModel,
     SweepBaseline,
     SweepCost,
     SweepCounts,
@@ -50,10 +53,12 @@ from model_support.operator.sweep_resource import (
     SweepSpec,
     SweepState,
     SweepStatus,
+    admitted,
     build_child,
     child_name,
     child_spec,
     describe_source,
+    image_of,
     parse_sweep,
     rerun_patch,
     run_key,
@@ -423,7 +428,7 @@ class SweepReconciler:
             return None
         meta = body["metadata"]
         try:
-            entries, snapshot = self.rank(spec, key)
+            entries, skipped, snapshot = self.rank(spec, key)
         except RankingFailure as exc:
             delay = min(self.settings.retry_cap_s, retry[1] * 2 if retry else 5.0)
             with self._lock:
@@ -467,9 +472,15 @@ class SweepReconciler:
             sourceKey=wanted_source,
             fetchedAt=fetched,
             models=entries,
+            skipped=skipped[:MAX_LISTED_SKIPPED],
+            skippedCount=len(skipped),
             snapshot=where,
         )
         message = f"ranked {len(entries)} models from {snapshot.source}"
+        if skipped:
+            message += f"; {skipped_message(skipped)}"
+            log.warning("sweep %s/%s: %s", meta["namespace"], meta["name"], message)
+            self.kube.post_event(body, "Warning", "ModelsSkipped", message[:MESSAGE_LIMIT])
         status.conditions = _typed(
             set_condition(
                 _plain(status)["conditions"],
@@ -483,9 +494,12 @@ class SweepReconciler:
         self.kube.post_event(body, "Normal", "Ranked", message)
         return ranking
 
-    def rank(self, spec: SweepSpec, key: str) -> tuple[list[SweepModel], RankingSnapshot]:
-        """The sweep's models in order, and the snapshot that records them; raises
-        RankingFailure when the source cannot be read now."""
+    def rank(
+        self, spec: SweepSpec, key: str
+    ) -> tuple[list[SweepModel], list[SkippedModel], RankingSnapshot]:
+        """The sweep's models in order, those skipped because the API server would refuse
+        their tests, and the snapshot that records the models tested; raises RankingFailure
+        when the source cannot be read now."""
         from model_support.ranking_snapshots import now as snapshot_now
 
         source = spec.source
@@ -539,11 +553,11 @@ class SweepReconciler:
         unique: dict[str, SweepModel] = {}
         for entry in entries:
             unique.setdefault(entry.model, entry)  # a model listed twice is tested once
-        models = list(unique.values())
+        models, skipped = admitted(spec, list(unique.values()), image_of(spec, self.settings))
         snapshot = RankingSnapshot(
             taken_at=taken_at, models=[m.model for m in models], **common, **extra
         )
-        return models, snapshot
+        return models, skipped, snapshot
 
     def store(self, spec: SweepSpec) -> Any:
         """The results store of the sweep's tests (where its snapshots go too)."""
@@ -672,7 +686,7 @@ class SweepReconciler:
         waiting: bool = False,
     ) -> SweepStatus:
         name = body["metadata"]["name"]
-        counts = SweepCounts(models=len(ranking.models))
+        counts = SweepCounts(models=len(ranking.models), skipped=ranking.skippedCount)
         ranked = set()
         for entry in ranking.models:
             child = children.get(child_name(name, entry.model))
@@ -711,6 +725,7 @@ class SweepReconciler:
             f"{counts.excluded} EXCLUDED, {counts.invalid} invalid); {counts.running} running, "
             f"{counts.queued} queued"
             + (f", {counts.retained} retained from earlier rankings" if counts.retained else "")
+            + (f"; {skipped_message(ranking.skipped, counts.skipped)}" if counts.skipped else "")
             + (
                 f"; {counts.regressions} regression(s) and {counts.fixes} fix(es) against the "
                 "previous run"
@@ -809,7 +824,7 @@ class SweepReconciler:
                 self.sweeps[uid] = body
 
 
-_PLACEHOLDER = SweepModel(model="org/placeholder")
+_PLACEHOLDER = SweepModel(model=PLACEHOLDER_MODEL)
 _SEEN_FRESH_INTERVALS = 3
 """How recently (in sweep status intervals: a busy sweep writes its status that often) the API
 must have shown a sweep for it to be trusted to exist without a read."""
@@ -857,6 +872,17 @@ def cost_of(current: list[ChildView]) -> SweepCost:
         coreHours=round(sum(c.core_seconds or 0.0 for c in current) / 3600, 6),
         usd=round(sum(priced), 6) if priced else None,
         unpriced=sum(1 for c in current if c.cost_usd is None and c.result is not None),
+    )
+
+
+def skipped_message(skipped: list[SkippedModel], total: int | None = None) -> str:
+    """The skipped models in words: how many, and the first few by name with why."""
+    total = len(skipped) if total is None else total
+    named = "; ".join(f"{s.model} ({s.reason})" for s in skipped[:3])
+    more = f"; and {total - 3} more" if total > 3 else ""
+    return (
+        f"skipped {total} model(s) the API server would refuse a test of "
+        f"(status.ranking.skipped): {named}{more}"
     )
 
 

@@ -148,6 +148,32 @@ class SweepModel(BaseModel):
     task: Task = Task.TEXT_GENERATION
 
 
+PLACEHOLDER_MODEL = "org/placeholder"
+"""A model id every rule admits: a sweep's shared settings are checked with it alone."""
+MAX_SKIP_REASON = 512
+"""A skipped model's reason is cut to this many characters (the status stays small)."""
+
+
+class SkippedModel(BaseModel):
+    """A ranked model the sweep makes no test of, and why: the API server would refuse its
+    test (the CRD's schema and rules, which the operator's spec model mirrors)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    reason: str = Field(..., max_length=MAX_SKIP_REASON)
+
+
+def refusal(spec: dict[str, Any]) -> str | None:
+    """What the API server would refuse in a test with ``spec`` (``spec.field: why``; the
+    operator's spec model mirrors the CRD), or None when it would admit it."""
+    try:
+        parse_spec(spec)
+    except SpecError as exc:
+        return exc.problems[:MAX_SKIP_REASON]
+    return None
+
+
 def parse_sweep(spec: dict[str, Any]) -> SweepSpec:
     """Validate a sweep's spec, its template included (as the tests it makes would be
     validated); raises SpecError naming each bad field."""
@@ -169,7 +195,7 @@ def parse_sweep(spec: dict[str, Any]) -> SweepSpec:
             "from spec.concurrency; epoch from spec.epoch): remove them from the template"
         )
     try:
-        parse_spec(child_spec(sweep, SweepModel(model="org/placeholder"), image=None))
+        parse_spec(child_spec(sweep, SweepModel(model=PLACEHOLDER_MODEL), image=None))
     except SpecError as exc:
         raise SpecError(
             "spec.template and spec.stack do not make a valid test: "
@@ -258,6 +284,23 @@ def child_spec(sweep: SweepSpec, entry: SweepModel, *, image: str | None) -> dic
     return spec
 
 
+def admitted(
+    sweep: SweepSpec, entries: list[SweepModel], image: str | None
+) -> tuple[list[SweepModel], list[SkippedModel]]:
+    """The entries whose tests the API server would admit, in order, and the others with
+    why: one model's refused test (an id from a Hub ranking that the CRD's pattern refuses)
+    never blocks the models after it."""
+    kept: list[SweepModel] = []
+    skipped: list[SkippedModel] = []
+    for entry in entries:
+        reason = refusal(child_spec(sweep, entry, image=image))
+        if reason is None:
+            kept.append(entry)
+        else:
+            skipped.append(SkippedModel(model=entry.model, reason=reason))
+    return kept, skipped
+
+
 def owner_reference(sweep: dict[str, Any]) -> dict[str, Any]:
     """The sweep as the controller of its tests (deleting the sweep deletes them)."""
     meta = sweep["metadata"]
@@ -336,6 +379,11 @@ class SweepCounts(BaseModel):
     excluded: int = 0
     unverified: int = 0
     invalid: int = Field(0, description="Tests that cannot run as written (phase Invalid).")
+    skipped: int = Field(
+        0,
+        description="Ranked models with no test: the API server would refuse it "
+        "(ranking.skipped says which and why).",
+    )
     retained: int = Field(0, description="Tests of models that left the ranking, kept as they are.")
     regressions: int = Field(
         0,
@@ -384,6 +432,10 @@ MAX_LISTED_REGRESSIONS = 100
 """A sweep's status names at most this many regressions (the count is always whole)."""
 
 
+MAX_LISTED_SKIPPED = 100
+"""A sweep's status names at most this many skipped models (the count is always whole)."""
+
+
 class RankingState(BaseModel):
     """The ranking the sweep works from."""
 
@@ -393,6 +445,12 @@ class RankingState(BaseModel):
     sourceKey: str
     fetchedAt: str
     models: list[SweepModel] = Field(default_factory=list)
+    skipped: list[SkippedModel] = Field(
+        default_factory=list,
+        description="Ranked models the sweep makes no test of, and why (the first "
+        "MAX_LISTED_SKIPPED; skippedCount counts them all).",
+    )
+    skippedCount: int = Field(0, ge=0, description="How many ranked models were skipped.")
     snapshot: str | None = Field(None, description="Where the snapshot is in the results store.")
 
 

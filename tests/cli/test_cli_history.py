@@ -122,6 +122,35 @@ def test_regressions_refuse_unexplained_thresholds_and_unknown_stacks(
     assert bad.exit_code == 2 and "prices" in bad.output
 
 
+def test_regressions_with_nothing_to_compare_exit_1_and_say_why(
+    results: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    """Never an empty success: a store without data, or stacks that share no model, is exit 1
+    with what to do (a CI gate must not pass on a comparison of nothing)."""
+    location, _ = results
+    other_task = runner.invoke(
+        app, ["regressions", "--results", location, "--task", "image-classification"]
+    )
+    assert other_task.exit_code == 1, other_task.output
+    text = " ".join(other_task.output.split())
+    assert "nothing to compare: no model of task 'image-classification' has a result" in text
+    assert f"neuronx-cc {CC_OLD}" in text and "## Regressions" not in text
+    disjoint = ResultsStore(tmp_path / "disjoint")
+    disjoint.add(on_compiler(make_record("org/a", finished=T0), CC_OLD))
+    disjoint.add(on_compiler(make_record("org/b", finished=T0 + timedelta(days=1)), CC_NEW))
+    unmaterialized = runner.invoke(app, ["regressions", "--results", str(tmp_path / "disjoint")])
+    assert unmaterialized.exit_code == 1, unmaterialized.output
+    text = " ".join(unmaterialized.output.split())
+    assert "hold 2 record(s) but no history yet" in text
+    assert f"model-support dataset materialize --results {tmp_path / 'disjoint'}" in text
+    disjoint.materialize()
+    nothing_shared = runner.invoke(app, ["regressions", "--results", str(tmp_path / "disjoint")])
+    assert nothing_shared.exit_code == 1, nothing_shared.output
+    assert "nothing to compare: no model has a result on both" in " ".join(
+        nothing_shared.output.split()
+    )
+
+
 @pytest.fixture
 def hub(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_llama_path: Path

@@ -347,6 +347,13 @@ def test_given_cores_a_local_diffusers_pipeline_is_not_excluded() -> None:
             "expected a backend name or module:function",
         ),
         (["results", "--results", "{tmp}/results"], "first run `model-support run MODEL"),
+        (
+            ["viewer", "--results", "{tmp}", "--address", "999.1.1.1"],
+            "999.1.1.1 is not an IP address or a name this machine resolves",
+        ),
+        (["viewer", "--results", "weird://x"], "Protocol not known: weird"),
+        (["sweep", "nightly", "--output", "{tmp}"], "that is a folder; give a file in it"),
+        (["sweep", "nightly", "-o", "{tmp}/a-file/x.yaml"], "a-file is a file; give a file in"),
     ],
 )
 def test_each_bad_input_is_one_clear_line_and_exit_2(
@@ -355,6 +362,7 @@ def test_each_bad_input_is_one_clear_line_and_exit_2(
     """Nonsense the commands once took (or crashed on): a message that says what to give, exit
     2, and nothing run or written."""
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing may reach a Hub
+    monkeypatch.setattr(os, "execve", _no_exec)  # the viewer must refuse before it starts
     (tmp_path / "a-file").write_text("a plain file")
     result = runner.invoke(app, [a.replace("{tmp}", str(tmp_path)) for a in args])
     output = " ".join(result.output.split())
@@ -362,6 +370,94 @@ def test_each_bad_input_is_one_clear_line_and_exit_2(
     assert message in output
     assert "Traceback" not in output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing written
+
+
+def _no_exec(path: str, args: list[str], env: dict[str, str]) -> None:
+    raise AssertionError(f"started {' '.join(args)} for input it should have refused")
+
+
+TEST_HEAD = "apiVersion: modelsupport.dev/v1alpha1\nkind: ModelSupportTest\n"
+
+
+@pytest.mark.parametrize(
+    ("files", "args", "message"),
+    [
+        (
+            {
+                "t.yaml": (TEST_HEAD + "metadata: {name: caf\xe9}\nspec: {model: a/b}\n").encode(
+                    "latin-1"
+                )
+            },
+            ["render", "-f", "{tmp}/t.yaml"],
+            "t.yaml is not UTF-8 text (byte 0xe9 at offset 81): save it as UTF-8",
+        ),
+        (
+            {
+                "t.yaml": TEST_HEAD + "metadata: {name: t}\nspec: {model: a/b}\n",
+                "v.yaml": b"results: \xff\n",
+            },
+            ["render", "-f", "{tmp}/t.yaml", "--values", "{tmp}/v.yaml"],
+            "v.yaml is not UTF-8 text (byte 0xff at offset 9)",
+        ),
+        (
+            {"t.yaml": TEST_HEAD + "metadata: [t]\nspec: {model: a/b}\n"},
+            ["render", "-f", "{tmp}/t.yaml"],
+            "ModelSupportTest #1: metadata is a list; it must be a mapping",
+        ),
+        (
+            {"t.yaml": TEST_HEAD + "metadata: {name: t, generation: two}\nspec: {model: a/b}\n"},
+            ["render", "-f", "{tmp}/t.yaml"],
+            "metadata.generation: Input should be a valid integer",
+        ),
+        (
+            {"t.yaml": TEST_HEAD + "metadata: {name: [t]}\nspec: {model: a/b}\n"},
+            ["render", "-f", "{tmp}/t.yaml"],
+            "metadata.name: Input should be a valid string; the API server would refuse it",
+        ),
+        (
+            {"t.yaml": TEST_HEAD + "metadata: {name: t}\nspec: [a/b]\n"},
+            ["render", "-f", "{tmp}/t.yaml"],
+            "ModelSupportTest #1: spec is a list; it must be a mapping",
+        ),
+        (
+            {
+                "t.yaml": TEST_HEAD + "metadata: {name: t}\nspec: {model: a/b}\n",
+                "v.yaml": "- results\n",
+            },
+            ["render", "-f", "{tmp}/t.yaml", "--values", "{tmp}/v.yaml"],
+            "v.yaml holds a list; it must be a mapping of chart values",
+        ),
+        (
+            {
+                "t.yaml": TEST_HEAD + "metadata: {name: t}\nspec: {model: a/b}\n",
+                "v.yaml": "results: /r\nresultsVolume: on\nrunner: {env: 3}\nwatchNamespaces: ns\n",
+            },
+            ["render", "-f", "{tmp}/t.yaml", "--values", "{tmp}/v.yaml"],
+            "watchNamespaces: Input should be a valid list; resultsVolume: Input should be a "
+            "mapping; runner.env: Input should be a valid list",
+        ),
+    ],
+)
+def test_each_bad_file_is_one_clear_line_and_exit_2(
+    files: dict[str, str | bytes],
+    args: list[str],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Files the commands once crashed on (not UTF-8, fields of the wrong type): a message that
+    names the file and the field, exit 2, the files left as they were."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing may reach a Hub
+    for name, content in files.items():
+        path = tmp_path / name
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    result = runner.invoke(app, [a.replace("{tmp}", str(tmp_path)) for a in args])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, (output, result.exception)
+    assert message in output
+    assert "Traceback" not in output
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
 def test_the_script_carries_when_to_localize_a_fail(

@@ -299,6 +299,42 @@ def test_an_installed_compiler_with_a_build_hash_finds_the_public_prefix(tmp_pat
         pull(str(tmp_path / "mirror" / "neuronxcc-2.24.8799.1"), compiler=installed)
 
 
+def test_a_root_holding_the_build_hash_spelling_is_found_and_the_prefix_recorded(
+    tmp_path: Path,
+) -> None:
+    """A cache root given without a prefix (as the docs and CRD examples give it) whose entries
+    sit under neuronx-cc's +hash spelling is the installed compiler's cache: pulled, and the
+    report (and so the row) says which spelling was used and that it matched."""
+    version = "2.24.8799.0+6f62ff7c"
+    key = "b7/01/b701" + "1" * 28 + ".neff"
+    write(tmp_path / "root" / f"neuronxcc-{version}", key, b"a neff")
+    report = pull(str(tmp_path / "root"), compiler=neff_cache(tmp_path / "neff", version=version))
+    assert (report.entries, report.prefix, report.prefix_matched) == (
+        1,
+        f"neuronxcc-{version}",
+        True,
+    )
+    assert entries_of(tmp_path / "neff") == {key: b"a neff"}
+    figures = report.figures()
+    assert figures.prefix_matched is True
+
+
+def test_a_pull_that_finds_nothing_for_the_installed_compiler_says_it_compiles_cold(
+    tmp_path: Path,
+) -> None:
+    """Another compiler's entries in the root are never pulled; the report says none matched
+    (the row's compile_cache_prefix_matched is false) and which prefixes the root holds."""
+    write(tmp_path / "root" / "neuronxcc-2.24.8799.0", "3f/a2/3fa2" + "0" * 28 + ".neff", b"x")
+    installed = neff_cache(tmp_path / "neff", version="2.28.7631.0")
+    report = pull(str(tmp_path / "root"), compiler=installed)
+    assert report.error is None and report.entries == 0
+    assert (report.prefix, report.prefix_matched) == ("neuronxcc-2.28.7631.0", False)
+    assert report.other_prefixes == ["neuronxcc-2.24.8799.0"]
+    assert "NO ENTRIES under neuronxcc-2.28.7631.0: every graph compiles cold" in report.summary()
+    assert "neuronxcc-2.24.8799.0" in report.summary()
+    assert report.figures().prefix_matched is False
+
+
 def test_a_pull_says_which_local_folder_it_filled_and_which_variable_chose_it(
     tmp_path: Path,
 ) -> None:

@@ -7,6 +7,7 @@ would (or would not) have delivered, which is exactly what these rules are about
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import kmock
@@ -99,16 +100,17 @@ async def test_a_conflicting_status_write_is_made_again_from_a_fresh_read(
 # ------------------------------------------------------------------ refused creates
 
 
-def refuse_job_creates(times: int, status: int, message: str) -> Any:
+def refuse_creates(plural: str, times: int, status: int, message: str) -> Any:
+    """An API server that refuses the first ``times`` creates of ``plural`` with ``status``."""
     left = {"n": times}
 
     def refuse(request: kmock.Request) -> kmock.KubernetesError | None:
-        creating_job = (
+        creating = (
             request.action == kmock.action.CREATE
             and request.resource is not None
-            and request.resource.plural == "jobs"
+            and request.resource.plural == plural
         )
-        if not creating_job or left["n"] <= 0:
+        if not creating or left["n"] <= 0:
             return None
         left["n"] -= 1
         reason = "Forbidden" if status == 403 else "Invalid"
@@ -126,7 +128,7 @@ async def test_a_job_refused_by_a_quota_is_said_once_and_created_when_allowed(
         'jobs.batch "qwen" is forbidden: exceeded quota: trainium, requested: '
         "count/jobs.batch=1, used: count/jobs.batch=10, limited: count/jobs.batch=10"
     )
-    h.k.refusals = (refuse_job_creates(3, 403, quota),)
+    h.k.refusals = (refuse_creates("jobs", 3, 403, quota),)
     await start(h)  # the Job is created once the quota lets it
     events = [e for e in await h.events() if e["reason"] == "CreateRefused"]
     assert len(events) == 1 and events[0]["type"] == "Warning"
@@ -141,7 +143,7 @@ async def test_a_job_refused_by_admission_makes_the_test_invalid(harness: Harnes
         'admission webhook "policy.example.com" denied the request: runner pods must set '
         "resources.limits.cpu"
     )
-    h.k.refusals = (refuse_job_creates(100, 422, denied),)
+    h.k.refusals = (refuse_creates("jobs", 100, 422, denied),)
     await h.start_operator()
     await h.create_test("qwen", dict(SPEC))
     status = await h.wait_status(
@@ -150,6 +152,51 @@ async def test_a_job_refused_by_admission_makes_the_test_invalid(harness: Harnes
     assert "runner pods must set resources.limits.cpu" in status["message"]
     assert records(h) == []
     assert [e["reason"] for e in await h.events()].count("InvalidSpec") == 1
+
+
+async def test_a_configmap_refused_by_a_quota_is_said_once_and_created_when_allowed(
+    harness: Harness,
+) -> None:
+    """The run.py ConfigMap comes after its Job (the Job owns it): a quota on ConfigMaps is
+    retried, the Job adopted rather than made twice, and the pod's run.py arrives."""
+    h = harness
+    h.settings.sizing_retry_base_s = 0.2
+    quota = 'configmaps "qwen" is forbidden: exceeded quota: objects, limited: configmaps=50'
+    h.k.refusals = (refuse_creates("configmaps", 3, 403, quota),)
+    await h.start_operator()
+    test = await h.create_test("qwen", dict(SPEC))
+    status = await h.wait_status(
+        "qwen", lambda s: conditions(s).get("JobCreated", {}).get("status") == "True", "JobCreated"
+    )
+    events = [e for e in await h.events() if e["reason"] == "CreateRefused"]
+    assert len(events) == 1 and "exceeded quota: objects" in events[0]["message"]
+    assert status["phase"] == "Pending"
+    [job] = await h.items(JOBS_URL)
+    cm = await h.get(f"{CMS_URL}/{child_name('qwen', test['metadata']['uid'], 1)}")
+    assert cm is not None and "run.py" in cm["data"]
+    assert cm["metadata"]["ownerReferences"][0]["name"] == job["metadata"]["name"]
+
+
+async def test_a_configmap_refused_by_admission_ends_the_test_and_leaves_no_job(
+    harness: Harness,
+) -> None:
+    """A Job whose run.py can never exist would hold its cores waiting for the mount: the
+    refusal that ends the test takes the Job with it."""
+    h = harness
+    denied = 'admission webhook "size.example.com" denied the request: ConfigMaps over 64 KiB'
+    h.k.refusals = (refuse_creates("configmaps", 100, 422, denied),)
+    await h.start_operator()
+    await h.create_test("qwen", dict(SPEC))
+    status = await h.wait_status(
+        "qwen", lambda s: s.get("phase") == "Invalid", "Invalid", timeout=20
+    )
+    assert "ConfigMaps over 64 KiB" in status["message"]
+
+    async def no_job() -> bool:
+        return await h.items(JOBS_URL) == []
+
+    await h.wait_for(no_job, timeout=20, what="the refused test's Job to be deleted")
+    assert records(h) == []
 
 
 # ------------------------------------------------------------------ relists
@@ -374,16 +421,20 @@ async def test_a_run_that_ends_at_once_is_written_completed_without_running(
 ) -> None:
     h = harness
     h.k.history = None
-    h.settings.running_write_delay_s = 5.0
+    # Far longer than the pod's few steps below take, even on a loaded machine.
+    h.settings.running_write_delay_s = 20.0
     _, job = await start(h)
     await h.wait_status("qwen", lambda s: s.get("phase") == "Pending", "Pending")
     pod = await h.start_pod(job)
     await h.run_pod(pod)
+    running_since = time.monotonic()
     await h.end_pod(job, pod, exit_code=0, log=runner_log(Result.PASS))
     status = await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
     # The one write says when the run started too (the Job's start, as Running would have).
     assert status["result"] == "PASS" and status.get("startedAt")
-    await asyncio.sleep(6)  # past the delay: nothing is written after Completed
+    # Past the delay (counted from when the operator saw the pod run): nothing is written
+    # after Completed.
+    await asyncio.sleep(max(0.0, running_since + 22.0 - time.monotonic()))
     writes = [
         r.data["status"].get("phase")
         for r in h.k[kmock.method.PATCH]

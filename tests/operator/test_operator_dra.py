@@ -94,23 +94,22 @@ def assert_claims_devices(
         ]
 
 
-def assert_pod_uses_the_claim(job: dict[str, Any], template_name: str) -> None:
+def assert_pod_uses_the_claim(job: dict[str, Any], template_name: str, lnc: int) -> None:
     pod = job["spec"]["template"]["spec"]
     assert pod["resourceClaims"] == [
         {"name": "neurons", "resourceClaimTemplateName": template_name}
     ]
     runner = pod["containers"][0]
     assert runner["resources"]["claims"] == [{"name": "neurons"}]
-    # No device plugin resource, no LNC by node label or env, no scheduler extension.
+    # No device plugin resource, no LNC node label, no scheduler extension; the runtime runs at
+    # the claim's LNC (TorchNeuron reads only the variable) and the driver picks the cores.
     assert NEURONCORE not in runner["resources"]["requests"]
     assert NEURONCORE not in runner["resources"]["limits"]
     assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "trn2.48xlarge"}
     assert "schedulerName" not in pod
-    assert not {e["name"] for e in runner["env"]} & {
-        "NEURON_LOGICAL_NC_CONFIG",
-        "NEURON_RT_VISIBLE_CORES",
-        "NEURON_RT_NUM_CORES",
-    }
+    env = {e["name"]: e.get("value") for e in runner["env"]}
+    assert env["NEURON_LOGICAL_NC_CONFIG"] == str(lnc)
+    assert not set(env) & {"NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES"}
     assert {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"
     ]
@@ -218,7 +217,7 @@ async def test_each_test_claims_whole_devices_at_its_lnc(harness: Harness) -> No
         assert template["metadata"]["labels"]["modelsupport.dev/test-uid"] == uid
         job = jobs[name]
         validate(job)
-        assert_pod_uses_the_claim(job, template["metadata"]["name"])
+        assert_pod_uses_the_claim(job, template["metadata"]["name"], lnc)
         status = await h.wait_status(name, lambda s: "cores" in s, "the sized cores")
         assert status["cores"] == cores  # sized cores; the devices may hold more
         assert status["podCores"] == CASES[cores, lnc][0] * (4 if lnc == 2 else 8)
@@ -248,7 +247,7 @@ async def test_a_retried_run_claims_from_the_same_template_and_passes(harness: H
         if j["metadata"]["name"] == child_name("qwen", uid, 1, 2)
     ]
     # The generation's attempts share one template; each pod gets its own claim from it.
-    assert_pod_uses_the_claim(second_job, template["metadata"]["name"])
+    assert_pod_uses_the_claim(second_job, template["metadata"]["name"], 2)
     assert len(await h.items(CLAIM_TEMPLATES_URL)) == 1
     second = await h.start_pod(second_job)
     await h.run_pod(second)

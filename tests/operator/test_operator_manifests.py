@@ -412,8 +412,8 @@ def test_scheduler_and_lnc_come_from_the_operators_settings() -> None:
     pod = multi["spec"]["template"]["spec"]
     assert pod["schedulerName"] == "neuron-scheduler"  # more than one core: connected cores
     assert pod["nodeSelector"]["example.com/lnc"] == "1"  # nodes configured with LNC=1
-    env = {e["name"] for e in pod["containers"][0]["env"]}
-    assert "NEURON_LOGICAL_NC_CONFIG" not in env
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["NEURON_LOGICAL_NC_CONFIG"] == "1"  # and the runtime runs at it
     single = job_for(
         {"model": "a/b", "cores": 1}, cores=1, parallelism=Parallelism.NONE, settings=settings
     )
@@ -497,8 +497,8 @@ def test_full_job_manifest(tmp_path: Path) -> None:
         "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
     }
     assert env["TORCH_NEURONX_NEFF_CACHE_DIR"]["value"] == SETTINGS.neff_cache_dir
-    # LNC is the node's: never set per pod (here no node label is configured to select by).
-    assert "NEURON_LOGICAL_NC_CONFIG" not in env
+    # The runtime runs at the LNC sizing counted (trn2's default; TorchNeuron reads only this).
+    assert env["NEURON_LOGICAL_NC_CONFIG"]["value"] == "2"
     # No shell: the runner reads the init step's pull report and pushes the cache to its
     # target (one argument each) after run.py, whatever its outcome.
     assert runner["command"] == [

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
 import yaml
 from hubserver import HubServer, Repo
+from test_operator_manifests import cel_violations
 from typer.testing import CliRunner
 
 from model_support.cli import app
@@ -139,3 +141,41 @@ def test_an_unreachable_hub_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) ->
     result = runner.invoke(app, ["sweep", "nightly"])
     assert result.exit_code == 2
     assert "could not be reached" in " ".join(result.output.split())
+
+
+REFUSED = {
+    "org/_leading-underscore": "spec.model: String should match pattern",
+    "org/" + "m" * 200: "spec.model: String should have at most 200 characters",
+}
+"""Hub ids the CRD refuses (its model pattern, its length), as a ranking can bring them."""
+
+
+def api_refusals(doc: dict[str, Any]) -> list[str]:
+    """What the API server says of a test: its schema's errors, then its CEL rules' messages."""
+    schema = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    errors = [e.message for e in jsonschema.Draft4Validator(schema).iter_errors(doc)]
+    return errors + cel_violations(yaml.safe_load(CRD.read_text()), doc["spec"])
+
+
+def test_a_model_the_crd_refuses_is_skipped_by_name_and_the_rest_is_written(
+    hub: HubServer, tmp_path: Path
+) -> None:
+    for i, model in enumerate(REFUSED):
+        hub.add(Repo(model, downloads=2000 + i))  # ranked first: nothing after may be blocked
+    output = tmp_path / "nightly.yaml"
+    result = runner.invoke(app, ["sweep", "nightly", "--limit", "10", "-o", str(output)])
+    assert result.exit_code == 0, result.output
+    docs = list(yaml.safe_load_all(output.read_text()))
+    assert sorted(d["spec"]["model"] for d in docs) == [
+        "Qwen/Qwen3-0.6B", "Qwen/Qwen3-0.6b", "meta-llama/Llama-3.2-1B",
+    ]  # fmt: skip
+    for doc in docs:
+        assert api_refusals(doc) == []
+    said = "".join(result.stderr.split())  # rich wraps a long id anywhere
+    for model, reason in REFUSED.items():
+        line = f"skipped {model}: the API server would refuse its test ({reason}"
+        assert "".join(line.split()) in said
+        # The API server refuses it indeed: what the generated test would have been.
+        refused = {**docs[0], "spec": {**docs[0]["spec"], "model": model}}
+        assert api_refusals(refused) != []
+    assert "wrote3testsofsweep'nightly'" in said and "(2model(s)skipped)" in said

@@ -13,6 +13,7 @@ import pytest
 from hubserver import HubServer, Repo
 from k8s_harness import JOBS_URL, NS, Emulator, Harness, declare_resources
 from kmock_kubelet import Kubelet
+from test_sweep import REFUSED, api_refusals
 
 from model_support.operator.resource import (
     ANNOTATION_MODEL,
@@ -269,7 +270,7 @@ async def test_200_models_never_more_than_8_running_and_all_done(sh: Harness) ->
         "models": 200, "queued": 0, "running": 0, "done": 200,
         "passed": expected[Result.PASS], "failed": expected[Result.FAIL],
         "errored": expected[Result.ERROR], "timedOut": 0, "excluded": 0, "unverified": 0,
-        "invalid": 0, "retained": 0, "regressions": 0, "fixes": 0,
+        "invalid": 0, "skipped": 0, "retained": 0, "regressions": 0, "fixes": 0,
     }  # fmt: skip
     # The API never held more than 8 unfinished tests (or Jobs) of the sweep, and did hold 8.
     assert cap.samples > 400
@@ -525,3 +526,50 @@ async def test_a_source_that_cannot_be_read_is_retried_and_an_invalid_sweep_stal
     snapshot = ResultsStore(str(sh.results)).latest_ranking_snapshot()
     assert snapshot is not None and snapshot.kind == "selected"
     assert snapshot.models == [model_id(1), model_id(2)]
+
+
+async def test_ranked_models_the_crd_refuses_are_skipped_and_never_block_the_rest(
+    sh: Harness, sweep_hub: HubServer
+) -> None:
+    """A Hub ranking can hold ids the CRD's pattern refuses: the sweep names them with why in
+    its status and an Event, and creates the tests of every other model."""
+    for i, refused in enumerate(REFUSED):
+        sweep_hub.add(Repo(refused, downloads=200_000 + i))  # ranked first
+    try:
+        await start(sh)
+        await create_sweep(
+            sh,
+            "mixed",
+            {
+                "source": {"hub": {"sort": "downloads", "limit": 4}},
+                "template": {"cores": 1},
+                "concurrency": {"maxRunning": 8},
+            },
+        )
+        status = await wait_sweep(
+            sh,
+            "mixed",
+            lambda s: 0 < (s.get("counts") or {}).get("running", 0) == s["counts"]["models"],
+            "every ranked model's test started",
+        )
+    finally:
+        for refused in REFUSED:
+            del sweep_hub.repos[refused]
+    assert status["counts"]["models"] == 2 and status["counts"]["skipped"] == 2
+    skipped = {s["model"]: s["reason"] for s in status["ranking"]["skipped"]}
+    assert status["ranking"]["skippedCount"] == 2 and skipped.keys() == REFUSED.keys()
+    for model, reason in REFUSED.items():
+        assert skipped[model].startswith(reason)
+    assert "skipped 2 model(s) the API server would refuse a test of" in status["message"]
+    tests = children_of(sh, "mixed")
+    assert sorted(t["metadata"]["annotations"][ANNOTATION_MODEL] for t in tests) == [
+        model_id(0), model_id(1),
+    ]  # fmt: skip
+    for test in tests:  # what was created, the API server admits
+        doc = {k: test[k] for k in ("apiVersion", "kind", "spec")} | {"metadata": {"name": "x"}}
+        assert api_refusals(doc) == []
+        # ... and the same test for a skipped model it refuses (schema or CEL rules)
+        for model in REFUSED:
+            assert api_refusals({**doc, "spec": {**doc["spec"], "model": model}}) != []
+    [event] = [e for e in await sh.events() if e.get("reason") == "ModelsSkipped"]
+    assert event["type"] == "Warning" and "org/_leading-underscore (spec.model:" in event["message"]

@@ -52,6 +52,8 @@ def _assert_complete_pass(doc: ResultDocument, n_prompts: int) -> None:
     assert v.error_ratio is not None and v.error_ratio <= v.parameters["max_error_ratio"]
     assert len(v.positions) == 32 * n_prompts
     assert doc.started_at and doc.finished_at and doc.finished_at > doc.started_at
+    # The timed second call compiled nothing: its tok/s is the compiled graphs' own.
+    assert doc.compilation.timed_call_graphs == 0
 
 
 def test_dense_model_passes_in_bfloat16(demo_models: dict[str, DemoModel]) -> None:
@@ -66,6 +68,10 @@ def test_float32_inductor_run_is_exact(demo_models: dict[str, DemoModel]) -> Non
     doc = _run(demo_models["tiny-qwen3"], dtype="float32")
     _assert_complete_pass(doc, 3)
     assert doc.compile_backend == "inductor"  # the default off Trainium
+    c = doc.compilation  # each compiled graph was a hit or a miss of inductor's FX graph cache
+    assert (
+        c.cache_per_graph and c.graphs and (c.cache_hits or 0) + (c.cache_misses or 0) == c.graphs
+    )
     assert doc.verification.exact is True
     assert doc.verification.error_ratio < 1.0  # fp32 compiled vs fp32 reference: below the floor
 

@@ -11,11 +11,13 @@ and message are in docs/trainium.md.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.machinery
 import os
 import re
 import sys
 import types
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -418,6 +420,9 @@ def test_a_cold_inductor_compile() -> None:
         "cache_hit": False,
         "cache": "inductor-fx-graph",
         "source": "torch._dynamo.utils.counters",
+        "cache_per_graph": False,  # no ledger given: process-wide counters
+        "cache_entries_outside_graphs": None,
+        "timed_call_graphs": None,
     }
 
 
@@ -476,6 +481,106 @@ def test_dynamo_counts_a_graph_break_and_the_shapes(tmp_path: Path) -> None:
     summary = runner.compilation_summary(before, runner.read_compile_counts(runner.BACKENDS["cpu"]))
     assert summary["graphs"] == 4 and summary["graph_breaks"] >= 1
     assert summary["cache_hit"] is None  # aot_eager consults no cache
+
+
+def _neff_writing_compiler(cache: Path) -> Callable[..., Any]:
+    """A stand-in for TorchNeuron's compile on CPU: each graph's NEFF is looked up in the
+    persistent cache (<k[0:2]>/<k[2:4]>/<k>.neff, keyed by the graph) and written only when
+    absent, at the graph's first call, as a backend that compiles lazily would."""
+
+    def compile_graph(graph_module: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        key = hashlib.sha256(graph_module.code.encode()).hexdigest()[:32]
+        neff = cache / key[:2] / key[2:4] / f"{key}.neff"
+
+        def call(*args: Any) -> Any:
+            if not neff.exists():
+                neff.parent.mkdir(parents=True, exist_ok=True)
+                neff.write_bytes(b"a compiled graph")
+            return graph_module(*args)
+
+        return call
+
+    return compile_graph
+
+
+def _eager_op_caching(cache: Path) -> None:
+    """What TorchNeuron does for an eager op inside generate(): a new NEFF cache entry."""
+    key = uuid.uuid4().hex
+    (cache / key[:2] / key[2:4]).mkdir(parents=True, exist_ok=True)
+    (cache / key[:2] / key[2:4] / f"{key}.neff").write_bytes(b"an eager op")
+
+
+def test_neff_misses_are_counted_per_compiled_graph_not_per_new_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eager ops write NEFF entries too: counting new files would call a warm run cold. Per
+    compiled graph, a cold run misses every graph and a warm one hits every graph; the eager
+    entries are counted apart."""
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path))
+    neuron = runner.BACKENDS["neuron"]
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        y = torch.sin(x) * 2
+        _eager_op_caching(tmp_path)  # not traceable: a graph break, run eagerly
+        return torch.cos(y) + 1
+
+    def run_once() -> dict[str, Any]:
+        torch._dynamo.reset()
+        ledger = runner.GraphLedger(neuron.cache_probe)
+        before = _counts(neff_entries=runner.count_neff_entries(str(tmp_path)))
+        compiled = torch.compile(
+            forward, backend=ledger.wrap(_neff_writing_compiler(tmp_path)), dynamic=False
+        )
+        compiled(torch.ones(4))
+        after = _counts(
+            graphs=len(ledger.graphs), neff_entries=runner.count_neff_entries(str(tmp_path))
+        )
+        # Counted the old way (new files), the eager op's entry would be a miss.
+        assert runner.compilation_summary(before, after)["cache_misses"] == (
+            after.neff_entries - before.neff_entries
+        )
+        return runner.compilation_summary(before, after, ledger.graphs)
+
+    cold = run_once()
+    assert (cold["graphs"], cold["cache_misses"], cold["cache_hits"]) == (2, 2, 0)
+    assert (cold["cache_per_graph"], cold["cache_entries_outside_graphs"]) == (True, 1)
+    assert cold["cache_hit"] is False and cold["cache"] == "neff"
+    warm = run_once()
+    assert (warm["cache_misses"], warm["cache_hits"], warm["cache_hit"]) == (0, 2, True)
+    assert warm["cache_entries_outside_graphs"] == 1  # the eager op wrote again: not a miss
+
+
+def test_inductor_hits_and_misses_are_counted_per_compiled_graph(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    cpu = runner.BACKENDS["cpu"]
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * 3
+
+    outcomes = []
+    for _ in range(2):  # a fresh process's view: dynamo forgets, the FX graph cache does not
+        torch._dynamo.reset()
+        ledger = runner.GraphLedger(cpu.cache_probe)
+        torch.compile(forward, backend=ledger.wrap("inductor"), dynamic=False)(torch.ones(8))
+        outcomes.append([g.outcome for g in ledger.graphs])
+    assert outcomes == [["miss"], ["hit"]]
+
+
+def test_the_ledger_counts_graphs_compiled_by_a_later_call() -> None:
+    """The recompile check: a second call with the same shapes compiles nothing; a new shape
+    (static shapes) compiles again, and the ledger sees it on any backend."""
+    torch._dynamo.reset()
+    ledger = runner.GraphLedger(runner.BACKENDS["cpu"].cache_probe)
+    compiled = torch.compile(lambda x: x * 2 + 1, backend=ledger.wrap("aot_eager"), dynamic=False)
+    compiled(torch.ones(3))
+    first = len(ledger.graphs)
+    compiled(torch.ones(3))
+    assert first == 1 and len(ledger.graphs) == first  # the second call did not recompile
+    compiled(torch.ones(5))
+    assert len(ledger.graphs) == 2
+    assert [g.outcome for g in ledger.graphs] == [None, None]  # aot_eager consults no cache
 
 
 def test_the_document_declares_every_new_field() -> None:
