@@ -97,7 +97,7 @@ DeadlineOpt = Annotated[
 
 
 def _fail(message: str, code: int) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {escape(message)}")
+    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
 
 

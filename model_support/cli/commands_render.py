@@ -21,7 +21,7 @@ EXIT_NO_JOB = 3  # the test would end without a Job (Invalid, EXCLUDED, ERROR/lo
 
 
 def _fail(message: str) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {escape(message)}")
+    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(2)
 
 

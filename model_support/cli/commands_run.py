@@ -223,7 +223,8 @@ def unreachable_hub(model: str, exc: BaseException) -> typer.Exit:
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print a clear error and return the exit to raise."""
-    console.print(f"[bold red]error:[/] {escape(message)}")
+    # Never hard-wrapped: a path or command in the message must copy whole.
+    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
 
 
