@@ -250,7 +250,7 @@ def test_the_published_dataset_reads_with_pandas_the_viewer_and_datasets(
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert "published 4 files" in " ".join(done.stderr.split())
+    assert "published 5 files" in " ".join(done.stderr.split())
     script = tmp_path / "read.py"
     script.write_text(READERS.format(repo=REPO))
     env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf-home")}
