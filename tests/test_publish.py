@@ -20,8 +20,10 @@ from hub_storage import HubStorage
 from hubserver import HubServer
 from huggingface_hub.errors import HfHubHTTPError
 
+from model_support.config import RunConfig
 from model_support.publish import PublishError, publish
 from model_support.records import ResultDocument, RunRecord, Stack, new_run_id
+from model_support.script import render_script
 from model_support.store import ResultsStore
 from model_support.vocabulary import Result
 
@@ -45,7 +47,8 @@ def record(model: str, result: str, neuronx_cc: str, minutes: int = 0) -> RunRec
         started_at=when,
         finished_at=when + timedelta(minutes=2),
     )
-    return RunRecord(run_id=new_run_id(when), document=document, run_py=f"# run.py for {model}\n")
+    run_py = render_script(RunConfig(model=model))
+    return RunRecord(run_id=new_run_id(when), document=document, run_py=run_py)
 
 
 @pytest.fixture
@@ -230,7 +233,7 @@ READERS = textwrap.dedent(
         "datasets": sorted(zip(loaded["model_id"], loaded["result"])),
         "config": list(one_file["result"]),
         "viewer_page": None if selected is None else sorted(zip(selected["model"], selected["result"])),
-        "viewer_details": [c.value for c in page.code if c.value.startswith("# run.py")],
+        "viewer_details": [c.value for c in page.code if "MODEL-SUPPORT CONFIG" in c.value],
         "viewer_errors": [str(e.value) for e in page.exception],
     }}))
     """
@@ -279,7 +282,8 @@ def test_the_published_dataset_reads_with_pandas_the_viewer_and_datasets(
     # the viewer itself on the published dataset: the selected list, then a model's details
     assert seen["viewer_errors"] == []
     assert seen["viewer_page"] == [["Qwen/Qwen3-0.6B", "PASS"]]
-    assert seen["viewer_details"] == ["# run.py for Qwen/Qwen3-0.6B"]  # st.code drops the newline
+    [config_block] = seen["viewer_details"]  # run.py's config block
+    assert '"model": "Qwen/Qwen3-0.6B"' in config_block
 
 
 def test_the_publish_command_refuses_a_bad_repository_uri(results: Path) -> None:

@@ -19,7 +19,7 @@ import sys
 import pandas as pd
 import streamlit as st
 
-from model_support.viewer import history_views, views
+from model_support.viewer import details, history_views, views
 from model_support.viewer.data import StackFile
 from model_support.viewer.markup import inline_code, literal
 from model_support.viewer.queries import newest_first, version_key
@@ -42,6 +42,8 @@ VIEWS = {
 ALL_TASKS = "all tasks"
 PARAMS = ("view", "compiler", "library", "q", "task", "model", "before", "after", "run")
 COMPARING_VIEWS = ("compare", "regressions")  # views whose two stacks are before and after
+NEEDS_RESULTS = ("all", "triage", "compare", "charts", "history", "regressions")
+"""Views with nothing to show without results (Selected and the rankings still list models)."""
 
 
 def results_uri() -> str:
@@ -111,8 +113,10 @@ def main() -> None:
     st.set_page_config(page_title="Model support on Trainium", page_icon="🧪", layout="wide")
     uri = results_uri()
     hub_endpoint = os.environ.get(HUB_ENDPOINT_ENV) or None
+    st.session_state[views.REPORTED_KEY] = set()  # each run reports unreadable files anew
     try:
-        files = views.stack_files(uri)
+        files, unlisted = views.stack_files(uri)
+        views.report_unreadable(unlisted)
     except (OSError, ValueError) as exc:
         st.error(
             f"Cannot read the results at {inline_code(uri)}: {literal(type(exc).__name__)}: "
@@ -165,9 +169,14 @@ def main() -> None:
         hub_endpoint=hub_endpoint,
     )
     view = next(k for k, v in VIEWS.items() if v == label)
+    views.device_note(ctx)
     st.header(label)
     table: pd.DataFrame | None = None
-    if view == "selected":
+    if not files:
+        st.info(views.no_results_message(uri))
+    if not files and view in NEEDS_RESULTS:
+        pass  # nothing to show but the message above
+    elif view == "selected":
         table = views.view_selected(ctx)
     elif view == "all":
         table = views.view_all(ctx)
@@ -209,7 +218,7 @@ def main() -> None:
         placeholder="Pick a model, or click a row of the table",
     )
     if model:
-        views.details(ctx, model)
+        details.details(ctx, model)
 
     # Write the state back so the URL is a deep link to what is on screen.
     state = {

@@ -72,6 +72,51 @@ def list_stack_files(results_uri: str) -> list[StackFile]:
     return files
 
 
+@dataclass(frozen=True)
+class UnreadableFile:
+    """A Parquet file under the dataset's data/ that could not be read, and why."""
+
+    path: str
+    reason: str
+
+
+def unlisted_data_files(results_uri: str, listed: Sequence[StackFile]) -> list[UnreadableFile]:
+    """Parquet files under data/ that are not among the matrix files ``listed`` (the store
+    leaves out a file it cannot read as a matrix file: a truncated upload, another tool's)."""
+    store = ResultsStore(results_uri)
+    data_dir = store.fs._strip_protocol(f"{store.root}/data")
+    if not store.fs.isdir(data_dir):
+        return []
+    known = {store.fs._strip_protocol(f.path) for f in listed}
+    return [
+        UnreadableFile(path=path, reason="not readable as a matrix file")
+        for path in sorted(store.fs.glob(f"{data_dir}/*.parquet"))
+        if store.fs._strip_protocol(path) not in known
+    ]
+
+
+def read_columns_reporting(
+    results_uri: str,
+    paths: Sequence[str],
+    columns: Sequence[str],
+    model_id: str | None = None,
+) -> tuple[pd.DataFrame, list[UnreadableFile]]:
+    """Like :func:`read_columns`, but a file that cannot be read is left out and returned with
+    its reason, so one bad file never hides the others' rows."""
+    wanted = [c for c in columns if c in MATRIX_COLUMNS]
+    schema = pa.schema([MATRIX_SCHEMA.field(c) for c in wanted])
+    store = ResultsStore(results_uri)
+    tables, unreadable = [], []
+    for path in paths:
+        try:
+            tables.append(_read_file(store.fs, store.fs._strip_protocol(path), schema, model_id))
+        except (OSError, pa.ArrowException) as exc:
+            unreadable.append(UnreadableFile(path=path, reason=f"{type(exc).__name__}: {exc}"))
+    if not tables:
+        return schema.empty_table().to_pandas(), unreadable
+    return pa.concat_tables(tables).to_pandas(), unreadable
+
+
 def read_columns(
     results_uri: str,
     paths: Sequence[str],

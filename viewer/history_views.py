@@ -284,7 +284,7 @@ def _run_details(ctx: HistoryContext, run_id: str) -> None:
     """One run's whole record, as the page's details show a matrix row."""
     from model_support.dataset import record_to_row
     from model_support.store import StoreError
-    from model_support.viewer.views import run_details
+    from model_support.viewer.details import run_details
 
     st.subheader(f"Run {literal(run_id)}")
     try:
@@ -293,7 +293,7 @@ def _run_details(ctx: HistoryContext, run_id: str) -> None:
         st.error(f"The run's record could not be read: {literal(exc)}")
         return
     st.markdown(f"Reproduce it exactly: {inline_code(reproduce_command(run_id))}")
-    run_details(pd.Series(record_to_row(record)))
+    run_details(pd.Series(record_to_row(record)), traceback=record.document.traceback)
 
 
 # ---------------------------------------------------------------------------------------------

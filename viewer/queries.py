@@ -35,6 +35,7 @@ LIST_COLUMNS: tuple[str, ...] = (
     "result",
     "error_class",
     "exclusion_reason",
+    "failed_checks",
     "neuron_cores",
     "wall_time_s",
     "peak_device_memory_bytes",
@@ -54,7 +55,8 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "verification_reason", "verification_json", "text", "texts", "prompts", "neuronx_cc", "compiler", "run_py",
     "packages", "stack", "run_id", "source", "backend", "compile_backend", "dtype", "parallelism",
     "revision", "resolved_revision", "torch", "torch_neuronx", "started_at", "finished_at",
-    "recorded_at",
+    "recorded_at", "stage", "failed_checks", "q90_ratio", "peak_ratio", "kl_ratio", "parameters",
+    "instance_type", "lnc", "device_name", "library", "library_version",
 )  # fmt: skip
 
 COMPILE_CACHE_COLUMNS: tuple[str, ...] = (
@@ -204,13 +206,26 @@ def is_sorted_by(first: pd.Series, second: pd.Series) -> bool:
 
 
 def _why(frame: pd.DataFrame) -> pd.Series:
-    """The short reason beside a result: the error class for ERROR, the reason for EXCLUDED."""
+    """The short reason beside a result: the error class for ERROR, the reason for EXCLUDED,
+    the failed checks for FAIL (comma-separated)."""
     result = frame["result"]
     why = frame["error_class"].where(
         result == Result.ERROR.value,
         frame["exclusion_reason"].where(result == Result.EXCLUDED.value),
     )
+    if "failed_checks" in frame.columns:
+        checks = pd.Series(
+            [_joined(v) for v in frame["failed_checks"]], index=frame.index, dtype="object"
+        )
+        why = why.where(result != Result.FAIL.value, checks)
     return why.astype("string")
+
+
+def _joined(value: object) -> str | None:
+    """A list cell (None, a list or an array of strings) as "a, b"; None when empty."""
+    if value is None or isinstance(value, (float, str)):
+        return None
+    return ", ".join(str(v) for v in value) or None  # type: ignore[attr-defined]
 
 
 def _latest(frame: pd.DataFrame) -> pd.DataFrame:
@@ -261,12 +276,12 @@ def ranking_table(ranking: Ranking, frame: pd.DataFrame) -> pd.DataFrame:
                 "model_id": m.model_id,
                 "downloads": m.downloads,
                 "trending score": m.trending_score,
-                "parameters (B)": None if m.parameters is None else round(m.parameters / 1e9, 2),
+                "parameters": m.parameters,
                 "gated": m.gated,
             }
             for m in ranking.models
         ],
-        columns=["rank", "model_id", "downloads", "trending score", "parameters (B)", "gated"],
+        columns=["rank", "model_id", "downloads", "trending score", "parameters", "gated"],
     )
     ours = _latest(with_task(frame, ranking.task))
     merged = ranked.merge(ours, on="model_id", how="left")
@@ -282,7 +297,7 @@ def ranking_table(ranking: Ranking, frame: pd.DataFrame) -> pd.DataFrame:
             "peak device memory (GiB)": gib(merged["peak_device_memory_bytes"]),
             "downloads": merged["downloads"].astype("Int64"),
             "trending score": merged["trending score"].astype("Float64"),
-            "parameters (B)": merged["parameters (B)"].astype("Float64"),
+            "parameters": merged["parameters"].astype("Int64"),
             "gated": merged["gated"].astype("string"),
         }
     )

@@ -7,7 +7,7 @@ chosen results location, stack and filters. Data comes through the cached reader
 
 from __future__ import annotations
 
-import json
+import shlex
 from dataclasses import dataclass
 from datetime import UTC
 from typing import TYPE_CHECKING
@@ -16,17 +16,21 @@ import pandas as pd
 import streamlit as st
 
 from model_support.selection import SelectionError, load_selected
-from model_support.viewer import queries
+from model_support.viewer import formatting, queries
 from model_support.viewer.data import (
     StackFile,
+    UnreadableFile,
     ViewerDataError,
     list_stack_files,
-    read_columns,
+    read_columns_reporting,
+    unlisted_data_files,
 )
 from model_support.viewer.markup import inline_code, literal
 from model_support.vocabulary import Result, Task
 
 if TYPE_CHECKING:
+    from streamlit.elements.lib.column_types import ColumnConfig
+
     # Imported where used: the Hub client and altair cost a second or two of a fresh server's
     # first page, and only the ranking and chart views need them.
     from model_support.ranking_snapshots import RankingSnapshot
@@ -76,9 +80,11 @@ class Context:
 
 
 @st.cache_data(ttl=FILE_LIST_TTL_S, show_spinner=False)
-def stack_files(results_uri: str) -> list[StackFile]:
-    """The dataset's matrix files (re-listed at most every FILE_LIST_TTL_S seconds)."""
-    return list_stack_files(results_uri)
+def stack_files(results_uri: str) -> tuple[list[StackFile], list[UnreadableFile]]:
+    """The dataset's matrix files, and the Parquet files under data/ that are not readable
+    matrix files (re-listed at most every FILE_LIST_TTL_S seconds)."""
+    files = list_stack_files(results_uri)
+    return files, unlisted_data_files(results_uri, files)
 
 
 # A resource cache (no copy on each use, unlike cache_data): frames are never modified in place
@@ -89,9 +95,29 @@ def _read(
     files: tuple[tuple[str, str], ...],
     columns: tuple[str, ...],
     model_id: str | None,
-) -> pd.DataFrame:
+) -> tuple[pd.DataFrame, list[UnreadableFile]]:
     # ``files`` carries (path, fingerprint): a changed file is a new cache key.
-    return read_columns(results_uri, [path for path, _ in files], columns, model_id=model_id)
+    return read_columns_reporting(
+        results_uri, [path for path, _ in files], columns, model_id=model_id
+    )
+
+
+REPORTED_KEY = "_reported-files"
+"""Session state: the unreadable files already reported in this run of the page."""
+
+
+def report_unreadable(unreadable: list[UnreadableFile]) -> None:
+    """One warning per unreadable file per run of the page: what it is, why, and what to do."""
+    reported: set[str] = st.session_state.setdefault(REPORTED_KEY, set())
+    for bad in unreadable:
+        if bad.path in reported:
+            continue
+        reported.add(bad.path)
+        st.warning(
+            f"Left out {inline_code(bad.path)}: {literal(bad.reason)}. The other files are "
+            "shown; rebuild the matrix from the records with "
+            "`model-support dataset materialize --rebuild`."
+        )
 
 
 def read(
@@ -100,8 +126,13 @@ def read(
     columns: tuple[str, ...],
     model_id: str | None = None,
 ) -> pd.DataFrame:
-    """Only ``columns`` of ``files`` (cached by path + fingerprint)."""
-    return _read(ctx.results_uri, tuple((f.path, f.fingerprint) for f in files), columns, model_id)
+    """Only ``columns`` of ``files`` (cached by path + fingerprint); a file that cannot be read
+    is left out and reported."""
+    frame, unreadable = _read(
+        ctx.results_uri, tuple((f.path, f.fingerprint) for f in files), columns, model_id
+    )
+    report_unreadable(unreadable)
+    return frame
 
 
 def current_frame(ctx: Context, columns: tuple[str, ...]) -> pd.DataFrame:
@@ -169,18 +200,41 @@ def show_sweep(ctx: Context, task: str, frame: pd.DataFrame, *, heading: bool = 
 # Tables
 
 
-def show_table(table: pd.DataFrame, key: str) -> str | None:
-    """Draw a results table with row selection; returns the model of a newly selected row."""
-    config = {
+NUMBER_FORMATS: dict[str, tuple[str, str | None]] = {
+    "wall time (s)": ("localized", "Load + compile + generate, in seconds"),
+    "wall time before (s)": ("localized", None),
+    "wall time after (s)": ("localized", None),
+    "peak device memory (GiB)": ("localized", None),
+    "downloads": ("localized", None),
+    "trending score": ("localized", None),
+    "parameters": ("compact", "Parameter count (k: thousand, M: million, B: billion)"),
+}
+"""How a table's number columns are written: with the reader's thousands separators (the unit is
+in the column's name), parameter counts compact (1.2M, never rounded to 0)."""
+
+
+def table_config(table: pd.DataFrame) -> dict[str, ColumnConfig]:
+    """The column configuration of a results table: widths, number formats, help."""
+    config: dict[str, ColumnConfig] = {
         "model": st.column_config.TextColumn("model", width="medium"),
         "result": st.column_config.TextColumn("result", width="small"),
-        "wall time (s)": st.column_config.NumberColumn(
-            "wall time (s)", help="Load + compile + generate", format="%.1f"
-        ),
-        "peak device memory (GiB)": st.column_config.NumberColumn(
-            "peak device memory (GiB)", format="%.2f"
-        ),
     }
+    for name, (number_format, help_text) in NUMBER_FORMATS.items():
+        if name in table.columns:
+            config[name] = st.column_config.NumberColumn(
+                name,
+                help=help_text,
+                format=number_format,  # type: ignore[arg-type]
+            )
+    return config
+
+
+def show_table(table: pd.DataFrame, key: str) -> str | None:
+    """Draw a results table with row selection (its row count above it, blanks where a value is
+    missing); returns the model of a newly selected row."""
+    st.caption(f"{len(table):,} row{'' if len(table) == 1 else 's'}")
+    config = table_config(table)
+    table = formatting.blank_missing(table)
     if len(table) > DICTIONARY_ABOVE_ROWS:
         # Few distinct values: sent as Arrow dictionaries, the page's largest message shrinks by
         # almost half (it is serialized and hashed on every rerun).
@@ -310,8 +364,12 @@ def view_triage(ctx: Context) -> pd.DataFrame:
     if groups.empty:
         st.success("No failures on this stack.")
         return pd.DataFrame(columns=["model"])
+    st.caption(
+        f"{len(groups):,} group{'' if len(groups) == 1 else 's'} of "
+        f"{int(groups['count'].sum()):,} failures"
+    )
     st.dataframe(
-        groups,
+        formatting.blank_missing(groups),
         hide_index=True,
         column_config={
             "signature": st.column_config.TextColumn(width="large"),
@@ -324,6 +382,36 @@ def view_triage(ctx: Context) -> pd.DataFrame:
     )
     models = queries.models_with_signature(frame, signature) if signature else []
     return pd.DataFrame({"model": models})
+
+
+def no_results_message(results_uri: str) -> str:
+    """What an empty results location says, in every view: that it is empty, and how to fill it."""
+    option = f" --results {shlex.quote(results_uri)}" if results_uri != "results" else ""
+    return (
+        f"No results yet under {inline_code(results_uri)}. "
+        f"{inline_code(f'model-support demo{option}')} tests a few tiny models on this machine and "
+        f"records them here; "
+        f"{inline_code(f'model-support run ORG/NAME{option}')} tests one model from the Hub."
+    )
+
+
+DEVICE_NAMES = {"neuron": "Trainium", "cpu": "CPU", "cuda": "CUDA"}
+
+
+def device_note(ctx: Context) -> None:
+    """Say so when the current stack's results did not run on Trainium (CPU or CUDA runs show
+    whether a model runs unmodified through torch.compile, not Trainium's figures)."""
+    if ctx.current is None:
+        return
+    backends = sorted({b for b in read(ctx, [ctx.current], ("backend",))["backend"].dropna()})
+    if not backends or "neuron" in backends:
+        return
+    names = ", ".join(DEVICE_NAMES.get(b, b) for b in backends)
+    st.info(
+        f"These results ran on {literal(names)} ({literal(ctx.current.compiler_label)}), not on "
+        "Trainium: they say whether each model runs unmodified through torch.compile there; "
+        "their times and memory are not Trainium's."
+    )
 
 
 def stack_label(f: StackFile) -> str:
@@ -419,245 +507,3 @@ def view_charts(ctx: Context) -> None:
         )
     )
     st.altair_chart(scatter, width="stretch")
-
-
-# ---------------------------------------------------------------------------------------------
-# Details
-
-
-def _seconds(value: object) -> str:
-    return "—" if value is None or pd.isna(value) else f"{float(value):.1f} s"  # type: ignore[arg-type]
-
-
-def _gib(value: object) -> str:
-    return "—" if value is None or pd.isna(value) else f"{int(value) / 2**30:.2f} GiB"  # type: ignore[call-overload]
-
-
-def details(ctx: Context, model_id: str) -> None:
-    """Everything about one model's result on the current stack, and how to reproduce it."""
-    st.subheader(literal(model_id))
-    rows = read(
-        ctx,
-        [ctx.current] if ctx.current else [],
-        tuple(queries.DETAIL_COLUMNS) + queries.COMPILE_CACHE_COLUMNS,
-        model_id=model_id,
-    )
-    rows = (
-        queries.with_task(rows, ctx.task)
-        if ctx.task and not rows.empty and (rows["task"] == ctx.task).any()
-        else rows
-    )
-    if rows.empty:
-        where = stack_label(ctx.current) if ctx.current else "this dataset"
-        st.info(f"{literal(model_id)} has no result with {literal(where)}.")
-        elsewhere = queries.versions_of(
-            read(
-                ctx,
-                ctx.files,
-                ("model_id", "compiler_version", "library_version"),
-                model_id=model_id,
-            ),
-            model_id,
-        )
-        if elsewhere:
-            st.markdown(
-                "It has results with: "
-                + ", ".join(
-                    f"compiler {literal(c)} / library {literal(lib)}" for c, lib in elsewhere
-                )
-                + ". Pick one in the sidebar."
-            )
-        return
-    for _, row in rows.iterrows():
-        _details_row(row)
-
-
-def _strings(value: object) -> list[str]:
-    """A list column's value (None, a list or an array of strings) as a list."""
-    if value is None or isinstance(value, float):
-        return []
-    return [str(v) for v in value]  # type: ignore[attr-defined]
-
-
-def _generated_text(row: pd.Series) -> None:
-    """Each prompt (shown as a Python literal, so its line breaks show) and what it generated."""
-    texts = _strings(row["texts"]) or ([row["text"]] if isinstance(row["text"], str) else [])
-    if not texts:
-        return
-    prompts = _strings(row["prompts"])
-    st.markdown(f"**{queries.output_label(str(row['task']))}** (as the run reported it)")
-    for index, text in enumerate(texts):
-        prompt = prompts[index] if index < len(prompts) else None
-        st.caption(literal(f"prompt {index + 1}: {prompt!r}" if prompt else f"prompt {index + 1}"))
-        st.text(text)
-
-
-def _compile_cache(row: pd.Series) -> None:
-    """The compile cache figures of a run: hits during it, what was pulled and pushed."""
-    if pd.isna(row.get("compile_cache_hits")) and not isinstance(
-        row.get("compile_cache_target"), str
-    ):
-        return
-    st.markdown("**Compile cache**")
-    figures = {
-        "hits": row.get("compile_cache_hits"),
-        "misses": row.get("compile_cache_misses"),
-        "prefix matched": row.get("compile_cache_prefix_matched"),
-        "pulled entries": row.get("compile_cache_pulled_entries"),
-        "pulled MiB": row.get("compile_cache_pulled_bytes"),
-        "pull s": row.get("compile_cache_pull_s"),
-        "pushed entries": row.get("compile_cache_pushed_entries"),
-        "pushed MiB": row.get("compile_cache_pushed_bytes"),
-        "push s": row.get("compile_cache_push_s"),
-        "skipped": row.get("compile_cache_skipped"),
-    }
-    for key in ("pulled MiB", "pushed MiB"):
-        if not pd.isna(figures[key]):
-            figures[key] = round(int(figures[key]) / 2**20, 2)  # type: ignore[call-overload]
-    st.dataframe(
-        pd.DataFrame([{k: (None if pd.isna(v) else v) for k, v in figures.items()}]),
-        hide_index=True,
-    )
-    if isinstance(row.get("compile_cache_target"), str):
-        where = f"{row['compile_cache_target']}/{row.get('compile_cache_prefix') or ''}"
-        st.caption(f"Cache: {inline_code(where)}")
-    if isinstance(row.get("compile_cache_error"), str):
-        st.caption(f"The cache failed (the result stands): {literal(row['compile_cache_error'])}")
-
-
-def run_details(row: pd.Series) -> None:
-    """The details of one run, given as a matrix row (the History view shows any run so)."""
-    _details_row(row)
-
-
-def _details_row(row: pd.Series) -> None:
-    result = str(row["result"])
-    colour = RESULT_COLOURS.get(result, "gray")
-    why = (
-        row["error_class"]
-        if result == Result.ERROR.value
-        else row["exclusion_reason"]
-        if result == Result.EXCLUDED.value
-        else None
-    )
-    st.markdown(
-        f"**{literal(row['task'])}** — :{colour}-background[{literal(result)}]"
-        + (f" {inline_code(why)}" if isinstance(why, str) and why else "")
-    )
-    if isinstance(row["model_path"], str) and row["model_path"]:
-        st.caption(
-            f"Local checkpoint {inline_code(row['model_path'])} (on the machine that ran it)"
-        )
-    cols = st.columns(5)
-    cols[0].metric("cores", "—" if pd.isna(row["neuron_cores"]) else int(row["neuron_cores"]))
-    cols[1].metric("wall time (compile incl.)", _seconds(row["wall_time_s"]))
-    cols[2].metric("compile time", _seconds(row["compile_time_s"]))
-    cols[3].metric("peak device memory", _gib(row["peak_device_memory_bytes"]))
-    cols[4].metric(
-        "decode tokens/s",
-        "—" if pd.isna(row["decode_tokens_per_s"]) else f"{row['decode_tokens_per_s']:.1f}",
-    )
-    _compile_cache(row)
-    if isinstance(row["error"], str) and row["error"]:
-        st.markdown("**Error**")
-        st.code(row["error"], language=None, wrap_lines=True)
-    st.markdown("**Verification**")
-    if isinstance(row["verification_reason"], str):
-        st.markdown(literal(row["verification_reason"]))
-    figures = {
-        "exact": row["verified_exact"],
-        "error ratio": row["error_ratio"],
-        "mismatches": row["mismatches"],
-        "near ties": row["near_ties"],
-        "bad tokens": row["bad_tokens"],
-        "first mismatch": row["first_mismatch"],
-    }
-    if all(pd.isna(v) for v in figures.values()):
-        st.caption("No verdict: the test stopped before the verification ran.")
-    else:
-        st.dataframe(
-            pd.DataFrame([{k: (None if pd.isna(v) else v) for k, v in figures.items()}]),
-            hide_index=True,
-        )
-    verification = (
-        json.loads(row["verification_json"]) if isinstance(row["verification_json"], str) else {}
-    )
-    measures = queries.verdict_measures(verification)
-    if not measures.empty:  # embeddings, classification, text-to-image: each measure's figures
-        st.caption(
-            f"Compared: {verification.get('method')}; ratios are the device's to the baseline's."
-        )
-        st.dataframe(measures, hide_index=True)
-        with st.expander("Per input / per step"):
-            st.dataframe(queries.verdict_items(verification), hide_index=True)
-    where, modules = queries.first_divergence(verification)
-    if where is not None:
-        st.markdown(literal(where))
-        if not modules.empty:
-            st.dataframe(modules, hide_index=True)
-    with st.expander("Whole verification (JSON)"):
-        st.json(verification)
-    _generated_text(row)
-
-    st.markdown("**Reproduce**")
-    run_py = row["run_py"] if isinstance(row["run_py"], str) else ""
-    packages = list(row["packages"]) if row["packages"] is not None and len(row["packages"]) else []
-    st.markdown(
-        "1. Install the packages this run reported (`requirements.txt` below: what its pod "
-        "said it had installed, not checked by anyone): `pip install -r requirements.txt`"
-    )
-    if packages:
-        st.download_button(
-            "Download requirements.txt",
-            "\n".join(packages) + "\n",
-            file_name="requirements.txt",
-            key=f"req-{row['run_id']}",
-        )
-        with st.expander(f"Packages ({len(packages)})"):
-            st.code("\n".join(packages), language=None)
-    pull = queries.compile_cache_pull(row)
-    if pull is not None:
-        command, origin = pull
-        st.markdown(
-            f"2. Pull {origin} for this compiler version (saves compiling again; the "
-            "installed compiler must be the same version, which step 1 gives):"
-        )
-        st.code(command, language="bash")
-    else:
-        st.markdown(
-            f"2. No shared compile cache holds this run's entries (compiler: {literal(row['compiler'] or 'unknown')}); "
-            "it compiles from scratch."
-        )
-    st.markdown("3. Save `run.py` and run it:")
-    st.code("python3 run.py", language="bash")
-    st.download_button(
-        "Download run.py",
-        run_py,
-        file_name="run.py",
-        mime="text/x-python",
-        key=f"runpy-{row['run_id']}",
-    )
-    st.code(run_py, language="python", line_numbers=True)
-
-    with st.expander("Stack (every recorded version)"):
-        st.json(json.loads(row["stack"]) if isinstance(row["stack"], str) else {})
-    with st.expander("Run"):
-        run = {
-            name: (None if pd.isna(row[name]) else str(row[name]))
-            for name in (
-                "run_id",
-                "source",
-                "backend",
-                "compile_backend",
-                "dtype",
-                "parallelism",
-                "revision",
-                "resolved_revision",
-                "torch",
-                "torch_neuronx",
-                "started_at",
-                "finished_at",
-                "recorded_at",
-            )
-        }
-        st.json(run)

@@ -31,6 +31,9 @@ from model_support.operator.settings import OperatorSettings
 ARTIFACTS = REPO / "test-artifacts"
 
 
+# tryfirst: pytest-xdist's own hook turns the mark into the group it schedules by, so the
+# mark must be there before it runs (a plain conftest hook runs after it: no group at all).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:

@@ -1,5 +1,19 @@
 """Fixtures of the viewer tests (defined in viewer_support.py, which the tests also import)."""
 
-from viewer_support import _fresh_streamlit_caches, dataset, dead_hub, hostile_dataset, hub
+from viewer_support import (
+    _fresh_streamlit_caches,
+    dataset,
+    dead_hub,
+    explained_dataset,
+    hostile_dataset,
+    hub,
+)
 
-__all__ = ["_fresh_streamlit_caches", "dataset", "dead_hub", "hostile_dataset", "hub"]
+__all__ = [
+    "_fresh_streamlit_caches",
+    "dataset",
+    "dead_hub",
+    "explained_dataset",
+    "hostile_dataset",
+    "hub",
+]

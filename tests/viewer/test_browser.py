@@ -108,7 +108,7 @@ def test_page_search_details_and_screenshot(server: str) -> None:
         assert "q=qwen" in page.url  # the state is written back into the URL
         page.goto(f"{server}/?view=all&q=qwen&model=Qwen/Qwen3-1.7B")
         wait_ready(page)
-        page.get_by_text("# model-support run.py for Qwen/Qwen3-1.7B").first.wait_for(
+        page.get_by_text("BEGIN MODEL-SUPPORT CONFIG").first.wait_for(  # run.py's config block
             timeout=30_000
         )
         assert page.get_by_text("python3 run.py").count() >= 1

@@ -18,6 +18,7 @@ import streamlit as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared hubserver module
 from hubserver import HubServer, Repo
 
+from model_support.config import RunConfig
 from model_support.records import (
     Memory,
     ResultDocument,
@@ -27,8 +28,9 @@ from model_support.records import (
     Verification,
     new_run_id,
 )
+from model_support.script import render_script
 from model_support.store import ResultsStore
-from model_support.vocabulary import ErrorClass, ExclusionReason, Result
+from model_support.vocabulary import ErrorClass, ExclusionReason, Result, Task
 
 OLD_CC, NEW_CC = "2.27.100.0", "2.28.7631.0"
 TRANSFORMERS = "5.24.0"
@@ -55,6 +57,11 @@ RERUN = ("Qwen/Qwen3-0.6B", "text-generation", "TIMEOUT", NEW_CC)
 """An earlier run of a model on the new stack that timed out (it passed when run again)."""
 LOAD_ERROR = "OSError: gated repo google/gemma-3-1b-it requires a token"
 RUN_PY = "#!/usr/bin/env python3\n# model-support run.py for {model}\nCONFIG = {{'model': '{model}'}}\nprint('hello')\n"
+
+
+def rendered_run_py(model: str, task: str) -> str:
+    """The run.py model-support renders for ``model`` (the runner with its config block)."""
+    return render_script(RunConfig(model=model, task=Task(task)))
 
 
 def make_record(
@@ -113,7 +120,7 @@ def make_record(
     return RunRecord(
         run_id=new_run_id(when),
         document=document,
-        run_py=RUN_PY.format(model=model),
+        run_py=rendered_run_py(model, task),
         source="cli",
         exclusion_reason=ExclusionReason.TOO_LARGE if state == Result.EXCLUDED else None,
         recorded_at=when + timedelta(minutes=4),
@@ -164,6 +171,75 @@ def _fresh_streamlit_caches() -> Iterator[None]:
     yield
     st.cache_data.clear()
     st.cache_resource.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs that did not pass, each with what explains it, and a CPU run.
+
+TRACEBACK = 'Traceback (most recent call last):\n  File "run.py", line 812, in compile\nRuntimeError: SBUF overflow'
+POSITIONS = [
+    {"prompt": 0, "position": 0, "token": 11, "reference_token": 11, "margin": 0.0, "verdict": "match"},
+    {"prompt": 0, "position": 1, "token": 4242, "reference_token": 17, "margin": 2.5, "verdict": "bad"},
+    {"prompt": 0, "position": 2, "token": 9, "reference_token": 10, "margin": 0.01, "verdict": "near-tie"},
+]  # fmt: skip
+FAIL_VERDICT = Verification(
+    passed=False,
+    exact=False,
+    failed_checks=["tokens", "median"],
+    error_ratio=8.6,
+    q90_ratio=2.0,
+    mismatches=2,
+    near_ties=1,
+    bad_tokens=1,
+    first_mismatch=1,
+    reason="tokens: prompt 0 token 1: generated 4242 but the reference prefers 17",
+    parameters={"max_error_ratio": 3.0, "max_q90_ratio": 3.5, "max_peak_ratio": 4.0},
+    positions=POSITIONS,
+)
+
+
+def _on(record: RunRecord, **changes: object) -> RunRecord:
+    return record.model_copy(update={"document": record.document.model_copy(update=changes)})
+
+
+def build_explained_dataset(root: Path) -> None:
+    """A Trainium FAIL, ERROR, EXCLUDED and PASS, a CPU PASS, and a model on an older stack only."""
+    store = ResultsStore(str(root))
+    failed = make_record("org/fails", "text-generation", "FAIL", NEW_CC, START)
+    stack = failed.document.stack.model_copy(update={"instance_type": "trn2.48xlarge", "lnc": 2})
+    store.add(_on(failed, verification=FAIL_VERDICT, stack=stack, cores=4, parameters=1_234_567))
+    errored = make_record("org/errors", "text-generation", "TIMEOUT", NEW_CC, START)
+    store.add(
+        _on(
+            errored,
+            result=Result.ERROR,
+            error_class=ErrorClass.COMPILE,
+            error="neuronx-cc failed: SBUF overflow",
+            traceback=TRACEBACK,
+            stage="compile",
+        )
+    )
+    store.add(make_record("org/too-large", "text-generation", "EXCLUDED", NEW_CC, START))
+    store.add(make_record("org/passes", "text-generation", "PASS", NEW_CC, START))
+    cpu = make_record("org/on-cpu", "text-generation", "PASS", NEW_CC, START)
+    store.add(
+        _on(
+            cpu,
+            backend="cpu",
+            compile_backend="inductor",
+            stack=cpu.document.stack.model_copy(update={"neuronx_cc": None, "torch_neuronx": None}),
+        )
+    )
+    store.add(make_record("org/older", "text-generation", "PASS", "2.27.100.0", START))
+    store.materialize()
+
+
+@pytest.fixture(scope="session")
+def explained_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The results of build_explained_dataset (read-only use)."""
+    root = tmp_path_factory.mktemp("explained")
+    build_explained_dataset(root)
+    return root
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,174 @@
+"""A model's details as a user reads them: the answer on one line first, then the figures, why it
+did not pass (a FAIL's checks and tokens, an ERROR's stage and traceback, an EXCLUDED model's
+reason), run.py's config block with the whole file as a download, and a way to its history."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from streamlit.testing.v1 import AppTest
+from viewer_support import NEW_CC, POSITIONS, TRACEBACK
+
+from model_support.viewer.failures import token_table
+
+APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
+
+
+@pytest.fixture
+def page(explained_dataset: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str) -> AppTest:
+    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(explained_dataset))
+    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", dead_hub)
+    at = AppTest.from_file(APP, default_timeout=30)
+    at.query_params["view"] = "all"
+    return at
+
+
+def _open(page: AppTest, model: str, **params: str) -> AppTest:
+    page.query_params.update(model=model, **params)
+    page.run()
+    assert not page.exception
+    return page
+
+
+def _markdown(page: AppTest) -> list[str]:
+    return [m.value for m in page.markdown]
+
+
+def _unescaped(text: str) -> str:
+    return text.replace("\\", "")
+
+
+def test_the_first_line_answers_result_stack_instance_cores_and_date(page: AppTest) -> None:
+    _open(page, "org/fails")
+    lines = _markdown(page)
+    headline = _unescaped(next(m for m in lines if "-background[" in m))
+    assert headline.startswith(":red-background[FAIL]")
+    for fact in (
+        f"neuronx-cc {NEW_CC}",
+        "torch-neuronx 2.13.0",
+        "transformers 5.24.0",
+        "Trainium trn2.48xlarge, LNC 2",
+        "4 cores",
+        "2026-10-01 12:03 UTC",
+    ):
+        assert fact in headline, fact
+    # The answer comes before the figures and the verdict.
+    assert lines.index(next(m for m in lines if "-background[" in m)) < lines.index(
+        next(m for m in lines if m.startswith("**Verification**"))
+    )
+    parameters = next(m for m in page.metric if m.label == "parameters")
+    assert parameters.value == "1.23 M"  # a tiny model's count is not rounded to 0
+
+
+def test_a_cpu_result_is_labelled_as_cpu(page: AppTest) -> None:
+    _open(page, "org/on-cpu", compiler="2.13.0")
+    headline = _unescaped(next(m for m in _markdown(page) if "-background[" in m))
+    assert "CPU" in headline and "1 process" in headline
+    assert "inductor (torch 2.13.0)" in headline
+    assert "Trainium" not in headline and "neuronx-cc" not in headline
+
+
+def test_run_py_shows_its_config_block_and_downloads_whole(page: AppTest) -> None:
+    _open(page, "org/fails")
+    codes = [c for c in page.code if "MODEL-SUPPORT CONFIG" in c.value]
+    assert len(codes) == 1
+    block = codes[0].value
+    assert '"model": "org/fails"' in block and "def main()" not in block
+    assert not codes[0].proto.show_line_numbers
+    assert not any("def main()" in c.value for c in page.code)  # the runner is not printed
+    (download,) = [b for b in page.get("download_button") if "run.py" in b.proto.label]
+    lines = int(download.proto.label.split("(")[1].split(" ")[0].replace(",", ""))
+    assert lines > 1000  # the download is the whole file, as its label says
+
+
+def test_large_json_is_collapsed(page: AppTest) -> None:
+    _open(page, "org/fails")
+    verification = next(j for j in page.json if '"positions"' in j.value)
+    assert verification.proto.expanded is False
+
+
+def test_details_lead_to_the_models_history(page: AppTest) -> None:
+    _open(page, "org/fails")
+    assert not any("It has results with" in m for m in _markdown(page))
+    page.button(key="open-history").click().run()
+    assert not page.exception
+    assert page.radio(key="view").value == "History"
+    assert page.selectbox(key="history-model").value == "org/fails"
+    assert page.query_params["view"] == "history"
+
+
+def test_a_model_on_another_stack_links_to_its_history(page: AppTest) -> None:
+    _open(page, "org/older")
+    assert any("has no result" in i.value for i in page.info)
+    button = page.button(key="open-history")
+    assert "1 result on other stacks" in button.label
+    button.click().run()
+    assert page.radio(key="view").value == "History"
+    assert page.selectbox(key="history-model").value == "org/older"
+
+
+def test_a_fail_shows_its_checks_with_figures_and_bounds_and_its_tokens(page: AppTest) -> None:
+    _open(page, "org/fails")
+    said = _unescaped(next(m for m in _markdown(page) if m.startswith("**Failed checks**")))
+    assert "`tokens`: tokens beyond the noise 1 (bound 0)" in said
+    assert "`median`: median logit error / the baseline's 8.6 (bound 3)" in said
+    checks = next(d.value for d in page.dataframe if "bound" in d.value.columns)
+    assert list(checks["check"]) == ["tokens", "median"]
+    assert checks.set_index("check").loc["median", "value"] == 8.6
+    assert checks["meaning"].str.len().min() > 20  # each check in words
+    tokens = next(d.value for d in page.dataframe if "reference prefers" in d.value.columns)
+    assert list(tokens["generated"]) == ["4242", "9"] and list(tokens["reference prefers"]) == [
+        "17",
+        "10",
+    ]
+    assert any("as token ids" in c.value for c in page.caption)
+    assert "def fibonacci(n): return n" in [t.value for t in page.text]  # the generated text
+
+
+def test_the_token_table_shows_decoded_tokens_where_the_record_has_them() -> None:
+    decoded = [{**POSITIONS[1], "token_text": " banana", "reference_text": " return"}]
+    table = token_table({"positions": decoded})
+    assert (table.loc[0, "generated"], table.loc[0, "reference prefers"]) == (" banana", " return")
+
+
+def test_an_error_shows_stage_time_to_failure_and_traceback(page: AppTest) -> None:
+    _open(page, "org/errors")
+    said = _unescaped(next(m for m in _markdown(page) if m.startswith("**What failed**")))
+    assert "`compile`: Compiling the forward failed" in said
+    assert "stage `compile`" in said
+    assert "failed after 3 min 0 s" in said
+    assert any(c.value == TRACEBACK for c in page.code)
+
+
+def test_an_excluded_model_says_why_and_offers_no_reproduce(page: AppTest) -> None:
+    _open(page, "org/too-large")
+    said = _unescaped(next(m for m in _markdown(page) if m.startswith("**Not run**")))
+    assert "`too-large`: Does not fit the maximum number of cores" in said
+    assert not any("Reproduce" in m for m in _markdown(page))
+    assert not [b for b in page.get("download_button") if "run.py" in b.proto.label]
+
+
+def test_a_malformed_json_field_does_not_hide_the_rest(
+    explained_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str
+) -> None:
+    copy = tmp_path / "results"
+    shutil.copytree(explained_dataset, copy)
+    [path] = [p for p in (copy / "data").glob("*.parquet") if "2.28" in p.name]
+    table = pq.read_table(path)
+    column = table.column("verification_json").to_pylist()
+    column = ["{not json" if v else v for v in column]
+    table = table.set_column(
+        table.schema.get_field_index("verification_json"), "verification_json", [column]
+    )
+    pq.write_table(table, path)
+    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(copy))
+    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", dead_hub)
+    at = AppTest.from_file(APP, default_timeout=30)
+    at.query_params.update(view="all", model="org/fails")
+    at.run()
+    assert not at.exception
+    assert any("not valid JSON" in w.value for w in at.warning)
+    assert any("MODEL-SUPPORT CONFIG" in c.value for c in at.code)  # the rest is still there

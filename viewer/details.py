@@ -1,0 +1,288 @@
+"""The model details panel: the answer first (one line), then the figures, the verdict, the
+output, and how to reproduce it.
+
+Order matters to a reader: result, stack, where and when on one line under the model's name;
+the figures; why it did not pass (``failures.py``); what it produced; then the Reproduce steps
+with run.py's config block (the whole file is a download) and the large JSON collapsed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import streamlit as st
+
+from model_support.viewer import failures, formatting, headline, output, queries, run_script
+from model_support.viewer.markup import inline_code, literal
+from model_support.viewer.views import RESULT_COLOURS, Context, read, stack_label
+from model_support.vocabulary import Result
+
+HISTORY_VIEW_LABEL = "History"
+"""The page's label of the History view (app.VIEWS["history"])."""
+
+
+def _open_history(model_id: str) -> None:
+    """Switch the page to the History view of ``model_id`` (a button's callback: it runs before
+    the widgets are drawn, so it may set their state)."""
+    st.session_state["view"] = HISTORY_VIEW_LABEL
+    st.session_state["model"] = model_id  # the History view opens on the page's model
+    st.session_state.pop("run", None)
+
+
+def history_button(model_id: str, results: int | None = None) -> None:
+    """A button to the model's History view (every run, across stacks and dates)."""
+    label = "History of this model across stacks and dates"
+    if results is not None:
+        label += f" ({results:,} result{'' if results == 1 else 's'} on other stacks)"
+    st.button(label, key="open-history", on_click=_open_history, args=(model_id,))
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def _traceback(results_uri: str, run_id: str) -> str | None:
+    """The traceback kept in a run's record (the matrix keeps only the message's tail)."""
+    from model_support.store import ResultsStore
+
+    return ResultsStore(results_uri).get(run_id).document.traceback
+
+
+def details(ctx: Context, model_id: str) -> None:
+    """Everything about one model's result on the current stack, and how to reproduce it."""
+    st.subheader(literal(model_id))
+    rows = read(
+        ctx,
+        [ctx.current] if ctx.current else [],
+        tuple(queries.DETAIL_COLUMNS) + queries.COMPILE_CACHE_COLUMNS,
+        model_id=model_id,
+    )
+    rows = (
+        queries.with_task(rows, ctx.task)
+        if ctx.task and not rows.empty and (rows["task"] == ctx.task).any()
+        else rows
+    )
+    if rows.empty:
+        where = stack_label(ctx.current) if ctx.current else "this dataset"
+        st.info(f"{literal(model_id)} has no result with {literal(where)}.")
+        elsewhere = read(ctx, ctx.files, ("model_id",), model_id=model_id)
+        if not elsewhere.empty:
+            history_button(model_id, len(elsewhere))
+        return
+    history_button(model_id)
+    for _, row in rows.iterrows():
+        traceback = None
+        if row["result"] in (Result.ERROR.value, Result.TIMEOUT.value):
+            traceback = _record_traceback(ctx.results_uri, str(row["run_id"]))
+        run_details(row, traceback=traceback)
+
+
+def _record_traceback(results_uri: str, run_id: str) -> str | None:
+    from model_support.store import StoreError
+
+    try:
+        return _traceback(results_uri, run_id)
+    except StoreError as exc:
+        st.caption(f"The run's record (with its traceback) could not be read: {literal(exc)}")
+        return None
+
+
+def _json(row: pd.Series, column: str) -> dict:
+    """A JSON column's object; an empty one (with a warning naming the run) when malformed."""
+    value = row.get(column)
+    if not isinstance(value, str) or not value:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        st.warning(
+            f"The run's {inline_code(column)} is not valid JSON ({literal(exc)}); the rest of its "
+            "details are shown. Rebuild the matrix from the records with "
+            "`model-support dataset materialize --rebuild`."
+        )
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _figures(row: pd.Series) -> None:
+    cols = st.columns(6)
+    cols[0].metric("cores", formatting.count(row["neuron_cores"]))
+    cols[1].metric("wall time (compile incl.)", formatting.seconds(row["wall_time_s"]))
+    cols[2].metric("compile time", formatting.seconds(row["compile_time_s"]))
+    cols[3].metric("peak device memory", formatting.gib(row["peak_device_memory_bytes"]))
+    cols[4].metric("decode", formatting.rate(row["decode_tokens_per_s"], "tok/s"))
+    cols[5].metric("parameters", formatting.parameters(row.get("parameters")))
+
+
+def _verdict_figures(row: pd.Series, verification: dict) -> None:
+    """The verdict's figures: the token counts and ratios, a task measure table, the first
+    diverging module."""
+    figures = {
+        "exact": row["verified_exact"],
+        "error ratio": row["error_ratio"],
+        "mismatches": row["mismatches"],
+        "near ties": row["near_ties"],
+        "bad tokens": row["bad_tokens"],
+        "first mismatch": row["first_mismatch"],
+    }
+    if all(formatting.missing(v) for v in figures.values()):
+        st.caption("No verdict: the test stopped before the verification ran.")
+    else:
+        st.dataframe(
+            pd.DataFrame([{k: (None if formatting.missing(v) else v) for k, v in figures.items()}]),
+            hide_index=True,
+        )
+    measures = queries.verdict_measures(verification)
+    if not measures.empty:  # embeddings, classification, text-to-image: each measure's figures
+        st.caption(
+            f"Compared: {literal(verification.get('method'))}; ratios are the device's to the "
+            "baseline's."
+        )
+        st.dataframe(measures, hide_index=True)
+        with st.expander("Per input / per step"):
+            st.dataframe(queries.verdict_items(verification), hide_index=True)
+    where, modules = queries.first_divergence(verification)
+    if where is not None:
+        st.markdown(literal(where))
+        if not modules.empty:
+            st.dataframe(modules, hide_index=True)
+
+
+def _compile_cache(row: pd.Series) -> None:
+    """The compile cache figures of a run: hits during it, what was pulled and pushed."""
+    if formatting.missing(row.get("compile_cache_hits")) and not isinstance(
+        row.get("compile_cache_target"), str
+    ):
+        return
+    st.markdown("**Compile cache**")
+    figures = {
+        "hits": row.get("compile_cache_hits"),
+        "misses": row.get("compile_cache_misses"),
+        "prefix matched": row.get("compile_cache_prefix_matched"),
+        "pulled entries": row.get("compile_cache_pulled_entries"),
+        "pulled MiB": row.get("compile_cache_pulled_bytes"),
+        "pull s": row.get("compile_cache_pull_s"),
+        "pushed entries": row.get("compile_cache_pushed_entries"),
+        "pushed MiB": row.get("compile_cache_pushed_bytes"),
+        "push s": row.get("compile_cache_push_s"),
+        "skipped": row.get("compile_cache_skipped"),
+    }
+    for key in ("pulled MiB", "pushed MiB"):
+        if not formatting.missing(figures[key]):
+            figures[key] = round(int(figures[key]) / 2**20, 2)  # type: ignore[call-overload]
+    st.dataframe(
+        pd.DataFrame([{k: (None if formatting.missing(v) else v) for k, v in figures.items()}]),
+        hide_index=True,
+    )
+    if isinstance(row.get("compile_cache_target"), str):
+        where = f"{row['compile_cache_target']}/{row.get('compile_cache_prefix') or ''}"
+        st.caption(f"Cache: {inline_code(where)}")
+    if isinstance(row.get("compile_cache_error"), str):
+        st.caption(f"The cache failed (the result stands): {literal(row['compile_cache_error'])}")
+
+
+def run_details(row: pd.Series, traceback: str | None = None) -> None:
+    """The details of one run, given as a matrix row (the History view shows any run so).
+
+    ``traceback``: the one kept in the run's record, shown for an ERROR or TIMEOUT.
+    """
+    result = str(row["result"])
+    badge = f":{RESULT_COLOURS.get(result, 'gray')}-background[{literal(result)}]"
+    st.markdown(headline.headline(row, badge))
+    if isinstance(row["model_path"], str) and row["model_path"]:
+        st.caption(
+            f"Local checkpoint {inline_code(row['model_path'])} (on the machine that ran it)"
+        )
+    if result == Result.EXCLUDED.value:
+        failures.show_excluded(row)
+        _more(row, {})
+        return
+    _figures(row)
+    verification = _json(row, "verification_json")
+    if result == Result.FAIL.value:
+        failures.show_fail(row, verification)
+    elif result in (Result.ERROR.value, Result.TIMEOUT.value):
+        failures.show_error(row, traceback)
+    st.markdown("**Verification**")
+    if isinstance(row["verification_reason"], str):
+        st.markdown(literal(row["verification_reason"]))
+    _verdict_figures(row, verification)
+    if result != Result.FAIL.value:  # a FAIL showed its text beside the reference's tokens
+        output.show_output(row)
+    _compile_cache(row)
+    _reproduce(row)
+    _more(row, verification)
+
+
+def _reproduce(row: pd.Series) -> None:
+    st.markdown("**Reproduce**")
+    run_py = row["run_py"] if isinstance(row["run_py"], str) else ""
+    packages = output.strings(row["packages"])
+    st.markdown(
+        "1. Install the packages this run reported (`requirements.txt` below: what its pod "
+        "said it had installed, not checked by anyone): `pip install -r requirements.txt`"
+    )
+    if packages:
+        st.download_button(
+            "Download requirements.txt",
+            "\n".join(packages) + "\n",
+            file_name="requirements.txt",
+            key=f"req-{row['run_id']}",
+        )
+        with st.expander(f"Packages ({len(packages):,})"):
+            st.code("\n".join(packages), language=None)
+    pull = queries.compile_cache_pull(row)
+    if pull is not None:
+        command, origin = pull
+        st.markdown(
+            f"2. Pull {origin} for this compiler version (saves compiling again; the "
+            "installed compiler must be the same version, which step 1 gives):"
+        )
+        st.code(command, language="bash")
+    else:
+        st.markdown(
+            f"2. No shared compile cache holds this run's entries (compiler: "
+            f"{literal(row['compiler'] or 'unknown')}); it compiles from scratch."
+        )
+    st.markdown("3. Save `run.py` and run it:")
+    st.code("python3 run.py", language="bash")
+    st.download_button(
+        f"Download run.py ({run_script.line_count(run_py):,} lines)",
+        run_py,
+        file_name="run.py",
+        mime="text/x-python",
+        key=f"runpy-{row['run_id']}",
+    )
+    block = run_script.config_block(run_py)
+    if block is None:
+        st.caption("This run.py has no config block to show; the download holds all of it.")
+    else:
+        st.caption("Its config block (the test's settings; the rest is the runner):")
+        st.code(block, language="python")
+
+
+def _more(row: pd.Series, verification: dict) -> None:
+    """The large JSON, collapsed: the whole verification, every recorded version, the run."""
+    if verification:
+        with st.expander("Whole verification (JSON)"):
+            st.json(verification, expanded=False)
+    with st.expander("Stack (every recorded version)"):
+        st.json(_json(row, "stack"), expanded=1)
+    with st.expander("Run"):
+        run = {
+            name: (None if formatting.missing(row.get(name)) else str(row.get(name)))
+            for name in (
+                "run_id",
+                "source",
+                "backend",
+                "compile_backend",
+                "dtype",
+                "parallelism",
+                "revision",
+                "resolved_revision",
+                "torch",
+                "torch_neuronx",
+                "started_at",
+                "finished_at",
+                "recorded_at",
+            )
+        }
+        st.json(run)

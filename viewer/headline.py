@@ -1,0 +1,80 @@
+"""The one line under a model's name that answers first: result, stack, where it ran, cores, date.
+
+Built from a matrix row (a mapping of its columns); every value from the run is escaped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from model_support.viewer import formatting
+from model_support.viewer.markup import literal
+
+NEURON_COMPILER = "neuronx-cc"
+
+
+def _text(row: Mapping[str, object], name: str) -> str | None:
+    value = row.get(name)
+    return value if isinstance(value, str) and value else None
+
+
+def _int(row: Mapping[str, object], name: str) -> int | None:
+    value = row.get(name)
+    return None if formatting.missing(value) else int(value)  # type: ignore[call-overload]
+
+
+def on_trainium(row: Mapping[str, object]) -> bool:
+    """Whether the run was on Trainium (the neuron backend)."""
+    return _text(row, "backend") == "neuron" or _text(row, "compiler") == NEURON_COMPILER
+
+
+def stack(row: Mapping[str, object]) -> str:
+    """The compiler and library versions: ``neuronx-cc 2.28 · torch-neuronx 2.13.0 ·
+    transformers 5.24.0``, or ``inductor (torch 2.13.0) · transformers 5.24.0`` off Trainium."""
+    compiler = _text(row, "compiler") or _text(row, "compile_backend") or "unknown compiler"
+    version = _text(row, "compiler_version") or _text(row, "neuronx_cc")
+    parts = []
+    if on_trainium(row):
+        parts.append(f"{compiler} {version or 'unknown'}")
+        if _text(row, "torch_neuronx"):
+            parts.append(f"torch-neuronx {_text(row, 'torch_neuronx')}")
+    else:
+        torch = _text(row, "torch") or version
+        parts.append(f"{compiler} (torch {torch})" if torch else compiler)
+    library = _text(row, "library") or "transformers"
+    parts.append(f"{library} {_text(row, 'library_version') or 'unknown'}")
+    return " · ".join(parts)
+
+
+def device(row: Mapping[str, object]) -> str:
+    """Where it ran: ``Trainium trn2.48xlarge, LNC 2``, ``CPU``, ``CUDA (NVIDIA H200)``."""
+    instance = _text(row, "instance_type")
+    lnc = _int(row, "lnc")
+    backend = _text(row, "backend")
+    if on_trainium(row):
+        where = f"Trainium {instance}" if instance else "Trainium (instance not recorded)"
+        return f"{where}, LNC {lnc}" if lnc else where
+    name = {"cpu": "CPU", "cuda": "CUDA"}.get(backend or "", backend or "unknown device")
+    detail = ", ".join(v for v in (instance, _text(row, "device_name")) if v)
+    return f"{name} ({detail})" if detail else name
+
+
+def cores(row: Mapping[str, object]) -> str:
+    """``4 cores`` on Trainium, ``1 process`` elsewhere (what ``neuron_cores`` counts there)."""
+    count = _int(row, "neuron_cores")
+    if count is None:
+        return "cores not recorded"
+    unit = "core" if on_trainium(row) else "process"
+    return f"{count:,} {unit}{'' if count == 1 else ('s' if unit == 'core' else 'es')}"
+
+
+def when(row: Mapping[str, object]) -> str:
+    """When the run finished (else when it was recorded)."""
+    finished = row.get("finished_at")
+    return formatting.when(row.get("recorded_at") if formatting.missing(finished) else finished)
+
+
+def headline(row: Mapping[str, object], badge: str) -> str:
+    """The whole line as Markdown: ``badge`` (the result, already markup) then the escaped facts."""
+    facts = [row.get("task") or "unknown task", stack(row), device(row), cores(row), when(row)]
+    return " · ".join([badge, *(literal(f) for f in facts)])
