@@ -10,15 +10,25 @@ The commit names its parent (``parent_commit``): when another publisher committe
 the Hub refuses it with 412 and the publish starts over from the new head (operations are
 recomputed, so a matrix file the other publisher removed is not deleted twice), with backoff.
 A publish that changes nothing makes no commit.
+
+Every attempt reads the head first, then materializes and reads the store again, so a retry
+publishes what the store holds now. The commit carries ``snapshot.json``: how many records the
+snapshot holds and when the newest of them was recorded. A publish whose snapshot is older than
+the head's (another publisher read the store later, or published another store) is refused
+rather than committed over it; a store with records never publishes an empty matrix.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import re
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 from huggingface_hub.errors import HfHubHTTPError
@@ -29,6 +39,8 @@ from model_support.store import CARD_NAME, DATA_DIR, RECORDS_DIR, ResultsStore
 _DATASET_URI = re.compile(r"^hf://datasets/(?P<id>[A-Za-z0-9][\w.-]*/[\w.-]+?)/?$")
 CONFLICT = 412
 """HTTP status of a commit whose parent is no longer the branch head."""
+SNAPSHOT_NAME = "snapshot.json"
+"""The published file that says how recent the published snapshot is."""
 
 
 class PublishError(Exception):
@@ -58,6 +70,49 @@ def parse_dataset_uri(uri: str) -> str:
     return match["id"]
 
 
+@dataclass(frozen=True, order=True)
+class Snapshot:
+    """How recent a published snapshot of the store is: ordered by the time its newest record
+    was recorded, then by how many records it holds."""
+
+    newest_record: str  # ISO 8601 in UTC to the microsecond (so text order is time order)
+    records: int
+
+    def to_bytes(self) -> bytes:
+        return (
+            json.dumps({"newest_record": self.newest_record, "records": self.records}) + "\n"
+        ).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Snapshot:
+        held = json.loads(data)
+        return cls(newest_record=str(held["newest_record"]), records=int(held["records"]))
+
+
+def _snapshot(store: ResultsStore) -> Snapshot:
+    """The snapshot the store's history (every record, as of the last materialize) makes."""
+    recorded = store.history_table(columns=["recorded_at"]).column("recorded_at").to_pylist()
+    newest = max((t for t in recorded if isinstance(t, datetime)), default=None)
+    text = "" if newest is None else newest.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return Snapshot(newest_record=text, records=len(recorded))
+
+
+def _head_snapshot(api: HfApi, repo_id: str, head: str, remote: set[str]) -> Snapshot | None:
+    """The snapshot the head holds; None when it holds none (never published, or by a version
+    of this code that did not say)."""
+    if SNAPSHOT_NAME not in remote:
+        return None
+    with tempfile.TemporaryDirectory() as folder:
+        path = api.hf_hub_download(
+            repo_id, SNAPSHOT_NAME, repo_type="dataset", revision=head, local_dir=folder
+        )
+        data = Path(path).read_bytes()
+    try:
+        return Snapshot.from_bytes(data)
+    except (ValueError, KeyError, TypeError):
+        return None  # not one this code wrote: nothing to compare with
+
+
 def _local_files(store: ResultsStore) -> dict[str, bytes]:
     """The files that make up the published dataset, by path in the repository."""
     files: dict[str, bytes] = {}
@@ -83,7 +138,11 @@ def _local_files(store: ResultsStore) -> dict[str, bytes]:
 
 def _managed(path: str) -> bool:
     """Whether a repository file is one a publish owns (and so may remove when stale)."""
-    return (path.startswith(f"{DATA_DIR}/") and path.endswith(".parquet")) or path in SELECTED_NAMES
+    return (
+        (path.startswith(f"{DATA_DIR}/") and path.endswith(".parquet"))
+        or path in SELECTED_NAMES
+        or path == SNAPSHOT_NAME
+    )
 
 
 def publish(
@@ -101,19 +160,30 @@ def publish(
     store = ResultsStore(results)
     if not store.fs.exists(f"{store.root.rstrip('/')}/{RECORDS_DIR}"):
         raise PublishError(f"no results at {results!r}: nothing to publish (run some tests first)")
-    store.materialize()
-    files = _local_files(store)
     api = HfApi(endpoint=endpoint, token=token)
     api.create_repo(repo_id, repo_type="dataset", exist_ok=True)
-    summary = (
-        message
-        or f"Publish the model-support results ({sum(p.startswith(DATA_DIR) for p in files)} matrix files)"
-    )
     delay = 1.0
     for attempt in range(1, max_attempts + 1):
         head = api.repo_info(repo_id, repo_type="dataset").sha
         assert head is not None  # the Hub always reports a branch head
         remote = set(api.list_repo_files(repo_id, repo_type="dataset", revision=head))
+        # Read after the head: a head newer than this read was made from a store we cannot see.
+        store.materialize()
+        files = _local_files(store)
+        snapshot = _snapshot(store)
+        published = _head_snapshot(api, repo_id, head, remote)
+        if published is not None and published > snapshot:
+            raise PublishError(
+                f"the dataset {repo_id} holds a newer snapshot ({published.records} records, "
+                f"newest recorded {published.newest_record}) than the results at {results!r} "
+                f"({snapshot.records} records, newest {snapshot.newest_record or 'none'}): "
+                "nothing is published; publish from the store the newer snapshot came from"
+            )
+        files[SNAPSHOT_NAME] = snapshot.to_bytes()
+        summary = message or (
+            f"Publish the model-support results ({sum(p.startswith(DATA_DIR) for p in files)} "
+            "matrix files)"
+        )
         stale = sorted(p for p in remote if _managed(p) and p not in files)
         operations: list[CommitOperationAdd | CommitOperationDelete] = [
             CommitOperationAdd(path_in_repo=path, path_or_fileobj=data)

@@ -57,7 +57,7 @@ import time
 import uuid
 import warnings
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,6 +88,7 @@ from model_support.dataset import (
 )
 from model_support.ranking_snapshots import RankingSnapshot
 from model_support.records import RunRecord, Stack
+from model_support.store_lease import Lease
 from model_support.vocabulary import Result
 
 if TYPE_CHECKING:
@@ -113,8 +114,6 @@ MAX_WORKERS = 4
 """At most this many processes read and parse records at once."""
 LOCK_WAIT_S = 600.0
 """Longest a materialize waits for another one to finish."""
-LEASE_S = 600.0
-"""Object stores: a lock file older than this is taken to belong to a materializer that died."""
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 _READ_BATCH = 256  # records fetched per request batch (concurrent on object stores)
@@ -537,12 +536,16 @@ class ResultsStore:
 
         Returns the paths that make up the matrix afterwards (data files, then README.md).
         """
-        with self._exclusive(), _no_cyclic_gc():
-            return self._materialize(strict, rebuild)
+        with self._exclusive() as still_held, _no_cyclic_gc():
+            return self._materialize(strict, rebuild, still_held)
 
-    def _materialize(self, strict: bool, rebuild: bool) -> list[str]:
+    def _materialize(
+        self, strict: bool, rebuild: bool, still_held: Callable[[], None]
+    ) -> list[str]:
         listed = set(self._record_ids())  # listed under the lock: nothing written before is missed
-        index = None if rebuild else self._read_index()
+        stored = None if rebuild else self._read_index()
+        index = None if stored is None else stored.records
+        digests_held = {} if stored is None else stored.digests
         folded = {} if index is None else {r: k for r, k in index.items() if r in listed}
         gone_keys = set() if index is None else {index[r] for r in index.keys() - listed}
         previous_keys = [] if index is None else sorted(map(_key_from_json, set(index.values())))
@@ -558,12 +561,21 @@ class ResultsStore:
         on_disk = set(self._names(data_dir, ".parquet"))
 
         tables: dict[MatrixKey, pa.Table] = {}
+        kept: dict[MatrixKey, pa.Table] = {}  # untouched files: their run ids and results
         for key in keys:
             name = f"{stems[key]}.parquet"
             previous = previous_stems.get(key)
             changed = key in additions or _key_json(key) in gone_keys or previous != stems[key]
             if index is not None and not changed and name in on_disk:
-                continue  # untouched: its file stays as it is
+                held_rows = self._held_rows(f"{data_dir}/{name}")
+                if held_rows is not None and _rows_digest(held_rows) == digests_held.get(
+                    _key_json(key)
+                ):
+                    kept[key] = held_rows
+                    continue  # untouched and intact: its file stays as it is
+                # Rows the index says it holds are missing (an older file written over it,
+                # a lost write): rebuild it from its records.
+                previous = None
             base = None
             if index is not None and _key_json(key) not in gone_keys and previous is not None:
                 base = self._matrix_table(f"{data_dir}/{previous}.parquet")
@@ -578,11 +590,7 @@ class ResultsStore:
         card_files = []
         for key in keys:
             name = f"{stems[key]}.parquet"
-            results = (
-                tables[key].column("result")
-                if key in tables
-                else self._read_parquet(f"{data_dir}/{name}", columns=["result"]).column("result")
-            )
+            results = (tables[key] if key in tables else kept[key]).column("result")
             counts = Counter(str(v) for v in results.to_pylist())
             card_files.append(CardFile(key=key, path=f"{DATA_DIR}/{name}", results=dict(counts)))
 
@@ -592,23 +600,36 @@ class ResultsStore:
             table = table.combine_chunks()
             write_matrix(table.replace_schema_metadata(metadata), buffer)
             path = f"{data_dir}/{stems[key]}.parquet"
+            still_held()
             self._write_if_changed(
                 path, buffer.getvalue(), exists=path.rsplit("/", 1)[-1] in on_disk
             )
         card_path = self._path(CARD_NAME)
+        still_held()
         self._write_if_changed(
             card_path, render_card(card_files).encode(), exists=self.fs.exists(card_path)
         )
         produced = {f"{stems[key]}.parquet" for key in keys}
         for stale in sorted(on_disk - produced):
             if self._is_matrix_file(f"{data_dir}/{stale}"):
+                still_held()
                 self.fs.rm_file(f"{data_dir}/{stale}")
         gone = set() if index is None else index.keys() - listed
+        still_held()
         self._write_history(index is not None, listed, gone, added_history, strict)
         folded.update(placed)
-        self._write_index(folded)
+        digests = {_key_json(k): _rows_digest(t) for k, t in [*tables.items(), *kept.items()]}
+        still_held()
+        self._write_index(folded, digests)
         paths = [f"{data_dir}/{stems[key]}.parquet" for key in sorted(keys, key=lambda k: stems[k])]
         return [self._public(p) for p in [*paths, card_path]]
+
+    def _held_rows(self, path: str) -> pa.Table | None:
+        """The run ids and results of a matrix file; None when it cannot be read."""
+        try:
+            return self._read_parquet(path, columns=["run_id", "result"])
+        except (OSError, pa.ArrowInvalid, KeyError):
+            return None
 
     def _fold(
         self, run_ids: list[str], strict: bool
@@ -750,12 +771,14 @@ class ResultsStore:
             path, filesystem=self.fs, schema=HISTORY_SCHEMA, columns=columns, filters=filters
         )
 
-    def _read_index(self) -> dict[str, str] | None:
-        """run id -> matrix key (JSON) of every record the matrix holds; None without a usable
-        index (none yet, unreadable, or made for another matrix format): then all is rebuilt.
+    def _read_index(self) -> _Index | None:
+        """Which records the matrix holds and a digest of each file's rows; None without a
+        usable index (none yet, unreadable, or made for another matrix format): then all is
+        rebuilt.
 
-        The index is text: a JSON header (format, keys), then one ``<run id>\t<key number>`` line
-        per record (run ids hold no tabs or newlines), quick to read and write at 100,000 lines.
+        The index is text: a JSON header (format, keys, a digest of each key's file's run ids),
+        then one ``<run id>\t<key number>`` line per record (run ids hold no tabs or newlines),
+        quick to read and write at 100,000 lines.
         """
         path = self._path(INDEX_DIR, INDEX_NAME)
         try:
@@ -765,11 +788,12 @@ class ResultsStore:
             if header.get("format") != matrix_format():
                 return None
             keys = {str(i): key for i, key in enumerate(header["keys"])}
+            digests = dict(zip(header["keys"], header.get("digests", []), strict=False))
             index = {}
             for line in body.splitlines():
                 run_id, _, number = line.partition("\t")
                 index[run_id] = keys[number]
-            return index
+            return _Index(records=index, digests=digests)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -780,10 +804,13 @@ class ResultsStore:
             )
             return None
 
-    def _write_index(self, folded: dict[str, str]) -> None:
+    def _write_index(self, folded: dict[str, str], digests: dict[str, str]) -> None:
         keys = sorted(set(folded.values()))
         number = {key: str(i) for i, key in enumerate(keys)}
-        header = json.dumps({"format": matrix_format(), "keys": keys}, sort_keys=True)
+        header = json.dumps(
+            {"format": matrix_format(), "keys": keys, "digests": [digests[k] for k in keys]},
+            sort_keys=True,
+        )
         lines = [header, *(f"{r}\t{number[folded[r]]}" for r in sorted(folded))]
         self._replace(self._path(INDEX_DIR, INDEX_NAME), ("\n".join(lines) + "\n").encode())
 
@@ -793,8 +820,9 @@ class ResultsStore:
         self._replace(path, data)
 
     @contextlib.contextmanager
-    def _exclusive(self) -> Iterator[None]:
-        """Hold the store's materialize lock (waiting up to :data:`LOCK_WAIT_S`)."""
+    def _exclusive(self) -> Iterator[Callable[[], None]]:
+        """Hold the store's materialize lock (waiting up to :data:`LOCK_WAIT_S`); yields a
+        check to call before each write, which raises once the lock may be lost."""
         deadline = time.monotonic() + LOCK_WAIT_S
         if self._local:
             directory = self._path(INDEX_DIR)
@@ -808,42 +836,13 @@ class ResultsStore:
                     except BlockingIOError:
                         self._wait_or_give_up(deadline)
                 try:
-                    yield
+                    yield lambda: None  # the kernel holds a flock until released or death
                 finally:
                     fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
             return
-        with self._lease(deadline):
-            yield
-
-    @contextlib.contextmanager
-    def _lease(self, deadline: float) -> Iterator[None]:
-        """A lock file created exclusively; one older than :data:`LEASE_S` is a dead holder's."""
-        path = self._path(INDEX_DIR, "lock.json")
-        owner = uuid.uuid4().hex
-        while True:
-            body = json.dumps({"owner": owner, "expires": time.time() + LEASE_S}).encode()
-            try:
-                self.fs.pipe_file(path, body, mode="create")
-                break
-            except FileExistsError:
-                try:
-                    held = json.loads(self.fs.cat_file(path))
-                    expired = float(held["expires"]) < time.time()
-                except FileNotFoundError:
-                    continue  # released meanwhile
-                except (ValueError, KeyError, TypeError):
-                    expired = True  # not a lock this code wrote
-                if expired:
-                    with contextlib.suppress(FileNotFoundError):
-                        self.fs.rm_file(path)
-                    continue
-                self._wait_or_give_up(deadline)
-        try:
-            yield
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                if json.loads(self.fs.cat_file(path)).get("owner") == owner:
-                    self.fs.rm_file(path)
+        lease = Lease(self.fs, self._path(INDEX_DIR, "lock.json"))
+        with lease.held(lambda: self._wait_or_give_up(deadline)):
+            yield lease.check
 
     def _wait_or_give_up(self, deadline: float) -> None:
         if time.monotonic() > deadline:
@@ -969,6 +968,21 @@ def _no_cyclic_gc() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+@dataclass(frozen=True)
+class _Index:
+    """What the index says: run id -> matrix key (JSON) of every record the matrix holds, and
+    matrix key -> :func:`_rows_digest` of the file written for it."""
+
+    records: dict[str, str]
+    digests: dict[str, str]
+
+
+def _rows_digest(table: pa.Table) -> str:
+    """A digest of which records a matrix file's rows are (its run ids, in any order)."""
+    run_ids = sorted(str(r) for r in table.column("run_id").to_pylist())
+    return hashlib.sha256("\n".join(run_ids).encode()).hexdigest()
 
 
 def _latest_table(records: Sequence[RunRecord], key: MatrixKey) -> pa.Table:

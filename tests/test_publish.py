@@ -4,6 +4,7 @@ Hub stand-in; then the published dataset read back the ways its users read it.""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from hub_storage import HubStorage
 from hubserver import HubServer
@@ -72,6 +74,10 @@ def head_files(hub: HubServer) -> dict[str, bytes]:
     return repo.commits[repo.head].files
 
 
+def models(parquet: bytes) -> list[str]:
+    return [str(m) for m in pq.read_table(io.BytesIO(parquet)).column("model_id").to_pylist()]
+
+
 def test_a_publish_is_one_commit_of_the_matrix_the_card_and_the_selected_list(
     results: Path, hub: HubServer
 ) -> None:
@@ -83,7 +89,9 @@ def test_a_publish_is_one_commit_of_the_matrix_the_card_and_the_selected_list(
         "data/neuronx-cc-2.27.100.0__transformers-5.24.0.parquet",
         "data/neuronx-cc-2.28.7631.0__transformers-5.24.0.parquet",
         "selected.yaml",
+        "snapshot.json",
     ]
+    assert json.loads(files.pop("snapshot.json"))["records"] == 3
     for path, data in files.items():
         assert data == (results / path).read_bytes()  # exactly what was materialized
     assert report.commit == hub.storage.datasets[REPO].head and report.attempts == 1
@@ -134,6 +142,41 @@ def test_a_concurrent_commit_is_retried_from_the_new_head_without_losing_it(
     matrix = "data/neuronx-cc-2.28.7631.0__transformers-5.24.0.parquet"
     assert files[matrix] == (results / matrix).read_bytes()
     assert report.commit == storage.datasets[REPO].head
+
+
+def test_a_retry_publishes_what_the_store_holds_by_then(results: Path, hub: HubServer) -> None:
+    """A record stored while a publish waits out a conflict is in what the retry commits."""
+    assert hub.storage is not None
+    storage = hub.storage
+
+    def meanwhile() -> None:
+        ResultsStore(str(results)).add(record("org/meanwhile", "PASS", "2.28.7631.0", 40))
+        storage.commit_files(REPO, {"NOTES.md": b"their change"})
+
+    storage.before_commit.append(meanwhile)
+    report = publish(str(results), URI, endpoint=hub.url, sleep=lambda s: None)
+    assert report.attempts == 2
+    matrix = "data/neuronx-cc-2.28.7631.0__transformers-5.24.0.parquet"
+    assert head_files(hub)[matrix] == (results / matrix).read_bytes()
+    assert "org/meanwhile" in models(head_files(hub)[matrix])
+    assert json.loads(head_files(hub)["snapshot.json"])["records"] == 4
+
+
+def test_an_older_snapshot_is_never_committed_over_a_newer_one(
+    tmp_path: Path, hub: HubServer
+) -> None:
+    """A publisher whose store lags behind what the Hub holds is refused and changes nothing."""
+    behind, ahead = ResultsStore(str(tmp_path / "behind")), ResultsStore(str(tmp_path / "ahead"))
+    first = record("Qwen/Qwen3-0.6B", "PASS", "2.28.7631.0")
+    behind.add(first)
+    ahead.add(first)
+    ahead.add(record("org/later", "FAIL", "2.28.7631.0", 5))  # recorded after the first
+    published = publish(ahead.uri, URI, endpoint=hub.url)
+    with pytest.raises(PublishError, match=r"holds a newer snapshot \(2 records"):
+        publish(behind.uri, URI, endpoint=hub.url)
+    assert hub.storage is not None and hub.storage.datasets[REPO].head == published.commit
+    matrix = "data/neuronx-cc-2.28.7631.0__transformers-5.24.0.parquet"
+    assert "org/later" in models(head_files(hub)[matrix])
 
 
 def test_conflicts_that_never_end_give_up_with_the_hubs_error(
@@ -210,7 +253,7 @@ def test_the_published_dataset_reads_with_pandas_the_viewer_and_datasets(
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert "published 4 files" in " ".join(done.stderr.split())
+    assert "published 5 files" in " ".join(done.stderr.split())
     script = tmp_path / "read.py"
     script.write_text(READERS.format(repo=REPO))
     env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf-home")}
