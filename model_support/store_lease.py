@@ -97,22 +97,23 @@ class _S3Files:
 
     def replace(self, version: str, body: bytes) -> str:
         """Overwrite the file if it is still at ``version``; its new version. _Conflict if not."""
-        try:
+        with self._conditionally():
             reply = self.fs.call_s3(
                 "put_object", Bucket=self.bucket, Key=self.key, Body=body, IfMatch=version
             )
-        except FileNotFoundError as exc:
-            raise _Conflict(self.key) from exc
-        except OSError as exc:
-            if _is_precondition_failure(exc):
-                raise _Conflict(self.key) from exc
-            raise
         return str(reply["ETag"])
 
     def delete(self, version: str) -> None:
         """Delete the file if it is still at ``version``; _Conflict if it is not."""
-        try:
+        with self._conditionally():
             self.fs.call_s3("delete_object", Bucket=self.bucket, Key=self.key, IfMatch=version)
+
+    @contextlib.contextmanager
+    def _conditionally(self) -> Iterator[None]:
+        """A conditional request whose precondition failed (or whose file is gone) is
+        _Conflict; any other failure is the store's and propagates."""
+        try:
+            yield
         except FileNotFoundError as exc:
             raise _Conflict(self.key) from exc
         except OSError as exc:
