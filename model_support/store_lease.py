@@ -138,23 +138,22 @@ class _PlainFiles:
         return body, body.decode(errors="replace")
 
     def replace(self, version: str, body: bytes) -> str:
-        try:
-            current = self.fs.cat_file(self.path).decode(errors="replace")
-        except FileNotFoundError as exc:
-            raise _Conflict(self.path) from exc
-        if current != version:
-            raise _Conflict(self.path)
+        self._expect(version)
         self.fs.pipe_file(self.path, body)
         return body.decode()
 
     def delete(self, version: str) -> None:
+        self._expect(version)
+        self.fs.rm_file(self.path)
+
+    def _expect(self, version: str) -> None:
+        """_Conflict unless the file is still at ``version`` (its content)."""
         try:
             current = self.fs.cat_file(self.path).decode(errors="replace")
         except FileNotFoundError as exc:
             raise _Conflict(self.path) from exc
         if current != version:
             raise _Conflict(self.path)
-        self.fs.rm_file(self.path)
 
 
 def _files(fs: AbstractFileSystem, path: str) -> _S3Files | _PlainFiles:
