@@ -14,6 +14,7 @@ from typing import Any
 
 from model_support.config import RunConfig
 from model_support.operator.resource import ANNOTATION_TIMEOUT, RUNNER_CONTAINER
+from model_support.operator.settings import RunnerStack
 from model_support.records import ResultDocument
 from model_support.runner_pod import STOPPED_EXIT, STOPPED_MESSAGE
 from model_support.vocabulary import ErrorClass, Result
@@ -460,10 +461,29 @@ def identity_problems(document: ResultDocument, config: RunConfig) -> list[str]:
     ]
 
 
+def _public(version: str) -> str:
+    """A version without its local part (neuronx-cc reports a build hash after ``+``)."""
+    return version.split("+", 1)[0]
+
+
+def stack_problems(document: ResultDocument, declared: RunnerStack) -> list[str]:
+    """Where the stack ``document`` reports contradicts what its image declares (empty: agrees;
+    a version the pod did not report is no contradiction)."""
+    said = document.stack
+    return [
+        f"{field} {getattr(said, field)}, the image declares {value}"
+        for field, value in declared.model_dump().items()
+        if value is not None
+        and getattr(said, field) is not None
+        and _public(getattr(said, field)) != _public(value)
+    ]
+
+
 def trusted_document(
     document: ResultDocument,
     config: RunConfig,
     *,
+    declared_stack: RunnerStack | None = None,
     cache_location: str | None = None,
     started_at: datetime | None = None,
     ended_at: datetime | None = None,
@@ -475,9 +495,31 @@ def trusted_document(
     location is the test's (``cache_location``; a pod's figures without one are dropped), and
     the document's times lie within the Job's (``started_at`` .. ``ended_at``, else now), so a
     pod cannot date its run into the future to stay the "latest" row.
+
+    ``declared_stack`` (a test on the configured runner image) names the compiler and library
+    versions recorded, so the (compiler, library) pair a row lands in is the image's, never the
+    pod's say. A pod reporting other versions is an ERROR of the infrastructure rather than a
+    row kept with the pod's versions: a user of the dataset reads a row under a pair as "this
+    model on these versions", which such a pod (tampered with, or an image mislabelled in the
+    settings) says nothing about; the versions it reported are in the error text.
     """
     problems = identity_problems(document, config)
-    if problems:
+    mismatch = [] if declared_stack is None else stack_problems(document, declared_stack)
+    if mismatch and not problems:
+        from model_support.records import failure_document
+
+        document = failure_document(
+            config,
+            Result.ERROR,
+            error_class=ErrorClass.INFRASTRUCTURE,
+            error=(
+                "the runner image reports a different stack than the operator's settings declare "
+                "for it (" + "; ".join(mismatch) + f"), so its {document.result.value} is not "
+                "recorded as this model's result on the declared stack: fix the settings' "
+                "runnerStack or the runner image"
+            ),
+        )
+    elif problems:
         from model_support.records import failure_document
 
         document = failure_document(
@@ -506,6 +548,9 @@ def trusted_document(
         "started_at": clamp(document.started_at),
         "finished_at": clamp(document.finished_at),
     }
+    if declared_stack is not None:
+        declared = {k: v for k, v in declared_stack.model_dump().items() if v is not None}
+        update["stack"] = document.stack.model_copy(update=declared)
     figures = document.compile_cache
     if figures is not None:
         from model_support.compile_cache.compilers import PREFIX_PATTERN

@@ -82,7 +82,7 @@ from model_support.operator.resource import (
     child_name,
     run_id_for,
 )
-from model_support.operator.settings import OperatorSettings
+from model_support.operator.settings import OperatorSettings, RunnerStack
 from model_support.operator.spec import SpecError, TestSpec, parse_spec
 from model_support.operator.status import (
     ACTIVE_PHASES,
@@ -842,6 +842,17 @@ class Reconciler:
             labels |= {"job": job_name, "attempt": str(attempt)}
         return labels
 
+    def _declared_stack(self, spec: TestSpec | None) -> RunnerStack | None:
+        """The stack a test's record names: the configured runner image's, for a test on it
+        that installs nothing over it; None (the pod's report, labelled by
+        :meth:`_provenance` as what untrusted code said) for its own image or extraPackages,
+        which may rightly change the versions."""
+        if spec is None or spec.extraPackages:
+            return None
+        if (spec.image or self.settings.runner_image) != self.settings.runner_image:
+            return None
+        return self.settings.declared_runner_stack()
+
     def _provenance(self, spec: TestSpec | None) -> dict[str, str]:
         """What ran, as the operator knows it: the runner image, and what in the test runs code
         the project does not control (the document's stack and packages are what that code
@@ -1292,6 +1303,7 @@ class Reconciler:
         document = trusted_document(
             document,
             config,
+            declared_stack=self._declared_stack(spec),
             cache_location=None if cache is None else (cache.target or cache.source),
             started_at=reading.started_at,
             ended_at=reading.ended_at or ended_at,

@@ -31,6 +31,27 @@ DEFAULT_RUNNER_IMAGE = "public.ecr.aws/model-support/runner:0.1.0"
 """The chart's runnerImage default (values.yaml), so the CLI renders what the chart deploys."""
 
 
+class RunnerStack(BaseModel):
+    """The compiler and library versions a runner image carries (chart value ``runnerStack``).
+
+    They name the (compiler, library) pair, so the results file, of every test that runs on
+    the configured runner image: a pod's own report of them is its claim, checked against
+    these. A field left None is not declared: the pod's report of it is recorded as is.
+    """
+
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
+
+    neuronx_cc: str | None = Field(None, min_length=1, description="neuronx-cc's version.")
+    torch: str | None = Field(None, min_length=1, description="PyTorch's version.")
+    transformers: str | None = Field(None, min_length=1, description="transformers' version.")
+
+
+DEFAULT_RUNNER_STACK = RunnerStack(neuronx_cc="2.28.7631.0", torch="2.14.0", transformers="5.24.0")
+"""What images/runner/Dockerfile's default build pins: its base image
+(pytorch-training-neuronx:2.14.0-...-sdk2.33.0: torch 2.14.0, and neuronx-cc 2.28.7631.0, the
+compiler of Neuron SDK 2.33.0, docs/trainium.md) and its TRANSFORMERS_VERSION."""
+
+
 class NeuronDraSettings(BaseModel):
     """The Neuron DRA driver's names (chart values ``neuron.dra.*``; docs/trainium.md).
 
@@ -65,6 +86,10 @@ class OperatorSettings(BaseModel):
     runner_image: str = Field(
         DEFAULT_RUNNER_IMAGE,
         description="Runner image used when a spec names none.",
+    )
+    runner_stack: RunnerStack | None = Field(
+        None,
+        description="The compiler and library versions runnerImage carries; None = the default image's pins (images/runner/Dockerfile) when runnerImage is the default, else not declared.",
     )
     image_pull_policy: str = "IfNotPresent"
     api_server: str | None = Field(
@@ -325,6 +350,13 @@ class OperatorSettings(BaseModel):
             return DEFAULT_PRICES
         return prices_from_mapping(self.instance_prices, "settings.instancePrices")
 
+    def declared_runner_stack(self) -> RunnerStack:
+        """The stack ``runner_image`` carries: ``runner_stack``, else the default image's pins
+        when it is the default image (another image's versions are not known here)."""
+        if self.runner_stack is not None:
+            return self.runner_stack
+        return DEFAULT_RUNNER_STACK if self.runner_image == DEFAULT_RUNNER_IMAGE else RunnerStack()
+
 
 SETTINGS_ENV = "MODEL_SUPPORT_SETTINGS"
 """The environment variable the chart passes the settings in (one JSON object)."""
@@ -379,6 +411,7 @@ class ChartValues(_ValuesBlock):
     resultsVolume: _VolumeValues | None = None
     readHubTokenSecrets: bool = False
     runnerImage: str | None = None
+    runnerStack: dict[str, str | None] | None = None
     allowedResultsPrefixes: list[str] | None = None
     runner: _RunnerValues | None = None
     neuron: _NeuronValues | None = None
@@ -410,6 +443,8 @@ def settings_from_values(values: dict[str, Any]) -> OperatorSettings:
     }
     if values.get("runnerImage"):
         base["runnerImage"] = values["runnerImage"]
+    if values.get("runnerStack"):
+        base["runnerStack"] = values["runnerStack"]
     if volume.get("enabled"):
         base["resultsVolumeClaim"] = volume.get("claimName")
     if values.get("allowedResultsPrefixes"):

@@ -553,7 +553,9 @@ class SweepReconciler:
         unique: dict[str, SweepModel] = {}
         for entry in entries:
             unique.setdefault(entry.model, entry)  # a model listed twice is tested once
-        models, skipped = admitted(spec, list(unique.values()), image_of(spec, self.settings))
+        models, skipped = admitted(
+            spec, list(unique.values()), image_of(spec, self.settings), self.settings
+        )
         snapshot = RankingSnapshot(
             taken_at=taken_at, models=[m.model for m in models], **common, **extra
         )

@@ -285,15 +285,28 @@ def child_spec(sweep: SweepSpec, entry: SweepModel, *, image: str | None) -> dic
 
 
 def admitted(
-    sweep: SweepSpec, entries: list[SweepModel], image: str | None
+    sweep: SweepSpec,
+    entries: list[SweepModel],
+    image: str | None,
+    settings: OperatorSettings | None = None,
 ) -> tuple[list[SweepModel], list[SkippedModel]]:
     """The entries whose tests the API server would admit, in order, and the others with
     why: one model's refused test (an id from a Hub ranking that the CRD's pattern refuses)
-    never blocks the models after it."""
+    never blocks the models after it. With ``settings``, an entry the operator would refuse
+    as a test (a checkpoint path off its model volumes, e.g. from a selected list) is skipped
+    the same way."""
+    from model_support.operator.planning import InvalidTest, check_model_path
+
     kept: list[SweepModel] = []
     skipped: list[SkippedModel] = []
     for entry in entries:
-        reason = refusal(child_spec(sweep, entry, image=image))
+        spec = child_spec(sweep, entry, image=image)
+        reason = refusal(spec)
+        if reason is None and settings is not None:
+            try:
+                check_model_path(parse_spec(spec), settings)
+            except InvalidTest as exc:
+                reason = str(exc)[:MAX_SKIP_REASON]
         if reason is None:
             kept.append(entry)
         else:

@@ -19,14 +19,15 @@ import pytest
 from k8s_harness import Harness, now
 from test_operator_lifecycle import SPEC, document_for, start
 
+from model_support.dataset import matrix_key
 from model_support.delivery import DeliveryArea
 from model_support.operator.manifests import Placement, TestRef, build_job
 from model_support.operator.planning import InvalidTest, check_compile_cache, check_model_path
-from model_support.operator.settings import OperatorSettings
+from model_support.operator.settings import OperatorSettings, RunnerStack, settings_from_values
 from model_support.operator.spec import parse_spec
-from model_support.records import CompileCacheFigures
+from model_support.records import CompileCacheFigures, Stack
 from model_support.store import ResultsStore
-from model_support.vocabulary import Parallelism, Result
+from model_support.vocabulary import ErrorClass, Parallelism, Result
 
 
 @pytest.fixture
@@ -197,6 +198,77 @@ async def test_a_record_says_what_in_the_test_ran_code_the_project_does_not_cont
     await completed(h)
     [record] = records(h)
     assert record.labels["untrusted_code"] == "trustRemoteCode,compileBackend"
+
+
+IMAGE_STACK = RunnerStack(neuronx_cc="2.28.7631.0", torch="2.14.0", transformers="5.24.0")
+"""What the configured runner image carries, as the settings declare it."""
+
+
+@pytest.mark.parametrize(
+    ("image", "reported", "result"),
+    [
+        # The configured image, the pod reporting what it carries (with neuronx-cc's build hash).
+        (None, Stack(neuronx_cc="2.28.7631.0+8bfecb25", transformers="5.24.0"), Result.PASS),
+        # The configured image, the pod claiming another compiler and library: a row there
+        # would say the model passed on versions nothing ran it on.
+        (None, Stack(neuronx_cc="2.99.0.0", torch="2.14.0", transformers="9.9.9"), Result.ERROR),
+        # A test's own image: what its pod reported is all there is, labelled as its claim.
+        (
+            "registry.example/mine:1",
+            Stack(neuronx_cc="2.99.0.0", transformers="9.9.9"),
+            Result.PASS,
+        ),
+    ],
+)
+async def test_the_stack_a_row_belongs_to_is_the_configured_images_never_the_pods(
+    h: Harness, image: str | None, reported: Stack, result: Result
+) -> None:
+    h.settings.runner_stack = IMAGE_STACK
+    _, job = await start(h, spec=dict(SPEC, image=image) if image else SPEC)
+    pod = await h.start_pod(job)
+    document = document_for(Result.PASS, backend="neuron", compile_backend="neuron", stack=reported)
+    await h.deliver(job, document.model_dump_json().encode())
+    await h.end_pod(job, pod, exit_code=0, log=None)
+    await completed(h)
+    [record] = records(h)
+    assert record.document.result == result
+    stack = record.document.stack
+    key = matrix_key(record)
+    if image is None:
+        assert "untrusted_code" not in record.labels
+        assert (stack.neuronx_cc, stack.torch, stack.transformers) == (
+            "2.28.7631.0",
+            "2.14.0",
+            "5.24.0",
+        )
+        assert (key.compiler_version, key.library_version) == ("2.28.7631.0", "5.24.0")
+    else:
+        assert record.labels["untrusted_code"] == "image"  # the versions are its pod's claim
+        assert (key.compiler_version, key.library_version) == ("2.99.0.0", "9.9.9")
+    if result == Result.ERROR:
+        assert record.document.error_class == ErrorClass.INFRASTRUCTURE
+        error = record.document.error or ""
+        assert "the runner image reports a different stack" in error
+        assert "transformers 9.9.9, the image declares 5.24.0" in error
+
+
+def test_the_default_runner_image_declares_what_its_dockerfile_pins() -> None:
+    dockerfile = (Path(__file__).parents[2] / "images/runner/Dockerfile").read_text()
+    base = re.search(
+        r"^ARG BASE_IMAGE=.*pytorch-training-neuronx:([\d.]+)-.*sdk([\d.]+)", dockerfile, re.M
+    )
+    transformers = re.search(r"^ARG TRANSFORMERS_VERSION=(\S+)$", dockerfile, re.M)
+    assert base is not None and transformers is not None
+    declared = OperatorSettings(results_uri="s3://b/r").declared_runner_stack()
+    assert (declared.torch, declared.transformers) == (base[1], transformers[1])
+    assert base[2] == "2.33.0" and declared.neuronx_cc == "2.28.7631.0"  # SDK 2.33.0's compiler
+    # Another image's versions are not known unless the chart declares them.
+    values = {"results": "s3://b/r", "runnerImage": "registry.example/runner:2"}
+    assert settings_from_values(values).declared_runner_stack() == RunnerStack()
+    values["runnerStack"] = {"neuronxCc": "2.29.1.0", "transformers": "5.30.0"}
+    assert settings_from_values(values).declared_runner_stack() == RunnerStack(
+        neuronx_cc="2.29.1.0", transformers="5.30.0"
+    )
 
 
 @pytest.mark.parametrize("cache", [None, "s3://team-cache/default"])

@@ -573,3 +573,29 @@ async def test_ranked_models_the_crd_refuses_are_skipped_and_never_block_the_res
             assert api_refusals({**doc, "spec": {**doc["spec"], "model": model}}) != []
     [event] = [e for e in await sh.events() if e.get("reason") == "ModelsSkipped"]
     assert event["type"] == "Warning" and "org/_leading-underscore (spec.model:" in event["message"]
+
+
+async def test_a_listed_checkpoint_path_off_the_model_volumes_is_skipped_and_reported(
+    sh: Harness, tmp_path: Path
+) -> None:
+    """A path in a sweep's list (or a selected list another tenant wrote) is a test the
+    operator would refuse when it lies off its model volumes: the sweep skips it with why,
+    never sizes it from the operator's own filesystem, and tests the models after it."""
+    volume = tmp_path / "models"
+    volume.mkdir()
+    sh.settings.model_volume_paths = [str(volume)]
+    await start(sh)
+    listed = [{"model": "/etc"}, {"model": f"{volume}/../elsewhere"}, {"model": model_id(0)}]
+    await create_sweep(sh, "paths", {"source": {"models": listed}, "template": {"cores": 1}})
+    status = await wait_sweep(
+        sh,
+        "paths",
+        lambda s: 0 < (s.get("counts") or {}).get("running", 0) == s["counts"]["models"],
+        "the listed Hub model's test started",
+    )
+    assert status["counts"]["models"] == 1 and status["counts"]["skipped"] == 2
+    skipped = {s["model"]: s["reason"] for s in status["ranking"]["skipped"]}
+    assert skipped.keys() == {"/etc", f"{volume}/../elsewhere"}
+    assert all("not on a model volume" in reason for reason in skipped.values())
+    tests = children_of(sh, "paths")
+    assert [t["metadata"]["annotations"][ANNOTATION_MODEL] for t in tests] == [model_id(0)]

@@ -85,6 +85,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $results := required "the chart value `results` is required: where run records go, e.g. --set results=s3://my-bucket/model-support" .Values.results -}}
 {{- $s := dict "resultsUri" $results "namespaces" (.Values.watchNamespaces | default list) "allNamespaces" (empty .Values.watchNamespaces) "readTokenSecrets" (.Values.readHubTokenSecrets | default false) -}}
 {{- if .Values.runnerImage }}{{- $_ := set $s "runnerImage" .Values.runnerImage }}{{- end }}
+{{- if .Values.runnerStack }}{{- $_ := set $s "runnerStack" .Values.runnerStack }}{{- end }}
 {{- if .Values.resultsVolume.enabled }}{{- $_ := set $s "resultsVolumeClaim" .Values.resultsVolume.claimName }}{{- end }}
 {{- if .Values.allowedResultsPrefixes }}{{- $_ := set $s "allowedResultsPrefixes" .Values.allowedResultsPrefixes }}{{- end }}
 {{- with .Values.runner }}
