@@ -82,6 +82,14 @@ def sweep_manifests(ranking: Ranking, options: SweepOptions) -> FlatSweep:
     for ranked in ranking.models:
         spec = _spec(ranked.model_id, ranking.task, options)
         reason = refusal(spec)  # the operator's own validation, per model
+        if reason is None and ranked.model_id.startswith("/"):
+            # The CRD admits checkpoint paths, which the operator then sizes from its model
+            # volumes; a Hub ranking names Hub models only, so a path there is never meant.
+            reason = (
+                f"spec.model: {ranked.model_id!r} is a path, not a Hub model id; a ranking's "
+                "paths are never tested (name checkpoints on a model volume in a test or a "
+                "sweep's list)"
+            )
         if reason is not None:
             skipped.append(SkippedModel(model=ranked.model_id, reason=reason))
             continue

@@ -179,3 +179,25 @@ def test_a_model_the_crd_refuses_is_skipped_by_name_and_the_rest_is_written(
         refused = {**docs[0], "spec": {**docs[0]["spec"], "model": model}}
         assert api_refusals(refused) != []
     assert "wrote3testsofsweep'nightly'" in said and "(2model(s)skipped)" in said
+
+
+def test_a_ranked_path_is_skipped_with_why_and_never_becomes_a_test() -> None:
+    """A Hub (or a stand-in at HF_ENDPOINT) ranking an absolute path would have the operator
+    size its own files: a ranking names Hub models, so the path is skipped and reported."""
+    from datetime import UTC, datetime
+
+    from model_support.operator.sweep import SweepOptions, sweep_manifests
+    from model_support.rankings import RankedModel, Ranking
+
+    ranked = ["/etc", "/proc/self", "Qwen/Qwen3-0.6B"]
+    ranking = Ranking(
+        task="text-generation",
+        sort="downloads",
+        endpoint="http://hub.example",
+        fetched_at=datetime.now(UTC),
+        models=[RankedModel(rank=i + 1, model_id=m) for i, m in enumerate(ranked)],
+    )
+    flat = sweep_manifests(ranking, SweepOptions(name="nightly"))
+    assert [m["spec"]["model"] for m in flat.manifests] == ["Qwen/Qwen3-0.6B"]
+    assert [s.model for s in flat.skipped] == ["/etc", "/proc/self"]
+    assert all("is a path, not a Hub model id" in s.reason for s in flat.skipped)
