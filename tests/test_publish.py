@@ -307,3 +307,25 @@ def test_a_store_path_is_a_path_not_a_pattern(tmp_path: Path, hub: HubServer) ->
     assert sorted(p for p in head_files(hub) if p.startswith("data/")) == [
         "data/neuronx-cc-2.28.7631.0__transformers-5.24.0.parquet"
     ]
+
+
+def test_a_store_that_makes_no_matrix_never_empties_the_published_dataset(
+    tmp_path: Path, hub: HubServer
+) -> None:
+    """A store with a records folder but no matrix to publish (its records moved away) is
+    refused, even over a dataset with no snapshot to compare with (one published by hand):
+    committing it would delete every data file of the published dataset."""
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    api = HfApi(endpoint=hub.url)
+    api.create_repo(REPO, repo_type="dataset")
+    data = [CommitOperationAdd("data/by-hand.parquet", b"PAR1 by hand")]
+    api.create_commit(REPO, data, commit_message="by hand", repo_type="dataset")
+    published = head_files(hub)
+    emptied = tmp_path / "emptied"
+    ResultsStore(str(emptied)).add(record("Qwen/Qwen3-0.6B", "PASS", "2.28.7631.0"))
+    for moved in (emptied / "records").iterdir():
+        moved.unlink()
+    with pytest.raises(PublishError, match="nothing is published"):
+        publish(str(emptied), URI, endpoint=hub.url)
+    assert head_files(hub) == published and "data/by-hand.parquet" in published
