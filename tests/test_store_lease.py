@@ -101,6 +101,7 @@ def test_waiters_that_find_a_dead_holders_lock_take_it_over_one_at_a_time(
     """A lock nobody renews is taken over by exactly one waiter (a write conditional on the
     version they all saw); the others wait their turn."""
     monkeypatch.setattr(lease_module, "LEASE_S", 3.0)
+    monkeypatch.setattr(store_module, "LOCK_WAIT_S", 60.0)  # a lock never taken over fails
     bucket, key = lock_key(s3_uri)
     client().put_object(Bucket=bucket, Key=key, Body=b'{"owner": "a materializer that died"}')  # type: ignore[attr-defined]
     spans = hold_in_turns(s3_uri, holders=6, hold_s=0.3)
@@ -159,6 +160,19 @@ def test_a_holder_whose_lock_was_taken_over_stops_and_leaves_the_new_lock_alone(
             time.sleep(0.05)
     body = client().get_object(Bucket=bucket, Key=key)["Body"].read()  # type: ignore[attr-defined]
     assert body == b'{"owner": "the new holder"}'  # released conditionally: not deleted
+
+
+def test_a_lock_taken_over_after_the_last_renewal_is_not_released_by_the_old_holder(
+    s3_uri: str,
+) -> None:
+    """A take-over between the holder's last renewal and its release (no beat saw it): the
+    release is a delete conditional on the holder's own version, so the new lock stays."""
+    store = ResultsStore(s3_uri)
+    bucket, key = lock_key(s3_uri)
+    with store._exclusive():  # released well within the first renewal (LEASE_S / 6 = 5 s)
+        client().put_object(Bucket=bucket, Key=key, Body=b'{"owner": "the new holder"}')  # type: ignore[attr-defined]
+    body = client().get_object(Bucket=bucket, Key=key)["Body"].read()  # type: ignore[attr-defined]
+    assert body == b'{"owner": "the new holder"}'
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -112,3 +112,27 @@ def test_markup_in_results_is_printed_as_data(
     result = runner.invoke(app, ["results", "--results", location])
     assert result.exit_code == 0, result.output
     assert "4.57.0[/x]" in result.output and "org/[bold]model" in result.output
+
+
+def test_a_run_whose_model_generates_markup_passes_with_exit_0(
+    tmp_path: Path, tiny_llama_path: Path
+) -> None:
+    """`model-support run` of a model whose text holds `[/INST]` (here: the tiny checkpoint
+    with a tokenizer that decodes every space as ` [/INST] `) prints the text as it is and
+    exits 0 for its PASS, the whole command through."""
+    import shutil
+
+    model = tmp_path / "inst-llama"
+    shutil.copytree(tiny_llama_path, model)
+    tokenizer = json.loads((model / "tokenizer.json").read_text())
+    replace = {"type": "Replace", "pattern": {"String": " "}, "content": " [/INST] "}
+    tokenizer["decoder"] = {"type": "Sequence", "decoders": [tokenizer["decoder"], replace]}
+    (model / "tokenizer.json").write_text(json.dumps(tokenizer))
+    results = tmp_path / "results"
+    args = ["run", str(model), "--cores", "1", "--compile-backend", "aot_eager"]
+    result = runner.invoke(app, [*args, "--max-new-tokens", "8", "--results", str(results)])
+    [record] = ResultsStore(str(results)).records()
+    assert record.document.result == Result.PASS, record.document.error
+    assert any("[/INST]" in text for text in record.document.text)
+    assert result.exit_code == 0, result.output
+    assert "[/INST]" in result.output

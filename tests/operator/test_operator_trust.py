@@ -23,7 +23,12 @@ from model_support.dataset import matrix_key
 from model_support.delivery import DeliveryArea
 from model_support.operator.manifests import Placement, TestRef, build_job
 from model_support.operator.planning import InvalidTest, check_compile_cache, check_model_path
-from model_support.operator.settings import OperatorSettings, RunnerStack, settings_from_values
+from model_support.operator.settings import (
+    OperatorSettings,
+    RunnerStack,
+    settings_from_json,
+    settings_from_values,
+)
 from model_support.operator.spec import parse_spec
 from model_support.records import CompileCacheFigures, Stack
 from model_support.store import ResultsStore
@@ -267,6 +272,25 @@ def test_the_default_runner_image_declares_what_its_dockerfile_pins() -> None:
     assert settings_from_values(values).declared_runner_stack() == RunnerStack()
     values["runnerStack"] = {"neuronxCc": "2.29.1.0", "transformers": "5.30.0"}
     assert settings_from_values(values).declared_runner_stack() == RunnerStack(
+        neuronx_cc="2.29.1.0", transformers="5.30.0"
+    )
+    # ... and the chart hands the operator the same settings.
+    import helm_python
+    import yaml
+
+    chart = Path(__file__).parents[2] / "charts/model-support"
+    rendered = helm_python.Chart.load(str(chart)).render(values, name="ms", namespace="ms")
+    docs = [d for text in rendered.values() for d in yaml.safe_load_all(text) if d]
+    [deployment] = [
+        d for d in docs if d["kind"] == "Deployment" and "operator" in d["metadata"]["name"]
+    ]
+    [env] = [
+        e
+        for c in deployment["spec"]["template"]["spec"]["containers"]
+        for e in c.get("env", [])
+        if e["name"] == "MODEL_SUPPORT_SETTINGS"
+    ]
+    assert settings_from_json(env["value"]).declared_runner_stack() == RunnerStack(
         neuronx_cc="2.29.1.0", transformers="5.30.0"
     )
 
