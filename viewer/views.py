@@ -349,7 +349,33 @@ def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
             f"stored ranking ({literal(first.snapshot_error)}"
             f"{'; likewise for the others' if len(missing) > 1 else ''})."
         )
+        for task, _ in missing:
+            table = tested_instead_of_ranking(ctx, task, frame, sort)
+            if table is not None:
+                tables.append(table)
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["model"])
+
+
+def tested_instead_of_ranking(
+    ctx: Context, task: str, frame: pd.DataFrame, sort: RankingSort
+) -> pd.DataFrame | None:
+    """With no ranking of ``task`` (Hub unreachable, none stored): the task's models tested on
+    this stack, said to be that and not a ranking; None when it has none."""
+    tested = queries.search(queries.with_task(frame, task), ctx.search)
+    if tested.empty:
+        return None
+    table = queries.results_table(tested)
+    what = "trending" if sort == "trending_score" else "most downloaded"
+    st.subheader(literal(task))
+    st.info(
+        f"Not the Hub's {what} {literal(task)} models: the Hub could not be reached and no "
+        f"ranking is stored, so these are the {len(table):,} {literal(task)} model"
+        f"{'' if len(table) == 1 else 's'} tested on this stack."
+    )
+    picked = show_table(table, key=f"table-{sort}-{task}-tested")
+    if picked:
+        st.session_state["model"] = picked
+    return table
 
 
 def view_triage(ctx: Context) -> pd.DataFrame:
