@@ -124,6 +124,7 @@ def main() -> None:
     )
     view = next(k for k, v in VIEWS.items() if v == label)
     views.device_note(ctx)
+    views.coverage_note(ctx)
     st.header(label)
     table: pd.DataFrame | None = None
     if not files:

@@ -440,6 +440,25 @@ def device_note(ctx: Context) -> None:
     )
 
 
+def coverage_note(ctx: Context) -> None:
+    """Say how many of the dataset's models the current stack has, and which stack has the most,
+    when it is not this one (the page opens on the newest stack, which may hold a single run)."""
+    if ctx.current is None or len(ctx.files) < 2:
+        return
+    frames = {f: read(ctx, [f], ("model_id",)) for f in ctx.files}
+    models = {f: set(frame.get("model_id", ())) for f, frame in frames.items()}
+    everywhere = len(set().union(*models.values()))
+    per_file = {f: len(ids) for f, ids in models.items()}
+    here = per_file.get(ctx.current, 0)
+    most = max(per_file, key=lambda f: per_file[f])  # the newest of equals: files are newest first
+    if here >= per_file[most]:
+        return
+    st.info(
+        f"{here:,} of {everywhere:,} tested on this stack ({literal(stack_label(ctx.current))}); "
+        f"{literal(stack_label(most))} has the most: {per_file[most]:,}."
+    )
+
+
 def stack_label(f: StackFile) -> str:
     """How a (compiler, library) version pair is named in selectors and links."""
     return f"{f.compiler_label} · {f.library_label}"

@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
-from viewer_support import MODELS, NEW_CC
+from viewer_support import MODELS, NEW_CC, OLD_CC, START, TRANSFORMERS, make_record
+
+from model_support.store import ResultsStore
 
 APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
 
@@ -135,3 +137,28 @@ def test_rankings_offline_fall_back_to_the_tested_models(page: AppTest, view: st
         assert set(shown["task"]) == {task}
     # The tables lead to the details like any other.
     assert "Qwen/Qwen3-1.7B" in page.selectbox(key="model").options
+
+
+def test_a_stack_with_fewer_results_says_how_many_and_which_has_most(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str
+) -> None:
+    """The page opens on the newest stack; when it tested fewer models than another, it says so."""
+    store = ResultsStore(str(tmp_path))
+    store.add(make_record("org/a", "text-generation", "PASS", NEW_CC, START))
+    for model in ("org/a", "org/b", "org/c"):
+        store.add(make_record(model, "text-generation", "PASS", OLD_CC, START))
+    store.materialize()
+    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(tmp_path))
+    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", dead_hub)
+    at = AppTest.from_file(APP, default_timeout=30)
+    at.query_params["view"] = "all"
+    at.run()
+    assert not at.exception
+    assert at.selectbox(key="compiler").value == f"neuronx-cc {NEW_CC}"
+    notes = [i.value.replace("\\", "") for i in at.info if "tested on this stack" in i.value]
+    assert notes == [
+        f"1 of 3 tested on this stack (neuronx-cc {NEW_CC} · transformers {TRANSFORMERS}); "
+        f"neuronx-cc {OLD_CC} · transformers {TRANSFORMERS} has the most: 3."
+    ]
+    at.selectbox(key="compiler").select(f"neuronx-cc {OLD_CC}").run()
+    assert not [i for i in at.info if "tested on this stack" in i.value]
