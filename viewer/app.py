@@ -20,7 +20,7 @@ import sys
 import pandas as pd
 import streamlit as st
 
-from model_support.viewer import details, history_views, links, views
+from model_support.viewer import compare, details, history_views, links, views
 from model_support.viewer.markup import inline_code, literal
 from model_support.viewer.queries import newest_first, version_key
 
@@ -127,6 +127,7 @@ def main() -> None:
     views.coverage_note(ctx)
     st.header(label)
     table: pd.DataFrame | None = None
+    comparison: compare.Comparison | None = None
     if not files:
         st.info(views.no_results_message(uri))
     if not files and view in NEEDS_RESULTS:
@@ -140,7 +141,8 @@ def main() -> None:
     elif view == "triage":
         table = views.view_triage(ctx)
     elif view == "compare":
-        table = views.view_compare(ctx)
+        comparison = compare.view_compare(ctx)
+        table = comparison.table if comparison else None
     elif view in ("history", "regressions"):
         history_ctx = history_views.HistoryContext(results_uri=uri, task=ctx.task)
         if view == "history":
@@ -172,7 +174,9 @@ def main() -> None:
         key="model",
         placeholder="Pick a model, or click a row of the table",
     )
-    if model:
+    if model and comparison is not None:
+        compare.side_by_side(ctx, comparison, model)  # the compared stacks, not the sidebar's
+    elif model:
         details.details(ctx, model)
 
     # Write the state back so the URL is a deep link to what is on screen.

@@ -464,41 +464,6 @@ def stack_label(f: StackFile) -> str:
     return f"{f.compiler_label} · {f.library_label}"
 
 
-def view_compare(ctx: Context) -> pd.DataFrame:
-    """Regressions and fixes between two (compiler, library) version pairs."""
-    if len(ctx.files) < 2:
-        st.info(
-            "Comparing needs results for at least two compiler/library version pairs; this dataset has one."
-        )
-        return pd.DataFrame(columns=["model"])
-    labels = [stack_label(f) for f in ctx.files]
-    after_index = ctx.files.index(ctx.current) if ctx.current in ctx.files else 0
-    # Compare with the next older stack; the newest one's neighbour when this is the oldest.
-    before_index = after_index + 1 if after_index + 1 < len(labels) else after_index - 1
-    left, right = st.columns(2)
-    before_label = left.selectbox("Before", labels, index=before_index, key="before")
-    after_label = right.selectbox("After", labels, index=after_index, key="after")
-    before = ctx.files[labels.index(before_label)]
-    after = ctx.files[labels.index(after_label)]
-    table = queries.compare(
-        queries.search(
-            queries.with_task(read(ctx, [before], queries.COMPARE_COLUMNS), ctx.task), ctx.search
-        ),
-        queries.search(
-            queries.with_task(read(ctx, [after], queries.COMPARE_COLUMNS), ctx.task), ctx.search
-        ),
-    )
-    counts = table["change"].value_counts()
-    cols = st.columns(4)
-    for col, name in zip(
-        cols, [queries.REGRESSION, queries.FIX, queries.CHANGED, queries.SAME], strict=True
-    ):
-        col.metric(name, int(counts.get(name, 0)))
-    if not st.checkbox("Show unchanged models", key="show-same"):
-        table = table[table["change"] != queries.SAME]
-    return table.reset_index(drop=True)
-
-
 def view_charts(ctx: Context) -> None:
     """Pass rate per compiler version; wall time against parameter count."""
     import altair as alt
