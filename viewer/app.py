@@ -7,7 +7,8 @@ points the rankings at another Hub endpoint.
 Deep links: ``?model=org/name&view=trending&compiler=<version>&library=<version>&q=<search>
 &task=<task>``, ``view=compare`` or ``view=regressions`` with ``before`` and ``after`` (stack
 labels), ``view=history`` with ``model`` and ``run`` (a run id); the page writes its state back
-into the query parameters. The History and Regressions views are in ``history_views.py``.
+into the query parameters (``links.py``: unknown values are reported, Back and Forward work).
+The History and Regressions views are in ``history_views.py``.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ import sys
 import pandas as pd
 import streamlit as st
 
-from model_support.viewer import details, history_views, views
-from model_support.viewer.data import StackFile
+from model_support.viewer import compare, details, history_views, links, views
 from model_support.viewer.markup import inline_code, literal
 from model_support.viewer.queries import newest_first, version_key
 
 RESULTS_ENV = "MODEL_SUPPORT_RESULTS"
 HUB_ENDPOINT_ENV = "MODEL_SUPPORT_HUB_ENDPOINT"
 DEFAULT_RESULTS = "results"
+PAGE_TITLE = details.PAGE_TITLE
 
 VIEWS = {
     "selected": "Selected",
@@ -40,7 +41,6 @@ VIEWS = {
     "regressions": "Regressions",
 }
 ALL_TASKS = "all tasks"
-PARAMS = ("view", "compiler", "library", "q", "task", "model", "before", "after", "run")
 COMPARING_VIEWS = ("compare", "regressions")  # views whose two stacks are before and after
 NEEDS_RESULTS = ("all", "triage", "compare", "charts", "history", "regressions")
 """Views with nothing to show without results (Selected and the rankings still list models)."""
@@ -54,63 +54,9 @@ def results_uri() -> str:
     return known.results or os.environ.get(RESULTS_ENV) or DEFAULT_RESULTS
 
 
-def _pick(param: str | None, options: list[str], versions: dict[str, str | None]) -> str | None:
-    """Match a query parameter to an option: the full label, or just its version."""
-    if not param:
-        return None
-    if param in options:
-        return param
-    return next((o for o in options if versions.get(o) == param), None)
-
-
-def _seed_from_query_params(files: list[StackFile]) -> None:
-    """On a session's first run, set the widgets' state from the URL (deep links)."""
-    if st.session_state.get("_seeded"):
-        return
-    st.session_state["_seeded"] = True
-    params = st.query_params
-    view = params.get("view")
-    if view in VIEWS:
-        st.session_state["view"] = VIEWS[view]
-    compilers = sorted({f.compiler_label for f in files})
-    compiler = _pick(
-        params.get("compiler"), compilers, {f.compiler_label: f.compiler_version for f in files}
-    )
-    if compiler:
-        st.session_state["compiler"] = compiler
-        libraries = sorted({f.library_label for f in files if f.compiler_label == compiler})
-        library = _pick(
-            params.get("library"), libraries, {f.library_label: f.library_version for f in files}
-        )
-        if library:
-            st.session_state["library"] = library
-    if params.get("q"):
-        st.session_state["q"] = params["q"]
-    if params.get("task") in views.TASKS:
-        st.session_state["task"] = params["task"]
-    if params.get("model"):
-        st.session_state["model"] = params["model"]
-    labels = {views.stack_label(f) for f in files}
-    for side in ("before", "after"):  # the Compare and Regressions views' two stacks
-        if params.get(side) in labels:
-            st.session_state[side] = params[side]
-    if params.get("run"):  # the History view's run
-        st.session_state["run"] = params["run"]
-
-
-def _version_param(label: str, files: list[StackFile], attr: str) -> str:
-    """The short form written to the URL: the version alone when it is unambiguous."""
-    label_attr, version_attr = f"{attr}_label", f"{attr}_version"
-    version = next(
-        (getattr(f, version_attr) for f in files if getattr(f, label_attr) == label), None
-    )
-    same = {getattr(f, label_attr) for f in files if getattr(f, version_attr) == version}
-    return version if version and len(same) == 1 else label
-
-
 def main() -> None:
     """Draw the page."""
-    st.set_page_config(page_title="Model support on Trainium", page_icon="🧪", layout="wide")
+    st.set_page_config(page_title=PAGE_TITLE, page_icon="🧪", layout="wide")
     uri = results_uri()
     hub_endpoint = os.environ.get(HUB_ENDPOINT_ENV) or None
     st.session_state[views.REPORTED_KEY] = set()  # each run reports unreadable files anew
@@ -123,13 +69,21 @@ def main() -> None:
             f"{literal(exc)}"
         )
         files = []
-    _seed_from_query_params(files)
+    link_problems = links.read_link(
+        files,
+        links.LinkOptions(
+            views=VIEWS,
+            tasks=tuple(views.TASKS),
+            stack_labels=tuple(views.stack_label(f) for f in files),
+        ),
+    )
 
     st.title("Does it run on Trainium?")
     st.caption(
         "Popular Hugging Face models, run unmodified through TorchNeuron "
         f'(`torch.compile(backend="neuron")`). Results from {inline_code(uri)}.'
     )
+    links.report(link_problems)
 
     with st.sidebar:
         st.header("Browse")
@@ -170,8 +124,10 @@ def main() -> None:
     )
     view = next(k for k, v in VIEWS.items() if v == label)
     views.device_note(ctx)
+    views.coverage_note(ctx)
     st.header(label)
     table: pd.DataFrame | None = None
+    comparison: compare.Comparison | None = None
     if not files:
         st.info(views.no_results_message(uri))
     if not files and view in NEEDS_RESULTS:
@@ -185,7 +141,8 @@ def main() -> None:
     elif view == "triage":
         table = views.view_triage(ctx)
     elif view == "compare":
-        table = views.view_compare(ctx)
+        comparison = compare.view_compare(ctx)
+        table = comparison.table if comparison else None
     elif view in ("history", "regressions"):
         history_ctx = history_views.HistoryContext(results_uri=uri, task=ctx.task)
         if view == "history":
@@ -217,14 +174,16 @@ def main() -> None:
         key="model",
         placeholder="Pick a model, or click a row of the table",
     )
-    if model:
+    if model and comparison is not None:
+        compare.side_by_side(ctx, comparison, model)  # the compared stacks, not the sidebar's
+    elif model:
         details.details(ctx, model)
 
     # Write the state back so the URL is a deep link to what is on screen.
     state = {
         "view": view,
-        "compiler": _version_param(compiler, files, "compiler") if compiler else None,
-        "library": _version_param(library, files, "library") if library else None,
+        "compiler": links.version_param(compiler, files, "compiler") if compiler else None,
+        "library": links.version_param(library, files, "library") if library else None,
         "q": search or None,
         "task": None if task_choice == ALL_TASKS else task_choice,
         "model": model,
@@ -232,9 +191,7 @@ def main() -> None:
         "after": st.session_state.get("after") if view in COMPARING_VIEWS else None,
         "run": st.session_state.get("run") if view == "history" else None,
     }
-    wanted = {k: v for k, v in state.items() if v}
-    if {k: st.query_params.get(k) for k in PARAMS if st.query_params.get(k)} != wanted:
-        st.query_params.from_dict(wanted)
+    links.write_link(state)
 
 
 main()

@@ -9,6 +9,7 @@ with run.py's config block (the whole file is a download) and the large JSON col
 from __future__ import annotations
 
 import json
+import shlex
 
 import pandas as pd
 import streamlit as st
@@ -18,6 +19,8 @@ from model_support.viewer.markup import inline_code, literal
 from model_support.viewer.views import RESULT_COLOURS, Context, read, stack_label
 from model_support.vocabulary import Result
 
+PAGE_TITLE = "Model support on Trainium"
+"""The browser tab's title; a model's details put the model's name before it."""
 HISTORY_VIEW_LABEL = "History"
 """The page's label of the History view (app.VIEWS["history"])."""
 
@@ -48,6 +51,8 @@ def _traceback(results_uri: str, run_id: str) -> str | None:
 
 def details(ctx: Context, model_id: str) -> None:
     """Everything about one model's result on the current stack, and how to reproduce it."""
+    # Its own title: a tab, a bookmark and the browser's history name the model.
+    st.set_page_config(page_title=f"{model_id} · {PAGE_TITLE}")
     st.subheader(literal(model_id))
     rows = read(
         ctx,
@@ -66,6 +71,12 @@ def details(ctx: Context, model_id: str) -> None:
         elsewhere = read(ctx, ctx.files, ("model_id",), model_id=model_id)
         if not elsewhere.empty:
             history_button(model_id, len(elsewhere))
+        else:
+            st.warning(
+                f"No stack in this dataset has a result for {literal(model_id)}: check the name "
+                "(it is the Hub's ORG/NAME, e.g. from a link), or test it:"
+            )
+            st.code(f"model-support run {shlex.quote(model_id)}", language="bash")
         return
     history_button(model_id)
     for _, row in rows.iterrows():

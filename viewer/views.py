@@ -349,7 +349,33 @@ def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
             f"stored ranking ({literal(first.snapshot_error)}"
             f"{'; likewise for the others' if len(missing) > 1 else ''})."
         )
+        for task, _ in missing:
+            table = tested_instead_of_ranking(ctx, task, frame, sort)
+            if table is not None:
+                tables.append(table)
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["model"])
+
+
+def tested_instead_of_ranking(
+    ctx: Context, task: str, frame: pd.DataFrame, sort: RankingSort
+) -> pd.DataFrame | None:
+    """With no ranking of ``task`` (Hub unreachable, none stored): the task's models tested on
+    this stack, said to be that and not a ranking; None when it has none."""
+    tested = queries.search(queries.with_task(frame, task), ctx.search)
+    if tested.empty:
+        return None
+    table = queries.results_table(tested)
+    what = "trending" if sort == "trending_score" else "most downloaded"
+    st.subheader(literal(task))
+    st.info(
+        f"Not the Hub's {what} {literal(task)} models: the Hub could not be reached and no "
+        f"ranking is stored, so these are the {len(table):,} {literal(task)} model"
+        f"{'' if len(table) == 1 else 's'} tested on this stack."
+    )
+    picked = show_table(table, key=f"table-{sort}-{task}-tested")
+    if picked:
+        st.session_state["model"] = picked
+    return table
 
 
 def view_triage(ctx: Context) -> pd.DataFrame:
@@ -414,44 +440,28 @@ def device_note(ctx: Context) -> None:
     )
 
 
+def coverage_note(ctx: Context) -> None:
+    """Say how many of the dataset's models the current stack has, and which stack has the most,
+    when it is not this one (the page opens on the newest stack, which may hold a single run)."""
+    if ctx.current is None or len(ctx.files) < 2:
+        return
+    frames = {f: read(ctx, [f], ("model_id",)) for f in ctx.files}
+    models = {f: set(frame.get("model_id", ())) for f, frame in frames.items()}
+    everywhere = len(set().union(*models.values()))
+    per_file = {f: len(ids) for f, ids in models.items()}
+    here = per_file.get(ctx.current, 0)
+    most = max(per_file, key=lambda f: per_file[f])  # the newest of equals: files are newest first
+    if here >= per_file[most]:
+        return
+    st.info(
+        f"{here:,} of {everywhere:,} tested on this stack ({literal(stack_label(ctx.current))}); "
+        f"{literal(stack_label(most))} has the most: {per_file[most]:,}."
+    )
+
+
 def stack_label(f: StackFile) -> str:
     """How a (compiler, library) version pair is named in selectors and links."""
     return f"{f.compiler_label} · {f.library_label}"
-
-
-def view_compare(ctx: Context) -> pd.DataFrame:
-    """Regressions and fixes between two (compiler, library) version pairs."""
-    if len(ctx.files) < 2:
-        st.info(
-            "Comparing needs results for at least two compiler/library version pairs; this dataset has one."
-        )
-        return pd.DataFrame(columns=["model"])
-    labels = [stack_label(f) for f in ctx.files]
-    after_index = ctx.files.index(ctx.current) if ctx.current in ctx.files else 0
-    # Compare with the next older stack; the newest one's neighbour when this is the oldest.
-    before_index = after_index + 1 if after_index + 1 < len(labels) else after_index - 1
-    left, right = st.columns(2)
-    before_label = left.selectbox("Before", labels, index=before_index, key="before")
-    after_label = right.selectbox("After", labels, index=after_index, key="after")
-    before = ctx.files[labels.index(before_label)]
-    after = ctx.files[labels.index(after_label)]
-    table = queries.compare(
-        queries.search(
-            queries.with_task(read(ctx, [before], queries.COMPARE_COLUMNS), ctx.task), ctx.search
-        ),
-        queries.search(
-            queries.with_task(read(ctx, [after], queries.COMPARE_COLUMNS), ctx.task), ctx.search
-        ),
-    )
-    counts = table["change"].value_counts()
-    cols = st.columns(4)
-    for col, name in zip(
-        cols, [queries.REGRESSION, queries.FIX, queries.CHANGED, queries.SAME], strict=True
-    ):
-        col.metric(name, int(counts.get(name, 0)))
-    if not st.checkbox("Show unchanged models", key="show-same"):
-        table = table[table["change"] != queries.SAME]
-    return table.reset_index(drop=True)
 
 
 def view_charts(ctx: Context) -> None:

@@ -152,3 +152,27 @@ def test_history_and_regressions_views_in_the_browser(server: str) -> None:
         page.get_by_text("### ERROR compile (1)").first.wait_for(timeout=30_000)
         page.screenshot(path=str(ARTIFACTS / "viewer-regressions.png"), full_page=True)
     assert (ARTIFACTS / "viewer-regressions.png").stat().st_size > 10_000
+
+
+def test_back_returns_to_the_previous_view_and_the_title_names_the_model(server: str) -> None:
+    """Each change of view or model is a browser history entry (Back restores it), and a model's
+    details name the tab."""
+    with browser_page() as page:
+        page.goto(f"{server}/?view=all&model=Qwen/Qwen3-1.7B")
+        wait_ready(page)
+        page.wait_for_function("() => document.title.startsWith('Qwen/Qwen3-1.7B')", timeout=30_000)
+        page.get_by_text("Triage", exact=True).first.click()
+        page.wait_for_url("**view=triage**", timeout=30_000)
+        wait_ready(page)
+        page.go_back()
+        page.wait_for_url("**view=all**", timeout=30_000)
+        wait_ready(page)
+        checked = page.locator('[data-testid="stRadio"] input:checked')
+        page.wait_for_function(
+            "() => document.querySelector('[data-testid=\"stRadio\"] input:checked')"
+            "?.closest('label')?.innerText.includes('All results')",
+            timeout=30_000,
+        )
+        assert checked.count() == 1
+        assert "view=all" in page.url and "model=Qwen" in page.url  # not overwritten again
+        assert page.title().startswith("Qwen/Qwen3-1.7B")
