@@ -152,7 +152,7 @@ def main() -> None:
     else:
         views.view_charts(ctx)
 
-    if table is not None and view in ("selected", "all", "compare"):
+    if table is not None and view in ("selected", "all", "compare", "triage"):
         picked = views.show_table(table, key=f"table-{view}")
         if picked:
             st.session_state["model"] = picked

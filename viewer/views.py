@@ -394,15 +394,23 @@ def view_triage(ctx: Context) -> pd.DataFrame:
         f"{len(groups):,} group{'' if len(groups) == 1 else 's'} of "
         f"{int(groups['count'].sum()):,} failures"
     )
-    st.dataframe(
+    event = st.dataframe(
         formatting.blank_missing(groups),
         hide_index=True,
         column_config={
             "signature": st.column_config.TextColumn(width="large"),
             "example": st.column_config.TextColumn(width="medium"),
         },
+        on_select="rerun",
+        selection_mode="single-row",
         key="triage-table",
     )
+    rows = event.selection.rows if event is not None else []
+    clicked = str(groups.iloc[rows[0]]["signature"]) if rows else None
+    # A selection persists across reruns: apply it once, so the picker below can change after.
+    if clicked and st.session_state.get("_triage-clicked") != clicked:
+        st.session_state["signature"] = clicked
+    st.session_state["_triage-clicked"] = clicked
     signature = st.selectbox(
         "Models with this failure", groups["signature"].tolist(), key="signature"
     )

@@ -299,3 +299,17 @@ def test_every_result_has_its_own_badge_colour(
     assert not at.exception
     assert any(":blue-background[UNVERIFIED]" in m.value for m in at.markdown)
     assert len(set(RESULT_COLOURS.values())) == len(Result) == len(RESULT_CHART_COLOURS)
+
+
+def test_triage_lists_the_groups_models_in_a_clickable_table(page: AppTest) -> None:
+    page.query_params["view"] = "triage"
+    page.run()
+    assert not page.exception
+    assert list(table(page, 1)["model"]) == [
+        "Qwen/Qwen3-1.7B",
+        "google/gemma-3-1b-it",
+        "mistralai/Mistral-7B-v0.3",
+    ]
+    signatures = page.selectbox(key="signature").options
+    page.selectbox(key="signature").select(signatures[1]).run()
+    assert list(table(page, 1)["model"]) == ["llava-hf/llava-1.5-7b-hf"]
