@@ -30,6 +30,7 @@ from model_support.operator.sweep_resource import (
     source_key,
     sweep_conditions,
 )
+from model_support.vocabulary import Task
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP_CRD = ROOT / "crds" / "modelsupportsweeps.yaml"
@@ -71,6 +72,21 @@ def test_the_sweep_crd_is_valid_and_the_chart_holds_the_same(crd: dict[str, Any]
     ]  # fmt: skip
     chart_copy = ROOT / "charts" / "model-support" / "crds" / "modelsupportsweeps.yaml"
     assert chart_copy.read_text() == SWEEP_CRD.read_text()
+
+
+@pytest.mark.parametrize("task", [t.value for t in Task])
+def test_a_sweep_takes_every_task_a_test_takes(
+    crd: dict[str, Any], schema: jsonschema.Validator, task: str
+) -> None:
+    """A listed model's task and a Hub ranking's task: the API server accepts every task family
+    the operator tests, as the test CRD does (a narrower enum refused whole sweeps)."""
+    for spec in (
+        {"source": {"hub": {"task": task}}},
+        {"source": {"models": [{"model": "a/b", "task": task}]}},
+    ):
+        schema.validate(body(spec))
+        assert cel_violations(crd, spec) == []
+        parse_sweep(spec)
 
 
 def test_the_template_is_the_test_spec_less_what_the_sweep_sets(crd: dict[str, Any]) -> None:
