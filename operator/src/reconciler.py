@@ -185,6 +185,8 @@ _WAITING_FOR_ADMISSION = frozenset(
 )
 _WAITING_FOR_CAPACITY = frozenset({(Phase.QUEUED, "Unschedulable")})
 _NOT_ADMITTED = frozenset({(Phase.QUEUED, "NotAdmitted")})
+RESYNC = "RESYNC"
+"""The event type resync_jobs offers a listed Job with (kopf's are ADDED/MODIFIED/DELETED/None)."""
 
 StatusPatch = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any] | None]
 """A status merge patch, or a function making it from the test as the API has it."""
@@ -915,7 +917,11 @@ class Reconciler:
         reading = read_job(job, [])
         deleting = event_type == "DELETED" or being_deleted(job)
         if reading.state == JobState.ACTIVE and not deleting:
-            self._progress(ref, attempt, job)
+            # Phases move with the Job's own events only: a resync's listing may be older than
+            # events handled meanwhile (a Running from before a preemption would be written
+            # over its Queued). The resync is there for Jobs that ended.
+            if event_type != RESYNC:
+                self._progress(ref, attempt, job)
             return
         test = self._current_test(ref, attempt, completed=True)
         if test is None:
@@ -1694,7 +1700,7 @@ class Reconciler:
         or a recording was deferred, only this brings the test to its end. Lists only Jobs
         without the recorded label (filtered on the server), so its steady load after a sweep
         is one small list per namespace and interval. Idempotent: ``on_job`` ignores tests
-        already completed.
+        already completed, and moves no phase from a listing (it may be older than the events).
         """
         offered = 0
         self._forget_old_releases()
@@ -1702,7 +1708,7 @@ class Reconciler:
             for job in self.kube.list_jobs(
                 namespace, {LABEL_MANAGED_BY: MANAGED_BY}, without=(LABEL_RECORDED,)
             ):
-                self.on_job(job, "RESYNC")
+                self.on_job(job, RESYNC)
                 offered += 1
         return offered
 

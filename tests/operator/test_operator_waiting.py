@@ -7,9 +7,11 @@ kubelet by the pod status it writes for a deadline or an eviction.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from k8s_harness import JOBS_URL, Harness, now
+from test_operator_api_rules import reconciler
 from test_operator_lifecycle import SPEC, records, runner_log, start
 
 from model_support.runner_pod import STOPPED_EXIT, STOPPED_MESSAGE
@@ -127,3 +129,38 @@ async def test_a_queue_that_never_admits_is_said_on_the_test(harness: Harness) -
     events = [e for e in await h.events() if e["reason"] == "NotAdmitted"]
     assert len(events) == 1 and events[0]["type"] == "Warning"
     assert records(h) == []
+
+
+async def test_a_resync_listing_older_than_a_preemption_never_makes_the_test_running_again(
+    harness: Harness,
+) -> None:
+    """The watchdog's resync offers every unrecorded Job as a listing shows it, and that listing
+    can predate events already handled (it is read on another thread while they arrive): a
+    listing from before Kueue's preemption must not write Running over the preempted Queued,
+    or the resumed test would wait for its pod in a phase it never leaves (Pending)."""
+    h = harness
+    rec = reconciler(h)
+    test = await h.create_test("qwen", {**SPEC, "queueName": "trainium"})
+    await asyncio.to_thread(rec.on_test, test, "ADDED")
+    [job] = await h.items(JOBS_URL)
+
+    def job_as(suspend: bool, ready: int) -> dict[str, Any]:
+        spec = {**job["spec"], "suspend": suspend}
+        return {
+            **job,
+            "spec": spec,
+            "status": {"active": ready, "ready": ready, "startTime": now()},
+        }
+
+    running = job_as(suspend=False, ready=1)
+    await asyncio.to_thread(rec.on_job, running, "MODIFIED")
+    assert (await h.test_status("qwen"))["phase"] == "Running"
+    await asyncio.to_thread(rec.on_job, job_as(suspend=True, ready=0), "MODIFIED")  # preempted
+    assert (await h.test_status("qwen"))["phase"] == "Queued"
+
+    await asyncio.to_thread(rec.on_job, running, "RESYNC")  # listed before the preemption
+    status = await h.test_status("qwen")
+    assert status["phase"] == "Queued" and "preempted" in conditions(status)["Queued"]["message"]
+
+    await asyncio.to_thread(rec.on_job, job_as(suspend=False, ready=0), "MODIFIED")  # resumed
+    assert (await h.test_status("qwen"))["phase"] == "Pending"
