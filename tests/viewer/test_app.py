@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
-from viewer_support import NEW_CC, OLD_CC, START, TRANSFORMERS, make_record
+from viewer_support import NEW_CC, OLD_CC, START, TRANSFORMERS, make_record, viewer_page
 
 from model_support.rankings import get_ranking
 from model_support.store import ResultsStore
@@ -20,9 +20,7 @@ APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
 @pytest.fixture
 def page(dataset: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str):
     """An AppTest on the shared dataset, Hub unreachable unless a test points it elsewhere."""
-    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(dataset))
-    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", dead_hub)
-    return AppTest.from_file(APP, default_timeout=30)
+    return viewer_page(dataset, monkeypatch, dead_hub)
 
 
 def table(at: AppTest, index: int = 0):
@@ -276,9 +274,7 @@ def test_charts_show_pass_rate_and_wall_time_against_parameters(page: AppTest) -
 def test_empty_results_location_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str
 ) -> None:
-    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(tmp_path))
-    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", dead_hub)
-    at = AppTest.from_file(APP, default_timeout=30).run()
+    at = viewer_page(tmp_path, monkeypatch, dead_hub).run()
     assert not at.exception
     assert any("No results yet" in i.value for i in at.sidebar.info)
     assert any("No selected list" in i.value for i in at.info)
@@ -291,9 +287,7 @@ def test_every_result_has_its_own_badge_colour(
     store = ResultsStore(str(tmp_path))
     store.add(make_record("org/unchecked", "text-generation", "UNVERIFIED", NEW_CC, START))
     store.materialize()
-    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(tmp_path))
-    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", dead_hub)
-    at = AppTest.from_file(APP, default_timeout=30)
+    at = viewer_page(tmp_path, monkeypatch, dead_hub)
     at.query_params["model"] = "org/unchecked"
     at.run()
     assert not at.exception

@@ -7,19 +7,12 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
-from viewer_support import NEW_CC, OLD_CC, START, TRANSFORMERS, make_record
+from viewer_support import NEW_CC, OLD_CC, START, TRANSFORMERS, make_record, viewer_page
 
 from model_support.store import ResultsStore
 
-APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
 OLD = f"neuronx-cc {OLD_CC} · transformers {TRANSFORMERS}"
 NEW = f"neuronx-cc {NEW_CC} · transformers {TRANSFORMERS}"
-
-
-def _page(results: Path, monkeypatch: pytest.MonkeyPatch, hub: str) -> AppTest:
-    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(results))
-    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", hub)
-    return AppTest.from_file(APP, default_timeout=30)
 
 
 def markdown(at: AppTest) -> list[str]:
@@ -29,7 +22,7 @@ def markdown(at: AppTest) -> list[str]:
 def test_a_compared_model_shows_before_and_after_of_the_compared_stacks(
     dataset: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str
 ) -> None:
-    at = _page(dataset, monkeypatch, dead_hub)
+    at = viewer_page(dataset, monkeypatch, dead_hub)
     # The sidebar is on the older stack, where the model passed; the comparison is newer -> older.
     at.query_params.update(
         view="compare", compiler=OLD_CC, before=NEW, after=OLD, model="Qwen/Qwen3-1.7B"
@@ -63,9 +56,7 @@ def test_models_tested_with_one_stack_only_are_counted_and_not_tested(
         for stack in stacks:
             store.add(make_record(model, "text-generation", "PASS", stack, START))
     store.materialize()
-    at = _page(tmp_path, monkeypatch, dead_hub)
-    at.query_params["view"] = "compare"
-    at.run()
+    at = viewer_page(tmp_path, monkeypatch, dead_hub, view="compare").run()
     assert not at.exception
     counts = {m.label: m.value for m in at.metric}
     assert counts["only after"] == "2" and counts["only before"] == "1"

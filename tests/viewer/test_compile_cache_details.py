@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
-from viewer_support import NEW_CC, START, build_dataset, make_record
+from viewer_support import NEW_CC, START, build_dataset, make_record, viewer_page
 
 from model_support.records import CacheTransferFigures, Compilation, CompileCacheFigures
 from model_support.viewer.queries import compile_cache_pull
 
-APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
 MODEL = "Qwen/Qwen3-0.6B"
 
 
@@ -35,10 +34,8 @@ def page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str) -> AppT
     )
     store.add(record.model_copy(update={"document": document}))
     store.materialize()
-    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(tmp_path / "results"))
     monkeypatch.setenv("MODEL_SUPPORT_VIEWER_CACHE_TARGETS", "s3://team bucket")
-    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", dead_hub)
-    return AppTest.from_file(APP, default_timeout=30)
+    return viewer_page(tmp_path / "results", monkeypatch, dead_hub)
 
 
 def test_details_show_the_cache_figures_and_the_pull_command_for_the_runs_compiler(

@@ -10,18 +10,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from streamlit.testing.v1 import AppTest
-from viewer_support import NEW_CC, POSITIONS, TRACEBACK
+from viewer_support import NEW_CC, POSITIONS, TRACEBACK, viewer_page
 
 from model_support.viewer.failures import token_table
-
-APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
 
 
 @pytest.fixture
 def page(explained_dataset: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str) -> AppTest:
-    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(explained_dataset))
-    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", dead_hub)
-    at = AppTest.from_file(APP, default_timeout=30)
+    at = viewer_page(explained_dataset, monkeypatch, dead_hub)
     at.query_params["view"] = "all"
     return at
 
@@ -164,9 +160,7 @@ def test_a_malformed_json_field_does_not_hide_the_rest(
         table.schema.get_field_index("verification_json"), "verification_json", [column]
     )
     pq.write_table(table, path)
-    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(copy))
-    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", dead_hub)
-    at = AppTest.from_file(APP, default_timeout=30)
+    at = viewer_page(copy, monkeypatch, dead_hub)
     at.query_params.update(view="all", model="org/fails")
     at.run()
     assert not at.exception

@@ -7,14 +7,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from streamlit.testing.v1 import AppTest
-from viewer_support import START, make_record
+from viewer_support import START, make_record, viewer_page
 
 from model_support.records import FirstDivergence, ModuleDivergence, RunRecord
 from model_support.store import ResultsStore
 from model_support.vocabulary import LocalizationStatus
 
-APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
 STACK = "2.28.7631.0"
 
 
@@ -63,9 +61,7 @@ def results(tmp_path: Path) -> Path:
 
 
 def _page(results: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str, **params: str):
-    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(results))
-    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", dead_hub)
-    page = AppTest.from_file(APP, default_timeout=60)
+    page = viewer_page(results, monkeypatch, dead_hub, timeout=60)
     page.query_params.update(params)
     page.run()
     assert not page.exception, page.exception

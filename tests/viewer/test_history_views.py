@@ -7,20 +7,17 @@ from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
-from viewer_support import NEW_CC, OLD_CC, TRANSFORMERS
+from viewer_support import NEW_CC, OLD_CC, TRANSFORMERS, viewer_page
 
 from model_support.store import ResultsStore
 
-APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
 OLD = f"neuronx-cc {OLD_CC} · transformers {TRANSFORMERS}"
 NEW = f"neuronx-cc {NEW_CC} · transformers {TRANSFORMERS}"
 
 
 @pytest.fixture
 def page(dataset: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str) -> AppTest:
-    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(dataset))
-    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", dead_hub)
-    return AppTest.from_file(APP, default_timeout=30)
+    return viewer_page(dataset, monkeypatch, dead_hub)
 
 
 def _table(at: AppTest, key: str):

@@ -10,18 +10,14 @@ from typing import Any
 import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
-from viewer_support import MODELS, NEW_CC, OLD_CC, START, TRANSFORMERS, make_record
+from viewer_support import MODELS, NEW_CC, OLD_CC, START, TRANSFORMERS, make_record, viewer_page
 
 from model_support.store import ResultsStore
-
-APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
 
 
 @pytest.fixture
 def page(dataset: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str) -> AppTest:
-    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(dataset))
-    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", dead_hub)
-    return AppTest.from_file(APP, default_timeout=30)
+    return viewer_page(dataset, monkeypatch, dead_hub)
 
 
 def warnings(at: AppTest) -> str:
@@ -148,11 +144,7 @@ def test_a_stack_with_fewer_results_says_how_many_and_which_has_most(
     for model in ("org/a", "org/b", "org/c"):
         store.add(make_record(model, "text-generation", "PASS", OLD_CC, START))
     store.materialize()
-    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(tmp_path))
-    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", dead_hub)
-    at = AppTest.from_file(APP, default_timeout=30)
-    at.query_params["view"] = "all"
-    at.run()
+    at = viewer_page(tmp_path, monkeypatch, dead_hub, view="all").run()
     assert not at.exception
     assert at.selectbox(key="compiler").value == f"neuronx-cc {NEW_CC}"
     notes = [i.value.replace("\\", "") for i in at.info if "tested on this stack" in i.value]

@@ -19,11 +19,11 @@ from viewer_support import (
     HOSTILE_PROMPT,
     HOSTILE_REASON,
     HOSTILE_TEXT,
+    viewer_page,
 )
 
 from model_support.viewer.markup import inline_code, literal
 
-APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
 MARKDOWN_ELEMENTS = {
     "markdown", "caption", "title", "header", "subheader", "info", "warning", "error", "success",
 }  # fmt: skip
@@ -95,9 +95,7 @@ def page_text(at: AppTest) -> tuple[list[str], list[str]]:
 
 @pytest.fixture
 def hostile_page(hostile_dataset: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str) -> AppTest:
-    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(hostile_dataset))
-    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", dead_hub)
-    return AppTest.from_file(APP, default_timeout=30)
+    return viewer_page(hostile_dataset, monkeypatch, dead_hub)
 
 
 def assert_literal_everywhere(at: AppTest, shown: dict[str, str]) -> None:

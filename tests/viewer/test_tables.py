@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
+from viewer_support import viewer_page
 
 from model_support.rankings import RankedModel, Ranking
 from model_support.viewer import queries
@@ -20,9 +21,7 @@ APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
 
 @pytest.fixture
 def page(explained_dataset: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str) -> AppTest:
-    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(explained_dataset))
-    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", dead_hub)
-    return AppTest.from_file(APP, default_timeout=30)
+    return viewer_page(explained_dataset, monkeypatch, dead_hub)
 
 
 def _run(page: AppTest, **params: str) -> AppTest:

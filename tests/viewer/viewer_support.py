@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import streamlit as st
+from streamlit.testing.v1 import AppTest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared hubserver module
 from hubserver import HubServer, Repo
@@ -57,6 +58,26 @@ RERUN = ("Qwen/Qwen3-0.6B", "text-generation", "TIMEOUT", NEW_CC)
 """An earlier run of a model on the new stack that timed out (it passed when run again)."""
 LOAD_ERROR = "OSError: gated repo google/gemma-3-1b-it requires a token"
 RUN_PY = "#!/usr/bin/env python3\n# model-support run.py for {model}\nCONFIG = {{'model': '{model}'}}\nprint('hello')\n"
+
+
+APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
+
+
+def viewer_page(
+    results: Path | str,
+    monkeypatch: pytest.MonkeyPatch,
+    hub: str,
+    *,
+    timeout: float = 30,
+    **params: str,
+) -> AppTest:
+    """The viewer app (AppTest, not run yet) on ``results``, its Hub at ``hub``, opened on a
+    URL with the query ``params``."""
+    monkeypatch.setenv("MODEL_SUPPORT_RESULTS", str(results))
+    monkeypatch.setenv("MODEL_SUPPORT_HUB_ENDPOINT", hub)
+    page = AppTest.from_file(APP, default_timeout=timeout)
+    page.query_params.update(params)
+    return page
 
 
 def rendered_run_py(model: str, task: str) -> str:
