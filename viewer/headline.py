@@ -5,6 +5,7 @@ Built from a matrix row (a mapping of its columns); every value from the run is 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 from model_support.viewer import formatting
@@ -43,7 +44,21 @@ def stack(row: Mapping[str, object]) -> str:
         parts.append(f"{compiler} (torch {torch})" if torch else compiler)
     library = _text(row, "library") or "transformers"
     parts.append(f"{library} {_text(row, 'library_version') or 'unknown'}")
-    return " · ".join(parts)
+    line = " · ".join(parts)
+    return f"{line} (as its runner pod reported it)" if _stack_reported(row) else line
+
+
+def _stack_reported(row: Mapping[str, object]) -> bool:
+    """Whether the operator recorded the stack from the pod's report, not from the runner
+    image's declared versions (label ``stack``; runs outside the operator have no such label)."""
+    labels = row.get("labels")
+    if not isinstance(labels, str) or not labels:
+        return False
+    try:
+        parsed = json.loads(labels)
+    except ValueError:
+        return False  # a damaged labels column says nothing about the stack
+    return isinstance(parsed, dict) and parsed.get("stack") == "reported"
 
 
 def device(row: Mapping[str, object]) -> str:

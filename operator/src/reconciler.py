@@ -856,15 +856,24 @@ class Reconciler:
         return self.settings.declared_runner_stack()
 
     def _provenance(self, spec: TestSpec | None) -> dict[str, str]:
-        """What ran, as the operator knows it: the runner image, and what in the test runs code
-        the project does not control (the document's stack and packages are what that code
-        reported)."""
+        """What ran, as the operator knows it: the runner image, what in the test runs code the
+        project does not control (the document's packages are what that code reported), and
+        whether the row's stack is the image's declared one or its pod's report."""
         if spec is None:
             return {}
         labels = {"image": spec.image or self.settings.runner_image}
         untrusted = spec.untrusted_code(self.settings.runner_image)
         if untrusted:
             labels["untrusted_code"] = ",".join(untrusted)
+        # Whose word the row's compiler and library versions are: the settings' declaration for
+        # the runner image, or (no declaration: another image, or a runnerImage set without
+        # runnerStack) only what its pod reported.
+        declared = self._declared_stack(spec)
+        labels["stack"] = (
+            "declared"
+            if declared is not None and declared.model_dump(exclude_none=True)
+            else "reported"
+        )
         return labels
 
     def _check_job_exists(self, body: dict[str, Any], ref: TestRef, status: dict[str, Any]) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import re
+import subprocess
+import sys
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -241,6 +243,7 @@ async def test_the_stack_a_row_belongs_to_is_the_configured_images_never_the_pod
     key = matrix_key(record)
     if image is None:
         assert "untrusted_code" not in record.labels
+        assert record.labels["stack"] == "declared"
         assert (stack.neuronx_cc, stack.torch, stack.transformers) == (
             "2.28.7631.0",
             "2.14.0",
@@ -249,12 +252,33 @@ async def test_the_stack_a_row_belongs_to_is_the_configured_images_never_the_pod
         assert (key.compiler_version, key.library_version) == ("2.28.7631.0", "5.24.0")
     else:
         assert record.labels["untrusted_code"] == "image"  # the versions are its pod's claim
+        assert record.labels["stack"] == "reported"
         assert (key.compiler_version, key.library_version) == ("2.99.0.0", "9.9.9")
     if result == Result.ERROR:
         assert record.document.error_class == ErrorClass.INFRASTRUCTURE
         error = record.document.error or ""
         assert "the runner image reports a different stack" in error
         assert "transformers 9.9.9, the image declares 5.24.0" in error
+
+
+async def test_a_runner_image_set_without_its_stack_labels_the_rows_stack_as_reported(
+    h: Harness,
+) -> None:
+    """A runnerImage other than the default with no runnerStack: the operator cannot know the
+    image's versions, so the row keeps its pod's report and says so (label ``stack``)."""
+    assert h.settings.runner_stack is None and h.settings.declared_runner_stack() == RunnerStack()
+    _, job = await start(h)
+    pod = await h.start_pod(job)
+    reported = Stack(neuronx_cc="2.99.0.0", transformers="9.9.9")
+    document = document_for(Result.PASS, backend="neuron", compile_backend="neuron", stack=reported)
+    await h.deliver(job, document.model_dump_json().encode())
+    await h.end_pod(job, pod, exit_code=0, log=None)
+    await completed(h)
+    [record] = records(h)
+    assert record.document.result == Result.PASS
+    assert record.labels["stack"] == "reported" and "untrusted_code" not in record.labels
+    key = matrix_key(record)
+    assert (key.compiler_version, key.library_version) == ("2.99.0.0", "9.9.9")
 
 
 def test_the_default_runner_image_declares_what_its_dockerfile_pins() -> None:
@@ -479,20 +503,32 @@ async def test_an_operator_never_sizes_its_own_files(h: Harness) -> None:
 
 def test_a_delivery_larger_than_any_document_is_refused_unread(tmp_path: Path) -> None:
     """A pod that fills its slot (1.5 GB, sparse here) costs the operator no memory: the size
-    is checked before anything is read, on every retry."""
-    import tracemalloc
-
-    area = DeliveryArea(str(tmp_path / "store"))
-    slot = "run-1." + "a" * 32
-    folder = Path(area.prepare(slot))
-    with (folder / "result.json").open("wb") as huge:
-        huge.truncate(1536 * 2**20)
-    tracemalloc.start()
+    is checked before anything is read, on every retry. Measured in a process of its own:
+    tracemalloc counts every thread's allocations, and other tests leave threads behind."""
+    script = """
+import sys, tracemalloc
+from pathlib import Path
+from model_support.delivery import DeliveryArea
+area = DeliveryArea(sys.argv[1])
+slot = "run-1." + "a" * 32
+with (Path(area.prepare(slot)) / "result.json").open("wb") as huge:
+    huge.truncate(1536 * 2**20)
+tracemalloc.start()
+for _ in range(3):
     try:
-        for _ in range(3):
-            with pytest.raises(ValueError, match="holds 1610612736 bytes, more than any result"):
-                area.get(slot)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+        area.get(slot)
+    except ValueError as exc:
+        assert "holds 1610612736 bytes, more than any result" in str(exc), exc
+    else:
+        raise AssertionError("a 1.5 GB delivery was accepted")
+print(tracemalloc.get_traced_memory()[1])
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak = int(done.stdout.split()[-1])
     assert peak < 2**20, f"{peak} bytes allocated to refuse it"

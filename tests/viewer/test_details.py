@@ -4,6 +4,7 @@ reason), run.py's config block with the whole file as a download, and a way to i
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 from viewer_support import NEW_CC, POSITIONS, TRACEBACK, viewer_page
 
+from model_support.viewer import headline
 from model_support.viewer.failures import token_table
 
 
@@ -166,3 +168,20 @@ def test_a_malformed_json_field_does_not_hide_the_rest(
     assert not at.exception
     assert any("not valid JSON" in w.value for w in at.warning)
     assert any("MODEL-SUPPORT CONFIG" in c.value for c in at.code)  # the rest is still there
+
+
+def test_a_stack_its_runner_pod_reported_says_so_in_the_headline() -> None:
+    """The operator labels a row whose versions are only its pod's report (no declared stack
+    for the image): the answer line says whose word they are."""
+    row = {
+        "backend": "neuron",
+        "compiler": "neuronx-cc",
+        "compiler_version": "2.28.7631.0",
+        "library": "transformers",
+        "library_version": "5.24.0",
+    }
+    plain = headline.stack(row)
+    assert plain == "neuronx-cc 2.28.7631.0 · transformers 5.24.0"
+    assert headline.stack({**row, "labels": json.dumps({"stack": "declared"})}) == plain
+    reported = headline.stack({**row, "labels": json.dumps({"stack": "reported", "image": "r:1"})})
+    assert reported == f"{plain} (as its runner pod reported it)"
