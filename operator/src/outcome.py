@@ -469,13 +469,11 @@ def _public(version: str) -> str:
 def stack_problems(document: ResultDocument, declared: RunnerStack) -> list[str]:
     """Where the stack ``document`` reports contradicts what its image declares (empty: agrees;
     a version the pod did not report is no contradiction)."""
-    said = document.stack
+    said = document.stack.model_dump()
     return [
-        f"{field} {getattr(said, field)}, the image declares {value}"
-        for field, value in declared.model_dump().items()
-        if value is not None
-        and getattr(said, field) is not None
-        and _public(getattr(said, field)) != _public(value)
+        f"{field} {said[field]}, the image declares {value}"
+        for field, value in declared.model_dump(exclude_none=True).items()
+        if said[field] is not None and _public(said[field]) != _public(value)
     ]
 
 
@@ -505,33 +503,26 @@ def trusted_document(
     """
     problems = identity_problems(document, config)
     mismatch = [] if declared_stack is None else stack_problems(document, declared_stack)
-    if mismatch and not problems:
-        from model_support.records import failure_document
-
-        document = failure_document(
-            config,
-            Result.ERROR,
-            error_class=ErrorClass.INFRASTRUCTURE,
-            error=(
-                "the runner image reports a different stack than the operator's settings declare "
-                "for it (" + "; ".join(mismatch) + f"), so its {document.result.value} is not "
-                "recorded as this model's result on the declared stack: fix the settings' "
-                "runnerStack or the runner image"
-            ),
+    disagreement = None
+    if problems:
+        disagreement = (
+            "the runner's result document disagrees with the test ("
+            + "; ".join(problems)
+            + f"), so its {document.result.value} is not recorded as this model's result: "
+            "check the runner image and what else runs in the pod"
         )
-    elif problems:
+    elif mismatch:
+        disagreement = (
+            "the runner image reports a different stack than the operator's settings declare "
+            "for it (" + "; ".join(mismatch) + f"), so its {document.result.value} is not "
+            "recorded as this model's result on the declared stack: fix the settings' "
+            "runnerStack or the runner image"
+        )
+    if disagreement is not None:
         from model_support.records import failure_document
 
         document = failure_document(
-            config,
-            Result.ERROR,
-            error_class=ErrorClass.INFRASTRUCTURE,
-            error=(
-                "the runner's result document disagrees with the test ("
-                + "; ".join(problems)
-                + f"), so its {document.result.value} is not recorded as this model's result: "
-                "check the runner image and what else runs in the pod"
-            ),
+            config, Result.ERROR, error_class=ErrorClass.INFRASTRUCTURE, error=disagreement
         )
     latest = ended_at or datetime.now(UTC)
     earliest = started_at if started_at is not None and started_at <= latest else None
@@ -549,7 +540,7 @@ def trusted_document(
         "finished_at": clamp(document.finished_at),
     }
     if declared_stack is not None:
-        declared = {k: v for k, v in declared_stack.model_dump().items() if v is not None}
+        declared = declared_stack.model_dump(exclude_none=True)
         update["stack"] = document.stack.model_copy(update=declared)
     figures = document.compile_cache
     if figures is not None:
