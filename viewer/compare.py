@@ -3,14 +3,12 @@ Before and After side by side for exactly those two stacks (never the sidebar's)
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pandas as pd
 import streamlit as st
 
-from model_support.viewer import failures, formatting, headline, queries
+from model_support.viewer import details, failures, formatting, headline, queries
 from model_support.viewer.data import StackFile
 from model_support.viewer.markup import literal
 from model_support.viewer.views import RESULT_COLOURS, Context, read, stack_label
@@ -81,15 +79,6 @@ def _row(ctx: Context, stack: StackFile, model_id: str) -> pd.Series | None:
     return rows.sort_values("recorded_at", kind="stable").iloc[-1]
 
 
-def _verification(row: Mapping[str, object]) -> dict:
-    value = row.get("verification_json")
-    try:
-        parsed = json.loads(value) if isinstance(value, str) and value else {}
-    except json.JSONDecodeError:
-        return {}  # the failed checks' names still come from the row; figures are then blank
-    return parsed if isinstance(parsed, dict) else {}
-
-
 def _delta(after: object, before: object) -> float | None:
     if formatting.missing(after) or formatting.missing(before):
         return None
@@ -109,7 +98,7 @@ def _side(
     badge = f":{RESULT_COLOURS.get(result, 'gray')}-background[{literal(result)}]"
     st.markdown(headline.headline(row, badge))
     if result == Result.FAIL.value:
-        checks = failures.failed_checks(row, _verification(row))
+        checks = failures.failed_checks(row, details.json_column(row, "verification_json"))
         named = failures.checks_in_words(checks) if not checks.empty else "none named"
         st.markdown(f"**Failed checks**: {named}")
     elif result in (Result.ERROR.value, Result.TIMEOUT.value):

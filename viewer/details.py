@@ -96,7 +96,7 @@ def _record_traceback(results_uri: str, run_id: str) -> str | None:
         return None
 
 
-def _json(row: pd.Series, column: str) -> dict:
+def json_column(row: pd.Series, column: str) -> dict:
     """A JSON column's object; an empty one (with a warning naming the run) when malformed."""
     value = row.get(column)
     if not isinstance(value, str) or not value:
@@ -207,7 +207,7 @@ def run_details(row: pd.Series, traceback: str | None = None) -> None:
         _more(row, {})
         return
     _figures(row)
-    verification = _json(row, "verification_json")
+    verification = json_column(row, "verification_json")
     if result == Result.FAIL.value:
         failures.show_fail(row, verification)
     elif result in (Result.ERROR.value, Result.TIMEOUT.value):
@@ -276,7 +276,7 @@ def _more(row: pd.Series, verification: dict) -> None:
         with st.expander("Whole verification (JSON)"):
             st.json(verification, expanded=False)
     with st.expander("Stack (every recorded version)"):
-        st.json(_json(row, "stack"), expanded=1)
+        st.json(json_column(row, "stack"), expanded=1)
     with st.expander("Run"):
         run = {
             name: (None if formatting.missing(row.get(name)) else str(row.get(name)))

@@ -18,11 +18,10 @@ from model_support.viewer.data import StackFile
 from model_support.viewer.markup import inline_code, literal
 
 PARAMS = ("view", "compiler", "library", "q", "task", "model", "before", "after", "run")
+"""The query parameters the page reads; each sets the widget or page state of the same key,
+cleared before a link (or Back) is read, so what it does not name returns to its default."""
 WRITTEN_KEY = "_url-written"
 """Session state: the query parameters the page wrote last (None before the first run)."""
-SEEDED_KEYS = ("view", "compiler", "library", "q", "task", "model", "before", "after", "run")
-"""Widget and page state a link sets: cleared before a link (or Back) is read, so what it does
-not name returns to its default."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,7 @@ def read_link(files: list[StackFile], options: LinkOptions) -> list[str]:
     params = current_params()
     if st.session_state.get(WRITTEN_KEY) == params:
         return []
-    for key in SEEDED_KEYS:
+    for key in PARAMS:
         st.session_state.pop(key, None)
     problems: list[str] = []
     unknown_names = sorted(k for k in st.query_params if k not in PARAMS)
