@@ -44,6 +44,8 @@ import docker
 import docker.errors
 import docker.utils.build
 from filelock import FileLock
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(
@@ -195,8 +197,19 @@ def wheelhouse_requirements() -> list[str]:
     ]
 
 
-def _installed_versions() -> str:
-    """This virtualenv's versions (pip freeze): the images get the versions the suite tests."""
+def _installed_versions(pinned: list[str]) -> str:
+    """This virtualenv's versions (pip freeze): the images get the versions the suite tests,
+    except for what ``pinned`` requirements fix themselves (the runner image's own ``==`` pins).
+
+    A pin wins over the virtualenv: the package's open range (``sentence-transformers>=5.0``)
+    takes the newest release into the virtualenv, and a constraint to it beside the Dockerfile's
+    older pin would leave pip no version to install.
+    """
+    fixed = {
+        canonicalize_name(requirement.name)
+        for requirement in map(Requirement, pinned)
+        if any(spec.operator == "==" for spec in requirement.specifier)
+    }
     frozen = subprocess.run(
         [sys.executable, "-m", "pip", "freeze", "--exclude-editable"],
         capture_output=True,
@@ -207,6 +220,8 @@ def _installed_versions() -> str:
     lines = []
     for line in frozen.splitlines():
         if " @ " in line:
+            continue
+        if canonicalize_name(line.partition("==")[0]) in fixed:
             continue
         lines.append(line)
     return "\n".join(sorted(lines)) + "\n"
@@ -223,7 +238,7 @@ class Wheelhouse:
 def wheelhouse(log: list[str]) -> Wheelhouse:
     """The wheelhouse for these requirements and versions (built once per machine and inputs)."""
     requirements = wheelhouse_requirements()
-    constraints = _installed_versions()
+    constraints = _installed_versions(requirements)
     digest = _digest(json.dumps(requirements), constraints, sys.version.split()[0])[:16]
     root = CACHE / "wheelhouse"
     target = root / digest
