@@ -885,12 +885,18 @@ def flipped_routing(model, flips: dict):
             out = func(*args, **(kwargs or {}))
             if func is torch.nn.functional.linear and not self.done:
                 self.done = True
-                flat = out.reshape(-1, out.shape[-1]).clone()
-                order = torch.sort(flat.float(), dim=-1, descending=True).indices
+                logits = out.reshape(-1, out.shape[-1])
+                flat = logits.clone()
+                order = torch.sort(logits.float(), dim=-1, descending=True).indices
                 k = self.top_k
                 for row in self.rows:
+                    # Read from the untouched logits: indexing a row gives views, so swapping
+                    # in place would copy one value over both.
                     inside, outside = order[row, k - 1], order[row, k]
-                    flat[row, inside], flat[row, outside] = flat[row, outside], flat[row, inside]
+                    flat[row, inside], flat[row, outside] = (
+                        logits[row, outside],
+                        logits[row, inside],
+                    )
                 out = flat.reshape(out.shape)
             return out
 

@@ -305,7 +305,8 @@ def test_reduced_precision_attention_is_scaled_dot_product_attention(causal: boo
 # ------------------------------------------------------------------ mixture-of-experts routers
 
 
-def test_routers_of_a_mixture_of_experts_model_are_observed() -> None:
+def _tiny_moe() -> Any:
+    """A randomly initialised two-layer Qwen3-MoE: four experts, two per token."""
     import transformers
 
     config = transformers.Qwen3MoeConfig(
@@ -321,7 +322,13 @@ def test_routers_of_a_mixture_of_experts_model_are_observed() -> None:
         vocab_size=50,
     )
     torch.manual_seed(0)
-    model = transformers.Qwen3MoeForCausalLM(config).eval()
+    return transformers.Qwen3MoeForCausalLM(config).eval()
+
+
+def test_routers_of_a_mixture_of_experts_model_are_observed() -> None:
+    import transformers
+
+    model = _tiny_moe()
     ids = torch.randint(0, 50, (1, 7))
     with runner.observe_routers(model) as seen, torch.no_grad():
         model(input_ids=ids)
@@ -340,6 +347,34 @@ def test_routers_of_a_mixture_of_experts_model_are_observed() -> None:
     with runner.observe_routers(dense) as seen, torch.no_grad():
         dense(input_ids=ids)
     assert seen == {}
+
+
+def test_a_flipped_routing_sends_the_token_to_the_next_expert_in_line() -> None:
+    """What match_routing replays where a device took the other of two tied experts: the
+    flipped token's k-th and (k+1)-th router logits change places, so it goes to the expert
+    that was next in line with the k-th's weight; no other token of that layer moves."""
+    model = _tiny_moe()
+    (_, router, top_k), *_ = runner.moe_routers(model)
+    ids = torch.randint(0, 50, (1, 7), generator=torch.Generator().manual_seed(1))
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    hook = router.register_forward_hook(lambda _m, _a, out: seen.append((out[0], out[2])))
+    try:
+        with torch.no_grad():
+            model(input_ids=ids)
+            with runner.flipped_routing(model, {0: [3]}):
+                model(input_ids=ids)
+    finally:
+        hook.remove()
+    (logits, chosen), (flipped_logits, flipped_chosen) = seen
+    order = torch.sort(logits[3], descending=True).indices
+    inside, outside = int(order[top_k - 1]), int(order[top_k])
+    expected = logits[3].clone()
+    expected[inside], expected[outside] = logits[3, outside], logits[3, inside]
+    assert torch.equal(flipped_logits[3], expected)
+    assert set(flipped_chosen[3].tolist()) == set(chosen[3].tolist()) - {inside} | {outside}
+    others = [row for row in range(7) if row != 3]
+    assert torch.equal(flipped_logits[others], logits[others])
+    assert torch.equal(flipped_chosen[others], chosen[others])
 
 
 @pytest.mark.parametrize(
