@@ -202,27 +202,41 @@ def _watch_steps(gm: fx.GraphModule, steps: _Steps) -> bool:
 def _timed_noise(
     label: str, scale: float, first_step: int, last_step: int | None, row: int | None
 ) -> Callable[[fx.GraphModule, Sequence[torch.Tensor]], CompiledFn]:
-    """Noise on the last layer's MLP output at decode steps [first_step, last_step], one row or all."""
+    """Noise on the last layer's MLP output at decode steps [first_step, last_step], one row or all.
+
+    A one-row, one-step fault can be aimed elsewhere with ``MODEL_SUPPORT_FAULT_ROW_STEP``
+    (``row:step``), read when the graph compiles."""
     steps = _Steps()
+    window = {"row": row, "first": first_step, "last": last_step}
 
     def corrupt(x: torch.Tensor) -> torch.Tensor:
-        if steps.step < first_step or (last_step is not None and steps.step > last_step):
+        last = window["last"]
+        if steps.step < window["first"] or (last is not None and steps.step > last):
             return x
-        if row is None:
+        if window["row"] is None:
             return _noise(x, scale)
         out = x.clone()
-        out[row] = _noise(x[row], scale)
+        out[window["row"]] = _noise(x[window["row"]], scale)
         return out
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
         if not _on_faulty_rank():
             return gm.forward
+        aimed = _row_step_pairs(FAULT_ROW_STEP_ENV)
+        if aimed is not None and row is not None and first_step == last_step:
+            ((window["row"], window["first"]),) = aimed
+            window["last"] = window["first"]
         layers = _layer_nodes(gm, MLP_OUTPUTS)
         layer = _pick_layer(layers, default_last=True)
         landed = layer is not None and _watch_steps(gm, steps)
         if landed and layer is not None:
             _insert_after(gm, _output_node(layers[layer]), corrupt)
-        _report(label, landed, f"layer {layer} mlp output, steps >= {first_step}")
+        where = (
+            f"steps >= {window['first']}"
+            if window["row"] is None
+            else (f"row {window['row']} at step {window['first']}")
+        )
+        _report(label, landed, f"layer {layer} mlp output, {where}")
         return gm.forward
 
     backend.__name__ = label
@@ -234,6 +248,7 @@ late_noise_20pct = _timed_noise("late_noise_20pct", 0.20, 24, None, None)
 # Batch row 1 at decode step 16 only: one position of one prompt.
 one_row_step_noise_20pct = _timed_noise("one_row_step_noise_20pct", 0.20, 16, 16, 1)
 one_row_step_noise_100pct = _timed_noise("one_row_step_noise_100pct", 1.00, 16, 16, 1)
+one_row_step_noise_300pct = _timed_noise("one_row_step_noise_300pct", 3.00, 16, 16, 1)
 
 
 def _module_output(gm: fx.GraphModule, suffix: str) -> tuple[int | None, fx.Node | None]:
@@ -403,26 +418,40 @@ ROUTER_FLIPS_ENV = "MODEL_SUPPORT_FAULT_ROUTER_FLIPS"
 """``row:step,...``: the batch rows and decode steps where ``router_flip`` flips (see there)."""
 
 
-def router_flip_targets(value: str | None = None) -> set[tuple[int, int]] | None:
-    """The (batch row, decode step) pairs ``router_flip`` is aimed at, or None when not aimed.
+FAULT_ROW_STEP_ENV = "MODEL_SUPPORT_FAULT_ROW_STEP"
+"""``row:step``: where a one-row, one-step noise fault (``one_row_step_noise_*``) lands."""
 
-    Read from ``MODEL_SUPPORT_FAULT_ROUTER_FLIPS`` unless ``value`` is given: ``row:step`` pairs
-    separated by commas, e.g. ``1:16,0:7``. Decode step s computes generated position s, so a
-    test can aim at positions whose reference routing the verdict calls tied.
-    """
-    value = os.environ.get(ROUTER_FLIPS_ENV) if value is None else value
+
+def _row_step_pairs(env: str, value: str | None = None) -> set[tuple[int, int]] | None:
+    """The (batch row, decode step) pairs in ``value`` (default: the variable ``env``), or None
+    when it is unset: ``row:step`` pairs separated by commas, e.g. ``1:16,0:7``. Decode step s
+    computes generated position s; the prefill (step 0) is never a target. ``env`` allows one
+    pair only where it is FAULT_ROW_STEP_ENV."""
+    value = os.environ.get(env) if value is None else value
     if value is None:
         return None
     targets = set()
-    for pair in filter(None, (part.strip() for part in value.split(","))):
+    pairs = [part.strip() for part in value.split(",") if part.strip()]
+    for pair in pairs:
         row, sep, step = pair.partition(":")
         if not (sep and row.isdigit() and step.isdigit() and int(step) > 0):
             raise ValueError(
-                f"{ROUTER_FLIPS_ENV}={value!r}: each target is ROW:STEP with a decode step of "
-                f"at least 1 (the prefill is never flipped), e.g. 1:16; {pair!r} is not"
+                f"{env}={value!r}: each target is ROW:STEP with a decode step of at least 1 "
+                f"(the prefill is never a target), e.g. 1:16; {pair!r} is not"
             )
         targets.add((int(row), int(step)))
+    if env == FAULT_ROW_STEP_ENV and len(targets) != 1:
+        raise ValueError(f"{env}={value!r}: give exactly one ROW:STEP, e.g. 1:16")
     return targets
+
+
+def router_flip_targets(value: str | None = None) -> set[tuple[int, int]] | None:
+    """The (batch row, decode step) pairs ``router_flip`` is aimed at, or None when not aimed.
+
+    Read from ``MODEL_SUPPORT_FAULT_ROUTER_FLIPS`` unless ``value`` is given, e.g. ``1:16,0:7``,
+    so a test can aim at positions whose reference routing the verdict calls tied.
+    """
+    return _row_step_pairs(ROUTER_FLIPS_ENV, value)
 
 
 def router_flip(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:

@@ -33,7 +33,10 @@ from model_support.vocabulary import Task
 TEXT_MODELS = [m.name for m in DEMO_MODELS if m.task is Task.TEXT_GENERATION]
 FOREIGN = Path(__file__).parent / "data" / "checkpoints"
 # Checkpoints other machines trained (tests/data/checkpoints/README.md): folder -> catalogue name.
-FOREIGN_MODELS = {"tiny-qwen3-moe-amd-epyc": "tiny-qwen3-moe"}
+FOREIGN_MODELS = {
+    "tiny-qwen3-moe-amd-epyc": "tiny-qwen3-moe",
+    "tiny-qwen3-moe-amd-epyc-b4": "tiny-qwen3-moe",
+}
 
 
 def _trained(demo_models: dict[str, DemoModel], which: str) -> DemoModel:

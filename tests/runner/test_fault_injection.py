@@ -37,7 +37,7 @@ from faultbench import SwitchableBackend, environment
 from model_support.checkpoints import DemoModel, build_demo_models, corpus_text, default_cache_dir
 from model_support.config import RunConfig
 from model_support.execution import run_local
-from model_support.faults import ROUTER_FLIPS_ENV
+from model_support.faults import FAULT_ROW_STEP_ENV, ROUTER_FLIPS_ENV
 from model_support.fixture_quality import measure
 from model_support.records import ResultDocument, Verification
 from model_support.runner import run as runner
@@ -105,13 +105,16 @@ BF16_FAULTS = [
     _f("noise_20pct", FAIL),
     _f("zero_head", FAIL),
     _f("late_noise_20pct", FAIL),
-    _f("one_row_step_noise_100pct", FAIL),
+    _f("one_row_step_noise_300pct", FAIL),
     _f("vocab_tail_bias", FAIL),
     _f("scale_norm_10pct", FAIL),
 ]
 BF16_MORE = [
     _f("noise_5pct", None),
     _f("one_row_step_noise_20pct", None),
+    # 100% of the spread at one step moves the logits there by 3 to 9x a correct run's largest
+    # error, depending on the fixture and the step: around the peak bound (4x), so reported.
+    _f("one_row_step_noise_100pct", None),
     _f("rare_token_bias", FAIL),
 ]
 FP32: dict[str, Any] = {"dtype": "float32"}
@@ -129,7 +132,7 @@ FP32_FAULTS = [
     _f("tf32_matmuls", None, **FP32),
     _f("noise_20pct", FAIL, **FP32),
     _f("late_noise_20pct", FAIL, **BF16_POLICY),
-    _f("one_row_step_noise_100pct", FAIL, **BF16_POLICY),
+    _f("one_row_step_noise_300pct", FAIL, **BF16_POLICY),
     _f("vocab_tail_bias", FAIL, **BF16_POLICY),
     _f("scale_norm_10pct", FAIL, **BF16_POLICY),
 ]
@@ -155,6 +158,7 @@ class Bench:
         self.models: dict[tuple[str, str], Any] = {}
         self.capturing: tuple[str, str] | None = None
         self.scored: dict[tuple[str, str, bytes], dict[str, Any]] = {}
+        self.ties: dict[tuple[str, str, str], list[torch.Tensor]] = {}
         import transformers
 
         config = self.config("bfloat16", "auto")
@@ -266,22 +270,43 @@ class Bench:
             )
         return precision, self.scored[key]
 
-    def aimed(self, case: Case) -> Case:
-        """A router_flip case aimed where the verdict's own definition calls the routing tied.
+    def control_ties(self, case: Case) -> list[torch.Tensor] | None:
+        """Per prompt, (position x MoE layer) where the verdict's own definition calls the
+        reference's routing tied, for the tokens the control (the case's graph with nothing
+        changed) generates; None for a model without routers. A fault at decode step t changes
+        position t and later only, so up to t its tokens and ties are the control's."""
+        model, _ = self._model(case.dtype, case.device)
+        if not runner.moe_routers(model):
+            return None
+        key = (case.dtype, case.precision, case.device)
+        if key not in self.ties:
+            control = replace(case, backend=FAULTS + "benign", expect=None, env={})
+            config, tokens, _, _ = self.generate(control)
+            _, scored = self.score(control, config, tokens)
+            assert all(g is not None for g in scored["router_gaps"]), "a prompt saw no router"
+            self.ties[key] = [
+                runner.router_tie_mask(gaps, noise, config["verification"])
+                for gaps, noise in zip(scored["router_gaps"], scored["router_noise"], strict=True)
+            ]
+        return self.ties[key]
 
-        The control (the same graph, nothing flipped) generates the tokens; their reference
-        and baseline say which (prompt, position, layer) router decisions are tied. The flip
-        at decode step t changes position t and later only, so up to t the flipped run's
-        tokens, and with them the ties the verdict will see, are the control's.
-        """
-        control = replace(case, backend=FAULTS + "benign", expect=None)
-        config, tokens, _, _ = self.generate(control)
-        _, scored = self.score(control, config, tokens)
-        assert all(g is not None for g in scored["router_gaps"]), "no MoE router observed"
-        ties = [
-            runner.router_tie_mask(gaps, noise, config["verification"])
-            for gaps, noise in zip(scored["router_gaps"], scored["router_noise"], strict=True)
-        ]
+    def off_ties(self, case: Case) -> Case:
+        """A one-row, one-step fault aimed at the decode step nearest its default (row 1, step
+        16) where no router of that row is tied: a tied position is one the verdict may excuse
+        as that routing's, and a fault there could not be told from a correct run."""
+        ties = self.control_ties(case)
+        if ties is None:
+            return case
+        free = [t for t in range(1, ties[1].shape[0]) if not bool(ties[1][t].any())]
+        assert free, f"{self.demo.name}: every decode position of prompt 1 has a tied router"
+        step = min(free, key=lambda t: (abs(t - 16), t))
+        return replace(case, env={**case.env, FAULT_ROW_STEP_ENV: f"1:{step}"})
+
+    def aimed(self, case: Case) -> Case:
+        """A router_flip case aimed where the verdict's own definition calls the routing tied
+        (control_ties)."""
+        ties = self.control_ties(case)
+        assert ties is not None, "no MoE router observed"
         layers = ties[0].shape[1]
         # Columns are the MoE layers in forward order; every layer of these fixtures is one.
         assert layers == self.num_layers, (layers, self.num_layers)
@@ -320,6 +345,8 @@ def _bench_rows(demo: DemoModel | Bench, cases: list[Case]) -> list[Row]:
     for case in cases:
         if case.backend == FAULTS + "router_flip":
             case = bench.aimed(case)
+        elif case.backend.startswith(FAULTS + "one_row_step_noise"):
+            case = bench.off_ties(case)
         result, verification, printed = bench.run(case)
         if case.backend.startswith(FAULTS):
             name = case.backend.removeprefix(FAULTS)
@@ -447,9 +474,9 @@ def test_dense_model_verdicts(demo_models: dict[str, DemoModel]) -> None:
     _assert_verdicts(rows)
 
 
-@pytest.mark.parametrize("trained", ["here", "amd-epyc"])
+@pytest.mark.parametrize("trained", ["here", "amd-epyc", "amd-epyc-b4"])
 def test_moe_model_verdicts(demo_models: dict[str, DemoModel], trained: str) -> None:
-    """The tiny Qwen3-MoE as this machine trains it, and as an AMD machine trained it
+    """The tiny Qwen3-MoE as this machine trains it, and as two AMD machines trained it
     (tests/data/checkpoints): the verdicts hold for every correctly trained fixture."""
     model = demo_models["tiny-qwen3-moe"]
     if trained != "here":
@@ -492,7 +519,7 @@ def test_low_margin_model_verdicts() -> None:
         _f("bf16_logits", PASS, **BF16_POLICY),
         _f("bf16_matmuls", PASS, **BF16_POLICY),
         _f("late_noise_20pct", FAIL, **BF16_POLICY),
-        _f("one_row_step_noise_100pct", FAIL, **BF16_POLICY),
+        _f("one_row_step_noise_300pct", FAIL, **BF16_POLICY),
     ]
     rows = _bench_rows(bench, cases)
     _write_table("tiny-llama-low-margin", rows)
@@ -522,7 +549,7 @@ def test_tensor_parallel_and_inductor_verdicts_end_to_end(
         Case("aot_eager", PASS),
         Case("aot_eager", PASS, **FP32),
         _f("late_noise_20pct", FAIL, env=on_rank_1),
-        _f("one_row_step_noise_100pct", FAIL, env=on_rank_1, **FP32),
+        _f("one_row_step_noise_300pct", FAIL, env=on_rank_1, **FP32),
     ]
     rows = []
     for case in sharded:
