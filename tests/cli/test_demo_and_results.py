@@ -25,7 +25,9 @@ from model_support.checkpoints import STAMP_FILE, TASK_MODELS, DemoModel
 from model_support.cli.commands_demo import NEWER_RELEASE, OLDER_RELEASE
 from model_support.store import ResultsStore
 
-pytestmark = pytest.mark.slow
+# One worker runs this module: the demo is made once per session, and a second worker given one
+# of these tests would only wait on its lock (minutes) instead of running other tests.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("demo")]
 
 CLI = str(Path(sys.executable).with_name("model-support"))
 APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
