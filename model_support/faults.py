@@ -36,6 +36,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -199,6 +200,16 @@ def _watch_steps(gm: fx.GraphModule, steps: _Steps) -> bool:
     return True
 
 
+@dataclass
+class _Window:
+    """The batch row (None: all) and decode steps [first, last] (last None: to the end) a timed
+    noise fault corrupts."""
+
+    row: int | None
+    first: int
+    last: int | None
+
+
 def _timed_noise(
     label: str, scale: float, first_step: int, last_step: int | None, row: int | None
 ) -> Callable[[fx.GraphModule, Sequence[torch.Tensor]], CompiledFn]:
@@ -207,16 +218,15 @@ def _timed_noise(
     A one-row, one-step fault can be aimed elsewhere with ``MODEL_SUPPORT_FAULT_ROW_STEP``
     (``row:step``), read when the graph compiles."""
     steps = _Steps()
-    window = {"row": row, "first": first_step, "last": last_step}
+    window = _Window(row, first_step, last_step)
 
     def corrupt(x: torch.Tensor) -> torch.Tensor:
-        last = window["last"]
-        if steps.step < window["first"] or (last is not None and steps.step > last):
+        if steps.step < window.first or (window.last is not None and steps.step > window.last):
             return x
-        if window["row"] is None:
+        if window.row is None:
             return _noise(x, scale)
         out = x.clone()
-        out[window["row"]] = _noise(x[window["row"]], scale)
+        out[window.row] = _noise(x[window.row], scale)
         return out
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
@@ -224,17 +234,17 @@ def _timed_noise(
             return gm.forward
         aimed = _row_step_pairs(FAULT_ROW_STEP_ENV)
         if aimed is not None and row is not None and first_step == last_step:
-            ((window["row"], window["first"]),) = aimed
-            window["last"] = window["first"]
+            ((window.row, window.first),) = aimed
+            window.last = window.first
         layers = _layer_nodes(gm, MLP_OUTPUTS)
         layer = _pick_layer(layers, default_last=True)
         landed = layer is not None and _watch_steps(gm, steps)
         if landed and layer is not None:
             _insert_after(gm, _output_node(layers[layer]), corrupt)
         where = (
-            f"steps >= {window['first']}"
-            if window["row"] is None
-            else (f"row {window['row']} at step {window['first']}")
+            f"steps >= {window.first}"
+            if window.row is None
+            else f"row {window.row} at step {window.first}"
         )
         _report(label, landed, f"layer {layer} mlp output, {where}")
         return gm.forward
