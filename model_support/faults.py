@@ -232,9 +232,9 @@ def _timed_noise(
     def backend(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
         if not _on_faulty_rank():
             return gm.forward
-        aimed = _row_step_pairs(FAULT_ROW_STEP_ENV)
+        aimed = _aimed_row_step()
         if aimed is not None and row is not None and first_step == last_step:
-            ((window.row, window.first),) = aimed
+            window.row, window.first = aimed
             window.last = window.first
         layers = _layer_nodes(gm, MLP_OUTPUTS)
         layer = _pick_layer(layers, default_last=True)
@@ -435,8 +435,7 @@ FAULT_ROW_STEP_ENV = "MODEL_SUPPORT_FAULT_ROW_STEP"
 def _row_step_pairs(env: str, value: str | None = None) -> set[tuple[int, int]] | None:
     """The (batch row, decode step) pairs in ``value`` (default: the variable ``env``), or None
     when it is unset: ``row:step`` pairs separated by commas, e.g. ``1:16,0:7``. Decode step s
-    computes generated position s; the prefill (step 0) is never a target. ``env`` allows one
-    pair only where it is FAULT_ROW_STEP_ENV."""
+    computes generated position s; the prefill (step 0) is never a target."""
     value = os.environ.get(env) if value is None else value
     if value is None:
         return None
@@ -450,9 +449,20 @@ def _row_step_pairs(env: str, value: str | None = None) -> set[tuple[int, int]] 
                 f"(the prefill is never a target), e.g. 1:16; {pair!r} is not"
             )
         targets.add((int(row), int(step)))
-    if env == FAULT_ROW_STEP_ENV and len(targets) != 1:
-        raise ValueError(f"{env}={value!r}: give exactly one ROW:STEP, e.g. 1:16")
     return targets
+
+
+def _aimed_row_step() -> tuple[int, int] | None:
+    """The one (batch row, decode step) ``MODEL_SUPPORT_FAULT_ROW_STEP`` aims a one-row,
+    one-step fault at, or None when it is unset."""
+    targets = _row_step_pairs(FAULT_ROW_STEP_ENV)
+    if targets is None:
+        return None
+    if len(targets) != 1:
+        value = os.environ[FAULT_ROW_STEP_ENV]
+        raise ValueError(f"{FAULT_ROW_STEP_ENV}={value!r}: give exactly one ROW:STEP, e.g. 1:16")
+    (target,) = targets
+    return target
 
 
 def router_flip_targets(value: str | None = None) -> set[tuple[int, int]] | None:

@@ -474,7 +474,11 @@ def test_dense_model_verdicts(demo_models: dict[str, DemoModel]) -> None:
     _assert_verdicts(rows)
 
 
-@pytest.mark.parametrize("trained", ["here", "amd-epyc", "amd-epyc-b4"])
+# Every tiny Qwen3-MoE another machine trained, as kept in tests/data/checkpoints.
+STORED_MOE = sorted(p.name.removeprefix("tiny-qwen3-moe-") for p in DATA.glob("tiny-qwen3-moe-*"))
+
+
+@pytest.mark.parametrize("trained", ["here", *STORED_MOE])
 def test_moe_model_verdicts(demo_models: dict[str, DemoModel], trained: str) -> None:
     """The tiny Qwen3-MoE as this machine trains it, and as two AMD machines trained it
     (tests/data/checkpoints): the verdicts hold for every correctly trained fixture."""
