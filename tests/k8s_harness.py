@@ -463,6 +463,28 @@ class Harness:
     async def events(self) -> list[dict[str, Any]]:
         return await self.items(EVENTS_URL)
 
+    async def wait_events(
+        self, reason: str, count: int = 1, *, about: str | None = None, timeout: float = 60
+    ) -> list[dict[str, Any]]:
+        """The Events with ``reason`` (on the object named ``about``, if given), once at least
+        ``count`` were posted. The operator posts an Event right after the status write it
+        explains, so a test that has just seen that status waits for the Event instead of
+        reading the list once (under load the read can come between the two)."""
+
+        async def probe() -> list[dict[str, Any]] | None:
+            found = [
+                e
+                for e in await self.events()
+                if e.get("reason") == reason
+                and (about is None or (e.get("involvedObject") or {}).get("name") == about)
+            ]
+            return found if len(found) >= count else None
+
+        events: list[dict[str, Any]] = await self.wait_for(
+            probe, timeout=timeout, what=f"{count} {reason} Event(s)"
+        )
+        return events
+
     # ------------------------------------------------------------------ the kubelet stand-in
 
     async def start_pod(self, job: dict[str, Any], **status: Any) -> dict[str, Any]:

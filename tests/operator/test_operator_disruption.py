@@ -87,7 +87,7 @@ async def test_waiting_for_capacity_is_queued_not_a_result(harness: Harness) -> 
     queued = conditions(status)["Queued"]
     assert (queued["status"], queued["reason"]) == ("True", "Unschedulable")
     assert "Insufficient aws.amazon.com/neuroncore" in queued["message"]
-    events = [e for e in await h.events() if e["reason"] == "WaitingForCapacity"]
+    events = await h.wait_events("WaitingForCapacity")
     assert len(events) == 1 and records(h) == []
 
     # Capacity arrives: scheduled (Pending, no pod ready yet), then ready (Running).

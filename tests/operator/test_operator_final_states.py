@@ -81,11 +81,7 @@ async def test_a_253_character_name_runs_to_its_result(harness: Harness) -> None
     [record] = records(h)
     assert record.labels["test"] == name and record.labels["test_uid"] == test["metadata"]["uid"]
 
-    async def failed_event() -> bool:  # posted right after the status that says Completed
-        events = [e for e in await h.events() if e["involvedObject"]["name"] == name]
-        return "Failed" in {e["reason"] for e in events}
-
-    await h.wait_for(failed_event, what="the Failed Event (on the long name)", timeout=10)
+    await h.wait_events("Failed", about=name)  # the Event on the long name
 
 
 # ------------------------------------------------------------------------- generations, kstatus

@@ -254,7 +254,7 @@ async def test_oom_killed(harness: Harness) -> None:
     assert (status["result"], status["errorClass"]) == ("ERROR", "out-of-memory")
     [record] = records(h)
     assert record.document.error_class == ErrorClass.OUT_OF_MEMORY
-    assert "Errored" in [e["reason"] for e in await h.events()]
+    assert await h.wait_events("Errored")
 
 
 async def test_the_backstop_deadline_after_run_py_ran_its_timeout_is_timeout(
@@ -397,7 +397,7 @@ async def test_invalid_spec_is_reported_not_run(harness: Harness) -> None:
     status = await h.wait_status("bad", lambda s: s.get("phase") == "Invalid", "Invalid")
     assert "spec.cores" in status["message"] or "exceeds the 24 cores" in status["message"]
     assert await h.items(JOBS_URL) == []
-    warnings = [e for e in await h.events() if e["reason"] == "InvalidSpec"]
+    warnings = await h.wait_events("InvalidSpec")
     assert warnings and warnings[0]["type"] == "Warning"
 
 
@@ -433,7 +433,7 @@ async def test_sizing_excludes_remote_code_models(harness: Harness, tmp_path: Pa
     assert record.exclusion_reason == ExclusionReason.REMOTE_CODE_REQUIRED
     assert record.run_id == run_id_for(test["metadata"]["uid"], 1, 0) == status["runId"]
     assert read_config(record.run_py).model == str(checkpoint)
-    assert "Excluded" in [e["reason"] for e in await h.events()]
+    assert await h.wait_events("Excluded")
 
 
 async def test_sizing_places_a_model_that_fits(harness: Harness, tiny_llama_path: Path) -> None:

@@ -96,7 +96,7 @@ async def test_an_unreadable_result_is_retried_never_recorded_as_the_models(h: H
     )
     assert waiting["phase"] != "Completed" and records(h) == []
     assert "no result document was delivered" in conditions(waiting)["Recorded"]["message"]
-    assert "ResultUnavailable" in [e["reason"] for e in await h.events()]
+    assert await h.wait_events("ResultUnavailable")
 
     # The delivery lands late (a store that was slow): the retry records the real result.
     await deliver(h, job, document_for(Result.PASS))
@@ -166,7 +166,7 @@ async def test_a_store_that_refuses_writes_is_retried_and_surfaced(h: Harness) -
     )
     assert waiting["phase"] != "Completed"
     assert str(h.results) in conditions(waiting)["Recorded"]["message"]
-    assert "StoreUnavailable" in [e["reason"] for e in await h.events()]
+    assert await h.wait_events("StoreUnavailable")
 
     blocker.unlink()  # the store is back
     done = await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")

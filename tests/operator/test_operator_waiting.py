@@ -126,7 +126,7 @@ async def test_a_queue_that_never_admits_is_said_on_the_test(harness: Harness) -
     )
     assert status["phase"] == "Queued"  # it keeps waiting
     assert "LocalQueue no-such-queue" in conditions(status)["Queued"]["message"]
-    events = [e for e in await h.events() if e["reason"] == "NotAdmitted"]
+    events = await h.wait_events("NotAdmitted")
     assert len(events) == 1 and events[0]["type"] == "Warning"
     assert records(h) == []
 

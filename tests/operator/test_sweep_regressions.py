@@ -4,7 +4,6 @@ and the operator's Prometheus metrics, end to end on kmock with the kubelet stan
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pytest
 from k8s_harness import NS, Harness
@@ -101,7 +100,7 @@ async def test_a_new_run_key_counts_regressions_and_fixes_with_one_event_and_its
     )
     assert second["cost"]["unpriced"] == 0
     # One Warning Event for the run, naming the regression; a restart says nothing more.
-    assert len(await _regression_events(sh)) == 1
+    assert len(await sh.wait_events("Regressions", about="nightly")) == 1
     await sh.stop_operator()
     await start(sh)
     await wait_sweep(sh, "nightly", ready, "ready after the restart")
@@ -109,7 +108,7 @@ async def test_a_new_run_key_counts_regressions_and_fixes_with_one_event_and_its
         lambda: metric("model_support_sweep_regressions", namespace=NS, sweep="nightly") == 1,
         what="the regressions gauge after the restart",
     )
-    events = await _regression_events(sh)
+    events = await sh.wait_events("Regressions", about="nightly")
     assert len(events) == 1
     assert events[0]["type"] == "Warning"
     assert f"{MODELS[0]} PASS -> FAIL" in events[0]["message"]
@@ -128,12 +127,3 @@ async def test_a_new_run_key_counts_regressions_and_fixes_with_one_event_and_its
         lambda: metric("model_support_pass_rate", **stack) == 0.75, what="the stack's pass rate"
     )
     assert metric("model_support_stack_results", **stack, result="FAIL") == 1
-
-
-async def _regression_events(h: Harness) -> list[dict[str, Any]]:
-    return [
-        e
-        for e in await h.events()
-        if e.get("reason") == "Regressions"
-        and (e.get("involvedObject") or {}).get("name") == "nightly"
-    ]

@@ -521,7 +521,7 @@ async def test_a_source_that_cannot_be_read_is_retried_and_an_invalid_sweep_stal
     assert sorted(
         t["metadata"]["annotations"][ANNOTATION_MODEL] for t in children_of(sh, "curated")
     ) == [model_id(1), model_id(2)]
-    events = [e for e in await sh.events() if e.get("reason") == "RankingFailed"]
+    events = await sh.wait_events("RankingFailed")
     assert len(events) == 1  # said once, not at every retry
     snapshot = ResultsStore(str(sh.results)).latest_ranking_snapshot()
     assert snapshot is not None and snapshot.kind == "selected"
@@ -571,7 +571,7 @@ async def test_ranked_models_the_crd_refuses_are_skipped_and_never_block_the_res
         # ... and the same test for a skipped model it refuses (schema or CEL rules)
         for model in REFUSED:
             assert api_refusals({**doc, "spec": {**doc["spec"], "model": model}}) != []
-    [event] = [e for e in await sh.events() if e.get("reason") == "ModelsSkipped"]
+    [event] = await sh.wait_events("ModelsSkipped")
     assert event["type"] == "Warning" and "org/_leading-underscore (spec.model:" in event["message"]
 
 
