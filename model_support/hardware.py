@@ -121,7 +121,21 @@ PROFILES: dict[tuple[str, int | None], HardwareProfile] = {
     ),
 }
 
-DEFAULT_LNC = {"trn2": 2}
+LNC_DEFAULT_BY_FAMILY: dict[str, int] = {
+    "trn2": 2,
+    "trn2u": 2,
+    "trn3": 2,
+    "trn1": 1,
+    "trn1n": 1,
+    "inf2": 1,
+}
+"""The Logical NeuronCore size the Neuron runtime uses on an instance family when neither
+NEURON_LOGICAL_NC_CONFIG nor the node's configuration sets it: 2 on Trainium2 and Trainium3;
+Trainium1 and Inferentia2 have no LNC setting, i.e. 1 (docs/hardware.md). run.py, which runs
+without this package, keeps a copy that tests/runner/test_trainium.py holds equal to this one."""
+
+DEFAULT_LNC = {kind: LNC_DEFAULT_BY_FAMILY[kind] for kind, lnc in PROFILES if lnc is not None}
+"""The LNC sizing assumes for a profile with logical cores (trn2: 2) when a test sets none."""
 
 TORCHNEURON_FAMILIES = ("trn2", "trn2u", "trn3")
 """EC2 instance families TorchNeuron (``torch.compile(backend="neuron")``) runs on: it supports

@@ -1996,6 +1996,8 @@ def apply_env(changes: dict[str, str | None]) -> None:
 # ---- Logical NeuronCore configuration
 
 LNC_CONFIG_FILE = "/opt/aws/neuron/logical_nc_config"  # a node's LNC, set by its launch template
+# A copy of model_support.hardware.LNC_DEFAULT_BY_FAMILY (run.py runs without the package); a
+# test holds the two equal.
 LNC_DEFAULT_BY_FAMILY = {"trn2": 2, "trn2u": 2, "trn3": 2, "trn1": 1, "trn1n": 1, "inf2": 1}
 
 

@@ -28,6 +28,7 @@ import torch._dynamo.backends.registry as dynamo_registry
 from hypothesis import given
 from hypothesis import strategies as st
 
+from model_support import hardware
 from model_support.config import RunConfig
 from model_support.records import Compilation, ResultDocument, Stack
 from model_support.runner import run as runner
@@ -308,6 +309,16 @@ def test_effective_lnc(
     environ: dict, config_file: str | None, instance: str | None, expected: tuple
 ) -> None:
     assert runner.effective_lnc(environ, config_file, instance) == expected
+
+
+def test_run_py_assumes_the_lnc_defaults_sizing_assumes() -> None:
+    """run.py keeps its own copy of the runtime's LNC defaults (it runs without the package): a
+    copy that differed would size a test for one LNC and run it at another."""
+    assert runner.LNC_DEFAULT_BY_FAMILY == hardware.LNC_DEFAULT_BY_FAMILY
+    for family, lnc in hardware.LNC_DEFAULT_BY_FAMILY.items():
+        found = runner.effective_lnc({}, None, f"{family}.48xlarge")
+        assert found == (lnc, f"default for {family}")
+    assert hardware.get_profile("trn2").lnc == hardware.LNC_DEFAULT_BY_FAMILY["trn2"]
 
 
 def test_an_unsupported_lnc_is_an_infrastructure_error() -> None:
