@@ -100,6 +100,13 @@ def s3_endpoint() -> Iterator[str]:
         server.stop()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Slow tests first (the order is otherwise kept). xdist hands tests to whichever worker is
+    free: a long test handed out last keeps one worker busy while the other has nothing left,
+    and with the long ones first the short ones even out the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Print the fault-injection tables and the image build log this session wrote (also under xdist)."""
     artifacts = Path(__file__).resolve().parents[1] / "test-artifacts"

@@ -17,7 +17,7 @@ BIN = Path(sys.executable).parent
     [
         ["ruff", "check", "."],
         ["ruff", "format", "--check", "."],
-        [sys.executable, str(ROOT / ".ci" / "mypy")],
+        pytest.param([sys.executable, str(ROOT / ".ci" / "mypy")], marks=pytest.mark.slow),
     ],
     ids=["ruff-check", "ruff-format", "mypy"],
 )
