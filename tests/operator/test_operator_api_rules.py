@@ -130,7 +130,7 @@ async def test_a_job_refused_by_a_quota_is_said_once_and_created_when_allowed(
     )
     h.k.refusals = (refuse_creates("jobs", 3, 403, quota),)
     await start(h)  # the Job is created once the quota lets it
-    events = [e for e in await h.events() if e["reason"] == "CreateRefused"]
+    events = await h.wait_events("CreateRefused")
     assert len(events) == 1 and events[0]["type"] == "Warning"
     assert "exceeded quota: trainium" in events[0]["message"]
     # The Job exists before the status that says so: wait for that status, not any Pending
@@ -172,7 +172,7 @@ async def test_a_configmap_refused_by_a_quota_is_said_once_and_created_when_allo
     status = await h.wait_status(
         "qwen", lambda s: conditions(s).get("JobCreated", {}).get("status") == "True", "JobCreated"
     )
-    events = [e for e in await h.events() if e["reason"] == "CreateRefused"]
+    events = await h.wait_events("CreateRefused")
     assert len(events) == 1 and "exceeded quota: objects" in events[0]["message"]
     assert status["phase"] == "Pending"
     [job] = await h.items(JOBS_URL)

@@ -106,7 +106,7 @@ async def test_waiting_for_capacity_is_queued_not_a_result(harness: Harness) -> 
     await h.run_pod(pod)
     status = await phase(h, "Running")
     assert status["startedAt"]
-    assert len([e for e in await h.events() if e["reason"] == "WaitingForCapacity"]) == 1
+    assert len(await h.wait_events("WaitingForCapacity")) == 1
 
 
 async def test_kueue_admission_is_queued_then_running(harness: Harness) -> None:
