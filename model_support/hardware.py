@@ -41,6 +41,8 @@ class HardwareProfile:
     runtime_reserve_bytes: int
     workspace_fraction: float
     description: str
+    instance_type: str | None = None
+    """The EC2 instance type the figures describe (the node label tests are placed by)."""
     placeable_devices: tuple[int, ...] | None = None
     """Device counts one pod can be given when it spans more than one device (the Neuron
     scheduler extension and the DRA driver's connected groups on torus instances: 1, 4, 8 or 16
@@ -75,6 +77,7 @@ PROFILES: dict[tuple[str, int | None], HardwareProfile] = {
     ("trn2", 2): HardwareProfile(
         name="trn2-lnc2",
         instance="trn2",
+        instance_type="trn2.48xlarge",
         lnc=2,
         cores_per_device=4,
         cores_per_instance=64,
@@ -87,6 +90,7 @@ PROFILES: dict[tuple[str, int | None], HardwareProfile] = {
     ("trn2", 1): HardwareProfile(
         name="trn2-lnc1",
         instance="trn2",
+        instance_type="trn2.48xlarge",
         lnc=1,
         cores_per_device=8,
         cores_per_instance=128,
@@ -99,6 +103,7 @@ PROFILES: dict[tuple[str, int | None], HardwareProfile] = {
     ("trn1", None): HardwareProfile(
         name="trn1",
         instance="trn1",
+        instance_type="trn1.32xlarge",
         lnc=None,
         cores_per_device=2,
         cores_per_instance=32,
@@ -111,6 +116,7 @@ PROFILES: dict[tuple[str, int | None], HardwareProfile] = {
     ("inf2", None): HardwareProfile(
         name="inf2",
         instance="inf2",
+        instance_type="inf2.48xlarge",
         lnc=None,
         cores_per_device=2,
         cores_per_instance=24,
@@ -133,6 +139,16 @@ LNC_DEFAULT_BY_FAMILY: dict[str, int] = {
 NEURON_LOGICAL_NC_CONFIG nor the node's configuration sets it: 2 on Trainium2 and Trainium3;
 Trainium1 and Inferentia2 have no LNC setting, i.e. 1 (docs/hardware.md). run.py, which runs
 without this package, keeps a copy that tests/runner/test_trainium.py holds equal to this one."""
+
+MAX_CORES = max(profile.cores_per_instance for profile in PROFILES.values())
+"""The most cores one test can use on any profile (trn2 at LNC=1: 128)."""
+
+LNC_CHOICES: dict[str, tuple[int, ...]] = {
+    kind: tuple(sorted(other for family, other in PROFILES if family == kind and other))
+    for kind, lnc in PROFILES
+    if lnc is not None
+}
+"""The LNC settings an instance kind offers (trn2: 1 and 2); kinds without one are absent."""
 
 DEFAULT_LNC = {kind: LNC_DEFAULT_BY_FAMILY[kind] for kind, lnc in PROFILES if lnc is not None}
 """The LNC sizing assumes for a profile with logical cores (trn2: 2) when a test sets none."""

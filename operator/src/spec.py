@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -20,7 +20,9 @@ from pydantic import (
     model_validator,
 )
 
+from model_support import hardware
 from model_support.config import COMPILE_BACKEND_PATTERN, RunConfig, VerificationConfig
+from model_support.operator.openapi import CelRule, Int64, cel_rules
 from model_support.vocabulary import Backend, Float32Precision, LocalizeMode, Parallelism, Task
 
 ProfileName = Literal["trn2", "trn1", "inf2", "cpu"]
@@ -34,19 +36,113 @@ class Profile:
     instance_type: str | None
     neuron: bool
     max_cores: int
+    """Cores of one instance at the profile's default LNC (what a test may use without lnc)."""
     backend: Backend
 
 
-PROFILES: dict[str, Profile] = {
-    # trn2.48xlarge: 64 logical cores at LNC=2 (default), 128 at LNC=1 (see docs/hardware.md).
-    "trn2": Profile("trn2", "trn2.48xlarge", True, 64, Backend.NEURON),
-    "trn1": Profile("trn1", "trn1.32xlarge", True, 32, Backend.NEURON),
-    "inf2": Profile("inf2", "inf2.48xlarge", True, 24, Backend.NEURON),
-    "cpu": Profile("cpu", None, False, 128, Backend.CPU),
-}
+def _profile(name: str) -> Profile:
+    if name == "cpu":  # a CPU node: one "core" per worker process, as many as any profile has
+        return Profile("cpu", None, False, hardware.MAX_CORES, Backend.CPU)
+    figures = hardware.get_profile(name)
+    return Profile(name, figures.instance_type, True, figures.cores_per_instance, Backend.NEURON)
 
 
-# The same patterns as the CRD's schema (a test keeps them equal): the operator re-checks them.
+PROFILES: dict[str, Profile] = {name: _profile(name) for name in get_args(ProfileName)}
+"""The profiles a test may name; their figures come from model_support/hardware.py."""
+
+
+LNC_VALUES: tuple[int, ...] = tuple(sorted({v for c in hardware.LNC_CHOICES.values() for v in c}))
+"""Every LNC setting a test may name (which profile takes which: hardware.LNC_CHOICES)."""
+
+
+def core_limit(profile: str, lnc: int | None) -> int:
+    """The most cores a test on ``profile`` at ``lnc`` (None: the default) may use."""
+    if profile in hardware.LNC_CHOICES:
+        return hardware.get_profile(profile, lnc).cores_per_instance
+    return PROFILES[profile].max_cores
+
+
+def _article(word: str | None) -> str:
+    return "an" if (word or "x")[0] in "aeio" else "a"
+
+
+def _lnc_is_not(lnc: str, value: int, default: int) -> str:
+    """CEL: the effective LNC (``lnc``, else ``default``) is not ``value``."""
+    if value == default:
+        return f"(has({lnc}) && {lnc} != {value})"
+    return f"(!has({lnc}) || {lnc} != {value})"
+
+
+def profile_rules(*, profile: str, lnc: str, cores: str, name: str = "") -> list[CelRule]:
+    """The API server's rules (CEL) that tie ``lnc`` and ``cores`` to the profile, derived
+    from the hardware table. ``profile``, ``lnc`` and ``cores`` are the fields as CEL reaches
+    them from where the rules sit; ``name`` prefixes the field names in messages."""
+    with_lnc = sorted(hardware.LNC_CHOICES)
+    only = " or ".join(f"the {kind} profile" for kind in with_lnc)
+    allowed = " || ".join(f"{profile} == '{kind}'" for kind in with_lnc)
+    rules = [
+        CelRule(
+            rule=f"!has({lnc}) || {allowed}",
+            message=f"{name}lnc (logical NeuronCore config) applies only to {only}.",
+        )
+    ]
+    for kind, info in PROFILES.items():
+        if not info.neuron:
+            continue
+        choices = hardware.LNC_CHOICES.get(kind)
+        if choices is None:
+            limit = core_limit(kind, None)
+            rules.append(
+                CelRule(
+                    rule=f"!has({cores}) || {profile} != '{kind}' || {cores} <= {limit}",
+                    message=f"{_article(info.instance_type)} {info.instance_type} has {limit} "
+                    f"NeuronCores; "
+                    f"{name}cores must be <= {limit}.",
+                )
+            )
+            continue
+        default = hardware.DEFAULT_LNC[kind]
+        for value in choices:
+            limit = core_limit(kind, value)
+            if limit >= hardware.MAX_CORES:
+                continue  # the schema's maximum says it
+            larger = [
+                f"set {name}lnc to {other} for up to {core_limit(kind, other)}"
+                for other in choices
+                if core_limit(kind, other) > limit
+            ]
+            rules.append(
+                CelRule(
+                    rule=f"!has({cores}) || {profile} != '{kind}' || "
+                    f"{_lnc_is_not(lnc, value, default)} || {cores} <= {limit}",
+                    message=f"{_article(info.instance_type)} {info.instance_type} has {limit} "
+                    "logical NeuronCores at "
+                    f"LNC={value}; {name}cores must be <= {limit}"
+                    + (f" (or {', '.join(larger)})" if larger else "")
+                    + ".",
+                )
+            )
+    return rules
+
+
+def parallelism_rules(name: str = "") -> list[CelRule]:
+    """The API server's rules (CEL) that tie ``parallelism`` to ``cores`` on one object."""
+    return [
+        CelRule(
+            rule="!has(self.parallelism) || self.parallelism == 'none' || has(self.cores)",
+            message=f"{name}parallelism can only be set together with {name}cores "
+            "(otherwise sizing chooses both).",
+        ),
+        CelRule(
+            rule="!has(self.cores) || self.cores == 1 || "
+            "(has(self.parallelism) && self.parallelism != 'none')",
+            message=f"more than one core{f' ({name}cores)' if name else ''} needs "
+            f"{name}parallelism tensor or expert.",
+        ),
+    ]
+
+
+# Patterns of the spec's fields: the CRD's schema is generated from the models below (crd.py).
 MODEL_PATTERN = r"^(/[A-Za-z0-9._@+/-]+|[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?)$"
 REVISION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"
 IMAGE_PATTERN = r"^[a-zA-Z0-9][a-zA-Z0-9._/:@-]*$"
@@ -69,6 +165,35 @@ COMPILE_CACHE_FORMS = (
 _RESULTS_SEGMENT = r"[A-Za-z0-9_~@+=,%-][A-Za-z0-9._~@+=,%-]*"
 RESULTS_PATTERN = rf"^([a-z][a-z0-9+.-]*://|/){_RESULTS_SEGMENT}(/{_RESULTS_SEGMENT})*/?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+INSTANCE_TYPE_PATTERN = r"^[a-z0-9][a-z0-9.-]*$"
+
+
+ModelId = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=200,
+        pattern=MODEL_PATTERN,
+        description="Hub model id (org/name), or an absolute path of a checkpoint inside the "
+        "runner image / its volumes.",
+    ),
+]
+Revision = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=255,
+        pattern=REVISION_PATTERN,
+        description="Hub revision (branch, tag or commit). Default main.",
+    ),
+]
+PROFILE_DESCRIPTION = (
+    "Instance profile the test sizes for and runs on. cpu runs the same run.py on a CPU node "
+    "(no Neuron resources)."
+)
 
 
 class SpecError(ValueError):
@@ -88,6 +213,9 @@ class _Camel(BaseModel):
 
 
 class VerificationSpec(_Camel):
+    """How run.py's verdict compares the device's output with the CPU reference
+    (docs/verification.md gives each bound's meaning and default)."""
+
     enabled: bool = True
     nearTieMultiple: float | None = Field(None, gt=0)
     nearTieFloor: float | None = Field(None, ge=0)
@@ -100,16 +228,52 @@ class VerificationSpec(_Camel):
     routerTieMultiple: float | None = Field(None, ge=0)
     routerTieFloor: float | None = Field(None, ge=0)
     routerTieShare: float | None = Field(None, ge=0, le=1)
-    float32Precision: Float32Precision | None = None
-    localize: LocalizeMode | None = None
-    localizeBudgetSeconds: float | None = Field(None, gt=0)
+    float32Precision: Float32Precision | None = Field(
+        None,
+        description="Arithmetic a float32 run's baseline reproduces (auto = neuron ieee unless "
+        "NEURON_CC_FLAGS auto-casts, cuda tf32, cpu ieee).",
+    )
+    localize: LocalizeMode | None = Field(
+        None,
+        description="When to search the first module whose compiled output diverges "
+        "(on_fail = on a FAIL).",
+    )
+    localizeBudgetSeconds: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds that search may take before it records what it found so far.",
+    )
 
 
 class CompileCacheSpec(_Camel):
     """Where the compile cache is pulled from before run.py and pushed to after it."""
 
-    source: str | None = Field(None, min_length=1, max_length=512)
-    target: str | None = Field(None, min_length=1, max_length=512)
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            [
+                CelRule(
+                    rule="has(self.source) || has(self.target)",
+                    message="compileCache needs a source, a target, or both.",
+                ),
+                *(
+                    CelRule(
+                        rule=f"!has(self.{end}) || self.{end}.startsWith('hf://buckets/') || "
+                        f"self.{end}.startsWith('s3://') || self.{end}.startsWith('/')",
+                        message=f"compileCache.{end} must be {COMPILE_CACHE_FORMS} "
+                        "(compileCacheVolumeClaim).",
+                    )
+                    for end in ("source", "target")
+                ),
+            ]
+        )
+    )
+
+    source: str | None = Field(
+        None, min_length=1, max_length=512, json_schema_extra={"pattern": COMPILE_CACHE_PATTERN}
+    )
+    target: str | None = Field(
+        None, min_length=1, max_length=512, json_schema_extra={"pattern": COMPILE_CACHE_PATTERN}
+    )
 
     @field_validator("source", "target")
     @classmethod
@@ -145,65 +309,162 @@ class CompileCacheSpec(_Camel):
 
 
 class SecretRef(_Camel):
-    name: str = Field(..., min_length=1, max_length=253)
-    key: str = "token"
+    name: str = Field(..., min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    key: str = Field("token", max_length=253, pattern=SECRET_KEY_PATTERN)
 
 
 class Toleration(_Camel):
-    key: str | None = None
+    key: str | None = Field(None, max_length=316)
     operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = None
+    value: str | None = Field(None, max_length=63)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     tolerationSeconds: int | None = Field(None, ge=0)
 
 
 class SchedulingSpec(_Camel):
-    nodeSelector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list)
-    schedulerName: str | None = None
-    priorityClassName: str | None = None
+    nodeSelector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict, max_length=20
+    )
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=20)
+    schedulerName: str | None = Field(
+        None,
+        max_length=253,
+        pattern=DNS_NAME_PATTERN,
+        description="e.g. my-scheduler (the Neuron scheduler extension) for contiguous "
+        "multi-core placement.",
+    )
+    priorityClassName: str | None = Field(None, max_length=253, pattern=DNS_NAME_PATTERN)
 
 
 class TestSpec(_Camel):
-    """spec of a ModelSupportTest (see crds/modelsupporttests.yaml for every field's meaning)."""
+    """spec of a ModelSupportTest; the CRD's schema is generated from it (crd.py)."""
 
     __test__ = False  # not a pytest class, despite the name
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            [
+                *profile_rules(profile="self.profile", lnc="self.lnc", cores="self.cores"),
+                *parallelism_rules(),
+            ]
+        )
+    )
 
-    model: str = Field(..., min_length=1, max_length=200, pattern=MODEL_PATTERN)
-    revision: str | None = Field(None, min_length=1, max_length=255, pattern=REVISION_PATTERN)
+    model: ModelId
+    revision: Revision | None = None
     task: Task = Task.TEXT_GENERATION
-    profile: ProfileName = "trn2"
-    instanceType: str | None = None
-    lnc: Literal[1, 2] | None = None
-    cores: int | None = Field(None, ge=1, le=128)
-    maxCores: int = Field(16, ge=1, le=128)
+    profile: ProfileName = Field("trn2", description=PROFILE_DESCRIPTION)
+    instanceType: str | None = Field(
+        None,
+        max_length=63,
+        pattern=INSTANCE_TYPE_PATTERN,
+        description="Node instance type (node.kubernetes.io/instance-type); default from the "
+        "profile.",
+    )
+    lnc: int | None = Field(
+        None,
+        description="Logical NeuronCore config (trn2 only). Default "
+        f"{hardware.DEFAULT_LNC['trn2']}.",
+        json_schema_extra={"enum": list(LNC_VALUES)},
+    )
+    cores: int | None = Field(
+        None,
+        ge=1,
+        le=hardware.MAX_CORES,
+        description="NeuronCores to use; overrides sizing. Omit to size from the checkpoint.",
+    )
+    maxCores: int = Field(
+        16,
+        ge=1,
+        le=hardware.MAX_CORES,
+        description="Largest number of cores sizing may choose (larger models are EXCLUDED "
+        "too-large).",
+    )
     parallelism: Parallelism | None = None
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     maxNewTokens: int = Field(32, ge=1, le=4096)
-    prompts: list[str] | None = Field(None, min_length=1, max_length=16)
-    compileBackend: str | None = Field(None, max_length=200, pattern=COMPILE_BACKEND_PATTERN)
+    prompts: list[Annotated[str, Field(min_length=1, max_length=4096)]] | None = Field(
+        None, min_length=1, max_length=16
+    )
+    compileBackend: str | None = Field(
+        None,
+        max_length=200,
+        pattern=COMPILE_BACKEND_PATTERN,
+        description="torch.compile backend (a registered name or module:function). Default "
+        "neuron on Trainium, inductor elsewhere.",
+    )
     verification: VerificationSpec = Field(default_factory=VerificationSpec)
-    image: str | None = Field(None, min_length=1, max_length=512, pattern=IMAGE_PATTERN)
+    image: str | None = Field(
+        None,
+        min_length=1,
+        max_length=512,
+        pattern=IMAGE_PATTERN,
+        description="Runner image; default from the operator's settings.",
+    )
     imagePullPolicy: Literal["Always", "IfNotPresent", "Never"] | None = None
     extraPackages: list[
         Annotated[str, Field(min_length=1, max_length=200, pattern=PACKAGE_PATTERN)]
-    ] = Field(default_factory=list, max_length=20)
-    timeoutSeconds: int = Field(7200, ge=60, le=172800)
-    compileCache: CompileCacheSpec | None = None
-    results: str | None = Field(None, min_length=1, max_length=1024, pattern=RESULTS_PATTERN)
-    hubTokenSecret: SecretRef | None = None
+    ] = Field(
+        default_factory=list,
+        max_length=20,
+        description="pip requirements installed (into a separate directory) before run.py starts.",
+    )
+    timeoutSeconds: int = Field(
+        7200,
+        ge=60,
+        le=172800,
+        description="activeDeadlineSeconds of the runner Job; past it the result is TIMEOUT.",
+    )
+    compileCache: CompileCacheSpec | None = Field(
+        None,
+        description="Compile cache (NEFF on Trainium, inductor's on the cpu profile): pulled "
+        "from source before run.py and pushed to target after it, whatever its outcome, under "
+        "the installed compiler's prefix (neuronxcc-<version> / inductor-torch-<version>). A "
+        "cache failure is recorded beside the result and never changes it. Each is "
+        f"{COMPILE_CACHE_FORMS} (compileCacheVolumeClaim).",
+    )
+    results: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1024,
+        pattern=RESULTS_PATTERN,
+        description="Results store URI for this test's record; default the operator's.",
+    )
+    hubTokenSecret: SecretRef | None = Field(
+        None,
+        description="Secret holding a Hugging Face token (gated models); passed to the runner "
+        "as HF_TOKEN.",
+    )
     trustRemoteCode: bool = False
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
-    queueName: str | None = Field(None, max_length=63, pattern=DNS_LABEL_PATTERN)
-    epoch: int | None = Field(None, ge=0)
-    """Changing it re-runs the test (a new generation); nothing else reads it."""
+    queueName: str | None = Field(
+        None,
+        max_length=63,
+        pattern=DNS_LABEL_PATTERN,
+        description="Kueue LocalQueue; the Job is created suspended with "
+        "kueue.x-k8s.io/queue-name.",
+    )
+    epoch: Int64 | None = Field(
+        None,
+        ge=0,
+        description="Any number; changing it runs the test again (a new generation) with "
+        "nothing else changed. A sweep sets its own spec.epoch here.",
+    )
+
+    @field_validator("lnc")
+    @classmethod
+    def _lnc_choice(cls, value: int | None) -> int | None:
+        if value is not None and value not in LNC_VALUES:
+            raise ValueError(f"lnc must be one of {', '.join(map(str, LNC_VALUES))}, not {value}")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> TestSpec:
-        profile = PROFILES[self.profile]
-        if self.lnc is not None and self.profile != "trn2":
-            raise ValueError("lnc (logical NeuronCore config) applies only to the trn2 profile")
-        limit = 128 if (self.profile == "trn2" and self.lnc == 1) else profile.max_cores
+        if self.lnc is not None and self.profile not in hardware.LNC_CHOICES:
+            raise ValueError(
+                "lnc (logical NeuronCore config) applies only to the "
+                + " or ".join(f"{kind} profile" for kind in sorted(hardware.LNC_CHOICES))
+            )
+        limit = core_limit(self.profile, self.lnc)
         if self.cores is not None and self.cores > limit:
             raise ValueError(
                 f"cores={self.cores} exceeds the {limit} cores of profile {self.profile}"

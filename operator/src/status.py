@@ -18,11 +18,17 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.config import JsonDict
 
+from model_support.operator.openapi import Int64, Timestamp
 from model_support.vocabulary import ErrorClass, ExclusionReason, Parallelism, Result
 
 MESSAGE_LIMIT = 2000
 CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+CONDITION_TYPE_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
 
 
 class Phase(StrEnum):
@@ -50,12 +56,19 @@ class Condition(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    type: str = Field(..., min_length=1, max_length=316)
+    type: str = Field(..., min_length=1, max_length=316, pattern=CONDITION_TYPE_PATTERN)
     status: Literal["True", "False", "Unknown"]
     reason: str = Field(..., min_length=1, max_length=1024, pattern=CONDITION_REASON_PATTERN)
-    message: str = Field("", max_length=32768)
-    lastTransitionTime: str
-    observedGeneration: int | None = Field(None, ge=0)
+    message: str = Field(..., max_length=32768)
+    lastTransitionTime: Timestamp
+    observedGeneration: Int64 | None = Field(None, ge=0)
+
+
+CONDITIONS_LIST: JsonDict = {
+    "x-kubernetes-list-type": "map",
+    "x-kubernetes-list-map-keys": ["type"],
+}
+"""Conditions are a map keyed by type (server-side apply merges them by type)."""
 
 
 def set_condition(
@@ -123,40 +136,73 @@ def kstatus_conditions(
 
 
 class TestStatus(BaseModel):
-    """status of a ModelSupportTest (see crds/modelsupporttests.yaml for each field)."""
+    """status of a ModelSupportTest; the CRD's status schema is generated from it (crd.py)."""
 
     __test__ = False  # not a pytest class, despite the name
     model_config = ConfigDict(extra="forbid", use_enum_values=False)
 
-    phase: Phase | None = None
-    observedGeneration: int | None = Field(None, ge=0)
+    phase: Phase | None = Field(
+        None,
+        description="Pending (Job created, no pod ready), Queued (waiting for Kueue admission "
+        "or capacity), Running (a runner pod is ready), Completed (result recorded), Invalid "
+        "(cannot run as written).",
+    )
+    observedGeneration: Int64 | None = Field(None, ge=0)
     result: Result | None = None
     errorClass: ErrorClass | None = None
     exclusionReason: ExclusionReason | None = None
     message: str | None = Field(None, max_length=4096)
-    cores: int | None = Field(None, ge=1)
-    podCores: int | None = Field(None, ge=1)
+    cores: int | None = Field(
+        None, ge=1, description="NeuronCores the model runs on (run.py's workers)."
+    )
+    podCores: int | None = Field(
+        None,
+        ge=1,
+        description="NeuronCores the runner pod holds: every core of the fewest devices the "
+        "scheduler can place together (1, 4, 8 or 16 devices on torus instances), at least "
+        "cores.",
+    )
     parallelism: Parallelism | None = None
     attempt: int | None = Field(None, ge=0)
-    hostMemoryBytes: int | None = Field(None, ge=0)
-    checkpointBytes: int | None = Field(None, ge=0)
+    hostMemoryBytes: Int64 | None = Field(None, ge=0)
+    checkpointBytes: Int64 | None = Field(
+        None,
+        ge=0,
+        description="Size of the model's weights as stored (sized into the runner pod's storage).",
+    )
     jobName: str | None = None
     configMapName: str | None = None
     runId: str | None = None
-    runScriptSha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
-    revision: str | None = Field(None, pattern=r"^[0-9a-f]{40}$")
+    runScriptSha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="sha256 of the run.py in the ConfigMap (what ran, byte for byte).",
+    )
+    revision: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{40}$",
+        description="The Hub commit the test's run.py loads: spec.revision (a branch, a tag, "
+        "or none for main) as it stood when the test was sized. Absent for a local checkpoint.",
+    )
     wallTimeSeconds: float | None = None
     compileSeconds: float | None = None
     decodeTokensPerSecond: float | None = None
-    peakDeviceMemoryBytes: int | None = None
-    hostPeakRssBytes: int | None = None
+    peakDeviceMemoryBytes: Int64 | None = None
+    hostPeakRssBytes: Int64 | None = None
     coreSeconds: float | None = Field(
-        None, ge=0, description="Cores x the time the runner held them (docs/pricing.md)."
+        None,
+        ge=0,
+        description="Cores x the seconds the runner held them, compile included (docs/pricing.md).",
     )
-    costUSD: float | None = Field(None, ge=0, description="coreSeconds at the instance's price.")
-    startedAt: str | None = None
-    finishedAt: str | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    costUSD: float | None = Field(
+        None,
+        ge=0,
+        description="coreSeconds at the price of the test's instance (settings.instancePrices "
+        "over the default table).",
+    )
+    startedAt: Timestamp | None = None
+    finishedAt: Timestamp | None = None
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra=CONDITIONS_LIST)
 
     @classmethod
     def read(cls, status: dict[str, Any] | None) -> TestStatus:

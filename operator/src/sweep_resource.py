@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from model_support.operator.openapi import CelRule, Int64, Timestamp, cel_rules
 from model_support.operator.resource import (
     ANNOTATION_MODEL,
     ANNOTATION_SWEEP_RUN,
@@ -32,25 +33,36 @@ from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import (
     DNS_LABEL_PATTERN,
     IMAGE_PATTERN,
-    MODEL_PATTERN,
+    PROFILE_DESCRIPTION,
     RESULTS_PATTERN,
-    REVISION_PATTERN,
+    ModelId,
     ProfileName,
+    Revision,
     SpecError,
     TestSpec,
     parse_spec,
+    profile_rules,
 )
-from model_support.operator.status import Condition, set_condition
+from model_support.operator.status import CONDITIONS_LIST, Condition, set_condition
 from model_support.vocabulary import Task
 
 MAX_SWEEP_NAME = 40
 """A sweep's name leaves room for a readable model slug in its tests' 63-character names."""
+NAME_RULE = CelRule(
+    rule=f"self.metadata.name.size() <= {MAX_SWEEP_NAME}",
+    message=f"a sweep's name has at most {MAX_SWEEP_NAME} characters (its tests are named "
+    "<sweep>-<model>-<hash>, at most 63).",
+)
+"""The API server's rule (CEL) on a sweep's name."""
 MAX_NAME = 63
+MAX_SWEEP_MODELS = 1000
+"""A sweep tests at most this many models (a list's length, a ranking's limit)."""
 HUB_SORTS = {"trending": "trending_score", "downloads": "downloads", "likes": "likes"}
 """The sweep's sort names and the Hub's sort keys."""
 LIBRARY_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9.+_-]*$"
-OWNED_FIELDS = frozenset({"model", "revision", "task", "profile", "image", "queueName", "epoch"})
+OWNED = ("model", "revision", "task", "profile", "image", "queueName", "epoch")
+OWNED_FIELDS = frozenset(OWNED)
 """Test fields a sweep sets itself (from its source, stack, concurrency and epoch)."""
 TEMPLATE_FIELDS = frozenset(TestSpec.model_fields) - OWNED_FIELDS
 """Test fields a sweep's template may set for every test."""
@@ -63,8 +75,8 @@ class _Camel(BaseModel):
 class ListedModel(_Camel):
     """One model of an explicit list."""
 
-    model: str = Field(..., min_length=1, max_length=200, pattern=MODEL_PATTERN)
-    revision: str | None = Field(None, min_length=1, max_length=255, pattern=REVISION_PATTERN)
+    model: ModelId
+    revision: Revision | None = None
     task: Task = Task.TEXT_GENERATION
 
 
@@ -73,24 +85,76 @@ class HubSource(_Camel):
 
     sort: Literal["trending", "downloads", "likes"] = "trending"
     task: Task = Task.TEXT_GENERATION
-    limit: int = Field(50, ge=1, le=1000)
-    library: str | None = Field(None, max_length=63, pattern=LIBRARY_PATTERN)
-    refreshSeconds: int | None = Field(None, ge=1)
+    limit: int = Field(50, ge=1, le=MAX_SWEEP_MODELS, description="How many of the top models.")
+    library: str | None = Field(
+        None,
+        max_length=63,
+        pattern=LIBRARY_PATTERN,
+        description="Only models of this library (e.g. transformers).",
+    )
+    refreshSeconds: int | None = Field(
+        None,
+        ge=1,
+        description="Rank again this often (the operator's sweepMinRefreshSeconds is the "
+        "floor). Models that enter are tested; models that leave keep their tests. Omit to rank "
+        "once per run.",
+    )
 
 
 class SelectedSource(_Camel):
     """The dataset's selected list (``selected.yaml`` of a results store)."""
 
-    results: str | None = Field(None, min_length=1, max_length=1024, pattern=RESULTS_PATTERN)
-    refreshSeconds: int | None = Field(None, ge=1)
+    results: str | None = Field(
+        None,
+        min_length=1,
+        max_length=1024,
+        pattern=RESULTS_PATTERN,
+        description="Results store holding selected.yaml; default the operator's.",
+    )
+    refreshSeconds: int | None = Field(
+        None,
+        ge=1,
+        description="Read the list again this often (the operator's sweepMinRefreshSeconds is "
+        "the floor).",
+    )
 
 
 class Source(_Camel):
     """Exactly one of: an explicit list, a Hub ranking, the selected list."""
 
-    models: list[ListedModel] | None = Field(None, min_length=1, max_length=1000)
-    hub: HubSource | None = None
-    selected: SelectedSource | None = None
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            [
+                CelRule(
+                    rule="(has(self.models) ? 1 : 0) + (has(self.hub) ? 1 : 0) + "
+                    "(has(self.selected) ? 1 : 0) == 1",
+                    message="give exactly one source, models (a list), hub (a ranking) or "
+                    "selected (the dataset's selected list).",
+                )
+            ]
+        )
+    )
+
+    models: list[ListedModel] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_SWEEP_MODELS,
+        description="An explicit list, in this order.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["model"],
+        },
+    )
+    hub: HubSource | None = Field(
+        None,
+        description="The Hub's ranking of one task, fetched when the sweep starts a run (a new "
+        "epoch or stack) and every refreshSeconds.",
+    )
+    selected: SelectedSource | None = Field(
+        None,
+        description="The models of the dataset's selected list (selected.yaml at the results "
+        "store's root) that are not left out on purpose.",
+    )
 
     @model_validator(mode="after")
     def _one(self) -> Source:
@@ -115,27 +179,90 @@ class Source(_Camel):
 class Stack(_Camel):
     """What is tested on: a new stack (any field) tests every model again."""
 
-    image: str | None = Field(None, min_length=1, max_length=512, pattern=IMAGE_PATTERN)
-    profile: ProfileName = "trn2"
-    compilerVersion: str | None = Field(None, max_length=64, pattern=VERSION_PATTERN)
-    libraryVersion: str | None = Field(None, max_length=64, pattern=VERSION_PATTERN)
+    image: str | None = Field(
+        None,
+        min_length=1,
+        max_length=512,
+        pattern=IMAGE_PATTERN,
+        description="Runner image of every test (it holds the compiler and library); default "
+        "the operator's runnerImage (an upgrade of it is a new stack).",
+    )
+    profile: ProfileName = Field("trn2", description=PROFILE_DESCRIPTION)
+    compilerVersion: str | None = Field(
+        None,
+        max_length=64,
+        pattern=VERSION_PATTERN,
+        description="The neuronx-cc version the image holds (part of the stack's identity; "
+        "records carry the version that ran).",
+    )
+    libraryVersion: str | None = Field(
+        None,
+        max_length=64,
+        pattern=VERSION_PATTERN,
+        description="The torch-neuronx version the image holds (part of the stack's identity; "
+        "records carry the version that ran).",
+    )
 
 
 class Concurrency(_Camel):
     """How many of the sweep's tests may be unfinished at once, and their Kueue queue."""
 
-    maxRunning: int = Field(8, ge=1, le=1000)
-    queueName: str | None = Field(None, max_length=63, pattern=DNS_LABEL_PATTERN)
+    maxRunning: int = Field(
+        8,
+        ge=1,
+        le=MAX_SWEEP_MODELS,
+        description="At most this many of the sweep's tests unfinished at once (whatever their "
+        "phase); the rest wait in the sweep (counts.queued).",
+    )
+    queueName: str | None = Field(
+        None,
+        max_length=63,
+        pattern=DNS_LABEL_PATTERN,
+        description="Kueue LocalQueue of every test's Job.",
+    )
 
 
 class SweepSpec(_Camel):
-    """spec of a ModelSupportSweep (see crds/modelsupportsweeps.yaml for every field)."""
+    """spec of a ModelSupportSweep; the CRD's schema is generated from it (crd.py), its
+    template's from the test's spec."""
 
-    source: Source
-    stack: Stack = Field(default_factory=Stack)
-    template: dict[str, Any] = Field(default_factory=dict)
-    concurrency: Concurrency = Field(default_factory=Concurrency)
-    epoch: int = Field(0, ge=0)
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            profile_rules(
+                profile="self.stack.profile",
+                lnc="self.template.lnc",
+                cores="self.template.cores",
+                name="template.",
+            )
+        )
+    )
+
+    source: Source = Field(
+        ...,
+        description="Which models the sweep tests, best ranked first. Exactly one of models, "
+        "hub, selected.",
+    )
+    stack: Stack = Field(
+        default_factory=Stack,
+        description="What is tested on. A change of any field (or of spec.epoch) tests every "
+        "model again, each once, never stopping a test that runs.",
+        json_schema_extra={"default": {}},
+    )
+    template: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Fields of every test (as in a ModelSupportTest's spec, less "
+        + ", ".join(OWNED[:-1])
+        + f" and {OWNED[-1]}, which the sweep sets). A change applies to tests made or re-run afterwards; it "
+        "re-runs nothing by itself.",
+        json_schema_extra={"default": {}},
+    )
+    concurrency: Concurrency = Field(default_factory=Concurrency, json_schema_extra={"default": {}})
+    epoch: Int64 = Field(
+        0,
+        ge=0,
+        description="Change it (e.g. to the date) to test every model again on the same stack; "
+        "earlier results stay in the dataset.",
+    )
 
 
 class SweepModel(BaseModel):
@@ -156,7 +283,7 @@ MAX_SKIP_REASON = 512
 
 class SkippedModel(BaseModel):
     """A ranked model the sweep makes no test of, and why: the API server would refuse its
-    test (the CRD's schema and rules, which the operator's spec model mirrors)."""
+    test (the CRD's schema and rules, generated from the operator's spec model)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -166,7 +293,7 @@ class SkippedModel(BaseModel):
 
 def refusal(spec: dict[str, Any]) -> str | None:
     """What the API server would refuse in a test with ``spec`` (``spec.field: why``; the
-    operator's spec model mirrors the CRD), or None when it would admit it."""
+    CRD is generated from the operator's spec model), or None when it would admit it."""
     try:
         parse_spec(spec)
     except SpecError as exc:
@@ -370,6 +497,11 @@ def rerun_patch(
 
 # ----------------------------------------------------------------------------- status
 
+MAX_LISTED_REGRESSIONS = 100
+"""A sweep's status names at most this many regressions (the count is always whole)."""
+MAX_LISTED_SKIPPED = 100
+"""A sweep's status names at most this many skipped models (the count is always whole)."""
+
 
 class SweepCounts(BaseModel):
     """How the sweep's models stand (the printer columns read these)."""
@@ -415,7 +547,9 @@ class SweepBaseline(BaseModel):
 
     runKey: str
     results: dict[str, str] = Field(
-        default_factory=dict, description="Model id -> its result under that run key."
+        default_factory=dict,
+        max_length=MAX_SWEEP_MODELS,
+        description="Model id -> its result under that run key.",
     )
 
 
@@ -441,14 +575,6 @@ class SweepCost(BaseModel):
     )
 
 
-MAX_LISTED_REGRESSIONS = 100
-"""A sweep's status names at most this many regressions (the count is always whole)."""
-
-
-MAX_LISTED_SKIPPED = 100
-"""A sweep's status names at most this many skipped models (the count is always whole)."""
-
-
 class RankingState(BaseModel):
     """The ranking the sweep works from."""
 
@@ -456,12 +582,14 @@ class RankingState(BaseModel):
 
     source: str
     sourceKey: str
-    fetchedAt: str
-    models: list[SweepModel] = Field(default_factory=list)
+    fetchedAt: Timestamp
+    models: list[SweepModel] = Field(default_factory=list, max_length=MAX_SWEEP_MODELS)
     skipped: list[SkippedModel] = Field(
         default_factory=list,
-        description="Ranked models the sweep makes no test of, and why (the first "
-        "MAX_LISTED_SKIPPED; skippedCount counts them all).",
+        max_length=MAX_LISTED_SKIPPED,
+        description="Ranked models the sweep makes no test of, because the API server would "
+        f"refuse their tests (e.g. a Hub id the model pattern refuses), and why; the first "
+        f"{MAX_LISTED_SKIPPED}.",
     )
     skippedCount: int = Field(0, ge=0, description="How many ranked models were skipped.")
     snapshot: str | None = Field(None, description="Where the snapshot is in the results store.")
@@ -472,21 +600,38 @@ class SweepStatus(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    observedGeneration: int | None = Field(None, ge=0)
-    runKey: str | None = None
-    epoch: int | None = None
-    source: str | None = None
-    lastRankedAt: str | None = None
-    ranking: RankingState | None = None
+    observedGeneration: Int64 | None = Field(None, ge=0)
+    runKey: str | None = Field(
+        None,
+        description="Hash of the epoch and the stack: tests made under another key are run again.",
+    )
+    epoch: Int64 | None = None
+    source: str | None = Field(None, description="The source in a few words.")
+    lastRankedAt: Timestamp | None = None
+    ranking: RankingState | None = Field(
+        None,
+        description="The ranking the sweep works from (also stored with the dataset under "
+        "rankings/snapshots/).",
+    )
     counts: SweepCounts = Field(default_factory=SweepCounts)
-    baseline: SweepBaseline | None = None
-    regressions: list[SweepRegression] = Field(default_factory=list)
+    baseline: SweepBaseline | None = Field(
+        None, description="The previous run key's results, what this run is compared with."
+    )
+    regressions: list[SweepRegression] = Field(
+        default_factory=list,
+        max_length=MAX_LISTED_REGRESSIONS,
+        description=f"The models whose result got worse (at most {MAX_LISTED_REGRESSIONS} "
+        "listed; counts.regressions has them all).",
+    )
     regressionsReported: str | None = Field(
         None, description="The run key whose regressions an Event has reported (one per run)."
     )
-    cost: SweepCost = Field(default_factory=SweepCost)
+    cost: SweepCost = Field(
+        default_factory=SweepCost,
+        description="What the current run's finished tests cost so far (docs/pricing.md).",
+    )
     message: str | None = Field(None, max_length=4096)
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra=CONDITIONS_LIST)
 
     @classmethod
     def read(cls, status: dict[str, Any] | None) -> SweepStatus:

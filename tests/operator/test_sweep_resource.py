@@ -60,7 +60,7 @@ def body(spec: dict[str, Any], name: str = "nightly") -> dict[str, Any]:
 HUB = {"source": {"hub": {"sort": "trending", "limit": 200, "library": "transformers"}}}
 
 
-def test_the_sweep_crd_is_valid_and_the_chart_holds_the_same(crd: dict[str, Any]) -> None:
+def test_the_sweep_crd_is_valid(crd: dict[str, Any]) -> None:
     validate(crd)
     version = crd["spec"]["versions"][0]
     assert crd["spec"]["names"]["kind"] == "ModelSupportSweep"
@@ -70,8 +70,6 @@ def test_the_sweep_crd_is_valid_and_the_chart_holds_the_same(crd: dict[str, Any]
     assert columns == [
         "Source", "Models", "Done", "Pass", "Fail", "Error", "Excluded", "Regressions", "Age",
     ]  # fmt: skip
-    chart_copy = ROOT / "charts" / "model-support" / "crds" / "modelsupportsweeps.yaml"
-    assert chart_copy.read_text() == SWEEP_CRD.read_text()
 
 
 @pytest.mark.parametrize("task", [t.value for t in Task])
