@@ -16,7 +16,6 @@ A record without a known instance type (a local run) has no price unless the tab
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -219,8 +218,3 @@ def prices_from_mapping(data: dict[str, Any], where: str = "the price table") ->
             f"{where}: {field}: {first['msg']} ({exc.error_count()} problem(s)); see "
             "docs/pricing.md for the table's fields"
         ) from exc
-
-
-def describe(table: PriceTable) -> str:
-    """The table as JSON (what ``--prices`` files look like)."""
-    return json.dumps(table.model_dump(mode="json"), indent=1)

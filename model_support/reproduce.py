@@ -29,7 +29,6 @@ from model_support.records import ResultDocument
 
 PYPI_INDEX = "https://pypi.org/simple"
 PYTORCH_INDEX = "https://download.pytorch.org/whl/{build}"
-NEURON_INDEX = "https://pip.repos.neuron.amazonaws.com"
 
 LIBRARIES_BY_TASK_FAMILY: dict[str, tuple[str, ...]] = {
     "feature-extraction": ("sentence-transformers",),

@@ -26,7 +26,6 @@ from model_support.operator.kube import Kube, api_client
 from model_support.operator.leader import Leadership, default_identity, lease_namespace
 from model_support.operator.reconciler import Reconciler
 from model_support.operator.resource import (
-    FIELD_MANAGER,
     GROUP,
     LABEL_MANAGED_BY,
     MANAGED_BY,
@@ -35,7 +34,6 @@ from model_support.operator.resource import (
     VERSION,
 )
 from model_support.operator.settings import OperatorSettings
-from model_support.operator.status import set_condition
 from model_support.operator.sweep_reconciler import SweepReconciler, run_ticker
 
 log = logging.getLogger(__name__)
@@ -229,4 +227,4 @@ def _as_leader(leadership: Leadership, check: Callable[[], object]) -> None:
             check()
 
 
-__all__ = ["FIELD_MANAGER", "Reconciler", "build_registry", "set_condition"]
+__all__ = ["build_registry"]

@@ -105,10 +105,12 @@ class Kube:
                 raise AlreadyExists(body["metadata"]["name"]) from exc
             raise
 
-    def _read(self, method: Callable[..., Any], *args: Any) -> dict[str, Any] | None:
-        """A read_* call; None on 404."""
+    def _unless_gone(
+        self, method: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> dict[str, Any] | None:
+        """One read, patch or delete of an object; None when the object does not exist (404)."""
         try:
-            return _json(self._call(method, *args))
+            return _json(self._call(method, *args, **kwargs))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -155,21 +157,17 @@ class Kube:
 
     def read_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A ConfigMap, or None if it does not exist."""
-        return self._read(self.core.read_namespaced_config_map, name, namespace)
+        return self._unless_gone(self.core.read_namespaced_config_map, name, namespace)
 
     def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A Job, or None if it does not exist."""
-        return self._read(self.batch.read_namespaced_job, name, namespace)
+        return self._unless_gone(self.batch.read_namespaced_job, name, namespace)
 
     def delete_job(self, namespace: str, name: str) -> None:
         """Delete a Job and (in the background) its pods; a missing Job is already deleted."""
-        try:
-            self._call(
-                self.batch.delete_namespaced_job, name, namespace, propagation_policy="Background"
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        self._unless_gone(
+            self.batch.delete_namespaced_job, name, namespace, propagation_policy="Background"
+        )
 
     def mark_job_recorded(self, namespace: str, name: str, ttl_seconds: int) -> None:
         """Label a Job whose result is recorded and let the TTL controller collect it now.
@@ -181,11 +179,7 @@ class Kube:
             "metadata": {"labels": {LABEL_RECORDED: "true"}},
             "spec": {"ttlSecondsAfterFinished": ttl_seconds},
         }
-        try:
-            self._call(self.batch.patch_namespaced_job, name, namespace, body)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        self._unless_gone(self.batch.patch_namespaced_job, name, namespace, body)
 
     def list_jobs(
         self, namespace: str | None, labels: dict[str, str], without: tuple[str, ...] = ()
@@ -238,7 +232,7 @@ class Kube:
 
     def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A Secret (its values still base64), or None if it does not exist. Never logged."""
-        return self._read(self.core.read_namespaced_secret, name, namespace)
+        return self._unless_gone(self.core.read_namespaced_secret, name, namespace)
 
     @staticmethod
     def secret_key(secret: dict[str, Any], key: str) -> str | None:
@@ -275,7 +269,7 @@ class Kube:
 
     def get_test(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A ModelSupportTest, or None if it was deleted."""
-        return self._read(
+        return self._unless_gone(
             self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name
         )
 
@@ -295,20 +289,16 @@ class Kube:
         if resource_version is not None:
             body["metadata"] = {"resourceVersion": resource_version}
         try:
-            return _json(
-                self._call(
-                    self.custom.patch_namespaced_custom_object_status,
-                    GROUP,
-                    VERSION,
-                    namespace,
-                    PLURAL,
-                    name,
-                    body,
-                )
+            return self._unless_gone(
+                self.custom.patch_namespaced_custom_object_status,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                body,
             )
         except ApiException as exc:
-            if exc.status == 404:
-                return None
             if exc.status == 409:
                 raise Conflict(name) from exc
             raise
@@ -354,26 +344,19 @@ class Kube:
 
     def patch_test(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
         """Merge ``patch`` into a test (metadata and spec); None if the test is gone."""
-        try:
-            return _json(
-                self._call(
-                    self.custom.patch_namespaced_custom_object,
-                    GROUP,
-                    VERSION,
-                    namespace,
-                    PLURAL,
-                    name,
-                    patch,
-                )
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self._unless_gone(
+            self.custom.patch_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            name,
+            patch,
+        )
 
     def get_sweep(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A ModelSupportSweep, or None if it was deleted."""
-        return self._read(
+        return self._unless_gone(
             self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, SWEEP_PLURAL, name
         )
 
@@ -381,19 +364,12 @@ class Kube:
         self, namespace: str, name: str, status: dict[str, Any]
     ) -> dict[str, Any] | None:
         """Merge ``status`` into a sweep's status subresource; None if the sweep is gone."""
-        try:
-            return _json(
-                self._call(
-                    self.custom.patch_namespaced_custom_object_status,
-                    GROUP,
-                    VERSION,
-                    namespace,
-                    SWEEP_PLURAL,
-                    name,
-                    {"status": status},
-                )
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self._unless_gone(
+            self.custom.patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            namespace,
+            SWEEP_PLURAL,
+            name,
+            {"status": status},
+        )

@@ -8,6 +8,7 @@ shell string, so nothing a spec holds can become a command.
 from __future__ import annotations
 
 import base64
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +36,7 @@ from model_support.operator.resource import (
     RUNNER_CONTAINER,
     child_name,
 )
-from model_support.operator.settings import OperatorSettings
+from model_support.operator.settings import NeuronDraSettings, OperatorSettings
 from model_support.operator.spec import TestSpec
 from model_support.runner_pod import STOPPED_EXIT
 from model_support.sizing import Plan
@@ -350,6 +351,346 @@ def job_deadline(spec: TestSpec, settings: OperatorSettings) -> int | None:
     )
 
 
+CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""Every container of a runner pod: non-root, no capabilities, a read-only root filesystem."""
+_STEP_RESOURCES: dict[str, Any] = {
+    "requests": {"cpu": "500m", "memory": "1Gi"},
+    "limits": {"memory": "4Gi"},
+}
+"""What an init step (package install, cache pull) asks for."""
+_NEURON_TOLERATION = {"key": NEURON_TAINT, "operator": "Exists", "effect": "NoSchedule"}
+
+
+@dataclass(frozen=True)
+class _Storage:
+    """The pod's emptyDirs, each capped: /work holds the checkpoint download (HF_HOME) and extra
+    packages, /tmp and the NEFF cache the compilers' files, /dev/shm one worker per core."""
+
+    work_bytes: int
+    tmp_bytes: int
+    neff_bytes: int
+    shm_bytes: int
+
+    @classmethod
+    def of(cls, placement: Placement, settings: OperatorSettings) -> _Storage:
+        return cls(
+            work_bytes=placement.checkpoint_bytes + int(settings.work_headroom_gib * GiB),
+            tmp_bytes=int(settings.tmp_size_gib * GiB),
+            neff_bytes=int(settings.neff_cache_size_gib * GiB),
+            shm_bytes=int(settings.shm_per_core_gib * GiB) * placement.cores,
+        )
+
+
+@dataclass
+class _RunnerOnly:
+    """What the runner container alone gets (no init step sees it): the delivery slot and the
+    cache signing key, with the volumes they need."""
+
+    mounts: list[dict[str, Any]]
+    env: list[dict[str, Any]]
+    volumes: list[dict[str, Any]]
+
+
+def _shared_env(
+    spec: TestSpec, settings: OperatorSettings, run_id: str, lnc: int | None
+) -> list[dict[str, Any]]:
+    """The environment of the runner and of the cache pull step."""
+    env: list[dict[str, Any]] = [
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "HF_HOME", "value": f"{WORKDIR}/hf-home"},
+        {"name": "TORCH_NEURONX_NEFF_CACHE_DIR", "value": settings.neff_cache_dir},
+        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": INDUCTOR_CACHE_DIR},
+        {"name": "MODEL_SUPPORT_RUN_ID", "value": run_id},
+        # The root filesystem is read-only: every cache goes to a writable volume.
+        {"name": "HOME", "value": "/tmp/home"},
+        {"name": "XDG_CACHE_HOME", "value": "/tmp/cache"},
+        # Named in the runner's own errors about the node (e.g. devices it cannot open).
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+    ]
+    if spec.hubTokenSecret is not None:
+        # The token comes from the Secret at run time; it is never in the ConfigMap or the spec.
+        secret = {"name": spec.hubTokenSecret.name, "key": spec.hubTokenSecret.key}
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": secret}})
+    if spec.extraPackages:
+        env.append({"name": "PYTHONPATH", "value": EXTRA_PACKAGES_DIR})
+    env.extend(settings.runner_env)
+    if lnc is not None:
+        # TorchNeuron reads only this variable (else trn2's default, 2), never the node's LNC
+        # file: the runtime must run at the LNC the test was sized, selected and claimed for.
+        env.append({"name": LNC_ENV, "value": str(lnc)})
+    return env
+
+
+def _shared_mounts(spec: TestSpec, settings: OperatorSettings) -> list[dict[str, Any]]:
+    """The volume mounts of the runner and of the init steps (which skip run.py's)."""
+    mounts: list[dict[str, Any]] = [
+        {"name": "work", "mountPath": WORKDIR},
+        {
+            "name": "run-script",
+            "mountPath": f"{WORKDIR}/{RUN_PY_KEY}",
+            "subPath": RUN_PY_KEY,
+            "readOnly": True,
+        },
+        {"name": "neff-cache", "mountPath": settings.neff_cache_dir},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "shm", "mountPath": "/dev/shm"},
+    ]
+    cache = spec.compileCache
+    if cache is not None and cache.local_paths() and settings.compile_cache_volume_claim:
+        # Cache paths live on a shared volume (the operator checked they are under its mount).
+        mounts.append({"name": "compile-caches", "mountPath": settings.compile_cache_volume_path})
+    return mounts
+
+
+def _cache_wiring(test: TestRef, spec: TestSpec, settings: OperatorSettings) -> CacheWiring | None:
+    """How the pod pulls and pushes the test's compile cache (None: it has none)."""
+    cache = spec.compileCache
+    if cache is None:
+        return None
+    from model_support.operator.planning import own_cache, push_target
+
+    pushing = push_target(cache.target, settings, test.namespace) if cache.target else None
+    return CacheWiring(
+        cache.source,
+        cache.target,
+        spec.profile_info.backend.value,
+        settings.compile_cache_deadline_s,
+        trusted_keys=tuple(settings.compile_cache_trusted_keys),
+        trust_unsigned=cache.source is not None
+        and own_cache(cache.source, settings, test.namespace),
+        signing_secret=settings.compile_cache_signing_secret
+        if pushing is not None and pushing.shared
+        else None,
+    )
+
+
+def _runner_only(wiring: CacheWiring | None, delivery: DeliveryWiring | None) -> _RunnerOnly:
+    part = _RunnerOnly(mounts=[], env=[], volumes=[])
+    if wiring is not None and wiring.signing_secret is not None:
+        # The key a trusted test's push signs with (a shared target's readers check it).
+        part.mounts.append(
+            {"name": "cache-signing-key", "mountPath": SIGNING_KEY_DIR, "readOnly": True}
+        )
+        part.env.append({"name": SIGNING_KEY_ENV, "value": f"{SIGNING_KEY_DIR}/key"})
+        part.volumes.append(
+            {
+                "name": "cache-signing-key",
+                "secret": {"secretName": wiring.signing_secret, "defaultMode": 0o440},
+            }
+        )
+    if delivery is not None and delivery.sub_path is not None:
+        # Only this attempt's folder of the results volume, never the store.
+        part.mounts.append(
+            {"name": "results", "mountPath": DELIVERY_MOUNT, "subPath": delivery.sub_path}
+        )
+    elif delivery is not None and delivery.secret_name is not None:
+        # optional: when the operator could not sign a URL the pod still runs, and the
+        # operator reads its log and termination message instead.
+        url = {"name": delivery.secret_name, "key": DELIVERY_SECRET_KEY, "optional": True}
+        part.env.append({"name": DELIVERY_URL_ENV, "valueFrom": {"secretKeyRef": url}})
+    return part
+
+
+def _init_containers(
+    spec: TestSpec,
+    settings: OperatorSettings,
+    wiring: CacheWiring | None,
+    env: list[dict[str, Any]],
+    mounts: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """The steps before the runner: the cache pull first, then the extra packages' install."""
+    image = spec.image or settings.runner_image
+    pull_policy = spec.imagePullPolicy or settings.image_pull_policy
+    step_mounts = [m for m in mounts if m["name"] != "run-script"]
+    steps: list[dict[str, Any]] = []
+    if wiring is not None and wiring.source is not None:
+        # The pull writes only the cache and its report, and a failed pull is the report's
+        # error (exit 0), so the test runs without the cache.
+        steps.append(
+            {
+                "name": PULL_CONTAINER,
+                "image": image,
+                "imagePullPolicy": pull_policy,
+                "command": wiring.pull_command(),
+                "workingDir": WORKDIR,
+                # The runner's env: the same cache folders, store endpoint and credentials.
+                "env": [e for e in env if e["name"] != "PYTHONPATH"],
+                **({"envFrom": list(settings.runner_env_from)} if settings.runner_env_from else {}),
+                "securityContext": copy.deepcopy(CONTAINER_SECURITY),
+                "volumeMounts": step_mounts,
+                "resources": copy.deepcopy(_STEP_RESOURCES),
+            }
+        )
+    if spec.extraPackages:
+        steps.append(
+            {
+                "name": "extra-packages",
+                "image": image,
+                "imagePullPolicy": pull_policy,
+                "command": [
+                    "python3",
+                    "-m",
+                    "pip",
+                    "install",
+                    "--no-cache-dir",
+                    "--disable-pip-version-check",
+                    "--target",
+                    EXTRA_PACKAGES_DIR,
+                    *spec.extraPackages,
+                ],
+                "securityContext": copy.deepcopy(CONTAINER_SECURITY),
+                "volumeMounts": step_mounts,
+                "resources": copy.deepcopy(_STEP_RESOURCES),
+            }
+        )
+    return steps
+
+
+def _resources(
+    spec: TestSpec,
+    placement: Placement,
+    settings: OperatorSettings,
+    storage: _Storage,
+    dra: NeuronDraSettings | None,
+) -> dict[str, Any]:
+    """The runner's requests and limits: CPU per core, host memory (with /dev/shm, which is
+    memory), the emptyDirs' sum, and the NeuronCores (or the DRA claim)."""
+    memory = _memory(placement.host_memory_bytes + storage.shm_bytes)
+    storage_bytes = storage.work_bytes + storage.tmp_bytes + storage.neff_bytes
+    resources: dict[str, Any] = {
+        "requests": {
+            "cpu": _cpu(placement.cores * settings.cpu_per_core),
+            "memory": memory,
+            "ephemeral-storage": _gib(storage_bytes),
+        },
+        "limits": {"memory": memory},
+    }
+    if dra is not None:
+        # Whole devices through the DRA driver's claim (its template sets the LNC).
+        resources["claims"] = container_claims()
+    elif spec.profile_info.neuron:
+        # Extended resources need requests == limits; the device plugin sets NEURON_RT_VISIBLE_CORES.
+        # The pod holds a placeable set (whole devices beyond one); run.py uses its cores.
+        resources["requests"][NEURONCORE_RESOURCE] = str(placement.held_cores)
+        resources["limits"][NEURONCORE_RESOURCE] = str(placement.held_cores)
+    return resources
+
+
+def _volumes(
+    configmap_name: str,
+    storage: _Storage,
+    settings: OperatorSettings,
+    mounts: list[dict[str, Any]],
+    runner_only: _RunnerOnly,
+) -> list[dict[str, Any]]:
+    """The pod's volumes: the capped emptyDirs, run.py's ConfigMap, and the claims and Secrets
+    the mounts name."""
+    volumes: list[dict[str, Any]] = [
+        {"name": "work", "emptyDir": {"sizeLimit": _gib(storage.work_bytes)}},
+        {
+            "name": "run-script",
+            "configMap": {
+                "name": configmap_name,
+                "items": [{"key": RUN_PY_KEY, "path": RUN_PY_KEY}],
+            },
+        },
+        {"name": "neff-cache", "emptyDir": {"sizeLimit": _gib(storage.neff_bytes)}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": _gib(storage.tmp_bytes)}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": _gib(storage.shm_bytes)}},
+    ]
+    if any(m["name"] == "results" for m in runner_only.mounts):
+        claim = {"claimName": settings.results_volume_claim}
+        volumes.append({"name": "results", "persistentVolumeClaim": claim})
+    volumes.extend(runner_only.volumes)
+    if any(m["name"] == "compile-caches" for m in mounts):
+        claim = {"claimName": settings.compile_cache_volume_claim}
+        volumes.append({"name": "compile-caches", "persistentVolumeClaim": claim})
+    return volumes
+
+
+def _scheduling(
+    spec: TestSpec,
+    placement: Placement,
+    settings: OperatorSettings,
+    lnc: int | None,
+    dra: NeuronDraSettings | None,
+) -> dict[str, Any]:
+    """Where the pod may run: the pod spec's nodeSelector, tolerations, schedulerName and
+    priorityClassName (only those that are set)."""
+    profile = spec.profile_info
+    node_selector: dict[str, str] = {}
+    tolerations: list[dict[str, Any]] = [dict(_NEURON_TOLERATION)] if profile.neuron else []
+    instance_type = spec.instanceType or profile.instance_type
+    if instance_type is not None:
+        node_selector[INSTANCE_TYPE_LABEL] = instance_type
+    if profile.name == "trn2" and settings.lnc_node_label and dra is None and lnc is not None:
+        # The devices' LNC is a node setting: select nodes configured with the LNC this test
+        # was sized for (the same one its runtime is given).
+        node_selector[settings.lnc_node_label] = str(lnc)
+    node_selector.update(spec.scheduling.nodeSelector)
+    tolerations.extend(t.model_dump(exclude_none=True) for t in spec.scheduling.tolerations)
+    scheduler = spec.scheduling.schedulerName
+    if scheduler is None and profile.neuron and placement.held_cores > 1 and dra is None:
+        # More than one core must be connected cores: the Neuron scheduler extension's job
+        # (under DRA the claim's connected-group constraint is).
+        scheduler = settings.scheduler_name
+    fields: dict[str, Any] = {}
+    if node_selector:
+        fields["nodeSelector"] = node_selector
+    if tolerations:
+        fields["tolerations"] = tolerations
+    if scheduler:
+        fields["schedulerName"] = scheduler
+    if spec.scheduling.priorityClassName:
+        fields["priorityClassName"] = spec.scheduling.priorityClassName
+    return fields
+
+
+def _pod_security(settings: OperatorSettings) -> dict[str, Any]:
+    security: dict[str, Any] = {
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "runAsGroup": 1000,
+        "fsGroup": 1000,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if settings.runner_supplemental_groups:
+        # e.g. the group owning /dev/neuron* on nodes that keep the devices root-owned.
+        security["supplementalGroups"] = list(settings.runner_supplemental_groups)
+    return security
+
+
+POD_FAILURE_POLICY: dict[str, Any] = {
+    "rules": [
+        {
+            "action": "Ignore",
+            "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+        },
+        {
+            "action": "Ignore",
+            "onExitCodes": {
+                "containerName": RUNNER_CONTAINER,
+                "operator": "In",
+                "values": [STOPPED_EXIT],
+            },
+        },
+        {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [0]}},
+    ]
+}
+"""Disruptions (eviction, preemption, node drain: pods with a DisruptionTarget condition) are
+not counted and the pod is replaced. So is a runner stopped from outside (exit 143, which the
+runner uses for that alone): Kueue preempts by suspending the Job and the Job controller deletes
+its pods without that condition, and a pod deleted by hand has none either. Any other non-zero
+exit is the run's own outcome and fails the Job at once. Other pod failures (a node lost
+without the condition) fail it too; the operator then retries in a new Job (max_attempts)."""
+
+
 def build_job(
     test: TestRef,
     spec: TestSpec,
@@ -369,289 +710,42 @@ def build_job(
     """
     profile = spec.profile_info
     labels = labels_for(test, attempt)
-    image = spec.image or settings.runner_image
-    pull_policy = spec.imagePullPolicy or settings.image_pull_policy
-
-    env: list[dict[str, Any]] = [
-        {"name": "PYTHONUNBUFFERED", "value": "1"},
-        {"name": "HF_HOME", "value": f"{WORKDIR}/hf-home"},
-        {"name": "TORCH_NEURONX_NEFF_CACHE_DIR", "value": settings.neff_cache_dir},
-        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": INDUCTOR_CACHE_DIR},
-        {"name": "MODEL_SUPPORT_RUN_ID", "value": run_id},
-        # The root filesystem is read-only: every cache goes to a writable volume.
-        {"name": "HOME", "value": "/tmp/home"},
-        {"name": "XDG_CACHE_HOME", "value": "/tmp/cache"},
-        # Named in the runner's own errors about the node (e.g. devices it cannot open).
-        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-    ]
-    if spec.hubTokenSecret is not None:
-        # The token comes from the Secret at run time; it is never in the ConfigMap or the spec.
-        env.append(
-            {
-                "name": "HF_TOKEN",
-                "valueFrom": {
-                    "secretKeyRef": {
-                        "name": spec.hubTokenSecret.name,
-                        "key": spec.hubTokenSecret.key,
-                    }
-                },
-            }
-        )
-    if spec.extraPackages:
-        env.append({"name": "PYTHONPATH", "value": EXTRA_PACKAGES_DIR})
-
-    container_security = {
-        "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
-        "readOnlyRootFilesystem": True,
-        "runAsNonRoot": True,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-    mounts: list[dict[str, Any]] = [
-        {"name": "work", "mountPath": WORKDIR},
-        {
-            "name": "run-script",
-            "mountPath": f"{WORKDIR}/{RUN_PY_KEY}",
-            "subPath": RUN_PY_KEY,
-            "readOnly": True,
-        },
-        {"name": "neff-cache", "mountPath": settings.neff_cache_dir},
-        {"name": "tmp", "mountPath": "/tmp"},
-        {"name": "shm", "mountPath": "/dev/shm"},
-    ]
-
-    init_containers: list[dict[str, Any]] = []
-    if spec.extraPackages:
-        init_containers.append(
-            {
-                "name": "extra-packages",
-                "image": image,
-                "imagePullPolicy": pull_policy,
-                "command": [
-                    "python3",
-                    "-m",
-                    "pip",
-                    "install",
-                    "--no-cache-dir",
-                    "--disable-pip-version-check",
-                    "--target",
-                    EXTRA_PACKAGES_DIR,
-                    *spec.extraPackages,
-                ],
-                "securityContext": container_security,
-                "volumeMounts": [m for m in mounts if m["name"] != "run-script"],
-                "resources": {
-                    "requests": {"cpu": "500m", "memory": "1Gi"},
-                    "limits": {"memory": "4Gi"},
-                },
-            }
-        )
-
-    cache = spec.compileCache
-    wiring = None
-    if cache is not None:
-        from model_support.operator.planning import own_cache, push_target
-
-        pushing = push_target(cache.target, settings, test.namespace) if cache.target else None
-        wiring = CacheWiring(
-            cache.source,
-            cache.target,
-            profile.backend.value,
-            settings.compile_cache_deadline_s,
-            trusted_keys=tuple(settings.compile_cache_trusted_keys),
-            trust_unsigned=cache.source is not None
-            and own_cache(cache.source, settings, test.namespace),
-            signing_secret=settings.compile_cache_signing_secret
-            if pushing is not None and pushing.shared
-            else None,
-        )
-    command = runner_command(run_id, delivery, wiring, spec.timeoutSeconds, neuron=profile.neuron)
-    env.extend(settings.runner_env)
     lnc = runtime_lnc(spec, settings)
-    if lnc is not None:
-        # TorchNeuron reads only this variable (else trn2's default, 2), never the node's LNC
-        # file: the runtime must run at the LNC the test was sized, selected and claimed for.
-        env.append({"name": LNC_ENV, "value": str(lnc)})
-    # The delivery slot is the runner's alone (no init step sees it).
-    runner_mounts: list[dict[str, Any]] = []
-    runner_env: list[dict[str, Any]] = []
-    extra_volumes: list[dict[str, Any]] = []
-    if wiring is not None and wiring.signing_secret is not None:
-        # The key a trusted test's push signs with (a shared target's readers check it).
-        runner_mounts.append(
-            {"name": "cache-signing-key", "mountPath": SIGNING_KEY_DIR, "readOnly": True}
-        )
-        runner_env.append({"name": SIGNING_KEY_ENV, "value": f"{SIGNING_KEY_DIR}/key"})
-        extra_volumes.append(
-            {
-                "name": "cache-signing-key",
-                "secret": {"secretName": wiring.signing_secret, "defaultMode": 0o440},
-            }
-        )
-    if delivery is not None and delivery.sub_path is not None:
-        # Only this attempt's folder of the results volume, never the store.
-        runner_mounts.append(
-            {"name": "results", "mountPath": DELIVERY_MOUNT, "subPath": delivery.sub_path}
-        )
-    elif delivery is not None and delivery.secret_name is not None:
-        runner_env.append(
-            {
-                "name": DELIVERY_URL_ENV,
-                "valueFrom": {
-                    # optional: when the operator could not sign a URL the pod still runs, and
-                    # the operator reads its log and termination message instead.
-                    "secretKeyRef": {
-                        "name": delivery.secret_name,
-                        "key": DELIVERY_SECRET_KEY,
-                        "optional": True,
-                    }
-                },
-            }
-        )
-    if cache is not None and cache.local_paths() and settings.compile_cache_volume_claim:
-        # Cache paths live on a shared volume (the operator checked they are under its mount).
-        mounts.append({"name": "compile-caches", "mountPath": settings.compile_cache_volume_path})
-    if wiring is not None and wiring.source is not None:
-        # First of the init steps: the pull writes only the cache and its report, and a
-        # failed pull is the report's error (exit 0), so the test runs without the cache.
-        init_containers.insert(
-            0,
-            {
-                "name": PULL_CONTAINER,
-                "image": image,
-                "imagePullPolicy": pull_policy,
-                "command": wiring.pull_command(),
-                "workingDir": WORKDIR,
-                # The runner's env: the same cache folders, store endpoint and credentials.
-                "env": [e for e in env if e["name"] != "PYTHONPATH"],
-                **({"envFrom": list(settings.runner_env_from)} if settings.runner_env_from else {}),
-                "securityContext": container_security,
-                "volumeMounts": [m for m in mounts if m["name"] != "run-script"],
-                "resources": {
-                    "requests": {"cpu": "500m", "memory": "1Gi"},
-                    "limits": {"memory": "4Gi"},
-                },
-            },
-        )
-
-    # /dev/shm is memory: one worker per core, counted in the memory request and limit.
-    shm_bytes = int(settings.shm_per_core_gib * GiB) * placement.cores
-    memory = _memory(placement.host_memory_bytes + shm_bytes)
-    # /work holds the checkpoint download (HF_HOME) and extra packages; /tmp and the NEFF
-    # cache the compilers' files. Each emptyDir is capped; the pod requests their sum.
-    work_bytes = placement.checkpoint_bytes + int(settings.work_headroom_gib * GiB)
-    tmp_bytes = int(settings.tmp_size_gib * GiB)
-    neff_bytes = int(settings.neff_cache_size_gib * GiB)
-    storage = _gib(work_bytes + tmp_bytes + neff_bytes)
-    resources: dict[str, Any] = {
-        "requests": {
-            "cpu": _cpu(placement.cores * settings.cpu_per_core),
-            "memory": memory,
-            "ephemeral-storage": storage,
-        },
-        "limits": {"memory": memory},
-    }
-    node_selector: dict[str, str] = {}
-    tolerations: list[dict[str, Any]] = []
     dra = dra_settings(spec, settings) if profile.neuron else None
-    if dra is not None:
-        # Whole devices through the DRA driver's claim (its template sets the LNC).
-        resources["claims"] = container_claims()
-        tolerations.append({"key": NEURON_TAINT, "operator": "Exists", "effect": "NoSchedule"})
-    elif profile.neuron:
-        # Extended resources need requests == limits; the device plugin sets NEURON_RT_VISIBLE_CORES.
-        # The pod holds a placeable set (whole devices beyond one); run.py uses its cores.
-        resources["requests"][NEURONCORE_RESOURCE] = str(placement.held_cores)
-        resources["limits"][NEURONCORE_RESOURCE] = str(placement.held_cores)
-        tolerations.append({"key": NEURON_TAINT, "operator": "Exists", "effect": "NoSchedule"})
-    instance_type = spec.instanceType or profile.instance_type
-    if instance_type is not None:
-        node_selector[INSTANCE_TYPE_LABEL] = instance_type
-    if profile.name == "trn2" and settings.lnc_node_label and dra is None and lnc is not None:
-        # The devices' LNC is a node setting: select nodes configured with the LNC this test
-        # was sized for (the same one its runtime is given above).
-        node_selector[settings.lnc_node_label] = str(lnc)
-    node_selector.update(spec.scheduling.nodeSelector)
-    tolerations.extend(t.model_dump(exclude_none=True) for t in spec.scheduling.tolerations)
-
+    storage = _Storage.of(placement, settings)
+    env = _shared_env(spec, settings, run_id, lnc)
+    mounts = _shared_mounts(spec, settings)
+    wiring = _cache_wiring(test, spec, settings)
+    runner_only = _runner_only(wiring, delivery)
+    runner: dict[str, Any] = {
+        "name": RUNNER_CONTAINER,
+        "image": spec.image or settings.runner_image,
+        "imagePullPolicy": spec.imagePullPolicy or settings.image_pull_policy,
+        "command": runner_command(
+            run_id, delivery, wiring, spec.timeoutSeconds, neuron=profile.neuron
+        ),
+        "workingDir": WORKDIR,
+        "env": env + runner_only.env,
+        "resources": _resources(spec, placement, settings, storage, dra),
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": mounts + runner_only.mounts,
+    }
+    if settings.runner_env_from:
+        runner["envFrom"] = list(settings.runner_env_from)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 1000,
-            "runAsGroup": 1000,
-            "fsGroup": 1000,
-            "seccompProfile": {"type": "RuntimeDefault"},
-            # e.g. the group owning /dev/neuron* on nodes that keep the devices root-owned.
-            **(
-                {"supplementalGroups": list(settings.runner_supplemental_groups)}
-                if settings.runner_supplemental_groups
-                else {}
-            ),
-        },
-        "containers": [
-            {
-                "name": RUNNER_CONTAINER,
-                "image": image,
-                "imagePullPolicy": pull_policy,
-                "command": command,
-                "workingDir": WORKDIR,
-                "env": env + runner_env,
-                "resources": resources,
-                "securityContext": container_security,
-                "terminationMessagePolicy": "FallbackToLogsOnError",
-                "volumeMounts": mounts + runner_mounts,
-            }
-        ],
-        "volumes": [
-            {"name": "work", "emptyDir": {"sizeLimit": _gib(work_bytes)}},
-            {
-                "name": "run-script",
-                "configMap": {
-                    "name": configmap_name,
-                    "items": [{"key": RUN_PY_KEY, "path": RUN_PY_KEY}],
-                },
-            },
-            {"name": "neff-cache", "emptyDir": {"sizeLimit": _gib(neff_bytes)}},
-            {"name": "tmp", "emptyDir": {"sizeLimit": _gib(tmp_bytes)}},
-            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": _gib(shm_bytes)}},
-        ],
+        "securityContext": _pod_security(settings),
+        "containers": [runner],
+        "volumes": _volumes(configmap_name, storage, settings, mounts, runner_only),
     }
-    if any(m["name"] == "results" for m in runner_mounts):
-        pod_spec["volumes"].append(
-            {
-                "name": "results",
-                "persistentVolumeClaim": {"claimName": settings.results_volume_claim},
-            }
-        )
-    pod_spec["volumes"].extend(extra_volumes)
-    if any(m["name"] == "compile-caches" for m in mounts):
-        pod_spec["volumes"].append(
-            {
-                "name": "compile-caches",
-                "persistentVolumeClaim": {"claimName": settings.compile_cache_volume_claim},
-            }
-        )
-    if settings.runner_env_from:
-        pod_spec["containers"][0]["envFrom"] = list(settings.runner_env_from)
     if dra is not None:
         pod_spec["resourceClaims"] = pod_claims(claim_template_name(test))
+    init_containers = _init_containers(spec, settings, wiring, env, mounts)
     if init_containers:
         pod_spec["initContainers"] = init_containers
-    if node_selector:
-        pod_spec["nodeSelector"] = node_selector
-    if tolerations:
-        pod_spec["tolerations"] = tolerations
-    scheduler = spec.scheduling.schedulerName
-    if scheduler is None and profile.neuron and placement.held_cores > 1 and dra is None:
-        # More than one core must be connected cores: the Neuron scheduler extension's job
-        # (under DRA the claim's connected-group constraint is).
-        scheduler = settings.scheduler_name
-    if scheduler:
-        pod_spec["schedulerName"] = scheduler
-    if spec.scheduling.priorityClassName:
-        pod_spec["priorityClassName"] = spec.scheduling.priorityClassName
+    pod_spec.update(_scheduling(spec, placement, settings, lnc, dra))
     if settings.service_account:
         pod_spec["serviceAccountName"] = settings.service_account
 
@@ -659,31 +753,8 @@ def build_job(
     if spec.queueName:
         job_labels[LABEL_KUEUE_QUEUE] = spec.queueName
     job_spec: dict[str, Any] = {
-        # Disruptions (eviction, preemption, node drain: pods with a DisruptionTarget condition)
-        # are not counted and the pod is replaced. So is a runner stopped from outside (exit
-        # 143, which the runner uses for that alone): Kueue preempts by suspending the Job and
-        # the Job controller deletes its pods without that condition, and a pod deleted by hand
-        # has none either. Any other non-zero exit is the run's own outcome and fails the Job
-        # at once. Other pod failures (a node lost without the condition) fail it too; the
-        # operator then retries in a new Job (max_attempts).
         "backoffLimit": 0,
-        "podFailurePolicy": {
-            "rules": [
-                {
-                    "action": "Ignore",
-                    "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
-                },
-                {
-                    "action": "Ignore",
-                    "onExitCodes": {
-                        "containerName": RUNNER_CONTAINER,
-                        "operator": "In",
-                        "values": [STOPPED_EXIT],
-                    },
-                },
-                {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [0]}},
-            ]
-        },
+        "podFailurePolicy": copy.deepcopy(POD_FAILURE_POLICY),
         # A replacement waits until its predecessor has ended: it needs the same NeuronCores.
         "podReplacementPolicy": "Failed",
         "template": {

@@ -437,10 +437,6 @@ class Unavailable:
     reason: str
 
 
-IDENTITY_FIELDS = ("model", "revision", "task", "cores", "parallelism", "compile_backend", "dtype")
-"""What a test asked for: taken from the test's config, never from what a pod printed."""
-
-
 def identity_problems(document: ResultDocument, config: RunConfig) -> list[str]:
     """Where ``document`` contradicts the test's config (empty when it agrees)."""
     asked: dict[str, Any] = {

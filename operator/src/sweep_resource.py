@@ -39,7 +39,6 @@ from model_support.operator.spec import (
     ProfileName,
     Revision,
     SpecError,
-    TestSpec,
     parse_spec,
     profile_rules,
 )
@@ -64,8 +63,6 @@ VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9.+_-]*$"
 OWNED = ("model", "revision", "task", "profile", "image", "queueName", "epoch")
 OWNED_FIELDS = frozenset(OWNED)
 """Test fields a sweep sets itself (from its source, stack, concurrency and epoch)."""
-TEMPLATE_FIELDS = frozenset(TestSpec.model_fields) - OWNED_FIELDS
-"""Test fields a sweep's template may set for every test."""
 
 
 class _Camel(BaseModel):
