@@ -11,12 +11,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 from processes import processes_with
+from waiting import wait_until
 
 pytestmark = pytest.mark.slow
 CLI = str(Path(sys.executable).with_name("model-support"))
@@ -30,13 +30,6 @@ def _cmdlines(marker: str) -> list[str]:
         except OSError:
             continue  # ended meanwhile
     return lines
-
-
-def _wait_for(check: object, what: str, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 @pytest.mark.parametrize(
@@ -67,7 +60,7 @@ def test_a_signal_stops_the_whole_run_and_cleans_up(
             spawned = sum("multiprocessing" in line for line in lines)
             return any("run.py" in line for line in lines) and spawned >= workers
 
-        _wait_for(running, "run.py (and its workers) to start")
+        wait_until(running, "run.py (and its workers) to start", 180)
         assert list(temp.glob("model-support-run-*")), "run.py runs in a temporary folder"
         proc.send_signal(sig)
         output, _ = proc.communicate(timeout=60)
@@ -76,7 +69,7 @@ def test_a_signal_stops_the_whole_run_and_cleans_up(
             proc.kill()
             proc.communicate()
     # The command waits for the group to die before it exits: nothing outlives it.
-    _wait_for(lambda: not processes_with(marker), "every process of the run to end", timeout=5)
+    wait_until(lambda: not processes_with(marker), "every process of the run to end", 5)
     assert not list(temp.glob("model-support-run-*"))  # its folder is removed
     assert proc.returncode == 128 + sig, output[-3000:]
     assert "nothing was recorded" in output

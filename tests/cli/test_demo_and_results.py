@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import transformers
 from filelock import FileLock
 from processes import processes_with
 from streamlit.testing.v1 import AppTest
+from waiting import wait_until
 
 from model_support.checkpoints import STAMP_FILE, TASK_MODELS, DemoModel
 from model_support.cli.commands_demo import NEWER_RELEASE, OLDER_RELEASE
@@ -365,10 +365,9 @@ def test_stopping_the_demo_stops_its_runs(
         if process.poll() is None:
             process.kill()
     assert process.returncode != 0
-    deadline = time.monotonic() + 30
-    while processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert processes_with(marker) == []  # no run.py (or worker) outlived the demo
+    wait_until(
+        lambda: processes_with(marker) == [], "no run.py (or worker) to outlive the demo", 30
+    )
 
 
 def test_stopping_the_demo_while_it_builds_leaves_no_builder_and_no_half_model(
@@ -389,20 +388,14 @@ def test_stopping_the_demo_while_it_builds_leaves_no_builder_and_no_half_model(
             if line.startswith("demo: building "):
                 break
         assert ", 2 at a time" in line or ", 1 at a time" in line, line
-        deadline = time.monotonic() + 60
-        while len(processes_with(marker)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)  # the builders are starting
-        assert len(processes_with(marker)) >= 2  # the demo and its builders
+        wait_until(lambda: len(processes_with(marker)) >= 2, "the demo and its builders", 60)
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
     assert process.returncode != 0
-    deadline = time.monotonic() + 30
-    while processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert processes_with(marker) == []  # no builder outlived the demo
+    wait_until(lambda: processes_with(marker) == [], "no builder to outlive the demo", 30)
     # Whatever was being built is invisible: a model folder exists only once it is complete.
     for folder in models.glob("*/*"):
         if not folder.name.startswith("."):

@@ -13,6 +13,7 @@ from pathlib import Path
 import fsspec
 import pytest
 from cache_support import inductor_cache, neff_cache, shared_object, write
+from waiting import wait_until
 
 from model_support.compile_cache import (
     CompilerMismatch,
@@ -588,10 +589,9 @@ def test_a_transfer_past_its_deadline_is_given_up_and_recorded(tmp_path: Path) -
     # Let it end: a command that finds a transfer left behind exits at once (later tests
     # run the command line in this process).
     answered.set()
-    until = time.monotonic() + 5
-    while transfers_left_behind() and time.monotonic() < until:
-        time.sleep(0.01)
-    assert transfers_left_behind() == []
+    wait_until(
+        lambda: transfers_left_behind() == [], "the transfer left behind to end", 5, interval=0.01
+    )
 
 
 def test_the_figures_beside_a_result_name_where_the_run_pushed(

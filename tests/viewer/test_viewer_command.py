@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from processes import processes_with
 from viewer_support import free_port
+from waiting import wait_until
 
 CLI = str(Path(sys.executable).with_name("model-support"))
 LISTEN = "0A"  # TCP state LISTEN in /proc/net/tcp
@@ -95,10 +96,7 @@ def wait_gone(process: subprocess.Popen[bytes], marker: str) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         raise AssertionError("the viewer did not stop within 30 s of the signal") from None
-    deadline = time.monotonic() + 10
-    while processes_with(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert processes_with(marker) == [], "a process of the viewer outlived it"
+    wait_until(lambda: processes_with(marker) == [], "no process of the viewer to outlive it", 10)
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
