@@ -90,7 +90,6 @@ from model_support.operator.status import (
     PHASE_ORDER,
     Phase,
     TestStatus,
-    condition,
     kstatus_conditions,
     now,
     set_condition,
@@ -159,11 +158,10 @@ def _refusal(kind: str, body: dict[str, Any] | None) -> Iterator[None]:
         ) from exc
 
 
-def _retrying(status: dict[str, Any]) -> bool:
+def _retrying(status: TestStatus) -> bool:
     """Whether the status says this generation waits for a retry (sizing, or a refused create)."""
     return (
-        condition(status, "Sized").get("reason") == "SizingRetrying"
-        or condition(status, "JobCreated").get("reason") == "CreateRefused"
+        status.reason("Sized") == "SizingRetrying" or status.reason("JobCreated") == "CreateRefused"
     )
 
 
@@ -333,11 +331,8 @@ class Reconciler:
         for _ in range(_CONFLICT_TRIES):
             if test is None or int(test["metadata"].get("generation") or 1) != ref.generation:
                 return None  # gone, or a newer spec: this write is about the past
-            status = test.get("status") or {}
-            if (
-                status.get("phase") == Phase.COMPLETED
-                and status.get("observedGeneration") == ref.generation
-            ):
+            status = TestStatus.read(test.get("status"))
+            if status.phase is Phase.COMPLETED and status.observedGeneration == ref.generation:
                 return None
             patch = build(test) if callable(build) else build
             if patch is None:
@@ -472,11 +467,11 @@ class Reconciler:
         ref = TestRef(
             meta["namespace"], meta["name"], meta["uid"], int(meta.get("generation") or 1)
         )
-        status = dict(body.get("status") or {})
+        status = TestStatus.read(body.get("status"))
         retrying = _retrying(status)
-        handled = status.get("observedGeneration") == ref.generation and status.get("phase")
+        handled = status.observedGeneration == ref.generation and status.phase is not None
         if handled and not retrying:
-            if resumed and status.get("phase") in ACTIVE_PHASES:
+            if resumed and status.phase in ACTIVE_PHASES:
                 self._check_job_exists(body, ref, status)
             return  # this generation is handled; its Job's events carry it on
         key = (ref.uid, ref.generation)
@@ -496,9 +491,9 @@ class Reconciler:
         that is due, or an event whose handling failed). No API requests for the others."""
         offered = 0
         for test in list(self.tests.values()):
-            status = test.get("status") or {}
+            status = TestStatus.read(test.get("status"))
             generation = int(test["metadata"].get("generation") or 1)
-            if status.get("observedGeneration") != generation or _retrying(status):
+            if status.observedGeneration != generation or _retrying(status):
                 self.reconcile(test, from_cache=True)
                 offered += 1
         return offered
@@ -507,7 +502,7 @@ class Reconciler:
         self,
         body: dict[str, Any],
         ref: TestRef,
-        status: dict[str, Any],
+        status: TestStatus,
         retry: int,
         from_cache: bool = False,
     ) -> None:
@@ -719,13 +714,13 @@ class Reconciler:
         with _refusal("Secret", secret), contextlib.suppress(AlreadyExists):
             self.kube.create_secret(secret)  # made by an earlier try: signed alike
 
-    def _delete_superseded_job(self, ref: TestRef, status: dict[str, Any]) -> None:
+    def _delete_superseded_job(self, ref: TestRef, status: TestStatus) -> None:
         """A spec change supersedes the running Job of the previous generation."""
-        old_job = status.get("jobName")
+        old_job = status.jobName
         if (
             old_job
-            and status.get("phase") in ACTIVE_PHASES
-            and status.get("observedGeneration") != ref.generation
+            and status.phase in ACTIVE_PHASES
+            and status.observedGeneration != ref.generation
         ):
             self.kube.delete_job(ref.namespace, old_job)
 
@@ -876,12 +871,12 @@ class Reconciler:
         )
         return labels
 
-    def _check_job_exists(self, body: dict[str, Any], ref: TestRef, status: dict[str, Any]) -> None:
+    def _check_job_exists(self, body: dict[str, Any], ref: TestRef, status: TestStatus) -> None:
         """On restart: a test whose Job vanished while the operator was away is finished from
         its delivered document, or as ERROR/infrastructure when there is none."""
-        job_name = status.get("jobName")
+        job_name = status.jobName
         if job_name and self.kube.read_job(ref.namespace, job_name) is None:
-            attempt = int(status.get("attempt") or 1)
+            attempt = status.attempt or 1
             reading = Reading(
                 JobState.INFRASTRUCTURE,
                 f"the runner Job {job_name} disappeared before its result was read",
@@ -1029,13 +1024,10 @@ class Reconciler:
             return None  # deleted or being deleted (its children go with it)
         if int(test["metadata"].get("generation") or 1) != ref.generation:
             return None  # the spec changed: this Job's generation is superseded
-        status = test.get("status") or {}
-        if (
-            status.get("observedGeneration") != ref.generation
-            or int(status.get("attempt") or 0) != attempt
-        ):
+        status = TestStatus.read(test.get("status"))
+        if status.observedGeneration != ref.generation or (status.attempt or 0) != attempt:
             return None  # superseded by a spec change or a retry (or not written yet)
-        if status.get("phase") == Phase.COMPLETED and not completed:
+        if status.phase is Phase.COMPLETED and not completed:
             return None  # a terminal phase is never overwritten
         return test
 
@@ -1134,27 +1126,21 @@ class Reconciler:
         moved: list[bool] = []
 
         def build(test: dict[str, Any]) -> dict[str, Any] | None:
-            status = test.get("status") or {}
-            if int(status.get("attempt") or 0) != attempt:
+            status = TestStatus.read(test.get("status"))
+            if (status.attempt or 0) != attempt:
                 return None  # superseded by a retry
-            current = status.get("phase")
-            if (current, condition(status, kind).get("reason")) == (phase, reason) or (
-                current not in PHASE_ORDER
-            ):
+            current = status.phase
+            if (current, status.reason(kind)) == (phase, reason) or current not in PHASE_ORDER:
                 self._phases[key] = (phase, reason)
                 return None
-            current_phase = Phase(current)
-            if (current_phase, condition(status, "Queued").get("reason")) in keep:
+            if (current, status.reason("Queued")) in keep:
                 return None
-            if (
-                only_from is not None
-                and (current_phase, condition(status, "Queued").get("reason")) not in only_from
-            ):
+            if only_from is not None and (current, status.reason("Queued")) not in only_from:
                 return None
-            if not backwards and PHASE_ORDER[phase] < PHASE_ORDER[current_phase]:
+            if not backwards and PHASE_ORDER[phase] < PHASE_ORDER[current]:
                 return None
             conditions = set_condition(
-                status.get("conditions"), kind, value, reason, message, ref.generation
+                status.condition_dicts(), kind, value, reason, message, ref.generation
             )
             if phase is Phase.RUNNING:
                 conditions = set_condition(
@@ -1180,13 +1166,15 @@ class Reconciler:
     def _retry(self, test: dict[str, Any], ref: TestRef, attempt: int, reading: Reading) -> None:
         """Node lost: the same run.py again in a new Job (attempt + 1); bounded by max_attempts."""
         spec = parse_spec(dict(test.get("spec") or {}))
-        status = test.get("status") or {}
+        status = TestStatus.read(test.get("status"))
+        if status.cores is None:
+            raise RuntimeError(f"test {ref.namespace}/{ref.name} has no cores in its status")
         placement = Placement(
-            int(status["cores"]),
-            Parallelism(status.get("parallelism") or Parallelism.NONE.value),
-            int(status.get("hostMemoryBytes") or self.settings.min_host_memory_gib * GiB),
-            int(status.get("checkpointBytes") or 0),
-            pod_cores=int(status["podCores"]) if status.get("podCores") else None,
+            status.cores,
+            status.parallelism or Parallelism.NONE,
+            status.hostMemoryBytes or int(self.settings.min_host_memory_gib * GiB),
+            status.checkpointBytes or 0,
+            pod_cores=status.podCores or None,
         )
         try:
             _, job = children(
@@ -1209,11 +1197,11 @@ class Reconciler:
         message = f"{reading.message}; attempt {attempt + 1} in Job {job_name}"
 
         def build(test: dict[str, Any]) -> dict[str, Any] | None:
-            status = test.get("status") or {}
-            if int(status.get("attempt") or 0) != attempt:
+            status = TestStatus.read(test.get("status"))
+            if (status.attempt or 0) != attempt:
                 return None  # another thread (or replica) retried it already
             conditions = set_condition(
-                status.get("conditions"), "JobCreated", True, "NodeLost", message, ref.generation
+                status.condition_dicts(), "JobCreated", True, "NodeLost", message, ref.generation
             )
             return TestStatus(
                 phase=Phase.PENDING,
@@ -1394,11 +1382,8 @@ class Reconciler:
         if fresh is None or fresh["metadata"].get("uid") != ref.uid:
             return True  # gone: nothing to complete
         self.observe_test(fresh, "FETCHED")
-        status = fresh.get("status") or {}
-        return bool(
-            status.get("phase") == Phase.COMPLETED
-            and status.get("observedGeneration") == ref.generation
-        )
+        status = TestStatus.read(fresh.get("status"))
+        return status.phase is Phase.COMPLETED and status.observedGeneration == ref.generation
 
     @staticmethod
     def _stored(store: ResultsStore, run_id: str) -> RunRecord | None:
@@ -1423,12 +1408,12 @@ class Reconciler:
             self._retries[run_id] = _Retry(time.monotonic() + delay, delay)
 
         def build(test: dict[str, Any]) -> dict[str, Any] | None:
-            status = test.get("status") or {}
-            current = condition(status, "Recorded")
-            if current.get("reason") == reason and current.get("status") == "False":
+            status = TestStatus.read(test.get("status"))
+            current = status.condition("Recorded")
+            if current is not None and (current.reason, current.status) == (reason, "False"):
                 return None  # already said; the condition's message keeps the first occurrence
             conditions = set_condition(
-                status.get("conditions"), "Recorded", False, reason, message, ref.generation
+                status.condition_dicts(), "Recorded", False, reason, message, ref.generation
             )
             return TestStatus(conditions=conditions).patch()
 
@@ -1440,28 +1425,27 @@ class Reconciler:
     def _run_py(self, ref: TestRef, test: dict[str, Any], spec: TestSpec | None) -> str:
         """The run.py that ran: the ConfigMap's, byte for byte (else rendered again from the spec
         at the commit the status says it was pinned to)."""
-        status = test.get("status") or {}
-        if spec is not None and status.get("revision"):
-            spec = spec.model_copy(update={"revision": status["revision"]})
-        if spec is not None and status.get("cores") and status.get("runScriptSha256"):
+        status = TestStatus.read(test.get("status"))
+        parallelism = status.parallelism or Parallelism.NONE
+        if spec is not None and status.revision:
+            spec = spec.model_copy(update={"revision": status.revision})
+        if spec is not None and status.cores and status.runScriptSha256:
             # Rendering is deterministic: when this operator renders the same bytes (their hash
             # is in the status), the ConfigMap need not be read.
-            parallelism = Parallelism(status.get("parallelism") or Parallelism.NONE.value)
-            rendered = render_script(spec.run_config(int(status["cores"]), parallelism))
-            if hashlib.sha256(rendered.encode()).hexdigest() == status["runScriptSha256"]:
+            rendered = render_script(spec.run_config(status.cores, parallelism))
+            if hashlib.sha256(rendered.encode()).hexdigest() == status.runScriptSha256:
                 return rendered
         name = child_name(ref.name, ref.uid, ref.generation)
         cm = self.kube.read_configmap(ref.namespace, name)
         if cm is not None:
             return str(cm["data"]["run.py"])
-        if spec is None or not status.get("cores"):
+        if spec is None or not status.cores:
             raise RuntimeError(
                 f"ConfigMap {ref.namespace}/{name} with the run.py of this run is missing and "
                 "the test no longer says how it ran"
             )
         log.warning("ConfigMap %s/%s is gone; recording run.py rendered again", ref.namespace, name)
-        parallelism = Parallelism(status.get("parallelism") or Parallelism.NONE.value)
-        return render_script(spec.run_config(int(status["cores"]), parallelism))
+        return render_script(spec.run_config(status.cores, parallelism))
 
     def _document(
         self,
@@ -1626,13 +1610,13 @@ class Reconciler:
         now = now or datetime.now(UTC)
         flagged = 0
         for test in list(self.tests.values()):
-            status = test.get("status") or {}
-            queued = condition(status, "Queued")
-            if status.get("phase") != Phase.QUEUED or queued.get("reason") != "KueueAdmission":
+            status = TestStatus.read(test.get("status"))
+            queued = status.condition("Queued")
+            if status.phase is not Phase.QUEUED or queued is None:
                 continue
-            since = queued.get("lastTransitionTime")
-            if not since:
+            if queued.reason != "KueueAdmission":
                 continue
+            since = queued.lastTransitionTime
             waited = (now - datetime.fromisoformat(since.replace("Z", "+00:00"))).total_seconds()
             if waited < self.settings.kueue_admission_limit_s:
                 continue
@@ -1649,7 +1633,7 @@ class Reconciler:
                 "keeps waiting"
             )
             self._set_phase(
-                ref, int(status.get("attempt") or 1), Phase.QUEUED, "Queued", True, "NotAdmitted",
+                ref, status.attempt or 1, Phase.QUEUED, "Queued", True, "NotAdmitted",
                 message, only_from=_WAITING_FOR_ADMISSION, event=("Warning", "NotAdmitted"),
             )  # fmt: skip
             flagged += 1

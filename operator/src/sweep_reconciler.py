@@ -37,7 +37,7 @@ from model_support.operator.resource import (
 )
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import SpecError, parse_spec
-from model_support.operator.status import MESSAGE_LIMIT, Phase, condition, set_condition
+from model_support.operator.status import MESSAGE_LIMIT, Phase, TestStatus, condition, set_condition
 from model_support.operator.sweep_resource import (
     HUB_SORTS,
     MAX_LISTED_REGRESSIONS,
@@ -107,22 +107,21 @@ class ChildView:
     def of(cls, test: dict[str, Any]) -> ChildView:
         meta = test.get("metadata") or {}
         annotations = meta.get("annotations") or {}
-        status = test.get("status") or {}
+        status = TestStatus.read(test.get("status"))
         spec = test.get("spec") or {}
-        observed = status.get("observedGeneration")
         return cls(
             name=meta["name"],
             uid=meta.get("uid") or "",
             model=annotations.get(ANNOTATION_MODEL) or str(spec.get("model") or ""),
             run_key=annotations.get(ANNOTATION_SWEEP_RUN),
             generation=int(meta.get("generation") or 1),
-            observed_generation=int(observed) if observed is not None else None,
-            phase=status.get("phase"),
-            result=status.get("result"),
+            observed_generation=status.observedGeneration,
+            phase=status.phase.value if status.phase is not None else None,
+            result=status.result.value if status.result is not None else None,
             spec_fields=frozenset(spec),
             resource_version=str(meta.get("resourceVersion") or ""),
-            core_seconds=_number(status.get("coreSeconds")),
-            cost_usd=_number(status.get("costUSD")),
+            core_seconds=status.coreSeconds,
+            cost_usd=status.costUSD,
         )
 
     @property
@@ -134,10 +133,6 @@ class ChildView:
     def active(self) -> bool:
         """Counts against the cap: created and not finished, whatever its phase."""
         return not self.done
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) else None
 
 
 def _newer(candidate: str, known: str) -> bool:

@@ -300,3 +300,27 @@ async def test_token_secrets_are_read_only_when_allowed_and_labelled(
     )
     assert status["phase"] in ("Pending", "Running")
     assert any(r["token_sent"] for r in hub.requests if "gated-llama" in r["path"])
+
+
+def test_a_status_field_that_does_not_parse_is_read_as_absent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A hand-edited (or older) status field never stops the operator on a test: it is read as
+    absent, said in the log, and the rest of the status is kept."""
+    stored = {
+        "phase": "Running",
+        "attempt": "many",
+        "cores": 4,
+        "podCores": 0,
+        "addedByAnotherWriter": True,
+        "conditions": [
+            {"type": "Ready", "status": "False", "reason": "Running", "message": "",
+             "lastTransitionTime": "2026-12-02T10:00:00Z"},
+        ],
+    }  # fmt: skip
+    with caplog.at_level("WARNING"):
+        status = TestStatus.read(stored)
+    assert status.phase is Phase.RUNNING and status.cores == 4
+    assert status.attempt is None and status.podCores is None
+    assert status.reason("Ready") == "Running" and status.reason("Queued") is None
+    assert "attempt" in caplog.text and "podCores" in caplog.text
