@@ -749,38 +749,21 @@ class Reconciler:
         """A test that ends before any Job (the model cannot be read): recorded, Completed."""
         config = spec.run_config(spec.cores or 1, spec.parallelism or Parallelism.NONE)
         document = failure_document(config, result, error_class=error_class, error=message)
-        run_id = run_id_for(ref.uid, ref.generation, 0)
         record = record_from_document(
             document,
             render_script(config),
             source="operator",
             labels={**self._labels(ref, None, 0), "document_source": DocumentSource.OPERATOR.value},
-            run_id=run_id,
         )
-        self.record(spec, record)
         summary = f"{result.value}/{error_class.value}"
-        conditions = set_condition(None, "Sized", False, reason, message, ref.generation)
-        conditions = set_condition(
-            conditions, "Recorded", True, "Recorded", f"run {run_id} recorded", ref.generation
-        )
-        self.patch_status(
+        self._complete_without_job(
             ref,
-            TestStatus.new_generation(
-                phase=Phase.COMPLETED,
-                observedGeneration=ref.generation,
-                result=result,
-                errorClass=error_class,
-                message=message[:MESSAGE_LIMIT],
-                runId=run_id,
-                finishedAt=now(),
-                conditions=kstatus_conditions(
-                    conditions,
-                    Phase.COMPLETED,
-                    ref.generation,
-                    result=_reason(summary),
-                    message=_short(message),
-                ),
-            ),
+            spec,
+            record,
+            message,
+            sized=reason,
+            ready=(_reason(summary), _short(message)),
+            errorClass=error_class,
         )
         self.event(body, "Warning", reason, f"{summary}: {message}")
 
@@ -791,19 +774,42 @@ class Reconciler:
         spec: TestSpec,
         exclusion: Exclusion,
     ) -> None:
-        config = spec.run_config(1, Parallelism.NONE)
+        """A test sizing excludes (too large, no parallel plan, ...): recorded, Completed."""
         record = excluded_record(
-            config,
+            spec.run_config(1, Parallelism.NONE),
             exclusion.reason,
             exclusion.message,
             source="operator",
             labels=self._labels(ref, None, 0),
         )
+        self._complete_without_job(
+            ref,
+            spec,
+            record,
+            exclusion.message,
+            sized="Excluded",
+            ready=("EXCLUDED", exclusion.message),
+            exclusionReason=exclusion.reason,
+        )
+        self.event(body, "Normal", "Excluded", f"{exclusion.reason.value}: {exclusion.message}")
+
+    def _complete_without_job(
+        self,
+        ref: TestRef,
+        spec: TestSpec,
+        record: RunRecord,
+        message: str,
+        *,
+        sized: str,
+        ready: tuple[str, str],
+        **status: Any,
+    ) -> None:
+        """Record a generation that ends at sizing (run id of attempt 0) and mark it Completed:
+        condition Sized False with reason ``sized``, Ready with ``ready`` (reason, message), and
+        ``status``'s extra fields (its error class or exclusion reason)."""
         run_id = run_id_for(ref.uid, ref.generation, 0)
         self.record(spec, record.model_copy(update={"run_id": run_id}))
-        conditions = set_condition(
-            None, "Sized", False, "Excluded", exclusion.message, ref.generation
-        )
+        conditions = set_condition(None, "Sized", False, sized, message, ref.generation)
         conditions = set_condition(
             conditions, "Recorded", True, "Recorded", f"run {run_id} recorded", ref.generation
         )
@@ -812,21 +818,20 @@ class Reconciler:
             TestStatus.new_generation(
                 phase=Phase.COMPLETED,
                 observedGeneration=ref.generation,
-                result=Result.EXCLUDED,
-                exclusionReason=exclusion.reason,
-                message=exclusion.message[:MESSAGE_LIMIT],
+                result=record.document.result,
+                message=message[:MESSAGE_LIMIT],
                 runId=run_id,
                 finishedAt=now(),
                 conditions=kstatus_conditions(
                     conditions,
                     Phase.COMPLETED,
                     ref.generation,
-                    result="EXCLUDED",
-                    message=exclusion.message,
+                    result=ready[0],
+                    message=ready[1],
                 ),
+                **status,
             ),
         )
-        self.event(body, "Normal", "Excluded", f"{exclusion.reason.value}: {exclusion.message}")
 
     def _labels(self, ref: TestRef, job_name: str | None, attempt: int) -> dict[str, str]:
         labels = {
