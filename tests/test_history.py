@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from factories import CPU_STACK, NEURON_STACK, T0, make_record
 from markdown_it import MarkdownIt
-from test_store import CPU_STACK, NEURON_STACK, T0, make_record
 
 from model_support.history import (
     Change,

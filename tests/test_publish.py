@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from factories import NEURON_STACK, make_record
 from hub_storage import HubStorage
 from hubserver import HubServer
 from huggingface_hub.errors import HfHubHTTPError
 
 from model_support.config import RunConfig
 from model_support.publish import PublishError, publish
-from model_support.records import ResultDocument, RunRecord, Stack, new_run_id
+from model_support.records import RunRecord, new_run_id
 from model_support.script import render_script
 from model_support.store import ResultsStore
 from model_support.vocabulary import Result
@@ -34,21 +35,16 @@ T0 = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
 
 
 def record(model: str, result: str, neuronx_cc: str, minutes: int = 0) -> RunRecord:
+    """A Neuron run of ``model`` on compiler ``neuronx_cc``, started ``minutes`` after T0."""
     when = T0 + timedelta(minutes=minutes)
-    document = ResultDocument(
-        model=model,
-        task="text-generation",
-        backend="neuron",
-        compile_backend="neuron",
-        result=Result(result),
-        stack=Stack(
-            torch="2.13.0", transformers="5.24.0", torch_neuronx="2.13.0", neuronx_cc=neuronx_cc
-        ),
-        started_at=when,
-        finished_at=when + timedelta(minutes=2),
+    return make_record(
+        model,
+        Result(result),
+        stack=NEURON_STACK.model_copy(update={"neuronx_cc": neuronx_cc}),
+        finished=when + timedelta(minutes=2),
+        run_id=new_run_id(when),
+        run_py=render_script(RunConfig(model=model)),
     )
-    run_py = render_script(RunConfig(model=model))
-    return RunRecord(run_id=new_run_id(when), document=document, run_py=run_py)
 
 
 @pytest.fixture

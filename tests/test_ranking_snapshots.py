@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_store import make_record
+from factories import make_record
 
 from model_support.ranking_snapshots import RankingSnapshot
 from model_support.store import ResultsStore, StoreError

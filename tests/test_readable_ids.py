@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from factories import make_record
 from typer.testing import CliRunner
 
 from model_support.cli import app
@@ -17,7 +18,7 @@ from model_support.models import (
     is_local_path,
     readable_model_id,
 )
-from model_support.records import ResultDocument, RunRecord, Stack
+from model_support.records import RunRecord, Stack
 from model_support.store import ResultsStore
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
@@ -47,20 +48,15 @@ def test_model_ids_look_like_hub_ids() -> None:
 
 
 def record(model: str, when: datetime, **fields: object) -> RunRecord:
-    document = ResultDocument(
-        model=model,
-        task="text-generation",
-        backend="cpu",
-        compile_backend="aot_eager",
-        result="PASS",
+    """A CPU run of ``model`` that finished at ``when``; ``fields`` are the record's own."""
+    return make_record(
+        model,
+        neuron=False,
+        finished=when,
         stack=Stack(torch="2.13.0", transformers="5.24.0"),
-        finished_at=when,
-    )
-    return RunRecord(
         run_id=f"{when:%Y%m%dT%H%M%S}-{abs(hash(model)) % 10**6}",
-        document=document,
         run_py="",
-        **fields,  # type: ignore[arg-type]
+        **fields,
     )
 
 

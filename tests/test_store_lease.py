@@ -15,7 +15,8 @@ from pathlib import Path
 
 import boto3
 import pytest
-from test_store import NEURON_FILE, make_record
+from factories import make_record
+from test_store import NEURON_FILE
 
 import model_support.store as store_module
 import model_support.store_lease as lease_module

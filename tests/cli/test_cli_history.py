@@ -9,9 +9,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from factories import T0, make_record
 from hubserver import HubServer, Repo
 from test_history import CC_NEW, CC_OLD, on_compiler
-from test_store import T0, make_record
 from typer.testing import CliRunner
 
 from model_support.checkpoints import (
