@@ -190,6 +190,8 @@ Revision = Annotated[
         description="Hub revision (branch, tag or commit). Default main.",
     ),
 ]
+ResultsUri = Annotated[str, Field(min_length=1, max_length=1024, pattern=RESULTS_PATTERN)]
+"""A results store: a URI, or an absolute path of plain names."""
 PROFILE_DESCRIPTION = (
     "Instance profile the test sizes for and runs on. cpu runs the same run.py on a CPU node "
     "(no Neuron resources)."
@@ -422,12 +424,8 @@ class TestSpec(_Camel):
         "cache failure is recorded beside the result and never changes it. Each is "
         f"{COMPILE_CACHE_FORMS} (compileCacheVolumeClaim).",
     )
-    results: str | None = Field(
-        None,
-        min_length=1,
-        max_length=1024,
-        pattern=RESULTS_PATTERN,
-        description="Results store URI for this test's record; default the operator's.",
+    results: ResultsUri | None = Field(
+        None, description="Results store URI for this test's record; default the operator's."
     )
     hubTokenSecret: SecretRef | None = Field(
         None,

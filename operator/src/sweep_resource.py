@@ -34,9 +34,9 @@ from model_support.operator.spec import (
     DNS_LABEL_PATTERN,
     IMAGE_PATTERN,
     PROFILE_DESCRIPTION,
-    RESULTS_PATTERN,
     ModelId,
     ProfileName,
+    ResultsUri,
     Revision,
     SpecError,
     parse_spec,
@@ -101,12 +101,8 @@ class HubSource(_Camel):
 class SelectedSource(_Camel):
     """The dataset's selected list (``selected.yaml`` of a results store)."""
 
-    results: str | None = Field(
-        None,
-        min_length=1,
-        max_length=1024,
-        pattern=RESULTS_PATTERN,
-        description="Results store holding selected.yaml; default the operator's.",
+    results: ResultsUri | None = Field(
+        None, description="Results store holding selected.yaml; default the operator's."
     )
     refreshSeconds: int | None = Field(
         None,
