@@ -36,6 +36,7 @@ import threading
 import time
 import tomllib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -402,8 +403,13 @@ def build_images(client: docker.DockerClient, log: list[str]) -> Images:
     on vfs, where every build step copies its parent's files, the small Debian base is faster.
     """
     with _build_lock():
-        base = debian_base(client, log)
-        wheels = wheelhouse(log)
+        # The base (debootstrap: downloads and dpkg) and the wheelhouse (pip: downloads and
+        # unpacking) need nothing of each other: made side by side, they wait on the network
+        # and the disk at once.
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="image-inputs") as pool:
+            making_base = pool.submit(debian_base, client, log)
+            making_wheels = pool.submit(wheelhouse, log)
+            base, wheels = making_base.result(), making_wheels.result()
         dlc = build_image(
             client,
             name="dlc-stand-in",
