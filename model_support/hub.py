@@ -1,5 +1,9 @@
 """Metadata access for Hugging Face Hub repositories and local checkpoints, never weights.
 
+:func:`read_snapshot` is the one reader sizing uses: it reads a model once into a
+:class:`ModelSnapshot` (config, tensor headers, pipeline index, access, where it came from),
+and sizing decides from that snapshot alone, without files or a Hub.
+
 What a model is made of is read from ``config.json`` and the safetensors headers only: a
 safetensors file starts with an 8-byte little-endian header length followed by a JSON header
 of ``{name: {dtype, shape, data_offsets}}``. On the Hub, ``huggingface_hub`` reads those headers
@@ -12,17 +16,27 @@ Library errors (gated, not found) are left to propagate: callers classify them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from huggingface_hub import HfApi
-from huggingface_hub.errors import NotASafetensorsRepoError, OfflineModeIsEnabled
+from huggingface_hub import HfApi, get_token
+from huggingface_hub.errors import (
+    GatedRepoError,
+    NotASafetensorsRepoError,
+    OfflineModeIsEnabled,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
 from huggingface_hub.hf_api import ModelInfo
+
+from model_support.vocabulary import Task
 
 SAFETENSORS_SINGLE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -249,3 +263,124 @@ def hub_pipeline(
                 for key, info in meta.tensors.items()
             ]
     return index, tensors
+
+
+# ---- one read of a model, everything sizing needs
+
+
+class MetadataError(ValueError):
+    """The model's metadata cannot be read (not found, no config); says what to check."""
+
+
+class ModelNotFound(MetadataError):
+    """No such model or revision (or no access to it): the reference itself is wrong."""
+
+
+@dataclass(frozen=True)
+class ModelSnapshot:
+    """What one read of a model found, no weights: the input of sizing's decisions.
+
+    ``config`` is config.json (None when it was not read: no weights to run, gated without
+    access, a pipeline, or a non-transformers checkpoint of a task that needs none);
+    ``tensors`` the safetensors headers' tensors as stored (None: no safetensors weights);
+    ``pipeline_index`` a diffusers pipeline's model_index.json, its components' tensors
+    prefixed by the component. ``task`` is the test's task, else the Hub's pipeline tag.
+    """
+
+    model: str
+    revision: str | None = None
+    source: Literal["hub", "local"] = "hub"
+    task: str | None = None
+    gated: bool = False
+    token_available: bool = False
+    access_refused: bool = False
+    config: dict[str, Any] | None = None
+    tensors: list[TensorSpec] | None = None
+    pipeline_index: dict[str, Any] | None = None
+
+
+def read_snapshot(
+    model: str,
+    revision: str | None = None,
+    *,
+    task: str | None = None,
+    token: str | None = None,
+    endpoint: str | None = None,
+) -> ModelSnapshot:
+    """Read ``model`` once: a local checkpoint directory when one exists at that path, else a
+    Hub id (no weights; only what the answer needs is requested).
+
+    Raises ModelNotFound for a missing directory, model or revision, MetadataError for a
+    transformers-task model without config.json, CheckpointError for a malformed local
+    checkpoint; transport errors propagate (see :func:`is_unreachable`).
+    """
+    if os.path.isdir(model):
+        return _local_snapshot(model, revision, task)
+    if model.startswith((".", "/", "~")):
+        raise ModelNotFound(f"no checkpoint directory at {model}")
+    return _hub_snapshot(model, revision, task, token or get_token(), hub_api(endpoint))
+
+
+def _local_snapshot(directory: str, revision: str | None, task: str | None) -> ModelSnapshot:
+    pipeline = local_pipeline(directory)
+    if pipeline is not None:
+        index, tensors = pipeline
+        return ModelSnapshot(
+            directory, revision, "local", task or Task.TEXT_TO_IMAGE.value,
+            tensors=tensors, pipeline_index=index,
+        )  # fmt: skip
+    return ModelSnapshot(
+        directory, revision, "local", task,
+        config=local_config(directory), tensors=local_tensors(directory),
+    )  # fmt: skip
+
+
+def _hub_snapshot(
+    model: str, revision: str | None, task: str | None, token: str | None, api: HfApi
+) -> ModelSnapshot:
+    try:
+        info = hub_model_info(api, model, revision, token)
+    except RepositoryNotFoundError as e:
+        raise ModelNotFound(
+            f"no model {model!r} on {api.endpoint} (or it is private and the token has no "
+            "access); check the id"
+        ) from e
+    except RevisionNotFoundError as e:
+        raise ModelNotFound(
+            f"{model} has no revision {revision!r}; check the branch/tag/commit"
+        ) from e
+    task = task if task is not None else info.pipeline_tag
+    found = ModelSnapshot(
+        model, revision, "hub", task, gated=bool(info.gated), token_available=bool(token)
+    )
+    if found.gated and not token:
+        return found
+    refused = dataclasses.replace(found, gated=True, access_refused=True)
+    if task == Task.TEXT_TO_IMAGE.value or info.library_name == "diffusers":
+        try:
+            pipeline = hub_pipeline(api, model, revision, token)
+        except GatedRepoError:
+            return refused
+        if pipeline is not None:
+            index, tensors = pipeline
+            return dataclasses.replace(
+                found, task=task or Task.TEXT_TO_IMAGE.value, tensors=tensors,
+                pipeline_index=index,
+            )  # fmt: skip
+        if task == Task.TEXT_TO_IMAGE.value:  # no pipeline: unsupported, whatever else it holds
+            return found
+    try:
+        tensors = hub_tensors(api, model, revision, token)
+        if tensors is None:  # without weights the verdict is settled; config.json is not needed
+            return found
+        config = hub_config(api, model, revision, token)
+    except GatedRepoError:
+        return refused
+    except RemoteEntryNotFoundError as e:
+        if task not in (Task.TEXT_GENERATION.value, Task.IMAGE_TEXT_TO_TEXT.value):
+            # Another library's checkpoint (open_clip, timm, setfit, ...) tagged with a task
+            # model-support tests: its loader cannot take it, which is an exclusion
+            # (unsupported-task), not a broken model.
+            return dataclasses.replace(found, tensors=tensors)
+        raise MetadataError(f"{model} has no config.json; it is not a transformers model") from e
+    return dataclasses.replace(found, config=config, tensors=tensors)

@@ -47,6 +47,10 @@ smallest valid degree that fits is chosen. When none fits: ``too-large`` if some
 
 Where the metadata comes from
 -----------------------------
+A model is read once, by :func:`model_support.hub.read_snapshot`, into a
+:class:`~model_support.hub.ModelSnapshot` (config, tensor headers, pipeline index, access,
+source); every decision after that (:func:`metadata_from_snapshot`, :func:`plan_from_metadata`)
+reads the snapshot alone, so tests size a snapshot built in memory without files or a Hub.
 Known architectures go through transformers' config class, which resolves defaults and aliases
 and gives the parallel plan; that imports torch and the model's code (seconds of CPU). A run
 (:func:`size_run`) of a plain text-generation checkpoint whose config.json states every count
@@ -69,20 +73,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from huggingface_hub import get_token
-from huggingface_hub.errors import (
-    GatedRepoError,
-    RemoteEntryNotFoundError,
-    RepositoryNotFoundError,
-    RevisionNotFoundError,
-    StrictDataclassError,
-)
+from huggingface_hub.errors import StrictDataclassError
 from pydantic import BaseModel, ConfigDict, Field
 
 from model_support import hub
 from model_support.config import RunConfig
 from model_support.hardware import HardwareProfile, get_profile, torchneuron_refusal
-from model_support.hub import TensorSpec
+from model_support.hub import MetadataError, ModelNotFound, ModelSnapshot, TensorSpec
 from model_support.vocabulary import (
     GENERATING_TASKS,
     SHARDABLE_TASKS,
@@ -103,14 +100,6 @@ _STORED_BYTES: dict[str, int] = {
 }  # fmt: skip
 _EXPERT_RE = re.compile(r"(?:^|\.)experts(?:\.|$)")
 log = logging.getLogger(__name__)
-
-
-class MetadataError(ValueError):
-    """The model's metadata cannot be read (not found, no config); says what to check."""
-
-
-class ModelNotFound(MetadataError):
-    """No such model or revision (or no access to it): the reference itself is wrong."""
 
 
 class ModelMetadata(BaseModel):
@@ -878,33 +867,6 @@ def _head_plan(architectures: list[str]) -> dict[str, str]:
     return {}
 
 
-def pipeline_metadata(
-    model: str,
-    revision: str | None,
-    index: dict[str, Any],
-    tensors: list[TensorSpec] | None,
-    *,
-    source: Literal["hub", "local"],
-    task: str,
-    gated: bool = False,
-    token_available: bool = False,
-) -> ModelMetadata:
-    """:class:`ModelMetadata` of a diffusers pipeline: every component's tensors, whole on one
-    core (no tensor-parallel plan, no cache)."""
-    class_name = index.get("_class_name")
-    return ModelMetadata(
-        model=model,
-        revision=revision,
-        source=source,
-        task=task,
-        gated=gated,
-        token_available=token_available,
-        pipeline_class=class_name if isinstance(class_name, str) else "DiffusionPipeline",
-        components=hub.pipeline_components(index),
-        tensors=tensors,
-    )
-
-
 SIZING_CACHE_ENV = "MODEL_SUPPORT_SIZING_CACHE"
 
 
@@ -945,10 +907,9 @@ def remembered_metadata(
     checkpoint or upgrade is never answered from an old entry. The cache is optional: an
     unreadable entry is recomputed, an unwritable folder only means nothing is remembered.
     """
-    if one_core is not None:
-        header = header_metadata(config, tensors, **kwargs)
-        if header is not None and one_core(header):
-            return header
+    header = _accepted_header(config, tensors, one_core, kwargs)
+    if header is not None:
+        return header
     material = json.dumps(
         {
             "config": config,
@@ -977,6 +938,66 @@ def remembered_metadata(
     return meta
 
 
+def metadata_from_snapshot(
+    snapshot: ModelSnapshot, *, one_core: OneCoreCheck | None = None, remember: bool = False
+) -> ModelMetadata:
+    """What sizing needs to know about the model ``snapshot`` read: no files, no Hub.
+
+    A gated model without access, or without weights or config.json to read, keeps only what
+    the read found (the plan excludes it); a pipeline gives its components; a checkpoint's
+    config.json is derived through transformers' config class, or from the config alone when
+    ``one_core`` accepts the :func:`header_metadata`. ``remember``: derive through the disk
+    cache of :func:`remembered_metadata` (the same answer, read back when known).
+    """
+    found: dict[str, Any] = {
+        "model": snapshot.model,
+        "revision": snapshot.revision,
+        "source": snapshot.source,
+        "task": snapshot.task,
+        "gated": snapshot.gated,
+        "token_available": snapshot.token_available,
+    }
+    if snapshot.access_refused or (snapshot.gated and not snapshot.token_available):
+        return ModelMetadata(**found, access_refused=snapshot.access_refused)
+    if snapshot.pipeline_index is not None:
+        class_name = snapshot.pipeline_index.get("_class_name")
+        return ModelMetadata(
+            **found,
+            pipeline_class=class_name if isinstance(class_name, str) else "DiffusionPipeline",
+            components=hub.pipeline_components(snapshot.pipeline_index),
+            tensors=snapshot.tensors,
+        )
+    if snapshot.config is None:
+        return ModelMetadata(**found, tensors=snapshot.tensors)
+    derive = remembered_metadata if remember else _header_or_full_metadata
+    return derive(snapshot.config, snapshot.tensors, one_core=one_core, **found)
+
+
+def _header_or_full_metadata(
+    config: dict[str, Any],
+    tensors: list[TensorSpec] | None,
+    *,
+    one_core: OneCoreCheck | None = None,
+    **kwargs: Any,
+) -> ModelMetadata:
+    """:func:`header_metadata` when ``one_core`` accepts it, else :func:`metadata_from_config`."""
+    header = _accepted_header(config, tensors, one_core, kwargs)
+    return header if header is not None else metadata_from_config(config, tensors, **kwargs)
+
+
+def _accepted_header(
+    config: dict[str, Any],
+    tensors: list[TensorSpec] | None,
+    one_core: OneCoreCheck | None,
+    arguments: dict[str, Any],
+) -> ModelMetadata | None:
+    """The :func:`header_metadata` of the checkpoint when ``one_core`` accepts it, else None."""
+    if one_core is None:
+        return None
+    header = header_metadata(config, tensors, **arguments)
+    return header if header is not None and one_core(header) else None
+
+
 def read_metadata(
     model: str,
     revision: str | None = None,
@@ -986,81 +1007,15 @@ def read_metadata(
     endpoint: str | None = None,
     one_core: OneCoreCheck | None = None,
 ) -> ModelMetadata:
-    """Read a model's metadata from a local checkpoint directory or the Hub (no weights).
+    """Read a model's metadata from a local checkpoint directory or the Hub (no weights): one
+    :func:`~model_support.hub.read_snapshot`, then :func:`metadata_from_snapshot`.
 
     ``model`` is a directory when one exists at that path; otherwise a Hub id. ``one_core``:
     see :func:`remembered_metadata`. Raises MetadataError when the model, revision or its
     config.json cannot be found.
     """
-    if os.path.isdir(model):
-        pipeline = hub.local_pipeline(model)
-        if pipeline is not None:
-            return pipeline_metadata(
-                model, revision, *pipeline, source="local", task=task or Task.TEXT_TO_IMAGE.value
-            )
-        config = hub.local_config(model)
-        return remembered_metadata(
-            config, hub.local_tensors(model), model=model, revision=revision, source="local",
-            task=task, one_core=one_core,
-        )  # fmt: skip
-    if model.startswith((".", "/", "~")):
-        raise ModelNotFound(f"no checkpoint directory at {model}")
-    effective_token = token or get_token()
-    api = hub.hub_api(endpoint)
-    try:
-        info = hub.hub_model_info(api, model, revision, effective_token)
-    except RepositoryNotFoundError as e:
-        raise ModelNotFound(
-            f"no model {model!r} on {api.endpoint} (or it is private and the token has no "
-            "access); check the id"
-        ) from e
-    except RevisionNotFoundError as e:
-        raise ModelNotFound(
-            f"{model} has no revision {revision!r}; check the branch/tag/commit"
-        ) from e
-    gated = bool(info.gated)
-    task = task if task is not None else info.pipeline_tag
-    if gated and not effective_token:
-        return ModelMetadata(model=model, revision=revision, task=task, gated=True)
-    if task == Task.TEXT_TO_IMAGE.value or info.library_name == "diffusers":
-        try:
-            pipeline = hub.hub_pipeline(api, model, revision, effective_token)
-        except GatedRepoError:
-            return ModelMetadata(
-                model=model, revision=revision, task=task, gated=True, token_available=True,
-                access_refused=True,
-            )  # fmt: skip
-        if pipeline is not None:
-            return pipeline_metadata(
-                model, revision, *pipeline, source="hub", task=task or Task.TEXT_TO_IMAGE.value,
-                gated=gated, token_available=bool(effective_token),
-            )  # fmt: skip
-        if task == Task.TEXT_TO_IMAGE.value:  # no pipeline: unsupported, whatever else it holds
-            return ModelMetadata(model=model, revision=revision, task=task, gated=gated)
-    try:
-        tensors = hub.hub_tensors(api, model, revision, effective_token)
-        if tensors is None:  # without weights the verdict is settled; config.json is not needed
-            return ModelMetadata(model=model, revision=revision, task=task, gated=gated)
-        config = hub.hub_config(api, model, revision, effective_token)
-    except GatedRepoError:
-        return ModelMetadata(
-            model=model, revision=revision, task=task, gated=True, token_available=True,
-            access_refused=True,
-        )  # fmt: skip
-    except RemoteEntryNotFoundError as e:
-        if task not in (Task.TEXT_GENERATION.value, Task.IMAGE_TEXT_TO_TEXT.value):
-            # Another library's checkpoint (open_clip, timm, setfit, ...) tagged with a task
-            # model-support tests: its loader cannot take it, which is an exclusion
-            # (unsupported-task, see unsupported_architecture), not a broken model.
-            return ModelMetadata(
-                model=model, revision=revision, task=task, gated=gated, tensors=tensors,
-                token_available=bool(effective_token),
-            )  # fmt: skip
-        raise MetadataError(f"{model} has no config.json; it is not a transformers model") from e
-    return remembered_metadata(
-        config, tensors, model=model, revision=revision, source="hub", task=task, gated=gated,
-        token_available=bool(effective_token), one_core=one_core,
-    )  # fmt: skip
+    snapshot = hub.read_snapshot(model, revision, task=task, token=token, endpoint=endpoint)
+    return metadata_from_snapshot(snapshot, one_core=one_core, remember=True)
 
 
 def size_model(
@@ -1180,6 +1135,7 @@ __all__ = [
     "header_metadata",
     "memory_at",
     "metadata_from_config",
+    "metadata_from_snapshot",
     "plan_from_metadata",
     "read_metadata",
     "remembered_metadata",

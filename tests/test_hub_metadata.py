@@ -145,6 +145,14 @@ def test_gated_repo_with_an_accepted_token_is_sized(server: HubServer) -> None:
     assert isinstance(plan, Plan) and plan.parameters == PARAMS
 
 
+def test_a_gated_repo_the_token_opens_is_judged_by_its_weights(server: HubServer) -> None:
+    """With access granted the gate is no longer the verdict: what the repository holds is."""
+    pickle = {"config.json": json.dumps(LLAMA).encode(), "pytorch_model.bin": b"x" * 64}
+    server.add(Repo("org/gated-pickle", files=pickle, gated="manual", access={"hf_good"}))
+    result = size_model("org/gated-pickle", endpoint=server.url, token="hf_good")
+    assert isinstance(result, Exclusion) and result.reason is ExclusionReason.NO_SAFETENSORS
+
+
 def test_repo_without_safetensors_is_excluded(server: HubServer) -> None:
     result = size_model("org/pickle", endpoint=server.url)
     assert isinstance(result, Exclusion) and result.reason is ExclusionReason.NO_SAFETENSORS
