@@ -71,7 +71,7 @@ import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from huggingface_hub.errors import StrictDataclassError
 from pydantic import BaseModel, ConfigDict, Field
@@ -656,11 +656,26 @@ def _loaded_names(model_type: str | None, tensors: list[TensorSpec]) -> list[Ten
 OneCoreCheck = Callable[[ModelMetadata], bool]
 """Whether the caller sizes a model of this metadata at one core (see remembered_metadata)."""
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
 _TRANSFORMERS_LOCK = threading.RLock()
 """transformers' lazily loaded modules are not safe to first touch from several threads at once
 ("cannot import name 'CONFIG_MAPPING'"); the operator sizes from a thread pool."""
 
 
+def _holding_transformers_lock(function: Callable[P, R]) -> Callable[P, R]:
+    """``function`` run under :data:`_TRANSFORMERS_LOCK` (safe to call from several threads)."""
+
+    @functools.wraps(function)
+    def locked(*args: P.args, **kwargs: P.kwargs) -> R:
+        with _TRANSFORMERS_LOCK:
+            return function(*args, **kwargs)
+
+    return locked
+
+
+@_holding_transformers_lock
 def metadata_from_config(
     config: dict[str, Any],
     tensors: list[TensorSpec] | None,
@@ -677,30 +692,6 @@ def metadata_from_config(
     Known architectures go through transformers' config class (no weights, no model): it
     resolves attribute aliases, nested text configs and the class-level ``base_model_tp_plan``.
     ``task`` None: the task of the config's architectures. Safe to call from several threads.
-    """
-    with _TRANSFORMERS_LOCK:
-        return _metadata_from_config(
-            config, tensors, model=model, revision=revision, source=source, task=task,
-            gated=gated, token_available=token_available,
-        )  # fmt: skip
-
-
-def _metadata_from_config(
-    config: dict[str, Any],
-    tensors: list[TensorSpec] | None,
-    *,
-    model: str,
-    revision: str | None = None,
-    source: Literal["hub", "local"] = "hub",
-    task: str | None = None,
-    gated: bool = False,
-    token_available: bool = False,
-) -> ModelMetadata:
-    """Build :class:`ModelMetadata` from a config.json dict and safetensors tensor list.
-
-    Known architectures go through transformers' config class (no weights, no model): it
-    resolves attribute aliases, nested text configs and the class-level ``base_model_tp_plan``.
-    ``task`` None: the task of the config's architectures.
     """
     from transformers import CONFIG_MAPPING, AutoConfig
 
