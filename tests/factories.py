@@ -3,6 +3,7 @@ run's record holds, in one place (tests override only what they are about)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -55,16 +56,21 @@ def make_record(
     run_id: str | None = None,
     exclusion: ExclusionReason | None = None,
     run_py: str = "# run.py\nCONFIG = {}\n",
+    source: str = "cli",
+    recorded: datetime | None = None,
+    document: Mapping[str, Any] | None = None,
     **record_fields: Any,
 ) -> RunRecord:
     """A record as run.py + the CLI produce it, through the real pydantic classes: a neuron
-    (or, ``neuron=False``, CPU) run of ``model`` that finished at ``finished``; ``record_fields``
-    set the record's own fields (``model_id``, ``labels``, ...)."""
+    (or, ``neuron=False``, CPU) run of ``model`` that finished at ``finished`` (recorded a
+    second later unless ``recorded`` says when). ``document``
+    replaces fields of the result document (validated again); ``record_fields`` set the
+    record's own fields (``model_id``, ``labels``, ...)."""
     chosen = stack if stack is not None else NEURON_STACK if neuron else CPU_STACK
     if transformers is not None:
         chosen = chosen.model_copy(update={"transformers": transformers})
     ran = result != Result.EXCLUDED
-    document = ResultDocument(
+    made = ResultDocument(
         model=model,
         revision="main",
         resolved_revision="0123456789abcdef0123456789abcdef01234567" if ran else None,
@@ -111,12 +117,14 @@ def make_record(
         started_at=finished - timedelta(seconds=120) if ran else None,
         finished_at=finished if ran else None,
     )
+    if document:
+        made = ResultDocument.model_validate({**dict(made), **document})
     return RunRecord(
         run_id=run_id or new_run_id(),
-        document=document,
+        document=made,
         run_py=run_py,
-        source="cli",
+        source=source,
         exclusion_reason=exclusion,
-        recorded_at=finished + timedelta(seconds=1),
+        recorded_at=recorded or finished + timedelta(seconds=1),
         **record_fields,
     )

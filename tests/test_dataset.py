@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from factories import CPU_STACK, NEURON_STACK, T0, make_record
 
 from model_support.dataset import (
     COLUMNS,
@@ -24,18 +25,11 @@ from model_support.dataset import (
     rows_to_table,
 )
 from model_support.records import ResultDocument, RunRecord, Stack, Timings, Verification
-from model_support.vocabulary import ExclusionReason, Parallelism, Result
+from model_support.vocabulary import ExclusionReason, Result
 
-NEURON_STACK = Stack(
-    python="3.11.7",
-    torch="2.13.0",
-    transformers="5.24.0",
-    torch_neuronx="2.13.0.1",
-    neuronx_cc="2.28.7631.0",
-    instance_type="trn2.48xlarge",
-)
-CPU_STACK = Stack(python="3.11.7", torch="2.13.0+cpu", transformers="5.24.0")
-FINISHED = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+FINISHED = T0
+# torch as its CPU wheel names itself: the compiler version a CPU row shows
+CPU_WHEEL_STACK = CPU_STACK.model_copy(update={"torch": "2.13.0+cpu"})
 
 
 def record(
@@ -45,40 +39,39 @@ def record(
     result: Result = Result.PASS,
     **document: object,
 ) -> RunRecord:
-    """A record built through the real pydantic classes."""
-    fields: dict[str, object] = {
-        "model": "meta-llama/Llama-3.2-1B",
-        "task": "text-generation",
-        "backend": backend,
-        "compile_backend": compile_backend,
-        "dtype": "bfloat16",
-        "cores": 2,
-        "parallelism": Parallelism.TENSOR,
-        "result": result,
-        "timings": Timings(load_s=4.0, compile_s=80.0, wall_time_s=90.0, decode_tokens_per_s=55.5),
-        "text": ["first answer", "second answer"],
-        "prompts": ["one", "two"],
-        "verification": Verification(
-            passed=True,
-            exact=False,
-            error_ratio=0.9,
-            mismatches=1,
-            near_ties=1,
-            bad_tokens=0,
-            first_mismatch=12,
-            parameters={"max_error_ratio": 3.0},
-        ),
-        "stack": stack,
-        "packages": ["torch==2.13.0", "transformers==5.24.0"],
-        "finished_at": FINISHED,
-    }
-    fields.update(document)
-    return RunRecord(
+    """This file's record: a two-core tensor-parallel run of Llama-3.2-1B that a sweep's
+    operator recorded; ``document`` replaces fields of its result document."""
+    return make_record(
+        "meta-llama/Llama-3.2-1B",
+        result,
+        stack=stack,
+        cores=2,
         run_id="20261102T090000000000Z-abcdef123456",
-        document=ResultDocument.model_validate(fields),
         run_py="print('hi')\n",
         source="operator",
         labels={"sweep": "top-100"},
+        document={
+            "backend": backend,
+            "compile_backend": compile_backend,
+            "started_at": None,
+            "timings": Timings(
+                load_s=4.0, compile_s=80.0, wall_time_s=90.0, decode_tokens_per_s=55.5
+            ),
+            "text": ["first answer", "second answer"],
+            "prompts": ["one", "two"],
+            "verification": Verification(
+                passed=True,
+                exact=False,
+                error_ratio=0.9,
+                mismatches=1,
+                near_ties=1,
+                bad_tokens=0,
+                first_mismatch=12,
+                parameters={"max_error_ratio": 3.0},
+            ),
+            "packages": ["torch==2.13.0", "transformers==5.24.0"],
+            **document,
+        },
     )
 
 
@@ -195,14 +188,14 @@ def test_the_row_says_whether_the_timed_call_recompiled() -> None:
 
 
 def test_cpu_and_custom_backend_placement() -> None:
-    cpu = record_to_row(record(backend="cpu", compile_backend=None, stack=CPU_STACK))
+    cpu = record_to_row(record(backend="cpu", compile_backend=None, stack=CPU_WHEEL_STACK))
     assert (cpu["compiler"], cpu["compiler_version"], cpu["neuronx_cc"]) == (
         "inductor",
         "2.13.0+cpu",
         None,
     )
     custom = record_to_row(
-        record(backend="cpu", compile_backend="my_backends.fancy:compile", stack=CPU_STACK)
+        record(backend="cpu", compile_backend="my_backends.fancy:compile", stack=CPU_WHEEL_STACK)
     )
     assert (custom["compiler"], custom["compiler_version"]) == (
         "my_backends.fancy:compile",

@@ -6,20 +6,17 @@ import json
 from pathlib import Path
 
 import pytest
+from factories import make_record
 from typer.testing import CliRunner
 
 from model_support.cli import app
 from model_support.cli.commands_run import save_record
+from model_support.dataset import matrix_file_stem, matrix_key
 from model_support.records import ResultDocument, RunRecord, record_from_document
 from model_support.store import ResultsStore
 from model_support.vocabulary import ErrorClass, Result
 
 runner = CliRunner()
-
-
-def _record(model: str = "org/model", result: Result = Result.PASS) -> RunRecord:
-    document = ResultDocument(model=model, task="text-generation", result=result)
-    return record_from_document(document, "# run.py\n")
 
 
 def test_a_result_that_cannot_be_stored_is_kept_on_disk_and_said_where(
@@ -30,7 +27,7 @@ def test_a_result_that_cannot_be_stored_is_kept_on_disk_and_said_where(
     monkeypatch.chdir(work)
     blocker = tmp_path / "a-file"
     blocker.write_text("the store's parent became a file")
-    record = _record()
+    record = make_record("org/model")
     location = str(blocker / "results")
     assert save_record(ResultsStore(location), record, location) is False
     kept = work / f"model-support-unsaved-{record.run_id}.json"
@@ -45,15 +42,15 @@ def test_a_record_stored_but_not_materialized_is_folded_in_by_the_next_materiali
     location = tmp_path / "results"
     store = ResultsStore(location)
     (location / "data").mkdir(parents=True)
-    blocked = location / "data" / "unknown-unknown__transformers-unknown.parquet"
+    record = make_record("org/model")
+    blocked = location / "data" / f"{matrix_file_stem(matrix_key(record))}.parquet"
     blocked.mkdir()  # the matrix file cannot be replaced: materialize fails after the add
     (blocked / "x").write_text("x")
-    record = _record()
     assert save_record(store, record, str(location)) is True
     assert "the next run with --results" in " ".join(capsys.readouterr().err.split())
     (blocked / "x").unlink()
     blocked.rmdir()
-    store.add(_record("org/other"))
+    store.add(make_record("org/other"))
     store.materialize()
     assert sorted(store.matrix().model_id) == ["org/model", "org/other"]
 

@@ -17,6 +17,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared hubserver module
+import factories
 from hubserver import HubServer, Repo
 
 from model_support.config import RunConfig
@@ -31,7 +32,7 @@ from model_support.records import (
 )
 from model_support.script import render_script
 from model_support.store import ResultsStore
-from model_support.vocabulary import ErrorClass, ExclusionReason, Result, Task
+from model_support.vocabulary import ErrorClass, ExclusionReason, Parallelism, Result, Task
 
 OLD_CC, NEW_CC = "2.27.100.0", "2.28.7631.0"
 TRANSFORMERS = "5.24.0"
@@ -98,35 +99,11 @@ def make_record(
             error_class, error = ErrorClass.COMPILE, COMPILE_ERRORS[model]
     if state == Result.TIMEOUT:
         error = "run.py ran past its 3600 s limit"
-    ran = state not in (Result.EXCLUDED,)
-    document = ResultDocument(
-        model=model,
-        task=task,
-        backend="neuron",
-        compile_backend="neuron",
-        dtype="bfloat16",
-        cores=4 if "7B" in model or "7b" in model else 1,
-        result=state,
-        error_class=error_class,
-        error=error,
-        timings=Timings(wall_time_s=123.4, compile_s=100.0, load_s=10.0, decode_tokens_per_s=55.5)
-        if ran
-        else Timings(),
-        memory=Memory(peak_device_memory_bytes=3 * 2**30) if ran else Memory(),
-        parameters=_parameter_count(model) if ran else None,
-        text=["def fibonacci(n): return n"] if state in (Result.PASS, Result.FAIL) else [],
-        verification=Verification(
-            passed=state == Result.PASS,
-            exact=state == Result.PASS,
-            error_ratio=1.02 if state == Result.PASS else 8.6,
-            mismatches=0 if state == Result.PASS else 3,
-            bad_tokens=0 if state == Result.PASS else 3,
-            reason="all tokens match the float32 reference"
-            if state == Result.PASS
-            else "3 bad tokens",
-        )
-        if state in (Result.PASS, Result.FAIL)
-        else Verification(),
+    ran = state != Result.EXCLUDED
+    verdict = state in (Result.PASS, Result.FAIL)
+    return factories.make_record(
+        model,
+        state,
         stack=Stack(
             python="3.11.9",
             torch="2.13.0",
@@ -134,17 +111,48 @@ def make_record(
             torch_neuronx="2.13.0",
             neuronx_cc=compiler_version,
         ),
-        packages=["torch==2.13.0", "torch-neuronx==2.13.0", f"transformers=={TRANSFORMERS}"],
-        started_at=when,
-        finished_at=when + timedelta(minutes=3),
-    )
-    return RunRecord(
+        finished=when + timedelta(minutes=3),
+        recorded=when + timedelta(minutes=4),
+        cores=4 if "7b" in model.lower() else 1,
         run_id=new_run_id(when),
-        document=document,
         run_py=rendered_run_py(model, task),
-        source="cli",
-        exclusion_reason=ExclusionReason.TOO_LARGE if state == Result.EXCLUDED else None,
-        recorded_at=when + timedelta(minutes=4),
+        exclusion=None if ran else ExclusionReason.TOO_LARGE,
+        document={
+            "task": task,
+            "revision": None,
+            "resolved_revision": None,
+            "backend": "neuron",
+            "compile_backend": "neuron",
+            "parallelism": Parallelism.NONE,
+            "max_new_tokens": None,
+            "error_class": error_class,
+            "error": error,
+            "stage": None,
+            "timings": Timings(
+                wall_time_s=123.4, compile_s=100.0, load_s=10.0, decode_tokens_per_s=55.5
+            )
+            if ran
+            else Timings(),
+            "memory": Memory(peak_device_memory_bytes=3 * 2**30) if ran else Memory(),
+            "parameters": _parameter_count(model) if ran else None,
+            "prompts": [],
+            "text": ["def fibonacci(n): return n"] if verdict else [],
+            "verification": Verification(
+                passed=state == Result.PASS,
+                exact=state == Result.PASS,
+                error_ratio=1.02 if state == Result.PASS else 8.6,
+                mismatches=0 if state == Result.PASS else 3,
+                bad_tokens=0 if state == Result.PASS else 3,
+                reason="all tokens match the float32 reference"
+                if state == Result.PASS
+                else "3 bad tokens",
+            )
+            if verdict
+            else Verification(),
+            "packages": ["torch==2.13.0", "torch-neuronx==2.13.0", f"transformers=={TRANSFORMERS}"],
+            "started_at": when,
+            "finished_at": when + timedelta(minutes=3),
+        },
     )
 
 
