@@ -13,7 +13,6 @@ import collections
 import itertools
 import os
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -22,6 +21,7 @@ from typing import Any
 
 import kmock
 import kopf
+from waiting import wait_until_async
 
 from model_support.delivery import DELIVERY_KEY_ENV, deliver_to_folder, deliver_to_url
 from model_support.operator.handlers import build_registry
@@ -369,19 +369,13 @@ class Harness:
         what: str = "the condition",
         interval: float = 0.05,
     ) -> Any:
-        """Poll ``check`` (sync or async) until it returns something truthy."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = check()
-            if asyncio.iscoroutine(value):
-                value = await value
-            if value:
-                return value
-            if self.operator is not None and self.operator.error is not None:
-                raise AssertionError(f"the operator died: {self.operator.error!r}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-            await asyncio.sleep(interval)
+        """Poll ``check`` (sync or async) until it returns something truthy; fail at once when
+        the operator under test has died."""
+        return await wait_until_async(check, what, timeout, interval, abort=self._operator_alive)
+
+    def _operator_alive(self) -> None:
+        if self.operator is not None and self.operator.error is not None:
+            raise AssertionError(f"the operator died: {self.operator.error!r}")
 
     # ------------------------------------------------------------------ objects
 
