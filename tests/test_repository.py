@@ -45,3 +45,33 @@ def test_every_cited_doc_exists_and_gives_sources() -> None:
     for doc in sorted(cited):
         assert doc in texts, f"{doc} is cited but not in the repository"
         assert "## Sources" in texts[doc] and "https://" in texts[doc], f"{doc} names no source"
+
+
+GUIDE_NAME = re.compile(r"`([^`\n]+)`")
+FILE_NAME = re.compile(r"[\w./-]+\.(?:py|yaml|md|toml|json)")
+CODE_NAME = re.compile(r"[A-Za-z_][\w.]*")
+
+
+def test_the_extension_guide_names_only_what_exists() -> None:
+    """docs/extending.md lists touch points by name: every file, test and code name it gives
+    must be in the repository, or a newcomer follows it into nothing."""
+    texts = _tracked_text_files()
+    code = "\n".join(text for name, text in texts.items() if not name.endswith(".md"))
+    stale = []
+    for name in sorted(set(GUIDE_NAME.findall(texts["docs/extending.md"]))):
+        if "::" in name:  # a test, as pytest names it
+            path, _, test = name.partition("::")
+            test = test.split("[")[0]
+            where = texts.get(path, "") if path else code
+            if f"def {test}(" not in where:
+                stale.append(name)
+        elif FILE_NAME.fullmatch(name):
+            if not any(tracked == name or tracked.endswith("/" + name) for tracked in texts):
+                stale.append(name)
+        elif CODE_NAME.fullmatch(name) and ("_" in name or "." in name or name[0].isupper()):
+            leaf = name.rsplit(".", 1)[-1]
+            if not re.search(rf"\b{re.escape(leaf)}\b", code):
+                stale.append(name)
+    assert stale == [], "docs/extending.md names what the repository does not hold: " + ", ".join(
+        stale
+    )
