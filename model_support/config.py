@@ -166,6 +166,8 @@ class VerificationConfig(BaseModel):
     )
 
 
+MAX_RUN_CORES = 128
+"""The most cores one run may be sharded over (a run.py config's ``cores``)."""
 COMPILE_BACKEND_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_]*)?$"
 """A torch.compile backend name, or module:function naming one (the CRDs use the same)."""
 
@@ -194,7 +196,7 @@ class RunConfig(BaseModel):
         description="Prompts generated from as one batch; empty = the task's defaults.",
     )
     trust_remote_code: bool = False
-    cores: int = Field(1, ge=1, le=128)
+    cores: int = Field(1, ge=1, le=MAX_RUN_CORES)
     parallelism: Parallelism = Parallelism.NONE
     verification: VerificationConfig = Field(default_factory=VerificationConfig)
     result_path: str = "result.json"

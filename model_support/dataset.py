@@ -291,7 +291,8 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "neuron_cores",
         _INT,
-        "Cores the model was run on (NeuronCores on Trainium, processes elsewhere).",
+        "Cores the model was run on (NeuronCores on Trainium, processes elsewhere); for a "
+        "too-large exclusion, the fewest cores sizing says would hold it (1 when none would).",
         _field("doc.cores"),
     ),
     Column(

@@ -579,9 +579,19 @@ def excluded_record(
     *,
     source: str = "cli",
     labels: dict[str, str] | None = None,
+    needed: tuple[int, Parallelism] | None = None,
 ) -> RunRecord:
-    """A record for a model deliberately not run; holds the run.py that would have run."""
+    """A record for a model deliberately not run; holds the run.py that would have run.
+
+    ``needed``: the cores (and split) sizing says a too-large model would need; the record's
+    cores and its run.py then say so, so the script runs where that many cores exist.
+    """
     now = datetime.now(UTC)
+    if needed is not None:
+        cores, parallelism = needed
+        config = RunConfig.model_validate(
+            {**config.model_dump(), "cores": cores, "parallelism": parallelism}
+        )
     document = failure_document(
         config, Result.EXCLUDED, error_class=None, error=message, started_at=now
     )

@@ -77,7 +77,7 @@ from huggingface_hub.errors import StrictDataclassError
 from pydantic import BaseModel, ConfigDict, Field
 
 from model_support import hub
-from model_support.config import RunConfig
+from model_support.config import MAX_RUN_CORES, RunConfig
 from model_support.hardware import HardwareProfile, get_profile, torchneuron_refusal
 from model_support.hub import MetadataError, ModelNotFound, ModelSnapshot, TensorSpec
 from model_support.vocabulary import (
@@ -218,6 +218,17 @@ class Exclusion(BaseModel):
     closest: MemoryBreakdown | None = Field(
         None, description="For too-large: the memory at the largest valid degree tried."
     )
+    needed: MemoryBreakdown | None = Field(
+        None,
+        description="For too-large: the memory at the fewest cores of this profile's kind that "
+        "would hold the model (more than the cores allowed: max_cores, at most one instance); "
+        "None when no split of up to MAX_RUN_CORES cores would.",
+    )
+
+    @property
+    def needed_split(self) -> tuple[int, Parallelism] | None:
+        """(cores, parallelism) of :attr:`needed`, for the record; None when not known."""
+        return None if self.needed is None else (self.needed.degree, self.needed.parallelism)
 
 
 # --------------------------------------------------------------------------- pure sizing
@@ -443,13 +454,50 @@ def plan_from_metadata(
             f"{_gib(hw.bytes_per_core)}) and cannot be split: {_why_no_split(meta, degrees)}.",
             closest=largest_valid,
         )
+    needed = _fewest_cores_beyond(meta, hw, limit, dtype=dtype, batch=batch, max_length=max_length)
     return exclude(
         ExclusionReason.TOO_LARGE,
         f"{meta.model} does not fit {limit} core(s) of {hw.name}: at degree "
         f"{largest_valid.degree} each core needs {_gib(largest_valid.total)} of "
-        f"{_gib(hw.bytes_per_core)}.",
+        f"{_gib(hw.bytes_per_core)}.{_would_fit(needed, hw)}",
         closest=largest_valid,
+        needed=needed,
     )
+
+
+def _would_fit(needed: MemoryBreakdown | None, hw: HardwareProfile) -> str:
+    """The sentence a too-large exclusion ends with: the cores that would hold the model."""
+    if hw.instance == "cpu":
+        return ""  # processes share one host's memory: more of them hold no more
+    if needed is None:
+        return f" No split of up to {MAX_RUN_CORES} cores holds it."
+    beyond = (
+        f", more than one {hw.instance_type or hw.name} has"
+        if needed.degree > hw.cores_per_instance
+        else ""
+    )
+    return f" It would fit {needed.degree} cores ({needed.parallelism.value} parallel){beyond}."
+
+
+def _fewest_cores_beyond(
+    meta: ModelMetadata, hw: HardwareProfile, limit: int, *, dtype: str, batch: int, max_length: int
+) -> MemoryBreakdown | None:
+    """The memory at the smallest valid degree above ``limit`` (up to MAX_RUN_CORES) that fits
+    cores of ``hw``'s kind: how many a too-large model would need; None when none does, and
+    on the CPU profile, whose processes share one host's memory."""
+    if hw.instance == "cpu":
+        return None
+    degree = limit * 2
+    while degree <= MAX_RUN_CORES:
+        parallelism = valid_parallelism(meta, degree)
+        if parallelism is not None:
+            mem = memory_at(
+                meta, hw, degree, parallelism, dtype=dtype, batch=batch, max_length=max_length
+            )
+            if mem.fits:
+                return mem
+        degree *= 2
+    return None
 
 
 def no_safetensors_message(model: str) -> str:

@@ -247,6 +247,20 @@ def test_llama_405b_is_too_large_for_16_cores(real_metadata: dict[str, ModelMeta
     # = 16,828,104,704 bytes of weights per core (15.7 GiB), x1.1 + 1 GiB = 18.2 GiB at 64 cores.
     whole_instance = plan_from_metadata(real_metadata["Llama-3.1-405B"], max_cores=64)
     assert isinstance(whole_instance, Plan) and whole_instance.cores == 64
+    # The exclusion says so: the fewest cores beyond the 16 allowed that hold it.
+    assert result.needed == whole_instance.memory
+    assert result.needed_split == (64, Parallelism.TENSOR)
+    assert "It would fit 64 cores (tensor parallel)." in result.message
+    # In float32 even a whole instance is too small: the cores it needs are more than one has.
+    wider = plan_from_metadata(real_metadata["Llama-3.1-405B"], max_cores=64, dtype="float32")
+    assert isinstance(wider, Exclusion) and wider.needed_split == (128, Parallelism.TENSOR)
+    assert "It would fit 128 cores (tensor parallel), more than one trn2.48xlarge has." in (
+        wider.message
+    )
+    # CPU processes share one host's memory: more of them would not hold it.
+    on_cpu = plan_from_metadata(real_metadata["Llama-3.1-405B"], profile="cpu")
+    assert isinstance(on_cpu, Exclusion) and on_cpu.needed is None
+    assert "would fit" not in on_cpu.message
     mem = whole_instance.memory
     assert mem.weights_sharded + mem.weights_replicated == 16_828_104_704
 

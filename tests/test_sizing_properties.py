@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from model_support.config import MAX_RUN_CORES
 from model_support.hardware import GiB, get_profile
 from model_support.hub import TensorSpec
 from model_support.sizing import (
@@ -121,6 +122,16 @@ def test_exclusions_are_justified(meta: ModelMetadata, run: dict) -> None:
         assert result.reason is ExclusionReason.TOO_LARGE
         assert len(valid) > 1 or limit == 1
         assert result.closest is not None and result.closest.degree == max(valid)
+        # ...and the cores it would need are the fewest valid ones beyond the limit that fit.
+        beyond = [
+            d
+            for d in (2**i for i in range(MAX_RUN_CORES.bit_length()))
+            if limit < d <= MAX_RUN_CORES
+            and (p := valid_parallelism(meta, d)) is not None
+            and memory_at(meta, profile, d, p, **kwargs).fits
+        ]
+        expected = None if profile.instance == "cpu" else min(beyond, default=None)
+        assert (result.needed.degree if result.needed else None) == expected
 
 
 @FAST

@@ -199,5 +199,10 @@ def show_excluded(row: Mapping[str, object]) -> None:
         + (inline_code(reason) if isinstance(reason, str) and reason else "no reason recorded")
         + (f": {literal(meaning)}" if meaning else "")
     )
+    cores, parallelism = row.get("neuron_cores"), row.get("parallelism")
+    if reason == ExclusionReason.TOO_LARGE.value and isinstance(cores, int) and cores > 1:
+        # Sizing records the fewest cores that would hold the model (older records hold 1).
+        split = f" ({literal(str(parallelism))} parallel)" if parallelism else ""
+        st.markdown(f"**Would need**: {cores:,} NeuronCores{split}")
     if isinstance(row.get("error"), str) and row["error"]:
         st.text(str(row["error"]))

@@ -183,7 +183,9 @@ def plan_cores(
         raise unreachable_hub(config.model, exc) from exc
     if prepared.exclusion is not None:
         exclusion = prepared.exclusion
-        return excluded_record(prepared.config, exclusion.reason, exclusion.message)
+        return excluded_record(
+            prepared.config, exclusion.reason, exclusion.message, needed=exclusion.needed_split
+        )
     return prepared.config
 
 
@@ -479,7 +481,9 @@ def given_cores_exclusion(
         raise unreachable_hub(config.model, exc) from exc
     if prepared.exclusion is not None:
         exclusion = prepared.exclusion
-        return excluded_record(prepared.config, exclusion.reason, exclusion.message)
+        return excluded_record(
+            prepared.config, exclusion.reason, exclusion.message, needed=exclusion.needed_split
+        )
     return None
 
 

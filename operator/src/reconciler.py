@@ -781,6 +781,7 @@ class Reconciler:
             exclusion.message,
             source="operator",
             labels=self._labels(ref, None, 0),
+            needed=exclusion.needed_split,
         )
         self._complete_without_job(
             ref,

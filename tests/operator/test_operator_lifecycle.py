@@ -19,7 +19,7 @@ from model_support.operator.resource import child_name, run_id_for
 from model_support.records import RESULT_MARKER, ResultDocument, Timings
 from model_support.script import read_config, render_script
 from model_support.store import ResultsStore
-from model_support.vocabulary import Backend, ErrorClass, ExclusionReason, Result
+from model_support.vocabulary import Backend, ErrorClass, ExclusionReason, Parallelism, Result
 
 SPEC = {"model": "Qwen/Qwen3-0.6B", "profile": "trn2", "cores": 1, "hubTokenSecret": {"name": "hf"}}
 
@@ -434,6 +434,33 @@ async def test_sizing_excludes_remote_code_models(harness: Harness, tmp_path: Pa
     assert record.run_id == run_id_for(test["metadata"]["uid"], 1, 0) == status["runId"]
     assert read_config(record.run_py).model == str(checkpoint)
     assert await h.wait_events("Excluded")
+
+
+async def test_a_too_large_model_is_recorded_with_the_cores_it_would_need(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """Llama-3.1-405B (headers only) on trn2 with 16 cores allowed: EXCLUDED too-large, and the
+    record and its run.py say the 64 cores (tensor parallel) that would hold it."""
+    from model_support.checkpoints import (
+        LLAMA_3_1_405B_CONFIG,
+        build_header_only_checkpoint,
+        llama_tensors,
+    )
+
+    h = harness
+    checkpoint = build_header_only_checkpoint(
+        tmp_path, "llama-405b", LLAMA_3_1_405B_CONFIG, llama_tensors(LLAMA_3_1_405B_CONFIG)
+    )
+    await h.start_operator()
+    await h.create_test("huge", {"model": str(checkpoint), "profile": "trn2", "maxCores": 16})
+    status = await h.wait_status("huge", lambda s: s.get("phase") == "Completed", "Completed")
+    assert (status["result"], status["exclusionReason"]) == ("EXCLUDED", "too-large")
+    assert "It would fit 64 cores (tensor parallel)." in status["message"]
+    [record] = records(h)
+    assert (record.document.cores, record.document.parallelism) == (64, Parallelism.TENSOR)
+    rerun = read_config(record.run_py)
+    assert (rerun.cores, rerun.parallelism) == (64, Parallelism.TENSOR)
+    assert await h.items(JOBS_URL) == []
 
 
 async def test_sizing_places_a_model_that_fits(harness: Harness, tiny_llama_path: Path) -> None:

@@ -145,6 +145,7 @@ def test_an_excluded_model_says_why_and_offers_no_reproduce(page: AppTest) -> No
     _open(page, "org/too-large")
     said = _unescaped(next(m for m in _markdown(page) if m.startswith("**Not run**")))
     assert "`too-large`: Does not fit the maximum number of cores" in said
+    assert "**Would need**: 64 NeuronCores (tensor parallel)" in _markdown(page)
     assert not any("Reproduce" in m for m in _markdown(page))
     assert not [b for b in page.get("download_button") if "run.py" in b.proto.label]
 

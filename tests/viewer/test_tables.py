@@ -37,6 +37,7 @@ def test_all_results_show_blanks_failed_checks_and_a_count(page: AppTest) -> Non
     assert rows.loc["org/fails", "why"] == "tokens, median"  # a FAIL says which checks failed
     assert rows.loc["org/errors", "why"] == "compile"
     assert rows.loc["org/too-large", "why"] == "too-large"
+    assert rows.loc["org/too-large", "cores"] == 64  # the cores sizing says it would need
     assert rows.loc["org/passes", "why"] == ""  # a PASS has no reason: a blank, not "None"
     assert not rows.select_dtypes(exclude="number").isna().any().any()
     # A missing number stays a number (it sorts as one).
