@@ -365,7 +365,7 @@ class Verification(BaseModel):
     )
     positions: list[dict[str, Any]] = Field(
         default_factory=list,
-        description="Per prompt and position: token, reference argmax, margin, baseline and device deviation and KL, router tie, verdict.",
+        description="Per prompt and position: token, reference argmax, margin, baseline and device deviation and KL, router tie, verdict; where the token differs, both as text (token_text, reference_text).",
     )
     first_divergence: FirstDivergence | None = Field(
         None,

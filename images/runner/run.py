@@ -279,9 +279,22 @@ def verify_stage(ctx: RunContext, processor, generation: Generation) -> None:
     verification.setdefault("metrics", [])
     verification.setdefault("items", [])
     verification.setdefault("first_divergence", None)  # searched after the verdict, on a FAIL
+    if scenario.method == "tokens":
+        decode_positions(verification, processor)
     doc["timings"]["reference_s"] = seconds
     doc["verification"] = verification
     doc["result"] = "PASS" if verification["passed"] else "FAIL"
+
+
+def decode_positions(verification: dict, processor) -> None:
+    """Give each position where the device's token differs from the reference's choice both
+    tokens as text, so that a FAIL reads as words rather than ids (matching positions stay ids
+    only: the record stays small)."""
+    tokenizer = tokenizer_of(processor)
+    for position in verification.get("positions", []):
+        if position.get("verdict") != "match":
+            position["token_text"] = tokenizer.decode([position["token"]])
+            position["reference_text"] = tokenizer.decode([position["reference_token"]])
 
 
 def judge_stage(ctx: RunContext) -> None:

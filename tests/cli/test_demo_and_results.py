@@ -110,6 +110,15 @@ def test_the_dataset_holds_every_state_over_four_stacks(
         "model.layers.1.mlp.down_proj",
         "Linear",
     )
+    # Where its tokens differ from the reference's choice, the record holds both as text.
+    tokenizer = transformers.AutoTokenizer.from_pretrained(demo_models["tiny-llama"].require_path())
+    positions = json.loads(fail.verification_json)["positions"]
+    differing = [p for p in positions if p["verdict"] != "match"]
+    assert differing, "a FAIL has positions that differ from the reference"
+    for position in differing:
+        assert position["token_text"] == tokenizer.decode([position["token"]])
+        assert position["reference_text"] == tokenizer.decode([position["reference_token"]])
+    assert not any("token_text" in p for p in positions if p["verdict"] == "match")
     assert pd.isna(matrix.loc[("demo/tiny-qwen3-moe", NEWER_RELEASE), "first_divergence"])
     assert matrix.loc[("demo/tiny-qwen3-moe", NEWER_RELEASE), "result"] == "PASS"
     error = matrix.loc[("demo/tiny-qwen3-moe", OLDER_RELEASE)]
