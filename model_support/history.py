@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -46,9 +47,11 @@ SIDE_COLUMNS = (
 """What a reported change says of each side."""
 
 
-def reproduce_command(run_id: str) -> str:
-    """The command line that runs a recorded test again, exactly as it ran."""
-    return f"model-support reproduce {run_id}"
+def reproduce_command(run_id: str, results: str | None = None) -> str:
+    """The command line that runs a recorded test again, exactly as it ran (its record read
+    from ``results`` when given, else from the default results location)."""
+    command = f"model-support reproduce {shlex.quote(run_id)}"
+    return command if results is None else f"{command} --results {shlex.quote(results)}"
 
 
 # ---------------------------------------------------------------------------------------------

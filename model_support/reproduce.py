@@ -15,10 +15,11 @@ base image brings, each pinned to the version the row recorded.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +89,20 @@ class Recipe:
         ]
 
 
+def plain_row(cells: Mapping[str, Any]) -> dict[str, Any]:
+    """A matrix row as pandas gives it, as :func:`recipe` takes it: missing cells (None, NaN,
+    NA, NaT) as None, the packages as a list of strings."""
+    import pandas as pd
+
+    row = {
+        name: None if not hasattr(value, "__len__") and bool(pd.isna(value)) else value
+        for name, value in cells.items()
+    }
+    packages = row.get("packages")
+    row["packages"] = [str(p) for p in packages] if packages is not None else []
+    return row
+
+
 def recipe(
     row: dict[str, Any], installed: Iterable[importlib.metadata.Distribution] | None = None
 ) -> Recipe:
@@ -104,7 +119,7 @@ def recipe(
     if row.get("task") in ("image-text-to-text", "image-classification", "text-to-image",
                            "automatic-speech-recognition"):  # fmt: skip
         roots += IMAGE_LIBRARIES
-    dependencies = dependency_graph(installed)
+    dependencies = dependency_graph(installed) if installed is not None else _here()
     base = closure(NEURON_BASE_PACKAGES, dependencies) if neuron else set()
     if not neuron:
         roots.append("torch")
@@ -206,6 +221,12 @@ def dependency_graph(
             needs.add(canonicalize_name(requirement.name))
         graph.setdefault(canonicalize_name(name), set()).update(needs)
     return graph
+
+
+@functools.cache
+def _here() -> dict[str, set[str]]:
+    """The dependency graph of this environment, read once (a viewer asks for every row)."""
+    return dependency_graph()
 
 
 def closure(roots: Iterable[str], graph: dict[str, set[str]]) -> set[str]:

@@ -14,6 +14,7 @@ import shlex
 import pandas as pd
 import streamlit as st
 
+from model_support.history import reproduce_command
 from model_support.viewer import failures, formatting, headline, output, queries, run_script
 from model_support.viewer.markup import inline_code, literal
 from model_support.viewer.views import RESULT_COLOURS, Context, read, stack_label
@@ -83,7 +84,7 @@ def details(ctx: Context, model_id: str) -> None:
         traceback = None
         if row["result"] in (Result.ERROR.value, Result.TIMEOUT.value):
             traceback = _record_traceback(ctx.results_uri, str(row["run_id"]))
-        run_details(row, traceback=traceback)
+        run_details(row, traceback=traceback, results_uri=ctx.results_uri)
 
 
 def _record_traceback(results_uri: str, run_id: str) -> str | None:
@@ -190,10 +191,13 @@ def _compile_cache(row: pd.Series) -> None:
         st.caption(f"The cache failed (the result stands): {literal(row['compile_cache_error'])}")
 
 
-def run_details(row: pd.Series, traceback: str | None = None) -> None:
+def run_details(
+    row: pd.Series, traceback: str | None = None, results_uri: str | None = None
+) -> None:
     """The details of one run, given as a matrix row (the History view shows any run so).
 
-    ``traceback``: the one kept in the run's record, shown for an ERROR or TIMEOUT.
+    ``traceback``: the one kept in the run's record, shown for an ERROR or TIMEOUT;
+    ``results_uri``: where it was read from, for the ``model-support reproduce`` command.
     """
     result = str(row["result"])
     badge = f":{RESULT_COLOURS.get(result, 'gray')}-background[{literal(result)}]"
@@ -219,33 +223,52 @@ def run_details(row: pd.Series, traceback: str | None = None) -> None:
     if result != Result.FAIL.value:  # a FAIL showed its text beside the reference's tokens
         output.show_output(row)
     _compile_cache(row)
-    _reproduce(row)
+    _reproduce(row, results_uri)
     _more(row, verification)
 
 
-def _reproduce(row: pd.Series) -> None:
+def _reproduce(row: pd.Series, results_uri: str | None) -> None:
+    """How to run this row again: where (image, instance, LNC, cores), what to install on top
+    of that image (only what the run added, at its versions, with the indexes it needs), the
+    compile cache to pull, and run.py; or all of it with ``model-support reproduce``."""
+    from model_support.reproduce import NotReproducible, plain_row, recipe
+
     st.markdown("**Reproduce**")
-    run_py = row["run_py"] if isinstance(row["run_py"], str) else ""
-    packages = output.strings(row["packages"])
+    try:
+        made = recipe(plain_row(row.to_dict()))
+    except NotReproducible as exc:
+        st.caption(literal(exc))
+        return
+    where = [f"image {inline_code(made.image)}"]
+    if made.instance:
+        where.append(f"instance {inline_code(made.instance)}")
+    if made.lnc is not None:
+        where.append(f"LNC {made.lnc}")
+    where.append(f"{made.cores:,} core{'s' if made.cores != 1 else ''}")
+    st.markdown("Where: " + ", ".join(where) + ".")
+    st.caption(literal(made.image_note))
     st.markdown(
-        "1. Install the packages this run reported (`requirements.txt` below: what its pod "
-        "said it had installed, not checked by anyone): `pip install -r requirements.txt`"
+        f"1. Install what the run used on top of that image ({len(made.requirements):,} "
+        "packages at the versions its pod reported, not checked by anyone): "
+        "`python3 -m pip install -r requirements.txt`"
     )
-    if packages:
-        st.download_button(
-            "Download requirements.txt",
-            "\n".join(packages) + "\n",
-            file_name="requirements.txt",
-            key=f"req-{row['run_id']}",
-        )
-        with st.expander(f"Packages ({len(packages):,})"):
-            st.code("\n".join(packages), language=None)
+    st.download_button(
+        "Download requirements.txt",
+        made.requirements_text(),
+        file_name="requirements.txt",
+        key=f"req-{row['run_id']}",
+    )
+    st.caption("Package indexes: " + ", ".join(inline_code(index) for index in made.indexes))
+    with st.expander(f"Packages ({len(made.requirements):,})"):
+        st.code("\n".join(made.requirements), language=None)
+    for note in made.notes:
+        st.caption(literal(note))
     pull = queries.compile_cache_pull(row)
     if pull is not None:
         command, origin = pull
         st.markdown(
             f"2. Pull {origin} for this compiler version (saves compiling again; the "
-            "installed compiler must be the same version, which step 1 gives):"
+            "installed compiler must be the same version, which the image gives):"
         )
         st.code(command, language="bash")
     else:
@@ -253,6 +276,7 @@ def _reproduce(row: pd.Series) -> None:
             f"2. No shared compile cache holds this run's entries (compiler: "
             f"{literal(row['compiler'] or 'unknown')}); it compiles from scratch."
         )
+    run_py = made.run_py
     st.markdown("3. Save `run.py` and run it:")
     st.code("python3 run.py", language="bash")
     st.download_button(
@@ -268,6 +292,11 @@ def _reproduce(row: pd.Series) -> None:
     else:
         st.caption("Its config block (the test's settings; the rest is the runner):")
         st.code(block, language="python")
+    if results_uri is not None:
+        st.markdown("Or all of it at once, into a folder (add `--run` to run it here):")
+        st.code(
+            f"{reproduce_command(str(row['run_id']), results_uri)} -o reproduce", language="bash"
+        )
 
 
 def _more(row: pd.Series, verification: dict) -> None:

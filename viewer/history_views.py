@@ -292,8 +292,11 @@ def _run_details(ctx: HistoryContext, run_id: str) -> None:
     except StoreError as exc:
         st.error(f"The run's record could not be read: {literal(exc)}")
         return
-    st.markdown(f"Reproduce it exactly: {inline_code(reproduce_command(run_id))}")
-    run_details(pd.Series(record_to_row(record)), traceback=record.document.traceback)
+    run_details(
+        pd.Series(record_to_row(record)),
+        traceback=record.document.traceback,
+        results_uri=ctx.results_uri,
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -71,20 +71,9 @@ def find_row(store: ResultsStore, what: str) -> dict[str, Any]:
             for row in matches.itertuples(index=False)
         )
         raise fail(f"{what!r} has {len(matches)} rows: name one by its run id: {choices}")
-    row = {
-        name: None if _missing(value) else value
-        for name, value in matches.iloc[0].to_dict().items()
-    }
-    packages = row.get("packages")
-    row["packages"] = [str(p) for p in packages] if packages is not None else []
-    return row
+    from model_support.reproduce import plain_row
 
-
-def _missing(value: Any) -> bool:
-    """A cell pandas holds as missing (None, NaN, NA, NaT); lists and arrays never are."""
-    import pandas as pd
-
-    return not hasattr(value, "__len__") and bool(pd.isna(value))
+    return plain_row(matches.iloc[0].to_dict())
 
 
 def reproduce(

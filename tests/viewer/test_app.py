@@ -10,6 +10,7 @@ from streamlit.testing.v1 import AppTest
 from viewer_support import NEW_CC, OLD_CC, START, TRANSFORMERS, make_record, viewer_page
 
 from model_support.rankings import get_ranking
+from model_support.script import runner_constant
 from model_support.store import ResultsStore
 from model_support.viewer.views import RESULT_CHART_COLOURS, RESULT_COLOURS
 from model_support.vocabulary import Result, Task
@@ -94,9 +95,14 @@ def test_deep_link_opens_the_model_details(page: AppTest) -> None:
         f"model-support cache pull hf://buckets/aws-neuron/torch-neuronx-neff-cache/neuronxcc-{NEW_CC}"
         in text
     )
-    assert "torch-neuronx==2.13.0" in text  # packages to install
-    # ... as the run's pod reported them: a claim, said to be one.
-    assert any("this run reported" in m.value and "not checked" in m.value for m in page.markdown)
+    # What to install on top of the TorchNeuron image: what the run added, not what the image
+    # brings (torch-neuronx comes with it), at the versions its pod reported: a claim, said so.
+    assert "transformers==5.24.0" in text and "torch-neuronx==2.13.0" not in text
+    assert any("its pod reported" in m.value and "not checked" in m.value for m in page.markdown)
+    where = next(m.value for m in page.markdown if m.value.startswith("Where: "))
+    assert str(runner_constant("TORCHNEURON_BASE_IMAGE")) in where, where
+    assert any("Package indexes" in c.value and "pypi.org" in c.value for c in page.caption)
+    assert "model-support reproduce" in text and "--results" in text and "-o reproduce" in text
     labels = [b.proto.label for b in page.get("download_button")]
     assert "Download requirements.txt" in labels
     assert any(label.startswith("Download run.py") for label in labels)
