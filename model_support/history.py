@@ -387,6 +387,14 @@ class Report(BaseModel):
     thresholds: Thresholds
     regressions: list[Change] = Field(default_factory=list)
     fixes: list[Change] = Field(default_factory=list)
+    not_tested_after: list[str] = Field(
+        default_factory=list,
+        description="'model · task' with a result on the older stack only (not tested after).",
+    )
+    not_tested_before: list[str] = Field(
+        default_factory=list,
+        description="'model · task' with a result on the newer stack only (not tested before).",
+    )
     core_seconds_after: float = 0.0
     cost_usd_after: float | None = None
 
@@ -421,6 +429,13 @@ def _number(value: object) -> float | None:
     return None if value is None or pd.isna(value) else float(value)  # type: ignore[arg-type]
 
 
+def _slots(frame: pd.DataFrame) -> set[str]:
+    """Each (model, task) of ``frame`` as ``model · task``."""
+    if frame.empty:
+        return set()
+    return {f"{m} · {t}" for m, t in zip(frame["model_id"], frame["task"], strict=True)}
+
+
 def regressions(
     history: pd.DataFrame,
     before: Stack,
@@ -450,6 +465,9 @@ def regressions(
         else 0.0,
         cost_usd_after=_total(new["cost_usd"]) if not new.empty else None,
     )
+    old_slots, new_slots = _slots(old), _slots(new)
+    report.not_tested_after = sorted(old_slots - new_slots)
+    report.not_tested_before = sorted(new_slots - old_slots)
     if old.empty or new.empty:
         return report
     both = old.merge(new, on=list(SLOT), suffixes=("_before", "_after")).reset_index(drop=True)
@@ -602,6 +620,12 @@ def render_markdown(report: Report, store_uri: str | None = None) -> str:
             "docs/pricing.md says how to give one)."
         )
     )
+    if report.not_tested_after or report.not_tested_before:
+        lines += [
+            "",
+            f"Not compared (tested on one stack only): {len(report.not_tested_after)} not "
+            f"tested after, {len(report.not_tested_before)} not tested before.",
+        ]
     lines += ["", "Thresholds (between two PASSes):", ""]
     t = report.thresholds
     lines += [

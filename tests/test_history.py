@@ -233,6 +233,10 @@ def test_regressions_between_the_two_newest_stacks(store: ResultsStore) -> None:
     before_stack, after_stack = default_pair(known)
     report = regressions(frame, before_stack, after_stack, Thresholds(), DEFAULT_PRICES)
     assert report.compared == 5
+    # A model tested on one stack only is not compared: counted and named, "not tested" before.
+    assert report.not_tested_before == ["org/new-only · text-generation"]
+    assert report.not_tested_after == []
+    assert "0 not tested after, 1 not tested before" in render_markdown(report)
     found = {(c.model, c.kind, c.group) for c in report.regressions}
     assert found == {
         ("org/regressed", "regression", "ERROR compile"),

@@ -9,12 +9,15 @@ rematerialized history is read again.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 import streamlit as st
 
 from model_support.history import (
+    Change,
     Report,
     Stack,
     StackInfo,
@@ -33,7 +36,10 @@ from model_support.history import (
 )
 from model_support.pricing import DEFAULT_PRICES, PriceTable, PriceTableError, load_prices
 from model_support.store import ResultsStore
+from model_support.viewer import formatting
 from model_support.viewer.markup import inline_code, literal
+from model_support.viewer.queries import UNTESTED
+from model_support.viewer.views import RESULT_COLOURS
 
 FINGERPRINT_TTL_S = 30
 HISTORY_METRICS: dict[str, tuple[str, float]] = {
@@ -341,20 +347,18 @@ def view_regressions(ctx: HistoryContext) -> None:
         "verdict's failed checks or the figure."
     )
     st.subheader("Regressions")
+    clicked = None
     if report.regressions:
-        st.dataframe(
-            regression_table(report.regressions),
-            hide_index=True,
-            key="regressions-table",
-            column_config={"cost (USD)": st.column_config.NumberColumn(format="$%.4f")},
-        )
+        clicked = _change_table(report.regressions, "regressions-table")
     else:
         st.success("No regressions.")
     st.subheader("Fixes")
     if report.fixes:
-        st.dataframe(regression_table(report.fixes), hide_index=True, key="fixes-table")
+        clicked = _change_table(report.fixes, "fixes-table") or clicked
     else:
         st.caption("No fixes.")
+    _not_compared(report)
+    _side_by_side(ctx, [*report.regressions, *report.fixes], clicked, before, after)
     # The report is made on demand: a large comparison's text costs more than the tables.
     if st.toggle("The report for a bug report (Markdown, JSON)", key="report-toggle"):
         markdown = render_markdown(report, ctx.results_uri)
@@ -370,6 +374,117 @@ def view_regressions(ctx: HistoryContext) -> None:
             key="report-json",
         )
         st.code(markdown, language="markdown")
+
+
+def _change_table(changes: list[Change], key: str) -> Change | None:
+    """A table of changes, each row clickable; the clicked change, if any."""
+    event = st.dataframe(
+        regression_table(changes),
+        hide_index=True,
+        key=key,
+        on_select="rerun",
+        selection_mode="single-row",
+        column_config={"cost (USD)": st.column_config.NumberColumn(format="$%.4f")},
+    )
+    rows = event.selection.rows if event is not None else []
+    return changes[rows[0]] if rows else None
+
+
+def _not_compared(report: Report) -> None:
+    """The models tested on one of the two stacks only: counted, and listed as not tested."""
+    after, before = report.not_tested_after, report.not_tested_before
+    if not after and not before:
+        return
+    st.caption(
+        f"Not compared: {len(after):,} tested before only (not tested after), "
+        f"{len(before):,} tested after only (not tested before)."
+    )
+    with st.expander(f"Tested on one stack only ({len(after) + len(before):,})"):
+        rows = [{"model · task": m, "before": "tested", "after": UNTESTED} for m in after]
+        rows += [{"model · task": m, "before": UNTESTED, "after": "tested"} for m in before]
+        st.dataframe(pd.DataFrame(rows), hide_index=True, key="not-compared-table")
+
+
+PAIR_KEY = "pair"
+
+
+def _side_by_side(
+    ctx: HistoryContext, changes: list[Change], clicked: Change | None, before: Stack, after: Stack
+) -> None:
+    """One change, its two runs side by side: each stack's result, failed checks or error,
+    wall time and decode speed, and how the figures moved."""
+    if not changes:
+        return
+    labels = [f"{c.model} · {c.task}" for c in changes]
+    if clicked is not None:
+        st.session_state[PAIR_KEY] = f"{clicked.model} · {clicked.task}"
+    if st.session_state.get(PAIR_KEY) not in labels:
+        st.session_state.pop(PAIR_KEY, None)
+    chosen = st.selectbox(
+        "Before and after, side by side",
+        labels,
+        index=None,
+        placeholder="Click a row above, or pick a model",
+        key=PAIR_KEY,
+    )
+    if chosen is None:
+        return
+    change = changes[labels.index(chosen)]
+    from model_support.dataset import record_to_row
+    from model_support.store import ResultsStore, StoreError
+
+    store = ResultsStore(ctx.results_uri)
+    try:
+        rows = [
+            record_to_row(store.get(run)) for run in (change.before_run_id, change.after_run_id)
+        ]
+    except StoreError as exc:
+        st.error(f"A run's record could not be read: {literal(exc)}")
+        return
+    columns = st.columns(2)
+    for column, stack, row, side in zip(
+        columns, (before, after), rows, ("Before", "After"), strict=True
+    ):
+        column.markdown(f"**{side}**: {literal(stack.label)}")
+        column.markdown(side_summary(row))
+    st.markdown(figure_changes(*rows))
+
+
+def side_summary(row: Mapping[str, Any]) -> str:
+    """One run in Markdown: its result, what failed it, wall time and decode speed."""
+    result = str(row["result"])
+    lines = [f":{RESULT_COLOURS.get(result, 'gray')}-background[{literal(result)}]"]
+    checks = [str(c) for c in row.get("failed_checks") or []]
+    if checks:
+        lines.append("failed checks: " + ", ".join(inline_code(c) for c in checks))
+    if row.get("error_class"):
+        lines.append(f"error class {inline_code(str(row['error_class']))}")
+    if row.get("error"):
+        lines.append(literal(str(row["error"]).splitlines()[0][:300]))
+    lines.append(f"wall time {_seconds(row.get('wall_time_s'))}")
+    lines.append(f"decode {_rate(row.get('decode_tokens_per_s'))}")
+    lines.append(f"run {inline_code(str(row['run_id']))}")
+    return "  \n".join(lines)
+
+
+def figure_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+    """How wall time and decode speed moved from one run to the other, in words."""
+    moved = []
+    for column, what in (("wall_time_s", "wall time"), ("decode_tokens_per_s", "decode tokens/s")):
+        old, new = before.get(column), after.get(column)
+        if isinstance(old, int | float) and isinstance(new, int | float) and old > 0:
+            moved.append(f"{what} {(new - old) / old:+.0%}")
+        else:
+            moved.append(f"{what}: not measured on both")
+    return "Change: " + " · ".join(moved)
+
+
+def _seconds(value: object) -> str:
+    return f"{value:,.1f} s" if isinstance(value, int | float) else formatting.MISSING
+
+
+def _rate(value: object) -> str:
+    return f"{value:,.1f} tokens/s" if isinstance(value, int | float) else formatting.MISSING
 
 
 def _thresholds() -> Thresholds:

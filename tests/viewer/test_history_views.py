@@ -10,6 +10,7 @@ from streamlit.testing.v1 import AppTest
 from viewer_support import NEW_CC, OLD_CC, TRANSFORMERS, viewer_page
 
 from model_support.store import ResultsStore
+from model_support.viewer.views import RESULT_COLOURS
 
 OLD = f"neuronx-cc {OLD_CC} · transformers {TRANSFORMERS}"
 NEW = f"neuronx-cc {NEW_CC} · transformers {TRANSFORMERS}"
@@ -85,6 +86,25 @@ def test_regressions_compare_the_two_newest_stacks_by_default(page: AppTest) -> 
     markdown = next(c.value for c in page.code if c.value.startswith("# Regressions"))
     assert "### ERROR compile (1)" in markdown
     assert (page.query_params["before"], page.query_params["after"]) == (OLD, NEW)
+
+
+def test_a_regression_opens_its_two_runs_side_by_side(page: AppTest) -> None:
+    """Picked (or clicked), a regression shows the compared stacks' runs, never the sidebar's."""
+    page.query_params["view"] = "regressions"
+    page.run()
+    pair = page.selectbox(key="pair")
+    assert pair.value is None and "Qwen/Qwen3-1.7B · text-generation" in pair.options
+    pair.set_value("Qwen/Qwen3-1.7B · text-generation").run()
+    assert not page.exception
+    said = [m.value.replace("\\", "") for m in page.markdown]  # labels are escaped markup
+    before = next(i for i, m in enumerate(said) if m.startswith("**Before**"))
+    assert OLD in said[before] and NEW in said[before + 2]
+    assert said[before + 1].startswith(f":{RESULT_COLOURS['PASS']}-background[PASS]")
+    after = said[before + 3]
+    assert after.startswith(f":{RESULT_COLOURS['ERROR']}-background[ERROR]")
+    assert "error class `compile`" in after and "neuronx-cc failed: tensor" in after
+    assert "wall time 123.4 s" in after
+    assert any(m.startswith("Change: wall time +0% · decode tokens/s +0%") for m in said)
 
 
 def test_a_changed_threshold_without_a_reason_keeps_the_defaults(page: AppTest) -> None:
