@@ -428,6 +428,13 @@ COLUMNS: tuple[Column, ...] = (
         lambda s: s.doc.compilation.graph_breaks,
     ),
     Column(
+        "recompiles",
+        _INT,
+        "Times Dynamo compiled a code object again (a guard failed: a new shape or value); "
+        "past its recompile limit the run is an ERROR compile, never a silent eager fallback.",
+        lambda s: s.doc.compilation.recompiles,
+    ),
+    Column(
         "timed_call_graphs",
         _INT,
         "Graphs compiled during the timed (second) call: 0 when the first call compiled "

@@ -126,6 +126,15 @@ class Compilation(BaseModel):
         description="NEFF cache entries written outside every compiled graph (eager ops inside "
         "generate()); not misses. Null off neuron.",
     )
+    recompiles: int | None = Field(
+        None,
+        description="Times Dynamo compiled a code object again because a guard failed (a new "
+        "shape or value); past its recompile limit the run is an ERROR compile, never an eager "
+        "fallback. Null where not read.",
+    )
+    recompile_reasons: list[str] = Field(
+        default_factory=list, description="The first distinct guard failures Dynamo gave."
+    )
     timed_call_graphs: int | None = Field(
         None,
         description="Graphs compiled during the timed (second) call: 0 when the first call "

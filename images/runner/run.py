@@ -221,9 +221,10 @@ def compile_stage(ctx: RunContext, placement: Placement, loaded: LoadedModel) ->
     scenario = scenario_for(config["task"])
     before = read_compile_counts(placement.backend)
     ledger = GraphLedger(placement.backend.cache_probe)
+    watch_recompiles()
     scenario.compile(loaded.model, ledger.wrap(placement.compile_backend))
     t0 = time.perf_counter()
-    with torch.no_grad():
+    with torch.no_grad(), eager_fallback_refused():
         scenario.call(config, loaded)
     placement.backend.synchronize()
     ctx.doc["timings"]["first_generate_s"] = time.perf_counter() - t0
@@ -240,7 +241,7 @@ def generate_stage(
     scenario, backend = scenario_for(config["task"]), placement.backend
     clock = first_token_clock(backend) if scenario.generates else None
     compiled_before = len(compile_start.ledger.graphs)
-    with torch.no_grad():
+    with torch.no_grad(), eager_fallback_refused():
         t0 = time.perf_counter()
         out = scenario.call(config, loaded, clock)
         backend.synchronize()
@@ -252,6 +253,7 @@ def generate_stage(
         read_compile_counts(backend),
         compile_start.ledger.graphs,
         timed_call_graphs=len(compile_start.ledger.graphs) - compiled_before,
+        recompiled=recompiles(),
     )
     peak, source = backend.peak_memory(placement.device)
     doc["memory"]["peak_device_memory_bytes"], doc["memory"]["device_memory_source"] = peak, source
@@ -2571,6 +2573,52 @@ class GraphLedger:
         return compile_graph
 
 
+class EagerFallback(RuntimeError):
+    """torch.compile recompiled past Dynamo's recompile limit: Dynamo would run the rest of
+    the call eagerly, so the run would not measure the compiled stack (an ERROR ``compile``)."""
+
+
+MAX_RECOMPILE_REASONS = 3
+
+
+def watch_recompiles() -> None:
+    """Start Dynamo's compilation log afresh: recompiles() reads what was compiled since."""
+    from torch._dynamo import utils
+
+    utils.set_compilation_metrics_limit(4096)  # default 64: a long decode must not drop any
+    utils.clear_compilation_metrics()
+
+
+def recompiles() -> tuple[int, list[str]]:
+    """The recompiles since watch_recompiles() and their first distinct reasons, as Dynamo gives
+    them (the guard that failed, e.g. ``0/1: cache_position[0] == 12``)."""
+    from torch._dynamo.utils import get_compilation_metrics
+
+    reasons = [m.recompile_reason for m in get_compilation_metrics() if m.recompile_reason]
+    distinct = dict.fromkeys(" ".join(r.split("#")[0].split()) for r in reasons)
+    return len(reasons), list(distinct)[:MAX_RECOMPILE_REASONS]
+
+
+@contextlib.contextmanager
+def eager_fallback_refused():
+    """Within it, Dynamo's recompile limit is a hard error rather than a silent switch to eager
+    execution, raised as an EagerFallback that says how often it recompiled and why."""
+    import torch._dynamo
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    try:
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            yield
+    except FailOnRecompileLimitHit as exc:
+        count, reasons = recompiles()
+        raise EagerFallback(
+            f"the compiled call recompiled {count} times and hit torch._dynamo's recompile_limit "
+            f"({torch._dynamo.config.recompile_limit}): Dynamo would run the rest eagerly, so "
+            "the run would not measure the compiled stack (each recompile is a device compile); "
+            f"reasons: {'; '.join(reasons) or 'not given'}"
+        ) from exc
+
+
 def read_compile_counts(backend: Backend) -> CompileCounts:
     """The compilation counters now: dynamo's and inductor's, and the device compiler's."""
     from torch._dynamo.utils import counters
@@ -2591,6 +2639,7 @@ def compilation_summary(
     after: CompileCounts,
     compiled_graphs: list[GraphCompile] | None = None,
     timed_call_graphs: int | None = None,
+    recompiled: tuple[int, list[str]] | None = None,
 ) -> dict:
     """What compiling took between two readings: graphs, breaks, and whether the cache served it.
 
@@ -2601,7 +2650,8 @@ def compilation_summary(
     are counted apart, never as misses. ``cache_hit`` is true when every compiled graph came
     from the cache (compile_s is then mostly loading), null where no cache was consulted.
     ``timed_call_graphs``: graphs compiled during the timed (second) call, 0 when the first
-    call compiled everything.
+    call compiled everything. ``recompiled``: Dynamo's recompiles and their reasons
+    (:func:`recompiles`).
     """
     if after.neuron_graphs is not None and before.neuron_graphs is not None:
         graphs, source = (
@@ -2643,6 +2693,8 @@ def compilation_summary(
         "cache_per_graph": per_graph,
         "cache_entries_outside_graphs": outside,
         "timed_call_graphs": timed_call_graphs,
+        "recompiles": None if recompiled is None else recompiled[0],
+        "recompile_reasons": [] if recompiled is None else list(recompiled[1]),
     }
 
 
@@ -3658,7 +3710,10 @@ def classify(stage: str, exc: BaseException) -> str:
     if stage in ("compile", "generate"):
         module = type(exc).__module__ or ""
         if (
-            module.startswith(("torch._dynamo", "torch._inductor", "torch.fx", "torch._subclasses"))
+            isinstance(exc, EagerFallback)
+            or module.startswith(
+                ("torch._dynamo", "torch._inductor", "torch.fx", "torch._subclasses")
+            )
             or "backend compiler failed" in lowered
             or any(message in lowered for message in NEURON_COMPILE_MESSAGES)
         ):

@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-from model_support.checkpoints import DemoModel
+from model_support.checkpoints import DemoModel, build_demo_models, default_cache_dir
 from model_support.config import RunConfig
 from model_support.execution import run_local
 from model_support.records import ResultDocument, parse_result_line
@@ -54,14 +54,31 @@ def _assert_complete_pass(doc: ResultDocument, n_prompts: int) -> None:
     assert doc.started_at and doc.finished_at and doc.finished_at > doc.started_at
     # The timed second call compiled nothing: its tok/s is the compiled graphs' own.
     assert doc.compilation.timed_call_graphs == 0
+    # Recompiles are counted, and stayed under Dynamo's limit (8): nothing ran eagerly.
+    assert doc.compilation.recompiles is not None and doc.compilation.recompiles < 8
 
 
 def test_dense_model_passes_in_bfloat16(demo_models: dict[str, DemoModel]) -> None:
     doc = _run(demo_models["tiny-llama"], compile_backend="aot_eager")
     _assert_complete_pass(doc, 3)
     assert doc.backend == "cpu" and doc.dtype == "bfloat16" and doc.compile_backend == "aot_eager"
+    # Compiled once per shape: the prefill, then one recompile for the decode step's shapes.
+    assert doc.compilation.recompiles == 1, doc.compilation.recompile_reasons
     # Trained on the bundled corpus: the continuation is recognisable Python.
     assert any(word in doc.text[0] for word in ("return", "if", "fib", "n"))
+
+
+def test_a_model_that_recompiles_every_step_is_an_error_not_an_eager_pass() -> None:
+    """A Gemma2-style checkpoint whose sliding window (16) the prompts and 32 new tokens cross
+    recompiles its decode graph at every step: past Dynamo's recompile limit the rest would
+    run eagerly and its figures would not be the compiled stack's, so it is ERROR compile
+    saying so, never a PASS."""
+    (gemma2,) = build_demo_models(default_cache_dir(), ["tiny-gemma2-softcap"])
+    doc = _run(gemma2, compile_backend="aot_eager")
+    assert (doc.result, doc.error_class) == (Result.ERROR, "compile"), doc.error
+    assert doc.error is not None and doc.error.startswith("EagerFallback: the compiled call ")
+    assert "hit torch._dynamo's recompile_limit (8)" in doc.error
+    assert "reasons: 0/0: tensor" in doc.error  # Dynamo's own guard failure, quoted
 
 
 def test_float32_inductor_run_is_exact(demo_models: dict[str, DemoModel]) -> None:

@@ -434,6 +434,8 @@ def test_a_cold_inductor_compile() -> None:
         "cache_per_graph": False,  # no ledger given: process-wide counters
         "cache_entries_outside_graphs": None,
         "timed_call_graphs": None,
+        "recompiles": None,
+        "recompile_reasons": [],
     }
 
 
