@@ -4,7 +4,7 @@ All figures live in ONE table (:data:`PROFILES`) so that a corrected figure (for
 per-core memory at LNC=1, still unconfirmed) is changed in one place. Source: docs/hardware.md,
 which gives each figure with its public source (trn2.48xlarge: 16 Trainium2 devices of 96 GiB;
 LNC=2 gives 4 logical cores per device, 24 GiB each; LNC=1 gives 8 per device, ~12 GiB each;
-trn1: 2 cores of 16 GiB per device; inf2: 2 cores of 16 GiB per device).
+trn3.48xlarge: 16 Trainium3 devices of 144 GiB, 8 physical cores each; trn1: 2 cores of 16 GiB per device; inf2: 2 cores of 16 GiB per device).
 
 The local ``cpu`` and ``cuda`` profiles describe the machine sizing runs on, so that a model can
 be sized for a local run: ``cpu`` is one "core" holding the host's physical memory, ``cuda`` one
@@ -19,8 +19,8 @@ from typing import Literal
 
 GiB = 1024**3
 
-InstanceKind = Literal["trn2", "trn1", "inf2", "cpu", "cuda"]
-INSTANCE_KINDS: tuple[str, ...] = ("trn2", "trn1", "inf2", "cpu", "cuda")
+InstanceKind = Literal["trn2", "trn3", "trn1", "inf2", "cpu", "cuda"]
+INSTANCE_KINDS: tuple[str, ...] = ("trn2", "trn3", "trn1", "inf2", "cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,32 @@ PROFILES: dict[tuple[str, int | None], HardwareProfile] = {
         workspace_fraction=_WORKSPACE,
         description="trn2.48xlarge, LNC=1: 16 Trainium2 devices x 8 cores, ~12 GiB per core",
         placeable_devices=_TORUS_DEVICES,
+    ),
+    ("trn3", 2): HardwareProfile(
+        name="trn3-lnc2",
+        instance="trn3",
+        instance_type="trn3.48xlarge",
+        lnc=2,
+        cores_per_device=4,
+        cores_per_instance=64,
+        bytes_per_core=36 * GiB,  # 144 GiB per Trainium3 device / 4 logical cores
+        runtime_reserve_bytes=_NEURON_RESERVE,
+        workspace_fraction=_WORKSPACE,
+        description="trn3.48xlarge, LNC=2: 16 Trainium3 devices x 4 logical cores, 36 GiB per core",
+        placeable_devices=None,  # all-to-all NeuronSwitch, not a torus: any device count
+    ),
+    ("trn3", 1): HardwareProfile(
+        name="trn3-lnc1",
+        instance="trn3",
+        instance_type="trn3.48xlarge",
+        lnc=1,
+        cores_per_device=8,
+        cores_per_instance=128,
+        bytes_per_core=18 * GiB,  # (unconfirmed split) 144 GiB per device / 8 cores
+        runtime_reserve_bytes=_NEURON_RESERVE,
+        workspace_fraction=_WORKSPACE,
+        description="trn3.48xlarge, LNC=1: 16 Trainium3 devices x 8 cores, ~18 GiB per core",
+        placeable_devices=None,
     ),
     ("trn1", None): HardwareProfile(
         name="trn1",
@@ -235,7 +261,7 @@ def local_profile(instance: Literal["cpu", "cuda"]) -> HardwareProfile:
 def get_profile(instance: str = "trn2", lnc: int | None = None) -> HardwareProfile:
     """Look up a profile by instance kind and logical-core setting.
 
-    ``lnc`` only applies to trn2 (1 or 2; None means the default, 2). Raises ValueError with the
+    ``lnc`` only applies to trn2 and trn3 (1 or 2; None means the default, 2). Raises ValueError with the
     accepted values for anything else.
     """
     if instance not in INSTANCE_KINDS:
@@ -244,13 +270,15 @@ def get_profile(instance: str = "trn2", lnc: int | None = None) -> HardwareProfi
         )
     if instance in ("cpu", "cuda"):
         if lnc not in (None, 1):
-            raise ValueError(f"--lnc applies only to trn2; {instance!r} has no logical cores")
+            raise ValueError(
+                f"--lnc applies only to trn2 and trn3; {instance!r} has no logical cores"
+            )
         return local_profile(instance)  # type: ignore[arg-type]
-    if instance == "trn2":
-        key_lnc = DEFAULT_LNC["trn2"] if lnc is None else lnc
-        if key_lnc not in (1, 2):
-            raise ValueError(f"trn2 supports LNC=1 or LNC=2, not {lnc}")
-        return PROFILES[("trn2", key_lnc)]
+    if instance in LNC_CHOICES:
+        key_lnc = DEFAULT_LNC[instance] if lnc is None else lnc
+        if key_lnc not in LNC_CHOICES[instance]:
+            raise ValueError(f"{instance} supports LNC=1 or LNC=2, not {lnc}")
+        return PROFILES[(instance, key_lnc)]
     if lnc not in (None, 1):
-        raise ValueError(f"--lnc applies only to trn2; {instance} cores are not grouped")
+        raise ValueError(f"--lnc applies only to trn2 and trn3; {instance} cores are not grouped")
     return PROFILES[(instance, None)]

@@ -3,7 +3,7 @@
 The Neuron scheduler extension places 1, 4, 8 or 16 devices of a trn1.32xlarge or
 trn2.48xlarge (2D torus), and the Neuron DRA driver's connected groups are the same sizes
 (docs/hardware.md). A run sized to cores spanning another count gets a pod that holds the next
-placeable set; inf2 (a ring) places any count.
+placeable set; inf2 (a ring) and trn3 (all-to-all switched) place any count.
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ from model_support.hardware import get_profile
         ("trn1", None, 4, 8),
         ("trn1", None, 32, 32),
         ("inf2", None, 6, 6),  # a ring: any count
+        ("trn3", 2, 8, 8),  # all-to-all NeuronSwitch: any count, as on a ring
+        ("trn3", 2, 20, 20),
+        ("trn3", 1, 12, 12),
+        ("trn3", 2, 64, 64),
     ],
 )
 def test_a_pod_holds_a_placeable_set_of_cores(

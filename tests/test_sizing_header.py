@@ -41,7 +41,15 @@ from model_support.sizing import (
 )
 from model_support.vocabulary import Parallelism
 
-PROFILES = [("trn2", None), ("trn2", 1), ("trn1", None), ("inf2", None), ("cpu", None)]
+PROFILES = [
+    ("trn2", None),
+    ("trn2", 1),
+    ("trn3", None),
+    ("trn3", 1),
+    ("trn1", None),
+    ("inf2", None),
+    ("cpu", None),
+]
 TEXT = "text-generation"
 
 

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from model_support import hardware
 from model_support.delivery import slot_subpath
 from model_support.operator.dra import (
     LNC_ENV,
@@ -629,7 +630,12 @@ def _scheduling(
     instance_type = spec.instanceType or profile.instance_type
     if instance_type is not None:
         node_selector[INSTANCE_TYPE_LABEL] = instance_type
-    if profile.name == "trn2" and settings.lnc_node_label and dra is None and lnc is not None:
+    if (
+        profile.name in hardware.LNC_CHOICES
+        and settings.lnc_node_label
+        and dra is None
+        and lnc is not None
+    ):
         # The devices' LNC is a node setting: select nodes configured with the LNC this test
         # was sized for (the same one its runtime is given).
         node_selector[settings.lnc_node_label] = str(lnc)

@@ -16,7 +16,7 @@ from typing import Any
 from huggingface_hub.errors import HfHubHTTPError
 
 from model_support.delivery import slot_for
-from model_support.hardware import get_profile
+from model_support.hardware import LNC_CHOICES, get_profile
 from model_support.hub import is_unreachable
 from model_support.operator.dra import (
     DraError,
@@ -249,7 +249,7 @@ def place(
             lnc = claim_lnc(spec, dra)
         except DraError as exc:
             raise InvalidTest(str(exc)) from exc
-    elif spec.lnc is not None and spec.profile == "trn2" and not settings.lnc_node_label:
+    elif spec.lnc is not None and spec.profile in LNC_CHOICES and not settings.lnc_node_label:
         raise InvalidTest(
             f"spec.lnc={spec.lnc} needs nodes labelled with their LNC, and this operator "
             "has no lncNodeLabel configured (chart value runner.lncNodeLabel) nor DRA "

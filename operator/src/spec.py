@@ -25,7 +25,7 @@ from model_support.config import COMPILE_BACKEND_PATTERN, RunConfig, Verificatio
 from model_support.operator.openapi import CelRule, Int64, cel_rules
 from model_support.vocabulary import Backend, Float32Precision, LocalizeMode, Parallelism, Task
 
-ProfileName = Literal["trn2", "trn1", "inf2", "cpu"]
+ProfileName = Literal["trn2", "trn3", "trn1", "inf2", "cpu"]
 
 
 @dataclass(frozen=True)
@@ -364,7 +364,7 @@ class TestSpec(_Camel):
     )
     lnc: int | None = Field(
         None,
-        description="Logical NeuronCore config (trn2 only). Default "
+        description="Logical NeuronCore config (trn2 and trn3 only). Default "
         f"{hardware.DEFAULT_LNC['trn2']}.",
         json_schema_extra={"enum": list(LNC_VALUES)},
     )

@@ -13,7 +13,7 @@ from model_support.operator.manifests import Placement, TestRef, build_job
 from model_support.operator.planning import InvalidTest, children, place
 from model_support.operator.resource import child_name, run_id_for
 from model_support.operator.settings import NeuronDraSettings, OperatorSettings
-from model_support.operator.spec import parse_spec
+from model_support.operator.spec import SpecError, parse_spec
 from model_support.sizing import Exclusion
 from model_support.vocabulary import ExclusionReason, Parallelism
 
@@ -49,6 +49,21 @@ def test_a_trn2_instance_type_is_placed(tiny_llama_path: Path) -> None:
     assert isinstance(place(spec, settings, token=None), Placement)
 
 
+def test_a_trn3_test_is_sized_for_trainium3_and_placed_on_a_trn3_node(
+    tiny_llama_path: Path,
+) -> None:
+    """trn3 is a profile of its own: Trainium3's 144 GiB devices, a trn3.48xlarge node."""
+    settings = OperatorSettings(results_uri="s3://b/r")
+    spec = parse_spec({"model": str(tiny_llama_path), "profile": "trn3"})
+    placement = place(spec, settings, token=None)
+    assert isinstance(placement, Placement)
+    assert placement.host_memory_bytes > 0
+    seen = runner_env({"profile": "trn3", "cores": 4, "parallelism": "tensor"}, settings)
+    assert seen["selector"]["node.kubernetes.io/instance-type"] == "trn3.48xlarge"
+    with pytest.raises(SpecError, match="exceeds the 64 cores of profile trn3"):
+        parse_spec({"model": "a/b", "profile": "trn3", "cores": 65, "parallelism": "tensor"})
+
+
 def runner_env(spec: dict[str, Any], settings: OperatorSettings) -> dict[str, Any]:
     job = build_job(
         REF, parse_spec({"model": "a/b", **spec}), Placement(4, Parallelism.TENSOR, 16 * GiB),
@@ -75,6 +90,9 @@ LABEL = "example.com/neuron-lnc"
         # DRA: the claim's LNC (the test's, else the chart default)
         ({"profile": "trn2", "lnc": 1}, {"neuron_dra": NeuronDraSettings()}, "1"),
         ({"profile": "trn2"}, {"neuron_dra": NeuronDraSettings(default_lnc=1)}, "1"),
+        # trn3 has the same LNC settings (default 2)
+        ({"profile": "trn3", "lnc": 1}, {"lnc_node_label": LABEL}, "1"),
+        ({"profile": "trn3"}, {}, "2"),
         # no logical cores on cpu
         ({"profile": "cpu"}, {}, None),
     ],
