@@ -166,6 +166,18 @@ NEURON_LOGICAL_NC_CONFIG nor the node's configuration sets it: 2 on Trainium2 an
 Trainium1 and Inferentia2 have no LNC setting, i.e. 1 (docs/hardware.md). run.py, which runs
 without this package, keeps a copy that tests/runner/test_trainium.py holds equal to this one."""
 
+PHYSICAL_CORES_PER_DEVICE: dict[str, int] = {
+    "trn2": 8,
+    "trn2u": 8,
+    "trn3": 8,
+    "trn1": 2,
+    "trn1n": 2,
+    "inf2": 2,
+}
+"""Physical NeuronCores of one device by instance family (Trainium2: 8 NeuronCore-v3;
+Trainium3: 8 NeuronCore-v4; Trainium and Inferentia2: 2 NeuronCore-v2; docs/hardware.md).
+run.py keeps a copy (it derives a pod's cores from its devices); a test holds the two equal."""
+
 MAX_CORES = max(profile.cores_per_instance for profile in PROFILES.values())
 """The most cores one test can use on any profile (trn2 at LNC=1: 128)."""
 

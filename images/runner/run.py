@@ -151,7 +151,8 @@ def setup_stage(ctx: RunContext) -> Placement:
             f"{TORCHNEURON_BASE_IMAGE}, or install torch"
         )
     if neuron_intended(config["backend"]):
-        apply_env(neuron_core_env(dict(os.environ), ctx.rank, ctx.world_size))
+        devices = neuron_devices(read_lnc()[0], instance_type()) if ctx.world_size > 1 else None
+        apply_env(neuron_core_env(dict(os.environ), ctx.rank, ctx.world_size, devices))
     backend = ctx.backend = select_backend(config["backend"])
     if backend.name == "neuron":
         # Before any model is touched: a node that cannot run a test fails here, as
@@ -1973,30 +1974,94 @@ def parse_visible_cores(spec: str) -> list[int]:
     return cores
 
 
-def neuron_core_env(inherited: dict, rank: int, world_size: int) -> dict[str, str | None]:
+# Physical NeuronCores per device, by instance family (docs/hardware.md): a copy of
+# model_support.hardware.PHYSICAL_CORES_PER_DEVICE, held equal by a test.
+PHYSICAL_CORES_PER_DEVICE = {"trn2": 8, "trn2u": 8, "trn3": 8, "trn1": 2, "trn1n": 2, "inf2": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class NeuronDevices:
+    """The Neuron devices this process sees and how many (logical) cores each one has."""
+
+    indices: tuple[int, ...]  # the N of every /dev/neuronN present, ascending
+    cores_per_device: int | None  # None: the instance family or its LNC is unknown
+    instance: str | None = None
+
+    def cores(self) -> list[int]:
+        """The runtime's core indices of these devices: device N holds cores N*c .. N*c+c-1
+        (the runtime numbers cores across the host's devices, as NEURON_RT_VISIBLE_CORES does)."""
+        per = self.cores_per_device or 0
+        return [index * per + core for index in self.indices for core in range(per)]
+
+
+def neuron_device_indices() -> list[int]:
+    """The N of every /dev/neuronN this process sees, ascending."""
+    indices: list[int] = []
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(NEURON_DEVICE_DIR):
+            if entry.startswith("neuron") and entry[len("neuron") :].isdigit():
+                indices.append(int(entry[len("neuron") :]))
+    return sorted(indices)
+
+
+def neuron_devices(lnc: int | None, instance: str | None) -> NeuronDevices:
+    """The devices of this process (/dev/neuronN) and their cores at ``lnc``."""
+    physical = PHYSICAL_CORES_PER_DEVICE.get((instance or "").split(".")[0])
+    per = physical // lnc if physical is not None and lnc is not None else None
+    return NeuronDevices(tuple(neuron_device_indices()), per, instance)
+
+
+def neuron_core_env(
+    inherited: dict, rank: int, world_size: int, devices: NeuronDevices | None = None
+) -> dict[str, str | None]:
     """Environment changes that give this process exactly one NeuronCore (None = unset).
 
     Rank r takes the r-th core of the inherited NEURON_RT_VISIBLE_CORES (on Kubernetes, the
     device plugin's allocation for the whole pod); TorchNeuron refuses a worker that sees more
-    than one core and narrows the variable itself only when it is unset. Without the variable a
-    sharded run takes cores 0..n-1, as TorchNeuron would, and a single-core run asks the runtime
-    for any one free core (NEURON_RT_NUM_CORES=1), so two runs on one host do not collide.
+    than one core and narrows the variable itself only when it is unset. Without the variable
+    (the DRA driver need not set it) a sharded run takes the cores of the devices this process
+    sees, not cores 0..n-1, which on a DRA claim of other devices are not the pod's; when those
+    cannot be known the run stops as infrastructure, saying what to set. A single-core run asks
+    the runtime for any one free core of its devices (NEURON_RT_NUM_CORES=1).
     """
     spec = (inherited.get("NEURON_RT_VISIBLE_CORES") or "").strip()
     if not spec:
         if world_size == 1:
             return {"NEURON_RT_NUM_CORES": "1"}
-        cores = list(range(world_size))
+        cores, source = cores_of_devices(devices, world_size)
     else:
-        cores = parse_visible_cores(spec)
+        cores, source = parse_visible_cores(spec), f"NEURON_RT_VISIBLE_CORES={spec!r}"
     if len(cores) < world_size:
         raise InfrastructureError(
-            f"{world_size} workers need {world_size} NeuronCores but NEURON_RT_VISIBLE_CORES="
-            f"{spec!r} makes only {len(cores)} visible: request {world_size} cores for the pod "
-            "(aws.amazon.com/neuroncore) or run with fewer cores"
+            f"{world_size} workers need {world_size} NeuronCores but {source} makes only "
+            f"{len(cores)} visible: request {world_size} cores for the pod "
+            "(aws.amazon.com/neuroncore, or a DRA claim of enough devices) or run with fewer cores"
         )
     # NEURON_RT_VISIBLE_CORES takes precedence, but a stale core count must not linger.
     return {"NEURON_RT_VISIBLE_CORES": str(cores[rank]), "NEURON_RT_NUM_CORES": None}
+
+
+def cores_of_devices(devices: NeuronDevices | None, world_size: int) -> tuple[list[int], str]:
+    """The cores a sharded run takes when NEURON_RT_VISIBLE_CORES is unset, and their source."""
+    unknown = (
+        f"NEURON_RT_VISIBLE_CORES is unset, so the {world_size} workers' cores must come from "
+        "the Neuron devices this pod holds, "
+    )
+    fix = (
+        "; set NEURON_RT_VISIBLE_CORES to the pod's cores (the device plugin does; a DRA "
+        "driver that does not needs it set from the claim)"
+    )
+    if devices is None or not devices.indices:
+        raise InfrastructureError(unknown + f"and no {NEURON_DEVICE_DIR}/neuron* is present" + fix)
+    if devices.cores_per_device is None:
+        raise InfrastructureError(
+            unknown + f"and the cores per device are unknown (instance type "
+            f"{devices.instance or 'unknown'}, LNC unknown): set MODEL_SUPPORT_INSTANCE_TYPE and "
+            "NEURON_LOGICAL_NC_CONFIG" + fix
+        )
+    names = ",".join(f"neuron{index}" for index in devices.indices)
+    source = f"the devices present ({names}; {devices.cores_per_device} cores each)"
+    return devices.cores(), source
 
 
 def apply_env(changes: dict[str, str | None]) -> None:
@@ -2250,11 +2315,9 @@ def writable_dir_problem(directory: str) -> str | None:
 def node_facts() -> NodeFacts:
     """The facts node_checks reads, from this process and machine."""
     devices: dict[str, str | None] = {}
-    with contextlib.suppress(OSError):
-        for entry in os.listdir(NEURON_DEVICE_DIR):
-            if entry.startswith("neuron") and entry[len("neuron") :].isdigit():
-                path = os.path.join(NEURON_DEVICE_DIR, entry)
-                devices[path] = device_file_problem(path)
+    for index in neuron_device_indices():
+        path = os.path.join(NEURON_DEVICE_DIR, f"neuron{index}")
+        devices[path] = device_file_problem(path)
     driver = None
     with contextlib.suppress(OSError), open(NEURON_DRIVER_VERSION_FILE, encoding="utf-8") as handle:
         driver = handle.read().strip() or None

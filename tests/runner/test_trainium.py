@@ -263,12 +263,70 @@ def test_a_bare_host_defaults_to_one_free_core_or_the_first_cores() -> None:
     assert runner.neuron_core_env({"NEURON_RT_NUM_CORES": "8"}, 0, 1) == {
         "NEURON_RT_NUM_CORES": "1"
     }
-    assert [runner.neuron_core_env({}, r, 4)["NEURON_RT_VISIBLE_CORES"] for r in range(4)] == [
-        "0",
-        "1",
-        "2",
-        "3",
+    # A whole trn2.48xlarge at LNC=2: its 16 devices, 4 logical cores each; the first four.
+    host = runner.NeuronDevices(tuple(range(16)), 4, "trn2.48xlarge")
+    assigned = [runner.neuron_core_env({}, r, 4, host)["NEURON_RT_VISIBLE_CORES"] for r in range(4)]
+    assert assigned == ["0", "1", "2", "3"]
+
+
+@pytest.mark.parametrize(
+    ("indices", "instance", "lnc", "world_size", "expected"),
+    [
+        # A DRA claim of devices 4..7 on a trn2.48xlarge at LNC=2: cores 16..31, not 0..n-1.
+        ((4, 5, 6, 7), "trn2.48xlarge", 2, 16, list(range(16, 32))),
+        ((4, 5, 6, 7), "trn2.48xlarge", 2, 8, list(range(16, 24))),
+        # The same devices at LNC=1: eight physical cores each.
+        ((4, 5, 6, 7), "trn2.48xlarge", 1, 4, [32, 33, 34, 35]),
+        # One trn3 device (Trainium3: eight NeuronCore-v4), LNC=2.
+        ((9,), "trn3.48xlarge", 2, 2, [36, 37]),
+        # Devices need not be contiguous.
+        ((2, 12), "trn2.48xlarge", 2, 8, [8, 9, 10, 11, 48, 49, 50, 51]),
+    ],
+)
+def test_without_visible_cores_a_sharded_run_takes_the_cores_of_its_own_devices(
+    indices: tuple[int, ...], instance: str, lnc: int, world_size: int, expected: list[int]
+) -> None:
+    devices = runner.NeuronDevices(
+        indices, runner.PHYSICAL_CORES_PER_DEVICE["trn2"] // lnc, instance
+    )
+    assigned = [
+        runner.neuron_core_env({}, rank, world_size, devices)["NEURON_RT_VISIBLE_CORES"]
+        for rank in range(world_size)
     ]
+    assert assigned == [str(core) for core in expected]
+
+
+def test_neuron_devices_reads_the_device_files_and_the_cores_per_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("neuron7", "neuron4", "neuron_monitor", "neuronx", "null"):
+        (tmp_path / name).touch()
+    monkeypatch.setattr(runner, "NEURON_DEVICE_DIR", str(tmp_path))
+    assert runner.neuron_devices(2, "trn2.48xlarge") == runner.NeuronDevices(
+        (4, 7), 4, "trn2.48xlarge"
+    )
+    assert runner.neuron_devices(1, "trn3.48xlarge").cores_per_device == 8
+    assert runner.neuron_devices(1, "trn1.32xlarge").cores_per_device == 2
+    assert runner.neuron_devices(2, None).cores_per_device is None
+    assert runner.neuron_devices(None, "trn2.48xlarge").cores_per_device is None
+
+
+@pytest.mark.parametrize(
+    ("devices", "why"),
+    [
+        (None, "no /dev/neuron\\* is present"),
+        (runner.NeuronDevices((), 4, "trn2.48xlarge"), "no /dev/neuron\\* is present"),
+        (runner.NeuronDevices((0, 1), None, "m7i.large"), "cores per device are unknown.*m7i"),
+        (runner.NeuronDevices((3,), 4, "trn2.48xlarge"), r"\(neuron3; 4 cores each\) makes only 4"),
+    ],
+)
+def test_cores_that_cannot_be_known_stop_the_run_as_infrastructure(
+    devices: object, why: str
+) -> None:
+    with pytest.raises(runner.InfrastructureError, match=why):
+        runner.neuron_core_env({}, 0, 8, devices)  # type: ignore[arg-type]
+    # A single-core run needs no such knowledge: the runtime picks a free core of its devices.
+    assert runner.neuron_core_env({}, 0, 1, devices) == {"NEURON_RT_NUM_CORES": "1"}  # type: ignore[arg-type]
 
 
 def test_a_single_core_pod_keeps_its_allocated_core() -> None:
@@ -315,6 +373,7 @@ def test_run_py_assumes_the_lnc_defaults_sizing_assumes() -> None:
     """run.py keeps its own copy of the runtime's LNC defaults (it runs without the package): a
     copy that differed would size a test for one LNC and run it at another."""
     assert runner.LNC_DEFAULT_BY_FAMILY == hardware.LNC_DEFAULT_BY_FAMILY
+    assert runner.PHYSICAL_CORES_PER_DEVICE == hardware.PHYSICAL_CORES_PER_DEVICE
     for family, lnc in hardware.LNC_DEFAULT_BY_FAMILY.items():
         found = runner.effective_lnc({}, None, f"{family}.48xlarge")
         assert found == (lnc, f"default for {family}")
