@@ -416,6 +416,13 @@ COLUMNS: tuple[Column, ...] = (
         lambda s: s.doc.stack.lnc,
     ),
     Column(
+        "compiler_flags",
+        _STRING,
+        "NEURON_CC_FLAGS in effect on the neuron backend (its --auto-cast decides the float32 "
+        "precision policy, column float32_precision); null when unset or off Neuron.",
+        lambda s: s.doc.stack.compiler_flags,
+    ),
+    Column(
         "compiled_graphs",
         _INT,
         "Graphs compiled during the run (one per input shape and graph break).",

@@ -426,6 +426,12 @@ class Stack(BaseModel):
         description="Where lnc came from: NEURON_LOGICAL_NC_CONFIG, the node's config file, "
         "or the instance type's default.",
     )
+    compiler_flags: str | None = Field(
+        None,
+        description="NEURON_CC_FLAGS in effect on the neuron backend (the neuronx-cc options "
+        "beyond TorchNeuron's own; they decide the float32 precision policy); null when unset "
+        "or off Neuron.",
+    )
     origin: str | None = Field(
         None,
         description='"writer": versions of the process that stored an EXCLUDED record (nothing ran); None: run.py\'s own.',

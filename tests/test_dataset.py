@@ -179,6 +179,13 @@ def test_the_row_says_whether_the_pulled_cache_matched_the_compiler() -> None:
     assert record_to_row(record())["compile_cache_prefix_matched"] is None  # no cache pulled
 
 
+def test_the_row_says_which_compiler_flags_decided_the_float32_policy() -> None:
+    flags = "--auto-cast=matmult --auto-cast-type=tf32"
+    rec = make_record(stack=NEURON_STACK.model_copy(update={"compiler_flags": flags}))
+    assert record_to_row(rec)["compiler_flags"] == flags
+    assert record_to_row(make_record())["compiler_flags"] is None  # unset: neuronx-cc's defaults
+
+
 def test_the_row_says_whether_the_timed_call_recompiled() -> None:
     from model_support.records import Compilation
 

@@ -1790,7 +1790,10 @@ class NeuronBackend(Backend):
 
     def runtime_settings(self):
         lnc, source = read_lnc()
-        return {"lnc": lnc, "lnc_source": source}
+        # The flags neuronx-cc compiles with beyond TorchNeuron's own: they set the float32
+        # precision policy (neuron_float32_precision), so the row says which were in effect.
+        flags = (os.environ.get("NEURON_CC_FLAGS") or "").strip() or None
+        return {"lnc": lnc, "lnc_source": source, "compiler_flags": flags}
 
     def synchronize(self):
         torch.neuron.synchronize()
@@ -2519,7 +2522,8 @@ def collect_stack(backend: Backend) -> dict:
     stack["os"] = platform.platform()
     stack["instance_type"] = instance_type()
     stack["device_name"] = backend.device_name(None) if backend.device_is_host else None
-    stack["lnc"] = stack["lnc_source"] = None  # read at setup (Backend.runtime_settings)
+    # Read at setup (Backend.runtime_settings), on the neuron backend only.
+    stack["lnc"] = stack["lnc_source"] = stack["compiler_flags"] = None
     return stack
 
 

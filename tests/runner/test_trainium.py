@@ -369,6 +369,22 @@ def test_effective_lnc(
     assert runner.effective_lnc(environ, config_file, instance) == expected
 
 
+def test_a_neuron_run_records_the_compiler_flags_its_float32_policy_came_from(
+    monkeypatch: pytest.MonkeyPatch, clean_neuron_env: None
+) -> None:
+    """The row holds NEURON_CC_FLAGS beside the LNC: a float32 run judged against TF32 says why."""
+    flags = "--auto-cast=matmult --auto-cast-type=tf32"
+    monkeypatch.setenv("NEURON_CC_FLAGS", f"  {flags} ")
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
+    settings = runner.BACKENDS["neuron"].runtime_settings()
+    assert settings == {"lnc": 1, "lnc_source": "NEURON_LOGICAL_NC_CONFIG", "compiler_flags": flags}
+    policy = {"float32_precision": "auto"}
+    assert runner.float32_precision(policy, "neuron", settings["compiler_flags"]) == "tf32"
+    monkeypatch.delenv("NEURON_CC_FLAGS")
+    assert runner.BACKENDS["neuron"].runtime_settings()["compiler_flags"] is None
+    assert "compiler_flags" not in runner.BACKENDS["cpu"].runtime_settings()
+
+
 def test_run_py_assumes_the_lnc_defaults_sizing_assumes() -> None:
     """run.py keeps its own copy of the runtime's LNC defaults (it runs without the package): a
     copy that differed would size a test for one LNC and run it at another."""
