@@ -153,9 +153,7 @@ def main() -> None:
         views.view_charts(ctx)
 
     if table is not None and view in ("selected", "all", "compare", "triage"):
-        picked = views.show_table(table, key=f"table-{view}")
-        if picked:
-            st.session_state["model"] = picked
+        views.show_table(table, key=f"table-{view}")
 
     st.divider()
     st.header("Model details")

@@ -7,6 +7,7 @@ chosen results location, stack and filters. Data comes through the cached reader
 
 from __future__ import annotations
 
+import functools
 import shlex
 from dataclasses import dataclass
 from datetime import UTC
@@ -229,11 +230,34 @@ def table_config(table: pd.DataFrame) -> dict[str, ColumnConfig]:
     return config
 
 
-def show_table(table: pd.DataFrame, key: str) -> str | None:
+def _pick_row(key: str, models: pd.Series) -> None:
+    """A table's row was ticked or unticked (the selection's callback, run before the script):
+    the page's model becomes that row's model, or none, so the details and the URL follow."""
+    state = st.session_state.get(key)
+    rows = list(state["selection"]["rows"]) if state is not None else []
+    st.session_state["model"] = str(models.iloc[rows[0]]) if rows else None
+
+
+def selection_rows(models: pd.Series, model: str | None) -> list[int]:
+    """The table rows to highlight: the first row of ``model`` (the details shown), or none."""
+    if not model:
+        return []
+    matches = (models.to_numpy() == model).nonzero()[0]
+    return [int(matches[0])] if len(matches) else []
+
+
+def show_table(table: pd.DataFrame, key: str) -> None:
     """Draw a results table with row selection (its row count above it, blanks where a value is
-    missing); returns the model of a newly selected row."""
+    missing). Ticking a row shows its model's details; the highlighted row is always the page's
+    model (its details, named in the URL) or none: a link, Back and Forward, the picker or
+    another table change the model, and the selection follows it."""
     st.caption(f"{len(table):,} row{'' if len(table) == 1 else 's'}")
     config = table_config(table)
+    models = table["model"].astype(str).reset_index(drop=True)
+    wanted = selection_rows(models, st.session_state.get("model"))
+    state = st.session_state.get(key)
+    if (list(state["selection"]["rows"]) if state is not None else []) != wanted:
+        st.session_state[key] = {"selection": {"rows": wanted, "columns": [], "cells": []}}
     table = formatting.blank_missing(table)
     if len(table) > DICTIONARY_ABOVE_ROWS:
         # Few distinct values: sent as Arrow dictionaries, the page's largest message shrinks by
@@ -241,24 +265,15 @@ def show_table(table: pd.DataFrame, key: str) -> str | None:
         table = table.astype(
             {c: "category" for c in DICTIONARY_COLUMNS if c in table.columns}, copy=False
         )
-    event = st.dataframe(
+    st.dataframe(
         table,
         hide_index=True,
         column_config=config,
-        on_select="rerun",
+        on_select=functools.partial(_pick_row, key, models),
         selection_mode="single-row",
         key=key,
         height=min(38 + 35 * max(len(table), 1), 600),
     )
-    rows = event.selection.rows if event is not None else []
-    if not rows:
-        return None
-    picked = str(table.iloc[rows[0]]["model"])
-    # A selection persists across reruns: apply it once, so the picker can change afterwards.
-    if st.session_state.get("_picked") == (key, picked):
-        return None
-    st.session_state["_picked"] = (key, picked)
-    return picked
 
 
 def summary(frame: pd.DataFrame) -> None:
@@ -337,9 +352,7 @@ def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
         tested = int((table["result"] != queries.UNTESTED).sum())
         st.caption(f"{tested} of {len(table)} tested on this stack.")
         tables.append(table)
-        picked = show_table(table.reset_index(drop=True), key=f"table-{sort}-{task}")
-        if picked:
-            st.session_state["model"] = picked
+        show_table(table.reset_index(drop=True), key=f"table-{sort}-{task}")
     if missing:
         # One warning for every task without a ranking (the Hub's reason is the same for all).
         first = missing[0][1]
@@ -372,9 +385,7 @@ def tested_instead_of_ranking(
         f"ranking is stored, so these are the {len(table):,} {literal(task)} model"
         f"{'' if len(table) == 1 else 's'} tested on this stack."
     )
-    picked = show_table(table, key=f"table-{sort}-{task}-tested")
-    if picked:
-        st.session_state["model"] = picked
+    show_table(table, key=f"table-{sort}-{task}-tested")
     return table
 
 

@@ -176,3 +176,99 @@ def test_back_returns_to_the_previous_view_and_the_title_names_the_model(server:
         assert checked.count() == 1
         assert "view=all" in page.url and "model=Qwen" in page.url  # not overwritten again
         assert page.title().startswith("Qwen/Qwen3-1.7B")
+
+
+ROW_HEIGHT = 35
+"""Streamlit's dataframe row (and header) height in pixels."""
+
+
+def click_row(page: Page, row: int, table: int = 0) -> None:
+    """Tick row ``row`` (0: the first data row) of the page's ``table``-th dataframe: its row
+    marker, the checkbox left of the first column (a click on a cell selects only the cell)."""
+    grid = page.locator('[data-testid="stDataFrame"]').nth(table).locator("canvas").first
+    box = grid.bounding_box()
+    assert box is not None
+    page.mouse.click(box["x"] + 16, box["y"] + ROW_HEIGHT * (row + 1) + ROW_HEIGHT // 2)
+
+
+HIGHLIGHTED = """() => Array.from(document.querySelectorAll(
+    '[data-testid="stDataFrame"]')[0]?.querySelectorAll('tbody tr[aria-selected="true"]') ?? []
+).map(row => row.querySelector('td')?.innerText)"""
+"""The first column of the first table's highlighted rows (the grid's accessible table)."""
+
+
+def wait_highlighted(page: Page, models: list[str]) -> None:
+    """Wait until the first table's highlighted rows are exactly ``models``' rows."""
+    page.wait_for_function(
+        f"wanted => JSON.stringify(({HIGHLIGHTED})()) === JSON.stringify(wanted)",
+        arg=models,
+        timeout=30_000,
+    )
+
+
+def page_heading(text: str) -> str:
+    """A selector of the page's headings with exactly ``text`` (a model's details)."""
+    return f'[data-testid="stHeading"] h3:has-text("{text}")'
+
+
+def test_back_after_a_row_click_leaves_the_row_highlighted_as_the_url_says(server: str) -> None:
+    """A clicked row opens its details and stays highlighted; Back (no model in the URL) leaves
+    no row highlighted and no details; Forward highlights it again; a link's model is
+    highlighted on arrival."""
+    model = "deepseek-ai/DeepSeek-V3"  # the table's third row (sorted by model id)
+    details = page_heading(model)
+    with browser_page() as page:
+        page.goto(f"{server}/?view=all")
+        wait_ready(page)
+        wait_highlighted(page, [])
+        click_row(page, 2)
+        page.wait_for_url("**model=deepseek-ai%2FDeepSeek-V3**", timeout=30_000)
+        page.locator(details).wait_for(timeout=30_000)
+        wait_ready(page)
+        wait_highlighted(page, [model])
+        page.go_back()
+        page.wait_for_url(lambda url: "model=" not in url, timeout=30_000)
+        wait_ready(page)
+        wait_highlighted(page, [])
+        assert page.locator(details).count() == 0  # no details, no highlighted row
+        page.go_forward()
+        page.wait_for_url("**model=deepseek-ai%2FDeepSeek-V3**", timeout=30_000)
+        page.locator(details).wait_for(timeout=30_000)
+        wait_highlighted(page, [model])
+        click_row(page, 0)  # another row, after Back and Forward
+        page.wait_for_url("**model=Qwen%2FQwen3-0.6B**", timeout=30_000)
+        page.locator(page_heading("Qwen/Qwen3-0.6B")).wait_for(timeout=30_000)
+        wait_highlighted(page, ["Qwen/Qwen3-0.6B"])
+        page.goto(f"{server}/?view=all&model=meta-llama/Llama-3.2-1B")  # a link
+        wait_ready(page)
+        wait_highlighted(page, ["meta-llama/Llama-3.2-1B"])
+
+
+def test_a_clicked_regression_opens_its_two_runs_side_by_side(server: str) -> None:
+    """A click on a Regressions row shows that change's runs of the two compared stacks."""
+    older = "neuronx-cc 2.27.100.0 · transformers 5.24.0"
+    newer = "neuronx-cc 2.28.7631.0 · transformers 5.24.0"
+    with browser_page() as page:
+        page.goto(f"{server}/?view=regressions")
+        wait_ready(page)
+        table = page.locator('[data-testid="stDataFrame"]').first.locator("tbody tr")
+        first = table.first.inner_text()
+        assert "Qwen/Qwen3-1.7B" in first and "ERROR" in first
+        after_run = first.split("model-support reproduce ")[1].split()[0]
+        click_row(page, 0)
+        before = page.locator('[data-testid="stColumn"]', has_text=f"Before: {older}")
+        after = page.locator('[data-testid="stColumn"]', has_text=f"After: {newer}")
+        before.wait_for(timeout=30_000)
+        after.wait_for(timeout=30_000)
+        wait_ready(page)
+        before_text, after_text = before.inner_text(), after.inner_text()
+        assert "PASS" in before_text.splitlines() and "ERROR" not in before_text
+        assert "ERROR" in after_text.splitlines() and "error class compile" in after_text
+        assert "exceeds SBUF" in after_text  # the newer stack's error
+        assert f"run {after_run}" in after_text  # the clicked change's run, not another
+        picker = page.locator('[data-testid="stSelectbox"]', has_text="side by side")
+        picked = picker.locator("input").input_value()
+        assert picked == "Qwen/Qwen3-1.7B · text-generation"  # the clicked change
+        click_row(page, 1)  # the other regression: llava's TIMEOUT
+        page.locator('[data-testid="stColumn"]', has_text="TIMEOUT").first.wait_for(timeout=30_000)
+        assert "exceeds SBUF" not in after.inner_text()

@@ -154,3 +154,23 @@ def test_a_stack_with_fewer_results_says_how_many_and_which_has_most(
     ]
     at.selectbox(key="compiler").select(f"neuronx-cc {OLD_CC}").run()
     assert not [i for i in at.info if "tested on this stack" in i.value]
+
+
+def test_the_table_highlights_the_row_of_the_model_the_url_names(page: AppTest) -> None:
+    """The table's selection follows the page's model: a link's model is highlighted, a URL
+    without one (Back) highlights nothing, and picking another model moves the highlight."""
+
+    def highlighted() -> list[int]:
+        return list(page.session_state["table-all"]["selection"]["rows"])
+
+    page.query_params.update(view="all", model="google/gemma-3-1b-it")
+    page.run()
+    assert not page.exception
+    models = list(page.dataframe[0].value["model"])
+    assert highlighted() == [models.index("google/gemma-3-1b-it")]
+    page.query_params.clear()
+    page.query_params["view"] = "all"  # Back to the table without a model
+    page.run()
+    assert highlighted() == [] and page.selectbox(key="model").value is None
+    page.selectbox(key="model").select("Qwen/Qwen3-1.7B").run()
+    assert highlighted() == [models.index("Qwen/Qwen3-1.7B")]
