@@ -4,9 +4,10 @@ No public base image can be pulled on these machines, and pip inside a build can
 package index. So:
 
 * the base is Debian bookworm made from Debian's packages (``debootstrap --variant=minbase`` with
-  python3 and pip, imported with ``docker import``); with CPU torch added
-  (``dlc-stand-in.Dockerfile``) it plays the runner's production base (the Neuron DLC, which
-  carries torch), passed as the ``BASE_IMAGE`` build arg; where the engine shares layers, the
+  python3, pip and venv, imported with ``docker import``); on it the runner's own plain-OS base
+  recipe (``images/runner/torchneuron-base.Dockerfile``) is built with CPU torch in place of
+  TorchNeuron and no Neuron apt packages, playing the runner's production base (the Neuron DLC,
+  which carries torch), passed as the ``BASE_IMAGE`` build arg; where the engine shares layers, the
   operator is built on the runner image (its Python base, with most of its packages found
   installed, see ``build_images``);
 * the wheels come from a wheelhouse built on the host (``pip wheel`` of the package's
@@ -58,15 +59,17 @@ CACHE = Path(
 IMAGE_PREFIX = "model-support-test"
 RUNNER_DOCKERFILE = "images/runner/Dockerfile"
 OPERATOR_DOCKERFILE = "operator/Dockerfile"
-# The runner's base here: Debian + CPU torch, in the Neuron DLC's place (it carries torch).
-DLC_STAND_IN_DOCKERFILE = "tests/containers/dlc-stand-in.Dockerfile"
+# The runner's base here: its plain-OS base recipe on Debian, with CPU torch in TorchNeuron's
+# place and no Neuron apt packages (none can be fetched here), standing in for the Neuron DLC.
+TORCHNEURON_BASE_DOCKERFILE = "images/runner/torchneuron-base.Dockerfile"
+TORCHNEURON_BASE_STAND_IN_ARGS = {"TORCHNEURON_PACKAGES": "torch", "NEURON_APT_PACKAGES": ""}
 
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = os.environ.get("MODEL_SUPPORT_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 DEBOOTSTRAP = [
     "debootstrap",
     "--variant=minbase",
-    "--include=python3,python3-pip,ca-certificates",
+    "--include=python3,python3-pip,python3-venv,ca-certificates",
     DEBIAN_SUITE,
 ]
 # Left out of the base: package caches and docs (as Debian's own slim images do), and Debian's
@@ -331,6 +334,7 @@ class Images:
     """The tags of the images the container tests run."""
 
     base: str
+    torchneuron_base: str
     runner: str
     operator: str
 
@@ -344,15 +348,20 @@ def build_image(
     wheels: Wheelhouse,
     log: list[str],
     with_context: bool = True,
+    buildargs: dict[str, str] | None = None,
 ) -> str:
     """Build ``dockerfile`` on ``base`` offline from ``wheels`` (or find it built already).
 
     ``with_context=False``: a Dockerfile that copies nothing is built without the repository as
-    its context, so source changes neither rebuild it nor enter its hash.
+    its context, so source changes neither rebuild it nor enter its hash. ``buildargs`` are
+    passed beside the base and the wheelhouse (and enter the hash).
     """
+    extra = dict(buildargs or {})
     base_id = client.images.get(base).id
     context = _context_digest(dockerfile) if with_context else ""
-    digest = _digest((REPO / dockerfile).read_bytes(), context, base_id, wheels.digest)[:16]
+    digest = _digest(
+        (REPO / dockerfile).read_bytes(), context, base_id, wheels.digest, json.dumps(extra)
+    )[:16]
     repository = f"{IMAGE_PREFIX}/{name}"
     tag = f"{repository}:{digest}"
     if _image(client, tag) is not None:
@@ -368,7 +377,7 @@ def build_image(
         stream = client.api.build(
             **source,
             tag=tag,
-            buildargs={"BASE_IMAGE": base, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": url},
+            buildargs={"BASE_IMAGE": base, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": url, **extra},
             network_mode="host",
             rm=True,
             forcerm=True,
@@ -412,12 +421,13 @@ def build_images(client: docker.DockerClient, log: list[str]) -> Images:
             base, wheels = making_base.result(), making_wheels.result()
         dlc = build_image(
             client,
-            name="dlc-stand-in",
-            dockerfile=DLC_STAND_IN_DOCKERFILE,
+            name="torchneuron-base",
+            dockerfile=TORCHNEURON_BASE_DOCKERFILE,
             base=base,
             wheels=wheels,
             log=log,
             with_context=False,
+            buildargs=TORCHNEURON_BASE_STAND_IN_ARGS,
         )
         runner = build_image(
             client, name="runner", dockerfile=RUNNER_DOCKERFILE, base=dlc, wheels=wheels, log=log
@@ -430,4 +440,4 @@ def build_images(client: docker.DockerClient, log: list[str]) -> Images:
             wheels=wheels,
             log=log,
         )
-    return Images(base=base, runner=runner, operator=operator)
+    return Images(base=base, torchneuron_base=dlc, runner=runner, operator=operator)

@@ -6,7 +6,13 @@ import json
 import re
 
 import docker
-from container_images import OPERATOR_DOCKERFILE, REPO, RUNNER_DOCKERFILE, Images
+from container_images import (
+    OPERATOR_DOCKERFILE,
+    REPO,
+    RUNNER_DOCKERFILE,
+    TORCHNEURON_BASE_DOCKERFILE,
+    Images,
+)
 
 RUN_AS_USER_CHECK = (
     "import json, os, importlib.metadata as m; import model_support.runner_pod, s3fs; "
@@ -32,6 +38,9 @@ def test_the_dockerfiles_keep_their_production_bases(images: Images) -> None:
     # The tests pass the local Debian base; the Dockerfiles' defaults stay the production ones.
     assert _base_default(RUNNER_DOCKERFILE).startswith("public.ecr.aws/neuron/")
     assert _base_default(OPERATOR_DOCKERFILE).startswith("python:3.11")
+    assert _base_default(TORCHNEURON_BASE_DOCKERFILE).startswith(
+        "public.ecr.aws/docker/library/ubuntu:"
+    )
     assert images.base not in (_base_default(RUNNER_DOCKERFILE), _base_default(OPERATOR_DOCKERFILE))
 
 
@@ -54,6 +63,26 @@ def test_the_runner_image_runs_run_py_as_a_non_root_user(
         "hub": pins["HF_HUB_VERSION"],
     }
     assert "buckets" in _run(docker_client, images.runner, ["hf", "--help"])
+
+
+def test_the_runner_keeps_the_compiler_stack_of_its_base(
+    docker_client: docker.DockerClient, images: Images
+) -> None:
+    """The runner's packages install under constraints that hold the base's compiler stack:
+    torch (here in TorchNeuron's place, built by the plain-OS base recipe) is the base's, byte
+    for byte the same version, and the constraints stay in the image for later installs."""
+    version = "import torch, sys; print(torch.__version__, sys.executable)"
+    in_base = _run(docker_client, images.torchneuron_base, ["python3", "-c", version]).split()
+    in_runner = _run(docker_client, images.runner, ["python3", "-c", version]).split()
+    assert in_base[1] == "/opt/torchneuron/bin/python3"  # the recipe's virtualenv, first on PATH
+    assert in_runner == in_base
+    pins = _run(
+        docker_client, images.runner, ["cat", "/etc/model-support/compiler-constraints.txt"]
+    )
+    lines = pins.split()
+    assert f"torch=={in_base[0]}" in lines
+    assert any(line.startswith("filelock==") for line in lines)  # torch's own requirements too
+    assert not any(line.startswith("transformers==") for line in lines)
 
 
 def test_the_operator_image_starts_on_a_read_only_root(
