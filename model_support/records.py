@@ -301,6 +301,26 @@ class FirstDivergence(BaseModel):
         return line + (f": {self.reason}" if self.reason else "") + cost
 
 
+class Pictures(BaseModel):
+    """What a text-to-image run drew: each prompt's final latents decoded by a float32 CPU copy
+    of the reference pipeline's VAE into a small PNG, the device's and the float32 reference's
+    (shown beside each other; never judged, so they cannot change the result)."""
+
+    model_config = _FORBID
+
+    format: str = Field("png", description="The pictures' image format.")
+    max_side: int = Field(..., description="The longest side of a picture, in pixels (at most).")
+    device: list[str] = Field(
+        default_factory=list, description="Per prompt: the device's picture, base64."
+    )
+    reference: list[str] = Field(
+        default_factory=list, description="Per prompt: the float32 reference's picture, base64."
+    )
+    error: str | None = Field(
+        None, description="Why no pictures were drawn (e.g. latents that are not an image's)."
+    )
+
+
 class Verification(BaseModel):
     """The verdict's figures, kept whole so thresholds can be re-judged from the dataset."""
 
@@ -391,7 +411,11 @@ class Verification(BaseModel):
     )
     items: list[dict[str, Any]] = Field(
         default_factory=list,
-        description="Per item of such a verdict (an input, or a prompt at a denoising step): its figures and, where it has one, its verdict.",
+        description="Per item of such a verdict (an input, or a prompt at a denoising step): its figures and, where it has one, its verdict; a classifier's input also its predicted label and the reference's (label, reference_label).",
+    )
+    images: Pictures | None = Field(
+        None,
+        description="text-to-image: the device's and the reference's final pictures (small PNGs).",
     )
 
 

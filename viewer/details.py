@@ -220,8 +220,10 @@ def run_details(
     if isinstance(row["verification_reason"], str):
         st.markdown(literal(row["verification_reason"]))
     _verdict_figures(row, verification)
-    if result != Result.FAIL.value:  # a FAIL showed its text beside the reference's tokens
-        output.show_output(row)
+    if result != Result.FAIL.value or not failures.token_verdict(verification):
+        # A text FAIL showed its text beside the reference's tokens.
+        output.show_output(row, verification=verification)
+    output.show_pictures(row, verification)
     _compile_cache(row)
     _reproduce(row, results_uri)
     _more(row, verification)

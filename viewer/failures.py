@@ -117,6 +117,11 @@ def token_table(verification: Mapping[str, object], limit: int = MAX_TOKEN_ROWS)
     return pd.DataFrame(rows, columns=columns)
 
 
+def token_verdict(verification: Mapping[str, object]) -> bool:
+    """Whether the verdict compared tokens (text generation; older records name no method)."""
+    return verification.get("method") in (None, "tokens")
+
+
 def decoded(verification: Mapping[str, object]) -> bool:
     """Whether the record holds the positions' tokens as text (else only ids)."""
     return any("token_text" in p for p in _differing(verification))
@@ -147,6 +152,8 @@ def show_fail(row: Mapping[str, object], verification: Mapping[str, object]) -> 
     else:
         st.markdown(f"**Failed checks**: {checks_in_words(checks)}")
         st.dataframe(checks, hide_index=True, key=f"checks-{row.get('run_id')}")
+    if not token_verdict(verification):
+        return  # the details show what another task produced beside the reference's
     tokens = token_table(verification)
     if not output.texts(row) and tokens.empty:
         return

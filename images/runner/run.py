@@ -396,6 +396,7 @@ class TaskScenario(abc.ABC):
             config, generation, scored, precision_label(dtype_name, precision or "ieee")
         )
         verification["float32_precision"] = precision
+        verification.setdefault("images", None)  # drawn by text-to-image only
         return verification, time.perf_counter() - start
 
 
@@ -1292,12 +1293,12 @@ class Classification(TaskScenario):
     def collect(self, config, loaded, out):
         logits = out.double().cpu()
         labels = getattr(loaded.model.config, "id2label", None) or {}
-        text = [str(labels.get(int(i), int(i))) for i in logits.argmax(dim=-1)]
+        text = [class_label(labels, int(i)) for i in logits.argmax(dim=-1)]
         cpu_inputs = {k: v.cpu() for k, v in loaded.inputs.items() if hasattr(v, "cpu")}
-        return Generation(None, logits, text=text, outputs=cpu_inputs)
+        return Generation(None, logits, text=text, outputs={"inputs": cpu_inputs, "labels": labels})
 
     def score(self, config, processor, generation, dtype_name, precision):
-        inputs = generation.outputs
+        inputs = generation.outputs["inputs"]
 
         def class_logprobs(model):
             dtype = next(model.parameters()).dtype
@@ -1308,9 +1309,20 @@ class Classification(TaskScenario):
 
     def judge(self, config, generation, scored, label):
         reference, baseline = scored
-        return classification_verdict(
+        verdict = classification_verdict(
             reference, baseline, generation.device_logits, config["verification"], label
         )
+        # Each input's predicted label beside the float32 reference's, as the viewer shows them.
+        labels = generation.outputs["labels"]
+        for item in verdict["items"]:
+            item["label"] = class_label(labels, item["class"])
+            item["reference_label"] = class_label(labels, item["reference_class"])
+        return verdict
+
+
+def class_label(labels: dict, index: int) -> str:
+    """A class's name from the model's id2label (its index where the config names none)."""
+    return str(labels.get(index, index))
 
 
 class TextClassification(Classification):
@@ -1480,6 +1492,7 @@ class TextToImage(TaskScenario):
     def score(self, config, processor, generation, dtype_name, precision):
         prompts, steps = list(config["prompts"]), int(config["denoising_steps"])
         calls = generation.outputs["calls"]
+        decoders: list = []  # the reference's VAE, kept to draw the pictures
 
         def trajectory_and_predictions(pipe):
             denoiser = denoiser_of(pipe)
@@ -1490,15 +1503,18 @@ class TextToImage(TaskScenario):
                 .cpu()
                 for args, kwargs, _ in calls
             ]
+            if not decoders:  # the first call is the float32 reference's, before any cast
+                decoders.append(PictureDecoder(pipe))
             return denoise(pipe, prompts, steps)["latents"], predictions
 
-        return reference_and_baseline(
+        reference, baseline = reference_and_baseline(
             self, config, dtype_name, precision, trajectory_and_predictions
         )
+        return reference, baseline, decoders[0]
 
     def judge(self, config, generation, scored, label):
-        (reference, reference_predictions), (baseline, baseline_predictions) = scored
-        return latent_verdict(
+        (reference, reference_predictions), (baseline, baseline_predictions), decoder = scored
+        verdict = latent_verdict(
             reference,
             baseline,
             generation.outputs["latents"],
@@ -1510,6 +1526,78 @@ class TextToImage(TaskScenario):
                 [prediction for _, _, prediction in generation.outputs["calls"]],
             ),
         )
+        # What the run drew, beside what the reference drew (the verdict does not look at them).
+        verdict["images"] = decoder.pictures(generation.outputs["latents"][-1], reference[-1])
+        return verdict
+
+
+PICTURE_SIDE = 128
+"""The longest side of a recorded picture, in pixels."""
+PICTURE_BYTES = 40_000
+"""The most bytes of one recorded picture's PNG: a larger one is drawn again at half the side."""
+
+
+class PictureDecoder:
+    """Draws a text-to-image run's final latents as small PNG pictures (base64) with a float32
+    CPU copy of the reference pipeline's VAE, the device's and the reference's alike: the
+    pictures differ only where the denoising did."""
+
+    def __init__(self, pipeline) -> None:
+        import copy
+
+        vae = getattr(pipeline, "vae", None)
+        self.vae = None if vae is None else copy.deepcopy(vae).to("cpu", torch.float32)
+
+    def pictures(self, device_latents, reference_latents) -> dict:
+        """The record's ``images``: one picture per prompt of the device and of the reference,
+        or none and why (a picture is shown, never judged: it cannot fail the run)."""
+        pictures = {"format": "png", "max_side": PICTURE_SIDE, "device": [], "reference": []}
+        try:
+            if self.vae is None:
+                raise ValueError("the pipeline has no vae component to decode its latents")
+            pictures["device"] = self.draw(device_latents)
+            pictures["reference"] = self.draw(reference_latents)
+        except Exception as exc:
+            pictures["device"], pictures["reference"] = [], []
+            pictures["error"] = f"{type(exc).__name__}: {exc}"
+        return pictures
+
+    def draw(self, latents) -> list[str]:
+        """Latents (batch, channels, height, width) as one base64 PNG per batch row."""
+        x = torch.as_tensor(latents).detach().to("cpu", torch.float32)
+        if x.dim() != 4:
+            raise ValueError(
+                f"latents of shape {tuple(x.shape)} are not (batch, channels, height, width)"
+            )
+        config = self.vae.config
+        scaling = getattr(config, "scaling_factor", None) or 1.0
+        shift = getattr(config, "shift_factor", None) or 0.0
+        with torch.no_grad():
+            images = self.vae.decode(x / scaling + shift, return_dict=False)[0]
+        pixels = ((images.float() / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
+        return [png_base64(row) for row in pixels]
+
+
+def png_base64(pixels) -> str:
+    """One picture (channels, height, width; uint8) as a base64 PNG of at most PICTURE_SIDE
+    pixels a side and PICTURE_BYTES bytes."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    channels = pixels.shape[0]
+    array = pixels[:3].permute(1, 2, 0).numpy() if channels >= 3 else pixels[0].numpy()
+    image = Image.fromarray(array, "RGB" if channels >= 3 else "L")
+    side = PICTURE_SIDE
+    while True:
+        small = image.copy()
+        small.thumbnail((side, side))
+        buffer = io.BytesIO()
+        small.save(buffer, format="PNG", optimize=True)
+        if buffer.tell() <= PICTURE_BYTES or side <= 8:
+            return base64.b64encode(buffer.getvalue()).decode("ascii")
+        side //= 2
 
 
 def denoiser_of(pipeline):

@@ -4,13 +4,19 @@ the document says what ran and what was compared."""
 
 from __future__ import annotations
 
+import base64
+import io
+
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from model_support.checkpoints import DemoModel, build_demo_models, default_cache_dir
 from model_support.config import RunConfig
 from model_support.execution import run_local
 from model_support.records import MetricStatistics, ResultDocument
+from model_support.runner import run as runner
 from model_support.script import render_script
 from model_support.vocabulary import GENERATING_TASKS, TASK_METHODS, Result, Task
 
@@ -79,12 +85,77 @@ def test_every_task_runs_and_passes_through_run_py(fixture: str, task: Task, tex
         assert doc.stack.sentence_transformers is not None
         assert {m.check for m in v.metrics} == {"cosine", "norm"}
         assert len(v.items) == n  # one per sentence, with its ranking swaps
+    if task in (Task.TEXT_CLASSIFICATION, Task.IMAGE_CLASSIFICATION):
+        # Each input's predicted label beside the float32 reference's (the viewer's table).
+        assert [i["label"] for i in v.items] == doc.text
+        assert {i["reference_label"] for i in v.items} <= text  # type: ignore[operator]
+        for item in v.items:
+            same_class = item["class"] == item["reference_class"]
+            assert (item["label"] == item["reference_label"]) == same_class
+    else:
+        assert all("label" not in i for i in v.items)
     if task == Task.TEXT_TO_IMAGE:
         assert doc.stack.diffusers is not None
         assert any(p.startswith("diffusers==") for p in doc.packages)
         assert {m.check for m in v.metrics} == {"denoiser", "latents"}
         steps = {i["step"] for i in v.items}
         assert steps == set(range(config.denoising_steps))
+        _assert_pictures(config, doc)
+    else:
+        assert v.images is None
+
+
+def _picture(encoded: str) -> np.ndarray:
+    data = base64.b64decode(encoded, validate=True)
+    assert len(data) <= runner.PICTURE_BYTES
+    image = Image.open(io.BytesIO(data))
+    assert image.format == "PNG" and max(image.size) <= runner.PICTURE_SIDE
+    return np.asarray(image.convert("RGB"), dtype=np.int16)
+
+
+def _assert_pictures(config: RunConfig, doc: ResultDocument) -> None:
+    """The record holds, per prompt, the picture the run drew and the reference's: the
+    reference's is the float32 pipeline's own output (same seed and steps), shrunk; the
+    device's (a correct run) looks like it."""
+    from diffusers import DiffusionPipeline
+
+    pictures = doc.verification.images
+    assert pictures is not None and pictures.error is None, pictures
+    assert pictures.format == "png" and pictures.max_side == runner.PICTURE_SIDE
+    assert len(pictures.device) == len(pictures.reference) == len(config.prompts)
+    pipeline = DiffusionPipeline.from_pretrained(config.model, dtype=torch.float32)
+    pipeline.set_progress_bar_config(disable=True)
+    drawn = pipeline(
+        prompt=list(config.prompts),
+        num_inference_steps=config.denoising_steps,
+        generator=torch.Generator("cpu").manual_seed(runner.SEED),
+        output_type="pil",
+    ).images
+    for image, reference, device in zip(drawn, pictures.reference, pictures.device, strict=True):
+        image.thumbnail((runner.PICTURE_SIDE, runner.PICTURE_SIDE))
+        expected = np.asarray(image.convert("RGB"), dtype=np.int16)
+        ours, theirs = _picture(reference), _picture(device)
+        assert ours.shape == expected.shape == theirs.shape
+        assert np.abs(ours - expected).max() <= 2  # the same picture (rounding aside)
+        assert np.abs(theirs - ours).mean() < 8  # a correct run draws the same picture
+    assert len(set(pictures.reference)) == len(config.prompts)  # each prompt its own picture
+
+
+def test_a_picture_is_shrunk_until_its_png_fits_the_bound() -> None:
+    side = runner.PICTURE_SIDE
+    noise = torch.randint(0, 256, (3, side, side), generator=torch.Generator().manual_seed(0))
+    assert 3 * side * side > runner.PICTURE_BYTES  # noise does not compress: too large
+    image = _picture(runner.png_base64(noise.to(torch.uint8)))
+    assert image.shape == (side // 2, side // 2, 3)  # so drawn again at half the side
+    flat = runner.png_base64(torch.full((3, 512, 256), 200, dtype=torch.uint8))
+    assert _picture(flat).shape == (runner.PICTURE_SIDE, runner.PICTURE_SIDE // 2, 3)
+
+
+def test_pictures_of_latents_that_are_not_an_image_say_why() -> None:
+    decoder = runner.PictureDecoder(object())  # a pipeline without a vae
+    pictures = decoder.pictures(torch.zeros(1, 4, 8, 8), torch.zeros(1, 4, 8, 8))
+    assert pictures["device"] == pictures["reference"] == []
+    assert "no vae" in pictures["error"]
 
 
 def test_a_sharded_run_of_a_single_core_task_is_refused_before_it_starts() -> None:

@@ -7,6 +7,7 @@ from viewer_support import (
     explained_dataset,
     hostile_dataset,
     hub,
+    task_dataset,
 )
 
 __all__ = [
@@ -16,4 +17,5 @@ __all__ = [
     "explained_dataset",
     "hostile_dataset",
     "hub",
+    "task_dataset",
 ]

@@ -272,3 +272,53 @@ def test_a_clicked_regression_opens_its_two_runs_side_by_side(server: str) -> No
         click_row(page, 1)  # the other regression: llava's TIMEOUT
         page.locator('[data-testid="stColumn"]', has_text="TIMEOUT").first.wait_for(timeout=30_000)
         assert "exceeds SBUF" not in after.inner_text()
+
+
+def test_pictures_and_labels_of_task_runs_render_in_the_browser(
+    task_dataset: Path, dead_hub: str
+) -> None:
+    """A text-to-image run's pictures (the device's beside the reference's) load as images of
+    the recorded size; a classifier's labels table marks the input whose label differs."""
+    import base64
+    import io
+    from urllib.parse import urlencode
+
+    from PIL import Image
+
+    from model_support.store import ResultsStore
+
+    store = ResultsStore(str(task_dataset))
+    runs = store.matrix(columns=["model_id", "run_id", "compiler", "compiler_version"])
+    runs = runs.set_index("model_id")
+    pictures = store.get(str(runs.loc["local/tiny-stable-diffusion", "run_id"]))
+    drawn = pictures.document.verification.images
+    assert drawn is not None
+    expected = [
+        list(Image.open(io.BytesIO(base64.b64decode(p))).size)
+        for pair in zip(drawn.device, drawn.reference, strict=True)
+        for p in pair
+    ]
+    ARTIFACTS.mkdir(exist_ok=True)
+    with serve(task_dataset, dead_hub) as url, browser_page() as page:
+        page.goto(f"{url}/?view=all&model=local/tiny-stable-diffusion")
+        wait_ready(page)
+        page.wait_for_function(
+            "n => { const images = document.querySelectorAll('[data-testid=\"stImage\"] img');"
+            " return images.length === n && [...images].every(i => i.complete && i.naturalWidth); }",
+            arg=len(expected),
+            timeout=30_000,
+        )
+        sizes = page.eval_on_selector_all(
+            '[data-testid="stImage"] img',
+            "images => images.map(i => [i.naturalWidth, i.naturalHeight])",
+        )
+        assert sizes == expected  # the recorded pictures, device then reference per prompt
+        page.screenshot(path=str(ARTIFACTS / "viewer-text-to-image.png"), full_page=True)
+        classifier = runs.loc["local/tiny-vit-classifier"]
+        stack = f"{classifier['compiler']} {classifier['compiler_version']}"
+        query = urlencode({"view": "all", "compiler": stack, "model": "local/tiny-vit-classifier"})
+        page.goto(f"{url}/?{query}")
+        wait_ready(page)
+        labels = page.locator('[data-testid="stDataFrame"]', has_text="predicted (device)")
+        labels.locator("td", has_text="≠ differs").first.wait_for(state="attached", timeout=30_000)
+        page.screenshot(path=str(ARTIFACTS / "viewer-classifier.png"), full_page=True)

@@ -3,6 +3,8 @@ beside our results, and the details of an embeddings, classification or text-to-
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 from collections.abc import Iterator
 from datetime import timedelta
@@ -10,12 +12,13 @@ from pathlib import Path
 
 import pytest
 from hubserver import HubServer, Repo
+from PIL import Image
 from streamlit.testing.v1 import AppTest
 from viewer_support import START, make_record
 
-from model_support.records import MetricStatistics, RunRecord, Verification
+from model_support.records import MetricStatistics, Pictures, RunRecord, Verification
 from model_support.store import ResultsStore
-from model_support.viewer import queries
+from model_support.viewer import output, queries
 from model_support.vocabulary import Result, Task
 
 APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
@@ -151,3 +154,116 @@ def test_verdict_measures_are_empty_for_a_text_verdict() -> None:
         json.loads(Verification(error_ratio=1.0).model_dump_json())
     ).empty
     assert queries.output_label("text-generation") == "Generated text"
+
+
+def _record(results: Path, model_id: str) -> RunRecord:
+    store = ResultsStore(str(results))
+    (run_id,) = (
+        store.matrix(columns=["model_id", "run_id"]).set_index("model_id").loc[[model_id], "run_id"]
+    )
+    return store.get(str(run_id))
+
+
+def _details(results: Path, monkeypatch: pytest.MonkeyPatch, record: RunRecord) -> AppTest:
+    """The details of ``record`` on its own stack (a faulty compile backend is a stack of its
+    own)."""
+    from model_support.viewer.data import list_stack_files
+
+    (stack,) = {
+        f.compiler_label
+        for f in list_stack_files(str(results))
+        if f.compiler_label.split()[0] == record.document.compile_backend
+    }
+    return _page(results, monkeypatch, view="all", model=record.model_id, compiler=stack)
+
+
+@pytest.mark.slow
+def test_a_classifier_shows_its_label_per_input_beside_the_references(
+    task_dataset: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run.py records each input's predicted label and the float32 reference's; the details
+    show them side by side with the inputs, marking where they differ (a real FAIL)."""
+    model = "local/tiny-vit-classifier"
+    record = _record(task_dataset, model)
+    assert record.document.result == Result.FAIL
+    items = record.document.verification.items
+    differing = [i for i in items if i["label"] != i["reference_label"]]
+    assert differing  # the lost head changes a prediction
+    page = _details(task_dataset, monkeypatch, record)
+    labels = next(d.value for d in page.dataframe if "predicted (device)" in d.value.columns)
+    assert list(labels["input"]) == record.document.prompts  # the test images by name
+    assert list(labels["predicted (device)"]) == record.document.text
+    assert list(labels["reference"]) == [i["reference_label"] for i in items]
+    marked = labels[labels["device vs reference"] == output.DIFFERS]
+    assert list(marked["predicted (device)"]) == [i["label"] for i in differing]
+    assert list(marked["reference"]) == [i["reference_label"] for i in differing]
+    assert set(labels["device vs reference"]) == {output.SAME, output.DIFFERS}
+    captions = [c.value for c in page.caption]
+    assert f"{len(differing)} of {len(items)} inputs" in " ".join(captions)
+    # A classifier's FAIL shows no text-generation token table.
+    assert "**The float32 reference prefers**" not in [m.value for m in page.markdown]
+
+
+@pytest.mark.slow
+def test_a_passing_classifier_marks_no_difference(
+    task_dataset: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = "local/tiny-bert-classifier"
+    record = _record(task_dataset, model)
+    page = _details(task_dataset, monkeypatch, record)
+    labels = next(d.value for d in page.dataframe if "predicted (device)" in d.value.columns)
+    assert list(labels["predicted (device)"]) == record.document.text
+    assert list(labels["input"]) == record.document.prompts
+    same = [
+        output.SAME if i["label"] == i["reference_label"] else output.DIFFERS
+        for i in record.document.verification.items
+    ]
+    assert list(labels["device vs reference"]) == same
+
+
+@pytest.mark.slow
+def test_a_text_to_image_run_shows_its_pictures_beside_the_references(
+    task_dataset: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = "local/tiny-stable-diffusion"
+    record = _record(task_dataset, model)
+    pictures = record.document.verification.images
+    assert pictures is not None and pictures.error is None
+    prompts = record.document.prompts
+    assert len(pictures.device) == len(pictures.reference) == len(prompts)
+    page = _details(task_dataset, monkeypatch, record)
+    assert any(m.value.startswith("**Pictures drawn**") for m in page.markdown)
+    shown = [image.captions for image in page.image]
+    assert shown == [["the device"], ["the float32 reference"]] * len(prompts)
+    assert all(url.endswith(".png") for image in page.image for url in image.value)
+    captions = [c.value.replace("\\", "") for c in page.caption]  # shown literally: escaped
+    for index, prompt in enumerate(prompts):
+        assert f"prompt {index + 1}: {prompt!r}" in captions
+
+
+def test_pictures_that_are_not_pngs_are_said_to_be_so(
+    results: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert output.picture(base64.b64encode(b"<svg onload=alert(1)>").decode()) is None
+    assert output.picture("not base64!") is None
+    assert output.picture(None) is None
+    png = io.BytesIO()
+    Image.new("RGB", (4, 4), (10, 20, 30)).save(png, format="PNG")
+    assert output.picture(base64.b64encode(png.getvalue()).decode()) == png.getvalue()
+
+
+def test_pictures_not_drawn_say_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = ResultsStore(str(tmp_path))
+    verdict = EMBEDDING_VERDICT.model_copy(
+        update={
+            "method": "latents",
+            "images": Pictures(max_side=128, error="ValueError: latents of shape (1, 16, 64)"),
+        }
+    )
+    store.add(_task_record("org/sd", Task.TEXT_TO_IMAGE, verdict, []))
+    store.materialize()
+    page = _page(tmp_path, monkeypatch, view="all", model="org/sd")
+    assert "No pictures were drawn: ValueError: latents of shape (1, 16, 64)" in [
+        c.value.replace("\\", "") for c in page.caption
+    ]
+    assert not page.image

@@ -401,3 +401,40 @@ def hostile_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hostile")
     build_hostile_dataset(root)
     return root
+
+
+TASK_RUNS: dict[str, tuple[str, Task, str]] = {
+    # A real FAIL whose device predicts another label than the reference for one test image:
+    # one attention head lost in the last layer (the fault-injection bench's zero_head).
+    "local/tiny-vit-classifier": (
+        "tiny-vit-classifier",
+        Task.IMAGE_CLASSIFICATION,
+        "model_support.faults:zero_head",
+    ),
+    "local/tiny-bert-classifier": ("tiny-bert-classifier", Task.TEXT_CLASSIFICATION, "aot_eager"),
+    "local/tiny-stable-diffusion": ("tiny-stable-diffusion", Task.TEXT_TO_IMAGE, "aot_eager"),
+}
+"""The task dataset's runs: model id -> (the demo's tiny checkpoint, task, compile backend)."""
+
+
+def build_task_dataset(root: Path) -> ResultsStore:
+    """Records of real run.py runs (on CPU) of the demo's tiny classifiers and Stable Diffusion
+    pipeline: what the viewer shows of tasks beyond text comes from run.py itself."""
+    from model_support.checkpoints import build_demo_models, default_cache_dir
+    from model_support.execution import run_local
+
+    store = ResultsStore(str(root))
+    for fixture, task, backend in TASK_RUNS.values():
+        (demo,) = build_demo_models(default_cache_dir(), [fixture])
+        config = RunConfig(model=str(demo.require_path()), task=task, compile_backend=backend)
+        store.add(run_local(config, timeout_s=900))
+    store.materialize()
+    return store
+
+
+@pytest.fixture(scope="session")
+def task_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A results directory of real task runs (read-only use)."""
+    root = tmp_path_factory.mktemp("tasks")
+    build_task_dataset(root)
+    return root
