@@ -216,9 +216,9 @@ def test_cel_rules_and_the_operator_agree(
 
     cases = 0
     for profile, lnc, cores, parallelism in itertools.product(
-        ["trn2", "trn1", "inf2", "cpu"],
+        ["trn2", "trn3", "trn1", "inf2", "cpu"],
         [None, 1, 2],
-        [None, 1, 4, 30, 64, 100],
+        [None, 1, 4, 30, 64, 65, 100],
         [None, "none", "tensor"],
     ):
         spec: dict[str, Any] = {"model": "a/b", "profile": profile}
@@ -235,11 +235,10 @@ def test_cel_rules_and_the_operator_agree(
             operator_accepts = False
         assert api_accepts == operator_accepts, (spec, cel_violations(crd, spec))
         cases += 1
-    assert cases == 216
+    assert cases == 5 * 3 * 7 * 3
     # Each rule is exercised by at least one refused spec, with its own message.
-    assert "lnc (logical NeuronCore config) applies only to the trn2 profile." in cel_violations(
-        crd, {"model": "a/b", "profile": "trn1", "lnc": 1}
-    )
+    only = "lnc (logical NeuronCore config) applies only to the trn2 profile or the trn3 profile."
+    assert only in cel_violations(crd, {"model": "a/b", "profile": "trn1", "lnc": 1})
     assert cel_violations(crd, {"model": "a/b", "compileCache": {}}) == [
         "compileCache needs a source, a target, or both."
     ]
