@@ -123,6 +123,16 @@ _EVENT_REASON = {
 }
 
 
+def _handled(status: TestStatus, ref: TestRef) -> bool:
+    """Whether ``status`` shows generation ``ref.generation`` launched or finished (and not
+    waiting for a retry): nothing is to be created for it again."""
+    return (
+        status.observedGeneration == ref.generation
+        and status.phase is not None
+        and not _retrying(status)
+    )
+
+
 def _short(text: str | None) -> str:
     if not text:
         return ""
@@ -468,9 +478,7 @@ class Reconciler:
             meta["namespace"], meta["name"], meta["uid"], int(meta.get("generation") or 1)
         )
         status = TestStatus.read(body.get("status"))
-        retrying = _retrying(status)
-        handled = status.observedGeneration == ref.generation and status.phase is not None
-        if handled and not retrying:
+        if _handled(status, ref):
             if resumed and status.phase in ACTIVE_PHASES:
                 self._check_job_exists(body, ref, status)
             return  # this generation is handled; its Job's events carry it on
@@ -479,6 +487,11 @@ class Reconciler:
             backoff = self._sizing.get(key)
             if key in self._reconciling or (backoff and time.monotonic() < backoff.next_at):
                 return  # being reconciled in another thread, or waiting for its retry
+            # Another thread may have launched this generation since ``body`` was read (the
+            # watchdog's snapshot, an event queued behind the launch): the newest view says.
+            latest = self.tests.get(ref.uid)
+            if latest is not None and _handled(TestStatus.read(latest.get("status")), ref):
+                return
             self._reconciling.add(key)
         try:
             self._reconcile(body, ref, status, backoff.tries if backoff else 0, from_cache)
@@ -537,8 +550,12 @@ class Reconciler:
         if isinstance(placement, Exclusion):
             self._record_exclusion(body, ref, spec, placement)
             return
-        if from_cache and self._fresh_test(ref) is None:
-            return  # what we knew is stale (e.g. missed after a watch relist): no owner, no Job
+        if from_cache:
+            fresh = self._fresh_test(ref)
+            if fresh is None:
+                return  # what we knew is stale (e.g. missed after a watch relist): no owner, no Job
+            if _handled(TestStatus.read(fresh.get("status")), ref):
+                return  # launched meanwhile (by another replica, or before a restart)
         try:
             self._launch(body, ref, spec, placement)
         except CreateRefused as exc:

@@ -233,6 +233,27 @@ async def test_tests_deleted_while_unseen_leave_the_cache_and_get_no_job(
     assert stale["metadata"]["uid"] not in rec.tests
 
 
+async def test_a_stale_view_of_a_test_launched_meanwhile_creates_nothing_again(
+    harness: Harness,
+) -> None:
+    """The watchdog offers what its snapshot shows unhandled; a test launched by an event since
+    (or by another replica) must not get a second Job create (a 409 to adopt, and a ConfigMap)."""
+    h = harness
+    rec = reconciler(h)
+    before = await h.create_test("qwen", dict(SPEC))
+    rec.observe_test(before, None)
+    await asyncio.to_thread(rec.on_test, before, "ADDED")  # the event launches it
+    assert (posts(h, "jobs"), posts(h, "configmaps")) == (1, 1)
+    # The watchdog's snapshot, taken before the launch, and the same test as the API listed it
+    # to another replica: neither creates anything again.
+    await asyncio.to_thread(rec.reconcile, before, from_cache=True)
+    other = reconciler(h)
+    other.observe_test(before, None)
+    await asyncio.to_thread(other.retry_tests)
+    assert (posts(h, "jobs"), posts(h, "configmaps")) == (1, 1)
+    assert len(await h.items(JOBS_URL)) == 1
+
+
 async def test_a_sweep_deleted_while_unseen_creates_no_tests(harness: Harness) -> None:
     h = harness
     h.settings.sweep_status_interval_s = 0.1
