@@ -4,7 +4,8 @@
 
 Each test names a different Hub model (the stand-in Hub serves N copies of a tiny checkpoint),
 so the operator sizes every one through the real client. A kubelet stand-in then plays each
-runner: the pod becomes ready (Running), the runner delivers its result document to the store,
+runner (tests/operator/kmock_kubelet.py): the pod becomes ready (Running), the runner delivers
+the PASS document of the run.py its Job was given (the test's model, revision and cores),
 the Job completes; the operator reads the delivery, records the run and keeps the matrix.
 After the sweep the operator idles for a number of watchdog rounds.
 
@@ -29,20 +30,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import kmock
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from k8s_harness import JOBS_URL, TESTS_URL, Emulator, Harness, declare_resources, now
+from k8s_harness import JOBS_URL, TESTS_URL, Emulator, Harness, declare_resources
+from kmock_kubelet import STACK, Kubelet
 from operator_process import HubProcess, OperatorProcess, rss_bytes
 
 from model_support.checkpoints import build_demo_models, default_cache_dir
-from model_support.operator.settings import OperatorSettings
-from model_support.records import ResultDocument, Stack, Timings
+from model_support.operator.settings import OperatorSettings, RunnerStack
 from model_support.store import ResultsStore
-from model_support.vocabulary import Result
 
 TARGET_SECONDS = 30.0
 TARGET_REQUESTS = 6.0
@@ -68,6 +68,10 @@ async def main(n_tests: int, idle_rounds: int) -> int:
                 metrics_port=None,
                 hub_endpoint=hub.url,
                 watchdog_interval_s=WATCHDOG_INTERVAL_S,
+                # The image's declared stack is what its runners report: their PASS is kept.
+                runner_stack=RunnerStack(
+                    neuronx_cc=STACK.neuronx_cc, transformers=STACK.transformers
+                ),
             )
             h = Harness(server, settings, results)
             operator = OperatorProcess(settings, Path(tempfile.gettempdir()) / "operator-scale.log")
@@ -75,42 +79,6 @@ async def main(n_tests: int, idle_rounds: int) -> int:
                 return await measure(h, server, operator, n_tests, idle_rounds)
             finally:
                 operator.stop()
-
-
-async def play_runner(h: Harness, job: dict[str, Any], results: Path) -> None:
-    """The kubelet, Job controller and runner of one test: ready, delivered, complete."""
-    name = job["metadata"]["name"]
-    await h.patch(
-        f"{JOBS_URL}/{name}/status", {"status": {"active": 1, "ready": 1, "startTime": now()}}
-    )
-    test = job["metadata"]["annotations"]["modelsupport.dev/test-name"]  # t00012
-    model = f"org/model-{test[1:]}"  # what the test asked for (a runner reports it as asked)
-    document = ResultDocument(
-        model=model,
-        task="text-generation",
-        dtype="bfloat16",
-        result=Result.PASS,
-        timings=Timings(wall_time_s=12.0),
-        stack=Stack(
-            torch="2.13.0", transformers="5.24.0", torch_neuronx="2.13.0", neuronx_cc="2.28"
-        ),
-    )
-    await h.deliver(job, document.model_dump_json().encode())  # into its attempt's slot
-    await h.patch(
-        f"{JOBS_URL}/{name}/status",
-        {
-            "status": {
-                "active": 0,
-                "ready": 0,
-                "succeeded": 1,
-                "completionTime": now(),
-                "conditions": [
-                    {"type": "Complete", "status": "True", "reason": "Completed",
-                     "lastTransitionTime": now()},
-                ],
-            }
-        },
-    )  # fmt: skip
 
 
 async def start_operator(h: Harness, operator: OperatorProcess) -> None:
@@ -162,12 +130,6 @@ async def measure(
     )
     jobs_s = time.monotonic() - t0
 
-    jobs = await h.items(JOBS_URL)
-    for start in range(0, len(jobs), BATCH):
-        await asyncio.gather(
-            *(play_runner(h, job, h.results) for job in jobs[start : start + BATCH])
-        )
-
     async def recorded() -> bool:
         phases = [t.get("status", {}).get("phase") for t in await h.items(TESTS_URL)]
         released = [
@@ -177,7 +139,11 @@ async def measure(
         ]
         return sum(1 for p in phases if p == "Completed") >= n_tests and len(released) >= n_tests
 
-    await h.wait_for(recorded, timeout=900, what="every test Completed", interval=1.0)
+    # The nodes: every runner reports a PASS of the run.py its Job was given (the test's own
+    # model, revision and cores, so the operator records it as the model's result).
+    async with Kubelet(h, h.results) as kubelet:
+        await h.wait_for(recorded, timeout=900, what="every test Completed", interval=1.0)
+    assert kubelet.error is None, kubelet.error
     done_s = time.monotonic() - t0
     store = ResultsStore(str(h.results))
 
@@ -215,10 +181,11 @@ async def measure(
     for kind, count in life.most_common():
         print(f"  {count / n_tests:5.2f}/test  {kind}")
     idle_total = sum(idle.values())
-    print(
-        f"watchdog after the sweep   {idle_total / idle_rounds:7.2f} requests per round "
-        f"({idle_rounds} rounds of {WATCHDOG_INTERVAL_S:g} s): {dict(idle)}"
-    )
+    if idle_rounds:
+        print(
+            f"watchdog after the sweep   {idle_total / idle_rounds:7.2f} requests per round "
+            f"({idle_rounds} rounds of {WATCHDOG_INTERVAL_S:g} s): {dict(idle)}"
+        )
     print(
         f"operator process memory    {rss_end / 2**20:7.1f} MiB at the end of the sweep, "
         f"{rss_idle / 2**20:.1f} MiB after idling (growth {growth * 100:+.1f} %, target <= "

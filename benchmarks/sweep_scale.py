@@ -41,13 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "operator
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from k8s_harness import NS, Emulator, Harness, declare_resources
-from kmock_kubelet import Kubelet
+from kmock_kubelet import STACK, Kubelet
 from operator_process import HubProcess, OperatorProcess, rss_bytes
 from operator_scale import start_operator
 
 from model_support.checkpoints import build_demo_models, default_cache_dir
 from model_support.operator.resource import GROUP, LABEL_SWEEP, SWEEP_KIND, SWEEP_PLURAL, VERSION
-from model_support.operator.settings import OperatorSettings
+from model_support.operator.settings import OperatorSettings, RunnerStack
 
 TARGET_REQUESTS = 8.0
 TARGET_JOBS_SECONDS = 60.0
@@ -109,6 +109,10 @@ async def main(n_models: int, max_running: int) -> int:
                 metrics_port=None,
                 hub_endpoint=hub.url,
                 watchdog_interval_s=5.0,
+                # The image's declared stack is what its runners report: their PASS is kept.
+                runner_stack=RunnerStack(
+                    neuronx_cc=STACK.neuronx_cc, transformers=STACK.transformers
+                ),
             )
             h = Harness(server, settings, results)
             operator = OperatorProcess(settings, Path(tempfile.gettempdir()) / "sweep-scale.log")

@@ -72,6 +72,7 @@ class Kubelet:
         self.hold = hold or (lambda _: False)
         self.interval = interval
         self.played: list[str] = []
+        self._configmaps: dict[str, dict[str, Any]] = {}
         self.running: dict[str, str] = {}
         """Job name -> model, for runners that are ready and not finished."""
         self._tasks: set[asyncio.Task[None]] = set()
@@ -90,16 +91,24 @@ class Kubelet:
                     await task
 
     def jobs(self) -> list[dict[str, Any]]:
-        """Every runner Job kmock holds now (from its object store: no request)."""
-        return [
-            obj.raw
-            for (resource, _, _), obj in self.h.k.objects.items()
-            if resource.plural == "jobs" and not obj.deleted
-        ]
+        """Every runner Job kmock holds now (from its object store: no request); the
+        ConfigMaps seen on the way are kept for the runners waiting for theirs."""
+        jobs = []
+        for (resource, _, name), obj in self.h.k.objects.items():
+            if obj.deleted:
+                continue
+            if resource.plural == "jobs":
+                jobs.append(obj.raw)
+            elif resource.plural == "configmaps" and name not in self._configmaps:
+                self._configmaps[name] = obj.raw
+        return jobs
 
     async def _loop(self) -> None:
         seen: set[str] = set()
         while True:
+            # One scan of kmock's objects per round, shared by every runner: at a thousand
+            # tests a scan per waiting runner would make the stand-in, not the operator, the
+            # pace of a scale benchmark.
             for job in self.jobs():
                 name = job["metadata"]["name"]
                 if name not in seen:
@@ -119,17 +128,14 @@ class Kubelet:
         volumes = job["spec"]["template"]["spec"]["volumes"]
         cm_name = next(v["configMap"]["name"] for v in volumes if "configMap" in v)
 
-        def configmap() -> dict[str, Any] | None:
-            found = [
-                obj.raw
-                for (resource, _, cm_key), obj in self.h.k.objects.items()
-                if resource.plural == "configmaps" and cm_key == cm_name and not obj.deleted
-            ]
-            return found[0] if found else None
-
         # The operator creates the ConfigMap right after the Job (the Job owns it); the kubelet
-        # retries the mount until it exists.
-        cm = await self.h.wait_for(configmap, timeout=30, what=f"ConfigMap {cm_name}")
+        # retries the mount until it exists (the loop's next scan finds it).
+        cm = await self.h.wait_for(
+            lambda: self._configmaps.pop(cm_name, None),
+            timeout=30,
+            what=f"ConfigMap {cm_name}",
+            interval=self.interval,
+        )
         config = read_config(cm["data"]["run.py"])
         await self.h.patch(
             f"{JOBS_URL}/{name}/status", {"status": {"active": 1, "ready": 1, "startTime": now()}}
