@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import json
 import re
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 
 from model_support.config import RunConfig
@@ -68,9 +68,16 @@ def read_config(script: str) -> RunConfig:
 def runner_constant(name: str) -> object:
     """A module-level constant of the run.py template (a literal), read without importing it
     (run.py imports torch)."""
-    for node in ast.parse(template_text()).body:
+    for node in _statements(template_text()):
         if isinstance(node, ast.Assign) and any(
             isinstance(target, ast.Name) and target.id == name for target in node.targets
         ):
             return ast.literal_eval(node.value)
     raise KeyError(f"run.py defines no constant {name}")
+
+
+@lru_cache(maxsize=4)
+def _statements(text: str) -> list[ast.stmt]:
+    """The module-level statements of a run.py text, parsed once per text (parsing the
+    template takes a tenth of a second, and the viewer asks for every neuron row's details)."""
+    return ast.parse(text).body

@@ -213,11 +213,15 @@ def _why(frame: pd.DataFrame) -> pd.Series:
         result == Result.ERROR.value,
         frame["exclusion_reason"].where(result == Result.EXCLUDED.value),
     )
-    if "failed_checks" in frame.columns:
+    failed = (result == Result.FAIL.value).fillna(False).astype(bool)
+    if "failed_checks" in frame.columns and failed.any():
+        # Joined for the FAIL rows only: a list per row of 100,000 costs a quarter second.
         checks = pd.Series(
-            [_joined(v) for v in frame["failed_checks"]], index=frame.index, dtype="object"
+            [_joined(v) for v in frame["failed_checks"][failed]],
+            index=frame.index[failed],
+            dtype="object",
         )
-        why = why.where(result != Result.FAIL.value, checks)
+        why = why.where(~failed, checks)
     return why.astype("string")
 
 

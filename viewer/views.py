@@ -448,7 +448,8 @@ def device_note(ctx: Context) -> None:
     whether a model runs unmodified through torch.compile, not Trainium's figures)."""
     if ctx.current is None:
         return
-    backends = sorted({b for b in read(ctx, [ctx.current], ("backend",))["backend"].dropna()})
+    column = read(ctx, [ctx.current], ("backend",))["backend"].dropna()
+    backends = sorted(str(b) for b in pd.unique(column))
     if not backends or "neuron" in backends:
         return
     names = ", ".join(DEVICE_NAMES.get(b, b) for b in backends)
