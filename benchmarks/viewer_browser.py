@@ -33,20 +33,17 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))  # the Hub stand-in (hubserver.py)
+sys.path.insert(0, str(HERE.parent / "tests" / "viewer"))  # the viewer's server (serve_viewer)
 import history_scale  # noqa: E402  (its history builder)
 import viewer_scale  # noqa: E402  (its 100k-row matrix builder)
 from hubserver import HubServer, Repo  # noqa: E402
 from playwright.sync_api import Browser, Page, sync_playwright  # noqa: E402
-
-from model_support.cli.commands_viewer import viewer_command  # noqa: E402
+from viewer_support import serve_viewer  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 READY = '[data-testid="stApp"][data-test-script-state="notRunning"]'
@@ -55,43 +52,6 @@ ROW_HEIGHT = 35  # Streamlit's dataframe row (and header) height, pixels
 TARGETS_S = {"first page": 2.0, "details": 1.0, "view switch": 1.0}
 SWITCHES = ("Selected", "Trending", "Downloads", "Regressions")
 TIMEOUT_MS = 120_000
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def serve(results: Path, hub: str) -> Iterator[str]:
-    """`streamlit run` of the viewer (the CLI's command line); yields its URL once healthy."""
-    port = free_port()
-    env = {**os.environ, "MODEL_SUPPORT_HUB_ENDPOINT": hub}
-    process = subprocess.Popen(
-        viewer_command(str(results), port, headless=True),
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("streamlit did not start") from None
-                time.sleep(0.2)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def build_large(root: Path, rows: int) -> list[str]:
@@ -182,7 +142,7 @@ def line(label: str, seconds: list[float], target: str | None) -> str:
 
 def measure(name: str, root: Path, hub: str, repeat: int) -> None:
     print(f"{name}: load average before {viewer_scale.load()}", flush=True)
-    with serve(root, hub) as url, sync_playwright() as p:
+    with serve_viewer(root, hub, start_timeout_s=120) as url, sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=CHROMIUM,
             args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],

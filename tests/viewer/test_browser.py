@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, sync_playwright
-from viewer_support import HOSTILE_MODEL, HOSTILE_REASON, HOSTILE_TEXT, free_port
-
-from model_support.cli.commands_viewer import viewer_command
+from viewer_support import HOSTILE_MODEL, HOSTILE_REASON, HOSTILE_TEXT, serve_viewer
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
@@ -22,39 +16,9 @@ READY = '[data-testid="stApp"][data-test-script-state="notRunning"]'
 TABLE = '[data-testid="stDataFrame"] canvas'
 
 
-@contextmanager
-def serve(results: Path, hub: str) -> Iterator[str]:
-    """`streamlit run` of the viewer (the CLI's command line) on a free port; yields its URL."""
-    port = free_port()
-    env = {**os.environ, "MODEL_SUPPORT_HUB_ENDPOINT": hub}
-    process = subprocess.Popen(
-        viewer_command(str(results), port, headless=True),
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    output = process.stdout.read().decode() if process.stdout else ""
-                    raise RuntimeError(f"streamlit did not start: {output}") from None
-                time.sleep(0.3)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
-
-
 @pytest.fixture
 def server(dataset: Path, dead_hub: str) -> Iterator[str]:
-    with serve(dataset, dead_hub) as url:
+    with serve_viewer(dataset, dead_hub) as url:
         yield url
 
 
@@ -121,7 +85,7 @@ def test_run_values_render_as_text_in_the_browser(hostile_dataset: Path, dead_hu
     """Streamlit's own Markdown renderer shows escaped run values as exactly their text."""
     from urllib.parse import quote
 
-    with serve(hostile_dataset, dead_hub) as url, browser_page() as page:
+    with serve_viewer(hostile_dataset, dead_hub) as url, browser_page() as page:
         page.goto(f"{url}/?view=all&model={quote(HOSTILE_MODEL, safe='')}")
         wait_ready(page)
         reason = page.get_by_text(HOSTILE_REASON, exact=True)
@@ -299,7 +263,7 @@ def test_pictures_and_labels_of_task_runs_render_in_the_browser(
         for p in pair
     ]
     ARTIFACTS.mkdir(exist_ok=True)
-    with serve(task_dataset, dead_hub) as url, browser_page() as page:
+    with serve_viewer(task_dataset, dead_hub) as url, browser_page() as page:
         page.goto(f"{url}/?view=all&model=local/tiny-stable-diffusion")
         wait_ready(page)
         page.wait_for_function(

@@ -4,11 +4,17 @@ stand-in Hub (tests/hubserver.py) listing models, and their fixtures (re-exporte
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import struct
+import subprocess
 import sys
+import tempfile
+import time
+import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -20,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shar
 import factories
 from hubserver import HubServer, Repo
 
+from model_support.cli.commands_viewer import viewer_command
 from model_support.config import RunConfig
 from model_support.records import (
     Memory,
@@ -321,6 +328,40 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextmanager
+def serve_viewer(results: Path, hub: str, *, start_timeout_s: float = 60) -> Iterator[str]:
+    """`streamlit run` of the viewer (the CLI's command line) on a free port, the Hub at
+    ``hub``; yields its URL once healthy. Its output goes to a file, read if it fails to start
+    (a pipe nobody reads would stall a chatty server)."""
+    port = free_port()
+    env = {**os.environ, "MODEL_SUPPORT_HUB_ENDPOINT": hub}
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(
+            viewer_command(str(results), port, headless=True),
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + start_timeout_s
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as answer:
+                        if answer.status == 200:
+                            break
+                except OSError:
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        log.seek(0)
+                        output = log.read().decode(errors="replace")[-4000:]
+                        raise RuntimeError(f"streamlit did not start: {output}") from None
+                    time.sleep(0.2)
+            yield url
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
 
 
 @pytest.fixture
