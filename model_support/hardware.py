@@ -4,7 +4,9 @@ All figures live in ONE table (:data:`PROFILES`) so that a corrected figure (for
 per-core memory at LNC=1, still unconfirmed) is changed in one place. Source: docs/hardware.md,
 which gives each figure with its public source (trn2.48xlarge: 16 Trainium2 devices of 96 GiB;
 LNC=2 gives 4 logical cores per device, 24 GiB each; LNC=1 gives 8 per device, ~12 GiB each;
-trn3.48xlarge: 16 Trainium3 devices of 144 GiB, 8 physical cores each; trn1: 2 cores of 16 GiB per device; inf2: 2 cores of 16 GiB per device).
+trn3.48xlarge: 16 Trainium3 devices of 144 GiB, 8 physical cores each; trn1: 2 cores of 16 GiB
+per device; inf2: 2 cores of 16 GiB per device). Each profile's core and memory figures are
+derived from its devices (:func:`_neuron_profile`).
 
 The local ``cpu`` and ``cuda`` profiles describe the machine sizing runs on, so that a model can
 be sized for a local run: ``cpu`` is one "core" holding the host's physical memory, ``cuda`` one
@@ -73,85 +75,67 @@ _TORUS_DEVICES = (1, 4, 8, 16)
 """Device counts the Neuron scheduler extension (and the DRA driver's device groups) places on
 the 16-device 2D torus of trn1.32xlarge and trn2.48xlarge (docs/hardware.md)."""
 
-PROFILES: dict[tuple[str, int | None], HardwareProfile] = {
-    ("trn2", 2): HardwareProfile(
-        name="trn2-lnc2",
-        instance="trn2",
-        instance_type="trn2.48xlarge",
-        lnc=2,
-        cores_per_device=4,
-        cores_per_instance=64,
-        bytes_per_core=24 * GiB,
-        runtime_reserve_bytes=_NEURON_RESERVE,
-        workspace_fraction=_WORKSPACE,
-        description="trn2.48xlarge, LNC=2: 16 Trainium2 devices x 4 logical cores, 24 GiB per core",
-        placeable_devices=_TORUS_DEVICES,
-    ),
-    ("trn2", 1): HardwareProfile(
-        name="trn2-lnc1",
-        instance="trn2",
-        instance_type="trn2.48xlarge",
-        lnc=1,
-        cores_per_device=8,
-        cores_per_instance=128,
-        bytes_per_core=12 * GiB,  # (unconfirmed) 96 GiB per device / 8 cores
-        runtime_reserve_bytes=_NEURON_RESERVE,
-        workspace_fraction=_WORKSPACE,
-        description="trn2.48xlarge, LNC=1: 16 Trainium2 devices x 8 cores, ~12 GiB per core",
-        placeable_devices=_TORUS_DEVICES,
-    ),
-    ("trn3", 2): HardwareProfile(
-        name="trn3-lnc2",
-        instance="trn3",
-        instance_type="trn3.48xlarge",
-        lnc=2,
-        cores_per_device=4,
-        cores_per_instance=64,
-        bytes_per_core=36 * GiB,  # 144 GiB per Trainium3 device / 4 logical cores
-        runtime_reserve_bytes=_NEURON_RESERVE,
-        workspace_fraction=_WORKSPACE,
-        description="trn3.48xlarge, LNC=2: 16 Trainium3 devices x 4 logical cores, 36 GiB per core",
-        placeable_devices=None,  # all-to-all NeuronSwitch, not a torus: any device count
-    ),
-    ("trn3", 1): HardwareProfile(
-        name="trn3-lnc1",
-        instance="trn3",
-        instance_type="trn3.48xlarge",
-        lnc=1,
-        cores_per_device=8,
-        cores_per_instance=128,
-        bytes_per_core=18 * GiB,  # (unconfirmed split) 144 GiB per device / 8 cores
-        runtime_reserve_bytes=_NEURON_RESERVE,
-        workspace_fraction=_WORKSPACE,
-        description="trn3.48xlarge, LNC=1: 16 Trainium3 devices x 8 cores, ~18 GiB per core",
-        placeable_devices=None,
-    ),
-    ("trn1", None): HardwareProfile(
-        name="trn1",
-        instance="trn1",
-        instance_type="trn1.32xlarge",
-        lnc=None,
-        cores_per_device=2,
-        cores_per_instance=32,
-        bytes_per_core=16 * GiB,
-        runtime_reserve_bytes=_NEURON_RESERVE,
-        workspace_fraction=_WORKSPACE,
-        description="trn1.32xlarge: 16 Trainium1 devices x 2 cores, 16 GiB per core",
-        placeable_devices=_TORUS_DEVICES,
-    ),
-    ("inf2", None): HardwareProfile(
-        name="inf2",
-        instance="inf2",
-        instance_type="inf2.48xlarge",
-        lnc=None,
-        cores_per_device=2,
-        cores_per_instance=24,
-        bytes_per_core=16 * GiB,
-        runtime_reserve_bytes=_NEURON_RESERVE,
-        workspace_fraction=_WORKSPACE,
-        description="inf2.48xlarge: 12 Inferentia2 devices x 2 cores, 16 GiB per core",
-    ),
+PHYSICAL_CORES_PER_DEVICE: dict[str, int] = {
+    "trn2": 8,
+    "trn2u": 8,
+    "trn3": 8,
+    "trn1": 2,
+    "trn1n": 2,
+    "inf2": 2,
 }
+"""Physical NeuronCores of one device by instance family (Trainium2: 8 NeuronCore-v3;
+Trainium3: 8 NeuronCore-v4; Trainium and Inferentia2: 2 NeuronCore-v2; docs/hardware.md).
+run.py keeps a copy (it derives a pod's cores from its devices); a test holds the two equal."""
+
+
+def _neuron_profile(
+    kind: InstanceKind,
+    instance_type: str,
+    devices: int,
+    chip: str,
+    device_gib: int,
+    lnc: int | None,
+    placeable: tuple[int, ...] | None,
+) -> HardwareProfile:
+    """One Neuron instance's profile, its core and memory figures derived from its devices:
+    ``devices`` ``chip`` devices of ``device_gib`` GiB, each of PHYSICAL_CORES_PER_DEVICE[kind]
+    physical cores grouped ``lnc`` to a logical core (None: no LNC setting)."""
+    per_device = PHYSICAL_CORES_PER_DEVICE[kind] // (lnc or 1)
+    per_core_gib = device_gib // per_device
+    # At LNC=1 the split of a device's memory over its physical cores is derived, not stated.
+    approx = "~" if lnc == 1 else ""
+    cores = "logical cores" if lnc == 2 else "cores"
+    return HardwareProfile(
+        name=f"{kind}-lnc{lnc}" if lnc else kind,
+        instance=kind,
+        instance_type=instance_type,
+        lnc=lnc,
+        cores_per_device=per_device,
+        cores_per_instance=devices * per_device,
+        bytes_per_core=per_core_gib * GiB,
+        runtime_reserve_bytes=_NEURON_RESERVE,
+        workspace_fraction=_WORKSPACE,
+        description=f"{instance_type}{f', LNC={lnc}' if lnc else ''}: {devices} {chip} devices "
+        f"x {per_device} {cores}, {approx}{per_core_gib} GiB per core",
+        placeable_devices=placeable,
+    )
+
+
+PROFILES: dict[tuple[str, int | None], HardwareProfile] = {
+    # trn2.48xlarge: 16 Trainium2 devices of 96 GiB on a 2D torus.
+    ("trn2", 2): _neuron_profile("trn2", "trn2.48xlarge", 16, "Trainium2", 96, 2, _TORUS_DEVICES),
+    ("trn2", 1): _neuron_profile("trn2", "trn2.48xlarge", 16, "Trainium2", 96, 1, _TORUS_DEVICES),
+    # trn3.48xlarge: 16 Trainium3 devices of 144 GiB, all-to-all through NeuronSwitch (any
+    # device count is connected).
+    ("trn3", 2): _neuron_profile("trn3", "trn3.48xlarge", 16, "Trainium3", 144, 2, None),
+    ("trn3", 1): _neuron_profile("trn3", "trn3.48xlarge", 16, "Trainium3", 144, 1, None),
+    ("trn1", None): _neuron_profile(
+        "trn1", "trn1.32xlarge", 16, "Trainium1", 32, None, _TORUS_DEVICES
+    ),
+    # inf2.48xlarge: 12 Inferentia2 devices on a ring (any count is connected).
+    ("inf2", None): _neuron_profile("inf2", "inf2.48xlarge", 12, "Inferentia2", 32, None, None),
+}
+"""Every Neuron profile sizing knows (the local cpu and cuda ones are read from the machine)."""
 
 LNC_DEFAULT_BY_FAMILY: dict[str, int] = {
     "trn2": 2,
@@ -165,18 +149,6 @@ LNC_DEFAULT_BY_FAMILY: dict[str, int] = {
 NEURON_LOGICAL_NC_CONFIG nor the node's configuration sets it: 2 on Trainium2 and Trainium3;
 Trainium1 and Inferentia2 have no LNC setting, i.e. 1 (docs/hardware.md). run.py, which runs
 without this package, keeps a copy that tests/runner/test_trainium.py holds equal to this one."""
-
-PHYSICAL_CORES_PER_DEVICE: dict[str, int] = {
-    "trn2": 8,
-    "trn2u": 8,
-    "trn3": 8,
-    "trn1": 2,
-    "trn1n": 2,
-    "inf2": 2,
-}
-"""Physical NeuronCores of one device by instance family (Trainium2: 8 NeuronCore-v3;
-Trainium3: 8 NeuronCore-v4; Trainium and Inferentia2: 2 NeuronCore-v2; docs/hardware.md).
-run.py keeps a copy (it derives a pod's cores from its devices); a test holds the two equal."""
 
 MAX_CORES = max(profile.cores_per_instance for profile in PROFILES.values())
 """The most cores one test can use on any profile (trn2 at LNC=1: 128)."""
@@ -273,8 +245,8 @@ def local_profile(instance: Literal["cpu", "cuda"]) -> HardwareProfile:
 def get_profile(instance: str = "trn2", lnc: int | None = None) -> HardwareProfile:
     """Look up a profile by instance kind and logical-core setting.
 
-    ``lnc`` only applies to trn2 and trn3 (1 or 2; None means the default, 2). Raises ValueError with the
-    accepted values for anything else.
+    ``lnc`` only applies to trn2 and trn3 (1 or 2; None means the default, 2). Raises
+    ValueError with the accepted values for anything else.
     """
     if instance not in INSTANCE_KINDS:
         raise ValueError(
@@ -289,7 +261,8 @@ def get_profile(instance: str = "trn2", lnc: int | None = None) -> HardwareProfi
     if instance in LNC_CHOICES:
         key_lnc = DEFAULT_LNC[instance] if lnc is None else lnc
         if key_lnc not in LNC_CHOICES[instance]:
-            raise ValueError(f"{instance} supports LNC=1 or LNC=2, not {lnc}")
+            choices = " or ".join(f"LNC={value}" for value in LNC_CHOICES[instance])
+            raise ValueError(f"{instance} supports {choices}, not {lnc}")
         return PROFILES[(instance, key_lnc)]
     if lnc not in (None, 1):
         raise ValueError(f"--lnc applies only to trn2 and trn3; {instance} cores are not grouped")
