@@ -389,7 +389,7 @@ class TaskScenario(abc.ABC):
         """The verdict and the seconds it took; the float32 precision policy as for text."""
         start = time.perf_counter()
         params = config["verification"]
-        flags = os.environ.get("NEURON_CC_FLAGS")
+        flags = neuron_compiler_flags()
         precision = float32_precision(params, backend, flags) if dtype_name == "float32" else None
         scored = self.score(config, processor, generation, dtype_name, precision or "ieee")
         verification = self.judge(
@@ -1878,10 +1878,8 @@ class NeuronBackend(Backend):
 
     def runtime_settings(self):
         lnc, source = read_lnc()
-        # The flags neuronx-cc compiles with beyond TorchNeuron's own: they set the float32
-        # precision policy (neuron_float32_precision), so the row says which were in effect.
-        flags = (os.environ.get("NEURON_CC_FLAGS") or "").strip() or None
-        return {"lnc": lnc, "lnc_source": source, "compiler_flags": flags}
+        # The flags that set the float32 precision policy: the row says which were in effect.
+        return {"lnc": lnc, "lnc_source": source, "compiler_flags": neuron_compiler_flags()}
 
     def synchronize(self):
         torch.neuron.synchronize()
@@ -2924,6 +2922,12 @@ def float32_precision(params: dict, backend: str, compiler_flags: str | None = N
     if backend == "neuron":
         return neuron_float32_precision(compiler_flags)
     return FLOAT32_PRECISION_BY_BACKEND.get(backend, "ieee")
+
+
+def neuron_compiler_flags() -> str | None:
+    """The options neuronx-cc compiles with beyond TorchNeuron's own (NEURON_CC_FLAGS), or
+    None when unset: the float32 precision policy is read from them and the row records them."""
+    return (os.environ.get("NEURON_CC_FLAGS") or "").strip() or None
 
 
 def neuron_float32_precision(compiler_flags: str | None) -> str:
