@@ -114,11 +114,15 @@ def show_output(
     prompts = strings(row.get("prompts"))
     where.markdown(f"**{queries.output_label(str(row.get('task')))}** (as the run reported it)")
     for index, text in enumerate(outputs):
-        prompt = prompts[index] if index < len(prompts) else None
-        where.caption(
-            literal(f"prompt {index + 1}: {prompt!r}" if prompt else f"prompt {index + 1}")
-        )
+        where.caption(prompt_caption(prompts, index))
         where.text(text)
+
+
+def prompt_caption(prompts: list[str], index: int) -> str:
+    """The caption over prompt ``index``'s output: its number and the prompt as a Python
+    literal (line breaks show), as plain text; the number alone where the record has none."""
+    prompt = prompts[index] if index < len(prompts) else None
+    return literal(f"prompt {index + 1}: {prompt!r}" if prompt else f"prompt {index + 1}")
 
 
 def picture(encoded: object) -> bytes | None:
@@ -145,8 +149,7 @@ def show_pictures(row: Mapping[str, object], verification: Mapping[str, object])
     device, reference = strings(pictures.get("device")), strings(pictures.get("reference"))
     prompts = strings(row.get("prompts"))
     for index, encoded in enumerate(device):
-        prompt = prompts[index] if index < len(prompts) else None
-        st.caption(literal(f"prompt {index + 1}: {prompt!r}" if prompt else f"prompt {index + 1}"))
+        st.caption(prompt_caption(prompts, index))
         left, right = st.columns(2)
         for column, data, who in (
             (left, picture(encoded), "device"),

@@ -233,9 +233,14 @@ def table_config(table: pd.DataFrame) -> dict[str, ColumnConfig]:
 def _pick_row(key: str, models: pd.Series) -> None:
     """A table's row was ticked or unticked (the selection's callback, run before the script):
     the page's model becomes that row's model, or none, so the details and the URL follow."""
-    state = st.session_state.get(key)
-    rows = list(state["selection"]["rows"]) if state is not None else []
+    rows = _selected_rows(key)
     st.session_state["model"] = str(models.iloc[rows[0]]) if rows else None
+
+
+def _selected_rows(key: str) -> list[int]:
+    """The rows ticked in the table with ``key`` (its selection state), none before any."""
+    state = st.session_state.get(key)
+    return list(state["selection"]["rows"]) if state is not None else []
 
 
 def selection_rows(models: pd.Series, model: str | None) -> list[int]:
@@ -255,8 +260,7 @@ def show_table(table: pd.DataFrame, key: str) -> None:
     config = table_config(table)
     models = table["model"].astype(str).reset_index(drop=True)
     wanted = selection_rows(models, st.session_state.get("model"))
-    state = st.session_state.get(key)
-    if (list(state["selection"]["rows"]) if state is not None else []) != wanted:
+    if _selected_rows(key) != wanted:
         st.session_state[key] = {"selection": {"rows": wanted, "columns": [], "cells": []}}
     table = formatting.blank_missing(table)
     if len(table) > DICTIONARY_ABOVE_ROWS:
