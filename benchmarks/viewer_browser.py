@@ -3,7 +3,7 @@
 
 Run: python benchmarks/viewer_browser.py [--demo-results DIR] [--rows 100000] [--repeat 5].
 Starts the viewer as `model-support viewer` does (`streamlit run`, headless) and drives Debian's
-chromium through Playwright, as tests/viewer/test_browser.py does. Per store, each of
+chromium through Playwright, as tests/viewer/test_browser.py does (tests/viewer/browser_support.py). Per store, each of
 ``--repeat`` visits opens a new browser context (a new Streamlit session) and times:
 
 - first page: from navigating to ``?view=all`` to the results table drawn and the script done
@@ -41,14 +41,11 @@ sys.path.insert(0, str(HERE.parent / "tests"))  # the Hub stand-in (hubserver.py
 sys.path.insert(0, str(HERE.parent / "tests" / "viewer"))  # the viewer's server (serve_viewer)
 import history_scale  # noqa: E402  (its history builder)
 import viewer_scale  # noqa: E402  (its 100k-row matrix builder)
+from browser_support import READY, TABLE, click_row, launch_chromium  # noqa: E402
 from hubserver import HubServer, Repo  # noqa: E402
 from playwright.sync_api import Browser, Page, sync_playwright  # noqa: E402
 from viewer_support import serve_viewer  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
-READY = '[data-testid="stApp"][data-test-script-state="notRunning"]'
-TABLE = '[data-testid="stDataFrame"] canvas'
-ROW_HEIGHT = 35  # Streamlit's dataframe row (and header) height, pixels
 TARGETS_S = {"first page": 2.0, "details": 1.0, "view switch": 1.0}
 SWITCHES = ("Selected", "Trending", "Downloads", "Regressions")
 TIMEOUT_MS = 120_000
@@ -86,13 +83,6 @@ def hub_repos(models: list[tuple[str, str]]) -> list[Repo]:
 def wait_view(page: Page, label: str) -> None:
     page.locator(f'[data-testid="stHeading"] h2:has-text("{label}")').wait_for(timeout=TIMEOUT_MS)
     page.wait_for_selector(READY, timeout=TIMEOUT_MS)
-
-
-def click_row(page: Page, row: int) -> None:
-    """Tick row ``row`` of the first table (its row marker, left of the first column)."""
-    box = page.locator(TABLE).first.bounding_box()
-    assert box is not None, "the table is not drawn"
-    page.mouse.click(box["x"] + 16, box["y"] + ROW_HEIGHT * (row + 1) + ROW_HEIGHT // 2)
 
 
 def visit(browser: Browser, url: str, row: int) -> dict[str, float]:
@@ -143,10 +133,7 @@ def line(label: str, seconds: list[float], target: str | None) -> str:
 def measure(name: str, root: Path, hub: str, repeat: int) -> None:
     print(f"{name}: load average before {viewer_scale.load()}", flush=True)
     with serve_viewer(root, hub, start_timeout_s=120) as url, sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
-        )
+        browser = launch_chromium(p)
         try:
             visits = [visit(browser, url, row=1 + i % 5) for i in range(repeat + 1)]
         finally:

@@ -7,13 +7,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from browser_support import READY, TABLE, click_row, launch_chromium
 from playwright.sync_api import Page, sync_playwright
 from viewer_support import HOSTILE_MODEL, HOSTILE_REASON, HOSTILE_TEXT, serve_viewer
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-CHROMIUM = "/usr/bin/chromium"
-READY = '[data-testid="stApp"][data-test-script-state="notRunning"]'
-TABLE = '[data-testid="stDataFrame"] canvas'
 
 
 @pytest.fixture
@@ -24,12 +22,8 @@ def server(dataset: Path, dead_hub: str) -> Iterator[str]:
 
 @contextmanager
 def browser_page() -> Iterator[Page]:
-    assert Path(CHROMIUM).exists(), "install Debian chromium: apt-get install -y chromium"
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
-        )
+        browser = launch_chromium(p)
         try:
             yield browser.new_page(viewport={"width": 1400, "height": 1800})
         finally:
@@ -140,19 +134,6 @@ def test_back_returns_to_the_previous_view_and_the_title_names_the_model(server:
         assert checked.count() == 1
         assert "view=all" in page.url and "model=Qwen" in page.url  # not overwritten again
         assert page.title().startswith("Qwen/Qwen3-1.7B")
-
-
-ROW_HEIGHT = 35
-"""Streamlit's dataframe row (and header) height in pixels."""
-
-
-def click_row(page: Page, row: int, table: int = 0) -> None:
-    """Tick row ``row`` (0: the first data row) of the page's ``table``-th dataframe: its row
-    marker, the checkbox left of the first column (a click on a cell selects only the cell)."""
-    grid = page.locator('[data-testid="stDataFrame"]').nth(table).locator("canvas").first
-    box = grid.bounding_box()
-    assert box is not None
-    page.mouse.click(box["x"] + 16, box["y"] + ROW_HEIGHT * (row + 1) + ROW_HEIGHT // 2)
 
 
 HIGHLIGHTED = """() => Array.from(document.querySelectorAll(
