@@ -378,10 +378,15 @@ class TaskScenario(abc.ABC):
         model.to(dtype)
 
     def localization_calls(self, config: dict, processor, generation: Generation) -> list | None:
-        """The model's forward, once per input, as (args, kwargs) on CPU, for localizing a FAIL
-        (the device's output fed back as input, as the verdict scores it); None where this
-        family is not localized."""
+        """The localized module's forward (see :meth:`localization_module`), once per input, as
+        (args, kwargs) on CPU, for localizing a FAIL (the device's output fed back as input, as
+        the verdict scores it); None where this family is not localized."""
         return None
+
+    def localization_module(self, model):
+        """The torch module whose forward the localization calls, given what :meth:`load`
+        returned as the model (a pipeline's denoiser, say); the model itself by default."""
+        return model
 
     def verify(
         self, config: dict, processor, generation: Generation, dtype_name: str, backend: str
@@ -3603,6 +3608,9 @@ def localize(ctx: RunContext, placement: Placement, root_calls: list, in_time) -
         reduced_precision(precision) if dtype_name == "float32" else contextlib.nullcontext()
     )
     _, device_model = scenario.load(config, dtype_name, placement.device)
+    reference = scenario.localization_module(reference)
+    baseline = scenario.localization_module(baseline)
+    device_model = scenario.localization_module(device_model)
     called = capture_calls(reference, [], root_calls)
 
     def measure(names: list) -> list:
