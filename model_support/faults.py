@@ -6,7 +6,9 @@ changes one well-defined place (found through the nodes' ``nn_module_stack``), a
 graph. Faults imitate real compiler bugs:
 
 - everywhere: noise of a few sizes on one layer's MLP output, a lost attention head, two
-  experts' routing swapped, a 10% scaling inside a layer (a norm weight read with the wrong convention);
+  experts' routing swapped, one expert's output 1.5x (``one_expert_scaled``, the expert chosen
+  by ``MODEL_SUPPORT_FAULT_EXPERT``), a 10% scaling inside a layer (a norm weight read with
+  the wrong convention), noise on the final norm's output (``final_norm_noise_30pct``);
 - in time: noise that starts late in decoding (``late_noise_20pct``), or hits one batch row at
   one decode step only (``one_row_step_noise_*``);
 - in the vocabulary: a bias on every token outside each position's top 64 (``vocab_tail_bias``),
@@ -15,7 +17,8 @@ graph. Faults imitate real compiler bugs:
 Benign backends change the arithmetic the way a correct compiler may: ``benign`` runs the graph
 unchanged (the control); ``tf32_matmuls`` and ``bf16_matmuls`` round every matmul operand to
 TF32 / bfloat16 with float32 accumulation (TF32 tensor cores, Neuron's default auto-cast);
-``bf16_logits`` rounds the logits to bfloat16; ``router_flip`` picks the other expert where a
+``bf16_logits`` rounds the logits to bfloat16; ``float64_recompute`` computes every matmul in
+float64 and rounds it back (more exact than any device); ``router_flip`` picks the other expert where a
 mixture-of-experts router is nearly tied, at one or two decode positions. The demo's two
 releases of a faulty compiler: ``moe_crash_compiler`` fails to compile mixture-of-experts
 graphs, ``dense_miscompiler`` (the next release) compiles those and corrupts dense ones.
@@ -64,7 +67,9 @@ def _module_path(node: fx.Node) -> str | None:
     if not stack:
         return None
     raw = list(stack.values())[-1][0]
-    path = re.sub(r"^L\['self'\]\.?", "", raw)
+    # The compiled function's self: L['self'], or its first argument where transformers wraps
+    # the model's forward in a decorator (L['args'][0]).
+    path = re.sub(r"^L\['self'\]\.?|^L\['args'\]\[0\]\.?", "", raw)
     path = re.sub(r"\[(\d+)\]", r".\1", path)
     path = re.sub(r"__dict__\['_modules'\]\['([^']+)'\]", r".\1", path)  # diffusers' modules
     return re.sub(r"_modules\['([^']+)'\]", r"\1", path).replace("..", ".").strip(".")
@@ -295,6 +300,23 @@ def _scaled(
 scale_norm_10pct = _scaled("scale_norm_10pct", "input_layernorm", 1.10)
 
 
+FINAL_NORMS = ("model.norm", "model.final_layernorm", "model.decoder.final_layer_norm")
+
+
+def final_norm_noise_30pct(
+    gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]
+) -> CompiledFn:
+    """Noise of 30% of its spread on the final norm's output (a plain scaling would only scale
+    the logits, leaving every token and its rank as they were)."""
+    if not _on_faulty_rank():
+        return gm.forward
+    nodes = [n for n in gm.graph.nodes if _module_path(n) in FINAL_NORMS]
+    if nodes:
+        _insert_after(gm, _output_node(nodes), _noise, 0.30)
+    _report("final_norm_noise_30pct", bool(nodes), "the final norm's output, 30% noise")
+    return gm.forward
+
+
 def _lm_head(gm: fx.GraphModule) -> fx.Node | None:
     """The output of the language-model head (``lm_head``; Whisper's is ``proj_out``)."""
     nodes = [
@@ -415,6 +437,50 @@ def _rounded_matmuls(
 
     backend.__name__ = label
     return backend
+
+
+def _promote(value: Any, wide: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.to(wide)
+    return value
+
+
+def _wide_op(op: Callable[..., Any], wide: torch.dtype) -> Callable[..., Any]:
+    """``op`` computed on ``wide`` copies of its floating operands, its result rounded back to
+    the dtype of its first floating operand (a more exact matrix engine)."""
+
+    def in_wide(*args: Any, **kwargs: Any) -> Any:
+        floating = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        result = op(
+            *[_promote(a, wide) for a in args],
+            **{key: _promote(value, wide) for key, value in kwargs.items()},
+        )
+        if isinstance(result, torch.Tensor) and floating:
+            return result.to(floating[0].dtype)
+        return result
+
+    in_wide.__name__ = f"{wide}_{getattr(op, '__name__', 'op')}".replace("torch.", "")
+    return in_wide
+
+
+def float64_recompute(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+    """A benign backend more exact than any device: every matmul of the graph computes in
+    float64 (a grouped matmul, which has no float64 kernel, in float32), its result rounded to
+    the dtype it would have had."""
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function":
+            continue
+        if "grouped_mm" in str(node.target):
+            node.target = _wide_op(node.target, torch.float32)
+        elif node.target in _MATMUL_OPERANDS or node.target is operator.matmul:
+            node.target = _wide_op(node.target, torch.float64)
+        else:
+            continue
+        count += 1
+    gm.recompile()
+    _report("float64_recompute", count > 0, f"{count} matmuls")
+    return gm.forward
 
 
 tf32_matmuls = _rounded_matmuls("tf32_matmuls", _tf32_round)
@@ -573,6 +639,46 @@ def swap_experts(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> 
         router_logits = next(n for n in layers[layer] if n.op == "call_function")
         _insert_after(gm, router_logits, _swap_first_two)
     _report("swap_experts", layer is not None, f"layer {layer} router")
+    return gm.forward
+
+
+FAULTY_EXPERT_ENV = "MODEL_SUPPORT_FAULT_EXPERT"  # the expert one_expert_scaled corrupts
+FAULTY_EXPERT = 0
+
+
+def _scale_one_group(out: torch.Tensor, offsets: torch.Tensor, group: int) -> torch.Tensor:
+    """Rows of one group of a grouped matmul's output (tokens sorted by expert; ``offsets``:
+    the cumulative row count per expert) scaled by 1.5."""
+    start = int(offsets[group - 1]) if group > 0 else 0
+    scaled = out.clone()
+    scaled[start : int(offsets[group])] *= 1.5
+    return scaled
+
+
+def one_expert_scaled(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+    """One expert's output 1.5x too large in one MoE layer (default: the last), the others
+    right: a miscompiled slice of the grouped matmul, seen only in tokens routed to it.
+
+    The expert is ``MODEL_SUPPORT_FAULT_EXPERT`` (default 0). Experts run as transformers'
+    grouped matmul (``grouped_mm_fallback``, tokens sorted by expert): the second of each pair
+    of calls in the layer's experts is the down projection, whose rows of that expert are scaled.
+    """
+    if not _on_faulty_rank():
+        return gm.forward
+    expert = int(os.environ.get(FAULTY_EXPERT_ENV, FAULTY_EXPERT))
+    layers = _layer_nodes(gm, ("mlp.experts", "block_sparse_moe.experts"))
+    layer = _pick_layer(layers, default_last=True)
+    grouped = [
+        n
+        for n in (layers[layer] if layer is not None else [])
+        if n.op == "call_function" and "grouped_mm" in str(n.target)
+    ]
+    # Every call of the layer's experts in the graph is miscompiled alike: each is a gate/up
+    # then a down projection.
+    for down in grouped[1::2]:
+        offsets = down.kwargs.get("offs", down.args[2] if len(down.args) > 2 else None)
+        _insert_after(gm, down, _scale_one_group, offsets, expert)
+    _report("one_expert_scaled", bool(grouped), f"layer {layer} expert {expert} output x1.5")
     return gm.forward
 
 
