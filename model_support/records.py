@@ -255,6 +255,13 @@ class ModuleDivergence(BaseModel):
     failed_checks: list[str] = Field(
         default_factory=list, description="The bounds it beats: median, q90, peak."
     )
+    rank: int | None = Field(
+        None,
+        description="A sharded run: the rank whose figures these are (the first on which it diverges, else 0).",
+    )
+    ranks: list[int] | None = Field(
+        None, description="A sharded run: every rank on which the module's output diverges."
+    )
 
 
 class FirstDivergence(BaseModel):
@@ -278,7 +285,22 @@ class FirstDivergence(BaseModel):
         default_factory=list,
         description="The next diverging modules of the same level, in execution order (at most two).",
     )
-    rank: int | None = Field(None, description="The worker (rank) that searched.")
+    expert: int | None = Field(
+        None,
+        description="For an experts module: the one expert whose output diverges alone, when only one does.",
+    )
+    diverging_experts: list[int] | None = Field(
+        None,
+        description="For an experts module: the experts whose outputs diverge, each measured alone (every token routed to it).",
+    )
+    rank: int | None = Field(
+        None,
+        description="The worker whose figures these are: in a sharded run the first rank on which the module diverges (0 when none does), else 0.",
+    )
+    ranks: list[int] | None = Field(
+        None,
+        description="A sharded run: every rank on which the first diverging module's output diverges (each rank runs its shard on its shard of the reference's inputs).",
+    )
     reason: str | None = Field(None, description="Why the search stopped short, when it did.")
     error_class: ErrorClass | None = Field(
         None, description="The class of the error that stopped the search (status failed)."
@@ -296,6 +318,12 @@ class FirstDivergence(BaseModel):
         else:
             ratio = "?" if self.error_ratio is None else f"{self.error_ratio:.3g}"
             line = f"first diverging module: {self.module} ({self.kind}), error ratio {ratio}"
+            if self.ranks:
+                line += f", on rank{'s' if len(self.ranks) > 1 else ''} {', '.join(map(str, self.ranks))}"
+            if self.expert is not None:
+                line += f", expert {self.expert} alone"
+            elif self.diverging_experts:
+                line += f", experts {', '.join(map(str, self.diverging_experts))}"
             if self.status is LocalizationStatus.INCOMPLETE:
                 line += ", search incomplete"
         return line + (f": {self.reason}" if self.reason else "") + cost

@@ -403,6 +403,8 @@ def first_divergence(verification: dict) -> tuple[str | None, pd.DataFrame]:
             "q90 ratio": m.get("q90_ratio"),
             "peak ratio": m.get("peak_ratio"),
             "failed checks": ", ".join(m.get("failed_checks") or []),
+            # A sharded run's search: the ranks on which each module diverges.
+            **({"ranks": ", ".join(map(str, m["ranks"]))} if m.get("ranks") is not None else {}),
         }
         for role, m in roles
     ]

@@ -106,7 +106,7 @@ def run_test(ctx: RunContext) -> dict:
     Each stage is one function below: it reads what the previous stage returned and records its
     own figures in ``ctx.doc``; a failure inside ``stage`` becomes a classified StageFailure.
     """
-    config, doc = ctx.config, ctx.doc
+    doc = ctx.doc
     with stage("setup", ctx):
         placement = setup_stage(ctx)
     with stage("load", ctx):
@@ -120,8 +120,18 @@ def run_test(ctx: RunContext) -> dict:
     del loaded  # the device model is no longer needed: free it before the CPU reference loads
     gc.collect()
     if ctx.rank != 0:
+        # Rank 0 verifies; a FAIL's localization then needs every rank's shard again.
+        follow_localization(ctx, placement, processor, generation)
         return doc
+    try:
+        return judge_stages(ctx, placement, processor, generation)
+    finally:
+        release_followers(ctx)
 
+
+def judge_stages(ctx: RunContext, placement: Placement, processor, generation) -> dict:
+    """Rank 0 after generating: verify, localize a FAIL, ask the judge model."""
+    config, doc = ctx.config, ctx.doc
     if not config["verification"]["enabled"]:
         doc["result"] = "UNVERIFIED"  # it ran; whether its output is right was not checked
         doc["verification"] = {
@@ -133,6 +143,7 @@ def run_test(ctx: RunContext) -> dict:
         verify_stage(ctx, processor, generation)
     if localization_wanted(config["verification"], doc["result"]):
         localize_stage(ctx, placement, processor, generation)
+    release_followers(ctx)  # before the judge: the other workers need not wait for it
     if config["judge_model"]:
         judge_stage(ctx)
     return doc
@@ -2027,6 +2038,12 @@ def distributed_setup(ctx: RunContext, backend: Backend):
         rank=ctx.rank,
         world_size=ctx.world_size,
     )
+    # Rank 0's messages to the others while it localizes a FAIL come after generation, when
+    # rank 0 may have verified for long: a gloo group of their own (on any device backend)
+    # waits as long as the run may take.
+    ctx.control_group = torch.distributed.new_group(
+        backend="gloo", timeout=datetime.timedelta(seconds=float(ctx.config["worker_timeout_s"]))
+    )
     if ctx.config["parallelism"] == "expert":
         # Experts split over the ranks, dense layers whole on every rank. transformers refuses an
         # empty tensor-parallel plan ("has no tp_plan"), so every entry of the model's plan is made
@@ -3409,6 +3426,14 @@ class ModuleDeviation:
     device_error: float  # the median relative error over positions
     baseline_error: float
     failed_checks: list
+    # An experts module (all experts in one): the experts that diverge measured alone, and the
+    # one expert that carries the fault when only one does.
+    diverging_experts: list | None = None
+    expert: int | None = None
+    # A sharded run: the rank whose figures these are (the first on which the module
+    # diverges) and every rank on which it does.
+    rank: int | None = None
+    ranks: list | None = None
 
     def record(self) -> dict:
         return {
@@ -3420,6 +3445,12 @@ class ModuleDeviation:
             "device_error": _figure(self.device_error),
             "baseline_error": _figure(self.baseline_error),
             "failed_checks": list(self.failed_checks),
+            **({} if self.ranks is None else {"rank": self.rank, "ranks": list(self.ranks)}),
+            **(
+                {}
+                if self.diverging_experts is None
+                else {"expert": self.expert, "diverging_experts": list(self.diverging_experts)}
+            ),
         }
 
 
@@ -3586,17 +3617,286 @@ def capture_calls(model, names: list, root_calls: list) -> list:
 
 
 def _cast_call(call, dtype, device):
-    args, kwargs, _ = call
+    """A call's (args, kwargs) with its floating tensors in ``dtype``, all on ``device``."""
+    args, kwargs = call[0], call[1]
     move = lambda t: t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)  # noqa: E731
     return map_tensors(args, move), map_tensors(kwargs, move)
 
 
+def tensor_shapes(value) -> list:
+    """The shape of every tensor of a nested structure, in map_tensors' order."""
+    shapes: list = []
+    map_tensors(value, lambda t: shapes.append(tuple(t.shape)))
+    return shapes
+
+
+def shard_span(size: int, world_size: int, rank: int) -> tuple[int, int]:
+    """The [start, end) of ``rank``'s shard of a dimension of ``size`` split over the ranks as
+    torch.chunk and DTensor's Shard split it (ceil-sized, the last shards shorter or empty)."""
+    step = -(-size // world_size)
+    start = min(rank * step, size)
+    return start, min(start + step, size)
+
+
+def shard_dims(full: list, local: list, world_size: int, rank: int) -> list | None:
+    """How ``rank`` holds each tensor of a module's call (or output): None where whole, else
+    the one dimension it holds its shard of; None overall when some tensor is held otherwise
+    (a packed projection's interleaved shards, say), so the module cannot be compared."""
+    if len(full) != len(local):
+        return None
+    dims: list = []
+    for whole, held in zip(full, local, strict=True):
+        if whole == held:
+            dims.append(None)
+            continue
+        differing = [d for d, (w, h) in enumerate(zip(whole, held, strict=False)) if w != h]
+        if len(whole) != len(held) or len(differing) != 1:
+            return None
+        (dim,) = differing
+        start, end = shard_span(whole[dim], world_size, rank)
+        if held[dim] != end - start:
+            return None
+        dims.append(dim)
+    return dims
+
+
+def take_shards(value, dims: list, world_size: int, rank: int):
+    """``value`` (nested tensors) with each tensor cut to ``rank``'s shard along its dim."""
+    remaining = iter(dims)
+
+    def cut(tensor):
+        dim = next(remaining)
+        if dim is None:
+            return tensor
+        start, end = shard_span(tensor.shape[dim], world_size, rank)
+        return tensor.narrow(dim, start, end - start)
+
+    return map_tensors(value, cut)
+
+
+def module_layouts(model, root_call, dtype, device) -> dict:
+    """Each module's call and output shapes as this rank holds them: the model (on this rank,
+    sharded) run eagerly once on ``root_call``; name -> (call shapes, output shape or None)."""
+    layouts: dict = {}
+
+    def keeper(name: str):
+        def keep(module, args, kwargs, output):
+            if name not in layouts:
+                value = tensor_output(output)
+                layouts[name] = (
+                    tensor_shapes((args, kwargs)),
+                    None if value is None else tuple(value.shape),
+                )
+
+        return keep
+
+    hooks = [
+        module.register_forward_hook(keeper(name), with_kwargs=True)
+        for name, module in model.named_modules()
+        if name
+    ]
+    try:
+        with torch.no_grad():
+            args, kwargs = _cast_call(root_call, dtype, device)
+            model(*args, **kwargs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return layouts
+
+
+def run_level(device_model, placement: Placement, names: list, calls: list, dtype) -> list:
+    """This rank's part of one level: the named modules compiled together (one graph) and
+    called per prompt on ``calls[prompt]`` (this rank's (args, kwargs) per name); the outputs,
+    per prompt, on CPU."""
+    torch._dynamo.reset()  # one fresh graph per level (and prompt), never a stale one
+    compiled = torch.compile(
+        LevelProbe(device_model, names), backend=placement.compile_backend, dynamic=False
+    )
+    outputs = []
+    with torch.no_grad():
+        for prompt_calls in calls:
+            out = compiled([_cast_call(call, dtype, placement.device) for call in prompt_calls])
+            placement.backend.synchronize()
+            outputs.append([tensor.detach().cpu() for tensor in out])
+    return outputs
+
+
+class LocalizationChannel:
+    """Rank 0's messages to the other workers of a sharded run while it localizes.
+
+    Rank 0 leads: it holds the reference and decides each level; every rank holds its shard of
+    the device model and runs each level on its shard of the reference's inputs (the level's
+    collectives need every rank). Each exchange is one broadcast from rank 0 and one gather to
+    it, on a gloo group of its own (on any device backend), so a failure on one side is sent
+    as a message, never left as a collective the other side waits in.
+    """
+
+    START, MEASURE, DONE = "start", "measure", "done"
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.group = ctx.control_group
+
+    def broadcast(self, message=None):
+        box = [message]
+        torch.distributed.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def gather(self, item) -> list | None:
+        gathered = [None] * self.ctx.world_size if self.ctx.rank == 0 else None
+        torch.distributed.gather_object(item, gathered, dst=0, group=self.group)
+        return gathered
+
+
+class FollowerFailed(RuntimeError):
+    """Another worker of a sharded run could not do its part of the localization."""
+
+
+def _answers(gathered: list) -> list:
+    """The workers' answers to one exchange; a worker's failure (sent as text) raised here."""
+    for rank, answer in enumerate(gathered):
+        if isinstance(answer, str):
+            raise FollowerFailed(f"rank {rank}: {answer}")
+    return gathered
+
+
+def follow_localization(ctx: RunContext, placement: Placement, processor, generation) -> None:
+    """A sharded run's rank > 0 after generating: do its part of rank 0's search, if any.
+
+    Its own failures are sent to rank 0 as text (the search then stops, recorded as failed);
+    they never change this worker's document.
+    """
+    try:
+        _follow(ctx, placement, processor, generation)
+    except Exception as exc:
+        # The channel itself failed (rank 0 gone, a timeout): rank 0 records its search as
+        # failed or has its verdict already; this worker's document stays as it was.
+        print(f"localization: rank {ctx.rank} stopped following: {exc!r}", file=sys.stderr)
+
+
+def _follow(ctx: RunContext, placement: Placement, processor, generation) -> None:
+    channel = LocalizationChannel(ctx)
+    if channel.broadcast() != LocalizationChannel.START:
+        return
+    config = ctx.config
+    scenario, dtype = scenario_for(config["task"]), torch_dtype(config["dtype"])
+    layouts: dict = {}
+    try:
+        root_calls = scenario.localization_calls(config, processor, generation)
+        _, model = scenario.load(
+            config, config["dtype"], placement.device, placement.distributed_config
+        )
+        model = scenario.localization_module(model)
+        layouts = module_layouts(model, root_calls[0], dtype, placement.device)
+        channel.gather(layouts)
+    except Exception as exc:
+        channel.gather(f"{type(exc).__name__}: {exc}")
+    while True:
+        message = channel.broadcast()
+        if message[0] != LocalizationChannel.MEASURE:
+            return
+        _, names, full_calls = message
+        try:
+            local_calls = [
+                [
+                    take_shards(
+                        call,
+                        shard_dims(tensor_shapes(call), layouts[name][0], ctx.world_size, ctx.rank),
+                        ctx.world_size,
+                        ctx.rank,
+                    )
+                    for name, call in zip(names, prompt_calls, strict=True)
+                ]
+                for prompt_calls in full_calls
+            ]
+            channel.gather(run_level(model, placement, names, local_calls, dtype))
+        except Exception as exc:
+            channel.gather(f"{type(exc).__name__}: {exc}")
+
+
+def release_followers(ctx: RunContext) -> None:
+    """Rank 0 of a sharded run: tell the other workers that no (further) search follows."""
+    if ctx.world_size > 1 and ctx.control_group is not None and not ctx.followers_released:
+        ctx.followers_released = True
+        LocalizationChannel(ctx).broadcast((LocalizationChannel.DONE,))
+
+
+def combine_ranks(per_rank: list) -> ModuleDeviation:
+    """One module's deviation over the ranks of a sharded run: the first diverging rank's
+    figures (else rank 0's), with every diverging rank named."""
+    diverging = [rank for rank, deviation in enumerate(per_rank) if deviation.failed_checks]
+    chosen = per_rank[diverging[0] if diverging else 0]
+    chosen.rank = diverging[0] if diverging else 0
+    chosen.ranks = diverging
+    return chosen
+
+
+EXPERT_ROUTING = ("top_k_index", "top_k_weights")  # transformers' experts modules' routing
+
+
+def experts_count(module) -> int | None:
+    """How many experts a module holds when it is transformers' experts module (every expert
+    in one, called with each token's chosen experts and weights); None for any other module."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    count = getattr(module, "num_experts", None)
+    if not all(name in parameters for name in EXPERT_ROUTING) or not isinstance(count, int):
+        return None
+    return count
+
+
+def expert_call(module, call, expert: int):
+    """An experts module's captured call with every token routed to ``expert`` alone, weight
+    1: that expert's function on the reference's inputs, comparable across backends."""
+    import inspect
+
+    args, kwargs, _ = call
+    bound = inspect.signature(module.forward).bind(*args, **kwargs)
+    index = bound.arguments["top_k_index"]
+    weights = bound.arguments["top_k_weights"]
+    # Every slot names the expert, the first with weight 1 and the others 0: the call keeps
+    # its shapes (as a sharded run's layout of the module has them).
+    bound.arguments["top_k_index"] = torch.full_like(index, expert)
+    only_first = torch.zeros_like(weights)
+    only_first[..., 0] = 1
+    bound.arguments["top_k_weights"] = only_first
+    return tuple(bound.args), dict(bound.kwargs)
+
+
 def localize(ctx: RunContext, placement: Placement, root_calls: list, in_time) -> dict:
-    """Run the level-by-level search on this run's device (see the section's comment)."""
+    """Run the level-by-level search on this run's device (see the section's comment); in a
+    sharded run, rank 0 leads it and the other workers follow (follow_localization)."""
     config, params = ctx.config, ctx.config["verification"]
     scenario, dtype_name = scenario_for(config["task"]), config["dtype"]
     dtype = torch_dtype(dtype_name)
     precision = float32_precision(params, placement.backend.name)
+    world_size = ctx.world_size
+    channel = LocalizationChannel(ctx) if world_size > 1 else None
+    layouts: list = [{}]
+    if channel is not None:
+        channel.broadcast(LocalizationChannel.START)
+        own: Any
+        try:
+            # Every rank loads its shard and runs its layout pass together (collectives).
+            _, device_model = scenario.load(
+                config, dtype_name, placement.device, placement.distributed_config
+            )
+            device_model = scenario.localization_module(device_model)
+            own = module_layouts(device_model, root_calls[0], dtype, placement.device)
+        except Exception as exc:
+            own = exc
+        gathered = channel.gather(own if isinstance(own, dict) else f"{type(own).__name__}")
+        if isinstance(own, Exception):
+            raise own
+        layouts = _answers(gathered)
+    else:
+        _, device_model = scenario.load(config, dtype_name, placement.device)
+        device_model = scenario.localization_module(device_model)
     _, reference = scenario.load(config, "float32", torch.device("cpu"))
     baseline = reference
     if dtype_name != "float32":
@@ -3607,11 +3907,90 @@ def localize(ctx: RunContext, placement: Placement, root_calls: list, in_time) -
     baseline_precision = (
         reduced_precision(precision) if dtype_name == "float32" else contextlib.nullcontext()
     )
-    _, device_model = scenario.load(config, dtype_name, placement.device)
     reference = scenario.localization_module(reference)
     baseline = scenario.localization_module(baseline)
-    device_model = scenario.localization_module(device_model)
     called = capture_calls(reference, [], root_calls)
+    kinds = {name: type(module).__name__ for name, module in reference.named_modules()}
+
+    def held(name: str, first_call) -> list | None:
+        """Per rank, how it holds the module's call and output (shard_dims); None when some
+        rank holds them in a way that cannot be compared."""
+        if channel is None:
+            return [(None, None)]
+        call_shapes = tensor_shapes((first_call[0], first_call[1]))
+        output_shape = tuple(first_call[2].shape)
+        per_rank = []
+        for rank, layout in enumerate(layouts):
+            if name not in layout or layout[name][1] is None:
+                return None
+            call_dims = shard_dims(call_shapes, layout[name][0], world_size, rank)
+            output_dims = shard_dims([output_shape], [layout[name][1]], world_size, rank)
+            if call_dims is None or output_dims is None:
+                return None
+            per_rank.append((call_dims, output_dims[0]))
+        return per_rank
+
+    def device_outputs(names: list, reference_calls: list) -> list:
+        """Per rank, per prompt, each named module's output on the device (every rank's level
+        run together in a sharded run)."""
+        calls = [[(call[0], call[1]) for call in prompt_calls] for prompt_calls in reference_calls]
+        if channel is None:
+            return [run_level(device_model, placement, names, calls, dtype)]
+        channel.broadcast((LocalizationChannel.MEASURE, names, calls))
+        own: Any
+        try:
+            dims = [held(name, reference_calls[0][i]) for i, name in enumerate(names)]
+            own_calls = [
+                [
+                    take_shards(call, dims[i][0][0], world_size, 0)
+                    for i, call in enumerate(prompt_calls)
+                ]
+                for prompt_calls in calls
+            ]
+            own = run_level(device_model, placement, names, own_calls, dtype)
+        except Exception as exc:
+            own = exc
+        gathered = channel.gather(own if isinstance(own, list) else f"{type(own).__name__}")
+        if isinstance(own, Exception):
+            raise own
+        return _answers(gathered)
+
+    def compare(names: list, reference_calls: list) -> list:
+        """Each named module (a name may repeat) compiled in one level and called on its
+        reference call, per prompt: ``reference_calls[prompt][i]`` is (args, kwargs, output)."""
+        dims = [held(name, reference_calls[0][i]) for i, name in enumerate(names)]
+        outputs = device_outputs(names, reference_calls)
+        device_errors: list = [[[] for _ in names] for _ in outputs]
+        baseline_errors: list = [[[] for _ in names] for _ in outputs]
+        for prompt, calls in enumerate(reference_calls):
+            baseline_out = []
+            with torch.no_grad(), baseline_precision:
+                for name, call in zip(names, calls, strict=True):
+                    args, kwargs = _cast_call(call, dtype, torch.device("cpu"))
+                    baseline_out.append(
+                        tensor_output(baseline.get_submodule(name)(*args, **kwargs))
+                    )
+            for rank, rank_outputs in enumerate(outputs):
+                for i, call in enumerate(calls):
+                    output_dim = dims[i][rank][1]
+                    expected = take_shards(call[2], [output_dim], world_size, rank)
+                    baseline_value = take_shards(baseline_out[i], [output_dim], world_size, rank)
+                    device_errors[rank][i].append(row_errors(rank_outputs[prompt][i], expected))
+                    baseline_errors[rank][i].append(row_errors(baseline_value, expected))
+        deviations = []
+        for i, name in enumerate(names):
+            per_rank = [
+                module_deviation(
+                    name,
+                    kinds[name],
+                    torch.cat(device_errors[rank][i]),
+                    torch.cat(baseline_errors[rank][i]),
+                    params,
+                )
+                for rank in range(len(outputs))
+            ]
+            deviations.append(combine_ranks(per_rank) if channel is not None else per_rank[0])
+        return deviations
 
     def measure(names: list) -> list:
         reference_calls = capture_calls(reference, names, root_calls)
@@ -3619,42 +3998,43 @@ def localize(ctx: RunContext, placement: Placement, root_calls: list, in_time) -
             name
             for name in names
             if all(name in calls and calls[name][2] is not None for calls in reference_calls)
+            and held(name, reference_calls[0][name]) is not None
         ]
         if not names:
             return []
-        torch._dynamo.reset()  # one fresh graph per level (and prompt), never a stale one
-        compiled = torch.compile(
-            LevelProbe(device_model, names), backend=placement.compile_backend, dynamic=False
-        )
-        device_errors: dict = {name: [] for name in names}
-        baseline_errors: dict = {name: [] for name in names}
-        with torch.no_grad():
-            for calls in reference_calls:
-                device_out = compiled(
-                    [_cast_call(calls[name], dtype, placement.device) for name in names]
-                )
-                placement.backend.synchronize()
-                for name, out in zip(names, device_out, strict=True):
-                    device_errors[name].append(row_errors(out.detach().cpu(), calls[name][2]))
-                with baseline_precision:
-                    for name in names:
-                        module = baseline.get_submodule(name)
-                        args, kwargs = _cast_call(calls[name], dtype, torch.device("cpu"))
-                        out = tensor_output(module(*args, **kwargs))
-                        baseline_errors[name].append(row_errors(out, calls[name][2]))
-        modules = dict(reference.named_modules())
-        return [
-            module_deviation(
-                name,
-                type(modules[name]).__name__,
-                torch.cat(device_errors[name]),
-                torch.cat(baseline_errors[name]),
-                params,
-            )
-            for name in names
-        ]
+        return compare(names, [[calls[name] for name in names] for calls in reference_calls])
 
-    return descend(measure, called, in_time)
+    def split_experts(found: ModuleDeviation) -> list | None:
+        """Each expert of a diverging experts module, measured alone (see expert_call)."""
+        module = reference.get_submodule(found.module)
+        count = experts_count(module)
+        if count is None:
+            return None
+        captured = [
+            calls[found.module] for calls in capture_calls(reference, [found.module], root_calls)
+        ]
+        per_prompt = []
+        with torch.no_grad():
+            for call in captured:
+                calls = []
+                for expert in range(count):
+                    args, kwargs = expert_call(module, call, expert)
+                    out = tensor_output(module(*args, **kwargs)).detach().double()
+                    calls.append((args, kwargs, out))
+                per_prompt.append(calls)
+        return compare([found.module] * count, per_prompt)
+
+    searched = descend(measure, called, in_time)
+    found = searched["found"]
+    # Under expert parallelism each expert lives on one rank; its experts module still answers
+    # for all (the ranks' parts summed), so each expert is measured alone the same way.
+    if found is not None and searched["status"] == "found" and in_time():
+        experts = split_experts(found)
+        if experts is not None:
+            found.diverging_experts = [e for e, d in enumerate(experts) if d.failed_checks]
+            if len(found.diverging_experts) == 1:
+                found.expert = found.diverging_experts[0]
+    return searched
 
 
 def localize_stage(ctx: RunContext, placement: Placement, processor, generation) -> None:
@@ -3677,15 +4057,20 @@ def localize_stage(ctx: RunContext, placement: Placement, processor, generation)
         "error_class": None,
     }
     scenario = scenario_for(config["task"])
-    root_calls = (
-        None if ctx.world_size > 1 else scenario.localization_calls(config, processor, generation)
-    )
-    if ctx.world_size > 1:
-        record["reason"] = "localization runs on one core; this run was sharded"
-    elif root_calls is None:
+    root_calls = scenario.localization_calls(config, processor, generation)
+    if root_calls is None:
         record["reason"] = f"localization is not implemented for {config['task']} models"
     else:
         emit_progress("localize", "start")
+        if ctx.world_size > 1:
+            # The verdict stands whatever happens to the workers during the search.
+            doc["verification"]["first_divergence"] = {
+                **record,
+                "status": "failed",
+                "error_class": "worker-crash",
+                "reason": "the search did not finish: a worker stopped during it",
+            }
+            ctx.report_provisional(doc)
         budget = float(params.get("localize_budget_s", 600.0))
         searched: dict = {}
         try:
@@ -3938,6 +4323,15 @@ class RunContext:
         self.backend: Backend | None = None  # chosen at setup
         self.device = None
         self.doc: dict = {}
+        self.control_group = None  # a sharded run's gloo group for the localization's messages
+        self.results = None  # a sharded worker's queue to run_sharded: (rank, doc, final)
+        self.followers_released = False  # rank 0 told the others that no search follows
+
+    def report_provisional(self, doc: dict) -> None:
+        """A sharded worker's document before a step that must not change it (rank 0's
+        verdict before the localization): the run's result if the step never ends."""
+        if self.results is not None:
+            self.results.put((self.rank, json.loads(json.dumps(doc, default=str)), False))
 
 
 @dataclasses.dataclass
@@ -4079,8 +4473,9 @@ def worker_main(rank: int, world_size: int, config: dict, queue) -> None:
         LOCAL_WORLD_SIZE=str(world_size),
     )
     ctx = RunContext(config, rank=rank, world_size=world_size)
+    ctx.results = queue
     doc = execute(ctx)
-    queue.put((rank, doc))
+    queue.put((rank, doc, True))
     with contextlib.suppress(Exception):
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -4096,6 +4491,9 @@ def _crashed_worker(procs, docs: dict, wait_s: float) -> int | None:
         if time.monotonic() > deadline:
             return None
         time.sleep(0.1)
+
+
+FOLLOWERS_GRACE_S = 60.0  # how long the other workers may take to end after rank 0's verdict
 
 
 def run_sharded(config: dict) -> dict:
@@ -4121,15 +4519,28 @@ def run_sharded(config: dict) -> dict:
     docs: dict[int, dict] = {}
     failure = None
     failed_rank = None
+    verdict_at = None  # when rank 0's document arrived without an error
+    provisional = None  # rank 0's verdict before its search (the result if the search never ends)
     try:
         while len(docs) < world_size and failure is None:
+            if verdict_at is not None and time.monotonic() > verdict_at + FOLLOWERS_GRACE_S:
+                # Rank 0 has its verdict and has released the others: one still busy (stuck
+                # in the search's collective after rank 0 gave up, say) cannot change it.
+                break
             try:
-                rank, doc = results.get(timeout=1.0)
+                rank, doc, final = results.get(timeout=1.0)
             except queue_module.Empty:
                 dead = [
                     r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in docs
                 ]
-                if dead:
+                if dead and provisional is not None:
+                    # A worker stopped during rank 0's search: the verdict stands, the search
+                    # is recorded as failed (the provisional document says so).
+                    provisional["verification"]["first_divergence"]["reason"] += (
+                        f" (worker rank {dead[0]} exited with status {procs[dead[0]].exitcode})"
+                    )
+                    break
+                if dead and verdict_at is None:
                     failure = f"worker rank {dead[0]} exited with status {procs[dead[0]].exitcode} without a result"
                 elif time.monotonic() > deadline:
                     missing = sorted(set(range(world_size)) - set(docs))
@@ -4137,8 +4548,13 @@ def run_sharded(config: dict) -> dict:
                         f"workers {missing} gave no result within {config['worker_timeout_s']:g} s"
                     )
                 continue
+            if not final:
+                provisional = doc
+                continue
             docs[rank] = doc
-            if doc["error_class"] is not None:
+            if rank == 0 and doc["error_class"] is None:
+                verdict_at = time.monotonic()
+            if doc["error_class"] is not None and verdict_at is None:
                 # The others may wait forever in a collective for this rank: stop them now.
                 failure, failed_rank = f"rank {rank} failed", rank
         if failed_rank is not None:
@@ -4156,7 +4572,10 @@ def run_sharded(config: dict) -> dict:
         for proc in procs:
             proc.join(timeout=10)
     if failure is None:
-        return docs[0]
+        return docs.get(0, provisional)
+    if 0 not in docs and provisional is not None:
+        provisional["verification"]["first_divergence"]["reason"] += f" ({failure})"
+        return provisional
     doc = docs.get(0) or new_document(config)
     if failed_rank == 0:
         return doc

@@ -15,9 +15,10 @@ import torch
 
 from model_support.checkpoints import DemoModel
 from model_support.config import RunConfig
+from model_support.execution import run_local
 from model_support.records import ResultDocument
 from model_support.runner import run as runner
-from model_support.vocabulary import LocalizationStatus, LocalizeMode
+from model_support.vocabulary import LocalizationStatus, LocalizeMode, Parallelism, Result
 
 # The order in which a Llama-style forward first calls its modules (named_modules' names).
 LLAMA_CALLS = [
@@ -272,10 +273,22 @@ def test_a_zeroed_head_in_a_float32_moe_model_is_localized_to_its_output_project
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("model", "backend", "dtype"),
+    [
+        ("tiny-llama", "eager", "bfloat16"),
+        ("tiny-llama", "aot_eager", "bfloat16"),
+        ("tiny-llama", "inductor", "float32"),
+        # More exact than the reference's own dtype: never a divergence.
+        ("tiny-llama", "model_support.faults:float64_recompute", "bfloat16"),
+        ("tiny-qwen3-moe", "aot_eager", "float32"),
+        ("tiny-qwen3-moe", "model_support.faults:float64_recompute", "bfloat16"),
+    ],
+)
 def test_a_correct_compile_passes_and_its_localization_blames_nothing(
-    demo_models: dict[str, DemoModel],
+    model: str, backend: str, dtype: str, demo_models: dict[str, DemoModel]
 ) -> None:
-    doc = _run(demo_models["tiny-llama"], "aot_eager", localize="always")
+    doc = _run(demo_models[model], backend, dtype, localize="always")
     assert doc["result"] == "PASS"
     found = doc["verification"]["first_divergence"]
     assert (found["status"], found["module"], found["path"]) == ("none", None, [])
@@ -319,3 +332,156 @@ def test_a_search_out_of_time_says_so(tiny_llama_path: Path) -> None:
     found = _search_after_a_fail(tiny_llama_path, "aot_eager", localize_budget_s=1e-9)
     assert (found["status"], found["module"]) == ("incomplete", None)
     assert found["reason"] == "the localization's time budget (1e-09 s) ran out"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_one_experts_fault_is_named_with_its_expert(
+    dtype: str, demo_models: dict[str, DemoModel], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """one_expert_scaled scales expert 2's output in the last MoE layer: the search names the
+    layer's experts module and, measuring each expert alone, expert 2."""
+    monkeypatch.setenv("MODEL_SUPPORT_FAULT_EXPERT", "2")
+    doc = _run(demo_models["tiny-qwen3-moe"], "model_support.faults:one_expert_scaled", dtype)
+    assert doc["result"] == "FAIL"
+    found = doc["verification"]["first_divergence"]
+    assert (found["status"], found["module"]) == ("found", "model.layers.1.mlp.experts"), found
+    assert (found["expert"], found["diverging_experts"]) == (2, [2])
+    assert (
+        "expert 2 alone"
+        in ResultDocument.model_validate(doc).verification.first_divergence.summary()
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("model", "dtype"), [("tiny-llama", "float32"), ("tiny-qwen3-moe", "bfloat16")]
+)
+def test_a_fault_at_the_final_norm_is_named_exactly(
+    model: str, dtype: str, demo_models: dict[str, DemoModel]
+) -> None:
+    doc = _run(demo_models[model], "model_support.faults:final_norm_noise_30pct", dtype)
+    assert doc["result"] == "FAIL"
+    found = doc["verification"]["first_divergence"]
+    assert (found["status"], found["module"], found["kind"]) == (
+        "found",
+        "model.norm",
+        found["kind"],
+    )
+    assert found["kind"].endswith("RMSNorm")
+    assert found["path"][-1]["module"] == "model"
+
+
+def _sharded(
+    model: DemoModel,
+    backend: str,
+    env: dict[str, str],
+    parallelism: Parallelism = Parallelism.TENSOR,
+    dtype: str = "bfloat16",
+    **verification: Any,
+):
+    """The whole run.py on two cores (its own workers), as a process."""
+    config = RunConfig(
+        model=str(model.require_path()),
+        compile_backend=backend,
+        backend="cpu",  # type: ignore[arg-type]
+        cores=2,
+        parallelism=parallelism,
+        dtype=dtype,  # type: ignore[arg-type]
+        max_new_tokens=8,
+        verification=verification,  # type: ignore[arg-type]
+    )
+    return run_local(config, timeout_s=900, env=env).document
+
+
+@pytest.mark.slow
+def test_a_fault_on_one_rank_of_a_tensor_parallel_run_is_named_with_its_rank(
+    demo_models: dict[str, DemoModel],
+) -> None:
+    """noise_100pct on rank 1 only, at layer 1's MLP output: each rank runs its shard of each
+    module on its shard of the reference's inputs; only rank 1's outputs diverge."""
+    doc = _sharded(
+        demo_models["tiny-llama"],
+        "model_support.faults:noise_100pct",
+        {"MODEL_SUPPORT_FAULT_RANK": "1", "MODEL_SUPPORT_FAULT_LAYER": "1"},
+    )
+    assert doc.result == Result.FAIL, doc.error
+    found = doc.verification.first_divergence
+    assert found is not None
+    assert (found.status, found.module) == (
+        LocalizationStatus.FOUND,
+        "model.layers.1.mlp.down_proj",
+    ), found
+    assert (found.rank, found.ranks) == (1, [1])
+    assert [p.module for p in found.path] == ["model", "model.layers.1", "model.layers.1.mlp"]
+    assert all(p.ranks == [1] for p in found.path)
+    assert "on rank 1" in found.summary()
+
+
+@pytest.mark.slow
+def test_a_zeroed_head_under_tensor_parallelism_is_named_at_its_output_projection(
+    demo_models: dict[str, DemoModel],
+) -> None:
+    """Head 0 of rank 1's heads zeroed at o_proj's input: o_proj (row-parallel) sums every
+    rank's part, so its output diverges on both ranks."""
+    doc = _sharded(
+        demo_models["tiny-llama"],
+        "model_support.faults:zero_head",
+        {"MODEL_SUPPORT_FAULT_RANK": "1"},
+    )
+    assert doc.result == Result.FAIL, doc.error
+    found = doc.verification.first_divergence
+    assert found is not None
+    assert (found.status, found.module) == (
+        LocalizationStatus.FOUND,
+        "model.layers.1.self_attn.o_proj",
+    ), found
+    assert found.ranks == [0, 1]
+
+
+@pytest.mark.slow
+def test_a_correct_tensor_parallel_compile_blames_nothing(
+    demo_models: dict[str, DemoModel],
+) -> None:
+    doc = _sharded(demo_models["tiny-llama"], "aot_eager", {}, localize="always")
+    assert doc.result == Result.PASS, doc.error
+    found = doc.verification.first_divergence
+    assert found is not None
+    assert (found.status, found.module, found.path) == (LocalizationStatus.NONE, None, [])
+
+
+@pytest.mark.slow
+def test_one_experts_fault_under_expert_parallelism_is_named_with_its_global_index(
+    demo_models: dict[str, DemoModel],
+) -> None:
+    """Rank 1 holds experts 2 and 3; its first (global expert 2) is miscompiled. The experts
+    module sums every rank's part, so it diverges on both ranks; measured alone, expert 2."""
+    doc = _sharded(
+        demo_models["tiny-qwen3-moe"],
+        "model_support.faults:one_expert_scaled",
+        {"MODEL_SUPPORT_FAULT_RANK": "1", "MODEL_SUPPORT_FAULT_EXPERT": "0"},
+        Parallelism.EXPERT,
+    )
+    assert doc.result == Result.FAIL, doc.error
+    found = doc.verification.first_divergence
+    assert found is not None
+    assert (found.module, found.ranks) == ("model.layers.1.mlp.experts", [0, 1]), found
+    assert (found.expert, found.diverging_experts) == (2, [2])
+
+
+@pytest.mark.slow
+def test_a_correct_expert_parallel_float32_compile_blames_nothing(
+    demo_models: dict[str, DemoModel],
+) -> None:
+    doc = _sharded(
+        demo_models["tiny-qwen3-moe"],
+        "aot_eager",
+        {},
+        Parallelism.EXPERT,
+        "float32",
+        localize="always",
+    )
+    assert doc.result == Result.PASS, doc.error
+    found = doc.verification.first_divergence
+    assert found is not None
+    assert (found.status, found.module) == (LocalizationStatus.NONE, None)

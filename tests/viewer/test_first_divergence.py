@@ -43,7 +43,7 @@ def _failed_at(model: str, layer: int) -> RunRecord:
         candidates=[_module(f"model.layers.{layer}.mlp", "LlamaMLP", 5.0)],
         rank=0,
         seconds=12.5,
-        **found.model_dump(),
+        **found.model_dump(exclude={"rank", "ranks"}),
     )
     verification = record.document.verification.model_copy(update={"first_divergence": where})
     document = record.document.model_copy(update={"verification": verification})
@@ -101,3 +101,36 @@ def test_triage_groups_fails_by_the_kind_of_their_first_diverging_module(
     group = groups.loc["FAIL, first diverging module: o_proj (Linear)"]
     assert (group["count"], group["models"]) == (2, "org/first, org/second")
     assert groups.loc["<n> bad tokens", "models"] == "org/third"
+
+
+def test_details_name_the_rank_and_the_expert_of_a_sharded_search(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str
+) -> None:
+    record = make_record("org/moe", "text-generation", "FAIL", STACK, START + timedelta(days=2))
+    layer = _module("model.layers.1", "Qwen3MoeDecoderLayer", 9.0).model_copy(
+        update={"rank": 1, "ranks": [1]}
+    )
+    experts = _module("model.layers.1.mlp.experts", "Qwen3MoeExperts", 30.0)
+    where = FirstDivergence(
+        status=LocalizationStatus.FOUND,
+        path=[layer],
+        expert=2,
+        diverging_experts=[2],
+        seconds=3.0,
+        **experts.model_dump(exclude={"rank", "ranks"}),
+        rank=1,
+        ranks=[1],
+    )
+    verification = record.document.verification.model_copy(update={"first_divergence": where})
+    document = record.document.model_copy(update={"verification": verification})
+    store = ResultsStore(str(tmp_path))
+    store.add(record.model_copy(update={"document": document}))
+    store.materialize()
+    page = _page(tmp_path, monkeypatch, dead_hub, view="all", model="org/moe")
+    sentences = [m.value.replace("\\", "") for m in page.markdown]
+    assert any(
+        "model.layers.1.mlp.experts (Qwen3MoeExperts)" in s and "on rank 1, expert 2 alone" in s
+        for s in sentences
+    ), sentences
+    modules = next(d.value for d in page.dataframe if "role" in d.value.columns)
+    assert list(modules["ranks"]) == ["1", "1"]
