@@ -1012,30 +1012,46 @@ class EncoderDecoderGeneration(GreedyDecoding):
             outputs={"prefix": sequences[:, :-n], "inputs": cpu_inputs, "start": start},
         )
 
-    def score(self, config, processor, generation, dtype_name, precision):
-        tokens = generation.tokens
+    def decoder_prefix(self, generation: Generation):
+        """What the decoder read before the first generated token, per input (prompts x n)."""
         prefix = generation.outputs["prefix"]
-        inputs = generation.outputs["inputs"]
         if prefix.shape[1] == 0:  # a generate that returns only the new tokens
             start = generation.outputs["start"]
-            prefix = torch.full((tokens.shape[0], 1), int(start), dtype=tokens.dtype)
+            prefix = torch.full((generation.tokens.shape[0], 1), int(start), dtype=prefix.dtype)
+        return prefix
+
+    def teacher_forced_inputs(self, generation: Generation, dtype) -> list[dict]:
+        """Per input, the keyword arguments of the model's teacher-forced forward: that input's
+        encoder inputs (floating ones in ``dtype``), the decoder prefix and the device's tokens
+        but the last as the decoder's input, no cache."""
+        tokens, prefix = generation.tokens, self.decoder_prefix(generation)
+        inputs = generation.outputs["inputs"]
+        calls = []
+        for i in range(tokens.shape[0]):
+            single = cast_floats({k: v[i : i + 1] for k, v in inputs.items()}, dtype)
+            decoder_ids = torch.cat([prefix[i], tokens[i, :-1]]).unsqueeze(0)
+            calls.append({**single, "decoder_input_ids": decoder_ids, "use_cache": False})
+        return calls
+
+    def score(self, config, processor, generation, dtype_name, precision):
+        n = generation.tokens.shape[1]
+        start = self.decoder_prefix(generation).shape[1] - 1  # the first generated position
 
         def teacher_forced(model):
             dtype = next(model.parameters()).dtype
             logprobs = []
-            for i in range(tokens.shape[0]):
-                single = {
-                    k: (v[i : i + 1].to(dtype) if v.is_floating_point() else v[i : i + 1])
-                    for k, v in inputs.items()
-                }
-                decoder_ids = torch.cat([prefix[i], tokens[i, :-1]]).unsqueeze(0)
-                logits = model(**single, decoder_input_ids=decoder_ids, use_cache=False).logits
-                start = prefix.shape[1] - 1
-                window = logits[0, start : start + tokens.shape[1]].double()
+            for kwargs in self.teacher_forced_inputs(generation, dtype):
+                logits = model(**kwargs).logits
+                window = logits[0, start : start + n].double()
                 logprobs.append(torch.log_softmax(window, dim=-1))
             return logprobs
 
         return reference_and_baseline(self, config, dtype_name, precision, teacher_forced)
+
+    def localization_calls(self, config, processor, generation):
+        # The verdict's own teacher-forced forward, per input: the encoder and the decoder
+        # (over every generated position) in one call, the encoder's output fed to the decoder.
+        return [((), kwargs) for kwargs in self.teacher_forced_inputs(generation, torch.float32)]
 
     def judge(self, config, generation, scored, label):
         reference, baseline = scored
