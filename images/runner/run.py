@@ -1125,16 +1125,30 @@ class SentenceEmbeddings(TaskScenario):
         return list(config["prompts"])
 
     def compile(self, model, compile_backend):
-        import transformers
+        encoder = sentence_encoder(model)
+        encoder.forward = torch.compile(encoder.forward, backend=compile_backend, dynamic=False)
 
-        encoders = [m for m in model.modules() if isinstance(m, transformers.PreTrainedModel)]
-        if not encoders:
-            raise ValueError(
-                "this sentence-transformers model holds no transformers model to compile"
-            )
-        encoders[0].forward = torch.compile(
-            encoders[0].forward, backend=compile_backend, dynamic=False
-        )
+    def localization_module(self, model):
+        return sentence_encoder(model)
+
+    def localization_calls(self, config, processor, generation):
+        # The encoder's inputs exactly as sentence-transformers builds them for the verdict's
+        # batch (its tokenizer, truncation and padding), recorded from one float32 CPU encode:
+        # the pooling after the encoder is not compiled, so not searched.
+        _, model = self.load(config, "float32", torch.device("cpu"))
+        encoder = sentence_encoder(model)
+        forward, calls = encoder.forward, []
+
+        # sentence-transformers calls the encoder's forward itself (no module hook sees it),
+        # as the run's compiled forward is called: the forward is wrapped the same way.
+        def recorded(*args, **kwargs):
+            calls.append((map_tensors(args, torch.clone), map_tensors(kwargs, torch.clone)))
+            return forward(*args, **kwargs)
+
+        encoder.forward = recorded
+        with torch.no_grad():
+            encode_sentences(model, list(config["prompts"]))
+        return calls
 
     def call(self, config, loaded, clock=None):
         return encode_sentences(loaded.model, loaded.inputs)
@@ -1153,6 +1167,16 @@ class SentenceEmbeddings(TaskScenario):
         return embedding_verdict(
             reference, baseline, generation.outputs, config["verification"], label
         )
+
+
+def sentence_encoder(model):
+    """The transformers model inside a sentence-transformers model: what the run compiles."""
+    import transformers
+
+    for module in model.modules():
+        if isinstance(module, transformers.PreTrainedModel):
+            return module
+    raise ValueError("this sentence-transformers model holds no transformers model to compile")
 
 
 def encode_sentences(model, sentences: list[str]):
@@ -1322,11 +1346,15 @@ class Classification(TaskScenario):
         inputs = generation.outputs["inputs"]
 
         def class_logprobs(model):
-            dtype = next(model.parameters()).dtype
-            batch = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
+            batch = cast_floats(inputs, next(model.parameters()).dtype)
             return torch.log_softmax(model(**batch).logits.double(), dim=-1)
 
         return reference_and_baseline(self, config, dtype_name, precision, class_logprobs)
+
+    def localization_calls(self, config, processor, generation):
+        # The verdict's own scoring call: the whole batch the device classified, in one forward
+        # (one graph per level, as the run compiled one for the batch).
+        return [((), cast_floats(generation.outputs["inputs"], torch.float32))]
 
     def judge(self, config, generation, scored, label):
         reference, baseline = scored
@@ -1503,6 +1531,18 @@ class TextToImage(TaskScenario):
 
     def cast(self, model, dtype):
         model.to(dtype=dtype)
+
+    def localization_module(self, model):
+        return denoiser_of(model)
+
+    def localization_calls(self, config, processor, generation):
+        # One call per denoising step, on the inputs the device's denoiser had at that step
+        # (latents, timestep, text conditioning), as the verdict's denoiser check scores it:
+        # teacher forced, so an earlier step's error never reaches a later step's search.
+        return [
+            (cast_floats(args, torch.float32), cast_floats(kwargs, torch.float32))
+            for args, kwargs, _ in generation.outputs["calls"]
+        ]
 
     def call(self, config, loaded, clock=None):
         return denoise(loaded.model, loaded.inputs, int(config["denoising_steps"]), record=True)
