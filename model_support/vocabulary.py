@@ -275,7 +275,7 @@ LOCALIZATION_STATUS_MEANINGS: dict[LocalizationStatus, str] = {
     LocalizationStatus.NONE: "No module's output diverges on the reference's inputs (the error arises elsewhere, e.g. in the cached decode path).",
     LocalizationStatus.INCOMPLETE: "The time budget ran out; the module named, if any, is the deepest one confirmed so far.",
     LocalizationStatus.FAILED: "The search itself failed (a module that does not compile on its own, memory): the reason and its error class say why.",
-    LocalizationStatus.NOT_SUPPORTED: "Not searched: a sharded run, or a task family the search does not cover yet.",
+    LocalizationStatus.NOT_SUPPORTED: "Not searched: a sharded run (the search runs on one core), or a task family without root calls.",
 }  # fmt: skip
 
 
