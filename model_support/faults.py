@@ -742,8 +742,12 @@ def _module_nodes(gm: fx.GraphModule, pattern: str) -> list[fx.Node]:
 
 
 def _timestep_input(gm: fx.GraphModule) -> tuple[fx.Node, fx.Node] | None:
-    """(the first node of the time-embedding projection, the timestep tensor it reads)."""
-    inside = _module_nodes(gm, r"(^|\.)time_proj$")
+    """(the first node of the time-embedding projection, the timestep tensor it reads).
+
+    The timestep is computed outside the projection, or is a graph input: where time_proj is
+    compiled on its own (localization), its input placeholder carries time_proj's module path.
+    """
+    inside = [n for n in _module_nodes(gm, r"(^|\.)time_proj$") if n.op != "placeholder"]
     members = set(inside)
     for node in inside:
         for arg in node.args:

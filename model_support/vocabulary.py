@@ -274,8 +274,8 @@ LOCALIZATION_STATUS_MEANINGS: dict[LocalizationStatus, str] = {
     LocalizationStatus.FOUND: "A module diverges on its own: the first one in execution order, at the deepest level searched.",
     LocalizationStatus.NONE: "No module's output diverges on the reference's inputs (the error arises elsewhere, e.g. in the cached decode path).",
     LocalizationStatus.INCOMPLETE: "The time budget ran out; the module named, if any, is the deepest one confirmed so far.",
-    LocalizationStatus.FAILED: "The search itself failed (a module that does not compile on its own, memory): the reason and its error class say why.",
-    LocalizationStatus.NOT_SUPPORTED: "Not searched: a sharded run, or a task family the search does not cover yet.",
+    LocalizationStatus.FAILED: "The search itself failed (a module that does not compile on its own, memory, a worker of a sharded run lost during it): the reason and its error class say why.",
+    LocalizationStatus.NOT_SUPPORTED: "Not searched: a task family without root calls for the search (every family run.py knows has them).",
 }  # fmt: skip
 
 

@@ -1023,30 +1023,46 @@ class EncoderDecoderGeneration(GreedyDecoding):
             outputs={"prefix": sequences[:, :-n], "inputs": cpu_inputs, "start": start},
         )
 
-    def score(self, config, processor, generation, dtype_name, precision):
-        tokens = generation.tokens
+    def decoder_prefix(self, generation: Generation):
+        """What the decoder read before the first generated token, per input (prompts x n)."""
         prefix = generation.outputs["prefix"]
-        inputs = generation.outputs["inputs"]
         if prefix.shape[1] == 0:  # a generate that returns only the new tokens
             start = generation.outputs["start"]
-            prefix = torch.full((tokens.shape[0], 1), int(start), dtype=tokens.dtype)
+            prefix = torch.full((generation.tokens.shape[0], 1), int(start), dtype=prefix.dtype)
+        return prefix
+
+    def teacher_forced_inputs(self, generation: Generation, dtype) -> list[dict]:
+        """Per input, the keyword arguments of the model's teacher-forced forward: that input's
+        encoder inputs (floating ones in ``dtype``), the decoder prefix and the device's tokens
+        but the last as the decoder's input, no cache."""
+        tokens, prefix = generation.tokens, self.decoder_prefix(generation)
+        inputs = generation.outputs["inputs"]
+        calls = []
+        for i in range(tokens.shape[0]):
+            single = cast_floats({k: v[i : i + 1] for k, v in inputs.items()}, dtype)
+            decoder_ids = torch.cat([prefix[i], tokens[i, :-1]]).unsqueeze(0)
+            calls.append({**single, "decoder_input_ids": decoder_ids, "use_cache": False})
+        return calls
+
+    def score(self, config, processor, generation, dtype_name, precision):
+        n = generation.tokens.shape[1]
+        start = self.decoder_prefix(generation).shape[1] - 1  # the first generated position
 
         def teacher_forced(model):
             dtype = next(model.parameters()).dtype
             logprobs = []
-            for i in range(tokens.shape[0]):
-                single = {
-                    k: (v[i : i + 1].to(dtype) if v.is_floating_point() else v[i : i + 1])
-                    for k, v in inputs.items()
-                }
-                decoder_ids = torch.cat([prefix[i], tokens[i, :-1]]).unsqueeze(0)
-                logits = model(**single, decoder_input_ids=decoder_ids, use_cache=False).logits
-                start = prefix.shape[1] - 1
-                window = logits[0, start : start + tokens.shape[1]].double()
+            for kwargs in self.teacher_forced_inputs(generation, dtype):
+                logits = model(**kwargs).logits
+                window = logits[0, start : start + n].double()
                 logprobs.append(torch.log_softmax(window, dim=-1))
             return logprobs
 
         return reference_and_baseline(self, config, dtype_name, precision, teacher_forced)
+
+    def localization_calls(self, config, processor, generation):
+        # The verdict's own teacher-forced forward, per input: the encoder and the decoder
+        # (over every generated position) in one call, the encoder's output fed to the decoder.
+        return [((), kwargs) for kwargs in self.teacher_forced_inputs(generation, torch.float32)]
 
     def judge(self, config, generation, scored, label):
         reference, baseline = scored
@@ -1120,16 +1136,30 @@ class SentenceEmbeddings(TaskScenario):
         return list(config["prompts"])
 
     def compile(self, model, compile_backend):
-        import transformers
+        encoder = sentence_encoder(model)
+        encoder.forward = torch.compile(encoder.forward, backend=compile_backend, dynamic=False)
 
-        encoders = [m for m in model.modules() if isinstance(m, transformers.PreTrainedModel)]
-        if not encoders:
-            raise ValueError(
-                "this sentence-transformers model holds no transformers model to compile"
-            )
-        encoders[0].forward = torch.compile(
-            encoders[0].forward, backend=compile_backend, dynamic=False
-        )
+    def localization_module(self, model):
+        return sentence_encoder(model)
+
+    def localization_calls(self, config, processor, generation):
+        # The encoder's inputs exactly as sentence-transformers builds them for the verdict's
+        # batch (its tokenizer, truncation and padding), recorded from one float32 CPU encode:
+        # the pooling after the encoder is not compiled, so not searched.
+        _, model = self.load(config, "float32", torch.device("cpu"))
+        encoder = sentence_encoder(model)
+        forward, calls = encoder.forward, []
+
+        # sentence-transformers calls the encoder's forward itself (no module hook sees it),
+        # as the run's compiled forward is called: the forward is wrapped the same way.
+        def recorded(*args, **kwargs):
+            calls.append((map_tensors(args, torch.clone), map_tensors(kwargs, torch.clone)))
+            return forward(*args, **kwargs)
+
+        encoder.forward = recorded
+        with torch.no_grad():
+            encode_sentences(model, list(config["prompts"]))
+        return calls
 
     def call(self, config, loaded, clock=None):
         return encode_sentences(loaded.model, loaded.inputs)
@@ -1148,6 +1178,16 @@ class SentenceEmbeddings(TaskScenario):
         return embedding_verdict(
             reference, baseline, generation.outputs, config["verification"], label
         )
+
+
+def sentence_encoder(model):
+    """The transformers model inside a sentence-transformers model: what the run compiles."""
+    import transformers
+
+    for module in model.modules():
+        if isinstance(module, transformers.PreTrainedModel):
+            return module
+    raise ValueError("this sentence-transformers model holds no transformers model to compile")
 
 
 def encode_sentences(model, sentences: list[str]):
@@ -1317,11 +1357,15 @@ class Classification(TaskScenario):
         inputs = generation.outputs["inputs"]
 
         def class_logprobs(model):
-            dtype = next(model.parameters()).dtype
-            batch = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
+            batch = cast_floats(inputs, next(model.parameters()).dtype)
             return torch.log_softmax(model(**batch).logits.double(), dim=-1)
 
         return reference_and_baseline(self, config, dtype_name, precision, class_logprobs)
+
+    def localization_calls(self, config, processor, generation):
+        # The verdict's own scoring call: the whole batch the device classified, in one forward
+        # (one graph per level, as the run compiled one for the batch).
+        return [((), cast_floats(generation.outputs["inputs"], torch.float32))]
 
     def judge(self, config, generation, scored, label):
         reference, baseline = scored
@@ -1498,6 +1542,18 @@ class TextToImage(TaskScenario):
 
     def cast(self, model, dtype):
         model.to(dtype=dtype)
+
+    def localization_module(self, model):
+        return denoiser_of(model)
+
+    def localization_calls(self, config, processor, generation):
+        # One call per denoising step, on the inputs the device's denoiser had at that step
+        # (latents, timestep, text conditioning), as the verdict's denoiser check scores it:
+        # teacher forced, so an earlier step's error never reaches a later step's search.
+        return [
+            (cast_floats(args, torch.float32), cast_floats(kwargs, torch.float32))
+            for args, kwargs, _ in generation.outputs["calls"]
+        ]
 
     def call(self, config, loaded, clock=None):
         return denoise(loaded.model, loaded.inputs, int(config["denoising_steps"]), record=True)
@@ -4089,7 +4145,8 @@ def localize_stage(ctx: RunContext, placement: Placement, processor, generation)
             elif searched["status"] == "none" and doc["result"] == "FAIL":
                 record["reason"] = (
                     "no module's output diverges on the reference's inputs: the error arises "
-                    "outside one forward over the whole sequence (e.g. the cached decode path)"
+                    "outside what the search compares (e.g. the cached decode path, or only in "
+                    "a statistic over positions such as a pooled embedding)"
                 )
             found = searched["found"]
             if found is not None:

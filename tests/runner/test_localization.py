@@ -2,7 +2,10 @@
 
 The pure parts (which modules form a level, when a module diverges, the level-by-level descent)
 are tested on synthetic inputs; the whole search runs in run.py on the tiny checkpoints with
-the faulty compilers of model_support.faults, whose target module is known.
+the faulty compilers of model_support.faults, whose target module is known: for text
+generation and for every other task family (encoder-decoder text and speech, sentence
+embeddings, text and image classifiers, a text-to-image pipeline's denoiser), each with a
+correct compile that blames nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from model_support.config import RunConfig
 from model_support.execution import run_local
 from model_support.records import ResultDocument
 from model_support.runner import run as runner
-from model_support.vocabulary import LocalizationStatus, LocalizeMode, Parallelism, Result
+from model_support.vocabulary import LocalizationStatus, LocalizeMode, Parallelism, Result, Task
 
 # The order in which a Llama-style forward first calls its modules (named_modules' names).
 LLAMA_CALLS = [
@@ -210,13 +213,22 @@ def test_runner_localization_vocabulary_matches_the_package() -> None:
     assert set(runner.LOCALIZATION_STATUSES) == {s.value for s in LocalizationStatus}
 
 
-def _run(model: DemoModel, backend: str, dtype: str = "bfloat16", **verification: Any) -> dict:
+def _run(
+    model: DemoModel,
+    backend: str,
+    dtype: str = "bfloat16",
+    task: Task = Task.TEXT_GENERATION,
+    **verification: Any,
+) -> dict:
     config = RunConfig(
         model=str(model.require_path()),
+        task=task,
         compile_backend=backend,
         backend="cpu",  # type: ignore[arg-type]
         dtype=dtype,  # type: ignore[arg-type]
         max_new_tokens=8,
+        # Enough denoising steps for stale_step's step (2, from 0), no more.
+        denoising_steps=3,
         verification=verification,  # type: ignore[arg-type]
     ).model_dump(mode="json")
     doc = runner.execute(runner.RunContext(config))
@@ -293,6 +305,187 @@ def test_a_correct_compile_passes_and_its_localization_blames_nothing(
     found = doc["verification"]["first_divergence"]
     assert (found["status"], found["module"], found["path"]) == ("none", None, [])
     assert found["reason"] is None
+
+
+# ---- the other task families: each scenario's own root calls, the same search
+
+
+def _found(doc: dict) -> dict:
+    assert doc["result"] == "FAIL", doc["verification"].get("reason")
+    found = doc["verification"]["first_divergence"]
+    assert found["status"] == "found", found
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fixture", "task", "stack", "module", "path"),
+    [
+        # T5: the decoder's last block's feed-forward output (its wo), the encoder left correct.
+        (
+            "tiny-t5",
+            Task.TEXT2TEXT_GENERATION,
+            "decoder",
+            "decoder.block.1.layer.2.DenseReluDense.wo",
+            ["decoder", "decoder.block.1", "decoder.block.1.layer.2"],
+        ),
+        # Whisper: the encoder's last layer's MLP output (fc2), the decoder left correct.
+        (
+            "tiny-whisper",
+            Task.AUTOMATIC_SPEECH_RECOGNITION,
+            "encoder",
+            "model.encoder.layers.1.fc2",
+            ["model", "model.encoder", "model.encoder.layers.1"],
+        ),
+    ],
+    ids=["text2text-decoder", "speech-encoder"],
+)
+def test_an_encoder_decoders_fault_is_named_in_the_stack_it_is_in(
+    fixture: str,
+    task: Task,
+    stack: str,
+    module: str,
+    path: list[str],
+    demo_models: dict[str, DemoModel],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """noise_100pct in one stack only: the teacher-forced forward (encoder and decoder in one
+    call) is searched from the whole model down to the faulty linear layer."""
+    monkeypatch.setenv("MODEL_SUPPORT_FAULT_STACK", stack)
+    found = _found(_run(demo_models[fixture], "model_support.faults:noise_100pct", task=task))
+    assert found["module"] == module and found["kind"] == "Linear"
+    assert [p["module"] for p in found["path"]][: len(path)] == path
+    assert found["candidates"] == []
+
+
+@pytest.mark.slow
+def test_a_sentence_encoders_fault_is_named_in_the_encoder_sentence_transformers_wraps(
+    demo_models: dict[str, DemoModel],
+) -> None:
+    """noise_100pct on the last layer's MLP output. The searched module is the transformers
+    encoder the run compiles (the BertModel's own names), called on the inputs
+    sentence-transformers builds for it."""
+    doc = _run(
+        demo_models["tiny-sentence-bert"],
+        "model_support.faults:noise_100pct",
+        task=Task.SENTENCE_SIMILARITY,
+    )
+    found = _found(doc)
+    assert (found["module"], found["kind"]) == ("encoder.layer.1.output.dense", "Linear")
+    assert [p["module"] for p in found["path"]] == [
+        "encoder",
+        "encoder.layer.1",
+        "encoder.layer.1.output",
+    ]
+
+
+@pytest.mark.slow
+def test_a_fault_only_the_pooled_embedding_shows_blames_no_module(
+    demo_models: dict[str, DemoModel],
+) -> None:
+    """zero_head moves every token's state by less than the verdict's bounds over a correct
+    run's per-token error (about 2x), but coherently: mean pooling averages the correct run's
+    rounding away and keeps the fault's, so the embedding verdict FAILs. The search judges
+    per token: it blames nothing, and says so."""
+    doc = _run(
+        demo_models["tiny-sentence-bert"],
+        "model_support.faults:zero_head",
+        task=Task.SENTENCE_SIMILARITY,
+    )
+    assert doc["result"] == "FAIL"
+    found = doc["verification"]["first_divergence"]
+    assert (found["status"], found["module"], found["path"]) == ("none", None, [])
+    assert found["reason"].startswith("no module's output diverges on the reference's inputs")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fixture", "task", "fault", "module"),
+    [
+        # One batch row (one input text) wrong in the last layer's MLP output.
+        (
+            "tiny-bert-classifier",
+            Task.TEXT_CLASSIFICATION,
+            "row_noise_100pct",
+            "bert.encoder.layer.1.output.dense",
+        ),
+        # The last layer's MLP output; the MLP's last module is fc2.
+        ("tiny-vit-classifier", Task.IMAGE_CLASSIFICATION, "noise_100pct", "vit.layers.1.mlp.fc2"),
+    ],
+    ids=["text", "image"],
+)
+def test_a_classifiers_fault_is_named_exactly(
+    fixture: str, task: Task, fault: str, module: str, demo_models: dict[str, DemoModel]
+) -> None:
+    found = _found(_run(demo_models[fixture], f"model_support.faults:{fault}", task=task))
+    assert (found["module"], found["kind"]) == (module, "Linear")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fault", "module"),
+    [
+        # Head 0 zeroed at the input of the denoiser's last self-attention output projection.
+        ("denoiser_zero_head", "up_blocks.1.attentions.1.transformer_blocks.0.attn1.to_out.0"),
+        # The timestep the time embedding reads is one scheduler step off: time_proj's output.
+        ("wrong_timestep", "time_proj"),
+    ],
+)
+def test_a_denoisers_fault_is_named_in_the_denoiser(
+    fault: str, module: str, demo_models: dict[str, DemoModel]
+) -> None:
+    """The denoiser is searched, once per denoising step, on the device's inputs at that step."""
+    doc = _run(
+        demo_models["tiny-stable-diffusion"],
+        f"model_support.faults:{fault}",
+        task=Task.TEXT_TO_IMAGE,
+    )
+    found = _found(doc)
+    assert found["module"] == module
+    assert found["candidates"] == []
+
+
+@pytest.mark.slow
+def test_a_stale_denoising_step_is_named_at_the_denoisers_output_only(
+    demo_models: dict[str, DemoModel],
+) -> None:
+    """stale_step is no module's miscomputation: at step 2 the denoiser returns step 1's
+    prediction, a reused buffer at conv_out's output (the denoiser's last module). Every block
+    computes correctly at every step, so none is blamed; conv_out is named, as the module whose
+    output the fault replaces, and only one step of the three (one item in three) diverges."""
+    doc = _run(
+        demo_models["tiny-stable-diffusion"],
+        "model_support.faults:stale_step",
+        task=Task.TEXT_TO_IMAGE,
+    )
+    found = _found(doc)
+    assert (found["module"], found["kind"], found["path"]) == ("conv_out", "Conv2d", [])
+    assert found["candidates"] == []
+    # One step in three: the median over positions stays within the baseline's bound.
+    assert "median" not in found["failed_checks"] and "peak" in found["failed_checks"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fixture", "task"),
+    [
+        ("tiny-t5", Task.TEXT2TEXT_GENERATION),
+        ("tiny-whisper", Task.AUTOMATIC_SPEECH_RECOGNITION),
+        ("tiny-sentence-bert", Task.FEATURE_EXTRACTION),
+        ("tiny-bert-classifier", Task.TEXT_CLASSIFICATION),
+        ("tiny-vit-classifier", Task.IMAGE_CLASSIFICATION),
+        ("tiny-stable-diffusion", Task.TEXT_TO_IMAGE),
+    ],
+    ids=lambda value: value.value if isinstance(value, Task) else None,
+)
+def test_a_correct_compile_of_every_family_passes_and_blames_nothing(
+    fixture: str, task: Task, demo_models: dict[str, DemoModel]
+) -> None:
+    doc = _run(demo_models[fixture], "aot_eager", task=task, localize="always")
+    assert doc["result"] == "PASS", doc["verification"].get("reason")
+    found = doc["verification"]["first_divergence"]
+    assert (found["status"], found["module"], found["path"]) == ("none", None, [])
+    assert found["reason"] is None and found["seconds"] > 0
 
 
 def _search_after_a_fail(model: Path, compile_backend: Any, **verification: Any) -> dict:
