@@ -273,11 +273,14 @@ def test_faults_at_a_norm_and_at_the_lm_head_are_named_exactly(
 
 
 @pytest.mark.slow
-def test_a_zeroed_head_in_a_float32_moe_model_is_localized_to_its_output_projection(
-    demo_models: dict[str, DemoModel],
+@pytest.mark.parametrize(
+    ("model", "dtype"), [("tiny-qwen3-moe", "float32"), ("tiny-llama", "bfloat16")]
+)
+def test_a_zeroed_head_is_localized_to_its_output_projection(
+    model: str, dtype: str, demo_models: dict[str, DemoModel]
 ) -> None:
     """zero_head zeroes head 0 at the input of the last layer's o_proj: o_proj diverges."""
-    doc = _run(demo_models["tiny-qwen3-moe"], "model_support.faults:zero_head", "float32")
+    doc = _run(demo_models[model], "model_support.faults:zero_head", dtype)
     assert doc["result"] == "FAIL"
     found = doc["verification"]["first_divergence"]
     assert (found["status"], found["module"]) == ("found", "model.layers.1.self_attn.o_proj")
@@ -678,3 +681,19 @@ def test_a_correct_expert_parallel_float32_compile_blames_nothing(
     found = doc.verification.first_divergence
     assert found is not None
     assert (found.status, found.module) == (LocalizationStatus.NONE, None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fault", "module"),
+    [("final_norm_noise_30pct", "model.norm"), ("vocab_tail_bias", "lm_head")],
+)
+def test_faults_at_the_final_norm_and_the_lm_head_of_a_tensor_parallel_run_are_named(
+    fault: str, module: str, demo_models: dict[str, DemoModel]
+) -> None:
+    """Both modules' outputs are whole on every rank (the LM head gathers its columns)."""
+    doc = _sharded(demo_models["tiny-llama"], f"model_support.faults:{fault}", {}, dtype="float32")
+    assert doc.result == Result.FAIL, doc.error
+    found = doc.verification.first_divergence
+    assert found is not None
+    assert (found.status, found.module, found.ranks) == (LocalizationStatus.FOUND, module, [0, 1])
