@@ -636,10 +636,11 @@ def test_a_zeroed_head_under_tensor_parallelism_is_named_at_its_output_projectio
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3-moe"])
 def test_a_correct_tensor_parallel_compile_blames_nothing(
-    demo_models: dict[str, DemoModel],
+    model: str, demo_models: dict[str, DemoModel]
 ) -> None:
-    doc = _sharded(demo_models["tiny-llama"], "aot_eager", {}, localize="always")
+    doc = _sharded(demo_models[model], "aot_eager", {}, localize="always")
     assert doc.result == Result.PASS, doc.error
     found = doc.verification.first_divergence
     assert found is not None
