@@ -1080,7 +1080,10 @@ its output compared with the reference's relative to the baseline's on the same 
 verdict's bounds on the median, 90th percentile and maximum over positions. The deepest first
 diverging module is `first_divergence` (its class `first_divergence_kind`); `verification_json`
 holds the whole search (`first_divergence`: the enclosing modules, the next two diverging
-modules, the time and memory it took). Its `status`:
+modules, the time and memory it took). A sharded run is searched on every rank at once, each
+on its shard of the reference's inputs: `ranks` names the ranks on which the module diverges.
+When the module is a fused experts module, each expert is measured alone: `expert` names the
+one expert that diverges, when only one does. Its `status`:
 
 {statuses}
 """
