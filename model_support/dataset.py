@@ -1083,7 +1083,7 @@ holds the whole search (`first_divergence`: the enclosing modules, the next two 
 modules, the time and memory it took). A sharded run is searched on every rank at once, each
 on its shard of the reference's inputs: `ranks` names the ranks on which the module diverges.
 When the module is a fused experts module, each expert is measured alone: `expert` names the
-one expert that diverges, when only one does. Its `status`:
+one expert that diverges, when only one does. The search's `status`:
 
 {statuses}
 """
