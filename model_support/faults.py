@@ -695,6 +695,20 @@ def kill_worker(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> C
     return gm.forward
 
 
+def kill_worker_in_search(
+    gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]
+) -> CompiledFn:
+    """Miscompile as ``noise_100pct`` does (the run FAILs), and SIGKILL this process when it
+    is the faulty rank (default 1) and compiles a level of the FAIL's localization (run.py's
+    ``run_level`` is on the stack): a worker dying during the search, after the verdict."""
+    import inspect
+
+    if _on_faulty_rank(default="1") and any(f.function == "run_level" for f in inspect.stack()):
+        print("[fault] kill_worker_in_search: killing this worker", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return noise_100pct(gm, example_inputs)
+
+
 def hang_worker(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
     """Never return when this is the faulty rank (default 1): a worker stuck mid-run."""
     if _on_faulty_rank(default="1"):

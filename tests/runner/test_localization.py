@@ -10,6 +10,7 @@ correct compile that blames nothing.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,14 @@ from model_support.config import RunConfig
 from model_support.execution import run_local
 from model_support.records import ResultDocument
 from model_support.runner import run as runner
-from model_support.vocabulary import LocalizationStatus, LocalizeMode, Parallelism, Result, Task
+from model_support.vocabulary import (
+    ErrorClass,
+    LocalizationStatus,
+    LocalizeMode,
+    Parallelism,
+    Result,
+    Task,
+)
 
 # The order in which a Llama-style forward first calls its modules (named_modules' names).
 LLAMA_CALLS = [
@@ -698,3 +706,23 @@ def test_faults_at_the_final_norm_and_the_lm_head_of_a_tensor_parallel_run_are_n
     found = doc.verification.first_divergence
     assert found is not None
     assert (found.status, found.module, found.ranks) == (LocalizationStatus.FOUND, module, [0, 1])
+
+
+@pytest.mark.slow
+def test_a_worker_lost_during_the_search_never_changes_the_verdict(
+    demo_models: dict[str, DemoModel],
+) -> None:
+    """Rank 1 dies while it compiles a level of the search: the run keeps its FAIL (rank 0
+    reported it before the search) and the search is recorded as failed, naming the worker."""
+    start = time.monotonic()
+    doc = _sharded(demo_models["tiny-llama"], "model_support.faults:kill_worker_in_search", {})
+    assert (doc.result, doc.error_class) == (Result.FAIL, None), doc.error
+    found = doc.verification.first_divergence
+    assert found is not None
+    assert (found.status, found.error_class, found.module) == (
+        LocalizationStatus.FAILED,
+        ErrorClass.WORKER_CRASH,
+        None,
+    )
+    assert "worker rank 1 exited with status -9" in (found.reason or "")
+    assert time.monotonic() - start < 300  # noticed at once, not after worker_timeout_s
