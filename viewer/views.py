@@ -17,7 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from model_support.selection import SelectionError, load_selected
-from model_support.viewer import formatting, queries
+from model_support.viewer import formatting, queries, table_pages
 from model_support.viewer.data import (
     StackFile,
     UnreadableFile,
@@ -60,8 +60,6 @@ RESULT_CHART_COLOURS = {
 }
 """The same results' colours in charts (hex: altair needs exact colours)."""
 TASKS = [t.value for t in Task]
-DICTIONARY_COLUMNS = ("task", "result", "why", "change", "before", "after", "error class after")
-DICTIONARY_ABOVE_ROWS = 1000
 
 
 @dataclass(frozen=True)
@@ -252,25 +250,22 @@ def selection_rows(models: pd.Series, model: str | None) -> list[int]:
 
 
 def show_table(table: pd.DataFrame, key: str) -> None:
-    """Draw a results table with row selection (its row count above it, blanks where a value is
-    missing). Ticking a row shows its model's details; the highlighted row is always the page's
+    """Draw a results table with row selection (which of its rows are shown above it, blanks
+    where a value is missing); a table of more than ``table_pages.PAGE_ROWS`` rows a page at a
+    time. Ticking a row shows its model's details; the highlighted row is always the page's
     model (its details, named in the URL) or none: a link, Back and Forward, the picker or
-    another table change the model, and the selection follows it."""
-    st.caption(f"{len(table):,} row{'' if len(table) == 1 else 's'}")
+    another table change the model, and the selection (and the page) follow it."""
+    model = st.session_state.get("model")
+    page = table_pages.show_page(table, key, model)
+    table = page.rows
+    st.caption(table_pages.rows_caption(page.start, page.start + len(table), page.total))
     config = table_config(table)
     models = table["model"].astype(str).reset_index(drop=True)
-    wanted = selection_rows(models, st.session_state.get("model"))
+    wanted = selection_rows(models, model)
     if _selected_rows(key) != wanted:
         st.session_state[key] = {"selection": {"rows": wanted, "columns": [], "cells": []}}
-    table = formatting.blank_missing(table)
-    if len(table) > DICTIONARY_ABOVE_ROWS:
-        # Few distinct values: sent as Arrow dictionaries, the page's largest message shrinks by
-        # almost half (it is serialized and hashed on every rerun).
-        table = table.astype(
-            {c: "category" for c in DICTIONARY_COLUMNS if c in table.columns}, copy=False
-        )
     st.dataframe(
-        table,
+        formatting.blank_missing(table),
         hide_index=True,
         column_config=config,
         on_select=functools.partial(_pick_row, key, models),
