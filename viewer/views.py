@@ -275,13 +275,21 @@ def show_table(table: pd.DataFrame, key: str) -> None:
     )
 
 
-def summary(frame: pd.DataFrame) -> None:
-    """Counts per result state as a row of metrics."""
+def result_counts(frame: pd.DataFrame) -> dict[str, int]:
+    """The number of models (``models``) and of rows per result state."""
     counts = frame["result"].value_counts() if not frame.empty else pd.Series(dtype=int)
+    return {
+        "models": int(frame["model_id"].nunique()),
+        **{state.value: int(counts.get(state.value, 0)) for state in Result},
+    }
+
+
+def show_counts(counts: dict[str, int]) -> None:
+    """``result_counts``' figures as a row of metrics."""
     columns = st.columns(len(Result) + 1)
-    columns[0].metric("models", f"{frame['model_id'].nunique():,}")
+    columns[0].metric("models", f"{counts['models']:,}")
     for column, state in zip(columns[1:], Result, strict=True):
-        column.metric(state.value, f"{int(counts.get(state.value, 0)):,}")
+        column.metric(state.value, f"{counts[state.value]:,}")
 
 
 def view_selected(ctx: Context) -> pd.DataFrame:
@@ -311,9 +319,26 @@ def view_selected(ctx: Context) -> pd.DataFrame:
 
 def view_all(ctx: Context) -> pd.DataFrame:
     """Every result on the current stack."""
-    frame = current_frame(ctx, queries.LIST_COLUMNS)
-    summary(frame)
-    return queries.results_table(frame)
+    files = (ctx.current,) if ctx.current else ()
+    table, counts, unreadable = _all_results(
+        ctx.results_uri, tuple((f.path, f.fingerprint) for f in files), ctx.task, ctx.search
+    )
+    report_unreadable(unreadable)
+    show_counts(counts)
+    return table
+
+
+# Kept as a resource (not copied on each use) for the reason _read is: every rerun of the page
+# (a row click, a page turn) would otherwise rebuild the table of 100,000 rows (a tenth of a
+# second). The key is _read's (path + fingerprint per file) and the filters.
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _all_results(
+    results_uri: str, files: tuple[tuple[str, str], ...], task: str | None, search: str
+) -> tuple[pd.DataFrame, dict[str, int], list[UnreadableFile]]:
+    """The All results view's table and counts, and the files left out (pure: no drawing)."""
+    frame, unreadable = _read(results_uri, files, queries.LIST_COLUMNS, None)
+    frame = queries.search(queries.with_task(frame, task), search)
+    return queries.results_table(frame), result_counts(frame), unreadable
 
 
 def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:

@@ -112,3 +112,26 @@ def test_page_arithmetic() -> None:
     assert table_pages.turned_page(models, "twice", 3) == 3  # it has a row on this page too
     assert table_pages.turned_page(models, "absent", 2) is None
     assert table_pages.turned_page(models, None, 2) is None
+
+
+def test_a_click_or_a_page_turn_does_not_rebuild_the_table(
+    page: AppTest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The table is built once per stack and filter: a rerun for a model's details or another
+    page reuses it, and another search builds the searched one."""
+    from model_support.viewer import queries
+
+    built: list[int] = []
+    build = queries.results_table
+    monkeypatch.setattr(
+        queries, "results_table", lambda frame: built.append(len(frame)) or build(frame)
+    )
+    _run(page)
+    page.selectbox(key="model").select(long_model(3))
+    _run(page)
+    page.number_input(key="table-all-page").set_value(2)
+    _run(page)
+    assert built == [LONG_ROWS]
+    page.text_input(key="q").input("-000")
+    _run(page)
+    assert built == [LONG_ROWS, 10]
