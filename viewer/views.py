@@ -330,8 +330,9 @@ def view_all(ctx: Context) -> pd.DataFrame:
 
 # Kept as a resource (not copied on each use) for the reason _read is: every rerun of the page
 # (a row click, a page turn) would otherwise rebuild the table of 100,000 rows (a tenth of a
-# second). The key is _read's (path + fingerprint per file) and the filters.
-@st.cache_resource(show_spinner=False, max_entries=16)
+# second). The key is _read's (path + fingerprint per file) and the filters; a few entries only,
+# as each search typed is one and a table of 100,000 rows holds some 10 MB.
+@st.cache_resource(show_spinner=False, max_entries=8)
 def _all_results(
     results_uri: str, files: tuple[tuple[str, str], ...], task: str | None, search: str
 ) -> tuple[pd.DataFrame, dict[str, int], list[UnreadableFile]]:
