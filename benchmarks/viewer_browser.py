@@ -2,13 +2,15 @@
 100,000-row store.
 
 Run: python benchmarks/viewer_browser.py [--demo-results DIR] [--rows 100000] [--repeat 5].
-Starts the viewer as `model-support viewer` does (`streamlit run`, headless) and drives Debian's
-chromium through Playwright, as tests/viewer/test_browser.py does (tests/viewer/browser_support.py). Per store, each of
-``--repeat`` visits opens a new browser context (a new Streamlit session) and times:
+Starts the viewer as `model-support viewer` does (`streamlit run` through viewer/serve.py, which
+reads the page's data before the server listens: that start is timed too), headless, and drives
+Debian's chromium through Playwright, as tests/viewer/test_browser.py does
+(tests/viewer/browser_support.py). Per store, each of ``--repeat`` visits opens a new browser
+context (a new Streamlit session) and times:
 
 - first page: from navigating to ``?view=all`` to the results table drawn and the script done
-  (the first visit after the server started reads the data cold; later visits find the
-  server's caches warm), and of that the page shell: Streamlit's frontend loaded (its
+  (the first visit after the server started runs the page's script for the first time; later
+  visits find everything warm), and of that the page shell: Streamlit's frontend loaded (its
   JavaScript, the same for any store) before the script's first output arrives;
 - a row click: from ticking a row of the table to that model's details drawn;
 - a view switch: from clicking a view in the sidebar (All results -> Selected -> Trending ->
@@ -132,7 +134,9 @@ def line(label: str, seconds: list[float], target: str | None) -> str:
 
 def measure(name: str, root: Path, hub: str, repeat: int) -> None:
     print(f"{name}: load average before {viewer_scale.load()}", flush=True)
+    start = time.perf_counter()
     with serve_viewer(root, hub, start_timeout_s=120) as url, sync_playwright() as p:
+        print(f"  server start, to healthy (reads ahead)  {time.perf_counter() - start:6.2f} s")
         browser = launch_chromium(p)
         try:
             visits = [visit(browser, url, row=1 + i % 5) for i in range(repeat + 1)]

@@ -17,7 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from model_support.selection import SelectionError, load_selected
-from model_support.viewer import formatting, queries
+from model_support.viewer import formatting, queries, table_pages
 from model_support.viewer.data import (
     StackFile,
     UnreadableFile,
@@ -60,8 +60,6 @@ RESULT_CHART_COLOURS = {
 }
 """The same results' colours in charts (hex: altair needs exact colours)."""
 TASKS = [t.value for t in Task]
-DICTIONARY_COLUMNS = ("task", "result", "why", "change", "before", "after", "error class after")
-DICTIONARY_ABOVE_ROWS = 1000
 
 
 @dataclass(frozen=True)
@@ -252,25 +250,22 @@ def selection_rows(models: pd.Series, model: str | None) -> list[int]:
 
 
 def show_table(table: pd.DataFrame, key: str) -> None:
-    """Draw a results table with row selection (its row count above it, blanks where a value is
-    missing). Ticking a row shows its model's details; the highlighted row is always the page's
+    """Draw a results table with row selection (which of its rows are shown above it, blanks
+    where a value is missing); a table of more than ``table_pages.PAGE_ROWS`` rows a page at a
+    time. Ticking a row shows its model's details; the highlighted row is always the page's
     model (its details, named in the URL) or none: a link, Back and Forward, the picker or
-    another table change the model, and the selection follows it."""
-    st.caption(f"{len(table):,} row{'' if len(table) == 1 else 's'}")
+    another table change the model, and the selection (and the page) follow it."""
+    model = st.session_state.get("model")
+    page = table_pages.show_page(table, key, model)
+    table = page.rows
+    st.caption(table_pages.rows_caption(page.start, page.start + len(table), page.total))
     config = table_config(table)
     models = table["model"].astype(str).reset_index(drop=True)
-    wanted = selection_rows(models, st.session_state.get("model"))
+    wanted = selection_rows(models, model)
     if _selected_rows(key) != wanted:
         st.session_state[key] = {"selection": {"rows": wanted, "columns": [], "cells": []}}
-    table = formatting.blank_missing(table)
-    if len(table) > DICTIONARY_ABOVE_ROWS:
-        # Few distinct values: sent as Arrow dictionaries, the page's largest message shrinks by
-        # almost half (it is serialized and hashed on every rerun).
-        table = table.astype(
-            {c: "category" for c in DICTIONARY_COLUMNS if c in table.columns}, copy=False
-        )
     st.dataframe(
-        table,
+        formatting.blank_missing(table),
         hide_index=True,
         column_config=config,
         on_select=functools.partial(_pick_row, key, models),
@@ -280,13 +275,21 @@ def show_table(table: pd.DataFrame, key: str) -> None:
     )
 
 
-def summary(frame: pd.DataFrame) -> None:
-    """Counts per result state as a row of metrics."""
+def result_counts(frame: pd.DataFrame) -> dict[str, int]:
+    """The number of models (``models``) and of rows per result state."""
     counts = frame["result"].value_counts() if not frame.empty else pd.Series(dtype=int)
+    return {
+        "models": int(frame["model_id"].nunique()),
+        **{state.value: int(counts.get(state.value, 0)) for state in Result},
+    }
+
+
+def show_counts(counts: dict[str, int]) -> None:
+    """``result_counts``' figures as a row of metrics."""
     columns = st.columns(len(Result) + 1)
-    columns[0].metric("models", f"{frame['model_id'].nunique():,}")
+    columns[0].metric("models", f"{counts['models']:,}")
     for column, state in zip(columns[1:], Result, strict=True):
-        column.metric(state.value, f"{int(counts.get(state.value, 0)):,}")
+        column.metric(state.value, f"{counts[state.value]:,}")
 
 
 def view_selected(ctx: Context) -> pd.DataFrame:
@@ -316,9 +319,27 @@ def view_selected(ctx: Context) -> pd.DataFrame:
 
 def view_all(ctx: Context) -> pd.DataFrame:
     """Every result on the current stack."""
-    frame = current_frame(ctx, queries.LIST_COLUMNS)
-    summary(frame)
-    return queries.results_table(frame)
+    files = (ctx.current,) if ctx.current else ()
+    table, counts, unreadable = _all_results(
+        ctx.results_uri, tuple((f.path, f.fingerprint) for f in files), ctx.task, ctx.search
+    )
+    report_unreadable(unreadable)
+    show_counts(counts)
+    return table
+
+
+# Kept as a resource (not copied on each use) for the reason _read is: every rerun of the page
+# (a row click, a page turn) would otherwise rebuild the table of 100,000 rows (a tenth of a
+# second). The key is _read's (path + fingerprint per file) and the filters; a few entries only,
+# as each search typed is one and a table of 100,000 rows holds some 10 MB.
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _all_results(
+    results_uri: str, files: tuple[tuple[str, str], ...], task: str | None, search: str
+) -> tuple[pd.DataFrame, dict[str, int], list[UnreadableFile]]:
+    """The All results view's table and counts, and the files left out (pure: no drawing)."""
+    frame, unreadable = _read(results_uri, files, queries.LIST_COLUMNS, None)
+    frame = queries.search(queries.with_task(frame, task), search)
+    return queries.results_table(frame), result_counts(frame), unreadable
 
 
 def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:

@@ -30,8 +30,9 @@ def app_path() -> Path:
 def viewer_command(
     results: str, port: int | None, headless: bool, address: str = DEFAULT_ADDRESS
 ) -> list[str]:
-    """The `streamlit run` command line for ``results`` (passed as a script argument)."""
-    command = [sys.executable, "-m", "streamlit", "run", str(app_path())]
+    """The `streamlit run` command line for ``results`` (passed as a script argument), through
+    model_support.viewer.serve: it reads the page's data before the server listens."""
+    command = [sys.executable, "-m", "model_support.viewer.serve", "run", str(app_path())]
     command += ["--server.address", address]
     if port is not None:
         command += ["--server.port", str(port)]

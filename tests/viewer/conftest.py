@@ -7,6 +7,7 @@ from viewer_support import (
     explained_dataset,
     hostile_dataset,
     hub,
+    long_dataset,
     task_dataset,
 )
 
@@ -17,5 +18,6 @@ __all__ = [
     "explained_dataset",
     "hostile_dataset",
     "hub",
+    "long_dataset",
     "task_dataset",
 ]

@@ -5,11 +5,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from browser_support import READY, TABLE, click_row, launch_chromium
 from playwright.sync_api import Page, sync_playwright
-from viewer_support import HOSTILE_MODEL, HOSTILE_REASON, HOSTILE_TEXT, serve_viewer
+from viewer_support import (
+    HOSTILE_MODEL,
+    HOSTILE_REASON,
+    HOSTILE_TEXT,
+    LONG_ROWS,
+    long_model,
+    serve_viewer,
+)
+
+from model_support.viewer.table_pages import PAGE_ROWS
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
@@ -77,8 +87,6 @@ def test_page_search_details_and_screenshot(server: str) -> None:
 
 def test_run_values_render_as_text_in_the_browser(hostile_dataset: Path, dead_hub: str) -> None:
     """Streamlit's own Markdown renderer shows escaped run values as exactly their text."""
-    from urllib.parse import quote
-
     with serve_viewer(hostile_dataset, dead_hub) as url, browser_page() as page:
         page.goto(f"{url}/?view=all&model={quote(HOSTILE_MODEL, safe='')}")
         wait_ready(page)
@@ -267,3 +275,43 @@ def test_pictures_and_labels_of_task_runs_render_in_the_browser(
         labels = page.locator('[data-testid="stDataFrame"]', has_text="predicted (device)")
         labels.locator("td", has_text="≠ differs").first.wait_for(state="attached", timeout=30_000)
         page.screenshot(path=str(ARTIFACTS / "viewer-classifier.png"), full_page=True)
+
+
+def test_a_row_on_a_later_page_of_a_long_table_opens_its_details(
+    long_dataset: Path, dead_hub: str
+) -> None:
+    """A table longer than a page says which of its rows are shown; a turned page's row opens
+    its details and stays highlighted through Back and Forward; a link to a row on another
+    page shows that page."""
+    second = long_model(PAGE_ROWS + 3)  # the fourth row of the second page
+    with serve_viewer(long_dataset, dead_hub) as url, browser_page() as page:
+        page.goto(f"{url}/?view=all")
+        wait_ready(page)
+        page.get_by_text(f"rows 1–{PAGE_ROWS} of {LONG_ROWS:,}").wait_for(timeout=30_000)
+        assert row_count(page) == PAGE_ROWS
+        turn = page.get_by_label("Page (of 3)")
+        turn.fill("2")
+        turn.press("Enter")
+        page.get_by_text(f"rows {PAGE_ROWS + 1}–{2 * PAGE_ROWS:,} of {LONG_ROWS:,}").wait_for(
+            timeout=30_000
+        )
+        wait_ready(page)
+        click_row(page, 3)
+        page.wait_for_url(f"**model={quote(second, safe='')}**", timeout=30_000)
+        page.locator(page_heading(second)).wait_for(timeout=30_000)
+        wait_ready(page)
+        wait_highlighted(page, [second])
+        page.go_back()
+        page.wait_for_url(lambda url: "model=" not in url, timeout=30_000)
+        wait_ready(page)
+        wait_highlighted(page, [])
+        page.go_forward()
+        page.locator(page_heading(second)).wait_for(timeout=30_000)
+        wait_highlighted(page, [second])
+        third = long_model(2 * PAGE_ROWS + 10)
+        page.goto(f"{url}/?view=all&model={quote(third, safe='')}")  # a link to page 3
+        wait_ready(page)
+        page.get_by_text(f"rows {2 * PAGE_ROWS + 1:,}–{LONG_ROWS:,} of {LONG_ROWS:,}").wait_for(
+            timeout=30_000
+        )
+        wait_highlighted(page, [third])

@@ -130,3 +130,25 @@ def test_address_opens_the_viewer_to_other_interfaces(dataset: Path) -> None:
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_the_server_reads_the_page_before_its_first_visitor(
+    long_dataset: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str
+) -> None:
+    """What the server reads before it listens is what the first page needs: that page builds
+    no table of its own (the caches are the process's, shared with every session)."""
+    from viewer_support import viewer_page
+
+    from model_support.viewer import queries, serve
+
+    argv = ["serve", "run", "app.py", "--server.port", "1", "--", "--results", str(long_dataset)]
+    assert serve.results_uri(argv) == str(long_dataset)
+    serve.warm(serve.results_uri(argv))
+
+    def unexpected(frame: object) -> None:
+        raise AssertionError("the first page built the table again")
+
+    monkeypatch.setattr(queries, "results_table", unexpected)
+    page = viewer_page(long_dataset, monkeypatch, dead_hub, view="all").run()
+    assert not page.exception
+    assert len(page.dataframe[0].value) == 500

@@ -280,6 +280,55 @@ def explained_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------
+# A table longer than a page: one stack of LONG_ROWS models, PASS or FAIL.
+
+LONG_ROWS = 1_234
+"""Rows of the long dataset: two full pages of 500 and a part page."""
+
+
+def long_model(number: int) -> str:
+    """The long dataset's ``number``-th model (from 0), which is also its row in model order."""
+    return f"org/model-{number:04d}"
+
+
+def build_long_dataset(root: Path, rows: int = LONG_ROWS) -> None:
+    """One matrix file of ``rows`` rows, written as the store writes one (a real record's row,
+    varied per model: its id, run id, wall time, and every third one a FAIL); its records are
+    not stored, as a dataset of that size is built in a second rather than a minute."""
+    import pyarrow as pa
+
+    from model_support.dataset import MATRIX_SCHEMA, record_to_row, write_matrix
+    from model_support.store import MATRIX_KEY_METADATA
+
+    template = record_to_row(make_record(long_model(0), "text-generation", "PASS", NEW_CC, START))
+    columns = {name: [template[name]] * rows for name in MATRIX_SCHEMA.names}
+    columns["model_id"] = [long_model(i) for i in range(rows)]
+    columns["run_id"] = [f"run-{i:04d}" for i in range(rows)]
+    columns["result"] = ["FAIL" if i % 3 == 2 else "PASS" for i in range(rows)]
+    columns["wall_time_s"] = [float(i % 97) for i in range(rows)]
+    key = {
+        "compiler": "neuronx-cc",
+        "compiler_version": NEW_CC,
+        "library": "transformers",
+        "library_version": TRANSFORMERS,
+    }
+    table = pa.table(columns, schema=MATRIX_SCHEMA)
+    (root / "data").mkdir(parents=True)
+    write_matrix(
+        table.replace_schema_metadata({MATRIX_KEY_METADATA: json.dumps(key).encode()}),
+        str(root / "data" / "long.parquet"),
+    )
+
+
+@pytest.fixture(scope="session")
+def long_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The results of build_long_dataset (read-only use)."""
+    root = tmp_path_factory.mktemp("long")
+    build_long_dataset(root)
+    return root
+
+
+# ---------------------------------------------------------------------------------------------
 # The Hub: tests/hubserver.py's stand-in, listing these models (GET /api/models).
 
 HUB_MODELS = [

@@ -1,0 +1,81 @@
+"""The viewer's server: ``streamlit run`` of viewer/app.py, with the page's data read first.
+
+Run as ``python -m model_support.viewer.serve run APP [streamlit options] -- --results URI``
+(what ``model-support viewer`` starts: the same arguments as ``python -m streamlit``).
+
+A fresh server's first visitor would otherwise wait for what only the first run of the page
+does: importing the viewer's modules (pandas, pyarrow, the store) and reading the newest stack's
+results (a second or two on 100,000 rows). Here both happen once, before the server listens,
+into the process-wide caches the page reads (``st.cache_resource``), so the first visitor finds
+them warm like every later one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+RESULTS_ENV = "MODEL_SUPPORT_RESULTS"
+
+
+def results_uri(argv: list[str]) -> str:
+    """``--results`` of the page's arguments (after ``--``), else the environment's."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--results", default=None)
+    page_args = argv[argv.index("--") + 1 :] if "--" in argv else []
+    known, _ = parser.parse_known_args(page_args)
+    return known.results or os.environ.get(RESULTS_ENV) or "results"
+
+
+def warm(uri: str) -> None:
+    """Import the page's modules and read what its first run reads of the newest stack (the
+    All results table, the stack's backends), into the page's caches."""
+    # Each st.cache_data decorator checks its parameters against the server's cache storage,
+    # and warns, at import, that there is no server yet: true, and nothing to act on (the
+    # caches themselves are made at their first call, in the server).
+    from streamlit.runtime.caching import cache_data_api
+
+    decorators = logging.getLogger(cache_data_api.__name__)
+    level = decorators.level
+    decorators.setLevel(logging.ERROR)
+    try:
+        from model_support.viewer import compare, details, history_views, links, views  # noqa: F401
+    finally:
+        decorators.setLevel(level)
+    from model_support.viewer.data import list_stack_files
+    from model_support.viewer.queries import newest_first
+
+    files = list_stack_files(uri)
+    compilers = newest_first((f.compiler_label, f.compiler_version) for f in files)
+    if not compilers:
+        return
+    libraries = newest_first(
+        (f.library_label, f.library_version) for f in files if f.compiler_label == compilers[0]
+    )
+    newest = next(
+        f for f in files if (f.compiler_label, f.library_label) == (compilers[0], libraries[0])
+    )
+    key = ((newest.path, newest.fingerprint),)
+    views._all_results(uri, key, None, "")
+    views._read(uri, key, ("backend",), None)
+
+
+def main() -> None:
+    """Warm the caches, then become ``streamlit`` with this process's arguments."""
+    uri = results_uri(sys.argv)
+    start = time.perf_counter()
+    try:
+        warm(uri)
+        print(f"Read {uri} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    except Exception as exc:  # only a head start: the page itself reports what is wrong
+        print(f"Not read ahead ({type(exc).__name__}: {exc}); serving anyway", file=sys.stderr)
+    from streamlit.web.cli import main as streamlit_main
+
+    streamlit_main(prog_name="streamlit")
+
+
+if __name__ == "__main__":
+    main()
