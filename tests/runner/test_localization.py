@@ -263,18 +263,21 @@ def test_the_dense_miscompiler_is_localized_to_the_last_layers_mlp_output(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("fault", "module"),
+    ("fault", "module", "model", "dtype"),
     [
         # The last layer's input norm read 10% too large.
-        ("scale_norm_10pct", "model.layers.1.input_layernorm"),
+        ("scale_norm_10pct", "model.layers.1.input_layernorm", "tiny-llama", "bfloat16"),
         # Every logit outside a position's top 64 raised: the LM head's output.
-        ("vocab_tail_bias", "lm_head"),
+        ("vocab_tail_bias", "lm_head", "tiny-llama", "bfloat16"),
+        # Noise on the final norm's output, dense and MoE.
+        ("final_norm_noise_30pct", "model.norm", "tiny-llama", "float32"),
+        ("final_norm_noise_30pct", "model.norm", "tiny-qwen3-moe", "bfloat16"),
     ],
 )
 def test_faults_at_a_norm_and_at_the_lm_head_are_named_exactly(
-    fault: str, module: str, demo_models: dict[str, DemoModel]
+    fault: str, module: str, model: str, dtype: str, demo_models: dict[str, DemoModel]
 ) -> None:
-    doc = _run(demo_models["tiny-llama"], f"model_support.faults:{fault}")
+    doc = _run(demo_models[model], f"model_support.faults:{fault}", dtype)
     assert doc["result"] == "FAIL"
     found = doc["verification"]["first_divergence"]
     assert (found["status"], found["module"]) == ("found", module)
@@ -555,25 +558,6 @@ def test_one_experts_fault_is_named_with_its_expert(
         "expert 2 alone"
         in ResultDocument.model_validate(doc).verification.first_divergence.summary()
     )
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("model", "dtype"), [("tiny-llama", "float32"), ("tiny-qwen3-moe", "bfloat16")]
-)
-def test_a_fault_at_the_final_norm_is_named_exactly(
-    model: str, dtype: str, demo_models: dict[str, DemoModel]
-) -> None:
-    doc = _run(demo_models[model], "model_support.faults:final_norm_noise_30pct", dtype)
-    assert doc["result"] == "FAIL"
-    found = doc["verification"]["first_divergence"]
-    assert (found["status"], found["module"], found["kind"]) == (
-        "found",
-        "model.norm",
-        found["kind"],
-    )
-    assert found["kind"].endswith("RMSNorm")
-    assert found["path"][-1]["module"] == "model"
 
 
 def _sharded(
