@@ -4161,7 +4161,11 @@ def localize_stage(ctx: RunContext, placement: Placement, processor, generation)
     )
     doc["verification"]["first_divergence"] = record
     if record["status"] != "not_supported":
-        emit_progress("localize", record["status"], record["seconds"], record["module"])
+        # A progress line's status is start, done or failed (what the CLI shows); what the
+        # search found is its detail.
+        progress = "failed" if record["status"] == "failed" else "done"
+        found = record["module"] or record["reason"] or record["status"]
+        emit_progress("localize", progress, record["seconds"], f"{record['status']}: {found}")
 
 
 JUDGE_QUESTION = (

@@ -19,8 +19,8 @@ import torch
 
 from model_support.checkpoints import DemoModel
 from model_support.config import RunConfig
-from model_support.execution import run_local
-from model_support.records import ResultDocument
+from model_support.execution import parse_stage_event, run_local
+from model_support.records import PROGRESS_MARKER, ResultDocument
 from model_support.runner import run as runner
 from model_support.vocabulary import (
     ErrorClass,
@@ -246,10 +246,18 @@ def _run(
 
 @pytest.mark.slow
 def test_the_dense_miscompiler_is_localized_to_the_last_layers_mlp_output(
-    demo_models: dict[str, DemoModel],
+    demo_models: dict[str, DemoModel], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """dense_miscompiler adds noise after the last decoder layer's MLP output (down_proj)."""
     doc = _run(demo_models["tiny-llama"], "model_support.faults:dense_miscompiler")
+    # The progress line says the search ended well (the CLI shows failed for anything else).
+    events = [
+        parse_stage_event(line)
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith(PROGRESS_MARKER)
+    ]
+    (ended,) = [e for e in events if e and e.stage == "localize" and e.status != "start"]
+    assert (ended.status, ended.detail) == ("done", "found: model.layers.1.mlp.down_proj")
     assert doc["result"] == "FAIL"
     found = doc["verification"]["first_divergence"]
     assert found["status"] == "found", found
