@@ -3888,6 +3888,48 @@ def combine_ranks(per_rank: list) -> ModuleDeviation:
     return chosen
 
 
+def router_ties(reference, baseline, root_calls: list, dtype, params: dict, precision) -> dict:
+    """Where a mixture-of-experts model's routing is nearly tied on the search's inputs: per MoE
+    block (as observe_routers names it), per root call, which positions' router decisions are
+    within the baseline's router noise of a tie (router_tie_mask, the verdict's rule). A correct
+    device may route those positions to the other expert; {} for a dense model."""
+    ties: dict = {}
+    with torch.no_grad():
+        for args, kwargs in root_calls:
+            with observe_routers(reference) as reference_seen:
+                reference(*args, **kwargs)
+            cast_args, cast_kwargs = _cast_call((args, kwargs), dtype, torch.device("cpu"))
+            with observe_routers(baseline) as baseline_seen, precision:
+                baseline(*cast_args, **cast_kwargs)
+            for name, (logits, k) in reference_seen.items():
+                ordered = torch.sort(logits, dim=-1, descending=True).values
+                noise = torch.max(torch.abs(baseline_seen[name][0] - logits), dim=-1).values
+                ties.setdefault(name, []).append(
+                    router_tie_mask(ordered[:, k - 1] - ordered[:, k], noise, params)
+                )
+    return ties
+
+
+def untied_rows(ties: dict, module: str, prompt: int):
+    """A filter of a module's per-position errors on one root call that leaves out the
+    positions where a router inside the module is nearly tied (a correct device may route them
+    otherwise: the verdict excuses them too). Modules without a router inside, and outputs
+    whose rows are not the call's positions, keep every row."""
+    inside = [
+        masks[prompt]
+        for block, masks in ties.items()
+        if block == module or block.startswith(module + ".")
+    ]
+
+    def kept(errors):
+        if not inside or any(len(mask) != len(errors) for mask in inside):
+            return errors
+        tied = torch.stack(inside).any(dim=0)
+        return errors if bool(tied.all()) else errors[~tied]
+
+    return kept
+
+
 EXPERT_ROUTING = ("top_k_index", "top_k_weights")  # transformers' experts modules' routing
 
 
@@ -3966,6 +4008,7 @@ def localize(ctx: RunContext, placement: Placement, root_calls: list, in_time) -
     reference = scenario.localization_module(reference)
     baseline = scenario.localization_module(baseline)
     called = capture_calls(reference, [], root_calls)
+    ties = router_ties(reference, baseline, root_calls, dtype, params, baseline_precision)
     kinds = {name: type(module).__name__ for name, module in reference.named_modules()}
 
     def held(name: str, first_call) -> list | None:
@@ -4031,8 +4074,11 @@ def localize(ctx: RunContext, placement: Placement, root_calls: list, in_time) -
                     output_dim = dims[i][rank][1]
                     expected = take_shards(call[2], [output_dim], world_size, rank)
                     baseline_value = take_shards(baseline_out[i], [output_dim], world_size, rank)
-                    device_errors[rank][i].append(row_errors(rank_outputs[prompt][i], expected))
-                    baseline_errors[rank][i].append(row_errors(baseline_value, expected))
+                    kept = untied_rows(ties, names[i], prompt)
+                    device_errors[rank][i].append(
+                        kept(row_errors(rank_outputs[prompt][i], expected))
+                    )
+                    baseline_errors[rank][i].append(kept(row_errors(baseline_value, expected)))
         deviations = []
         for i, name in enumerate(names):
             per_rank = [

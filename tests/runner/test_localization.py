@@ -667,15 +667,18 @@ def test_one_experts_fault_under_expert_parallelism_is_named_with_its_global_ind
 
 
 @pytest.mark.slow
-def test_a_correct_expert_parallel_float32_compile_blames_nothing(
-    demo_models: dict[str, DemoModel],
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_correct_expert_parallel_compile_blames_nothing(
+    dtype: str, demo_models: dict[str, DemoModel]
 ) -> None:
+    """In bfloat16 the ranks' expert outputs are summed in another order than the baseline's
+    one process: a nearly tied routing choice may flip, at positions the search excuses."""
     doc = _sharded(
         demo_models["tiny-qwen3-moe"],
         "aot_eager",
         {},
         Parallelism.EXPERT,
-        "float32",
+        dtype,
         localize="always",
     )
     assert doc.result == Result.PASS, doc.error
