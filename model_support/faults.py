@@ -695,9 +695,7 @@ def kill_worker(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> C
     return gm.forward
 
 
-def kill_worker_in_search(
-    gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]
-) -> CompiledFn:
+def kill_worker_in_search(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
     """Miscompile as ``noise_100pct`` does (the run FAILs), and SIGKILL this process when it
     is the faulty rank (default 1) and compiles a level of the FAIL's localization (run.py's
     ``run_level`` is on the stack): a worker dying during the search, after the verdict."""
