@@ -309,6 +309,10 @@ class FirstDivergence(BaseModel):
     host_peak_rss_increase_bytes: int | None = Field(
         None, description="How much the search raised the process's peak resident memory."
     )
+    device_peak_increase_bytes: int | None = Field(
+        None,
+        description="How much the search raised the device's peak memory (as the run's peak is read; rank 0's device in a sharded run; on cpu the process itself).",
+    )
 
     def summary(self) -> str:
         """One line: the first diverging module and its ratio, or why none is named."""

@@ -4148,6 +4148,9 @@ def localize_stage(ctx: RunContext, placement: Placement, processor, generation)
     config, doc = ctx.config, ctx.doc
     params = config["verification"]
     start, rss_before = time.perf_counter(), proc_status_bytes().get("VmHWM")
+    # Both peaks run from the setup on (never reset here: the run's own peaks stay recorded),
+    # so what the search adds is how much it raised them.
+    device_before = placement.backend.peak_memory(placement.device)[0]
     record: dict = {
         "status": "not_supported",
         "module": None,
@@ -4201,6 +4204,12 @@ def localize_stage(ctx: RunContext, placement: Placement, processor, generation)
             record["candidates"] = [d.record() for d in searched["candidates"]]
         gc.collect()
     rss_after = proc_status_bytes().get("VmHWM")
+    device_after = placement.backend.peak_memory(placement.device)[0]
+    record["device_peak_increase_bytes"] = (
+        None
+        if device_before is None or device_after is None
+        else max(device_after - device_before, 0)
+    )
     record["seconds"] = _figure(time.perf_counter() - start)
     record["host_peak_rss_increase_bytes"] = (
         None if rss_before is None or rss_after is None else max(rss_after - rss_before, 0)
