@@ -728,9 +728,9 @@ def score_reference(config: dict, processor, prompts, tokens, dtype_name: str, p
                 noise.append(torch.zeros(positions, dtype=torch.float64))
                 continue
             logits, k = ref_seen[name]
-            ordered = torch.sort(logits, dim=-1, descending=True).values
-            gaps.append(ordered[:, k - 1] - ordered[:, k])
-            noise.append(torch.max(torch.abs(base_seen[name][0] - logits), dim=-1).values)
+            gap, deviation = router_gap_and_noise(logits, k, base_seen[name][0])
+            gaps.append(gap)
+            noise.append(deviation)
         router_gaps.append(torch.stack(gaps, dim=1))
         router_noise.append(torch.stack(noise, dim=1))
     return {
@@ -3122,6 +3122,14 @@ def precision_label(dtype_name: str, precision: str) -> str:
     )
 
 
+def router_gap_and_noise(logits, top_k: int, baseline_logits):
+    """Per position, a reference router's gap between its k-th and (k+1)-th expert logits, and
+    the baseline's largest router-logit deviation from it (what router_tie_mask compares)."""
+    ordered = torch.sort(logits, dim=-1, descending=True).values
+    gap = ordered[:, top_k - 1] - ordered[:, top_k]
+    return gap, torch.max(torch.abs(baseline_logits - logits), dim=-1).values
+
+
 def router_tie_mask(gaps, noise, params: dict):
     """Which (position, MoE layer) router decisions were nearly tied in the reference.
 
@@ -3902,11 +3910,8 @@ def router_ties(reference, baseline, root_calls: list, dtype, params: dict, prec
             with observe_routers(baseline) as baseline_seen, precision:
                 baseline(*cast_args, **cast_kwargs)
             for name, (logits, k) in reference_seen.items():
-                ordered = torch.sort(logits, dim=-1, descending=True).values
-                noise = torch.max(torch.abs(baseline_seen[name][0] - logits), dim=-1).values
-                ties.setdefault(name, []).append(
-                    router_tie_mask(ordered[:, k - 1] - ordered[:, k], noise, params)
-                )
+                gap, noise = router_gap_and_noise(logits, k, baseline_seen[name][0])
+                ties.setdefault(name, []).append(router_tie_mask(gap, noise, params))
     return ties
 
 
