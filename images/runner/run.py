@@ -3902,6 +3902,8 @@ def router_ties(reference, baseline, root_calls: list, dtype, params: dict, prec
     within the baseline's router noise of a tie (router_tie_mask, the verdict's rule). A correct
     device may route those positions to the other expert; {} for a dense model."""
     ties: dict = {}
+    if not moe_routers(reference):
+        return ties  # a dense model: no forward passes for nothing
     with torch.no_grad():
         for args, kwargs in root_calls:
             with observe_routers(reference) as reference_seen:
