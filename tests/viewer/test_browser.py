@@ -9,7 +9,7 @@ from urllib.parse import quote
 
 import pytest
 from browser_support import READY, TABLE, click_row, launch_chromium
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import Page, expect, sync_playwright
 from viewer_support import (
     HOSTILE_MODEL,
     HOSTILE_REASON,
@@ -79,7 +79,9 @@ def test_page_search_details_and_screenshot(server: str) -> None:
         page.get_by_text("BEGIN MODEL-SUPPORT CONFIG").first.wait_for(  # run.py's config block
             timeout=30_000
         )
-        assert page.get_by_text("python3 run.py").count() >= 1
+        # The script's end is no promise that every element is drawn yet (the code blocks'
+        # highlighter is a chunk the browser loads on demand): wait for it, as a reader would.
+        page.get_by_text("python3 run.py").first.wait_for(timeout=30_000)
         page.get_by_text("Download run.py").first.wait_for()
         page.screenshot(path=str(ARTIFACTS / "viewer.png"), full_page=True)
     assert (ARTIFACTS / "viewer.png").stat().st_size > 10_000
@@ -92,8 +94,9 @@ def test_run_values_render_as_text_in_the_browser(hostile_dataset: Path, dead_hu
         wait_ready(page)
         reason = page.get_by_text(HOSTILE_REASON, exact=True)
         reason.wait_for(timeout=30_000)
-        assert page.get_by_text(HOSTILE_MODEL, exact=True).count() >= 1  # the details heading
-        assert page.get_by_text(HOSTILE_TEXT, exact=True).count() == 1  # the generated text
+        heading = page.locator('[data-testid="stHeading"]').get_by_text(HOSTILE_MODEL, exact=True)
+        heading.wait_for(timeout=30_000)  # the details' heading shows the name as its text
+        expect(page.get_by_text(HOSTILE_TEXT, exact=True)).to_have_count(1, timeout=30_000)
         markdown = page.locator('[data-testid="stMarkdownContainer"]')
         assert markdown.locator('a[href^="javascript"]').count() == 0
         assert markdown.locator("script, img").count() == 0
@@ -183,7 +186,7 @@ def test_back_after_a_row_click_leaves_the_row_highlighted_as_the_url_says(serve
         page.wait_for_url(lambda url: "model=" not in url, timeout=30_000)
         wait_ready(page)
         wait_highlighted(page, [])
-        assert page.locator(details).count() == 0  # no details, no highlighted row
+        expect(page.locator(details)).to_have_count(0, timeout=30_000)  # no details either
         page.go_forward()
         page.wait_for_url("**model=deepseek-ai%2FDeepSeek-V3**", timeout=30_000)
         page.locator(details).wait_for(timeout=30_000)
