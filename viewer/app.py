@@ -28,6 +28,7 @@ RESULTS_ENV = "MODEL_SUPPORT_RESULTS"
 HUB_ENDPOINT_ENV = "MODEL_SUPPORT_HUB_ENDPOINT"
 DEFAULT_RESULTS = "results"
 PAGE_TITLE = details.PAGE_TITLE
+PAGE_ICON = details.PAGE_ICON
 
 VIEWS = {
     "selected": "Selected",
@@ -56,7 +57,7 @@ def results_uri() -> str:
 
 def main() -> None:
     """Draw the page."""
-    st.set_page_config(page_title=PAGE_TITLE, page_icon="🧪", layout="wide")
+    st.set_page_config(page_title=PAGE_TITLE, page_icon=PAGE_ICON, layout="wide")
     uri = results_uri()
     hub_endpoint = os.environ.get(HUB_ENDPOINT_ENV) or None
     st.session_state[views.REPORTED_KEY] = set()  # each run reports unreadable files anew

@@ -21,6 +21,7 @@ from model_support.viewer.views import RESULT_COLOURS, Context, read, stack_labe
 from model_support.vocabulary import Result
 
 PAGE_TITLE = "Model support on Trainium"
+PAGE_ICON = "🧪"
 """The browser tab's title; a model's details put the model's name before it."""
 HISTORY_VIEW_LABEL = "History"
 """The page's label of the History view (app.VIEWS["history"])."""

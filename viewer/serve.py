@@ -6,8 +6,9 @@ Run as ``python -m model_support.viewer.serve run APP [streamlit options] -- --r
 A fresh server's first visitor would otherwise wait for what only the first run of the page
 does: importing the viewer's modules (pandas, pyarrow, the store) and reading the newest stack's
 results (a second or two on 100,000 rows). Here both happen once, before the server listens,
-into the process-wide caches the page reads (``st.cache_resource``), so the first visitor finds
-them warm like every later one.
+into the process-wide caches the page reads (``st.cache_resource``), with what Streamlit itself
+loads at the first use of what the page uses (its emoji catalog, for the page's icon), so the
+first visitor finds them warm like every later one.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ def warm(uri: str) -> None:
         from model_support.viewer import compare, details, history_views, links, views  # noqa: F401
     finally:
         decorators.setLevel(level)
+    # The page's icon is an emoji, which Streamlit checks against its catalog of emoji: a
+    # module whose first import in a process compiles a large regular expression (0.2 s).
+    from streamlit.string_util import is_emoji
+
+    is_emoji(details.PAGE_ICON)
     from model_support.viewer.data import list_stack_files
     from model_support.viewer.queries import newest_first
 

@@ -152,3 +152,19 @@ def test_the_server_reads_the_page_before_its_first_visitor(
     page = viewer_page(long_dataset, monkeypatch, dead_hub, view="all").run()
     assert not page.exception
     assert len(page.dataframe[0].value) == 500
+
+
+def test_the_server_loads_what_streamlit_loads_at_the_pages_first_run(long_dataset: Path) -> None:
+    """Streamlit's emoji catalog, which the page's icon is checked against (0.2 s to import at
+    its first use in a process), is loaded before the server listens (a new process: this one
+    may have loaded it already)."""
+    probe = (
+        "import sys\n"
+        "from model_support.viewer import serve\n"
+        f"serve.warm({str(long_dataset)!r})\n"
+        "print('streamlit.emojis' in sys.modules)\n"
+    )
+    answer = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert answer.stdout.strip() == "True", answer.stderr
