@@ -217,17 +217,20 @@ def test_a_clicked_regression_opens_its_two_runs_side_by_side(server: str) -> No
         before.wait_for(timeout=30_000)
         after.wait_for(timeout=30_000)
         wait_ready(page)
+        # Each waits until the column shows it (what is drawn may lag the script's end).
+        expect(after).to_contain_text("error class compile", timeout=30_000)
+        expect(after).to_contain_text("exceeds SBUF")  # the newer stack's error
+        expect(after).to_contain_text(f"run {after_run}")  # the clicked change's, not another's
+        expect(before).to_contain_text("PASS")
         before_text, after_text = before.inner_text(), after.inner_text()
         assert "PASS" in before_text.splitlines() and "ERROR" not in before_text
-        assert "ERROR" in after_text.splitlines() and "error class compile" in after_text
-        assert "exceeds SBUF" in after_text  # the newer stack's error
-        assert f"run {after_run}" in after_text  # the clicked change's run, not another
+        assert "ERROR" in after_text.splitlines()
         picker = page.locator('[data-testid="stSelectbox"]', has_text="side by side")
-        picked = picker.locator("input").input_value()
-        assert picked == "Qwen/Qwen3-1.7B · text-generation"  # the clicked change
+        # the clicked change
+        expect(picker.locator("input")).to_have_value("Qwen/Qwen3-1.7B · text-generation")
         click_row(page, 1)  # the other regression: llava's TIMEOUT
         page.locator('[data-testid="stColumn"]', has_text="TIMEOUT").first.wait_for(timeout=30_000)
-        assert "exceeds SBUF" not in after.inner_text()
+        expect(after).not_to_contain_text("exceeds SBUF", timeout=30_000)
 
 
 def test_pictures_and_labels_of_task_runs_render_in_the_browser(
