@@ -158,11 +158,7 @@ def main() -> None:
 
     st.divider()
     st.header("Model details")
-    options = (
-        []
-        if table is None
-        else [str(m) for m in pd.unique(table["model"])[: views.MAX_DETAIL_OPTIONS]]
-    )
+    options = views.detail_options(table)
     chosen = st.session_state.get("model")
     if chosen and chosen not in options:
         options.insert(0, chosen)

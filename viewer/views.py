@@ -328,6 +328,13 @@ def view_all(ctx: Context) -> pd.DataFrame:
     return table
 
 
+def detail_options(table: pd.DataFrame | None) -> list[str]:
+    """The details picker's models: the table's, in its order, at most MAX_DETAIL_OPTIONS."""
+    if table is None:
+        return []
+    return [str(m) for m in pd.unique(table["model"])[:MAX_DETAIL_OPTIONS]]
+
+
 # Kept as a resource (not copied on each use) for the reason _read is: every rerun of the page
 # (a row click, a page turn) would otherwise rebuild the table of 100,000 rows (a tenth of a
 # second). The key is _read's (path + fingerprint per file) and the filters; a few entries only,
