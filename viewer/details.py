@@ -21,8 +21,10 @@ from model_support.viewer.views import RESULT_COLOURS, Context, read, stack_labe
 from model_support.vocabulary import Result
 
 PAGE_TITLE = "Model support on Trainium"
-PAGE_ICON = "🧪"
 """The browser tab's title; a model's details put the model's name before it."""
+PAGE_ICON = "🧪"
+"""The browser tab's icon (an emoji: the server loads Streamlit's emoji catalog before it
+listens, viewer/serve.py)."""
 HISTORY_VIEW_LABEL = "History"
 """The page's label of the History view (app.VIEWS["history"])."""
 
