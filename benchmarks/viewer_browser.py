@@ -48,7 +48,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -63,7 +62,7 @@ import viewer_scale  # noqa: E402  (its 100k-row matrix builder)
 from browser_support import READY, TABLE, click_row, launch_chromium  # noqa: E402
 from hubserver import HubServer, Repo  # noqa: E402
 from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright  # noqa: E402
-from viewer_support import free_port, serve_viewer  # noqa: E402
+from viewer_support import free_port, serve_streamlit, serve_viewer  # noqa: E402
 
 TARGETS_S = {"first page": 2.0, "details": 1.0, "view switch": 1.0}
 SWITCHES = ("Selected", "Trending", "Downloads", "Regressions")
@@ -203,11 +202,17 @@ def visit(page: Page, url: str, row: int) -> Visit:
     return Visit(timings, shape)
 
 
+def clocked_context(browser: Browser) -> BrowserContext:
+    """A new browser context (nothing cached) whose pages run the page's clock."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1800})
+    context.add_init_script(PAGE_CLOCK)
+    return context
+
+
 def new_visitor(browser: Browser, url: str, row: int) -> Visit:
     """A visitor whose browser has nothing of the site cached (a new browser context)."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1800})
+    context = clocked_context(browser)
     try:
-        context.add_init_script(PAGE_CLOCK)
         return visit(context.new_page(), url, row)
     finally:
         context.close()
@@ -248,24 +253,8 @@ def serve_floor(rows: int, columns: int) -> Iterator[str]:
     command = [sys.executable, "-m", "streamlit", "run", str(HERE / "viewer_floor_app.py")]
     command += ["--server.port", str(port), "--server.headless", "true"]
     command += ["--browser.gatherUsageStats", "false"]
-    process = subprocess.Popen(
-        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2):
-                    break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the floor page's streamlit did not start") from None
-                time.sleep(0.2)
+    with serve_streamlit(command, port, env) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def first_page(page: Page, url: str) -> float:
@@ -289,14 +278,12 @@ def measure_floor(browser: Browser, rows: int, columns: int, repeat: int) -> Non
     with serve_floor(rows, columns) as url:
         new = []
         for _ in range(repeat + 1):  # the first visit after the start is left out
-            context = browser.new_context(viewport={"width": 1400, "height": 1800})
-            context.add_init_script(PAGE_CLOCK)
+            context = clocked_context(browser)
             try:
                 new.append(first_page(context.new_page(), url))
             finally:
                 context.close()
-        context = browser.new_context(viewport={"width": 1400, "height": 1800})
-        context.add_init_script(PAGE_CLOCK)
+        context = clocked_context(browser)
         back = []
         try:
             for _ in range(repeat + 1):
@@ -319,8 +306,7 @@ def measure(name: str, root: Path, hub: str, repeat: int) -> None:
         try:
             first = new_visitor(browser, url, row=1)
             new = [new_visitor(browser, url, row=1 + i % 5) for i in range(repeat)]
-            context = browser.new_context(viewport={"width": 1400, "height": 1800})
-            context.add_init_script(PAGE_CLOCK)
+            context = clocked_context(browser)
             returning_visitor(context, url, row=0)  # the browser fetches the site's files
             back = [returning_visitor(context, url, row=1 + i % 5) for i in range(repeat)]
             context.close()

@@ -380,19 +380,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve_viewer(results: Path, hub: str, *, start_timeout_s: float = 60) -> Iterator[str]:
-    """`streamlit run` of the viewer (the CLI's command line) on a free port, the Hub at
-    ``hub``; yields its URL once healthy. Its output goes to a file, read if it fails to start
-    (a pipe nobody reads would stall a chatty server)."""
-    port = free_port()
-    env = {**os.environ, "MODEL_SUPPORT_HUB_ENDPOINT": hub}
+def serve_streamlit(
+    command: list[str], port: int, env: dict[str, str], *, start_timeout_s: float = 60
+) -> Iterator[str]:
+    """Run ``command`` (a Streamlit server listening on ``port``) with ``env``; yield its URL
+    once healthy and stop it after. Its output goes to a file, read if it fails to start (a pipe
+    nobody reads would stall a chatty server)."""
     with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(
-            viewer_command(str(results), port, headless=True),
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + start_timeout_s
@@ -411,6 +406,17 @@ def serve_viewer(results: Path, hub: str, *, start_timeout_s: float = 60) -> Ite
         finally:
             process.terminate()
             process.wait(timeout=30)
+
+
+@contextmanager
+def serve_viewer(results: Path, hub: str, *, start_timeout_s: float = 60) -> Iterator[str]:
+    """`streamlit run` of the viewer (the CLI's command line) on a free port, the Hub at
+    ``hub``; yields its URL once healthy."""
+    port = free_port()
+    env = {**os.environ, "MODEL_SUPPORT_HUB_ENDPOINT": hub}
+    command = viewer_command(str(results), port, headless=True)
+    with serve_streamlit(command, port, env, start_timeout_s=start_timeout_s) as url:
+        yield url
 
 
 @pytest.fixture
