@@ -8,7 +8,8 @@ does: importing the viewer's modules (pandas, pyarrow, the store) and reading th
 results (a second or two on 100,000 rows). Here both happen once, before the server listens,
 into the process-wide caches the page reads (``st.cache_resource``), with what Streamlit itself
 loads at the first use of what the page uses (its emoji catalog, for the page's icon), so the
-first visitor finds them warm like every later one.
+first visitor finds them warm like every later one. Its connections send each response as soon
+as it is written (``send_without_delay``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 import time
+from collections.abc import Callable
 
 RESULTS_ENV = "MODEL_SUPPORT_RESULTS"
 
@@ -72,6 +75,43 @@ def warm(uri: str) -> None:
     views.detail_options(table)
 
 
+def send_without_delay() -> None:
+    """Have the server's connections send what it writes at once (TCP_NODELAY).
+
+    Streamlit binds its listening socket itself, as ``socket.socket(family)``, whose protocol
+    number is 0; asyncio turns Nagle's algorithm off only on sockets whose protocol is
+    IPPROTO_TCP, so the server's connections kept it on. Uvicorn writes a response's headers and
+    its body apart, and Nagle then holds the body until the browser acknowledges the headers,
+    which on a kept-alive connection it delays (at least 40 ms on Linux): every small file of
+    the page's JavaScript waited 40 ms, some 120 of them over the browser's six connections.
+    On Linux a connection inherits TCP_NODELAY from its listening socket, so it is set there.
+    """
+    try:
+        from streamlit.web.server.starlette import starlette_server
+    except ImportError:  # Streamlit's Tornado server writes a small response's headers and
+        return  # body at once: nothing for Nagle to hold
+    bind: Callable[[str, int, int], socket.socket] | None = getattr(
+        starlette_server, "_bind_socket", None
+    )
+    if bind is None:
+        print(
+            "Streamlit no longer binds through starlette_server._bind_socket: its connections "
+            "may hold each response's body up to 40 ms (Nagle's algorithm)",
+            file=sys.stderr,
+        )
+        return
+    if getattr(bind, "sends_without_delay", False):
+        return
+
+    def bind_without_delay(address: str, port: int, backlog: int) -> socket.socket:
+        listener = bind(address, port, backlog)
+        listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return listener
+
+    bind_without_delay.sends_without_delay = True  # type: ignore[attr-defined]
+    starlette_server._bind_socket = bind_without_delay
+
+
 def main() -> None:
     """Warm the caches, then become ``streamlit`` with this process's arguments."""
     uri = results_uri(sys.argv)
@@ -81,6 +121,7 @@ def main() -> None:
         print(f"Read {uri} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     except Exception as exc:  # only a head start: the page itself reports what is wrong
         print(f"Not read ahead ({type(exc).__name__}: {exc}); serving anyway", file=sys.stderr)
+    send_without_delay()
     from streamlit.web.cli import main as streamlit_main
 
     streamlit_main(prog_name="streamlit")
