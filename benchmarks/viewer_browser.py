@@ -24,8 +24,10 @@ holds), which is what the visitor waits for; the driver's clock is printed below
 waits, its round trips to the browser on the same cores included).
 
 Beside the viewer, benchmarks/viewer_floor_app.py (a bare Streamlit page with the same widgets
-and a table of the same shape) is timed the same way: Streamlit's own floor on this machine,
-what no change to the viewer's page can go under.
+and a table of the same shape) is timed the same way: Streamlit's own floor on this machine.
+Served as the viewer is (its server module and Streamlit options), it is what no change to the
+viewer's page can go under; served by ``streamlit run``'s defaults, it shows what the server's
+settings are worth.
 
 The demo's results are those `model-support demo` writes (built into a temporary directory
 unless ``--demo-results`` names them). The 100,000-row store is benchmarks/viewer_scale.py's
@@ -63,6 +65,8 @@ from browser_support import READY, TABLE, click_row, launch_chromium  # noqa: E4
 from hubserver import HubServer, Repo  # noqa: E402
 from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright  # noqa: E402
 from viewer_support import free_port, serve_streamlit, serve_viewer  # noqa: E402
+
+from model_support.cli.commands_viewer import SERVER_OPTIONS  # noqa: E402
 
 TARGETS_S = {"first page": 2.0, "details": 1.0, "view switch": 1.0}
 SWITCHES = ("Selected", "Trending", "Downloads", "Regressions")
@@ -245,16 +249,23 @@ def report(name: str, visits: list[Visit], target: str | None = None) -> None:
 
 
 @contextmanager
-def serve_floor(rows: int, columns: int) -> Iterator[str]:
-    """`streamlit run` of viewer_floor_app.py (a bare page, the viewer's widgets and a table of
-    ``rows`` x ``columns``) on a free port; yields its URL once healthy."""
+def serve_floor(rows: int, columns: int, as_viewer: bool) -> Iterator[str]:
+    """viewer_floor_app.py (a bare page, the viewer's widgets and a table of ``rows`` x
+    ``columns``) on a free port, served as the viewer is (``as_viewer``: its server module and
+    Streamlit options) or as ``streamlit run`` serves it by default; yields its URL once healthy.
+    """
     port = free_port()
     env = {**os.environ, "FLOOR_ROWS": str(rows), "FLOOR_COLUMNS": str(columns)}
-    command = [sys.executable, "-m", "streamlit", "run", str(HERE / "viewer_floor_app.py")]
-    command += ["--server.port", str(port), "--server.headless", "true"]
-    command += ["--browser.gatherUsageStats", "false"]
-    with serve_streamlit(command, port, env) as url:
-        yield url
+    with tempfile.TemporaryDirectory() as nothing:
+        if as_viewer:
+            command = [sys.executable, "-m", "model_support.viewer.serve", "run"]
+            options = [*SERVER_OPTIONS, "--", "--results", nothing]  # nothing to read ahead
+        else:
+            command, options = [sys.executable, "-m", "streamlit", "run"], []
+        command += [str(HERE / "viewer_floor_app.py"), "--server.port", str(port)]
+        command += ["--server.headless", "true", "--browser.gatherUsageStats", "false"]
+        with serve_streamlit(command + options, port, env) as url:
+            yield url
 
 
 def first_page(page: Page, url: str) -> float:
@@ -274,27 +285,30 @@ def table_shape(page: Page) -> tuple[int, int]:
 
 
 def measure_floor(browser: Browser, rows: int, columns: int, repeat: int) -> None:
-    """The floor page's first page for new and returning visitors, as the viewer's is timed."""
-    with serve_floor(rows, columns) as url:
-        new = []
-        for _ in range(repeat + 1):  # the first visit after the start is left out
+    """The floor page's first page for new and returning visitors, as the viewer's is timed,
+    served as the viewer is and as ``streamlit run`` serves it by default."""
+    print(f"  Streamlit's own floor: a bare page, the same widgets, a {rows} x {columns} table:")
+    for as_viewer in (True, False):
+        with serve_floor(rows, columns, as_viewer) as url:
+            new = []
+            for _ in range(repeat + 1):  # the first visit after the start is left out
+                context = clocked_context(browser)
+                try:
+                    new.append(first_page(context.new_page(), url))
+                finally:
+                    context.close()
             context = clocked_context(browser)
+            back = []
             try:
-                new.append(first_page(context.new_page(), url))
+                for _ in range(repeat + 1):
+                    page = context.new_page()
+                    back.append(first_page(page, url))
+                    page.close()
             finally:
                 context.close()
-        context = clocked_context(browser)
-        back = []
-        try:
-            for _ in range(repeat + 1):
-                page = context.new_page()
-                back.append(first_page(page, url))
-                page.close()
-        finally:
-            context.close()
-    print(f"  Streamlit's own floor: a bare page, the same widgets, a {rows} x {columns} table:")
-    print(line("first page, new visitors", new[1:], "first page"))
-    print(line("first page, returning visitors", back[1:], "first page"))
+        print("  served as the viewer is:" if as_viewer else "  served by Streamlit's defaults:")
+        print(line("first page, new visitors", new[1:], "first page"))
+        print(line("first page, returning visitors", back[1:], "first page"))
 
 
 def measure(name: str, root: Path, hub: str, repeat: int) -> None:
