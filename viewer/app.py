@@ -43,8 +43,9 @@ VIEWS = {
 }
 ALL_TASKS = "all tasks"
 COMPARING_VIEWS = ("compare", "regressions")  # views whose two stacks are before and after
+# Views with nothing to show without results (Selected and the rankings still list models).
+# (A comment, not a docstring: Streamlit's magic draws a bare string in the page's script.)
 NEEDS_RESULTS = ("all", "triage", "compare", "charts", "history", "regressions")
-"""Views with nothing to show without results (Selected and the rankings still list models)."""
 
 
 def results_uri() -> str:

@@ -32,6 +32,26 @@ def codes(at: AppTest) -> str:
     return "\n".join(c.value for c in at.code)
 
 
+def test_the_page_shows_none_of_its_scripts_own_notes(page: AppTest) -> None:
+    """Streamlit's magic draws every bare string of the page's script (its docstring aside) as
+    markdown, on every view: a note to the code's reader must never reach the page."""
+    import ast
+
+    script = ast.parse(Path(APP).read_text())
+    notes = [
+        node.value.value
+        for node in ast.walk(script)
+        if isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+        and node is not script.body[0]
+    ]
+    page.run()
+    assert not page.exception
+    shown = [m.value for m in page.markdown]
+    assert not [note for note in notes if note in shown]
+
+
 def test_selected_view_lists_the_curated_models(page: AppTest) -> None:
     page.run()
     assert not page.exception
