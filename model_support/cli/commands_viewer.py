@@ -21,11 +21,14 @@ HUB_ENDPOINT_ENV = "MODEL_SUPPORT_HUB_ENDPOINT"
 
 
 SERVER_OPTIONS = ["--server.fileWatcherType", "none", "--runner.postScriptGC", "false"]
-"""Streamlit's options for a served viewer, which Streamlit's defaults spend on every run of the
+SERVER_OPTIONS += ["--runner.magicEnabled", "false"]
+"""Streamlit's options for a served viewer, which Streamlit's defaults spend on the runs of the
 page (its first page, each click, each switch of view): watching sources, an installed package's
 that never change, is a scan of every loaded module's path after each run (0.15 s, with pandas,
 pyarrow and the store loaded); the forced full garbage collection after each run walks every
-object those hold (0.08 s). Python's own collector still runs as it always does."""
+object those hold (0.08 s; Python's own collector still runs as it always does); "magic", which
+the page does not use, parses and rewrites the page's script before its first run (0.1-0.2 s for
+the first visitor after a start) and would draw any bare string in it."""
 
 
 def app_path() -> Path:

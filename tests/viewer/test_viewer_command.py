@@ -172,7 +172,8 @@ def test_a_kept_alive_connection_gets_each_response_at_once(dataset: Path) -> No
 def test_the_viewers_streamlit_options_are_streamlits(tmp_path: Path) -> None:
     """The options the viewer's command gives Streamlit are read by Streamlit as meant: no
     watching of the installed sources, no full garbage collection after each run of the page
-    (each cost every run, a click or a switch of view, a quarter of a second)."""
+    (together a quarter of a second of every run, a click or a switch of view), no magic (the
+    first run's rewrite of the script)."""
     from model_support.cli.commands_viewer import viewer_command
 
     command = viewer_command(str(tmp_path), 8501, headless=True)
@@ -183,7 +184,7 @@ def test_the_viewers_streamlit_options_are_streamlits(tmp_path: Path) -> None:
         "context = cli.main_run.make_context('run', sys.argv[1:])\n"
         "bootstrap.load_config_options(flag_options=context.params)\n"
         "print(config.get_option('server.fileWatcherType'), "
-        "config.get_option('runner.postScriptGC'))\n"
+        "config.get_option('runner.postScriptGC'), config.get_option('runner.magicEnabled'))\n"
     )
     answer = subprocess.run(
         [sys.executable, "-c", probe, *command[command.index("run") + 1 :]],
@@ -192,7 +193,7 @@ def test_the_viewers_streamlit_options_are_streamlits(tmp_path: Path) -> None:
         timeout=120,
         check=True,
     )
-    assert answer.stdout.split() == ["none", "False"], answer.stderr
+    assert answer.stdout.split() == ["none", "False", "False"], answer.stderr
 
 
 def test_the_server_reads_the_page_before_its_first_visitor(
