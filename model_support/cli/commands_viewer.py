@@ -20,8 +20,11 @@ RESULTS_ENV = "MODEL_SUPPORT_RESULTS"
 HUB_ENDPOINT_ENV = "MODEL_SUPPORT_HUB_ENDPOINT"
 
 
-SERVER_OPTIONS = ["--server.fileWatcherType", "none", "--runner.postScriptGC", "false"]
-SERVER_OPTIONS += ["--runner.magicEnabled", "false"]
+SERVER_OPTIONS = [
+    *("--server.fileWatcherType", "none"),
+    *("--runner.postScriptGC", "false"),
+    *("--runner.magicEnabled", "false"),
+]
 """Streamlit's options for a served viewer, which Streamlit's defaults spend on the runs of the
 page (its first page, each click, each switch of view): watching sources, an installed package's
 that never change, is a scan of every loaded module's path after each run (0.15 s, with pandas,
