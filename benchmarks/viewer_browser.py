@@ -66,7 +66,7 @@ from hubserver import HubServer, Repo  # noqa: E402
 from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright  # noqa: E402
 from viewer_support import free_port, serve_streamlit, serve_viewer  # noqa: E402
 
-from model_support.cli.commands_viewer import SERVER_OPTIONS  # noqa: E402
+from model_support.cli.commands_viewer import viewer_command  # noqa: E402
 
 TARGETS_S = {"first page": 2.0, "details": 1.0, "view switch": 1.0}
 SWITCHES = ("Selected", "Trending", "Downloads", "Regressions")
@@ -267,15 +267,15 @@ def serve_floor(rows: int, columns: int, as_viewer: bool) -> Iterator[str]:
     """
     port = free_port()
     env = {**os.environ, "FLOOR_ROWS": str(rows), "FLOOR_COLUMNS": str(columns)}
-    with tempfile.TemporaryDirectory() as nothing:
+    script = HERE / "viewer_floor_app.py"
+    with tempfile.TemporaryDirectory() as nothing:  # the viewer's server: nothing to read ahead
         if as_viewer:
-            command = [sys.executable, "-m", "model_support.viewer.serve", "run"]
-            options = [*SERVER_OPTIONS, "--", "--results", nothing]  # nothing to read ahead
+            command = viewer_command(nothing, port, headless=True, script=script)
         else:
-            command, options = [sys.executable, "-m", "streamlit", "run"], []
-        command += [str(HERE / "viewer_floor_app.py"), "--server.port", str(port)]
-        command += ["--server.headless", "true", "--browser.gatherUsageStats", "false"]
-        with serve_streamlit(command + options, port, env) as url:
+            command = [sys.executable, "-m", "streamlit", "run", str(script)]
+            command += ["--server.port", str(port), "--server.headless", "true"]
+            command += ["--browser.gatherUsageStats", "false"]
+        with serve_streamlit(command, port, env) as url:
             yield url
 
 

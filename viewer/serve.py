@@ -100,15 +100,12 @@ def send_without_delay() -> None:
             file=sys.stderr,
         )
         return
-    if getattr(bind, "sends_without_delay", False):
-        return
 
     def bind_without_delay(address: str, port: int, backlog: int) -> socket.socket:
         listener = bind(address, port, backlog)
         listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return listener
 
-    bind_without_delay.sends_without_delay = True  # type: ignore[attr-defined]
     starlette_server._bind_socket = bind_without_delay
 
 

@@ -42,11 +42,17 @@ def app_path() -> Path:
 
 
 def viewer_command(
-    results: str, port: int | None, headless: bool, address: str = DEFAULT_ADDRESS
+    results: str,
+    port: int | None,
+    headless: bool,
+    address: str = DEFAULT_ADDRESS,
+    script: Path | None = None,
 ) -> list[str]:
     """The `streamlit run` command line for ``results`` (passed as a script argument), through
-    model_support.viewer.serve: it reads the page's data before the server listens."""
-    command = [sys.executable, "-m", "model_support.viewer.serve", "run", str(app_path())]
+    model_support.viewer.serve: it reads the page's data before the server listens. ``script``
+    is the page served, the viewer's app.py unless given (a benchmark serves a bare page so)."""
+    page = script if script is not None else app_path()
+    command = [sys.executable, "-m", "model_support.viewer.serve", "run", str(page)]
     command += ["--server.address", address]
     if port is not None:
         command += ["--server.port", str(port)]
