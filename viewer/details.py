@@ -144,6 +144,7 @@ def _verdict_figures(row: pd.Series, verification: dict) -> None:
         st.dataframe(
             pd.DataFrame([{k: (None if formatting.missing(v) else v) for k, v in figures.items()}]),
             hide_index=True,
+            placeholder=formatting.BLANK_CELL,
         )
     measures = queries.verdict_measures(verification)
     if not measures.empty:  # embeddings, classification, text-to-image: each measure's figures
@@ -151,14 +152,18 @@ def _verdict_figures(row: pd.Series, verification: dict) -> None:
             f"Compared: {literal(verification.get('method'))}; ratios are the device's to the "
             "baseline's."
         )
-        st.dataframe(measures, hide_index=True)
+        st.dataframe(measures, hide_index=True, placeholder=formatting.BLANK_CELL)
         with st.expander("Per input / per step"):
-            st.dataframe(queries.verdict_items(verification), hide_index=True)
+            st.dataframe(
+                queries.verdict_items(verification),
+                hide_index=True,
+                placeholder=formatting.BLANK_CELL,
+            )
     where, modules = queries.first_divergence(verification)
     if where is not None:
         st.markdown(literal(where))
         if not modules.empty:
-            st.dataframe(modules, hide_index=True)
+            st.dataframe(modules, hide_index=True, placeholder=formatting.BLANK_CELL)
 
 
 def _compile_cache(row: pd.Series) -> None:
@@ -186,6 +191,7 @@ def _compile_cache(row: pd.Series) -> None:
     st.dataframe(
         pd.DataFrame([{k: (None if formatting.missing(v) else v) for k, v in figures.items()}]),
         hide_index=True,
+        placeholder=formatting.BLANK_CELL,
     )
     if isinstance(row.get("compile_cache_target"), str):
         where = f"{row['compile_cache_target']}/{row.get('compile_cache_prefix') or ''}"

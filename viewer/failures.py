@@ -151,7 +151,12 @@ def show_fail(row: Mapping[str, object], verification: Mapping[str, object]) -> 
         st.markdown("**Failed checks**: none named in the record (its reason is below).")
     else:
         st.markdown(f"**Failed checks**: {checks_in_words(checks)}")
-        st.dataframe(checks, hide_index=True, key=f"checks-{row.get('run_id')}")
+        st.dataframe(
+            checks,
+            hide_index=True,
+            placeholder=formatting.BLANK_CELL,
+            key=f"checks-{row.get('run_id')}",
+        )
     if not token_verdict(verification):
         return  # the details show what another task produced beside the reference's
     tokens = token_table(verification)
@@ -167,7 +172,12 @@ def show_fail(row: Mapping[str, object], verification: Mapping[str, object]) -> 
     total = len(_differing(verification))
     shown = f"{len(tokens):,} of {total:,}" if len(tokens) < total else f"{total:,}"
     right.caption(f"{shown} positions where the device's token differs, {how}.")
-    right.dataframe(tokens, hide_index=True, key=f"tokens-{row.get('run_id')}")
+    right.dataframe(
+        tokens,
+        hide_index=True,
+        placeholder=formatting.BLANK_CELL,
+        key=f"tokens-{row.get('run_id')}",
+    )
 
 
 def show_error(row: Mapping[str, object], traceback: str | None) -> None:

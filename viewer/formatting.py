@@ -13,6 +13,11 @@ import pandas as pd
 MISSING = "—"
 """What a missing figure shows as where a blank would be ambiguous (a metric)."""
 
+BLANK_CELL = ""
+"""What a table's cell shows for a missing value, text or number (every ``st.dataframe``'s
+``placeholder``): Streamlit's default draws the word "None". The value itself stays missing, so
+a number column still sorts as numbers."""
+
 
 def missing(value: object) -> bool:
     """Whether ``value`` is absent (None, NaN, NA, NaT)."""
@@ -82,21 +87,3 @@ def duration(start: object, end: object) -> str | None:
     minutes, secs = divmod(round(total), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes} min" if hours else f"{minutes} min {secs} s"
-
-
-def blank_missing(frame: pd.DataFrame, columns: list[str] | None = None) -> pd.DataFrame:
-    """Text columns with missing values written as empty strings (a table shows a blank, not
-    "None"); numeric columns are left as numbers, which sort and format as numbers."""
-    names = columns if columns is not None else list(frame.columns)
-    text = [
-        c
-        for c in names
-        if c in frame.columns
-        and (
-            pd.api.types.is_string_dtype(frame[c])
-            or isinstance(frame[c].dtype, pd.CategoricalDtype)
-        )
-    ]
-    if not text:
-        return frame
-    return frame.assign(**{c: frame[c].astype("string").fillna("").astype("string") for c in text})

@@ -186,6 +186,7 @@ def view_history(ctx: HistoryContext) -> None:
     event = st.dataframe(
         shown,
         hide_index=True,
+        placeholder=formatting.BLANK_CELL,
         on_select="rerun",
         selection_mode="single-row",
         key="history-table",
@@ -381,6 +382,7 @@ def _change_table(changes: list[Change], key: str) -> Change | None:
     event = st.dataframe(
         regression_table(changes),
         hide_index=True,
+        placeholder=formatting.BLANK_CELL,
         key=key,
         on_select="rerun",
         selection_mode="single-row",
@@ -402,7 +404,12 @@ def _not_compared(report: Report) -> None:
     with st.expander(f"Tested on one stack only ({len(after) + len(before):,})"):
         rows = [{"model · task": m, "before": "tested", "after": UNTESTED} for m in after]
         rows += [{"model · task": m, "before": UNTESTED, "after": "tested"} for m in before]
-        st.dataframe(pd.DataFrame(rows), hide_index=True, key="not-compared-table")
+        st.dataframe(
+            pd.DataFrame(rows),
+            hide_index=True,
+            placeholder=formatting.BLANK_CELL,
+            key="not-compared-table",
+        )
 
 
 PAIR_KEY = "pair"

@@ -106,7 +106,10 @@ def show_output(
             + (" (highlighted)." if differ else ".")
         )
         where.dataframe(
-            _mark_differences(table), hide_index=True, key=f"labels-{row.get('run_id')}"
+            _mark_differences(table),
+            hide_index=True,
+            placeholder=formatting.BLANK_CELL,
+            key=f"labels-{row.get('run_id')}",
         )
         return
     if not outputs:

@@ -265,8 +265,9 @@ def show_table(table: pd.DataFrame, key: str) -> None:
     if _selected_rows(key) != wanted:
         st.session_state[key] = {"selection": {"rows": wanted, "columns": [], "cells": []}}
     st.dataframe(
-        formatting.blank_missing(table),
+        table,
         hide_index=True,
+        placeholder=formatting.BLANK_CELL,
         column_config=config,
         on_select=functools.partial(_pick_row, key, models),
         selection_mode="single-row",
@@ -438,8 +439,9 @@ def view_triage(ctx: Context) -> pd.DataFrame:
         f"{int(groups['count'].sum()):,} failures"
     )
     event = st.dataframe(
-        formatting.blank_missing(groups),
+        groups,
         hide_index=True,
+        placeholder=formatting.BLANK_CELL,
         column_config={
             "signature": st.column_config.TextColumn(width="large"),
             "example": st.column_config.TextColumn(width="medium"),

@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 from viewer_support import viewer_page
 
 from model_support.rankings import RankedModel, Ranking
-from model_support.viewer import queries
+from model_support.viewer import formatting, queries
 
 APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
 
@@ -38,11 +38,34 @@ def test_all_results_show_blanks_failed_checks_and_a_count(page: AppTest) -> Non
     assert rows.loc["org/errors", "why"] == "compile"
     assert rows.loc["org/too-large", "why"] == "too-large"
     assert rows.loc["org/too-large", "cores"] == 64  # the cores sizing says it would need
-    assert rows.loc["org/passes", "why"] == ""  # a PASS has no reason: a blank, not "None"
-    assert not rows.select_dtypes(exclude="number").isna().any().any()
-    # A missing number stays a number (it sorts as one).
+    assert formatting.missing(rows.loc["org/passes", "why"])  # a PASS has no reason...
+    assert page.dataframe[0].proto.placeholder == ""  # ...drawn as a blank, not as "None"
+    # A missing number stays a number (it sorts as one) and is drawn blank too.
+    assert rows["wall time (s)"].isna().any()
     assert pd.api.types.is_numeric_dtype(rows["wall time (s)"])
     assert any(c.value == f"{len(rows)} rows" for c in page.caption)
+
+
+EXPLAINED_MODELS = ("org/fails", "org/errors", "org/too-large", "org/passes", "org/on-cpu")
+"""build_explained_dataset's models on the newest stack: one of each kind of result."""
+
+TABLE_PAGES = [
+    *({"view": view} for view in ("all", "triage", "compare", "regressions")),
+    *({"view": "all", "model": model} for model in EXPLAINED_MODELS),
+    {"view": "history", "model": "org/older"},
+]
+
+
+@pytest.mark.parametrize("params", TABLE_PAGES, ids=lambda p: "-".join(p.values()))
+def test_no_table_draws_the_word_none_for_a_missing_value(
+    page: AppTest, params: dict[str, str]
+) -> None:
+    """Streamlit's grid draws a missing value, text or number, as "None" unless the table says
+    otherwise: every table of every view and of every kind of result's details says blank."""
+    _run(page, **params)
+    assert page.dataframe, "the page has tables"
+    for table in page.dataframe:
+        assert table.proto.HasField("placeholder") and table.proto.placeholder == ""
 
 
 def test_numbers_are_written_with_separators(page: AppTest) -> None:
@@ -59,7 +82,7 @@ def test_triage_counts_its_groups_and_failures(page: AppTest) -> None:
         c.value == f"{len(groups)} groups of {int(groups['count'].sum())} failures"
         for c in page.caption
     )
-    assert not groups.isna().any().any()
+    assert page.dataframe[0].proto.placeholder == ""
 
 
 def test_a_ranking_keeps_a_tiny_models_parameter_count() -> None:
