@@ -155,7 +155,7 @@ def main() -> None:
         views.view_charts(ctx)
 
     if table is not None and view in ("selected", "all", "compare", "triage"):
-        views.show_table(table, key=f"table-{view}")
+        views.show_table(table, key=f"table-{view}", hub_url=ctx.hub_url)
 
     st.divider()
     st.header("Model details")

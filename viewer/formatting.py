@@ -9,6 +9,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pandas as pd
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
 
 MISSING = "—"
 """What a missing figure shows as where a blank would be ambiguous (a metric)."""
@@ -87,3 +89,13 @@ def duration(start: object, end: object) -> str | None:
     minutes, secs = divmod(round(total), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes} min" if hours else f"{minutes} min {secs} s"
+
+
+def hub_page(model: str, endpoint: str) -> str | None:
+    """The model's page on the Hub at ``endpoint`` (``https://huggingface.co/org/name``); None
+    for what is no Hub repository id (a model tested from a local path)."""
+    try:
+        validate_repo_id(model)
+    except HFValidationError:
+        return None
+    return f"{endpoint.rstrip('/')}/{model}"

@@ -39,7 +39,7 @@ from model_support.store import ResultsStore
 from model_support.viewer import formatting
 from model_support.viewer.markup import inline_code, literal
 from model_support.viewer.queries import UNTESTED
-from model_support.viewer.views import RESULT_COLOURS
+from model_support.viewer.views import RESULT_COLOURS, result_column
 
 FINGERPRINT_TTL_S = 30
 HISTORY_METRICS: dict[str, tuple[str, float]] = {
@@ -191,6 +191,7 @@ def view_history(ctx: HistoryContext) -> None:
         selection_mode="single-row",
         key="history-table",
         column_config={
+            "result": result_column(),
             "reproduce": st.column_config.TextColumn("reproduce", width="large"),
             "cost": st.column_config.NumberColumn("cost (USD)", format="$%.4f"),
         },

@@ -38,6 +38,8 @@ LIST_COLUMNS: tuple[str, ...] = (
     "failed_checks",
     "neuron_cores",
     "wall_time_s",
+    "compile_time_s",
+    "decode_tokens_per_s",
     "peak_device_memory_bytes",
     "recorded_at",
 )
@@ -175,6 +177,19 @@ def gib(values: pd.Series) -> pd.Series:
     return (values.astype("Float64") / 2**30).round(2)
 
 
+def figures(frame: pd.DataFrame) -> dict[str, pd.Series]:
+    """A result's figures as every list shows them, in this order: the cores it ran on (or
+    would need), wall time, compile time, decode speed and peak device memory; missing where
+    the run did not get that far."""
+    return {
+        "cores": frame["neuron_cores"].astype("Int64"),
+        "wall time (s)": frame["wall_time_s"].astype("Float64").round(1),
+        "compile time (s)": frame["compile_time_s"].astype("Float64").round(1),
+        "decode (tok/s)": frame["decode_tokens_per_s"].astype("Float64").round(1),
+        "peak device memory (GiB)": gib(frame["peak_device_memory_bytes"]),
+    }
+
+
 def results_table(frame: pd.DataFrame) -> pd.DataFrame:
     """The table of the "All results" view: one row per model and task, readable columns."""
     out = pd.DataFrame(
@@ -183,9 +198,7 @@ def results_table(frame: pd.DataFrame) -> pd.DataFrame:
             "task": frame["task"],
             "result": frame["result"],
             "why": _why(frame),
-            "cores": frame["neuron_cores"].astype("Int64"),
-            "wall time (s)": frame["wall_time_s"].astype("Float64").round(1),
-            "peak device memory (GiB)": gib(frame["peak_device_memory_bytes"]),
+            **figures(frame),
         }
     )
     if not is_sorted_by(out["model"], out["task"]):  # matrix files come sorted: skip the sort
@@ -264,9 +277,7 @@ def selected_table(
             "task": merged["task"],
             "result": result,
             "why": why,
-            "cores": merged["neuron_cores"].astype("Int64"),
-            "wall time (s)": merged["wall_time_s"].astype("Float64").round(1),
-            "peak device memory (GiB)": gib(merged["peak_device_memory_bytes"]),
+            **figures(merged),
         }
     )
 
@@ -296,9 +307,7 @@ def ranking_table(ranking: Ranking, frame: pd.DataFrame) -> pd.DataFrame:
             "model": merged["model_id"],
             "result": result,
             "why": _why(merged.assign(result=result)),
-            "cores": merged["neuron_cores"].astype("Int64"),
-            "wall time (s)": merged["wall_time_s"].astype("Float64").round(1),
-            "peak device memory (GiB)": gib(merged["peak_device_memory_bytes"]),
+            **figures(merged),
             "downloads": merged["downloads"].astype("Int64"),
             "trending score": merged["trending score"].astype("Float64"),
             "parameters": merged["parameters"].astype("Int64"),

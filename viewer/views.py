@@ -73,6 +73,13 @@ class Context:
     task: str | None
     hub_endpoint: str | None
 
+    @property
+    def hub_url(self) -> str:
+        """Where the Hub's model pages are: the configured endpoint, else the Hub client's."""
+        from huggingface_hub import constants
+
+        return self.hub_endpoint or constants.ENDPOINT
+
 
 # ---------------------------------------------------------------------------------------------
 # Cached readers
@@ -199,31 +206,94 @@ def show_sweep(ctx: Context, task: str, frame: pd.DataFrame, *, heading: bool = 
 # Tables
 
 
-NUMBER_FORMATS: dict[str, tuple[str, str | None]] = {
-    "wall time (s)": ("localized", "Load + compile + generate, in seconds"),
-    "wall time before (s)": ("localized", None),
-    "wall time after (s)": ("localized", None),
-    "peak device memory (GiB)": ("localized", None),
-    "downloads": ("localized", None),
-    "trending score": ("localized", None),
-    "parameters": ("compact", "Parameter count (k: thousand, M: million, B: billion)"),
+@dataclass(frozen=True)
+class NumberColumn:
+    """How a table writes one number column: a short header (the lists' columns are sized to
+    what they hold), the full name and unit in its help, and a format."""
+
+    label: str
+    help: str
+    format: str = "localized"  # the reader's thousands separators
+
+
+NUMBER_COLUMNS: dict[str, NumberColumn] = {
+    "cores": NumberColumn(
+        "cores", "NeuronCores it ran on; for a model too large to run, the cores it would need"
+    ),
+    "wall time (s)": NumberColumn("wall (s)", "Wall time: load + compile + generate, in seconds"),
+    "compile time (s)": NumberColumn("compile (s)", "Compile time, in seconds"),
+    "decode (tok/s)": NumberColumn("tok/s", "Decode speed: generated tokens per second"),
+    "peak device memory (GiB)": NumberColumn("memory (GiB)", "Peak device memory, in GiB"),
+    "wall time before (s)": NumberColumn("wall before (s)", "Wall time on the Before stack"),
+    "wall time after (s)": NumberColumn("wall after (s)", "Wall time on the After stack"),
+    "downloads": NumberColumn("downloads", "Downloads on the Hub in the last 30 days"),
+    "trending score": NumberColumn("trending", "The Hub's trending score"),
+    "parameters": NumberColumn(
+        "parameters", "Parameter count (k: thousand, M: million, B: billion)", "compact"
+    ),
 }
-"""How a table's number columns are written: with the reader's thousands separators (the unit is
-in the column's name), parameter counts compact (1.2M, never rounded to 0)."""
+"""The number columns of the lists by column name (the data keeps the long names)."""
+
+HUB_COLUMN = "Hub"
+"""The lists' last column: a link to the model's page on the Hub."""
+
+
+BADGE_ALPHA = "66"
+"""The opacity of a table's result badge (hex: 40%): the theme's own colours are too pale."""
+
+
+def result_column(label: str = "result") -> ColumnConfig:
+    """A column of results drawn as badges in the charts' colours, tinted so their names read
+    in dark text ("not tested" grey); its values stay the results' names (Streamlit draws a
+    read-only multiselect column's text as badges)."""
+    tinted = [f"{colour}{BADGE_ALPHA}" for colour in RESULT_CHART_COLOURS.values()]
+    return st.column_config.MultiselectColumn(
+        label,
+        options=[*RESULT_CHART_COLOURS, queries.UNTESTED],
+        color=[*tinted, f"{RESULT_CHART_COLOURS[Result.EXCLUDED.value]}{BADGE_ALPHA}"],
+        width=95,
+    )
+
+
+TEXT_PX_PER_CHAR, CELL_PADDING_PX, MAX_TEXT_PX = 6.5, 24, 360
+"""A text column's width from its longest value: the grid's 14-pixel font, at most this wide."""
+
+
+def text_width(values: pd.Series | None) -> int | None:
+    """The pixels a text column needs to show its longest value whole (Streamlit's automatic
+    width follows the header, which cut "too-large" to "too-larg"); None for no column."""
+    if values is None:
+        return None
+    lengths = values.astype("string").str.len().dropna()
+    longest = int(lengths.max()) if len(lengths) else 0
+    return min(round(CELL_PADDING_PX + TEXT_PX_PER_CHAR * longest), MAX_TEXT_PX)
 
 
 def table_config(table: pd.DataFrame) -> dict[str, ColumnConfig]:
-    """The column configuration of a results table: widths, number formats, help."""
+    """The column configuration of a results table: result badges, Hub links, widths, number
+    formats and help."""
     config: dict[str, ColumnConfig] = {
-        "model": st.column_config.TextColumn("model", width="medium"),
-        "result": st.column_config.TextColumn("result", width="small"),
+        # Pinned: a list wider than the window scrolls sideways under the model's name.
+        "model": st.column_config.TextColumn(
+            "model", pinned=True, width=text_width(table.get("model"))
+        ),
+        "task": st.column_config.TextColumn("task", width=text_width(table.get("task"))),
+        "result": result_column(),
+        "why": st.column_config.TextColumn(
+            "why",
+            help="The failed checks of a FAIL, the class of an ERROR, the reason of an EXCLUDED",
+            width=text_width(table.get("why")),
+        ),
+        HUB_COLUMN: st.column_config.LinkColumn(
+            HUB_COLUMN, display_text="open ↗", width=60, help="The model's page on the Hub"
+        ),
     }
-    for name, (number_format, help_text) in NUMBER_FORMATS.items():
+    for name, column in NUMBER_COLUMNS.items():
         if name in table.columns:
             config[name] = st.column_config.NumberColumn(
-                name,
-                help=help_text,
-                format=number_format,  # type: ignore[arg-type]
+                column.label,
+                help=column.help,
+                format=column.format,  # type: ignore[arg-type]
             )
     return config
 
@@ -249,9 +319,9 @@ def selection_rows(models: pd.Series, model: str | None) -> list[int]:
     return [int(matches[0])] if len(matches) else []
 
 
-def show_table(table: pd.DataFrame, key: str) -> None:
+def show_table(table: pd.DataFrame, key: str, hub_url: str) -> None:
     """Draw a results table with row selection (which of its rows are shown above it, blanks
-    where a value is missing); a table of more than ``table_pages.PAGE_ROWS`` rows a page at a
+    where a value is missing, each model's page on the Hub at ``hub_url`` linked); a table of more than ``table_pages.PAGE_ROWS`` rows a page at a
     time. Ticking a row shows its model's details; the highlighted row is always the page's
     model (its details, named in the URL) or none: a link, Back and Forward, the picker or
     another table change the model, and the selection (and the page) follow it."""
@@ -264,8 +334,9 @@ def show_table(table: pd.DataFrame, key: str) -> None:
     wanted = selection_rows(models, model)
     if _selected_rows(key) != wanted:
         st.session_state[key] = {"selection": {"rows": wanted, "columns": [], "cells": []}}
+    links = [formatting.hub_page(m, hub_url) for m in models]
     st.dataframe(
-        table,
+        table.assign(**{HUB_COLUMN: links}),
         hide_index=True,
         placeholder=formatting.BLANK_CELL,
         column_config=config,
@@ -385,7 +456,7 @@ def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
         tested = int((table["result"] != queries.UNTESTED).sum())
         st.caption(f"{tested} of {len(table)} tested on this stack.")
         tables.append(table)
-        show_table(table.reset_index(drop=True), key=f"table-{sort}-{task}")
+        show_table(table.reset_index(drop=True), key=f"table-{sort}-{task}", hub_url=ctx.hub_url)
     if missing:
         # One warning for every task without a ranking (the Hub's reason is the same for all).
         first = missing[0][1]
@@ -418,7 +489,7 @@ def tested_instead_of_ranking(
         f"ranking is stored, so these are the {len(table):,} {literal(task)} model"
         f"{'' if len(table) == 1 else 's'} tested on this stack."
     )
-    show_table(table, key=f"table-{sort}-{task}-tested")
+    show_table(table, key=f"table-{sort}-{task}-tested", hub_url=ctx.hub_url)
     return table
 
 

@@ -15,6 +15,7 @@ from viewer_support import viewer_page
 
 from model_support.rankings import RankedModel, Ranking
 from model_support.viewer import formatting, queries
+from model_support.vocabulary import Result
 
 APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
 
@@ -66,6 +67,40 @@ def test_no_table_draws_the_word_none_for_a_missing_value(
     assert page.dataframe, "the page has tables"
     for table in page.dataframe:
         assert table.proto.HasField("placeholder") and table.proto.placeholder == ""
+
+
+def test_a_list_shows_result_badges_speeds_and_hub_links(page: AppTest, dead_hub: str) -> None:
+    _run(page, view="all")
+    table = page.dataframe[0]
+    config = json.loads(table.proto.columns)
+    # Results as badges, one colour per result ("not tested" too), the values still the names.
+    assert config["result"]["type_config"]["type"] == "multiselect"
+    badges = {o["value"]: o["color"] for o in config["result"]["type_config"]["options"]}
+    assert set(badges) == {r.value for r in Result} | {queries.UNTESTED}
+    assert len({badges[r.value] for r in Result}) == len(Result)
+    rows = table.value.set_index("model")
+    assert rows.loc["org/passes", "result"] == "PASS"
+    # The run's compile time and decode speed beside its wall time, with short headers.
+    assert rows.loc["org/passes", "compile time (s)"] == 100.0
+    assert rows.loc["org/passes", "decode (tok/s)"] == 55.5
+    assert config["decode (tok/s)"]["label"] == "tok/s"
+    assert "tokens per second" in config["decode (tok/s)"]["help"]
+    # Each model's page on the Hub the viewer reads (here the test's), as a link.
+    assert config["Hub"]["type_config"]["type"] == "link"
+    assert rows.loc["org/passes", "Hub"] == f"{dead_hub}/org/passes"
+    # Text columns as wide as their longest value (the automatic width follows the header),
+    # and the model's name pinned while a wide list scrolls sideways.
+    for column in ("model", "task", "why"):
+        longest = int(table.value[column].astype("string").str.len().max())
+        assert config[column]["width"] >= 6 * longest + 16, column
+    assert config["model"]["pinned"] is True
+
+
+def test_a_model_tested_from_a_local_path_has_no_hub_link() -> None:
+    assert formatting.hub_page("org/name", "https://hub.example/") == "https://hub.example/org/name"
+    assert formatting.hub_page("gpt2", "https://hub.example") == "https://hub.example/gpt2"
+    assert formatting.hub_page("/models/llama", "https://hub.example") is None
+    assert formatting.hub_page("org/../name", "https://hub.example") is None
 
 
 def test_numbers_are_written_with_separators(page: AppTest) -> None:
