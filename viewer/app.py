@@ -20,7 +20,7 @@ import sys
 import pandas as pd
 import streamlit as st
 
-from model_support.viewer import compare, details, history_views, links, views
+from model_support.viewer import compare, details, history_views, links, scroll, views
 from model_support.viewer.markup import inline_code, literal
 from model_support.viewer.queries import newest_first, version_key
 
@@ -42,6 +42,8 @@ VIEWS = {
     "regressions": "Regressions",
 }
 ALL_TASKS = "all tasks"
+# Views that list models: a click on a row shows its details.
+LIST_VIEWS = ("selected", "trending", "downloads", "all", "triage", "compare")
 COMPARING_VIEWS = ("compare", "regressions")  # views whose two stacks are before and after
 # Views with nothing to show without results (Selected and the rankings still list models).
 # (A comment, not a docstring: Streamlit's magic draws a bare string in the page's script.)
@@ -158,7 +160,7 @@ def main() -> None:
         views.show_table(table, key=f"table-{view}", hub_url=ctx.hub_url)
 
     st.divider()
-    st.header("Model details")
+    st.header("Model details", anchor=scroll.DETAILS_ANCHOR)
     options = views.detail_options(table)
     chosen = st.session_state.get("model")
     if chosen and chosen not in options:
@@ -174,6 +176,9 @@ def main() -> None:
         compare.side_by_side(ctx, comparison, model)  # the compared stacks, not the sidebar's
     elif model:
         details.details(ctx, model)
+    # From a list, the details are what a click asked for (the other views' own content, a
+    # model's history or the charts, comes first); after them, so the page is long enough.
+    scroll.scroll_to_details(model if view in LIST_VIEWS else None)
 
     # Write the state back so the URL is a deep link to what is on screen.
     state = {

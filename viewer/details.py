@@ -118,7 +118,8 @@ def json_column(row: pd.Series, column: str) -> dict:
 
 
 def _figures(row: pd.Series) -> None:
-    cols = st.columns(6)
+    """The run's figures, three to a row: six to a row cut "1,389.4 tok/s" at 1280 pixels."""
+    cols = [*st.columns(3), *st.columns(3)]
     cols[0].metric("cores", formatting.count(row["neuron_cores"]))
     cols[1].metric("wall time (compile incl.)", formatting.seconds(row["wall_time_s"]))
     cols[2].metric("compile time", formatting.seconds(row["compile_time_s"]))

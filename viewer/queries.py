@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from packaging.version import InvalidVersion, Version
 
 from model_support.records import FirstDivergence
-from model_support.vocabulary import Result
+from model_support.vocabulary import ExclusionReason, Result
 
 if TYPE_CHECKING:
     from model_support.rankings import Ranking
@@ -181,8 +181,16 @@ def figures(frame: pd.DataFrame) -> dict[str, pd.Series]:
     """A result's figures as every list shows them, in this order: the cores it ran on (or
     would need), wall time, compile time, decode speed and peak device memory; missing where
     the run did not get that far."""
+    cores = frame["neuron_cores"].astype("Int64")
+    # A too-large exclusion records the fewest cores that would hold the model, and 1 when no
+    # count of this hardware would (as older records do): that is no count, not "1 core".
+    unknown = (
+        (frame["result"] == Result.EXCLUDED.value)
+        & (frame["exclusion_reason"] == ExclusionReason.TOO_LARGE.value)
+        & (cores <= 1)
+    )
     return {
-        "cores": frame["neuron_cores"].astype("Int64"),
+        "cores": cores.mask(unknown.fillna(False).astype(bool)),
         "wall time (s)": frame["wall_time_s"].astype("Float64").round(1),
         "compile time (s)": frame["compile_time_s"].astype("Float64").round(1),
         "decode (tok/s)": frame["decode_tokens_per_s"].astype("Float64").round(1),

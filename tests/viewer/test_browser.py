@@ -19,6 +19,7 @@ from viewer_support import (
     serve_viewer,
 )
 
+from model_support.viewer.scroll import DETAILS_ANCHOR
 from model_support.viewer.table_pages import PAGE_ROWS
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -90,6 +91,10 @@ def test_page_search_details_and_screenshot(server: str) -> None:
 OVERFLOW = """() => [document.documentElement, document.querySelector('[data-testid="stMain"]')]
     .filter(e => e && e.scrollWidth > e.clientWidth).length"""
 """How many of the page and its main column are wider than the window (a sideways scroll)."""
+CUT = """() => [...document.querySelectorAll('[data-testid="stMain"] *')]
+    .filter(e => getComputedStyle(e).textOverflow === 'ellipsis' && e.scrollWidth > e.clientWidth)
+    .map(e => e.textContent)"""
+"""The texts the page cuts with an ellipsis (a metric's value too wide for its column)."""
 
 
 @pytest.mark.parametrize(
@@ -106,6 +111,7 @@ def test_nothing_is_cut_off_in_a_1280_pixel_window(server: str, query: str) -> N
         if "model=" in query and "history" not in query:
             page.get_by_text("BEGIN MODEL-SUPPORT CONFIG").first.wait_for(timeout=30_000)
         assert page.evaluate(OVERFLOW) == 0
+        assert page.evaluate(CUT) == []
         name = query.split("&")[0].removeprefix("view=")
         page.screenshot(path=str(ARTIFACTS / f"viewer-1280-{name}.png"), full_page=True)
 
@@ -188,6 +194,34 @@ def wait_highlighted(page: Page, models: list[str]) -> None:
 def page_heading(text: str) -> str:
     """A selector of the page's headings with exactly ``text`` (a model's details)."""
     return f'[data-testid="stHeading"] h3:has-text("{text}")'
+
+
+DETAILS_TOP = f"""() => document.getElementById("{DETAILS_ANCHOR}")?.getBoundingClientRect().top"""
+"""Where the details' heading is in the window (pixels from its top; None when not drawn)."""
+
+
+def wait_details_in_view(page: Page) -> None:
+    """Wait until the details' heading is in the top part of the window."""
+    page.wait_for_function(
+        f"() => {{ const top = ({DETAILS_TOP})(); return top >= 0 && top < 200; }}", timeout=30_000
+    )
+
+
+def test_a_click_or_a_link_shows_the_details_where_the_reader_looks(server: str) -> None:
+    """In a 1280x720 window the details start below the fold; a row's click brings them up,
+    and so does a shared link on arrival."""
+    with browser_page(1280, 720) as page:
+        page.goto(f"{server}/?view=all")
+        wait_ready(page)
+        assert page.evaluate(DETAILS_TOP) > 720  # below the fold before any click
+        click_row(page, 2)
+        page.locator(page_heading("deepseek-ai/DeepSeek-V3")).wait_for(timeout=30_000)
+        wait_ready(page)
+        wait_details_in_view(page)
+        page.goto(f"{server}/?view=selected&model=Qwen/Qwen3-0.6B")
+        page.locator(page_heading("Qwen/Qwen3-0.6B")).wait_for(timeout=30_000)
+        wait_ready(page)
+        wait_details_in_view(page)
 
 
 def test_back_after_a_row_click_leaves_the_row_highlighted_as_the_url_says(server: str) -> None:

@@ -145,3 +145,23 @@ def test_cpu_results_are_labelled_as_cpu(page: AppTest) -> None:
     trainium.query_params["view"] = "all"
     trainium.run()
     assert not [i.value for i in trainium.info if "not on Trainium" in i.value]
+
+
+def test_a_too_large_model_no_hardware_holds_shows_no_core_count() -> None:
+    """Sizing records 1 core for a too-large model no count of the hardware would hold (the
+    demo's 405B one on a small machine): the list leaves the count blank rather than say 1."""
+    base = dict.fromkeys(queries.LIST_COLUMNS)
+    frame = pd.DataFrame(
+        [
+            base | {"model_id": "org/huge", "task": "text-generation", "result": "EXCLUDED",
+                    "exclusion_reason": "too-large", "neuron_cores": 1},
+            base | {"model_id": "org/large", "task": "text-generation", "result": "EXCLUDED",
+                    "exclusion_reason": "too-large", "neuron_cores": 64},
+            base | {"model_id": "org/small", "task": "text-generation", "result": "PASS",
+                    "neuron_cores": 1},
+        ]
+    )  # fmt: skip
+    cores = queries.results_table(frame).set_index("model")["cores"]
+    assert pd.isna(cores["org/huge"])
+    assert cores["org/large"] == 64  # the cores it would need
+    assert cores["org/small"] == 1
