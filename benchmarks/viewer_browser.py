@@ -10,7 +10,8 @@ Debian's chromium through Playwright, as tests/viewer/test_browser.py does
 - first page: from the navigation to ``?view=all`` to the results table drawn and the script
   done (the first visit after the server started, in a browser already running, runs the
   page's script for the first time; later visits find the server warm);
-- a row click: from pressing a row's marker to that model's details drawn to their end and the
+- a row click: from pressing a row's marker to that model's details drawn to their end, their
+  heading scrolled into the window (1280x800, where the details start below the fold), and the
   script done;
 - a view switch: from pressing a view in the sidebar (All results -> Selected -> Trending ->
   Downloads -> Regressions) to its heading drawn and the script done;
@@ -63,10 +64,11 @@ import history_scale  # noqa: E402  (its history builder)
 import viewer_scale  # noqa: E402  (its 100k-row matrix builder)
 from browser_support import READY, TABLE, click_row, launch_chromium  # noqa: E402
 from hubserver import HubServer, Repo  # noqa: E402
-from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright  # noqa: E402
+from playwright.sync_api import Browser, BrowserContext, Page, ViewportSize, sync_playwright  # noqa: E402
 from viewer_support import free_port, serve_streamlit, serve_viewer  # noqa: E402
 
 from model_support.cli.commands_viewer import viewer_command  # noqa: E402
+from model_support.viewer.scroll import DETAILS_ANCHOR  # noqa: E402
 
 TARGETS_S = {"first page": 2.0, "details": 1.0, "view switch": 1.0}
 SWITCHES = ("Selected", "Trending", "Downloads", "Regressions")
@@ -169,6 +171,14 @@ DETAILS_DRAWN = (
     ".some(s => s.innerText.trim().endsWith('\\nRun'))"
 )
 """A model's details drawn to their end (the last of them: the Run expander)."""
+DETAILS_IN_VIEW = (
+    f"(top => top >= 0 && top < window.innerHeight)"
+    f"(document.getElementById({json.dumps(DETAILS_ANCHOR)})?.getBoundingClientRect().top ?? -1)"
+)
+"""The details' heading in the window (the page scrolled to it: below the table, the details
+start under the fold of a 1280x800 window)."""
+VIEWPORT: ViewportSize = {"width": 1280, "height": 800}
+"""A laptop's window: the details start below the fold, the lists scroll sideways."""
 
 
 def visit(page: Page, url: str, row: int) -> Visit:
@@ -186,11 +196,15 @@ def visit(page: Page, url: str, row: int) -> Visit:
     model = page.locator(
         f'[data-testid="stDataFrame"] tbody tr[aria-rowindex="{row + 2}"] td'
     ).first.inner_text()
-    page_clock_until(page, f"{_heading('h3', model)} && {DETAILS_DRAWN} && {_present(READY)}")
+    page_clock_until(
+        page,
+        f"{_heading('h3', model)} && {DETAILS_DRAWN} && {DETAILS_IN_VIEW} && {_present(READY)}",
+    )
     start = time.perf_counter()
     click_row(page, row)
     page.locator(f'[data-testid="stHeading"] h3:has-text("{model}")').wait_for(timeout=TIMEOUT_MS)
     page.wait_for_function(DETAILS_DRAWN, timeout=TIMEOUT_MS)
+    page.wait_for_function(DETAILS_IN_VIEW, timeout=TIMEOUT_MS)
     page.wait_for_selector(READY, timeout=TIMEOUT_MS)
     timings["details"] = time.perf_counter() - start
     timings["page: details"] = page_clock(page)
@@ -208,7 +222,7 @@ def visit(page: Page, url: str, row: int) -> Visit:
 
 def clocked_context(browser: Browser) -> BrowserContext:
     """A new browser context (nothing cached) whose pages run the page's clock."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1800})
+    context = browser.new_context(viewport=VIEWPORT)
     context.add_init_script(PAGE_CLOCK)
     return context
 
