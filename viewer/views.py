@@ -321,8 +321,8 @@ def selection_rows(models: pd.Series, model: str | None) -> list[int]:
 
 def show_table(table: pd.DataFrame, key: str, hub_url: str) -> None:
     """Draw a results table with row selection (which of its rows are shown above it, blanks
-    where a value is missing, each model's page on the Hub at ``hub_url`` linked); a table of more than ``table_pages.PAGE_ROWS`` rows a page at a
-    time. Ticking a row shows its model's details; the highlighted row is always the page's
+    where a value is missing, each model's page on the Hub at ``hub_url`` linked); a table of
+    more than ``table_pages.PAGE_ROWS`` rows a page at a time. Ticking a row shows its model's details; the highlighted row is always the page's
     model (its details, named in the URL) or none: a link, Back and Forward, the picker or
     another table change the model, and the selection (and the page) follow it."""
     model = st.session_state.get("model")
