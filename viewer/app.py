@@ -48,6 +48,17 @@ COMPARING_VIEWS = ("compare", "regressions")  # views whose two stacks are befor
 # Views with nothing to show without results (Selected and the rankings still list models).
 # (A comment, not a docstring: Streamlit's magic draws a bare string in the page's script.)
 NEEDS_RESULTS = ("all", "triage", "compare", "charts", "history", "regressions")
+# At 1280 pixels the lists' eleven columns fit beside the sidebar: the sidebar as wide as its
+# widest stack version needs (at least 260 pixels, Streamlit's 300 less 40; the reader can widen
+# it), and 1.5rem either side of the main column instead of Streamlit's 5rem (it has no setting
+# for that: its theme's paddings are vertical only). The style sheet is a constant, which
+# st.html draws out of the page's flow.
+SIDEBAR_MIN_PX, SIDEBAR_MAX_PX = 260, 480
+PICKER_CHROME_PX = 112  # a sidebar picker's room around its value: paddings, border, arrow
+MAIN_COLUMN_STYLE = (
+    '<style>[data-testid="stMainBlockContainer"]'
+    "{padding-left: 1.5rem; padding-right: 1.5rem}</style>"
+)
 
 
 def results_uri() -> str:
@@ -58,21 +69,37 @@ def results_uri() -> str:
     return known.results or os.environ.get(RESULTS_ENV) or DEFAULT_RESULTS
 
 
+def sidebar_width(files: list[views.StackFile]) -> int:
+    """The sidebar's width in pixels: its pickers show the longest compiler or library version
+    whole (a Neuron compiler's carries a build hash), within SIDEBAR_MIN_PX..SIDEBAR_MAX_PX."""
+    labels = [label for f in files for label in (f.compiler_label, f.library_label)]
+    widest = max(map(views.text_px, labels), default=0.0)
+    return min(max(SIDEBAR_MIN_PX, round(widest + PICKER_CHROME_PX)), SIDEBAR_MAX_PX)
+
+
 def main() -> None:
     """Draw the page."""
-    st.set_page_config(page_title=PAGE_TITLE, page_icon=PAGE_ICON, layout="wide")
     uri = results_uri()
     hub_endpoint = os.environ.get(HUB_ENDPOINT_ENV) or None
     st.session_state[views.REPORTED_KEY] = set()  # each run reports unreadable files anew
+    unreadable: OSError | ValueError | None = None  # reported once the page is configured
     try:
         files, unlisted = views.stack_files(uri)
-        views.report_unreadable(unlisted)
     except (OSError, ValueError) as exc:
+        files, unlisted, unreadable = [], [], exc
+    st.set_page_config(
+        page_title=PAGE_TITLE,
+        page_icon=PAGE_ICON,
+        layout="wide",
+        initial_sidebar_state=sidebar_width(files),
+    )
+    st.html(MAIN_COLUMN_STYLE)
+    views.report_unreadable(unlisted)
+    if unreadable is not None:
         st.error(
-            f"Cannot read the results at {inline_code(uri)}: {literal(type(exc).__name__)}: "
-            f"{literal(exc)}"
+            f"Cannot read the results at {inline_code(uri)}: "
+            f"{literal(type(unreadable).__name__)}: {literal(unreadable)}"
         )
-        files = []
     link_problems = links.read_link(
         files,
         links.LinkOptions(

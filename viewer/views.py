@@ -223,7 +223,7 @@ NUMBER_COLUMNS: dict[str, NumberColumn] = {
     "wall time (s)": NumberColumn("wall (s)", "Wall time: load + compile + generate, in seconds"),
     "compile time (s)": NumberColumn("compile (s)", "Compile time, in seconds"),
     "decode (tok/s)": NumberColumn("tok/s", "Decode speed: generated tokens per second"),
-    "peak device memory (GiB)": NumberColumn("memory (GiB)", "Peak device memory, in GiB"),
+    "peak device memory (GiB)": NumberColumn("mem (GiB)", "Peak device memory, in GiB"),
     "wall time before (s)": NumberColumn("wall before (s)", "Wall time on the Before stack"),
     "wall time after (s)": NumberColumn("wall after (s)", "Wall time on the After stack"),
     "downloads": NumberColumn("downloads", "Downloads on the Hub in the last 30 days"),
@@ -255,8 +255,31 @@ def result_column(label: str = "result") -> ColumnConfig:
     )
 
 
-TEXT_PX_PER_CHAR, CELL_PADDING_PX, MAX_TEXT_PX = 6.5, 24, 360
-"""A text column's width from its longest value: the grid's 14-pixel font, at most this wide."""
+CELL_PADDING_PX, MAX_TEXT_PX = 18, 360
+"""A text column's room around its text (the grid's 8 pixels a side, and 2 to spare), and its widest
+width (a longer value is cut, and shown whole in the cell's tooltip and the details)."""
+
+GRID_FONT = '14px "Source Sans"'
+"""The font Streamlit's grid draws its cells in."""
+
+# The advance widths of ASCII 32 (space) to 126 (~) in GRID_FONT, in tenths of a pixel rounded
+# up, as Chromium measures them (the browser test measures them again): a text column as wide
+# as its longest value needs, so neither cut nor padded by a rule of thumb.
+ASCII_TENTHS_PX = (
+    "28 41 60 70 70 116 86 35 43 43 59 70 35 44 35 49 70 70 70 70 70 70 70 70 70 70 35 35 70 "
+    "70 70 60 119 77 83 80 87 74 70 87 92 37 68 82 69 102 91 93 80 93 80 75 76 91 73 111 72 "
+    "67 76 43 49 43 70 70 76 71 78 64 78 70 41 71 77 35 35 70 36 117 77 76 78 78 49 59 48 77 "
+    "66 101 63 66 60 43 34 43 70"
+)
+GLYPH_PX = {chr(32 + i): int(tenths) / 10 for i, tenths in enumerate(ASCII_TENTHS_PX.split())}
+WIDE_GLYPH_PX = 14.0
+"""A glyph beyond ASCII, at its widest (a CJK glyph fills the 14-pixel em)."""
+
+
+def text_px(text: str) -> float:
+    """The width of ``text`` in pixels in the grid's font (a glyph beyond ASCII at its
+    widest)."""
+    return sum(GLYPH_PX.get(char, WIDE_GLYPH_PX) for char in text)
 
 
 def text_width(values: pd.Series | None) -> int | None:
@@ -264,9 +287,8 @@ def text_width(values: pd.Series | None) -> int | None:
     width follows the header, which cut "too-large" to "too-larg"); None for no column."""
     if values is None:
         return None
-    lengths = values.astype("string").str.len().dropna()
-    longest = int(lengths.max()) if len(lengths) else 0
-    return min(round(CELL_PADDING_PX + TEXT_PX_PER_CHAR * longest), MAX_TEXT_PX)
+    widest = max((text_px(value) for value in values.dropna().astype(str).unique()), default=0)
+    return min(round(CELL_PADDING_PX + widest), MAX_TEXT_PX)
 
 
 def table_config(table: pd.DataFrame) -> dict[str, ColumnConfig]:
@@ -319,15 +341,32 @@ def selection_rows(models: pd.Series, model: str | None) -> list[int]:
     return [int(matches[0])] if len(matches) else []
 
 
+ALWAYS_SHOWN = ("model", "result")
+"""The list columns shown even when empty on a page (the other empty ones are left out)."""
+
+
+def without_empty_columns(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` less the columns with no value in any row (a ranking without parameter counts,
+    the "why" of a page that all passed): at 1280 pixels a list has no room for blank ones."""
+    empty = [
+        name
+        for name in table.columns
+        if name not in ALWAYS_SHOWN
+        and (table[name].isna() | (table[name].astype("string") == "")).all()
+    ]
+    return table.drop(columns=empty)
+
+
 def show_table(table: pd.DataFrame, key: str, hub_url: str) -> None:
     """Draw a results table with row selection (which of its rows are shown above it, blanks
     where a value is missing, each model's page on the Hub at ``hub_url`` linked); a table of
-    more than ``table_pages.PAGE_ROWS`` rows a page at a time. Ticking a row shows its model's details; the highlighted row is always the page's
+    more than ``table_pages.PAGE_ROWS`` rows a page at a time, columns empty on the page left
+    out. Ticking a row shows its model's details; the highlighted row is always the page's
     model (its details, named in the URL) or none: a link, Back and Forward, the picker or
     another table change the model, and the selection (and the page) follow it."""
     model = st.session_state.get("model")
     page = table_pages.show_page(table, key, model)
-    table = page.rows
+    table = without_empty_columns(page.rows)
     st.caption(table_pages.rows_caption(page.start, page.start + len(table), page.total))
     config = table_config(table)
     models = table["model"].astype(str).reset_index(drop=True)

@@ -15,12 +15,16 @@ from viewer_support import (
     HOSTILE_REASON,
     HOSTILE_TEXT,
     LONG_ROWS,
+    START,
     long_model,
+    make_record,
     serve_viewer,
 )
 
+from model_support.store import ResultsStore
 from model_support.viewer.scroll import DETAILS_ANCHOR
 from model_support.viewer.table_pages import PAGE_ROWS
+from model_support.viewer.views import GLYPH_PX, GRID_FONT, text_px
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
@@ -91,10 +95,15 @@ def test_page_search_details_and_screenshot(server: str) -> None:
 OVERFLOW = """() => [document.documentElement, document.querySelector('[data-testid="stMain"]')]
     .filter(e => e && e.scrollWidth > e.clientWidth).length"""
 """How many of the page and its main column are wider than the window (a sideways scroll)."""
-CUT = """() => [...document.querySelectorAll('[data-testid="stMain"] *')]
-    .filter(e => getComputedStyle(e).textOverflow === 'ellipsis' && e.scrollWidth > e.clientWidth)
-    .map(e => e.textContent)"""
-"""The texts the page cuts with an ellipsis (a metric's value too wide for its column)."""
+CUT = """() => [...document.querySelectorAll('[data-testid="stMain"] *, [data-testid="stSidebar"] *')]
+    .filter(e => (getComputedStyle(e).textOverflow === 'ellipsis' || e.tagName === 'INPUT')
+        && e.scrollWidth > e.clientWidth)
+    .map(e => e.value || e.textContent)"""
+"""The texts the page cuts (with an ellipsis: a metric's value too wide for its column; a picker's
+value clipped: a stack's version too wide for the sidebar)."""
+LIST_OVERFLOW = """() => [...document.querySelectorAll('[data-testid="stDataFrame"] .dvn-scroller')]
+    .map(e => e.scrollWidth - e.clientWidth)"""
+"""How many pixels each table is wider than its frame (a list that scrolls sideways)."""
 
 
 @pytest.mark.parametrize(
@@ -102,8 +111,9 @@ CUT = """() => [...document.querySelectorAll('[data-testid="stMain"] *')]
     ["view=all&model=Qwen/Qwen3-1.7B", "view=selected", "view=history&model=Qwen/Qwen3-0.6B"],
 )
 def test_nothing_is_cut_off_in_a_1280_pixel_window(server: str, query: str) -> None:
-    """At 1280 pixels the page fits the window: lists, details and run.py included (a list
-    wider than its frame scrolls inside it, under its pinned model column)."""
+    """At 1280 pixels the page fits the window: lists, details and run.py included, the sidebar's
+    stack versions whole, the All results list without a sideways scroll (a list wider than its
+    frame, e.g. with a long exclusion reason, scrolls inside it, under its pinned model column)."""
     ARTIFACTS.mkdir(exist_ok=True)
     with browser_page(1280, 800) as page:
         page.goto(f"{server}/?{query}")
@@ -112,8 +122,51 @@ def test_nothing_is_cut_off_in_a_1280_pixel_window(server: str, query: str) -> N
             page.get_by_text("BEGIN MODEL-SUPPORT CONFIG").first.wait_for(timeout=30_000)
         assert page.evaluate(OVERFLOW) == 0
         assert page.evaluate(CUT) == []
+        if query.startswith("view=all"):
+            # All results: eleven columns of real model names, whole, without a sideways scroll.
+            assert page.evaluate(LIST_OVERFLOW)[0] <= 0
         name = query.split("&")[0].removeprefix("view=")
         page.screenshot(path=str(ARTIFACTS / f"viewer-1280-{name}.png"), full_page=True)
+
+
+def test_a_neuron_compilers_build_hash_shows_whole_in_the_sidebar(
+    tmp_path: Path, dead_hub: str
+) -> None:
+    """A Neuron compiler's version carries its build (``2.21.33363.0+82129205``): the sidebar is
+    as wide as its longest version needs, so the picker shows it whole."""
+    version = "2.21.33363.0+82129205"
+    store = ResultsStore(str(tmp_path))
+    store.add(make_record("Qwen/Qwen3-0.6B", "text-generation", "PASS", version, START))
+    store.materialize()
+    with serve_viewer(tmp_path, dead_hub) as url, browser_page(1280, 800) as page:
+        page.goto(f"{url}/?view=all")
+        wait_ready(page)
+        assert page.get_by_label("Compiler version").input_value() == f"neuronx-cc {version}"
+        assert page.evaluate(CUT) == []
+
+
+def test_text_columns_are_sized_in_the_grids_own_font(server: str) -> None:
+    """The glyph widths a text column is sized by are the browser's, in the grid's font (a
+    Streamlit that changed its font would cut names or waste the width)."""
+    with browser_page(1280, 800) as page:
+        page.goto(f"{server}/?view=all")
+        wait_ready(page)
+        measured = page.evaluate(
+            """(font) => { const c = document.createElement('canvas').getContext('2d');
+            c.font = font; const w = {};
+            for (let i = 32; i < 127; i++) w[String.fromCharCode(i)] =
+                c.measureText(String.fromCharCode(i)).width;
+            w.model = c.measureText('mistralai/Mistral-7B-v0.3').width; return w; }""",
+            GRID_FONT,
+        )
+        grid_font = page.evaluate(
+            "() => getComputedStyle(document.querySelector('[data-testid=\"stApp\"]')).fontFamily"
+        )
+    assert "Source Sans" in grid_font and "Source Sans" in GRID_FONT
+    for glyph, px in GLYPH_PX.items():
+        assert 0 <= px - measured[glyph] < 0.1, glyph
+    # A name's width is its glyphs' at most (kerning takes a little off), and not much more.
+    assert 0 <= text_px("mistralai/Mistral-7B-v0.3") - measured["model"] < 0.03 * measured["model"]
 
 
 def test_run_values_render_as_text_in_the_browser(hostile_dataset: Path, dead_hub: str) -> None:

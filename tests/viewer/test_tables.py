@@ -47,6 +47,16 @@ def test_all_results_show_blanks_failed_checks_and_a_count(page: AppTest) -> Non
     assert any(c.value == f"{len(rows)} rows" for c in page.caption)
 
 
+def test_a_column_empty_on_the_page_is_left_out(page: AppTest) -> None:
+    """At 1280 pixels a list has no room for a column with nothing in it."""
+    _run(page, view="all", q="passes")
+    columns = set(page.dataframe[0].value.columns)
+    assert "why" not in columns  # nothing on this page failed
+    assert {"model", "result", "cores", "wall time (s)"} <= columns
+    _run(page, view="all", q="")
+    assert "why" in page.dataframe[0].value.columns
+
+
 EXPLAINED_MODELS = ("org/fails", "org/errors", "org/too-large", "org/passes", "org/on-cpu")
 """build_explained_dataset's models on the newest stack: one of each kind of result."""
 
