@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass
 
 import pandas as pd
 import streamlit as st
@@ -69,12 +70,38 @@ def results_uri() -> str:
     return known.results or os.environ.get(RESULTS_ENV) or DEFAULT_RESULTS
 
 
-def sidebar_width(files: list[views.StackFile]) -> int:
-    """The sidebar's width in pixels: its pickers show the longest compiler or library version
-    whole (a Neuron compiler's carries a build hash), within SIDEBAR_MIN_PX..SIDEBAR_MAX_PX."""
-    labels = [label for f in files for label in (f.compiler_label, f.library_label)]
-    widest = max(map(views.text_px, labels), default=0.0)
+def sidebar_width(versions: list[str | None]) -> int:
+    """The sidebar's width in pixels: its pickers show the versions picked whole (a Neuron
+    compiler's carries a build hash), within SIDEBAR_MIN_PX..SIDEBAR_MAX_PX."""
+    widest = max((views.text_px(v) for v in versions if v), default=0.0)
     return min(max(SIDEBAR_MIN_PX, round(widest + PICKER_CHROME_PX)), SIDEBAR_MAX_PX)
+
+
+@dataclass(frozen=True)
+class StackChoice:
+    """The sidebar's compiler and library versions on offer, and the ones its pickers show."""
+
+    compilers: list[str]
+    compiler: str | None
+    libraries: list[str]
+    library: str | None
+
+
+def choose_stack(files: list[views.StackFile]) -> StackChoice:
+    """The versions on offer, newest first, and the ones picked: the page's (its link's or the
+    reader's) when on offer, else the newest. Known before the sidebar is drawn, so the page's
+    first configuration can make room for them."""
+    compilers = newest_first((f.compiler_label, f.compiler_version) for f in files)
+    if st.session_state.get("compiler") not in compilers:
+        st.session_state.pop("compiler", None)
+    compiler = st.session_state.get("compiler", compilers[0] if compilers else None)
+    libraries = newest_first(
+        (f.library_label, f.library_version) for f in files if f.compiler_label == compiler
+    )
+    if st.session_state.get("library") not in libraries:
+        st.session_state.pop("library", None)
+    library = st.session_state.get("library", libraries[0] if libraries else None)
+    return StackChoice(compilers, compiler, libraries, library)
 
 
 def main() -> None:
@@ -87,19 +114,6 @@ def main() -> None:
         files, unlisted = views.stack_files(uri)
     except (OSError, ValueError) as exc:
         files, unlisted, unreadable = [], [], exc
-    st.set_page_config(
-        page_title=PAGE_TITLE,
-        page_icon=PAGE_ICON,
-        layout="wide",
-        initial_sidebar_state=sidebar_width(files),
-    )
-    st.html(MAIN_COLUMN_STYLE)
-    views.report_unreadable(unlisted)
-    if unreadable is not None:
-        st.error(
-            f"Cannot read the results at {inline_code(uri)}: "
-            f"{literal(type(unreadable).__name__)}: {literal(unreadable)}"
-        )
     link_problems = links.read_link(
         files,
         links.LinkOptions(
@@ -108,6 +122,21 @@ def main() -> None:
             stack_labels=tuple(views.stack_label(f) for f in files),
         ),
     )
+    stack = choose_stack(files)
+    # The sidebar's width takes effect only when the page is configured before it is drawn.
+    st.set_page_config(
+        page_title=PAGE_TITLE,
+        page_icon=PAGE_ICON,
+        layout="wide",
+        initial_sidebar_state=sidebar_width([stack.compiler, stack.library]),
+    )
+    st.html(MAIN_COLUMN_STYLE)
+    views.report_unreadable(unlisted)
+    if unreadable is not None:
+        st.error(
+            f"Cannot read the results at {inline_code(uri)}: "
+            f"{literal(type(unreadable).__name__)}: {literal(unreadable)}"
+        )
 
     st.title("Does it run on Trainium?")
     st.caption(
@@ -119,18 +148,16 @@ def main() -> None:
     with st.sidebar:
         st.header("Browse")
         label = st.radio("View", list(VIEWS.values()), key="view")
-        compilers = newest_first((f.compiler_label, f.compiler_version) for f in files)
-        if st.session_state.get("compiler") not in compilers:
-            st.session_state.pop("compiler", None)
         compiler = (
-            st.selectbox("Compiler version", compilers, key="compiler") if compilers else None
+            st.selectbox("Compiler version", stack.compilers, key="compiler")
+            if stack.compilers
+            else None
         )
-        libraries = newest_first(
-            (f.library_label, f.library_version) for f in files if f.compiler_label == compiler
+        library = (
+            st.selectbox("Library version", stack.libraries, key="library")
+            if stack.libraries
+            else None
         )
-        if st.session_state.get("library") not in libraries:
-            st.session_state.pop("library", None)
-        library = st.selectbox("Library version", libraries, key="library") if libraries else None
         search = st.text_input("Search models", key="q", placeholder="part of a name, e.g. qwen")
         task_choice = st.selectbox("Task", [ALL_TASKS, *views.TASKS], key="task")
         if not files:
