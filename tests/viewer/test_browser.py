@@ -95,7 +95,8 @@ def test_page_search_details_and_screenshot(server: str) -> None:
 OVERFLOW = """() => [document.documentElement, document.querySelector('[data-testid="stMain"]')]
     .filter(e => e && e.scrollWidth > e.clientWidth).length"""
 """How many of the page and its main column are wider than the window (a sideways scroll)."""
-CUT = """() => [...document.querySelectorAll('[data-testid="stMain"] *, [data-testid="stSidebar"] *')]
+CUT = """() => [...document.querySelectorAll(
+        '[data-testid="stMain"] *, [data-testid="stSidebar"] *')]
     .filter(e => (getComputedStyle(e).textOverflow === 'ellipsis' || e.tagName === 'INPUT')
         && e.scrollWidth > e.clientWidth)
     .map(e => e.value || e.textContent)"""
