@@ -347,7 +347,8 @@ ALWAYS_SHOWN = ("model", "result")
 
 def without_empty_columns(table: pd.DataFrame) -> pd.DataFrame:
     """``table`` less the columns with no value in any row (a ranking without parameter counts,
-    the "why" of a page that all passed): at 1280 pixels a list has no room for blank ones."""
+    the "why" of a page that all passed, Hub links for models tested from local paths): at 1280
+    pixels a list has no room for blank ones."""
     empty = [
         name
         for name in table.columns
@@ -366,16 +367,16 @@ def show_table(table: pd.DataFrame, key: str, hub_url: str) -> None:
     another table change the model, and the selection (and the page) follow it."""
     model = st.session_state.get("model")
     page = table_pages.show_page(table, key, model)
-    table = without_empty_columns(page.rows)
+    links = [formatting.hub_page(m, hub_url) for m in page.rows["model"].astype(str)]
+    table = without_empty_columns(page.rows.assign(**{HUB_COLUMN: links}))
     st.caption(table_pages.rows_caption(page.start, page.start + len(table), page.total))
     config = table_config(table)
     models = table["model"].astype(str).reset_index(drop=True)
     wanted = selection_rows(models, model)
     if _selected_rows(key) != wanted:
         st.session_state[key] = {"selection": {"rows": wanted, "columns": [], "cells": []}}
-    links = [formatting.hub_page(m, hub_url) for m in models]
     st.dataframe(
-        table.assign(**{HUB_COLUMN: links}),
+        table,
         hide_index=True,
         placeholder=formatting.BLANK_CELL,
         column_config=config,

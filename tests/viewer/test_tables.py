@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 from viewer_support import viewer_page
 
 from model_support.rankings import RankedModel, Ranking
-from model_support.viewer import formatting, queries
+from model_support.viewer import formatting, queries, views
 from model_support.vocabulary import Result
 
 APP = str(Path(__file__).resolve().parents[2] / "viewer" / "app.py")
@@ -55,6 +55,19 @@ def test_a_column_empty_on_the_page_is_left_out(page: AppTest) -> None:
     assert {"model", "result", "cores", "wall time (s)"} <= columns
     _run(page, view="all", q="")
     assert "why" in page.dataframe[0].value.columns
+
+
+def test_a_list_leaves_out_columns_with_nothing_in_them() -> None:
+    table = pd.DataFrame(
+        {
+            "model": ["/models/llama", "/models/qwen"],  # local paths: no Hub page
+            "result": [None, None],
+            "why": ["", None],
+            "cores": [None, 4],
+            views.HUB_COLUMN: [None, None],
+        }
+    )
+    assert list(views.without_empty_columns(table).columns) == ["model", "result", "cores"]
 
 
 EXPLAINED_MODELS = ("org/fails", "org/errors", "org/too-large", "org/passes", "org/on-cpu")
