@@ -5,10 +5,12 @@ Run as ``python -m model_support.viewer.serve run APP [streamlit options] -- --r
 
 A fresh server's first visitor would otherwise wait for what only the first run of the page
 does: importing the viewer's modules (pandas, pyarrow, the store) and reading the newest stack's
-results (a second or two on 100,000 rows). Here both happen once, before the server listens,
-into the process-wide caches the page reads (``st.cache_resource``), with what Streamlit itself
-loads at the first use of what the page uses (its emoji catalog, for the page's icon), so the
-first visitor finds them warm like every later one. Its connections send each response as soon
+results (a second or two on 100,000 rows) and each stack's models (for the note on how many this
+stack tested). Here both happen once, before the server listens, into the process-wide caches
+the page reads (``st.cache_resource``), with what Streamlit itself does at the first use of what
+the page uses (loading its emoji catalog, for the page's icon; resolving every loaded module's
+file, for its check for a REPL at the first element), so the first visitor finds them warm like
+every later one. Its connections send each response as soon
 as it is written (``send_without_delay``).
 """
 
@@ -54,6 +56,13 @@ def warm(uri: str) -> None:
     from streamlit.string_util import is_emoji
 
     is_emoji(details.PAGE_ICON)
+    # Streamlit's first element in a process asks whether it runs in a REPL (env_util.is_repl:
+    # inspect.stack(), which resolves the file of every loaded module, 0.17 s with pandas,
+    # pyarrow and the store loaded); inspect keeps what it resolved, so asking once here leaves
+    # the first page only the modules loaded since.
+    from streamlit import env_util
+
+    env_util.is_repl()
     from model_support.viewer.data import list_stack_files
     from model_support.viewer.queries import newest_first
 
@@ -70,6 +79,9 @@ def warm(uri: str) -> None:
     key = ((newest.path, newest.fingerprint),)
     table, _, _ = views._all_results(uri, key, None, "")
     views._read(uri, key, ("backend",), None)
+    if len(files) > 1:  # the coverage note counts every stack's models
+        for other in files:
+            views._read(uri, ((other.path, other.fingerprint),), ("model_id",), None)
     # The details picker's options: the first unique() of an Arrow column in a process pays
     # for Arrow's kernel (0.2 s), every later one only for its rows.
     views.detail_options(table)
