@@ -349,13 +349,14 @@ def without_empty_columns(table: pd.DataFrame) -> pd.DataFrame:
     """``table`` less the columns with no value in any row (a ranking without parameter counts,
     the "why" of a page that all passed, Hub links for models tested from local paths): at 1280
     pixels a list has no room for blank ones."""
-    empty = [
-        name
-        for name in table.columns
-        if name not in ALWAYS_SHOWN
-        and (table[name].isna() | (table[name].astype("string") == "")).all()
-    ]
+    empty = [name for name in table.columns if name not in ALWAYS_SHOWN and _empty(table[name])]
     return table.drop(columns=empty)
+
+
+def _empty(column: pd.Series) -> bool:
+    """Whether ``column`` has no value: each is missing or empty text (the first value that is
+    neither decides, without turning the column to text)."""
+    return all(isinstance(value, str) and value == "" for value in column.dropna())
 
 
 def show_table(table: pd.DataFrame, key: str, hub_url: str) -> None:
