@@ -27,8 +27,10 @@ waits, its round trips to the browser on the same cores included).
 Beside the viewer, benchmarks/viewer_floor_app.py (a bare Streamlit page with the same widgets
 and a table of the same shape) is timed the same way: Streamlit's own floor on this machine.
 Served as the viewer is (its server module and Streamlit options), it is what no change to the
-viewer's page can go under; served by ``streamlit run``'s defaults, it shows what the server's
-settings are worth.
+viewer's page can go under, and each of its new visitors is followed by one of the viewer's
+first page: paired moments apart, their difference is what the viewer's page adds to the floor,
+which the machine's drift between separate measurements hides; served by ``streamlit run``'s
+defaults, it shows what the server's settings are worth.
 
 The demo's results are those `model-support demo` writes (built into a temporary directory
 unless ``--demo-results`` names them). The 100,000-row store is benchmarks/viewer_scale.py's
@@ -309,19 +311,29 @@ def table_shape(page: Page) -> tuple[int, int]:
     return rows, columns
 
 
-def measure_floor(browser: Browser, rows: int, columns: int, repeat: int) -> None:
+def new_visitor_first_page(browser: Browser, url: str) -> float:
+    """A new visitor's first page of ``url`` (a new browser context), by the page's clock."""
+    context = clocked_context(browser)
+    try:
+        return first_page(context.new_page(), url)
+    finally:
+        context.close()
+
+
+def measure_floor(browser: Browser, rows: int, columns: int, repeat: int, viewer_url: str) -> None:
     """The floor page's first page for new and returning visitors, as the viewer's is timed,
-    served as the viewer is and as ``streamlit run`` serves it by default."""
+    served as the viewer is and as ``streamlit run`` serves it by default. Served as the viewer
+    is, each new visitor of the floor is followed by a new visitor of the viewer's first page
+    (``viewer_url``): paired visits, moments apart, give what the viewer's page adds to
+    Streamlit's own floor, which the machine's drift between separate runs (0.3-0.5 s) hides."""
     print(f"  Streamlit's own floor: a bare page, the same widgets, a {rows} x {columns} table:")
     for as_viewer in (True, False):
         with serve_floor(rows, columns, as_viewer) as url:
-            new = []
+            new, paired = [], []
             for _ in range(repeat + 1):  # the first visit after the start is left out
-                context = clocked_context(browser)
-                try:
-                    new.append(first_page(context.new_page(), url))
-                finally:
-                    context.close()
+                new.append(new_visitor_first_page(browser, url))
+                if as_viewer:
+                    paired.append(new_visitor_first_page(browser, f"{viewer_url}/?view=all"))
             context = clocked_context(browser)
             back = []
             try:
@@ -334,6 +346,13 @@ def measure_floor(browser: Browser, rows: int, columns: int, repeat: int) -> Non
         print("  served as the viewer is:" if as_viewer else "  served by Streamlit's defaults:")
         print(line("first page, new visitors", new[1:], "first page"))
         print(line("first page, returning visitors", back[1:], "first page"))
+        if as_viewer:
+            print(line("the viewer's, a new visitor after each", paired[1:], "first page"))
+            added = [viewer - floor for viewer, floor in zip(paired[1:], new[1:], strict=True)]
+            print(
+                f"  {'the viewer less the floor, paired visits':44s} median {statistics.median(added):+6.2f} s"
+                f"   range {min(added):+.2f} to {max(added):+.2f} s"
+            )
 
 
 def measure(name: str, root: Path, hub: str, repeat: int) -> None:
@@ -350,7 +369,7 @@ def measure(name: str, root: Path, hub: str, repeat: int) -> None:
             returning_visitor(context, url, row=0)  # the browser fetches the site's files
             back = [returning_visitor(context, url, row=1 + i % 5) for i in range(repeat)]
             context.close()
-            measure_floor(browser, *first.table_shape, repeat)
+            measure_floor(browser, *first.table_shape, repeat, url)
         finally:
             browser.close()
     print("  by the page's clock (from navigation or the click, to drawn and the script done);")
