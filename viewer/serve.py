@@ -8,10 +8,10 @@ does: importing the viewer's modules (pandas, pyarrow, the store) and reading th
 results (a second or two on 100,000 rows) and each stack's models (for the note on how many this
 stack tested). Here both happen once, before the server listens, into the process-wide caches
 the page reads (``st.cache_resource``), with what Streamlit itself does at the first use of what
-the page uses (loading its emoji catalog, for the page's icon; resolving every loaded module's
-file, for its check for a REPL at the first element), so the first visitor finds them warm like
-every later one. Its connections send each response as soon
-as it is written (``send_without_delay``).
+the page uses (its emoji catalog, for the page's icon), so the first visitor finds them warm like
+every later one; and the first element of the process is spared Streamlit's check that the page
+is served by ``streamlit run`` (it is). Its connections send each response as soon as it is
+written (``send_without_delay``).
 """
 
 from __future__ import annotations
@@ -56,13 +56,6 @@ def warm(uri: str) -> None:
     from streamlit.string_util import is_emoji
 
     is_emoji(details.PAGE_ICON)
-    # Streamlit's first element in a process asks whether it runs in a REPL (env_util.is_repl:
-    # inspect.stack(), which resolves the file of every loaded module, 0.17 s with pandas,
-    # pyarrow and the store loaded); inspect keeps what it resolved, so asking once here leaves
-    # the first page only the modules loaded since.
-    from streamlit import env_util
-
-    env_util.is_repl()
     from model_support.viewer.data import list_stack_files
     from model_support.viewer.queries import newest_first
 
@@ -121,6 +114,24 @@ def send_without_delay() -> None:
     starlette_server._bind_socket = bind_without_delay
 
 
+def skip_served_check() -> None:
+    """Spare the first page Streamlit's check, at the first element drawn in a process, that
+    the page runs in ``streamlit run`` and not in a REPL or as a plain script (whose only effect
+    is a hint to use ``streamlit run``): it walks the page's thread with inspect.stack(), which
+    resolves the file of every loaded module and reads the source of each frame, 0.07-0.17 s of
+    the first visitor's page. This server is ``streamlit run``: the check is marked done."""
+    from streamlit import delta_generator
+
+    if not hasattr(delta_generator, "_use_warning_has_been_displayed"):
+        print(
+            "Streamlit no longer marks its check for `streamlit run` in delta_generator."
+            "_use_warning_has_been_displayed: the first visitor's page may wait for it",
+            file=sys.stderr,
+        )
+        return
+    delta_generator._use_warning_has_been_displayed = True
+
+
 def main() -> None:
     """Warm the caches, then become ``streamlit`` with this process's arguments."""
     uri = results_uri(sys.argv)
@@ -130,6 +141,7 @@ def main() -> None:
         print(f"Read {uri} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     except Exception as exc:  # only a head start: the page itself reports what is wrong
         print(f"Not read ahead ({type(exc).__name__}: {exc}); serving anyway", file=sys.stderr)
+    skip_served_check()
     send_without_delay()
     from streamlit.web.cli import main as streamlit_main
 
