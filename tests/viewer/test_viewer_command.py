@@ -218,6 +218,13 @@ def test_the_server_reads_the_page_before_its_first_visitor(
     assert len(page.dataframe[0].value) == 500
 
 
+def run_probe(probe: str) -> subprocess.CompletedProcess[str]:
+    """Run the Python source ``probe`` in a new process (nothing of this one loaded or done)."""
+    return subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+
+
 def test_the_server_loads_what_streamlit_loads_at_the_pages_first_run(long_dataset: Path) -> None:
     """Streamlit's emoji catalog, which the page's icon is checked against (0.2 s to import at
     its first use in a process), is loaded before the server listens (a new process: this one
@@ -228,9 +235,7 @@ def test_the_server_loads_what_streamlit_loads_at_the_pages_first_run(long_datas
         f"serve.warm({str(long_dataset)!r})\n"
         "print('streamlit.emojis' in sys.modules)\n"
     )
-    answer = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
-    )
+    answer = run_probe(probe)
     assert answer.stdout.strip() == "True", answer.stderr
 
 
@@ -255,9 +260,7 @@ def test_the_first_page_of_the_server_does_not_walk_its_stack(
         f"page = AppTest.from_file({str(APP)!r}, default_timeout=60).run()\n"
         "print('page:', [str(e.value).splitlines()[0] for e in page.exception] or 'drawn')\n"
     )
-    answer = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
-    )
+    answer = run_probe(probe)
     [outcome] = [line for line in answer.stdout.splitlines() if line.startswith("page: ")]
     assert outcome == ("page: drawn" if served else "page: ['the page walked its stack']")
 
