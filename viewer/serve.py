@@ -37,8 +37,8 @@ def results_uri(argv: list[str]) -> str:
 
 
 def warm(uri: str) -> None:
-    """Import the page's modules and read what its first run reads of the newest stack (the
-    All results table, the stack's backends), into the page's caches."""
+    """Import the page's modules and read what its first run reads (the newest stack's All
+    results table and backends, every stack's model ids), into the page's caches."""
     # Each st.cache_data decorator checks its parameters against the server's cache storage,
     # and warns, at import, that there is no server yet: true, and nothing to act on (the
     # caches themselves are made at their first call, in the server).
