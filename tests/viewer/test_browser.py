@@ -227,7 +227,9 @@ def test_back_returns_to_the_previous_view_and_the_title_names_the_model(server:
         )
         assert checked.count() == 1
         assert "view=all" in page.url and "model=Qwen" in page.url  # not overwritten again
-        assert page.title().startswith("Qwen/Qwen3-1.7B")
+        # The details (which name the tab) come after the list in the page's run: the title
+        # follows once they are drawn, a moment after the view's radio.
+        page.wait_for_function("() => document.title.startsWith('Qwen/Qwen3-1.7B')", timeout=30_000)
 
 
 HIGHLIGHTED = """() => Array.from(document.querySelectorAll(
