@@ -69,12 +69,12 @@ def warm(uri: str) -> None:
     newest = next(
         f for f in files if (f.compiler_label, f.library_label) == (compilers[0], libraries[0])
     )
-    key = ((newest.path, newest.fingerprint),)
+    key = views.cache_key([newest])
     table, _, _ = views._all_results(uri, key, None, "")
     views._read(uri, key, ("backend",), None)
     if len(files) > 1:  # the coverage note counts every stack's models
         for other in files:
-            views._read(uri, ((other.path, other.fingerprint),), ("model_id",), None)
+            views._read(uri, views.cache_key([other]), ("model_id",), None)
     # The details picker's options: the first unique() of an Arrow column in a process pays
     # for Arrow's kernel (0.2 s), every later one only for its rows.
     views.detail_options(table)

@@ -93,6 +93,12 @@ def stack_files(results_uri: str) -> tuple[list[StackFile], list[UnreadableFile]
     return files, unlisted_data_files(results_uri, files)
 
 
+def cache_key(files: tuple[StackFile, ...] | list[StackFile]) -> tuple[tuple[str, str], ...]:
+    """How the cached readers name ``files``: each one's path and fingerprint (a rematerialized
+    file is a new key, read again)."""
+    return tuple((f.path, f.fingerprint) for f in files)
+
+
 # A resource cache (no copy on each use, unlike cache_data): frames are never modified in place
 # (pandas copy-on-write), and copying 100k rows on every rerun cost more than the rest.
 @st.cache_resource(show_spinner=False, max_entries=64)
@@ -134,9 +140,7 @@ def read(
 ) -> pd.DataFrame:
     """Only ``columns`` of ``files`` (cached by path + fingerprint); a file that cannot be read
     is left out and reported."""
-    frame, unreadable = _read(
-        ctx.results_uri, tuple((f.path, f.fingerprint) for f in files), columns, model_id
-    )
+    frame, unreadable = _read(ctx.results_uri, cache_key(files), columns, model_id)
     report_unreadable(unreadable)
     return frame
 
@@ -434,7 +438,7 @@ def view_all(ctx: Context) -> pd.DataFrame:
     """Every result on the current stack."""
     files = (ctx.current,) if ctx.current else ()
     table, counts, unreadable = _all_results(
-        ctx.results_uri, tuple((f.path, f.fingerprint) for f in files), ctx.task, ctx.search
+        ctx.results_uri, cache_key(files), ctx.task, ctx.search
     )
     report_unreadable(unreadable)
     show_counts(counts)
