@@ -34,7 +34,6 @@ import importlib.util
 import json
 import os
 import platform
-import socket
 import sys
 import time
 import traceback
@@ -4579,12 +4578,6 @@ def execute(ctx: RunContext) -> dict:
 # ---- sharded runs
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def worker_main(rank: int, world_size: int, config: dict, queue) -> None:
     """Entry point of one torch.distributed worker (spawned by run_sharded)."""
     # torchrun's variables; TorchNeuron reads LOCAL_RANK and LOCAL_WORLD_SIZE (without both it
@@ -4628,8 +4621,22 @@ def run_sharded(config: dict) -> dict:
     import queue as queue_module
 
     world_size = int(config["cores"])
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(free_port())
+    # The workers meet at a store served from here, on a port the kernel picks at bind and held
+    # until they end: as torchrun's agent store, every rank a client of it. Choosing a free port
+    # for rank 0 to bind later let any other program on the host take it meanwhile, and the run
+    # ended in EADDRINUSE, an ERROR that said nothing about the model.
+    rendezvous = torch.distributed.TCPStore(
+        "127.0.0.1",
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=float(config["worker_timeout_s"])),
+    )
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(rendezvous.port),
+        TORCHELASTIC_USE_AGENT_STORE="True",
+    )
     context = torch.multiprocessing.get_context("spawn")
     results = context.Queue()
     procs = [
@@ -4694,6 +4701,7 @@ def run_sharded(config: dict) -> dict:
                 proc.kill()
         for proc in procs:
             proc.join(timeout=10)
+        del rendezvous  # closed once no worker can still reach it
     if failure is None:
         return docs.get(0, provisional)
     if 0 not in docs and provisional is not None:
