@@ -67,7 +67,7 @@ import viewer_scale  # noqa: E402  (its 100k-row matrix builder)
 from browser_support import READY, TABLE, click_row, launch_chromium  # noqa: E402
 from hubserver import HubServer, Repo  # noqa: E402
 from playwright.sync_api import Browser, BrowserContext, Page, ViewportSize, sync_playwright  # noqa: E402
-from viewer_support import free_port, serve_streamlit, serve_viewer  # noqa: E402
+from viewer_support import serve_streamlit, serve_viewer  # noqa: E402
 
 from model_support.cli.commands_viewer import viewer_command  # noqa: E402
 from model_support.viewer.scroll import DETAILS_ANCHOR  # noqa: E402
@@ -281,17 +281,19 @@ def serve_floor(rows: int, columns: int, as_viewer: bool) -> Iterator[str]:
     ``columns``) on a free port, served as the viewer is (``as_viewer``: its server module and
     Streamlit options) or as ``streamlit run`` serves it by default; yields its URL once healthy.
     """
-    port = free_port()
     env = {**os.environ, "FLOOR_ROWS": str(rows), "FLOOR_COLUMNS": str(columns)}
     script = HERE / "viewer_floor_app.py"
     with tempfile.TemporaryDirectory() as nothing:  # the viewer's server: nothing to read ahead
-        if as_viewer:
-            command = viewer_command(nothing, port, headless=True, script=script)
-        else:
-            command = [sys.executable, "-m", "streamlit", "run", str(script)]
-            command += ["--server.port", str(port), "--server.headless", "true"]
-            command += ["--browser.gatherUsageStats", "false"]
-        with serve_streamlit(command, port, env) as url:
+
+        def command(port: int) -> list[str]:
+            if as_viewer:
+                return viewer_command(nothing, port, headless=True, script=script)
+            options = {"server.port": port, "server.headless": "true"}
+            options["browser.gatherUsageStats"] = "false"
+            flags = [part for key, value in options.items() for part in (f"--{key}", str(value))]
+            return [sys.executable, "-m", "streamlit", "run", str(script), *flags]
+
+        with serve_streamlit(command, env) as url:
             yield url
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from processes import processes_with
-from viewer_support import APP, free_port
+from viewer_support import APP, PortTaken, free_port, port_taken
 from waiting import wait_until
 
 CLI = str(Path(sys.executable).with_name("model-support"))
@@ -77,6 +77,8 @@ def wait_listening(process: subprocess.Popen[bytes], port: int) -> list[str]:
     while time.monotonic() < deadline:
         if process.poll() is not None:
             output = process.stdout.read().decode() if process.stdout else ""
+            if port_taken(output, port):
+                raise PortTaken(output)
             raise AssertionError(f"the viewer exited with {process.returncode}: {output}")
         addresses = listening(process.pid, port)
         if addresses:
@@ -89,6 +91,22 @@ def wait_listening(process: subprocess.Popen[bytes], port: int) -> list[str]:
         time.sleep(0.3)
     process.kill()
     raise AssertionError("the viewer did not start serving within 90 s")
+
+
+def start_serving_viewer(
+    results: Path, marker: str, *extra: str, attempts: int = 3
+) -> tuple[subprocess.Popen[bytes], int, list[str]]:
+    """The viewer started on a free port and serving: its process, port and listening
+    addresses. A port another program took before the viewer bound it is retried with another."""
+    for attempt in range(1, attempts + 1):
+        port = free_port()
+        process = start_viewer(results, port, marker, *extra)
+        try:
+            return process, port, wait_listening(process, port)
+        except PortTaken:
+            if attempt == attempts:
+                raise
+    raise AssertionError(f"no port in {attempts} attempts")  # for type checkers: never reached
 
 
 def wait_gone(process: subprocess.Popen[bytes], marker: str) -> None:
@@ -105,11 +123,10 @@ def test_viewer_is_the_server_listens_locally_and_stops_whole(
     dataset: Path, stop: signal.Signals
 ) -> None:
     marker = f"viewer-{uuid.uuid4().hex}"
-    port = free_port()
-    process = start_viewer(dataset, port, marker)
+    process, _, addresses = start_serving_viewer(dataset, marker)
     try:
         # The CLI process itself listens (it became Streamlit), on the loopback address only.
-        assert wait_listening(process, port) == ["127.0.0.1"]
+        assert addresses == ["127.0.0.1"]
         assert processes_with(marker) == [process.pid]
         process.send_signal(stop)
         wait_gone(process, marker)
@@ -122,10 +139,9 @@ def test_viewer_is_the_server_listens_locally_and_stops_whole(
 
 def test_address_opens_the_viewer_to_other_interfaces(dataset: Path) -> None:
     marker = f"viewer-{uuid.uuid4().hex}"
-    port = free_port()
-    process = start_viewer(dataset, port, marker, "--address", "0.0.0.0")
+    process, _, addresses = start_serving_viewer(dataset, marker, "--address", "0.0.0.0")
     try:
-        assert wait_listening(process, port) == ["0.0.0.0"]
+        assert addresses == ["0.0.0.0"]
         process.terminate()
         wait_gone(process, marker)
     finally:
@@ -157,10 +173,8 @@ def test_a_kept_alive_connection_gets_each_response_at_once(dataset: Path) -> No
     server's connections send at once, so none of them waits that long (the fastest of the
     later requests is far under 40 ms, even on busy cores)."""
     marker = f"viewer-{uuid.uuid4().hex}"
-    port = free_port()
-    process = start_viewer(dataset, port, marker)
+    process, port, _ = start_serving_viewer(dataset, marker)
     try:
-        wait_listening(process, port)
         seconds = keep_alive_fetch_seconds(port, "/favicon.png", 12)
     finally:
         process.terminate()

@@ -13,10 +13,11 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import IO
 
 import pytest
 import streamlit as st
@@ -373,49 +374,91 @@ def hub() -> Iterator[str]:
 
 
 def free_port() -> int:
-    """A TCP port nothing listens on right now."""
+    """A TCP port nothing listens on right now (another program may take it before it is used:
+    starting a server on it must be retried, see ``port_taken``)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
+class PortTaken(RuntimeError):
+    """A server exited because another program took its port first (a race, not a fault)."""
+
+
+def port_taken(output: str, port: int) -> bool:
+    """Whether a Streamlit server's output says its (set) port was taken: Streamlit logs
+    "Port N is not available" and exits when --server.port is in use."""
+    return f"Port {port} is not available" in output
+
+
 @contextmanager
 def serve_streamlit(
-    command: list[str], port: int, env: dict[str, str], *, start_timeout_s: float = 60
+    command_for: Callable[[int], list[str]],
+    env: dict[str, str],
+    *,
+    start_timeout_s: float = 60,
+    attempts: int = 3,
 ) -> Iterator[str]:
-    """Run ``command`` (a Streamlit server listening on ``port``) with ``env``; yield its URL
-    once healthy and stop it after. Its output goes to a file, read if it fails to start (a pipe
-    nobody reads would stall a chatty server)."""
+    """Run ``command_for(port)`` (a Streamlit server listening on ``port``, a free one) with
+    ``env``; yield its URL once healthy and stop it after. A port taken between its choice and
+    the server's bind is retried with another. Its output goes to a file, read if it fails to
+    start (a pipe nobody reads would stall a chatty server)."""
     with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
+        for attempt in range(1, attempts + 1):
+            port = free_port()
+            log.seek(0)
+            log.truncate()
+            process = subprocess.Popen(
+                command_for(port), env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+            url = f"http://127.0.0.1:{port}"
+            try:
+                _wait_healthy(process, url, log, port, start_timeout_s)
+                break
+            except PortTaken:
+                process.wait(timeout=30)
+                if attempt == attempts:
+                    raise
+            except BaseException:
+                process.kill()
+                process.wait(timeout=30)
+                raise
         try:
-            deadline = time.monotonic() + start_timeout_s
-            while True:
-                try:
-                    with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as answer:
-                        if answer.status == 200:
-                            break
-                except OSError:
-                    if process.poll() is not None or time.monotonic() > deadline:
-                        log.seek(0)
-                        output = log.read().decode(errors="replace")[-4000:]
-                        raise RuntimeError(f"streamlit did not start: {output}") from None
-                    time.sleep(0.2)
             yield url
         finally:
             process.terminate()
             process.wait(timeout=30)
 
 
+def _wait_healthy(
+    process: subprocess.Popen[bytes], url: str, log: IO[bytes], port: int, timeout_s: float
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                output = log.read().decode(errors="replace")[-4000:]
+                if process.poll() is not None and port_taken(output, port):
+                    raise PortTaken(output) from None
+                raise RuntimeError(f"streamlit did not start: {output}") from None
+            time.sleep(0.2)
+
+
 @contextmanager
 def serve_viewer(results: Path, hub: str, *, start_timeout_s: float = 60) -> Iterator[str]:
     """`streamlit run` of the viewer (the CLI's command line) on a free port, the Hub at
     ``hub``; yields its URL once healthy."""
-    port = free_port()
     env = {**os.environ, "MODEL_SUPPORT_HUB_ENDPOINT": hub}
-    command = viewer_command(str(results), port, headless=True)
-    with serve_streamlit(command, port, env, start_timeout_s=start_timeout_s) as url:
+    with serve_streamlit(
+        lambda port: viewer_command(str(results), port, headless=True),
+        env,
+        start_timeout_s=start_timeout_s,
+    ) as url:
         yield url
 
 
