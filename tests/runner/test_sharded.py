@@ -10,8 +10,9 @@ from pathlib import Path
 import pandas as pd
 import psutil
 import pytest
-from processes import processes_with
+from processes import environment_value, listening_addresses, processes_with
 from typer.testing import CliRunner
+from waiting import wait_until
 
 from model_support.checkpoints import DemoModel
 from model_support.cli import app
@@ -67,13 +68,20 @@ def test_expert_parallel_run_of_a_moe_passes(
     assert summary["parameters_per_core"] < summary["parameters"]  # experts split, the rest whole
 
 
-def test_a_fault_on_one_rank_only_fails_the_run(demo_models: dict[str, DemoModel]) -> None:
-    config = RunConfig(
+def _two_core_llama(demo_models: dict[str, DemoModel], fault: str, **settings: float) -> RunConfig:
+    """A tensor-parallel run of the tiny Llama on two cores, compiled by ``fault`` (one of
+    model_support.faults), with ``settings`` (e.g. worker_timeout_s) over the defaults."""
+    return RunConfig(
         model=str(demo_models["tiny-llama"].require_path()),
-        compile_backend="model_support.faults:noise_100pct",
+        compile_backend=f"model_support.faults:{fault}",
         cores=2,
         parallelism=Parallelism.TENSOR,
+        **settings,
     )
+
+
+def test_a_fault_on_one_rank_only_fails_the_run(demo_models: dict[str, DemoModel]) -> None:
+    config = _two_core_llama(demo_models, "noise_100pct")
     doc = run_local(
         config,
         timeout_s=600,
@@ -84,13 +92,7 @@ def test_a_fault_on_one_rank_only_fails_the_run(demo_models: dict[str, DemoModel
 
 
 def test_a_killed_worker_gives_error_not_a_hang(demo_models: dict[str, DemoModel]) -> None:
-    config = RunConfig(
-        model=str(demo_models["tiny-llama"].require_path()),
-        compile_backend="model_support.faults:kill_worker",
-        cores=2,
-        parallelism=Parallelism.TENSOR,
-        worker_timeout_s=300,
-    )
+    config = _two_core_llama(demo_models, "kill_worker", worker_timeout_s=300)
     start = time.monotonic()
     doc = run_local(config, timeout_s=600).document
     assert doc.result == Result.ERROR
@@ -104,13 +106,7 @@ def test_a_hung_worker_fails_the_run_within_its_bound_and_leaves_no_process(
     demo_models: dict[str, DemoModel],
 ) -> None:
     marker = f"hung-worker-{uuid.uuid4().hex}"
-    config = RunConfig(
-        model=str(demo_models["tiny-llama"].require_path()),
-        compile_backend="model_support.faults:hang_worker",
-        cores=2,
-        parallelism=Parallelism.TENSOR,
-        worker_timeout_s=25,
-    )
+    config = _two_core_llama(demo_models, "hang_worker", worker_timeout_s=25)
     start = time.monotonic()
     doc = run_local(config, timeout_s=600, env={"MODEL_SUPPORT_RUN_MARKER": marker}).document
     assert (doc.result, doc.error_class) == (Result.ERROR, ErrorClass.WORKER_CRASH)
@@ -119,12 +115,17 @@ def test_a_hung_worker_fails_the_run_within_its_bound_and_leaves_no_process(
     assert processes_with(marker) == []
 
 
-def _environment_value(pid: int, name: str) -> str | None:
-    for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-        key, _, value = entry.decode(errors="replace").partition("=")
-        if key == name:
-            return value
-    return None
+def _launcher_and_workers(marker: str) -> tuple[psutil.Process, list[psutil.Process]] | None:
+    """run.py's process of the run marked ``marker`` and its spawned workers, once both are up."""
+    try:
+        ours = [psutil.Process(pid) for pid in processes_with(marker)]
+        launchers = [p for p in ours if p.cmdline()[-1:] == ["run.py"]]
+        if not launchers:
+            return None
+        workers = [p for p in launchers[0].children() if "spawn_main" in " ".join(p.cmdline())]
+    except psutil.NoSuchProcess:  # one ended while we looked (a helper process): look again
+        return None
+    return (launchers[0], workers) if len(workers) == 2 else None
 
 
 def test_the_workers_meet_on_a_port_the_launcher_holds_from_before_they_start(
@@ -134,38 +135,18 @@ def test_the_workers_meet_on_a_port_the_launcher_holds_from_before_they_start(
     the launcher (run.py's own process) listens on it, not a worker that binds it later, after
     a gap in which a busy host once took it and the run ended in EADDRINUSE."""
     marker = f"rendezvous-{uuid.uuid4().hex}"
-    config = RunConfig(
-        model=str(demo_models["tiny-llama"].require_path()),
-        compile_backend="model_support.faults:hang_worker",
-        cores=2,
-        parallelism=Parallelism.TENSOR,
-        worker_timeout_s=60,
-    )
+    config = _two_core_llama(demo_models, "hang_worker", worker_timeout_s=60)
     run = BackgroundRun(config, timeout_s=600, env={"MODEL_SUPPORT_RUN_MARKER": marker})
     try:
-        deadline = time.monotonic() + 60
-        launcher = workers = None
-        while time.monotonic() < deadline:
-            ours = [psutil.Process(pid) for pid in processes_with(marker)]
-            launchers = [p for p in ours if p.cmdline()[-1:] == ["run.py"]]
-            if launchers:
-                launcher = launchers[0]
-                workers = [p for p in launcher.children() if "spawn_main" in " ".join(p.cmdline())]
-            if launcher and workers and len(workers) == 2:
-                break
-            time.sleep(0.5)
-        assert launcher is not None and workers is not None and len(workers) == 2, "no workers"
-        ports = {_environment_value(w.pid, "MASTER_PORT") for w in workers}
+        launcher, workers = wait_until(
+            lambda: _launcher_and_workers(marker), "run.py and its two workers", timeout=60
+        )
+        ports = {environment_value(w.pid, "MASTER_PORT") for w in workers}
         assert len(ports) == 1 and None not in ports
         port = int(ports.pop())
-        listening = {
-            c.laddr.port for c in launcher.net_connections(kind="tcp") if c.status == "LISTEN"
-        }
-        assert port in listening, (port, listening)
+        assert listening_addresses(launcher.pid, port), f"run.py does not listen on {port}"
         for worker in workers:
-            assert port not in {
-                c.laddr.port for c in worker.net_connections(kind="tcp") if c.status == "LISTEN"
-            }
+            assert listening_addresses(worker.pid, port) == []
     finally:
         run.cancel()
     assert processes_with(marker) == []

@@ -14,48 +14,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from processes import processes_with
+from processes import listening_addresses, processes_with
 from viewer_support import APP, PortTaken, free_port, port_taken
 from waiting import wait_until
 
 CLI = str(Path(sys.executable).with_name("model-support"))
-LISTEN = "0A"  # TCP state LISTEN in /proc/net/tcp
-
-
-def _socket_inodes(pid: int) -> set[str]:
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue  # closed while we looked
-        if target.startswith("socket:["):
-            inodes.add(target[len("socket:[") : -1])
-    return inodes
-
-
-def _address(hex_address: str) -> str:
-    """/proc/net/tcp's little-endian hex address as text (IPv4 dotted, IPv6 compressed)."""
-    import ipaddress
-
-    raw = bytes.fromhex(hex_address)
-    # Each 32-bit word is stored in host (little-endian) order.
-    swapped = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-    return str(ipaddress.ip_address(swapped))
-
-
-def listening(pid: int, port: int) -> list[str]:
-    """Addresses on which ``pid`` itself listens on TCP ``port``."""
-    inodes = _socket_inodes(pid)
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            local, state, inode = fields[1], fields[3], fields[9]
-            host, port_hex = local.split(":")
-            if state == LISTEN and int(port_hex, 16) == port and inode in inodes:
-                found.append(_address(host))
-    return found
 
 
 def start_viewer(results: Path, port: int, marker: str, *extra: str) -> subprocess.Popen[bytes]:
@@ -80,7 +43,7 @@ def wait_listening(process: subprocess.Popen[bytes], port: int) -> list[str]:
             if port_taken(output, port):
                 raise PortTaken(output)
             raise AssertionError(f"the viewer exited with {process.returncode}: {output}")
-        addresses = listening(process.pid, port)
+        addresses = listening_addresses(process.pid, port)
         if addresses:
             host = "127.0.0.1" if "0.0.0.0" in addresses else addresses[0]
             try:
