@@ -489,8 +489,8 @@ async def test_a_branch_is_recorded_at_its_commit_even_without_the_configmap(
     uid = test["metadata"]["uid"]
     commit = operator_hub.repos["Qwen/Qwen3-0.6B"].sha("main")
     cm_url = f"{CMS_URL}/{child_name('qwen', uid, 1)}"
-    cm = await h.get(cm_url)
-    assert cm is not None and read_config(cm["data"]["run.py"]).revision == commit
+    cm = await h.wait_for(lambda: h.get(cm_url), what="the ConfigMap (made after its Job)")
+    assert read_config(cm["data"]["run.py"]).revision == commit
     await h.delete(cm_url)
     pod = await h.start_pod(job)
     await h.run_pod(pod)
