@@ -7,11 +7,11 @@ The Hub is the local stand-in (tests/hubserver.py) reached through the real hugg
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
 from hubserver import HubServer, Repo
+from ports import unused_port
 from typer.testing import CliRunner
 
 from model_support.cli import app
@@ -24,12 +24,6 @@ def _doctor(*args: str) -> tuple[int, dict[str, dict]]:
     report = json.loads(result.stdout)
     assert report["ok"] == (result.exit_code == 0)
     return result.exit_code, {c["name"]: c for c in report["checks"]}
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]  # nothing listens once it is closed
 
 
 @pytest.fixture
@@ -72,7 +66,7 @@ def test_an_unwritable_store_and_an_unreachable_hub_fail_their_checks(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     (tmp_path / "a-file").write_text("not a folder")
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{unused_port()}")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     code, checks = _doctor("--results", str(tmp_path / "a-file" / "results"))
     assert code == 1

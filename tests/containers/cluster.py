@@ -4,7 +4,6 @@ and the operator as the rendered Helm chart's Deployment describes it."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +13,7 @@ import yaml
 from container_images import REPO, Images
 from k8s_harness import Harness
 from kubelet import Node, Pod
+from ports import unused_port
 
 from model_support.records import RunRecord
 from model_support.store import ResultsStore
@@ -53,12 +53,6 @@ class S3:
         return bucket
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class Cluster:
     """kmock, the Docker node stand-in, a results bucket, and the chart's operator on demand."""
@@ -91,8 +85,8 @@ class Cluster:
             "runnerImage": self.images.runner,
             "results": self.results,
             # Host network: ports of their own, so tests and workers never collide.
-            "liveness": {"port": free_port()},
-            "metrics": {"enabled": True, "port": free_port()},
+            "liveness": {"port": unused_port()},
+            "metrics": {"enabled": True, "port": unused_port()},
             **(values or {}),
         }
         rendered = helm_python.Chart.load(str(CHART)).render(

@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -14,14 +13,9 @@ from pathlib import Path
 
 import pytest
 from k8s_harness import JOBS_URL, Harness
+from ports import unused_port
 
 CLI = str(Path(sys.executable).with_name("model-support"))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -53,7 +47,7 @@ contexts: [{{name: kmock, context: {{cluster: kmock, user: tester}}}}]
 current-context: kmock
 """
     )
-    live_port, metrics_port = _free_port(), _free_port()
+    live_port, metrics_port = unused_port(), unused_port()
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     # Settings as the Helm chart passes them: one JSON object, camelCase keys.
     env["MODEL_SUPPORT_SETTINGS"] = json.dumps(

@@ -14,8 +14,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from ports import unused_port
 from processes import listening_addresses, processes_with
-from viewer_support import APP, PortTaken, free_port, port_taken
+from viewer_support import APP, PortTaken, port_taken
 from waiting import wait_until
 
 CLI = str(Path(sys.executable).with_name("model-support"))
@@ -62,7 +63,7 @@ def start_serving_viewer(
     """The viewer started on a free port and serving: its process, port and listening
     addresses. A port another program took before the viewer bound it is retried with another."""
     for attempt in range(1, attempts + 1):
-        port = free_port()
+        port = unused_port()
         process = start_viewer(results, port, marker, *extra)
         try:
             return process, port, wait_listening(process, port)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import struct
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from streamlit.testing.v1 import AppTest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared hubserver module
 import factories
 from hubserver import HubServer, Repo
+from ports import unused_port
 
 from model_support.cli.commands_viewer import viewer_command
 from model_support.config import RunConfig
@@ -373,14 +373,6 @@ def hub() -> Iterator[str]:
         yield server.url
 
 
-def free_port() -> int:
-    """A TCP port nothing listens on right now (another program may take it before it is used:
-    starting a server on it must be retried, see ``port_taken``)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class PortTaken(RuntimeError):
     """A server exited because another program took its port first (a race, not a fault)."""
 
@@ -405,7 +397,7 @@ def serve_streamlit(
     start (a pipe nobody reads would stall a chatty server)."""
     with tempfile.TemporaryFile() as log:
         for attempt in range(1, attempts + 1):
-            port = free_port()
+            port = unused_port()
             log.seek(0)
             log.truncate()
             process = subprocess.Popen(
@@ -465,7 +457,7 @@ def serve_viewer(results: Path, hub: str, *, start_timeout_s: float = 60) -> Ite
 @pytest.fixture
 def dead_hub() -> str:
     """An endpoint where nothing listens (connection refused at once)."""
-    return f"http://127.0.0.1:{free_port()}"
+    return f"http://127.0.0.1:{unused_port()}"
 
 
 def _parameter_count(model: str) -> int:
