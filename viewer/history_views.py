@@ -137,6 +137,22 @@ def prices() -> PriceTable:
     return table
 
 
+def read_ahead(results_uri: str) -> None:
+    """Read what a first visit to Regressions reads, its default comparison (the two newest
+    stacks' runs and their report at the default thresholds, every task), into the page's
+    caches: the server's first visitor of that view then waits no longer than later ones."""
+    fingerprint = _fingerprint(results_uri)
+    if fingerprint is None:
+        return
+    try:
+        older, newer = default_pair(_stacks(results_uri, fingerprint))
+    except StackNotFound:
+        return  # the view says so; nothing to read
+    table = _prices()  # a table that cannot be used is reported by the page, at its run
+    table = DEFAULT_PRICES if isinstance(table, PriceTableError) else table
+    _report(results_uri, fingerprint, older, newer, Thresholds(), table, None)
+
+
 def _no_history(ctx: HistoryContext) -> None:
     st.info(
         f"No history under {inline_code(ctx.results_uri)} yet: it is written with the matrix "
