@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from ports import unused_port
 from processes import listening_addresses, processes_with
-from viewer_support import APP, PortTaken, port_taken
+from viewer_support import APP
 from waiting import wait_until
 
 CLI = str(Path(sys.executable).with_name("model-support"))
@@ -41,8 +41,6 @@ def wait_listening(process: subprocess.Popen[bytes], port: int) -> list[str]:
     while time.monotonic() < deadline:
         if process.poll() is not None:
             output = process.stdout.read().decode() if process.stdout else ""
-            if port_taken(output, port):
-                raise PortTaken(output)
             raise AssertionError(f"the viewer exited with {process.returncode}: {output}")
         addresses = listening_addresses(process.pid, port)
         if addresses:
@@ -58,19 +56,13 @@ def wait_listening(process: subprocess.Popen[bytes], port: int) -> list[str]:
 
 
 def start_serving_viewer(
-    results: Path, marker: str, *extra: str, attempts: int = 3
+    results: Path, marker: str, *extra: str
 ) -> tuple[subprocess.Popen[bytes], int, list[str]]:
-    """The viewer started on a free port and serving: its process, port and listening
-    addresses. A port another program took before the viewer bound it is retried with another."""
-    for attempt in range(1, attempts + 1):
-        port = unused_port()
-        process = start_viewer(results, port, marker, *extra)
-        try:
-            return process, port, wait_listening(process, port)
-        except PortTaken:
-            if attempt == attempts:
-                raise
-    raise AssertionError(f"no port in {attempts} attempts")  # for type checkers: never reached
+    """The viewer started on a port no other program takes first (tests/ports.py) and serving:
+    its process, port and listening addresses."""
+    port = unused_port()
+    process = start_viewer(results, port, marker, *extra)
+    return process, port, wait_listening(process, port)
 
 
 def wait_gone(process: subprocess.Popen[bytes], marker: str) -> None:

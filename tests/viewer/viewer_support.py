@@ -373,48 +373,27 @@ def hub() -> Iterator[str]:
         yield server.url
 
 
-class PortTaken(RuntimeError):
-    """A server exited because another program took its port first (a race, not a fault)."""
-
-
-def port_taken(output: str, port: int) -> bool:
-    """Whether a Streamlit server's output says its (set) port was taken: Streamlit logs
-    "Port N is not available" and exits when --server.port is in use."""
-    return f"Port {port} is not available" in output
-
-
 @contextmanager
 def serve_streamlit(
     command_for: Callable[[int], list[str]],
     env: dict[str, str],
     *,
     start_timeout_s: float = 60,
-    attempts: int = 3,
 ) -> Iterator[str]:
-    """Run ``command_for(port)`` (a Streamlit server listening on ``port``, a free one) with
-    ``env``; yield its URL once healthy and stop it after. A port taken between its choice and
-    the server's bind is retried with another. Its output goes to a file, read if it fails to
-    start (a pipe nobody reads would stall a chatty server)."""
+    """Run ``command_for(port)`` (a Streamlit server listening on ``port``, one no other program
+    takes first: tests/ports.py) with ``env``; yield its URL once healthy and stop it after. Its
+    output goes to a file, read if it fails to start (a pipe nobody reads would stall a chatty
+    server)."""
+    port = unused_port()
+    url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:
-        for attempt in range(1, attempts + 1):
-            port = unused_port()
-            log.seek(0)
-            log.truncate()
-            process = subprocess.Popen(
-                command_for(port), env=env, stdout=log, stderr=subprocess.STDOUT
-            )
-            url = f"http://127.0.0.1:{port}"
-            try:
-                _wait_healthy(process, url, log, port, start_timeout_s)
-                break
-            except PortTaken:
-                process.wait(timeout=30)
-                if attempt == attempts:
-                    raise
-            except BaseException:
-                process.kill()
-                process.wait(timeout=30)
-                raise
+        process = subprocess.Popen(command_for(port), env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _wait_healthy(process, url, log, start_timeout_s)
+        except BaseException:
+            process.kill()
+            process.wait(timeout=30)
+            raise
         try:
             yield url
         finally:
@@ -423,7 +402,7 @@ def serve_streamlit(
 
 
 def _wait_healthy(
-    process: subprocess.Popen[bytes], url: str, log: IO[bytes], port: int, timeout_s: float
+    process: subprocess.Popen[bytes], url: str, log: IO[bytes], timeout_s: float
 ) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -435,8 +414,6 @@ def _wait_healthy(
             if process.poll() is not None or time.monotonic() > deadline:
                 log.seek(0)
                 output = log.read().decode(errors="replace")[-4000:]
-                if process.poll() is not None and port_taken(output, port):
-                    raise PortTaken(output) from None
                 raise RuntimeError(f"streamlit did not start: {output}") from None
             time.sleep(0.2)
 
