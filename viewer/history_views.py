@@ -125,15 +125,23 @@ def _prices() -> PriceTable | PriceTableError:
         return exc
 
 
+def _usable_prices() -> tuple[PriceTable, PriceTableError | None]:
+    """The price table to use ($MODEL_SUPPORT_PRICES over the default, else the default), and
+    why that file could not be used, if it could not."""
+    table = _prices()
+    if isinstance(table, PriceTableError):
+        return DEFAULT_PRICES, table
+    return table, None
+
+
 def prices() -> PriceTable:
     """The price table ($MODEL_SUPPORT_PRICES over the default); the default with a warning
     when that file cannot be used."""
-    table = _prices()
-    if isinstance(table, PriceTableError):
+    table, problem = _usable_prices()
+    if problem is not None:
         st.warning(
-            f"The price table could not be used, so costs use the default one: {literal(table)}"
+            f"The price table could not be used, so costs use the default one: {literal(problem)}"
         )
-        return DEFAULT_PRICES
     return table
 
 
@@ -148,8 +156,7 @@ def read_ahead(results_uri: str) -> None:
         older, newer = default_pair(_stacks(results_uri, fingerprint))
     except StackNotFound:
         return  # the view says so; nothing to read
-    table = _prices()  # a table that cannot be used is reported by the page, at its run
-    table = DEFAULT_PRICES if isinstance(table, PriceTableError) else table
+    table, _ = _usable_prices()  # a file that cannot be used is reported by the page's run
     _report(results_uri, fingerprint, older, newer, Thresholds(), table, None)
 
 
