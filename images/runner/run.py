@@ -24,6 +24,7 @@ Contents
 from __future__ import annotations
 
 import abc
+import collections
 import contextlib
 import dataclasses
 import datetime
@@ -34,7 +35,12 @@ import importlib.util
 import json
 import os
 import platform
+import re
+import shlex
+import shutil
 import sys
+import tempfile
+import threading
 import time
 import traceback
 from typing import Any
@@ -94,7 +100,8 @@ def main() -> int:
     """Run the test CONFIG describes and write its document; exit 0 when it has a verdict."""
     config = json.loads(CONFIG_JSON)
     sharded = int(config["cores"]) > 1 and torch is not None  # no worker can start without torch
-    doc = run_sharded(config) if sharded else execute(RunContext(config))
+    with CONSOLE.capturing():  # what the runtime writes to the console, for the error classes
+        doc = run_sharded(config) if sharded else execute(RunContext(config))
     write_result(doc, config["result_path"])
     return 0 if doc["result"] in ("PASS", "FAIL", "UNVERIFIED") else 1
 
@@ -176,17 +183,22 @@ def setup_stage(ctx: RunContext) -> Placement:
     doc["backend"] = backend.name
     doc["stack"] = collect_stack(backend)
     doc["stack"].update(backend.runtime_settings())
+    pinned = backend.pin_compile_settings()  # before anything compiles
+    doc["compilation"] = compile_policy(backend, pinned)
     device = backend.device(ctx.rank, ctx.world_size)
     compile_backend = resolve_compile_backend(config["compile_backend"], backend)
     doc["compile_backend"] = config["compile_backend"] or compile_backend
     distributed_config = distributed_setup(ctx, backend)
-    # After the process group: TorchNeuron starts the runtime there, on this rank's core.
+    # After the process group (TorchNeuron starts the runtime there, on this rank's core) and
+    # before any model: a runtime that cannot run one operation fails here, as infrastructure,
+    # never as the model's load error.
+    backend.start_runtime(device)
     doc["stack"]["device_name"] = backend.device_name(device)
     backend.reset_peaks(device)
     # torch, the backend and the process group live as long as this process: the collector
     # need not walk them again in every full collection (loading, compiling, freeing the model).
     gc.freeze()
-    return Placement(backend, device, compile_backend, distributed_config, runtime_before)
+    return Placement(backend, device, compile_backend, distributed_config, runtime_before, pinned)
 
 
 def load_stage(ctx: RunContext, placement: Placement) -> LoadedModel:
@@ -215,10 +227,12 @@ def load_stage(ctx: RunContext, placement: Placement) -> LoadedModel:
 
 @dataclasses.dataclass
 class CompileWatch:
-    """The compilation counters from before compiling, and the graphs compiled since."""
+    """The compilation counters from before compiling, the graphs compiled since, and what
+    did not run compiled."""
 
     before: CompileCounts
     ledger: GraphLedger
+    fallbacks: FallbackWatch
 
 
 def compile_stage(ctx: RunContext, placement: Placement, loaded: LoadedModel) -> CompileWatch:
@@ -232,14 +246,18 @@ def compile_stage(ctx: RunContext, placement: Placement, loaded: LoadedModel) ->
     scenario = scenario_for(config["task"])
     before = read_compile_counts(placement.backend)
     ledger = GraphLedger(placement.backend.cache_probe)
+    fallbacks = FallbackWatch()
     watch_recompiles()
     scenario.compile(loaded.model, ledger.wrap(placement.compile_backend))
     t0 = time.perf_counter()
-    with torch.no_grad(), eager_fallback_refused():
-        scenario.call(config, loaded)
+    try:
+        with torch.no_grad(), compiled_as_required(placement.backend, ledger, fallbacks):
+            scenario.call(config, loaded)
+    finally:
+        ctx.doc["compilation"]["fallback_ops"] = fallbacks.reports()
     placement.backend.synchronize()
     ctx.doc["timings"]["first_generate_s"] = time.perf_counter() - t0
-    return CompileWatch(before, ledger)
+    return CompileWatch(before, ledger, fallbacks)
 
 
 def generate_stage(
@@ -252,20 +270,35 @@ def generate_stage(
     scenario, backend = scenario_for(config["task"]), placement.backend
     clock = first_token_clock(backend) if scenario.generates else None
     compiled_before = len(compile_start.ledger.graphs)
-    with torch.no_grad(), eager_fallback_refused():
-        t0 = time.perf_counter()
-        out = scenario.call(config, loaded, clock)
-        backend.synchronize()
-        steady_s = time.perf_counter() - t0
+    fallbacks = compile_start.fallbacks
+    try:
+        with (
+            torch.no_grad(),
+            compiled_as_required(backend, compile_start.ledger, fallbacks),
+        ):
+            t0 = time.perf_counter()
+            out = scenario.call(config, loaded, clock)
+            backend.synchronize()
+            steady_s = time.perf_counter() - t0
+    finally:
+        doc["compilation"]["fallback_ops"] = fallbacks.reports()
     prefill_s = None if clock is None or clock.at is None else clock.at - t0
     record_timings(doc["timings"], config, steady_s, prefill_s)
+    pinned = placement.compile_settings
     doc["compilation"] = compilation_summary(
         compile_start.before,
         read_compile_counts(backend),
         compile_start.ledger.graphs,
         timed_call_graphs=len(compile_start.ledger.graphs) - compiled_before,
         recompiled=recompiles(),
+        policy={
+            **compile_policy(backend, pinned),
+            "fallback_ops": fallbacks.reports(),
+            "compiler_args": backend.compiler_arguments(pinned),
+        },
     )
+    if pinned.get("debug_dir_owned"):  # every graph is compiled: its artifacts have been read
+        shutil.rmtree(pinned["debug_dir_owned"], ignore_errors=True)
     peak, source = backend.peak_memory(placement.device)
     doc["memory"]["peak_device_memory_bytes"], doc["memory"]["device_memory_source"] = peak, source
     before = placement.runtime_memory_before  # None: not Neuron, sysfs is not read
@@ -1864,10 +1897,42 @@ class Backend:
     process_group = "gloo"  # the torch.distributed backend of a sharded run
     compile_backend = "inductor"  # torch.compile's backend unless the config names one
     device_is_host = True  # the device is this process: its name is known before setup
+    whole_graph = False  # a graph break is an error (the compiled forward must be one graph)
 
     def device(self, rank: int, world_size: int):
         """This rank's torch device."""
         return torch.device("cpu")
+
+    def start_runtime(self, device) -> float:
+        """Prove the device runs work before any model is loaded: a tensor onto it, one op,
+        synchronize. Returns the seconds it took; raises InfrastructureError (the device's
+        runtime, not the model, is at fault) when it fails or computes a wrong value."""
+        start = time.perf_counter()
+        try:
+            probe = torch.ones(4, dtype=torch.float32).to(device)
+            total = (probe * 2).sum()
+            self.synchronize()
+            value = float(total.cpu())
+        except Exception as exc:
+            raise InfrastructureError(
+                f"the {self.name} device {device} did not run a first operation "
+                f"({type(exc).__name__}: {exc}): its runtime did not start, before any model "
+                "was loaded"
+            ) from exc
+        if value != 8.0:
+            raise InfrastructureError(
+                f"the {self.name} device {device} computed {value} for sum(2 * ones(4)), not 8"
+            )
+        return time.perf_counter() - start
+
+    def pin_compile_settings(self) -> dict:
+        """Set what decides how the device compiler runs (before anything compiles) and
+        return what was set, for the compilation block."""
+        return {}
+
+    def compiler_arguments(self, pinned: dict) -> list[str]:
+        """The arguments the device compiler was called with, where the backend keeps them."""
+        return []
 
     def runtime_settings(self) -> dict:
         """Stack fields read at setup, once the backend is chosen (Neuron: the LNC)."""
@@ -1943,6 +2008,28 @@ class NeuronBackend(Backend):
     process_group = "neuron"
     compile_backend = "neuron"
     device_is_host = False
+    # TorchNeuron's torch.compile reference: fullgraph=True "raises an error if graph breaks
+    # occur, and is recommended for the Neuron path" (docs/trainium.md).
+    whole_graph = True
+
+    def pin_compile_settings(self):
+        inherited = os.environ.get(FALLBACK_EXECUTION_ENV)
+        os.environ[FALLBACK_EXECUTION_ENV] = "1"  # a failed compile raises, never runs eagerly
+        note = f"disabled: {FALLBACK_EXECUTION_ENV}=1, set by run.py"
+        if inherited not in (None, "1"):
+            note += f" (the environment had {inherited!r})"
+        debug_dir = os.environ.get(DEBUG_DIR_ENV)
+        owned = None
+        if not debug_dir:
+            owned = debug_dir = tempfile.mkdtemp(prefix="model-support-neuron-backend-")
+            os.environ[DEBUG_DIR_ENV] = debug_dir
+        # Kept so that the compiler's arguments can be read; the run removes its own folder.
+        os.environ[PRESERVE_ARTIFACTS_ENV] = "1"
+        return {"fallback_execution": note, "debug_dir": debug_dir, "debug_dir_owned": owned}
+
+    def compiler_arguments(self, pinned):
+        directory = pinned.get("debug_dir")
+        return compiler_arguments_in(directory) if directory else []
 
     def device(self, rank, world_size):
         return torch.device("neuron", rank) if world_size > 1 else torch.device("neuron")
@@ -2713,6 +2800,7 @@ class CompileCounts:
     fx_cache_misses: int
     neuron_graphs: int | None  # TorchNeuron: graphs compiled to NEFF (get_dynamo_metrics)
     neff_entries: int | None  # complete entries in the persistent NEFF cache
+    graph_break_reasons: dict[str, int] = dataclasses.field(default_factory=dict)  # dynamo's
 
 
 def count_neff_entries(directory: str) -> int:
@@ -2724,6 +2812,47 @@ def count_neff_entries(directory: str) -> int:
                 with contextlib.suppress(OSError):
                     count += os.path.getsize(os.path.join(root, name)) > 0
     return count
+
+
+FALLBACK_EXECUTION_ENV = "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"
+DEBUG_DIR_ENV = "TORCH_NEURONX_DEBUG_DIR"  # TorchNeuron's compilation artifacts
+PRESERVE_ARTIFACTS_ENV = "TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS"
+MAX_COMPILER_COMMANDS = 5
+_BINARY_ARTIFACTS = (".neff", ".pb", ".mlir", ".mlirbc", ".bc", ".bin", ".so", ".ntff", ".hlo")
+_PATH_LIKE = re.compile(r"[\\/]|\.(?:neff|pb|mlir|mlirbc|hlo|json|txt|log)$")
+
+
+def compiler_arguments_in(directory: str, limit_bytes: int = 256 * 1024) -> list[str]:
+    """The neuronx-cc command lines found in TorchNeuron's debug folder (its compilation
+    artifacts), paths left out, each distinct one once (at most MAX_COMPILER_COMMANDS).
+
+    Which artifact holds the command is not documented: every small text file is read for a
+    line that calls ``neuronx-cc`` (docs/trainium.md, "Compiled means the whole graph")."""
+    commands: dict[str, None] = {}
+    for root, _dirs, files in os.walk(directory):
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            if name.endswith(_BINARY_ARTIFACTS):
+                continue
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                if os.path.getsize(path) > limit_bytes:
+                    continue
+                with open(path, encoding="utf-8") as handle:
+                    text = handle.read()
+                for line in text.splitlines():
+                    if "neuronx-cc" not in line:
+                        continue
+                    try:
+                        words = shlex.split(line)
+                    except ValueError:
+                        words = line.split()
+                    words = [w.strip("[]',\"") for w in words]
+                    start = next((i for i, w in enumerate(words) if w.endswith("neuronx-cc")), 0)
+                    kept = ["neuronx-cc"] + [
+                        w for w in words[start + 1 :] if w and not _PATH_LIKE.search(w)
+                    ]
+                    commands[" ".join(kept)] = None
+    return list(commands)[:MAX_COMPILER_COMMANDS]
 
 
 def neff_cache_dir(environ: dict) -> str | None:
@@ -2760,12 +2889,14 @@ class GraphLedger:
 
     A process-wide count of new cache entries also counts what the eager ops around the graphs
     write (TorchNeuron caches those too), so cold and warm would not mean what they say.
-    ``probe`` is the backend's :meth:`Backend.cache_probe`.
+    ``probe`` is the backend's :meth:`Backend.cache_probe`. ``running`` is the index of the
+    compiled graph being called right now (None between graphs), for :class:`FallbackWatch`.
     """
 
     def __init__(self, probe) -> None:
         self.probe = probe
         self.graphs: list[GraphCompile] = []
+        self.running: int | None = None
 
     def wrap(self, compile_backend):
         """A torch.compile backend that compiles with ``compile_backend`` (a registered name or
@@ -2783,17 +2914,17 @@ class GraphLedger:
             first = [True]
 
             def call(*args):
-                if not first:
-                    return compiled(*args)
+                outer, self.running = self.running, record.index
                 try:
-                    return compiled(*args)
+                    if not first:
+                        return compiled(*args)
+                    try:
+                        return compiled(*args)
+                    finally:
+                        first.clear()
+                        self._note_first_call(record, start)
                 finally:
-                    first.clear()
-                    end = self.probe()
-                    if start is not None and end is not None:
-                        record.new_entries = end[0] - start[0]
-                        if start[1] is not None and end[1] is not None:
-                            record.hits = end[1] - start[1]
+                    self.running = outer
 
             # The calling convention dynamo reads from what a backend returns (boxed arguments).
             if getattr(compiled, "_boxed_call", False):
@@ -2802,13 +2933,40 @@ class GraphLedger:
 
         return compile_graph
 
+    def _note_first_call(self, record: GraphCompile, start) -> None:
+        """What the cache did from ``record``'s compile to the end of its first call."""
+        end = self.probe()
+        if start is not None and end is not None:
+            record.new_entries = end[0] - start[0]
+            if start[1] is not None and end[1] is not None:
+                record.hits = end[1] - start[1]
 
-class EagerFallback(RuntimeError):
+
+class NotCompiled(RuntimeError):
+    """Part of a compiled call did not, or would not, run compiled: an ERROR ``compile`` whose
+    reason (the vocabulary's CompileFailure, :attr:`reason`) says which part and why."""
+
+    reason = "compiler-error"
+
+
+class EagerFallback(NotCompiled):
     """torch.compile recompiled past Dynamo's recompile limit: Dynamo would run the rest of
-    the call eagerly, so the run would not measure the compiled stack (an ERROR ``compile``)."""
+    the call eagerly, so the run would not measure the compiled stack. In a decode this is a
+    recompile at every step (a guard on a value that changes per step, such as a static
+    sliding-window cache's length kept as a Python int)."""
+
+    reason = "recompiles-per-step"
+
+
+class CpuFallback(NotCompiled):
+    """TorchNeuron ran part of a compiled graph on the CPU (an operator it does not lower,
+    "runs on the CPU and the result is copied back"), or fell back to running a graph eagerly."""
+
+    reason = "cpu-fallback"
 
 
 MAX_RECOMPILE_REASONS = 3
+MAX_FALLBACK_REPORTS = 10
 
 
 def watch_recompiles() -> None:
@@ -2843,10 +3001,123 @@ def eager_fallback_refused():
         count, reasons = recompiles()
         raise EagerFallback(
             f"the compiled call recompiled {count} times and hit torch._dynamo's recompile_limit "
-            f"({torch._dynamo.config.recompile_limit}): Dynamo would run the rest eagerly, so "
-            "the run would not measure the compiled stack (each recompile is a device compile); "
-            f"reasons: {'; '.join(reasons) or 'not given'}"
+            f"({torch._dynamo.config.recompile_limit}): it recompiles at every step, so Dynamo "
+            "would run the rest eagerly and the run would not measure the compiled stack (each "
+            f"recompile is a device compile); Dynamo's guard: {'; '.join(reasons) or 'not given'}"
         ) from exc
+
+
+@dataclasses.dataclass(frozen=True)
+class Fallback:
+    """One report of work TorchNeuron did not run compiled on the device."""
+
+    message: str
+    graph: int | None  # the compiled graph running when it was reported; None: between graphs
+
+    def describe(self) -> str:
+        where = "between compiled graphs" if self.graph is None else f"compiled graph {self.graph}"
+        return f"{where}: {self.message}"
+
+
+class FallbackWatch:
+    """What TorchNeuron reported running on the CPU (or eagerly) while the compiled calls ran,
+    from its log records (logger ``torch_neuronx``) and Python warnings, each noted with the
+    compiled graph that was running (:class:`GraphLedger`'s ``running``).
+
+    TorchNeuron's operator table marks operators CPU_FALLBACK: "the named ATen operator runs
+    on the CPU and the result is copied back to the Neuron device"; with fallback execution
+    enabled a graph that fails on the device runs eagerly ("Falling back to original
+    GraphModule execution"). Either inside a compiled graph means that graph did not run
+    compiled (docs/trainium.md, "Compiled means the whole graph").
+    """
+
+    PATTERN = re.compile(r"fall(?:s|ing|en)?[ _-]?back", re.IGNORECASE)
+    WHERE = ("cpu", "eager", "graphmodule")
+
+    def __init__(self) -> None:
+        self.seen: list[Fallback] = []
+
+    def note(self, text: str, graph: int | None) -> None:
+        """Keep ``text`` when it reports a fallback to the CPU or to eager execution."""
+        first = (text.strip().splitlines() or [""])[0][:300]
+        lowered = first.lower()
+        if self.PATTERN.search(first) and any(word in lowered for word in self.WHERE):
+            self.seen.append(Fallback(first, graph))
+
+    @contextlib.contextmanager
+    def watching(self, ledger: GraphLedger):
+        import logging
+        import warnings
+
+        watch = self
+
+        class Handler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                watch.note(record.getMessage(), ledger.running)
+
+        handler = Handler()
+        logger = logging.getLogger("torch_neuronx")
+        logger.addHandler(handler)
+        with warnings.catch_warnings():
+            shown = warnings.showwarning
+
+            def show(message, category, filename, lineno, file=None, line=None):
+                watch.note(str(message), ledger.running)
+                shown(message, category, filename, lineno, file, line)
+
+            warnings.showwarning = show
+            try:
+                yield self
+            finally:
+                logger.removeHandler(handler)
+
+    def in_graphs(self) -> list[Fallback]:
+        return [f for f in self.seen if f.graph is not None]
+
+    def reports(self) -> list[str]:
+        """Each distinct report, in order (at most MAX_FALLBACK_REPORTS)."""
+        return list(dict.fromkeys(f.describe() for f in self.seen))[:MAX_FALLBACK_REPORTS]
+
+    def raise_for_graphs(self) -> None:
+        """A CpuFallback when anything inside a compiled graph did not run compiled."""
+        inside = list(dict.fromkeys(f.describe() for f in self.in_graphs()))
+        if inside:
+            raise CpuFallback(
+                f"{len(inside)} part(s) of the compiled graphs did not run compiled on the "
+                f"device (TorchNeuron fell back to the CPU or to eager execution): "
+                + "; ".join(inside[:MAX_FALLBACK_REPORTS])
+            )
+
+
+@contextlib.contextmanager
+def compiled_as_required(backend: Backend, ledger: GraphLedger, watch: FallbackWatch):
+    """Run the compiled calls under the backend's compile policy: never past Dynamo's recompile
+    limit (every backend); where the backend requires the whole graph (neuron, as TorchNeuron's
+    torch.compile reference recommends with fullgraph=True), a graph break is an error and so
+    is a fallback inside a compiled graph."""
+    import torch._dynamo
+
+    with (
+        eager_fallback_refused(),
+        torch._dynamo.error_on_graph_break(backend.whole_graph),
+        watch.watching(ledger),
+    ):
+        yield
+    if backend.whole_graph:
+        watch.raise_for_graphs()
+
+
+def compile_policy(backend: Backend | None, pinned: dict | None = None) -> dict:
+    """The compilation block's record of how the run compiles: whether a graph break is an
+    error (``whole_graph``), the fallback setting run.py pinned (``pinned``, from
+    :meth:`Backend.pin_compile_settings`); the fallbacks seen and the compiler's arguments are
+    filled in once the compiled calls ran."""
+    return {
+        "whole_graph": None if backend is None else backend.whole_graph,
+        "fallback_execution": (pinned or {}).get("fallback_execution"),
+        "fallback_ops": [],
+        "compiler_args": [],
+    }
 
 
 def read_compile_counts(backend: Backend) -> CompileCounts:
@@ -2861,6 +3132,7 @@ def read_compile_counts(backend: Backend) -> CompileCounts:
         fx_cache_misses=int(counters["inductor"]["fxgraph_cache_miss"]),
         neuron_graphs=neuron_graphs,
         neff_entries=neff_entries,
+        graph_break_reasons={str(k): int(v) for k, v in counters["graph_break"].items()},
     )
 
 
@@ -2870,6 +3142,7 @@ def compilation_summary(
     compiled_graphs: list[GraphCompile] | None = None,
     timed_call_graphs: int | None = None,
     recompiled: tuple[int, list[str]] | None = None,
+    policy: dict | None = None,
 ) -> dict:
     """What compiling took between two readings: graphs, breaks, and whether the cache served it.
 
@@ -2881,7 +3154,8 @@ def compilation_summary(
     from the cache (compile_s is then mostly loading), null where no cache was consulted.
     ``timed_call_graphs``: graphs compiled during the timed (second) call, 0 when the first
     call compiled everything. ``recompiled``: Dynamo's recompiles and their reasons
-    (:func:`recompiles`).
+    (:func:`recompiles`). ``policy``: what ran compiled and how (:func:`compile_policy`, with
+    the fallbacks seen and the compiler's arguments), copied in.
     """
     if after.neuron_graphs is not None and before.neuron_graphs is not None:
         graphs, source = (
@@ -2925,6 +3199,13 @@ def compilation_summary(
         "timed_call_graphs": timed_call_graphs,
         "recompiles": None if recompiled is None else recompiled[0],
         "recompile_reasons": [] if recompiled is None else list(recompiled[1]),
+        "graph_break_reasons": [
+            " ".join(reason.split())[:300]
+            for reason, count in after.graph_break_reasons.items()
+            if count > before.graph_break_reasons.get(reason, 0)
+        ][:MAX_RECOMPILE_REASONS],
+        **compile_policy(None),
+        **(policy or {}),
     }
 
 
@@ -4283,6 +4564,9 @@ ERROR_CLASSES = (
 )
 
 
+COMPILE_FAILURES = ("compiler-error", "graph-break", "cpu-fallback", "recompiles-per-step")
+
+
 RESULT_MARKER = "MODEL_SUPPORT_RESULT "
 PROGRESS_MARKER = "MODEL_SUPPORT_STAGE "
 SCHEMA_VERSION = 1
@@ -4304,12 +4588,15 @@ GENERATING_TASKS = (
 class StageFailure(Exception):
     """A stage failed; carries the classified error for the result document."""
 
-    def __init__(self, error_class: str, stage: str, message: str, tb: str) -> None:
+    def __init__(
+        self, error_class: str, stage: str, message: str, tb: str, reason: str | None = None
+    ) -> None:
         super().__init__(message)
         self.error_class = error_class
         self.stage = stage
         self.message = message
         self.tb = tb
+        self.reason = reason  # an ERROR compile's CompileFailure
 
 
 class InfrastructureError(RuntimeError):
@@ -4318,7 +4605,9 @@ class InfrastructureError(RuntimeError):
 
 # Neuron messages that decide an error's class regardless of the stage, lower case, each from a
 # public source cited in docs/trainium.md. Checked in this order: a hardware fault or a core held
-# by another process is the machine's problem even when its message mentions memory.
+# by another process is the machine's problem even when its message mentions memory. The runtime
+# and the driver write most of them to the console, not into the Python exception: they are
+# looked for in both (ConsoleTail below).
 NEURON_INFRASTRUCTURE_MESSAGES = (
     "neuroncore(s) not available",  # runtime: the cores are held by another process
     "uncorrectable memory error",  # runtime: hardware error of a NeuronCore
@@ -4333,6 +4622,25 @@ NEURON_INFRASTRUCTURE_MESSAGES = (
     "failed to allocate enough ncs",  # its text
     "attempted to have more than one device per process",  # TorchNeuron: >1 core per worker
     "ncc_earg001",  # compiler: LNC not supported by the target (node/compiler mismatch)
+    # The runtime could not start: no driver, or a driver older than the runtime needs.
+    "unable to determine neuron driver version",  # runtime at nrt_init: driver not installed
+    "this runtime requires neuron driver version",  # runtime at nrt_init: driver too old
+    "is not compatible with the installed aws-neuron",  # runtime/driver compatibility id
+    "nrt:nrt_init",  # any error the runtime logs while it initializes
+    "nrt_uninitialized",  # runtime status 13: called before the runtime started
+    # The image's compiler and runtime do not belong together.
+    "neff version mismatch",  # runtime: "NEFF version mismatch supported: 1.1 received: 2.0"
+    "nrt_unsupported_neff_version",  # runtime status 10
+    "unsupported hardware operator code",  # runtime older than the compiler that made the NEFF
+    # The device did not finish an execution: a hardware fault or a hung runtime.
+    "execution timeout (",  # TDRV: "[ND 1][NC 0] execution timeout (30000 ms) on model ..."
+    "inference timeout (",  # TDRV: "inference timeout (600000 ms) on Neuron Device 0 NC 0"
+    "fatal-rt-undefined-state",  # runtime: the execution unit is in an undefined state
+    "nrt_timeout",  # runtime status 5
+    "nrt_exec_sw_nq_overflow",  # runtime status 1204: dropped notifications (timed out)
+    # The image lacks the compiler: an image problem, not the model's compile error.
+    "neuronx-cc not found",
+    "no such file or directory: 'neuronx-cc'",
 )
 
 
@@ -4353,14 +4661,250 @@ NEURON_COMPILE_MESSAGES = (
     "ncc_e",  # every neuronx-cc error code (NCC_EXXXnnn)
     "neuronx-cc",  # e.g. "Failed compilation with ['neuronx-cc', 'compile', ...]"
 )
+CONSOLE_COMPILE_MESSAGES = ("ncc_e",)
+"""What of NEURON_COMPILE_MESSAGES counts in the console: an error code, never the compiler's
+name (its progress lines name it in every compile, failed or not)."""
 
 
-def classify(stage: str, exc: BaseException) -> str:
-    """Map an exception raised in a stage to an error class of the vocabulary."""
+# What to do about each kind of Neuron failure (docs/trainium.md gives the sources): the first
+# entry whose messages the error or the console carries names the fix.
+NEURON_FIXES = (
+    (
+        ("unable to determine neuron driver version",),
+        "install the Neuron driver on the host (aws-neuronx-dkms) and load it (modprobe neuron); "
+        "a container needs the host's driver, it cannot bring its own",
+    ),
+    (
+        (
+            "this runtime requires neuron driver version",
+            "is not compatible with the installed aws-neuron",
+        ),
+        "upgrade the host's driver (aws-neuronx-dkms) to at least the version the release of the "
+        "image's runtime ships (docs/neuron-releases.md), then reload it (no process may hold a "
+        "device: rmmod neuron && modprobe neuron), or run an image of an older Neuron SDK",
+    ),
+    (
+        (
+            "neff version mismatch",
+            "nrt_unsupported_neff_version",
+            "unsupported hardware operator code",
+        ),
+        "the compiler and the runtime in the image belong to different Neuron SDK releases: "
+        "build the image from one release's row of docs/neuron-releases.md, and do not reuse "
+        "NEFFs another compiler version wrote",
+    ),
+    (
+        (
+            "neuroncore(s) not available",
+            "nrt_exec_nc_busy",
+            "neuron core is locked",
+            "nrt_load_not_enough_nc",
+            "failed to allocate enough ncs",
+        ),
+        "another process holds these NeuronCores (neuron-ls shows its PID): stop it, or give "
+        "this run free cores (NEURON_RT_VISIBLE_CORES)",
+    ),
+    (
+        (
+            "execution timeout (",
+            "inference timeout (",
+            "fatal-rt-undefined-state",
+            "nrt_timeout",
+            "nrt_exec_sw_nq_overflow",
+        ),
+        "the device did not finish an execution: run again; if it recurs on this node, leave "
+        "NEURON_RT_RESET_CORES unset (the runtime resets the cores when it starts) or reboot "
+        "the instance; raise NEURON_RT_EXEC_TIMEOUT only for a step known to run longer",
+    ),
+    (
+        (
+            "uncorrectable memory error",
+            "uncorrectable hbm memory error",
+            "is in an abort state",
+            "neuron_hw_err=",
+            "nrt_exec_hw_err_",
+            "dma engine encountered an unrecoverable error",
+        ),
+        "a hardware error: take the node out of service and replace the instance",
+    ),
+    (
+        ("neuronx-cc not found", "no such file or directory: 'neuronx-cc'"),
+        "the image has no neuronx-cc on its PATH: build it from images/runner/torchneuron-base.Dockerfile "
+        "(which installs the release's neuronx-cc) or install that neuronx-cc in its Python",
+    ),
+    (
+        ("nrt:nrt_init", "nrt_uninitialized"),
+        "the Neuron runtime did not start: check the driver (lsmod | grep neuron), the devices "
+        "given to the container (/dev/neuron*) and neuron-ls",
+    ),
+)
+
+
+def fix_for(text: str) -> str | None:
+    """What to do about the Neuron failure ``text`` describes (None: no known one)."""
+    lowered = text.lower()
+    for messages, fix in NEURON_FIXES:
+        if any(message in lowered for message in messages):
+            return fix
+    return None
+
+
+# ---- what the runtime wrote: this process's own stderr, kept
+
+CONSOLE_TAIL_LINES = 400  # lines of this process's stderr kept
+RUNTIME_LOG_LINES = 20  # runtime lines quoted in an error message, the last ones
+# The log lines of the Neuron runtime, driver and compiler (their component prefixes, the
+# hardware-error line, compiler error codes); docs/trainium.md has an example of each.
+NEURON_LOG_LINE = re.compile(
+    r"\b(?:NRT|TDRV|NMGR|HAL|NCCL|ENC|NDS):|NEURON_HW_ERR=|\bNCC_E[A-Z]{3}\d{3}|neuron:mc_alloc"
+    r"|NEFF version mismatch|\bnrt_[a-z_]+\b"
+)
+
+
+class ConsoleTail:
+    """The last lines this process (and the workers it starts) wrote to file descriptor 2.
+
+    The Neuron runtime and driver write their failures there (nrt-troubleshoot: "fail with an
+    error message in console and syslog"), not into the Python exception, so a classification
+    of the exception alone reads "RuntimeError" where the console says which driver is missing.
+    While started, a pipe stands in front of fd 2: a thread copies everything to the original
+    stderr, unchanged, and keeps the last CONSOLE_TAIL_LINES lines.
+    """
+
+    _SYNC = b"\x1emodel-support-console-sync\x1e\n"
+
+    def __init__(self, keep: int = CONSOLE_TAIL_LINES) -> None:
+        self.lines: collections.deque[str] = collections.deque(maxlen=keep)
+        self.seen = 0  # lines ever kept: a mark() is a position in this count
+        self._partial = b""
+        self._carry = b""
+        self._synced = threading.Event()
+        self._lock = threading.Lock()
+        self._original: int | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._original is not None
+
+    def start(self) -> None:
+        """Put the pipe in front of fd 2 (nothing when already started)."""
+        if self.active:
+            return
+        sys.stderr.flush()
+        read_end, write_end = os.pipe()
+        self._original = os.dup(2)
+        os.dup2(write_end, 2)
+        os.close(write_end)
+        self._thread = threading.Thread(
+            target=self._copy, args=(read_end, self._original), name="console-tail", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Give fd 2 back to the original stderr, after copying everything written so far. The
+        thread goes on copying what workers still holding the pipe write, until they end."""
+        if not self.active:
+            return
+        self.sync()
+        assert self._original is not None
+        os.dup2(self._original, 2)
+        self._original = None
+
+    def _copy(self, read_end: int, original: int) -> None:
+        while True:
+            try:
+                chunk = os.read(read_end, 65536)
+            except OSError:
+                return
+            if not chunk:
+                os.close(read_end)
+                return
+            data = self._carry + chunk
+            self._carry = b""
+            if self._SYNC in data:
+                data = data.replace(self._SYNC, b"")
+                self._synced.set()
+            # A sync marker cut in two by the read: hold its beginning back for the next one.
+            for keep in range(min(len(self._SYNC) - 1, len(data)), 0, -1):
+                if self._SYNC.startswith(data[-keep:]):
+                    data, self._carry = data[:-keep], data[-keep:]
+                    break
+            with contextlib.suppress(OSError):
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(original, view) :]
+            self._keep(data)
+
+    def _keep(self, data: bytes) -> None:
+        *complete, self._partial = (self._partial + data).split(b"\n")
+        with self._lock:
+            for line in complete:
+                self.lines.append(line.decode("utf-8", "replace").rstrip("\r"))
+                self.seen += 1
+
+    def sync(self, timeout_s: float = 2.0) -> None:
+        """Wait until everything written to fd 2 so far has been read (bounded)."""
+        if not self.active:
+            return
+        sys.stderr.flush()
+        self._synced.clear()
+        with contextlib.suppress(OSError):
+            os.write(2, self._SYNC)
+        self._synced.wait(timeout_s)
+
+    def mark(self) -> int:
+        """A position: lines_since(mark) is what was written after it."""
+        self.sync()
+        with self._lock:
+            return self.seen
+
+    def lines_since(self, mark: int) -> list[str]:
+        """The kept lines written after ``mark`` (at most the last CONSOLE_TAIL_LINES)."""
+        self.sync()
+        with self._lock:
+            new = self.seen - mark
+            return list(self.lines)[-new:] if new > 0 else []
+
+    @contextlib.contextmanager
+    def capturing(self):
+        """start() ... stop()."""
+        self.start()
+        try:
+            yield self
+        finally:
+            self.stop()
+
+
+CONSOLE = ConsoleTail()
+"""This process's console tail: started by main() and by every sharded worker."""
+
+
+def runtime_lines(lines: list[str]) -> list[str]:
+    """The lines of ``lines`` the Neuron runtime, driver or compiler wrote, or that carry a
+    message the error tables know (last RUNTIME_LOG_LINES)."""
+    known = (
+        NEURON_INFRASTRUCTURE_MESSAGES + NEURON_OUT_OF_MEMORY_MESSAGES + CONSOLE_COMPILE_MESSAGES
+    )
+    picked = [
+        line.strip()
+        for line in lines
+        if line.strip() and (NEURON_LOG_LINE.search(line) or any(m in line.lower() for m in known))
+    ]
+    return picked[-RUNTIME_LOG_LINES:]
+
+
+def classify(stage: str, exc: BaseException, console: list[str] | None = None) -> str:
+    """Map an exception raised in a stage to an error class of the vocabulary.
+
+    ``console``: what the runtime wrote to the console during the stage (runtime_lines); the
+    Neuron message tables are matched against it as well as the exception."""
     text = f"{type(exc).__name__}: {exc}"
     lowered = text.lower()
+    written = "\n".join(console or []).lower()
+    both = f"{lowered}\n{written}"
     if isinstance(exc, InfrastructureError) or any(
-        message in lowered for message in NEURON_INFRASTRUCTURE_MESSAGES
+        message in both for message in NEURON_INFRASTRUCTURE_MESSAGES
     ):
         return "infrastructure"
     if (
@@ -4368,7 +4912,7 @@ def classify(stage: str, exc: BaseException) -> str:
         or "out of memory" in lowered
         or "outofmemory" in lowered
         or "resource_exhausted" in lowered
-        or any(message in lowered for message in NEURON_OUT_OF_MEMORY_MESSAGES)
+        or any(message in both for message in NEURON_OUT_OF_MEMORY_MESSAGES)
     ):
         return "out-of-memory"
     if stage == "load":
@@ -4384,18 +4928,33 @@ def classify(stage: str, exc: BaseException) -> str:
     if stage in ("compile", "generate"):
         module = type(exc).__module__ or ""
         if (
-            isinstance(exc, EagerFallback)
+            isinstance(exc, NotCompiled)
             or module.startswith(
                 ("torch._dynamo", "torch._inductor", "torch.fx", "torch._subclasses")
             )
             or "backend compiler failed" in lowered
             or any(message in lowered for message in NEURON_COMPILE_MESSAGES)
+            or any(message in written for message in CONSOLE_COMPILE_MESSAGES)
         ):
             return "compile"
         return "runtime"
     if stage == "verify":
         return "verification"
     return "runtime"
+
+
+def compile_failure_reason(exc: BaseException) -> str:
+    """Why an ERROR ``compile`` happened (the vocabulary's CompileFailure): the model's graph
+    would not run compiled as a whole (a graph break, a CPU fallback inside a compiled graph,
+    a recompile at every decode step), or the compile stack itself failed."""
+    if isinstance(exc, NotCompiled):
+        return exc.reason
+    if torch is not None:
+        from torch._dynamo.exc import Unsupported
+
+        if isinstance(exc, Unsupported):  # raised only where a graph break is an error
+            return "graph-break"
+    return "compiler-error"
 
 
 def emit_progress(
@@ -4408,11 +4967,13 @@ def emit_progress(
 
 @contextlib.contextmanager
 def stage(name: str, ctx: RunContext):
-    """Time a stage, report progress (rank 0), and classify any exception raised in it."""
+    """Time a stage, report progress (rank 0), and classify any exception raised in it, with
+    what the runtime wrote to the console meanwhile (quoted in the error)."""
     ctx.stage = name
     if ctx.rank == 0:
         emit_progress(name, "start")
     start = time.perf_counter()
+    mark = CONSOLE.mark()
     try:
         yield
     except StageFailure:
@@ -4424,9 +4985,16 @@ def stage(name: str, ctx: RunContext):
         if ctx.rank == 0:
             emit_progress(name, "failed", seconds, f"{type(exc).__name__}: {exc}"[:500])
         tb = "".join(traceback.format_exception(exc)).splitlines()[-TRACEBACK_LINES:]
-        raise StageFailure(
-            classify(name, exc), name, f"{type(exc).__name__}: {exc}", "\n".join(tb)
-        ) from exc
+        console = runtime_lines(CONSOLE.lines_since(mark))
+        error_class = classify(name, exc, console)
+        message = f"{type(exc).__name__}: {exc}"
+        if console:
+            message += "\nthe Neuron runtime wrote:\n" + "\n".join(console)
+        fix = fix_for(message) if error_class in ("infrastructure", "out-of-memory") else None
+        if fix:
+            message += f"\nfix: {fix}"
+        reason = compile_failure_reason(exc) if error_class == "compile" else None
+        raise StageFailure(error_class, name, message, "\n".join(tb), reason) from exc
     if ctx.rank == 0:
         emit_progress(name, "done", time.perf_counter() - start)
 
@@ -4465,6 +5033,7 @@ class Placement:
     compile_backend: Any  # a registered torch.compile backend name or a callable
     distributed_config: Any  # transformers DistributedConfig, None on one core
     runtime_memory_before: dict[str, int] | None = None  # sysfs device_mem before the runtime
+    compile_settings: dict = dataclasses.field(default_factory=dict)  # pin_compile_settings()
 
 
 @dataclasses.dataclass
@@ -4527,6 +5096,7 @@ def new_document(config: dict) -> dict:
         "parameters_per_core": None,
         "result": "ERROR",
         "error_class": None,
+        "error_reason": None,
         "error": None,
         "traceback": None,
         "stage": None,
@@ -4556,6 +5126,7 @@ def execute(ctx: RunContext) -> dict:
     except StageFailure as failure:
         doc["result"] = "ERROR"
         doc["error_class"] = failure.error_class
+        doc["error_reason"] = failure.reason
         doc["error"] = failure.message
         doc["traceback"] = failure.tb
     doc["stage"] = ctx.stage
@@ -4588,6 +5159,7 @@ def worker_main(rank: int, world_size: int, config: dict, queue) -> None:
         WORLD_SIZE=str(world_size),
         LOCAL_WORLD_SIZE=str(world_size),
     )
+    CONSOLE.start()  # this worker's own console, for its error classes
     ctx = RunContext(config, rank=rank, world_size=world_size)
     ctx.results = queue
     doc = execute(ctx)

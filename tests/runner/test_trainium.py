@@ -495,8 +495,15 @@ def _counts(**kwargs: Any) -> Any:
 
 
 def test_a_cold_inductor_compile() -> None:
+    earlier = {"Unsupported: print": 1}  # a break of an earlier call: not this run's
     summary = runner.compilation_summary(
-        _counts(graphs=5, graph_breaks=1), _counts(graphs=7, graph_breaks=2, fx_cache_misses=2)
+        _counts(graphs=5, graph_breaks=1, graph_break_reasons=earlier),
+        _counts(
+            graphs=7,
+            graph_breaks=2,
+            fx_cache_misses=2,
+            graph_break_reasons={**earlier, "Unsupported:  data-dependent\n branch": 1},
+        ),
     )
     assert summary == {
         "graphs": 2,
@@ -511,6 +518,11 @@ def test_a_cold_inductor_compile() -> None:
         "timed_call_graphs": None,
         "recompiles": None,
         "recompile_reasons": [],
+        "graph_break_reasons": ["Unsupported: data-dependent branch"],  # this run's, one line
+        "whole_graph": None,
+        "fallback_execution": None,
+        "fallback_ops": [],
+        "compiler_args": [],
     }
 
 
