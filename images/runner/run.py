@@ -4822,9 +4822,8 @@ class ConsoleTail:
                 return
             data = self._carry + chunk
             self._carry = b""
-            if self._SYNC in data:
-                data = data.replace(self._SYNC, b"")
-                self._synced.set()
+            synced = self._SYNC in data
+            data = data.replace(self._SYNC, b"")
             # A sync marker cut in two by the read: hold its beginning back for the next one.
             for keep in range(min(len(self._SYNC) - 1, len(data)), 0, -1):
                 if self._SYNC.startswith(data[-keep:]):
@@ -4835,6 +4834,8 @@ class ConsoleTail:
                 while view:
                     view = view[os.write(original, view) :]
             self._keep(data)
+            if synced:  # only now is everything before the marker kept
+                self._synced.set()
 
     def _keep(self, data: bytes) -> None:
         *complete, self._partial = (self._partial + data).split(b"\n")
