@@ -2384,11 +2384,22 @@ TORCHNEURON_MIN_VERSION = (2, 13)  # torch-neuronx 2.13 and later is TorchNeuron
 
 @dataclasses.dataclass(frozen=True)
 class PreflightCheck:
-    """One preflight check: its name, whether the node passes it, and what was found or what to do."""
+    """One preflight check: its name, whether the node passes it, what was found, and (for a
+    failure) what to do. ``applicable`` False: the check has nothing to check here (no Neuron
+    device on this machine), which is neither a pass nor a failure."""
 
     name: str
     ok: bool
     detail: str
+    fix: str | None = None
+    applicable: bool = True
+
+    @property
+    def status(self) -> str:
+        """ok, FAILED or n/a."""
+        if not self.applicable:
+            return "n/a"
+        return "ok" if self.ok else "FAILED"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -2402,6 +2413,7 @@ class NodeFacts:
     lnc_file_text: str | None
     instance: str | None
     cache_dir_problem: str | None  # why TorchNeuron's NEFF cache folder cannot be written
+    torch_requirement: str | None = None  # torch-neuronx's own requirement on torch
 
 
 def check_device_files(device_files: dict[str, str | None], uid: int) -> PreflightCheck:
@@ -2412,8 +2424,9 @@ def check_device_files(device_files: dict[str, str | None], uid: int) -> Preflig
             name,
             False,
             f"no {NEURON_DEVICE_DIR}/neuron* device: this is not a Neuron instance, or the "
-            "container was given none (request aws.amazon.com/neuroncore or a DRA claim, or "
-            "docker run --device=/dev/neuron0)",
+            "container was given none",
+            fix="run on a trn2/trn3 instance; give the container its devices (request "
+            "aws.amazon.com/neuroncore or a DRA claim, or docker run --device=/dev/neuron0)",
         )
     refused = {path: why for path, why in sorted(device_files.items()) if why is not None}
     if refused:
@@ -2423,6 +2436,8 @@ def check_device_files(device_files: dict[str, str | None], uid: int) -> Preflig
             False,
             f"{path} cannot be used by uid {uid}: {why} ({len(refused)} of {len(device_files)} "
             "devices); the runtime opens it read-write",
+            fix="give the runner's user the devices' group (chart value "
+            "runner.supplementalGroups) or the devices to the container",
         )
     return PreflightCheck(name, True, ", ".join(sorted(device_files)))
 
@@ -2437,18 +2452,28 @@ def version_tuple(version: str | None) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def check_versions(versions: dict[str, str | None], driver_version: str | None) -> PreflightCheck:
-    """TorchNeuron (torch-neuronx 2.13 or later) and neuronx-cc are installed; reports the driver."""
+def check_versions(
+    versions: dict[str, str | None],
+    driver_version: str | None,
+    torch_requirement: str | None = None,
+) -> PreflightCheck:
+    """TorchNeuron (torch-neuronx 2.13 or later) and neuronx-cc are installed, and torch is the
+    one torch-neuronx requires (each torch-neuronx family is built for one PyTorch: "install
+    torch-neuronx==2.14.* with PyTorch 2.14", TorchNeuron release notes); reports the driver."""
     name = "versions"
     found = ", ".join(f"{dist} {versions.get(dist) or 'missing'}" for dist in sorted(versions))
     found += f", neuron driver {driver_version or 'unknown'}"
     neuronx = versions.get("torch-neuronx")
+    image = (
+        "run in the model-support runner image (images/runner/torchneuron-base.Dockerfile pins "
+        "one Neuron SDK release's packages, docs/neuron-releases.md)"
+    )
     if neuronx is None or versions.get("neuronx-cc") is None:
         return PreflightCheck(
             name,
             False,
-            f"{found}: torch-neuronx and neuronx-cc must both be installed (run in the "
-            f"model-support runner image built on {TORCHNEURON_BASE_IMAGE})",
+            f"{found}: torch-neuronx and neuronx-cc must both be installed",
+            fix=image,
         )
     if version_tuple(neuronx)[:2] < TORCHNEURON_MIN_VERSION:
         return PreflightCheck(
@@ -2456,8 +2481,38 @@ def check_versions(versions: dict[str, str | None], driver_version: str | None) 
             False,
             f"{found}: torch-neuronx {neuronx} is the PyTorch/XLA library, not TorchNeuron "
             "(2.13 and later)",
+            fix=image,
+        )
+    problem = requirement_problem(torch_requirement, versions.get("torch"))
+    if problem:
+        return PreflightCheck(
+            name,
+            False,
+            f"{found}: torch-neuronx {neuronx} requires {torch_requirement}, {problem}",
+            fix=f"install the torch torch-neuronx {neuronx} was built for ({torch_requirement}, "
+            "from https://download.pytorch.org/whl/cpu), or the torch-neuronx family of the "
+            f"installed torch; {image}",
         )
     return PreflightCheck(name, True, found)
+
+
+def requirement_problem(requirement: str | None, installed: str | None) -> str | None:
+    """Why ``installed`` does not satisfy the PEP 508 ``requirement`` (None when it does, or
+    when there is no requirement to check). packaging, where importable, decides."""
+    if not requirement:
+        return None
+    if installed is None:
+        return "and torch is not installed"
+    try:
+        from packaging.requirements import Requirement
+        from packaging.version import Version
+    except ImportError:
+        return None  # nothing to judge with: the runtime will say
+    specifier = Requirement(requirement).specifier
+    public = Version(installed.split("+", 1)[0])
+    if specifier.contains(public, prereleases=True):
+        return None
+    return f"but torch {installed} is installed"
 
 
 def check_torchneuron(
@@ -2468,16 +2523,25 @@ def check_torchneuron(
 ) -> PreflightCheck:
     """torch_neuronx imports and registers torch.neuron and the "neuron" compile backend."""
     name = "TorchNeuron"
+    fix = (
+        "run in the model-support runner image (torch-neuronx 2.13 or later, with the torch "
+        "it requires)"
+    )
     if import_error is not None:
-        return PreflightCheck(name, False, f"torch_neuronx failed to import: {import_error}")
+        return PreflightCheck(
+            name, False, f"torch_neuronx failed to import: {import_error}", fix=fix
+        )
     problem = native_neuron_problem(has_device_module, compile_backends, version)
     if problem:
-        return PreflightCheck(name, False, problem)
+        return PreflightCheck(name, False, problem, fix=fix)
     return PreflightCheck(name, True, 'torch.neuron and the "neuron" compile backend registered')
 
 
 def check_cores_and_lnc(
-    environ: dict[str, str], lnc_file_text: str | None, instance: str | None
+    environ: dict[str, str],
+    lnc_file_text: str | None,
+    instance: str | None,
+    device_indices: list[int] | None = None,
 ) -> PreflightCheck:
     """The cores the runtime will be given and the LNC it will use, as run.py reads them."""
     name = "cores and LNC"
@@ -2486,21 +2550,76 @@ def check_cores_and_lnc(
         spec = (environ.get("NEURON_RT_VISIBLE_CORES") or "").strip()
         cores = parse_visible_cores(spec) if spec else None
     except InfrastructureError as exc:
-        return PreflightCheck(name, False, str(exc))
+        return PreflightCheck(
+            name,
+            False,
+            str(exc),
+            fix="set NEURON_LOGICAL_NC_CONFIG to 1 or 2 and NEURON_RT_VISIBLE_CORES to cores "
+            "such as 0-3",
+        )
     if lnc is None:
         return PreflightCheck(
             name,
             False,
             f"the logical NeuronCore size is unknown: no NEURON_LOGICAL_NC_CONFIG, no "
-            f"{LNC_CONFIG_FILE} and no known instance type ({instance or 'none found'}); set "
-            "NEURON_LOGICAL_NC_CONFIG or MODEL_SUPPORT_INSTANCE_TYPE",
+            f"{LNC_CONFIG_FILE} and no known instance type ({instance or 'none found'})",
+            fix="set NEURON_LOGICAL_NC_CONFIG (the node's LNC) or MODEL_SUPPORT_INSTANCE_TYPE",
         )
-    visible = (
-        f"NEURON_RT_VISIBLE_CORES={spec} ({len(cores)} cores)"
-        if cores is not None
-        else "NEURON_RT_VISIBLE_CORES unset (any free core; a sharded run takes cores 0..n-1)"
-    )
+    if cores is not None:
+        visible = f"NEURON_RT_VISIBLE_CORES={spec} ({len(cores)} cores)"
+    else:
+        # What run.py does (neuron_core_env): one core asks for any free one; a sharded run
+        # takes the cores of the devices this process sees, device N holding cores N*c ..
+        devices = NeuronDevices(
+            tuple(device_indices or ()),
+            (PHYSICAL_CORES_PER_DEVICE.get((instance or "").split(".")[0]) or 0) // lnc or None,
+            instance,
+        )
+        held = (
+            f"the cores of its devices ({format_cores(devices.cores())})"
+            if devices.indices and devices.cores_per_device
+            else "the cores of its devices (none known here: it would stop as infrastructure)"
+        )
+        visible = (
+            "NEURON_RT_VISIBLE_CORES unset: one core takes any free core; a sharded run takes "
+            + held
+        )
     return PreflightCheck(name, True, f"{visible}; LNC {lnc} ({source})")
+
+
+def format_cores(cores: list[int]) -> str:
+    """Core indices as NEURON_RT_VISIBLE_CORES writes them: ``0-3,8-11``."""
+    parts: list[str] = []
+    for core in cores:
+        if parts and "-" not in parts[-1] and int(parts[-1]) == core - 1:
+            parts[-1] = f"{parts[-1]}-{core}"
+        elif parts and "-" in parts[-1] and int(parts[-1].split("-")[1]) == core - 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{core}"
+        else:
+            parts.append(str(core))
+    return ",".join(parts) or "none"
+
+
+def check_fallback_setting(environ: dict[str, str]) -> PreflightCheck:
+    """TorchNeuron's fallback execution is off: a graph that fails to compile raises rather than
+    running eagerly (TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION, default 1). run.py pins it for its
+    own runs; set to 0 here it would silently change anything else run on this node."""
+    name = "fallback setting"
+    value = environ.get(FALLBACK_EXECUTION_ENV)
+    if value is not None and value.strip().lower() in ("0", "false", "no", "off"):
+        return PreflightCheck(
+            name,
+            False,
+            f"{FALLBACK_EXECUTION_ENV}={value}: a graph that fails to compile runs eagerly "
+            "instead of failing (run.py sets it to 1 for its own runs)",
+            fix=f"unset {FALLBACK_EXECUTION_ENV} (its default, 1, is what model-support runs with)",
+        )
+    shown = (
+        f"{FALLBACK_EXECUTION_ENV}={value}"
+        if value is not None
+        else f"{FALLBACK_EXECUTION_ENV} unset"
+    )
+    return PreflightCheck(name, True, f"{shown}: a failed compile raises (run.py pins 1)")
 
 
 def check_compile_cache_dir(environ: dict[str, str], problem: str | None) -> PreflightCheck:
@@ -2512,16 +2631,26 @@ def check_compile_cache_dir(environ: dict[str, str], problem: str | None) -> Pre
             name, True, "TORCH_NEURONX_NEFF_DISABLE_CACHE is set: every run compiles cold"
         )
     if problem is not None:
-        return PreflightCheck(name, False, f"{directory}: {problem}")
+        return PreflightCheck(
+            name,
+            False,
+            f"{directory}: {problem}",
+            fix="point TORCH_NEURONX_NEFF_CACHE_DIR at a folder this user can write",
+        )
     return PreflightCheck(name, True, f"{directory} (TORCH_NEURONX_NEFF_CACHE_DIR) is writable")
 
 
 def node_checks(facts: NodeFacts, uid: int) -> list[PreflightCheck]:
     """The preflight checks of the node itself, in the order a person would fix them."""
+    indices = sorted(
+        int(path.rsplit("neuron", 1)[1])
+        for path in facts.device_files
+        if path.rsplit("neuron", 1)[-1].isdigit()
+    )
     return [
         check_device_files(facts.device_files, uid),
-        check_versions(facts.versions, facts.driver_version),
-        check_cores_and_lnc(facts.environ, facts.lnc_file_text, facts.instance),
+        check_versions(facts.versions, facts.driver_version, facts.torch_requirement),
+        check_cores_and_lnc(facts.environ, facts.lnc_file_text, facts.instance, indices),
         check_compile_cache_dir(facts.environ, facts.cache_dir_problem),
     ]
 
@@ -2583,11 +2712,49 @@ def node_facts() -> NodeFacts:
         device_files=devices,
         versions={dist: package_version(dist) for dist in ("torch", "torch-neuronx", "neuronx-cc")},
         driver_version=driver,
+        torch_requirement=requirement_on("torch-neuronx", "torch"),
         environ=environ,
         lnc_file_text=lnc_text,
         instance=instance_type(),
         cache_dir_problem=writable_dir_problem(cache_dir) if cache_dir else None,
     )
+
+
+def requirement_on(distribution: str, required: str) -> str | None:
+    """``distribution``'s own requirement on ``required`` (e.g. ``torch==2.14.*``) from its
+    installed metadata; None when either is not installed or it has none."""
+    try:
+        requirements = importlib.metadata.requires(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for requirement in requirements:
+        text = requirement.split(";", 1)[0].strip()
+        match = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)", text)
+        if match and match.group(1).lower().replace("_", "-") == required:
+            return text
+    return None
+
+
+SMOKE_MARKER = "MODEL_SUPPORT_SMOKE "
+
+
+def smoke_main(requested: str = "neuron") -> int:
+    """The device smoke test of ``model-support doctor``, in a process of its own (the runtime
+    may hang or abort it): the backend, a tensor onto its first device, one op, synchronize.
+    Prints one marked JSON line: ok, the device, the seconds, or the error (its class and fix)."""
+    report: dict[str, Any] = {"ok": False, "backend": requested, "device": None}
+    try:
+        if torch is None:
+            raise InfrastructureError(TORCH_UNAVAILABLE)
+        backend = select_backend(requested)
+        device = backend.device(0, 1)
+        report.update(device=str(device), seconds=backend.start_runtime(device), ok=True)
+        report["device_name"] = backend.device_name(device)
+    except Exception as exc:
+        text = f"{type(exc).__name__}: {exc}"
+        report.update(error=text, error_class=classify("setup", exc), fix=fix_for(text))
+    print(SMOKE_MARKER + json.dumps(report), flush=True)
+    return 0 if report["ok"] else 1
 
 
 def preflight_failure(checks: list[PreflightCheck]) -> InfrastructureError | None:
@@ -2597,8 +2764,9 @@ def preflight_failure(checks: list[PreflightCheck]) -> InfrastructureError | Non
         return None
     first = failed[0]
     others = f" (and {len(failed) - 1} more: run `model-support doctor`)" if len(failed) > 1 else ""
+    fix = f"; fix: {first.fix}" if first.fix else ""
     return InfrastructureError(
-        f"node preflight check '{first.name}' failed: {first.detail}{others}"
+        f"node preflight check '{first.name}' failed: {first.detail}{fix}{others}"
     )
 
 
