@@ -31,6 +31,7 @@ from model_support.compile_cache.errors import (
     CompilerMismatch,
     LocalCacheError,
     TargetUnavailable,
+    UnreadableLayout,
 )
 from model_support.compile_cache.target import ResolvedTarget, open_target, redact
 from model_support.compile_cache.transfer import (
@@ -161,6 +162,7 @@ __all__ = [
     "TargetUnavailable",
     "TransferReport",
     "TrustPolicy",
+    "UnreadableLayout",
     "UntrustedCache",
     "attach",
     "check_target",
