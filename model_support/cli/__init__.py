@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from model_support.cli import (
+    commands_acceptance,
     commands_cache,
     commands_dataset,
     commands_demo,
@@ -39,5 +40,6 @@ for _module in (
     commands_dataset,
     commands_history,
     commands_doctor,
+    commands_acceptance,
 ):
     _module.register(app)

@@ -179,9 +179,10 @@ def all_checks(
     compile_cache: str | None,
     model: str | None,
     smoke_timeout_s: float = SMOKE_TIMEOUT_S,
+    hub: bool = True,
 ) -> DoctorReport:
     """Every check, the node's first (run.py's), then the device's, then what only the command
-    line reaches."""
+    line reaches (the Hub only with ``hub``: a run of a local checkpoint needs none)."""
     from model_support.compile_cache import installed_compiler_cache
     from model_support.compile_cache.errors import CacheDisabled
     from model_support.runner import run as runner
@@ -215,9 +216,10 @@ def all_checks(
         compiler, why = None, str(exc)
     checks.append(compile_cache_check(compile_cache, compiler, why))
     checks.append(results_store_check(results))
-    checks.append(
-        hub_check(model, os.environ.get("HF_ENDPOINT"), os.environ.get("HF_TOKEN") or None)
-    )
+    if hub:
+        checks.append(
+            hub_check(model, os.environ.get("HF_ENDPOINT"), os.environ.get("HF_TOKEN") or None)
+        )
     return DoctorReport(checks, facts)
 
 
