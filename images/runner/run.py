@@ -2229,7 +2229,16 @@ def parse_visible_cores(spec: str) -> list[int]:
 
 # Physical NeuronCores per device, by instance family (docs/hardware.md): a copy of
 # model_support.hardware.PHYSICAL_CORES_PER_DEVICE, held equal by a test.
-PHYSICAL_CORES_PER_DEVICE = {"trn2": 8, "trn2u": 8, "trn3": 8, "trn1": 2, "trn1n": 2, "inf2": 2}
+PHYSICAL_CORES_PER_DEVICE = {
+    "trn2": 8,
+    "trn2u": 8,
+    "trn2p": 8,
+    "trn2eu": 8,
+    "trn3": 8,
+    "trn1": 2,
+    "trn1n": 2,
+    "inf2": 2,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -2331,7 +2340,16 @@ def apply_env(changes: dict[str, str | None]) -> None:
 LNC_CONFIG_FILE = "/opt/aws/neuron/logical_nc_config"  # a node's LNC, set by its launch template
 # A copy of model_support.hardware.LNC_DEFAULT_BY_FAMILY (run.py runs without the package); a
 # test holds the two equal.
-LNC_DEFAULT_BY_FAMILY = {"trn2": 2, "trn2u": 2, "trn3": 2, "trn1": 1, "trn1n": 1, "inf2": 1}
+LNC_DEFAULT_BY_FAMILY = {
+    "trn2": 2,
+    "trn2u": 2,
+    "trn2p": 2,
+    "trn2eu": 2,
+    "trn3": 2,
+    "trn1": 1,
+    "trn1n": 1,
+    "inf2": 1,
+}
 
 
 def effective_lnc(

@@ -73,6 +73,21 @@ class NeuronDraSettings(BaseModel):
         2,
         description="LNC of claims for tests that name no spec.lnc (trn2's default); None = such tests are refused.",
     )
+    driver_version: str | None = Field(
+        None,
+        min_length=1,
+        description="Claim only devices whose Neuron driver is this version (the device attribute neuronDriverVersion, as AWS's example claims select it); None = any.",
+    )
+    device_attribute_domain: str = Field(
+        "neuron.aws.com",
+        min_length=1,
+        description="Domain of the driver's device attributes (instanceType, neuronDriverVersion) in claim selectors.",
+    )
+
+    @field_validator("driver_version", mode="before")
+    @classmethod
+    def _empty_is_any(cls, value: object) -> object:
+        return None if value == "" else value
 
 
 class OperatorSettings(BaseModel):
@@ -238,6 +253,10 @@ class OperatorSettings(BaseModel):
         None,
         description="Node label holding a trn2 node's logical NeuronCore config (LNC); runner pods select nodes with the LNC they were sized for. Without it a test cannot ask for an LNC.",
     )
+    runner_default_lnc: Literal[1, 2] | None = Field(
+        2,
+        description="The LNC the cluster's trn2/trn3 nodes run at, where no lncNodeLabel says it per node (device plugin): tests that name no spec.lnc are sized and run at it. AWS's EKS guide: trn2 node groups run at LNC 2 unless their launch template sets 1. None = such tests are refused.",
+    )
     neuron_dra: NeuronDraSettings | None = Field(
         None,
         description="Request trn2 NeuronCores through the Neuron DRA driver (a ResourceClaimTemplate per test, LNC set per claim) instead of the device plugin; None = device plugin.",
@@ -390,6 +409,7 @@ class _VolumeValues(_ValuesBlock):
 class _RunnerValues(_ValuesBlock):
     schedulerName: str | None = None
     lncNodeLabel: str | None = None
+    defaultLnc: Literal[1, 2] | None = None
     serviceAccountName: str | None = None
     env: list[dict[str, Any]] | None = None
     envFrom: list[dict[str, Any]] | None = None
@@ -459,6 +479,8 @@ def settings_from_values(values: dict[str, Any]) -> OperatorSettings:
     ):
         if runner.get(value_key):
             base[settings_key] = runner[value_key]
+    if "defaultLnc" in runner:  # null is a value: tests without spec.lnc are then refused
+        base["runnerDefaultLnc"] = runner["defaultLnc"]
     dra = (values.get("neuron") or {}).get("dra") or {}
     if dra.get("enabled"):
         base["neuronDra"] = {key: value for key, value in dra.items() if key != "enabled"}
