@@ -1883,11 +1883,9 @@ def scenario_for(task: str) -> TaskScenario:
 # process-group backends); the stages only call it; select_backend picks one.
 
 # The runner image's default base (images/runner/Dockerfile, ARG BASE_IMAGE; a test keeps the two in
-# step): the "PyTorch Training (TorchNeuron)" Deep Learning Container of Neuron SDK 2.33.0
-# (torch-neuronx 2.14, neuronx-cc 2.28.7631.0). docs/trainium.md says how to pick another tag.
-TORCHNEURON_BASE_IMAGE = (
-    "public.ecr.aws/neuron/pytorch-training-neuronx:2.14.0-neuronx-py314-sdk2.33.0-ubuntu26.04"
-)
+# step with docs/neuron-releases.md): images/runner/torchneuron-base.Dockerfile built for Neuron
+# SDK 2.33.0 (torch 2.14.0, torch-neuronx 2.14.3.0.*, neuronx-cc 2.28.7631.0).
+TORCHNEURON_BASE_IMAGE = "model-support/torchneuron-base:sdk2.33.0"
 
 
 class Backend:

@@ -46,12 +46,11 @@ class RunnerStack(BaseModel):
     transformers: str | None = Field(None, min_length=1, description="transformers' version.")
 
 
-DEFAULT_RUNNER_STACK = RunnerStack(neuronx_cc="2.28.7631.0", transformers="5.24.0")
-"""What images/runner/Dockerfile's default build pins for certain: its base image's Neuron SDK
-2.33.0, whose compiler is neuronx-cc 2.28.7631.0 (the release's package list, docs/trainium.md),
-and its TRANSFORMERS_VERSION; the two versions that name a Trainium row's results file. torch is
-left undeclared: the base image's tag names the torch-neuronx line (2.14), not the exact torch
-build inside it, and a wrong guess would turn every run on the default image into an ERROR."""
+DEFAULT_RUNNER_STACK = RunnerStack(neuronx_cc="2.28.7631.0", torch="2.14.0", transformers="5.24.0")
+"""What images/runner/Dockerfile's default build pins for certain: its base's Neuron SDK 2.33.0
+row of docs/neuron-releases.md (neuronx-cc 2.28.7631.0, torch 2.14.0; the base recipe installs
+exactly these, a test keeps them equal) and its TRANSFORMERS_VERSION: the versions that name a
+Trainium row's results file. A pod reporting another is recorded ERROR infrastructure."""
 
 
 class NeuronDraSettings(BaseModel):
