@@ -192,6 +192,8 @@ def all_checks(
     checks.append(runner.check_fallback_setting(node.environ))
     checks.append(runtime_driver_check(installed_runtime_version(), node.driver_version))
     facts = read_device_facts()
+    if facts.devices and node.instance:  # the EC2 type (DMI) over sysfs's family ("Trn2")
+        facts.instance_type = node.instance
     spec = (node.environ.get("NEURON_RT_VISIBLE_CORES") or "").strip()
     try:
         visible = runner.parse_visible_cores(spec) if spec else None
