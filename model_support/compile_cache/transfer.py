@@ -437,7 +437,7 @@ def _trust_verdicts(
     # inductor entry otherwise only when only this user can have written it.
     fallback = UNVOUCHED if session.compiler.kind == "neff" or policy.trust_unsigned else None
     backing = session.target.target
-    if isinstance(backing, LocalTarget):
+    if isinstance(backing, LocalTarget) and policy.own_folders:
         private = PrivateFolder(Path(backing.root))
         prefix = session.target.prefix
 

@@ -186,11 +186,14 @@ class TrustPolicy:
 
     ``trusted_keys``: entries must be listed by a manifest signed by one of these (when given,
     for every kind of cache). ``trust_unsigned``: the caller trusts everyone who can write the
-    target, so host-side (inductor) entries may be pulled without a signature.
+    target, so host-side (inductor) entries may be pulled without a signature. ``own_folders``:
+    a local folder only this user can write holds this user's own entries; False where the
+    user is shared with code others control (runner pods of every namespace run as one uid).
     """
 
     trusted_keys: tuple[str, ...] = ()
     trust_unsigned: bool = False
+    own_folders: bool = True
 
     def __post_init__(self) -> None:
         for key in self.trusted_keys:
@@ -208,10 +211,12 @@ class TrustPolicy:
         return bool(self.trusted_keys)
 
     @classmethod
-    def from_env(cls, trust_unsigned: bool = False, extra_keys: Iterable[str] = ()) -> TrustPolicy:
+    def from_env(
+        cls, trust_unsigned: bool = False, extra_keys: Iterable[str] = (), own_folders: bool = True
+    ) -> TrustPolicy:
         """The keys of ``MODEL_SUPPORT_CACHE_TRUSTED_KEYS`` plus ``extra_keys``."""
         keys = [k for k in os.environ.get(TRUSTED_KEYS_ENV, "").split(",") if k.strip()]
-        return cls(tuple(k.strip() for k in [*keys, *extra_keys]), trust_unsigned)
+        return cls(tuple(k.strip() for k in [*keys, *extra_keys]), trust_unsigned, own_folders)
 
 
 class PrivateFolder:

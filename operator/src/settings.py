@@ -201,6 +201,10 @@ class OperatorSettings(BaseModel):
         default_factory=list,
         description="Namespaces whose tests may push to push targets shared by every namespace (those without `{namespace}`). Anyone who can create a pod there can push what every reader runs: keep them for trusted tests only.",
     )
+    compile_cache_namespaces_isolated: bool = Field(
+        False,
+        description="The storage of the `{namespace}` push targets lets each namespace write its own folder or prefix only (a PVC per namespace, an IAM role per namespace's S3 prefix), so a namespace's own cache holds only what its own tests wrote: it is then pulled unsigned. Off (the default: runner pods of every namespace share one uid, and one claim name or bucket may reach one store), a namespace's own cache is pulled like any other: only entries signed by compileCacheTrustedKeys, and a test pulling it needs some.",
+    )
     compile_cache_trusted_keys: list[str] = Field(
         default_factory=list,
         description="Public keys (ed25519:<base64>) whose signed manifests compile cache pulls trust; with any, pulls take only signed entries.",

@@ -319,9 +319,10 @@ def test_compile_cache_paths_must_be_on_the_operators_cache_volume() -> None:
     remote = {"model": "a/b", "compileCache": {"source": "s3://team/x"}}
     check_compile_cache(parse_spec(remote), SETTINGS)
 
-    # The Job mounts the claim at its path in the pull step and the runner, nowhere else.
+    # The pull step mounts only the namespace's folder of the claim (read-only: it only
+    # reads), the runner nothing of it (it pushes to S3).
     job = job_for(
-        {"model": "a/b", "profile": "cpu", "cores": 1, "compileCache": {"source": "/caches/a",
+        {"model": "a/b", "profile": "cpu", "cores": 1, "compileCache": {"source": "/caches/ml",
          "target": "s3://team/neff"}},
         cores=1, parallelism=Parallelism.NONE, settings=settings,
     )  # fmt: skip
@@ -332,15 +333,17 @@ def test_compile_cache_paths_must_be_on_the_operators_cache_volume() -> None:
     ]
     [pull] = pod["initContainers"]
     [runner] = pod["containers"]
-    for container in (pull, runner):
-        assert {"name": "compile-caches", "mountPath": "/caches"} in container["volumeMounts"]
+    assert {
+        "name": "compile-caches", "mountPath": "/caches/ml", "subPath": "ml", "readOnly": True
+    } in pull["volumeMounts"]  # fmt: skip
+    assert not any(m["name"] == "compile-caches" for m in runner["volumeMounts"])
     # The cpu profile's compile cache is inductor's, in a folder both containers share.
-    assert pull["command"][3:6] == ["/caches/a", "--backend", "cpu"]
+    assert pull["command"][3:6] == ["/caches/ml", "--backend", "cpu"]
     inductor = {e["name"]: e["value"] for e in runner["env"] if "value" in e}
     assert inductor["TORCHINDUCTOR_CACHE_DIR"].startswith("/tmp/")
     assert {m["mountPath"] for m in pull["volumeMounts"]} >= {"/tmp", "/work"}
     assert runner["command"][-8:] == [
-        "--pull-source", "/caches/a", "--compile-cache", "s3://team/neff",
+        "--pull-source", "/caches/ml", "--compile-cache", "s3://team/neff",
         "--cache-backend", "cpu", "--cache-deadline", "1800",
     ]  # fmt: skip
     # A push-only cache has no pull step and no report to read.
