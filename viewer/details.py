@@ -277,16 +277,22 @@ def _reproduce(row: pd.Series, results_uri: str | None) -> None:
         st.caption(literal(note))
     pull = queries.compile_cache_pull(row)
     if pull is not None:
-        command, origin = pull
+        command, how = pull
         st.markdown(
-            f"2. Pull {origin} for this compiler version (saves compiling again; the "
+            "2. Pull the compiled graphs for this compiler version (saves compiling again; the "
             "installed compiler must be the same version, which the image gives):"
         )
         st.code(command, language="bash")
+        st.caption(f"From {literal(how)}.")
     else:
         st.markdown(
-            f"2. No shared compile cache holds this run's entries (compiler: "
+            f"2. No compile cache whose entries you can verify holds this run's (compiler: "
             f"{literal(row['compiler'] or 'unknown')}); it compiles from scratch."
+        )
+        st.caption(
+            "Only a shared cache whose entries the operator's trusted pushers sign is offered: "
+            "whoever can write a compile cache runs code in those who pull from it, so a "
+            "namespace's own cache and the public NEFF cache (an unsigned mirror) are not."
         )
     run_py = made.run_py
     st.markdown("3. Save `run.py` and run it:")
