@@ -213,6 +213,7 @@ async def _watchdog(
             reconciler.resync_jobs,
             reconciler.audit,
             sweeps.audit,
+            reconciler.sweep_deliveries,
         ):
             try:
                 await asyncio.to_thread(_as_leader, leadership, check)

@@ -213,8 +213,13 @@ class Kube:
             and (phase is None or (p.get("status") or {}).get("phase") == phase)
         ]
 
-    def pod_log(self, namespace: str, name: str, container: str, tail_lines: int) -> str | None:
-        """The tail of a container's log, or None if the pod (or its log) is gone."""
+    def pod_log(
+        self, namespace: str, name: str, container: str, tail_lines: int, limit_bytes: int
+    ) -> str | None:
+        """The tail of a container's log, or None if the pod (or its log) is gone: its last
+        ``tail_lines`` lines, of which at most the first ``limit_bytes`` bytes (the API server
+        stops there, and no more is read here either: a runner pod decides how long its
+        lines are)."""
         try:
             response = self._call(
                 self.core.read_namespaced_pod_log,
@@ -222,13 +227,19 @@ class Kube:
                 namespace,
                 container=container,
                 tail_lines=tail_lines,
+                limit_bytes=limit_bytes,
             )
         except ApiException as exc:
             if exc.status in (400, 404):
                 return None
             raise
         # With _preload_content=False the client returns the raw urllib3 response.
-        return bytes(cast(Any, response).data).decode("utf-8", errors="replace")
+        raw = cast(Any, response)
+        try:
+            data = raw.read(limit_bytes)
+        finally:
+            raw.release_conn()
+        return bytes(data).decode("utf-8", errors="replace")
 
     def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A Secret (its values still base64), or None if it does not exist. Never logged."""

@@ -355,6 +355,26 @@ def job_deadline(spec: TestSpec, settings: OperatorSettings) -> int | None:
     )
 
 
+S3_LONGEST_URL_S = 7 * 24 * 3600
+"""The longest an S3 presigned URL (signature version 4) is valid."""
+
+
+def delivery_url_expiry(spec: TestSpec, settings: OperatorSettings) -> int:
+    """How long an attempt's upload URL stays valid: what its Job may take (the test's timeout,
+    the queue and pull budget, the compile cache transfers and the delivery) plus
+    ``delivery_url_margin_s``, at most 7 days. Past it the URL writes nothing: a pod cannot
+    replay its delivery into a slot after its run was recorded, and a stale slot stays gone."""
+    cache = spec.compileCache
+    transfers = 0.0
+    if cache is not None:
+        transfers = settings.compile_cache_deadline_s * (
+            (cache.source is not None) + (cache.target is not None)
+        )
+    budget = settings.deadline_budget_s or 0.0
+    needed = spec.timeoutSeconds + budget + transfers + DELIVERY_DEADLINE_S
+    return min(S3_LONGEST_URL_S, math.ceil(needed + settings.delivery_url_margin_s))
+
+
 CONTAINER_SECURITY: dict[str, Any] = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},

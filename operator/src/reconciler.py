@@ -38,6 +38,7 @@ from model_support.operator.manifests import (
     Placement,
     TestRef,
     build_delivery_secret,
+    delivery_url_expiry,
     delivery_wiring,
     job_reference,
 )
@@ -68,7 +69,7 @@ from model_support.operator.planning import (
     place,
     store_uri,
 )
-from model_support.operator.recording import Materializer
+from model_support.operator.recording import Materializer, sweep_deliveries
 from model_support.operator.resource import (
     ANNOTATION_TEST_NAME,
     LABEL_ATTEMPT,
@@ -722,7 +723,7 @@ class Reconciler:
             if wiring.sub_path is not None:
                 area.prepare(slot)
                 return
-            url = area.upload_url(slot, self.settings.delivery_url_expiry_s)
+            url = area.upload_url(slot, delivery_url_expiry(spec, self.settings))
         except (DeliveryError, ValueError) as exc:
             log.warning("run %s cannot deliver to %s: %s", run_id, uri, exc)
             return
@@ -1365,7 +1366,7 @@ class Reconciler:
         try:  # the slot (prepared, delivered or not) is done with
             DeliveryArea(store.uri).remove(self._slot(run_id))
         except (DeliveryError, ValueError):
-            log.warning("run %s is recorded; its delivery slot stays until removed by hand", run_id)
+            log.warning("run %s is recorded; its delivery slot goes in a later sweep", run_id)
         with self._lock:  # before the status says Completed: a concurrent resync must not
             self._released[(ref.namespace, job_name)] = time.monotonic()  # release it twice
         if not first_time and self._completed_already(ref):
@@ -1512,7 +1513,11 @@ class Reconciler:
         if reading.pod_name:
             try:
                 text = self.kube.pod_log(
-                    ref.namespace, reading.pod_name, RUNNER_CONTAINER, self.settings.log_tail_lines
+                    ref.namespace,
+                    reading.pod_name,
+                    RUNNER_CONTAINER,
+                    self.settings.log_tail_lines,
+                    self.settings.log_tail_bytes,
                 )
             except ApiException as exc:
                 return Unavailable(f"the runner's log could not be read: {exc.status} {exc.reason}")
@@ -1620,6 +1625,13 @@ class Reconciler:
         self.event(test, "Warning", _EVENT_REASON[document.result], message)
 
     # ---------------------------------------------------------------- the watchdog's checks
+
+    def sweep_deliveries(self) -> int:
+        """Remove delivery slots of recorded runs (:func:`recording.sweep_deliveries`)."""
+        self.store_for(None)  # the operator's own store, whether or not it recorded yet
+        with self._lock:
+            stores = list(self._stores.values())
+        return sweep_deliveries(stores)
 
     def watched_namespaces(self) -> list[str | None]:
         """The namespaces to list children in; [None] means every namespace."""

@@ -106,11 +106,11 @@ class OperatorSettings(BaseModel):
         None,
         description="PVC holding a local-path results store; mounted into runner pods so they deliver there.",
     )
-    delivery_url_expiry_s: int = Field(
-        7 * 24 * 3600,
+    delivery_url_margin_s: int = Field(
+        3600,
         ge=60,
         le=7 * 24 * 3600,  # the longest an S3 SigV4 signature lasts
-        description="How long the upload URL a runner pod gets for its delivery slot (S3 stores) stays valid; it also ends when the operator's own credentials expire.",
+        description="The upload URL a runner pod gets for its delivery slot (S3 stores) stays valid for what its Job may take (the test's timeout, deadlineBudgetSeconds, the compile cache and delivery deadlines) plus this margin, 7 days at most; it also ends when the operator's own credentials expire. A pod that waited longer before it ran cannot deliver: its result is read from its log and termination message.",
     )
     runner_env: list[dict[str, Any]] = Field(
         default_factory=list,
@@ -248,6 +248,11 @@ class OperatorSettings(BaseModel):
     )
     log_tail_lines: int = Field(
         400, ge=10, description="Lines of the runner's log read for the result line."
+    )
+    log_tail_bytes: int = Field(
+        8 * 2**20,
+        ge=64 * 2**10,
+        description="At most this many bytes of those lines are read (the first of them: a runner pod decides how long its lines are); a result line cut off is read from the termination message instead.",
     )
     runner_supplemental_groups: list[int] = Field(
         default_factory=list,
