@@ -59,7 +59,7 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "packages", "stack", "run_id", "source", "backend", "compile_backend", "dtype", "parallelism",
     "revision", "resolved_revision", "torch", "torch_neuronx", "started_at", "finished_at",
     "recorded_at", "stage", "failed_checks", "q90_ratio", "peak_ratio", "kl_ratio", "parameters",
-    "instance_type", "lnc", "device_name", "library", "library_version",
+    "instance_type", "lnc", "device_name", "library", "library_version", "labels",
 )  # fmt: skip
 
 COMPILE_CACHE_COLUMNS: tuple[str, ...] = (

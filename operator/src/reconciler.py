@@ -53,6 +53,7 @@ from model_support.operator.outcome import (
     job_outcome_stands,
     pod_waiting,
     read_job,
+    reported_stack_fields,
     stuck_reason,
     trusted_document,
 )
@@ -1327,18 +1328,23 @@ class Reconciler:
             )
         document, source = found
         cache = spec.compileCache if spec is not None else None
+        declared = self._declared_stack(spec)
         document = trusted_document(
             document,
             config,
-            declared_stack=self._declared_stack(spec),
+            declared_stack=declared,
             cache_location=None if cache is None else (cache.target or cache.source),
             started_at=reading.started_at,
             ended_at=reading.ended_at or ended_at,
+            node_instance_type=reading.node_instance_type,
         )
         labels = {
             **self._labels(ref, job_name, attempt),
             **self._provenance(spec),
             "document_source": source.value,
+            "stack_reported": ",".join(
+                reported_stack_fields(document, declared, reading.node_instance_type)
+            ),
         }
         if (test.get("status") or {}).get("podCores"):
             labels["pod_cores"] = str(test["status"]["podCores"])  # the cores the pod held
