@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from model_support.printable import DataConsole
 from model_support.records import RunRecord
 from model_support.vocabulary import Backend, Result
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # imported where used: every command's start (`run` included)
     from model_support.compile_cache import SigningKey, TrustPolicy
     from model_support.compile_cache.transfer import TransferReport
 
-console = Console(stderr=True)
+console = DataConsole(stderr=True)
 
 cache_app = typer.Typer(
     name="cache",
@@ -319,7 +319,7 @@ def ls_command(
             str(len(listing.truncated)),
             str(listing.foreign),
         )
-    Console().print(table)
+    DataConsole().print(table)
 
 
 @cache_app.command("prune")

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from model_support.cli.commands_run import fail, reading_store
+from model_support.printable import printable
 
 DEFAULT_RESULTS = "results"
 
@@ -86,7 +87,7 @@ def history(
         return
     from model_support.history import money
 
-    typer.echo(f"{model}: {len(runs)} run(s), oldest first ({location})")
+    typer.echo(printable(f"{model}: {len(runs)} run(s), oldest first ({location})"))
     for row in runs.to_dict(orient="records"):
         finished = row["finished_at"] if _known(row["finished_at"]) else row["recorded_at"]
         result = str(row["result"]) + (
@@ -107,10 +108,10 @@ def history(
             [f"{finished:%Y-%m-%d %H:%M}" if _known(finished) else "(no time)", str(row["stack_label"]),
              str(row["task"]), result, *(f for f in figures if f)]
         )  # fmt: skip
-        typer.echo(line)
+        typer.echo(printable(line))
         if isinstance(row["flip"], str):
-            typer.echo(f"    changed on this stack: {row['flip']}")
-        typer.echo(f"    {row['reproduce']}")
+            typer.echo(printable(f"    changed on this stack: {row['flip']}"))
+        typer.echo(printable(f"    {row['reproduce']}"))
 
 
 def _known(value: object) -> bool:
@@ -215,7 +216,9 @@ def regressions(
             "stacks (`model-support history MODEL` lists a model's runs)",
             1,
         )
-    typer.echo(render_json(report) if as_json else render_markdown(report, location), nl=False)
+    typer.echo(
+        render_json(report) if as_json else printable(render_markdown(report, location)), nl=False
+    )
     if report.regressions:
         raise typer.Exit(EXIT_REGRESSIONS)
 
