@@ -241,13 +241,35 @@ class Kube:
             raw.release_conn()
         return bytes(data).decode("utf-8", errors="replace")
 
-    def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """A Secret (its values still base64), or None if it does not exist. Never logged."""
-        return self._unless_gone(self.core.read_namespaced_secret, name, namespace)
+    def read_labelled_secret(
+        self, namespace: str, name: str, labels: dict[str, str]
+    ) -> dict[str, Any] | None:
+        """The Secret ``name`` when it carries ``labels`` (its values still base64), else None.
+        Never logged.
+
+        A list selected by the name and the labels: the API server returns the Secret only
+        when it is labelled so, so the operator never receives another Secret's data (a GET of
+        the name would return it whatever its labels). RBAC may limit the list to given names
+        (``resourceNames``), which a list names in its ``metadata.name`` field selector."""
+        page = _json(
+            self._call(
+                self.core.list_namespaced_secret,
+                namespace,
+                field_selector=f"metadata.name={name}",
+                label_selector=_selector(labels),
+            )
+        )
+        found = [
+            item
+            for item in page.get("items") or []
+            if (item.get("metadata") or {}).get("name") == name and _matches(item, labels)
+        ]
+        return found[0] if found else None
 
     @staticmethod
     def secret_key(secret: dict[str, Any], key: str) -> str | None:
-        """One decoded value of a Secret read with :meth:`read_secret`; None if the key is missing."""
+        """One decoded value of a Secret read with :meth:`read_labelled_secret`; None if the key
+        is missing."""
         value = (secret.get("data") or {}).get(key)
         return base64.b64decode(value).decode() if value is not None else None
 

@@ -763,6 +763,7 @@ VALUES = [
         "results": "s3://bucket/model-support",
         "watchNamespaces": ["ml", "research"],
         "readHubTokenSecrets": True,
+        "hubTokenSecretNames": ["hf-token"],
         "allowedResultsPrefixes": ["s3://bucket/"],
         "runner": {
             "schedulerName": "my-scheduler",
@@ -831,12 +832,19 @@ def test_chart_renders_valid_least_privilege_manifests(values: dict[str, Any]) -
 
     # The chart's template and settings_from_values (used by `model-support render`) agree.
     assert settings == settings_from_values(values)
-    # Secrets: create (one per runner attempt: its delivery slot's upload URL), never list,
-    # and get only to read a test's Hub token when that is on.
+    # Secrets: create (one per runner attempt: its delivery slot's upload URL), never get;
+    # a test's Hub token only when that is on, by a list selected by name and label, limited
+    # to the names given.
+    secret_rules = {
+        (frozenset(r["verbs"]), tuple(r.get("resourceNames") or ()))
+        for r in rules
+        if "secrets" in r["resources"]
+    }
     if values.get("readHubTokenSecrets"):
-        assert verbs[("", "secrets")] == {"create", "get"} and settings.read_token_secrets
+        assert secret_rules == {(frozenset({"create"}), ()), (frozenset({"list"}), ("hf-token",))}
+        assert settings.read_token_secrets
     else:
-        assert verbs[("", "secrets")] == {"create"} and not settings.read_token_secrets
+        assert secret_rules == {(frozenset({"create"}), ())} and not settings.read_token_secrets
     # The delivery slot key comes from the chart's own Secret, never from the settings.
     [key_secret] = [
         d for d in docs if d["kind"] == "Secret" and "delivery-key" in d["metadata"]["name"]
