@@ -503,6 +503,7 @@ def test_full_job_manifest(tmp_path: Path) -> None:
         "model-support", "cache", "pull", "hf://buckets/aws-neuron/neff-cache/x",
         "--backend", "neuron", "--keep-going",
         "--report", "/work/.model-support/compile-cache-pull.json", "--deadline", "1800",
+        "--shared-user",
     ]  # fmt: skip
     assert pull["image"] == runner["image"]
     # It sees the same cache folder and credentials as run.py, and the report's volume.

@@ -90,3 +90,45 @@ def test_only_caches_whose_entries_a_reader_can_verify_are_offered() -> None:
     # A neuron row without a recorded cache: the public NEFF cache is an unsigned mirror.
     neuron = {"neuronx_cc": NEW_CC, "compiler": "neuronx-cc"}
     assert compile_cache_pull(neuron, roots, [KEY]) is None
+
+
+def test_the_chart_gives_the_viewer_the_operators_shared_targets_and_trusted_keys() -> None:
+    import helm_python
+    import yaml
+
+    chart = Path(__file__).resolve().parents[2] / "charts" / "model-support"
+    rendered = helm_python.Chart.load(str(chart)).render(
+        {
+            "results": "s3://bucket/model-support",
+            "viewer": {"enabled": True},
+            "settings": {
+                "compileCachePushTargets": ["s3://org-cache/shared", "s3://org-cache/{namespace}"],
+                "compileCacheTrustedKeys": [KEY],
+            },
+        },
+        name="ms",
+        namespace="model-support",
+    )
+    docs = [d for text in rendered.values() for d in yaml.safe_load_all(text) if d]
+    [viewer] = [d for d in docs if d["kind"] == "Deployment" and "viewer" in d["metadata"]["name"]]
+    env = {
+        e["name"]: e.get("value")
+        for e in viewer["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert (
+        env["MODEL_SUPPORT_VIEWER_CACHE_TARGETS"]
+        == "s3://org-cache/shared,s3://org-cache/{namespace}"
+    )
+    assert env["MODEL_SUPPORT_VIEWER_CACHE_TRUSTED_KEYS"] == KEY
+
+
+def test_the_viewer_refuses_a_trusted_key_that_is_no_key(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from model_support.cli import app
+
+    result = CliRunner().invoke(
+        app, ["viewer", "--results", str(tmp_path), "--cache-trusted-key", "not-a-key"]
+    )
+    assert result.exit_code == 2
+    assert "--cache-trusted-key" in result.output and "ed25519:<base64>" in result.output
