@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -283,7 +284,7 @@ def pull(
         report.other_prefixes = [p for p in held if p != session.target.prefix]
         if not objects and not held:
             _refuse_what_is_no_cache(session.target)
-    verdict = _trust_verdicts(session, objects, policy)
+    verdict = functools.cache(_trust_verdicts(session, objects, policy))  # one look per name
     for path in list(grouped):
         kept = [e for e in grouped[path] if verdict(e.object.name) in (VOUCHED, UNVOUCHED)]
         report.skipped.extend(
