@@ -75,20 +75,54 @@ def test_regressions_print_markdown_and_json_and_exit_3_when_there_are_any(
 ) -> None:
     location, ids = results
     shown = runner.invoke(app, ["regressions", "--results", location])
-    assert shown.exit_code == 3, shown.output
+    # One ERROR run is not yet a regression: unconfirmed, exit 0, and said so.
+    assert shown.exit_code == 0, shown.output
     text = shown.stdout
     assert text.startswith(f"# Regressions: neuronx-cc {CC_OLD}")
-    assert "### ERROR compile (1)" in text
-    assert f"`model-support reproduce {ids['new-a']}`" in text
-    assert "## Fixes" in text and "`org/b`" in text
+    assert "## Unconfirmed (not reported as regressions yet)" in text
+    assert "1 of 3 agreeing runs on the newer stack: 2 more re-run(s)" in text
+    # The reproduce command names the store, so it runs from anywhere the store is reachable.
+    store_root = str(Path(location).resolve())
+    assert f"`model-support reproduce {ids['new-a']} --results {store_root}`" in text
+    # org/b ran PASS, ERROR, PASS on the newer stack: flaky, with its runs, never a fix.
+    assert "## Flaky (runs on one stack disagree)" in text
+    assert f"PASS `{ids['new-b']}`, ERROR/compile `{ids['new-b-again']}`" in text
     report = json.loads(runner.invoke(app, ["regressions", "--results", location, "--json"]).stdout)
-    assert [(c["model"], c["kind"]) for c in report["regressions"]] == [("org/a", "regression")]
-    assert [c["after_run_id"] for c in report["fixes"]] == [ids["new-b-third"]]
-    # Backwards: the fix becomes a regression and the other way round.
+    assert report["regressions"] == [] and report["fixes"] == []
+    assert [(c["model"], c["kind"]) for c in report["unconfirmed"]] == [("org/a", "regression")]
+    assert [(f["model"], [r["run_id"] for r in f["runs"]]) for f in report["flaky"]] == [
+        ("org/b", [ids["new-b"], ids["new-b-again"], ids["new-b-third"]])
+    ]
+    # The bug body: each side's stack and the error's first lines.
+    after = report["unconfirmed"][0]["after_evidence"]
+    assert after["error_class"] == "compile"
+    assert after["error_lines"] == ["neuronx-cc exited with status 70"]
+    assert after["stack"]["compiler"] == f"neuronx-cc {CC_NEW}"
+    assert after["container"].startswith(f"model-support reproduce {ids['new-a']} --results ")
+    assert "--device=/dev/neuron0" in after["container"]
+    # With no re-run asked for, one run is enough: a regression, exit 3 (for CI).
+    eager = runner.invoke(app, ["regressions", "--results", location, "--reruns", "0", "--json"])
+    assert eager.exit_code == 3, eager.output
+    assert [c["model"] for c in json.loads(eager.stdout)["regressions"]] == ["org/a"]
+    # Backwards: org/a's ERROR -> PASS is a fix; org/b stays flaky, never a regression.
     back = runner.invoke(
         app, ["regressions", "--results", location, "--from", CC_NEW, "--to", CC_OLD, "--json"]
     )
-    assert [c["model"] for c in json.loads(back.stdout)["regressions"]] == ["org/b"]
+    backwards = json.loads(back.stdout)
+    assert backwards["regressions"] == [] and backwards["unconfirmed"] == []
+    assert [c["model"] for c in backwards["fixes"]] == ["org/a"]
+
+
+def test_confirm_refuses_a_stack_this_machine_does_not_have(
+    results: tuple[str, dict[str, str]],
+) -> None:
+    """--confirm re-runs here only what ran on this machine's stack (these rows ran on Neuron)."""
+    location, ids = results
+    refused = runner.invoke(app, ["regressions", "--results", location, "--confirm"])
+    assert refused.exit_code == 2, refused.output
+    text = " ".join(refused.output.split())
+    assert f"run {ids['new-a']} ran on Neuron (neuronx-cc {CC_NEW})" in text
+    assert "this machine has no torch-neuronx" in text
 
 
 def test_regressions_refuse_unexplained_thresholds_and_unknown_stacks(
