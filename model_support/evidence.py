@@ -39,6 +39,7 @@ CHECK_FIGURES: dict[str, tuple[str, str, str]] = {
 }
 """A token verdict's checks: the figure each one judges, its bound, and the figure's name."""
 
+
 def shareable_uri(store: ResultsStore) -> str:
     """The store as a reproduce command on another machine names it: its URI (``s3://``,
     ``hf://``), or for a local store its absolute path (only this machine has it: copy or
@@ -151,7 +152,7 @@ def container_command(row: Mapping[str, Any], results: str) -> str:
     writes its run.py and requirements, then ``docker run`` runs them in the row's own runner
     image (its TorchNeuron base when none was recorded) with the devices its cores need and its
     LNC. The store's credentials are the caller's environment, never written here."""
-    from model_support.reproduce import json_object, base_image, neuron_docker_flags
+    from model_support.reproduce import base_image, json_object, neuron_docker_flags
 
     run_id = str(row["run_id"])
     stack = json_object(row.get("stack"))

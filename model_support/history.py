@@ -911,9 +911,7 @@ def _evidence_lines(change: Change) -> list[str]:
             lines.append("")
     lines.append(f"- reproduce: {inline_code(change.reproduce)}")
     if after is not None and after.container:
-        lines.append(
-            f"- on a Trainium machine, in the row's image: {inline_code(after.container)}"
-        )
+        lines.append(f"- on a Trainium machine, in the row's image: {inline_code(after.container)}")
     return lines
 
 
