@@ -683,8 +683,8 @@ def regressions(
     flaky_after = both["results_after"] > 1
     steady = ~(flaky_before | flaky_after)
     for flags, runs, stack in ((flaky_before, old_runs, before), (flaky_after, new_runs, after)):
-        slots = set(zip(both.loc[flags, "model_id"], both.loc[flags, "task"], strict=True))
-        report.flaky += _flaky(runs, slots, stack)
+        disagreeing = set(zip(both.loc[flags, "model_id"], both.loc[flags, "task"], strict=True))
+        report.flaky += _flaky(runs, disagreeing, stack)
     report.flaky.sort(key=lambda f: (f.model, f.task, f.stack != before.label))
 
     rb = both["result_before"].astype("object")
@@ -813,10 +813,10 @@ def regressions(
         "compile-time": ("compile time grew", "compile {:.1f} -> {:.1f} s", 1.0, None),
     }  # fmt: skip
     for kind, _, change_s, noise_s, _, hint_s, bound in judged:
-        group, pattern, scale, name = labels[kind]
+        group, pattern, scale, sampled_as = labels[kind]
         hits, pending = flagged[kind]
         for i in hits:
-            figure = name or ("cold" if use_cold[i] else "warm")
+            figure = sampled_as or ("cold" if use_cold[i] else "warm")
             med_b = float(both.at[i, f"{figure}_median_before"]) * scale
             med_a = float(both.at[i, f"{figure}_median_after"]) * scale
             n_b = int(both.at[i, f"{figure}_n_before"])
@@ -827,15 +827,15 @@ def regressions(
                 + f" ({sign * change_s[i]:+.0%}): medians of {n_b} and {n_a} PASS runs; noise "
                 f"assumed ±{noise_s[i]:.0%} (the wider side's range over its median), "
                 f"threshold {bound:.0%}"
-                + ("" if name else f"; {'cold' if use_cold[i] else 'cached'} compiles")
+                + ("" if sampled_as else f"; {'cold' if use_cold[i] else 'cached'} compiles")
             )
             report.regressions.append(Change(kind=kind, group=group, detail=detail, **common(i)))
         for i in pending:
             b, a = sides[i]
-            column = FIGURES[name or "compile"]
+            column = FIGURES[sampled_as or "compile"]
             figures = pattern.format(float(b[column]) * scale, float(a[column]) * scale)
-            n_b = _count(both.at[i, f"{name or 'cold'}_n_before"])
-            n_a = _count(both.at[i, f"{name or 'cold'}_n_after"])
+            n_b = _count(both.at[i, f"{sampled_as or 'cold'}_n_before"])
+            n_a = _count(both.at[i, f"{sampled_as or 'cold'}_n_after"])
             change = Change(
                 kind=kind,
                 group=group,
