@@ -1030,3 +1030,150 @@ def regression_table(changes: Sequence[Change]) -> pd.DataFrame:
         ],
         columns=columns,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# A release at a glance
+
+
+class ReleaseReport(BaseModel):
+    """One stack (a release) at a glance: what was tested, how it went, what changed against
+    the stack before it, and what it cost."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stack: str
+    previous: str | None = Field(None, description="The stack it is compared with.")
+    tested: int = Field(..., description="(model, task) pairs with a result on the stack.")
+    results: dict[str, int] = Field(
+        default_factory=dict, description="Latest results by kind (PASS, FAIL, ERROR...)."
+    )
+    regressions: list[Change] = Field(default_factory=list, description="Confirmed.")
+    unconfirmed: list[Change] = Field(default_factory=list)
+    fixes: list[Change] = Field(default_factory=list)
+    flaky: list[Flaky] = Field(
+        default_factory=list, description="Models whose runs on this stack disagree."
+    )
+    not_retested: list[str] = Field(
+        default_factory=list,
+        description="'model · task' tested on the previous stack and not on this one.",
+    )
+    core_seconds: float = 0.0
+    cost_usd: float | None = None
+    confirmation: Confirmation = Field(default_factory=Confirmation)
+
+
+def previous_stack(stack: Stack, known: Sequence[StackInfo]) -> Stack | None:
+    """The stack before ``stack`` in :func:`stacks` order (None for the oldest)."""
+    order = [info.stack for info in known]
+    index = order.index(stack)
+    return order[index - 1] if index > 0 else None
+
+
+def release_report(
+    history: pd.DataFrame,
+    stack: Stack,
+    previous: Stack | None,
+    thresholds: Thresholds,
+    prices: PriceTable,
+    confirmation: Confirmation | None = None,
+    results: str | None = None,
+) -> ReleaseReport:
+    """``stack`` at a glance (see :class:`ReleaseReport`), compared with ``previous``."""
+    confirmation = confirmation or Confirmation()
+    frame = history[[c for c in COMPARED_COLUMNS if c in history.columns]]
+    own = frame[stack.matches(frame)]
+    summary, runs = _summarize(own)
+    summary = with_cost(summary, prices)
+    counts = summary["result"].astype("object").value_counts() if not summary.empty else {}
+    disagreeing = (
+        set(zip(summary.loc[summary["results"] > 1, "model_id"],
+                summary.loc[summary["results"] > 1, "task"], strict=True))
+        if not summary.empty
+        else set()
+    )  # fmt: skip
+    costs = with_cost(own, prices)  # every run on the stack held its cores, re-runs included
+    release = ReleaseReport(
+        stack=stack.label,
+        previous=previous.label if previous is not None else None,
+        tested=len(summary),
+        results={str(k): int(v) for k, v in dict(counts).items()},
+        flaky=_flaky(runs, disagreeing, stack),
+        core_seconds=float(costs["core_seconds"].astype("Float64").fillna(0).sum()),
+        cost_usd=_total(costs["cost_usd"]) if not costs.empty else None,
+        confirmation=confirmation,
+    )
+    if previous is not None:
+        compared = regressions(
+            frame, previous, stack, thresholds, prices, confirmation=confirmation, results=results
+        )
+        release.regressions = compared.regressions
+        release.unconfirmed = compared.unconfirmed
+        release.fixes = compared.fixes
+        release.not_retested = compared.not_tested_after
+    return release
+
+
+def render_release_markdown(release: ReleaseReport, store_uri: str | None = None) -> str:
+    """A release report as Markdown: the counts in one table, then the regressions, the flaky
+    models and the models not re-tested, by name."""
+    where = f" ({inline_code(store_uri)})" if store_uri else ""
+    lines = [f"# Release: {_cell(release.stack)}", ""]
+    lines.append(
+        f"Against {_cell(release.previous)}{where}."
+        if release.previous
+        else f"The oldest stack{where}: nothing to compare it with."
+    )
+    kinds = [r.value for r in Result]
+    lines += [
+        "",
+        "| tested | " + " | ".join(kinds) + " | regressions | fixes | unconfirmed | flaky | "
+        "not re-tested | core-hours | cost |",
+        "| " + " | ".join(["---"] * (len(kinds) + 8)) + " |",
+        f"| {release.tested} | "
+        + " | ".join(str(release.results.get(k, 0)) for k in kinds)
+        + f" | {len(release.regressions)} | {len(release.fixes)} | {len(release.unconfirmed)} "
+        f"| {len(release.flaky)} | {len(release.not_retested)} | "
+        f"{release.core_seconds / 3600:,.2f} | {money(release.cost_usd)} |",
+    ]
+    sections: list[tuple[str, list[str]]] = [
+        (
+            "Regressions (confirmed)",
+            [
+                f"- {_code(c.model)} ({_cell(c.task)}): {_cell(c.before)} -> {_cell(c.after)}"
+                + (f", {_cell(c.detail)}" if c.detail else "")
+                + f": {inline_code(c.reproduce)}"
+                for c in release.regressions
+            ],
+        ),
+        (
+            "Unconfirmed",
+            [
+                f"- {_code(c.model)} ({_cell(c.task)}): {_cell(c.before)} -> {_cell(c.after)}; "
+                f"needs {_cell(c.needs or '')}"
+                for c in release.unconfirmed
+            ],
+        ),
+        (
+            "Fixes",
+            [
+                f"- {_code(c.model)} ({_cell(c.task)}): {_cell(c.before)} -> {_cell(c.after)}"
+                for c in release.fixes
+            ],
+        ),
+        (
+            "Flaky (runs on this stack disagree)",
+            [
+                f"- {_code(f.model)} ({_cell(f.task)}): "
+                + ", ".join(f"{_cell(r.result)} {_code(r.run_id)}" for r in f.runs)
+                for f in release.flaky
+            ],
+        ),
+        (
+            "Not re-tested (tested on the previous stack only)",
+            [f"- {_cell(slot)}" for slot in release.not_retested],
+        ),
+    ]
+    for title, items in sections:
+        lines += ["", f"## {title}", "", *(items or ["None."])]
+    return "\n".join(lines).rstrip() + "\n"

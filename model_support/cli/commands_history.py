@@ -311,7 +311,76 @@ EXIT_REGRESSIONS = 3
 """`regressions` exits with this when it found any (0 without), so CI can gate on it."""
 
 
+def report(
+    stack: Annotated[
+        str | None,
+        typer.Argument(
+            help="The release: a stack's label, 'compiler version', the compiler version or the "
+            "compiler alone (default: the newest stack)."
+        ),
+    ] = None,
+    against: Annotated[
+        str | None,
+        typer.Option(help="The stack to compare it with (default: the one before it)."),
+    ] = None,
+    location: Annotated[
+        str, typer.Option("--results", help="Results store location.")
+    ] = DEFAULT_RESULTS,
+    reruns: Annotated[int, typer.Option(min=0, max=20, help="As for regressions (default 2).")] = 2,
+    min_samples: Annotated[
+        int, typer.Option(min=2, max=100, help="As for regressions (default 3).")
+    ] = 3,
+    prices: Annotated[str | None, typer.Option("--prices", help=PRICES_HELP)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """A release at a glance: models tested, PASS, FAIL, ERROR, TIMEOUT, EXCLUDED, confirmed
+    regressions, fixes, unconfirmed changes and flaky models against the stack before it, the
+    models not re-tested (by name), and what its runs cost. Markdown, or --json.
+
+    Exit code 0, 1 when the store has no history yet, 2 on bad input."""
+    from model_support.evidence import shareable_uri
+    from model_support.history import (
+        Confirmation,
+        StackNotFound,
+        Thresholds,
+        find_stack,
+        previous_stack,
+        read_stack_runs,
+        read_stacks,
+        release_report,
+        render_release_markdown,
+    )
+
+    store = _open(location)
+    table = _load_prices(prices)
+    with reading_store(location):
+        known = read_stacks(store)
+    if not known:
+        raise fail(f"no runs in {location!r} to report on", 1)
+    try:
+        chosen = find_stack(stack, known) if stack is not None else known[-1].stack
+        base = find_stack(against, known) if against is not None else previous_stack(chosen, known)
+    except StackNotFound as exc:
+        raise fail(str(exc)) from exc
+    if base == chosen:
+        raise fail(f"--against names the release itself ({chosen.label}): give another stack")
+    with reading_store(location):
+        frame = read_stack_runs(store, [s for s in (chosen, base) if s is not None])
+    uri = shareable_uri(store)
+    release = release_report(
+        frame, chosen, base, Thresholds(), table,
+        confirmation=Confirmation(reruns=reruns, min_samples=min_samples), results=uri,
+    )  # fmt: skip
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(release.model_dump(mode="json"), indent=1))
+    else:
+        typer.echo(render_release_markdown(release, uri), nl=False)
+
+
 def register(app: typer.Typer) -> None:
-    """Add history and regressions to the command line."""
+    """Add history, regressions and report to the command line."""
     app.command()(history)
     app.command()(regressions)
+    app.command()(report)

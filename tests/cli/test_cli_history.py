@@ -9,7 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from factories import T0, make_record
+from factories import NEURON_STACK, T0, make_record
 from hubserver import HubServer, Repo
 from test_history import CC_NEW, CC_OLD, on_compiler
 from typer.testing import CliRunner
@@ -254,3 +254,44 @@ def test_a_store_without_a_history_says_how_to_build_it(
         runner.invoke(app, ["history", "org/a", "--results", location, "--json"]).stdout
     )
     assert [r["run_id"] for r in listed] == [ids["old-a"], ids["new-a"]]
+
+
+def test_report_shows_a_release_at_a_glance(results: tuple[str, dict[str, str]]) -> None:
+    location, ids = results
+    store = ResultsStore(location)
+    store.add(on_compiler(make_record("org/gone", finished=T0), CC_OLD))  # not re-tested
+    store.add(
+        on_compiler(
+            make_record(
+                "org/big", Result.EXCLUDED, stack=NEURON_STACK, recorded=T0 + timedelta(days=1)
+            ),
+            CC_NEW,
+        )
+    )
+    store.materialize()
+    shown = runner.invoke(app, ["report", "--results", location])
+    assert shown.exit_code == 0, shown.output
+    text = shown.stdout
+    assert text.startswith(f"# Release: neuronx-cc {CC_NEW} · transformers 5.24.0")
+    assert f"Against neuronx-cc {CC_OLD} · transformers 5.24.0" in text
+    # tested, PASS, FAIL, ERROR, TIMEOUT, EXCLUDED, UNVERIFIED, regressions, fixes,
+    # unconfirmed, flaky, not re-tested, then the core-hours and the cost.
+    assert "| 3 | 1 | 0 | 1 | 0 | 1 | 0 | 0 | 0 | 1 | 1 | 1 |" in text
+    assert "- org/gone · text-generation" in text
+    assert f"ERROR/compile `{ids['new-b-again']}`" in text
+    report = json.loads(
+        runner.invoke(app, ["report", CC_NEW, "--results", location, "--json"]).stdout
+    )
+    assert report["results"] == {"PASS": 1, "ERROR": 1, "EXCLUDED": 1}
+    assert report["not_retested"] == ["org/gone · text-generation"]
+    assert [f["model"] for f in report["flaky"]] == ["org/b"]
+    assert [c["model"] for c in report["unconfirmed"]] == ["org/a"]
+    trn2 = DEFAULT_PRICES.price_of("trn2.48xlarge")
+    assert trn2 is not None
+    # Every run on the release held its cores (re-runs too): 4 runs of 120 s on one core.
+    assert report["core_seconds"] == pytest.approx(4 * 120.0)
+    assert report["cost_usd"] == pytest.approx(4 * 120 / 3600 * trn2.usd_per_hour / 64)
+    oldest = runner.invoke(app, ["report", CC_OLD, "--results", location, "--json"])
+    assert json.loads(oldest.stdout)["previous"] is None
+    unknown = runner.invoke(app, ["report", "9.9", "--results", location])
+    assert unknown.exit_code == 2 and "no stack is named '9.9'" in unknown.output
