@@ -236,6 +236,14 @@ COLUMNS: tuple[Column, ...] = (
         lambda s: s.doc.model if is_local_path(s.doc.model) else None,
     ),
     Column(
+        "weights_sha256",
+        _STRING,
+        "A local checkpoint: sha256 of its weight files (each one's relative path and content "
+        "hash, sorted), so the row names the weights it tested; null for a Hub model (its "
+        "resolved_revision names them).",
+        _field("doc.weights_sha256"),
+    ),
+    Column(
         "revision",
         _STRING,
         "Requested Hub revision (branch, tag or commit); null = main.",
