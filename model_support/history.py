@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field
 
+from model_support.dataset import NEURON_COMPILER
 from model_support.pricing import PriceTable
 from model_support.viewer.markup import inline_code
 from model_support.vocabulary import Result, is_fix, is_regression
@@ -189,17 +190,25 @@ def default_pair(known: Sequence[StackInfo]) -> tuple[Stack, Stack]:
 
 def with_cost(frame: pd.DataFrame, prices: PriceTable) -> pd.DataFrame:
     """``frame`` with ``cost_usd``: core_seconds priced by the run's instance type and LNC
-    (null where the table has no price for it, or the run recorded no times)."""
+    (null where the table has no price for it, or the run recorded no times; a run off Neuron
+    is never priced as the table's default instance)."""
     if frame.empty:
         return frame.assign(cost_usd=pd.Series(dtype="Float64"))
     instance = frame["instance_type"].astype("object")
     lnc = frame["lnc"].astype("object")
-    rates: dict[tuple[Any, Any], float | None] = {}
+    # A run off Neuron is priced only by its own instance, never as the default Trainium one.
+    neuron = (frame["compiler"].astype("object") == NEURON_COMPILER).tolist()
+    rates: dict[tuple[Any, Any, bool], float | None] = {}
     keys = list(
-        zip(instance.where(instance.notna(), None), lnc.where(lnc.notna(), None), strict=True)
+        zip(
+            instance.where(instance.notna(), None),
+            lnc.where(lnc.notna(), None),
+            neuron,
+            strict=True,
+        )
     )
     for key in set(keys):
-        rates[key] = prices.core_hour_usd(key[0], None if key[1] is None else int(key[1]))
+        rates[key] = prices.core_hour_usd(key[0], None if key[1] is None else int(key[1]), key[2])
     rate = pd.Series([rates[k] for k in keys], index=frame.index, dtype="Float64")
     return frame.assign(cost_usd=frame["core_seconds"].astype("Float64") / 3600 * rate)
 

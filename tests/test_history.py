@@ -518,3 +518,19 @@ def test_an_s3_store_keeps_its_history_and_compares_its_stacks(
         confirmation=Confirmation(reruns=0),
     )
     assert [(c.model, c.after) for c in report.regressions] == [("org/a", "ERROR/compile")]
+
+
+def test_a_cpu_run_is_never_priced_as_trainium_core_hours(store: ResultsStore) -> None:
+    """A table's default instance prices a Neuron run that names no instance, never a CPU run."""
+    neuron = make_record("org/n", stack=NEURON_STACK.model_copy(update={"instance_type": None}))
+    cpu = make_record("org/c", neuron=False)
+    for record in (neuron, cpu):
+        store.add(record)
+    store.materialize()
+    assumed = prices_from_mapping({"default_instance_type": "trn1.32xlarge"})
+    costs = {
+        model: model_history(store.history(), model, None, assumed).cost_usd.iloc[0]
+        for model in ("org/n", "org/c")
+    }
+    assert costs["org/n"] == pytest.approx(120 / 3600 * 21.50 / 32)
+    assert pd.isna(costs["org/c"])
