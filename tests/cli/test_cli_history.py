@@ -295,3 +295,49 @@ def test_report_shows_a_release_at_a_glance(results: tuple[str, dict[str, str]])
     assert json.loads(oldest.stdout)["previous"] is None
     unknown = runner.invoke(app, ["report", "9.9", "--results", location])
     assert unknown.exit_code == 2 and "no stack is named '9.9'" in unknown.output
+
+
+def test_an_estimate_of_listed_models_needs_no_hub_and_a_relative_store(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_llama_path: Path
+) -> None:
+    """--model lists the models (local checkpoints here: nothing reaches the Hub, whose
+    endpoint answers nothing), --results may be relative, and a CPU profile's hours are
+    estimated from CPU runs only and never priced as Trainium core-hours."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.chdir(tmp_path)
+    huge = build_header_only_checkpoint(
+        tmp_path / "ckpt", "huge", LLAMA_3_1_405B_CONFIG, llama_tensors(LLAMA_3_1_405B_CONFIG)
+    )
+    store = ResultsStore("results")
+    tiny = str(tiny_llama_path)
+    for hours, neuron in ((1, False), (5, True)):  # a CPU run of 1 h, a Neuron run of 5 h
+        record = make_record(tiny, neuron=neuron, finished=T0 + timedelta(days=hours))
+        doc = record.document
+        started = doc.finished_at - timedelta(hours=hours)  # type: ignore[operator]
+        store.add(
+            record.model_copy(update={"document": doc.model_copy(update={"started_at": started})})
+        )
+    store.materialize()
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("default_instance_type: trn1.32xlarge\n")
+    shown = runner.invoke(
+        app,
+        ["sweep", "local", "--estimate", "--profile", "cpu", "--model", tiny, "--model",
+         str(huge), "--results", "results", "--prices", str(prices)],
+    )  # fmt: skip
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.stdout.split())
+    assert "estimate: 2 models on cpu, past runs from results" in text
+    assert f"{tiny} text-generation 1 core(s) 1.00 h each (its 1 past run(s))" in text
+    assert "excluded: never run" in text
+    assert "cost —" in text and "runs off Neuron: its core-hours are not priced" in text
+    # On a Neuron profile the Neuron run counts, and the sweep is priced.
+    neuron = runner.invoke(
+        app,
+        ["sweep", "local", "--estimate", "--profile", "trn1", "--model", tiny, "--results",
+         "results"],
+    )  # fmt: skip
+    assert neuron.exit_code == 0, neuron.output
+    text = " ".join(neuron.stdout.split())
+    assert "5.00 h each (its 1 past run(s))" in text
+    assert f"cost ${5 * 21.50 / 32:,.2f}" in text
