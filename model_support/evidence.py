@@ -87,7 +87,8 @@ def _stack(row: Mapping[str, Any]) -> dict[str, str]:
 def failed_check_figures(row: Mapping[str, Any]) -> list[str]:
     """A FAIL's failed checks, each with its figure and the bound it passed (``median: median
     logit error ratio 5.21 > 3``); a check without a figure is named alone."""
-    checks = [str(c) for c in row.get("failed_checks") or []]
+    listed = row.get("failed_checks")
+    checks = [str(c) for c in listed] if listed is not None else []  # a list, or numpy's array
     if not checks:
         return []
     verification = json.loads(row.get("verification_json") or "{}")
