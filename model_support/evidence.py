@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from model_support.history import Change, Evidence, Report
@@ -188,10 +188,14 @@ def evidence(row: Mapping[str, Any], results: str) -> Evidence:
 def attach(report: Report, store: ResultsStore, results: str) -> Report:
     """``report`` with each change's evidence read from ``store`` (``results``: the store's
     URI as another machine names it)."""
-    changes: list[Change] = [*report.regressions, *report.fixes, *report.unconfirmed]
+    attach_changes([*report.regressions, *report.fixes, *report.unconfirmed], store, results)
+    return report
+
+
+def attach_changes(changes: Sequence[Change], store: ResultsStore, results: str) -> None:
+    """Each of ``changes`` given its evidence, read from ``store``."""
     rows = read_runs(store, [c.before_run_id for c in changes] + [c.after_run_id for c in changes])
     for change in changes:
         before, after = rows.get(change.before_run_id), rows.get(change.after_run_id)
         change.before_evidence = None if before is None else evidence(before, results)
         change.after_evidence = None if after is None else evidence(after, results)
-    return report

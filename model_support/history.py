@@ -1149,10 +1149,17 @@ def render_release_markdown(release: ReleaseReport, store_uri: str | None = None
         (
             "Regressions (confirmed)",
             [
-                f"- {_code(c.model)} ({_cell(c.task)}): {_cell(c.before)} -> {_cell(c.after)}"
-                + (f", {_cell(c.detail)}" if c.detail else "")
-                + f": {inline_code(c.reproduce)}"
+                line
                 for c in release.regressions
+                for line in (
+                    f"- {_code(c.model)} ({_cell(c.task)}): {_cell(c.before)} -> "
+                    f"{_cell(c.after)}" + (f", {_cell(c.detail)}" if c.detail else ""),
+                    *(
+                        "  " + evidence
+                        for evidence in _evidence_lines(c)
+                        if c.after_evidence is not None or evidence.startswith("- reproduce")
+                    ),
+                )
             ],
         ),
         (

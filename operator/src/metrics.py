@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from prometheus_client import Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
+    from model_support.history import ReleaseReport
     from model_support.operator.sweep_resource import SweepStatus
     from model_support.store import ResultsStore
 
@@ -149,12 +150,12 @@ def observe_stacks(store: ResultsStore) -> None:
                     gauge.remove(*labels)
         _stacks.clear()
         _stacks.update(seen)
-    observe_releases(store)
 
 
-def observe_releases(store: ResultsStore) -> None:
+def observe_releases(store: ResultsStore) -> list[ReleaseReport]:
     """The newest stacks' confirmed regressions and flaky models against the stack before
-    each (``model_support_release_regressions``, ``model_support_release_flaky``)."""
+    each (``model_support_release_regressions``, ``model_support_release_flaky``); their
+    reports."""
     from model_support.history import (
         Confirmation,
         Thresholds,
@@ -163,18 +164,22 @@ def observe_releases(store: ResultsStore) -> None:
         read_stacks,
         release_report,
     )
+    from model_support.evidence import shareable_uri
     from model_support.pricing import DEFAULT_PRICES
 
     if not store.fs.exists(store.history_path()):
-        return
+        return []
     known = read_stacks(store)
+    releases = []
     for info in known[-RELEASES_JUDGED:]:
         before = previous_stack(info.stack, known)
         chosen = [info.stack] if before is None else [before, info.stack]
         release = release_report(
             read_stack_runs(store, chosen), info.stack, before, Thresholds(), DEFAULT_PRICES,
-            confirmation=Confirmation(),
+            confirmation=Confirmation(), results=shareable_uri(store),
         )  # fmt: skip
         labels = [str(getattr(info.stack, name) or "unknown") for name in STACK_LABELS]
         RELEASE_REGRESSIONS.labels(*labels).set(len(release.regressions))
         RELEASE_FLAKY.labels(*labels).set(len(release.flaky))
+        releases.append(release)
+    return releases

@@ -109,6 +109,7 @@ def test_the_alerts_fire_on_the_demos_regression_and_a_returning_sweep_count(
     that resets and returns within the window is never missed."""
     store = _demo_like_store(tmp_path / "results")
     metrics.observe_stacks(store)
+    metrics.observe_releases(store)  # as the operator's materializer does after observe_stacks
     labels = {"compiler": NEWER_RELEASE, "compiler_version": CPU_STACK.torch,
               "library": "transformers", "library_version": CPU_STACK.transformers}  # fmt: skip
     assert metrics.RELEASE_REGRESSIONS.labels(*labels.values())._value.get() == 1
@@ -171,3 +172,35 @@ def _annotations(
             text = text.replace("{{ $labels." + name + " }}", label)
         filled[key] = text
     return filled
+
+
+def test_the_notification_webhook_comes_from_a_secret_and_its_shape_from_the_values() -> None:
+    values = {
+        **BASE,
+        "notifications": {
+            "webhookSecret": {"name": "release-hook", "key": "url"},
+            "tokenSecret": {"name": "gh", "key": "token"},
+            "format": "github",
+            "attempts": 3,
+        },
+    }
+    docs = render_chart(values)
+    settings = chart_settings(docs)
+    assert settings == settings_from_values(values)
+    assert (settings.notify_format, settings.notify_attempts) == ("github", 3)
+    deployment = next(
+        d for d in docs if d["kind"] == "Deployment" and "viewer" not in d["metadata"]["name"]
+    )
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["MODEL_SUPPORT_NOTIFY_URL"]["valueFrom"] == {
+        "secretKeyRef": {"name": "release-hook", "key": "url"}
+    }
+    assert env["MODEL_SUPPORT_NOTIFY_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "gh"
+    # The URL itself is never in the settings the Deployment carries in clear.
+    assert "release-hook" not in env["MODEL_SUPPORT_SETTINGS"]["value"]
+    plain = render_chart(BASE)
+    deployment = next(
+        d for d in plain if d["kind"] == "Deployment" and "viewer" not in d["metadata"]["name"]
+    )
+    names = {e["name"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "MODEL_SUPPORT_NOTIFY_URL" not in names  # off until a Secret is named
