@@ -156,6 +156,7 @@ def observe_releases(store: ResultsStore) -> list[ReleaseReport]:
     """The newest stacks' confirmed regressions and flaky models against the stack before
     each (``model_support_release_regressions``, ``model_support_release_flaky``); their
     reports."""
+    from model_support.evidence import shareable_uri
     from model_support.history import (
         Confirmation,
         Thresholds,
@@ -164,7 +165,6 @@ def observe_releases(store: ResultsStore) -> list[ReleaseReport]:
         read_stacks,
         release_report,
     )
-    from model_support.evidence import shareable_uri
     from model_support.pricing import DEFAULT_PRICES
 
     if not store.fs.exists(store.history_path()):
