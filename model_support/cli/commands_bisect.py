@@ -193,7 +193,8 @@ def bisect(
         if importlib.util.find_spec("torch_neuronx") is None:
             raise fail(
                 f"run {bad_row['run_id']} ran on Neuron and this machine has no torch-neuronx: "
-                "bisect it on the cluster with a ModelSupportBisect (docs/release-day.md)"
+                "bisect it on a Trainium machine with the row's stack, where each step runs "
+                "(docs/release-day.md)"
             )
     index = PackageIndex(
         index_url=index_url,
