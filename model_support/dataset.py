@@ -64,9 +64,12 @@ MATRIX_FORMAT_VERSION = 3
 rebuild their matrix from the records when it differs from the one their index was made with."""
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class MatrixKey:
-    """Which matrix file a record belongs to. None = not known (no stack recorded)."""
+    """Which matrix file a record belongs to. None = not known (no stack recorded).
+
+    Keys sort with None as the empty string: a stack without a library version sorts beside
+    the same compiler's others (compared field by field, None and a version do not order)."""
 
     compiler: str | None
     compiler_version: str | None
@@ -80,6 +83,9 @@ class MatrixKey:
             self.library,
             self.library_version or "",
         )
+
+    def __lt__(self, other: MatrixKey) -> bool:
+        return self._sort_tuple() < other._sort_tuple()
 
 
 @dataclass(frozen=True)
