@@ -7,7 +7,7 @@ import threading
 from collections.abc import Iterable
 
 from model_support.delivery import DeliveryArea, DeliveryError
-from model_support.operator import metrics
+from model_support.operator import metrics, notifications
 from model_support.store import ResultsStore
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,11 @@ class Materializer:
             try:
                 self.store.materialize()
                 metrics.observe_stacks(self.store)
+                for release in metrics.observe_releases(self.store):
+                    if release.regressions:
+                        notifications.notifier().tell(
+                            notifications.release_regressions(release, self.store)
+                        )
             except Exception:
                 log.exception(
                     "materializing %s failed; records are intact, the next run redoes it",

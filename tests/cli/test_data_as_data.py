@@ -36,3 +36,18 @@ def test_reproduce_shows_a_records_control_characters_as_escapes(tmp_path: Path)
 def test_every_control_character_but_tab_and_newline_is_escaped() -> None:
     assert printable("a\tb\nc") == "a\tb\nc"
     assert printable("\x1b[2J\r\x08\x7f\x9b\u202e") == "\\x1b[2J\\x0d\\x08\\x7f\\x9b\\u202e"
+
+
+def test_every_console_of_the_command_line_escapes_control_characters() -> None:
+    """A command that printed through a plain Rich console would hand a record's escape
+    sequences to the terminal: the command line's consoles are all DataConsoles."""
+    import model_support.cli
+
+    folder = Path(model_support.cli.__file__).parent
+    plain = [
+        f"{source.name}:{number}"
+        for source in sorted(folder.glob("*.py"))
+        for number, line in enumerate(source.read_text().splitlines(), 1)
+        if re.search(r"(?<!Data)Console\(", line)
+    ]
+    assert plain == []
