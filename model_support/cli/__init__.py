@@ -6,6 +6,7 @@ import typer
 
 from model_support.cli import (
     commands_acceptance,
+    commands_bisect,
     commands_cache,
     commands_dataset,
     commands_demo,
@@ -39,6 +40,7 @@ for _module in (
     commands_cache,
     commands_dataset,
     commands_history,
+    commands_bisect,
     commands_doctor,
     commands_acceptance,
 ):

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Annotated, Any, TextIO
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -34,6 +33,7 @@ from model_support.config import RunConfig
 from model_support.execution import run_local
 from model_support.models import resolve_model
 from model_support.neuron_node import SMOKE_TIMEOUT_S
+from model_support.printable import DataConsole
 from model_support.records import ResultDocument
 from model_support.vocabulary import Backend, Result
 
@@ -329,7 +329,7 @@ def register(app: typer.Typer) -> None:
                 max_new_tokens=max_new_tokens,
             )
         except ValueError as exc:
-            Console(stderr=True).print(Text(f"error: {exc}", style="bold red"))
+            DataConsole(stderr=True).print(Text(f"error: {exc}", style="bold red"))
             raise typer.Exit(2) from None
         local = ref.is_local
         with tempfile.TemporaryDirectory(prefix="model-support-acceptance-") as scratch:
@@ -367,7 +367,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps({**report, "archive": str(archive)}))
         else:
-            Console().print(_table(found))
-            Console().print(Text(f"archive: {archive}"))
+            DataConsole().print(_table(found))
+            DataConsole().print(Text(f"archive: {archive}"))
         if not report["ok"]:
             raise typer.Exit(EXIT_FAILED)

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -33,6 +32,7 @@ from model_support.neuron_node import (
     runtime_driver_check,
     smoke_check,
 )
+from model_support.printable import DataConsole
 
 if TYPE_CHECKING:
     from model_support.compile_cache.compilers import CompilerCache
@@ -272,6 +272,6 @@ def register(app: typer.Typer) -> None:
         if json_output:
             print(json.dumps(report.as_dict()))
         else:
-            Console().print(_table(report.checks))
+            DataConsole().print(_table(report.checks))
         if not report.ok:
             raise typer.Exit(EXIT_FAILED)
