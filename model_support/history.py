@@ -24,6 +24,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field
 
 from model_support.pricing import PriceTable
+from model_support.records import divergence_where
 from model_support.viewer.markup import inline_code
 from model_support.vocabulary import Result, is_fix, is_regression
 
@@ -34,15 +35,19 @@ STACK_COLUMNS = ("compiler", "compiler_version", "library", "library_version")
 SLOT = ("model_id", "task")
 STACK_ORDER_COLUMNS = (*STACK_COLUMNS, "run_id", "started_at", "finished_at", "recorded_at")
 """What ordering the stacks reads (a few columns of every run)."""
+DIVERGENCE_COLUMNS = (
+    "first_divergence", "first_divergence_phase", "first_divergence_step", "first_divergence_ratio",
+)  # fmt: skip
+"""Where a FAIL starts: its first diverging module, where it was found, its error ratio."""
 COMPARED_COLUMNS = (
     *SLOT, *STACK_COLUMNS, "result", "error_class", "failed_checks", "run_id", "instance_type",
     "lnc", "core_seconds", "decode_tokens_per_s", "compile_time_s", "compile_cache_hit",
-    "peak_device_memory_bytes", "finished_at", "recorded_at",
+    "peak_device_memory_bytes", *DIVERGENCE_COLUMNS, "finished_at", "recorded_at",
 )  # fmt: skip
 """What comparing two stacks reads of each run."""
 SIDE_COLUMNS = (
     "result", "error_class", "failed_checks", "run_id", "core_seconds", "cost_usd",
-    "decode_tokens_per_s", "compile_time_s", "peak_device_memory_bytes",
+    "decode_tokens_per_s", "compile_time_s", "peak_device_memory_bytes", *DIVERGENCE_COLUMNS,
 )  # fmt: skip
 """What a reported change says of each side."""
 
@@ -425,6 +430,19 @@ def _group_of(row: Mapping[str, Any]) -> str:
     return result
 
 
+def divergence_detail(row: Mapping[str, Any]) -> str | None:
+    """Where a FAIL starts, for the report: "first diverging module from decode step 18:
+    model.layers.0.mlp.act_fn, 125x"; None where the run names no module."""
+    module = row.get("first_divergence")
+    if not isinstance(module, str) or not module:
+        return None
+    where = divergence_where(row.get("first_divergence_phase"), row.get("first_divergence_step"))
+    ratio = _number(row.get("first_divergence_ratio"))
+    return f"first diverging module{' ' + where if where else ''}: {module}" + (
+        f", {ratio:.3g}x" if ratio is not None else ""
+    )
+
+
 def _number(value: object) -> float | None:
     return None if value is None or pd.isna(value) else float(value)  # type: ignore[arg-type]
 
@@ -534,7 +552,12 @@ def regressions(
 
     for i in both.index[worse]:
         report.regressions.append(
-            Change(kind="regression", group=_group_of(sides[i][1]), **common(i))
+            Change(
+                kind="regression",
+                group=_group_of(sides[i][1]),
+                detail=divergence_detail(sides[i][1]),
+                **common(i),
+            )
         )
     for i in both.index[fixed]:
         report.fixes.append(Change(kind="fix", group=f"was {_group_of(sides[i][0])}", **common(i)))
