@@ -37,9 +37,14 @@ from model_support.pricing import (
     load_prices,
     prices_from_mapping,
 )
-from model_support.records import CacheTransferFigures, CompileCacheFigures, RunRecord
+from model_support.records import (
+    CacheTransferFigures,
+    CompileCacheFigures,
+    FirstDivergence,
+    RunRecord,
+)
 from model_support.store import ResultsStore
-from model_support.vocabulary import Result, VerdictCheck
+from model_support.vocabulary import DivergencePhase, LocalizationStatus, Result, VerdictCheck
 
 CC_OLD = "2.27.1000.0"
 CC_NEW = "2.28.7631.0"
@@ -78,9 +83,13 @@ def on_compiler(
     return record.model_copy(update={"document": doc.model_copy(update=update)})
 
 
-def failed(record: RunRecord, checks: list[VerdictCheck]) -> RunRecord:
+def failed(
+    record: RunRecord, checks: list[VerdictCheck], where: FirstDivergence | None = None
+) -> RunRecord:
     doc = record.document
-    verification = doc.verification.model_copy(update={"passed": False, "failed_checks": checks})
+    verification = doc.verification.model_copy(
+        update={"passed": False, "failed_checks": checks, "first_divergence": where}
+    )
     return record.model_copy(
         update={
             "document": doc.model_copy(update={"result": Result.FAIL, "verification": verification})
@@ -203,12 +212,22 @@ def test_a_bad_price_table_is_refused_with_the_field_named(tmp_path: Path) -> No
     assert load_prices(table).price_of("trn1.32xlarge") is None  # no eu-west-1 price given
 
 
+ACT_FN_AT_STEP_18 = FirstDivergence(
+    status=LocalizationStatus.FOUND,
+    module="model.layers.0.mlp.act_fn",
+    kind="SiLUActivation",
+    error_ratio=125.3,
+    phase=DivergencePhase.DECODE,
+    step=18,
+)
+
+
 def _two_stacks(store: ResultsStore) -> dict[str, RunRecord]:
     """Six models on an older and a newer neuronx-cc."""
     old, new = T0, T0 + timedelta(days=7)
     pairs = {
         "org/regressed": (make_record("org/regressed", finished=old), make_record("org/regressed", Result.ERROR, finished=new)),
-        "org/miscompiled": (make_record("org/miscompiled", finished=old), failed(make_record("org/miscompiled", finished=new), [VerdictCheck.TOKENS, VerdictCheck.KL])),
+        "org/miscompiled": (make_record("org/miscompiled", finished=old), failed(make_record("org/miscompiled", finished=new), [VerdictCheck.TOKENS, VerdictCheck.KL], ACT_FN_AT_STEP_18)),
         "org/fixed": (make_record("org/fixed", Result.ERROR, finished=old), make_record("org/fixed", finished=new)),
         "org/slower": (make_record("org/slower", finished=old), make_record("org/slower", finished=new)),
         "org/steady": (make_record("org/steady", finished=old), make_record("org/steady", finished=new)),
@@ -245,6 +264,11 @@ def test_regressions_between_the_two_newest_stacks(store: ResultsStore) -> None:
         ("org/slower", "memory", "peak device memory grew"),
     }
     assert [(c.model, c.group) for c in report.fixes] == [("org/fixed", "was ERROR compile")]
+    # A FAIL says where it starts: its first diverging module, and the decode step.
+    miscompiled = next(c for c in report.regressions if c.model == "org/miscompiled")
+    assert miscompiled.detail == (
+        "first diverging module from decode step 18: model.layers.0.mlp.act_fn, 125x"
+    )
     regressed = next(c for c in report.regressions if c.model == "org/regressed")
     assert regressed.reproduce == f"model-support reproduce {after['org/regressed'].run_id}"
     assert regressed.cost_usd_after is not None and regressed.cost_usd_after > 0
@@ -258,6 +282,10 @@ def test_regressions_between_the_two_newest_stacks(store: ResultsStore) -> None:
     assert "<h3>ERROR compile (1)</h3>" in html and "<h3>FAIL tokens, kl (1)</h3>" in html
     assert f"<td><code>model-support reproduce {after['org/regressed'].run_id}</code></td>" in html
     assert "<td><code>org/regressed</code></td>" in html
+    assert (
+        "<td>first diverging module from decode step 18: model.layers.0.mlp.act_fn, 125x</td>"
+        in html
+    )
     assert "<h1>Regressions: neuronx-cc 2.27.1000.0 · transformers 5.24.0 -&gt; neuronx-cc" in html
 
 
