@@ -13,6 +13,14 @@ graph. Faults imitate real compiler bugs:
   one decode step only (``one_row_step_noise_*``);
 - in the vocabulary: a bias on every token outside each position's top 64 (``vocab_tail_bias``),
   or on one rare token (``rare_token_bias``), invisible in the reference's top tokens.
+- only in decode-shaped graphs (one token per sequence, as a decode step compiles them): noise
+  on one layer's MLP output (``decode_noise_100pct``) or one expert's output 1.5x
+  (``decode_expert_scaled``), wrong from the first decode step; and the keys and values one
+  layer's attention writes into its static cache from ``MODEL_SUPPORT_FAULT_CACHE_POSITION``
+  on (``cache_write_noise``), wrong from the decode step that writes that position. Unlike the
+  step-counting faults above, these depend only on what the miscompiled module is given (its
+  shapes, the cache positions it writes), as a compiler bug does, so the search, compiling the
+  module alone with that step's shapes, meets them too.
 
 Benign backends change the arithmetic the way a correct compiler may: ``benign`` runs the graph
 unchanged (the control); ``tf32_matmuls`` and ``bf16_matmuls`` round every matmul operand to

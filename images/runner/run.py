@@ -4218,9 +4218,14 @@ class LevelFailed(RuntimeError):
         modules = ", ".join(unique[:3]) + (
             f" and {len(unique) - 3} more" if len(unique) > 3 else ""
         )
-        detail = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
+        # Dynamo wraps a compile backend's own error (BackendCompilerFailed): say that one,
+        # and classify the wrapper (a compile failure).
+        own = getattr(cause, "inner_exception", None) or cause
+        detail = own if isinstance(own, str) else f"{type(own).__name__}: {own}"
+        lines = [line for line in detail.splitlines() if line.strip()]
         super().__init__(
-            f"{modules} could not be compiled and run on its own {plan.shapes()}: {detail}"
+            f"{modules} could not be compiled and run on its own {plan.shapes()}: "
+            f"{lines[0] if lines else detail}"
         )
         self.cause = cause
 

@@ -294,6 +294,32 @@ def test_a_decode_fail_is_searched_at_its_step_a_prefill_fail_on_the_sequence_th
     assert plans(*quiet, _position(0, 6, 1.0), generates=False) == [(None, None)]
 
 
+def test_a_fail_whose_search_names_nothing_says_why_in_one_sentence() -> None:
+    """Never a bare none: where it searched, and why nothing there can show the error."""
+    decode, whole, prefill_step = (
+        runner.SearchPlan("decode", 5),
+        runner.SearchPlan("prefill", None),
+        runner.SearchPlan("prefill", 0),
+    )
+    spread = {"positions": [_position(0, t, 0.02) for t in range(8)]}
+    at_step = runner.none_reason([decode], spread, _params())
+    assert at_step.startswith(
+        "no module's output diverges at decode step 5 (one token per sequence, against the "
+        "static cache), on the reference's inputs: the error arises outside"
+    )
+    assert runner.none_reason([whole], spread, _params()).startswith(
+        "the failure is spread over positions (none is beyond the largest error or KL "
+        "divergence a correct run reaches on its prompt), so no step is singled out"
+    )
+    assert runner.none_reason([whole, prefill_step], spread, _params()).startswith(
+        "no module's output diverges on the whole sequence at once or at the prefill step as "
+        "the run ran it"
+    )
+    assert runner.none_reason([runner.SearchPlan(None, None)], {}, _params()).startswith(
+        "no module's output diverges on the reference's inputs"
+    )
+
+
 def test_a_replayed_step_is_the_step_the_run_made(tiny_llama_path: Path) -> None:
     """The search's root call at a decode step is the run's own: the run's batch, one token per
     sequence, the static cache of the run's length holding what the earlier steps wrote. Called
@@ -504,6 +530,26 @@ def test_a_cache_write_fault_from_a_chosen_step_is_named_at_that_step(
     assert (found["status"], found["module"]) == ("found", "model.layers.1.self_attn"), found
     assert (found["phase"], found["step"]) == ("decode", CHOSEN_STEP)
     assert found["kind"].endswith("Attention")
+
+
+@pytest.mark.slow
+def test_a_fault_the_step_search_cannot_see_is_reported_with_the_step_it_searched(
+    demo_models: dict[str, DemoModel], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """one_row_step_noise_300pct counts steps by watching the token embedding in the whole
+    step's graph: the search at its step compiles the faulty layer without the embedding, so
+    nothing diverges there. The FAIL keeps a reason naming the step, never a bare none."""
+    monkeypatch.setenv("MODEL_SUPPORT_FAULT_ROW_STEP", "1:5")
+    doc = _run(demo_models["tiny-llama"], "model_support.faults:one_row_step_noise_300pct")
+    assert doc["result"] == "FAIL"
+    found = doc["verification"]["first_divergence"]
+    assert (found["status"], found["module"], found["phase"], found["step"]) == (
+        "none",
+        None,
+        "decode",
+        5,
+    ), found
+    assert found["reason"].startswith("no module's output diverges at decode step 5")
 
 
 def _first_step_routed_to(model: DemoModel, tokens: list, layer: int, expert: int) -> int:
@@ -825,7 +871,11 @@ def test_a_module_that_does_not_compile_on_its_own_is_recorded_not_raised(
 
     found = _search_after_a_fail(tiny_llama_path, refuses)
     assert (found["status"], found["error_class"], found["module"]) == ("failed", "compile", None)
-    assert "cannot lower this graph" in found["reason"]
+    # One sentence: which modules, at which shapes, and the compiler's own message.
+    assert found["reason"] == (
+        "model, lm_head could not be compiled and run on its own on the whole sequence at "
+        "once: RuntimeError: cannot lower this graph (an injected compiler failure)"
+    )
 
 
 def test_a_search_out_of_time_says_so(tiny_llama_path: Path) -> None:
