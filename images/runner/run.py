@@ -3489,37 +3489,50 @@ def localization_wanted(params: dict, result: str | None) -> bool:
     return mode == "always" or (mode == "on_fail" and result == "FAIL")
 
 
-def first_failing_position(verification: dict, params: dict) -> int | None:
-    """The first generated position (0: the prefill's token, s: decode step s) at which the
-    device's output fails, from a token verdict's positions (pure); None when no position does.
+def failing_positions(verification: dict, params: dict) -> list:
+    """Where a token verdict's FAIL starts (pure): the generated positions to search (0: the
+    prefill's token, s: decode step s), in order; [] when no position fails.
 
-    A position fails by itself when its token is bad, or its logit error or KL divergence is
-    beyond the peak (or KL) bound times the largest a correct run reaches on that prompt (the
-    baseline's). Where none does (a FAIL of the median, q90 or mean KL over many positions),
-    the first position beyond the baseline's largest error or KL on its prompt. Positions the
-    verdict excuses as router ties never count.
+    The first failing position is the earliest whose token is bad, or whose logit error or KL
+    divergence is beyond the peak (or KL) bound times the largest a correct run reaches on its
+    prompt (the baseline's): it fails by itself. Where no position does (a FAIL of the median,
+    q90 or mean KL over many positions), the earliest beyond the baseline's largest error or KL
+    on its prompt. A fault may start below the bounds a step or more before (a cache write read
+    again later): where the positions just before it on its prompt are already beyond the
+    baseline's largest, the first of them is searched first. Router ties the verdict excused
+    never count.
     """
     largest: dict = {}
     positions = [p for p in verification.get("positions") or [] if not p.get("excused")]
     for p in positions:
         peak, kl = largest.get(p["prompt"], (0.0, 0.0))
         largest[p["prompt"]] = (max(peak, p["baseline_deviation"]), max(kl, p["baseline_kl"]))
-    alone, beyond = [], []
+    alone, beyond = set(), set()
     for p in positions:
         peak, kl = largest[p["prompt"]]
         peak, kl = max(peak, params["error_floor"]), max(kl, params["kl_floor"])
         deviation, divergence = p["device_deviation"], p["device_kl"]
+        where = (p["prompt"], p["position"])
         # "not <=": a NaN fails.
         if (
             p["verdict"] == "bad"
             or not deviation <= params["max_peak_ratio"] * peak
             or not divergence <= params["max_kl_ratio"] * kl
         ):
-            alone.append(p["position"])
-        elif deviation > peak or divergence > kl:
-            beyond.append(p["position"])
+            alone.add(where)
+        if not deviation <= peak or not divergence <= kl:
+            beyond.add(where)
     chosen = alone or beyond
-    return min(chosen) if chosen else None
+    if not chosen:
+        return []
+    first = min(position for _, position in chosen)
+    onset = first
+    for prompt in {prompt for prompt, position in chosen if position == first}:
+        start = first
+        while (prompt, start - 1) in beyond:
+            start -= 1
+        onset = min(onset, start)
+    return sorted({onset, first})
 
 
 @dataclasses.dataclass
@@ -3543,21 +3556,25 @@ class SearchPlan:
 def search_plans(generates: bool, verification: dict, params: dict, failed: bool) -> list:
     """The searches a run makes, in order, each only when the one before finds nothing.
 
-    A FAIL first seen at a decode step is searched at that step. One first seen at the prefill's
-    token, or a run with no failing position (a PASS searched with "always", a FAIL spread over
-    positions), is searched on the whole sequence at once, as the verdict scores it; a prefill
-    FAIL then also at the prefill step as the run ran it (for an encoder-decoder, the decoder's
-    first step: one token against the encoder's output). A family that does not decode has one
-    search, on its inputs.
+    A FAIL first seen at a decode step is searched at that step (from where it began below the
+    bounds, see failing_positions). One first seen at the prefill's token, or a run with no
+    failing position (a PASS searched with "always", a FAIL spread over positions), is searched
+    on the whole sequence at once, as the verdict scores it; a prefill FAIL then also at the
+    prefill step as the run ran it (for an encoder-decoder, the decoder's first step: one token
+    against the encoder's output). A family that does not decode has one search, on its inputs.
     """
     if not generates:
         return [SearchPlan(None, None)]
-    position = first_failing_position(verification, params) if failed else None
-    if position is None:
+    positions = failing_positions(verification, params) if failed else []
+    if not positions:
         return [SearchPlan("prefill", None)]
-    if position == 0:
-        return [SearchPlan("prefill", None), SearchPlan("prefill", 0)]
-    return [SearchPlan("decode", position)]
+    plans = []
+    for position in positions:
+        if position == 0:
+            plans += [SearchPlan("prefill", None), SearchPlan("prefill", 0)]
+        else:
+            plans.append(SearchPlan("decode", position))
+    return plans
 
 
 def row_errors(value, reference):

@@ -248,31 +248,40 @@ def _position(
     }
 
 
-def _first(*positions: dict) -> int | None:
-    return runner.first_failing_position({"positions": list(positions)}, _params())
+def _first(*positions: dict) -> list[int]:
+    return runner.failing_positions({"positions": list(positions)}, _params())
 
 
 def test_the_first_failing_position_is_the_first_that_fails_a_check_by_itself() -> None:
     # The peak bound (4) times the prompt's largest baseline deviation (0.01): 0.04.
     within = [_position(p, t, 0.01) for p in (0, 1) for t in range(8)]
-    assert _first(*within) is None
+    assert _first(*within) == []
     beyond_peak = _position(0, 5, 0.05)
-    bad_token = _position(1, 3, 0.02, verdict="bad")
-    assert _first(*within, beyond_peak) == 5
+    bad_token = _position(1, 3, 0.01, verdict="bad")
+    assert _first(*within, beyond_peak) == [5]
     # A bad token fails by itself, whatever its deviation; the earliest position wins.
-    assert _first(*within, beyond_peak, bad_token) == 3
+    assert _first(*within, beyond_peak, bad_token) == [3]
     # KL alone: beyond max_kl_ratio (10) times the prompt's largest baseline KL.
-    assert _first(*within, beyond_peak, _position(0, 2, 0.01, kl=2e-4)) == 2
+    assert _first(*within, beyond_peak, _position(0, 2, 0.01, kl=2e-4)) == [2]
     # A NaN fails; a router tie the verdict excused never counts.
-    assert _first(*within, beyond_peak, _position(1, 4, float("nan"))) == 4
-    assert _first(*within, beyond_peak, _position(1, 1, 9.0, excused=True)) == 5
+    assert _first(*within, beyond_peak, _position(1, 4, float("nan"))) == [4]
+    assert _first(*within, beyond_peak, _position(1, 1, 9.0, excused=True)) == [5]
+
+
+def test_a_fault_that_began_below_the_bounds_is_searched_from_where_it_began_first() -> None:
+    """A cache write miscompiled at step 3 shows 3.9x a correct run's largest error there, under
+    the peak bound; step 4 reads it again and fails by itself. Step 3 is searched first, then
+    step 4; a position beyond the baseline before a clean one does not count."""
+    quiet = [_position(0, t, 0.01) for t in (0, 5, 6, 7)]
+    began = [_position(0, 1, 0.02), _position(0, 2, 0.01), _position(0, 3, 0.039)]
+    assert _first(*quiet, *began, _position(0, 4, 0.2)) == [3, 4]
 
 
 def test_a_fail_spread_over_positions_starts_where_a_correct_run_is_first_exceeded() -> None:
     """No position fails by itself (a fault everywhere, caught by the median): the first
     position beyond the largest error a correct run reaches on its prompt."""
     spread = [_position(0, t, 0.009) for t in range(3)] + [_position(0, 3, 0.03)]
-    assert _first(*spread, *[_position(0, t, 0.03) for t in range(4, 8)]) == 3
+    assert _first(*spread, *[_position(0, t, 0.03) for t in range(4, 8)]) == [3]
 
 
 def test_a_decode_fail_is_searched_at_its_step_a_prefill_fail_on_the_sequence_then_its_step() -> (
@@ -285,6 +294,10 @@ def test_a_decode_fail_is_searched_at_its_step_a_prefill_fail_on_the_sequence_th
 
     quiet = [_position(0, t, 0.01) for t in range(8)]
     assert plans(*quiet, _position(0, 6, 1.0)) == [("decode", 6)]
+    assert plans(*quiet, _position(0, 5, 0.02), _position(0, 6, 1.0)) == [
+        ("decode", 5),
+        ("decode", 6),
+    ]
     assert plans(*quiet, _position(0, 0, 1.0)) == [("prefill", None), ("prefill", 0)]
     # No failing position (a PASS searched with "always", or nothing beyond a correct run):
     # the whole sequence at once, as the verdict scores it.
