@@ -779,7 +779,8 @@ HISTORY_COLUMNS: tuple[str, ...] = (
     "failed_checks", "neuron_cores", "lnc", "instance_type", "wall_time_s", "compile_time_s",
     "compile_cache_hit", "decode_tokens_per_s", "peak_device_memory_bytes", "error_ratio",
     "q90_ratio", "peak_ratio", "kl_ratio", "bad_tokens", "first_divergence",
-    "first_divergence_phase", "first_divergence_step", "first_divergence_ratio", "held_s",
+    "first_divergence_kind", "first_divergence_phase", "first_divergence_step",
+    "first_divergence_ratio", "held_s",
     "core_seconds", "compile_share", "run_id", "source", "started_at", "finished_at",
     "recorded_at",
 )  # fmt: skip

@@ -37,9 +37,11 @@ SLOT = ("model_id", "task")
 STACK_ORDER_COLUMNS = (*STACK_COLUMNS, "run_id", "started_at", "finished_at", "recorded_at")
 """What ordering the stacks reads (a few columns of every run)."""
 DIVERGENCE_COLUMNS = (
-    "first_divergence", "first_divergence_phase", "first_divergence_step", "first_divergence_ratio",
+    "first_divergence", "first_divergence_kind", "first_divergence_phase", "first_divergence_step",
+    "first_divergence_ratio",
 )  # fmt: skip
-"""Where a FAIL starts: its first diverging module, where it was found, its error ratio."""
+"""Where a FAIL starts: its first diverging module, its class, where it was found, its error
+ratio."""
 COMPARED_COLUMNS = (
     *SLOT, *STACK_COLUMNS, "result", "error_class", "failed_checks", "run_id", "instance_type",
     "resolved_revision",
@@ -443,7 +445,8 @@ class Evidence(BaseModel):
         default_factory=list, description="A FAIL's failed checks with their figures and bounds."
     )
     first_divergence: str | None = Field(
-        None, description="A FAIL: the first diverging module, its class and its error ratio."
+        None,
+        description="A FAIL: the first diverging module, where it was found (the prefill, a decode step), its class and its error ratio.",
     )
     error_class: str | None = None
     error_lines: list[str] = Field(
@@ -546,16 +549,20 @@ def _group_of(row: Mapping[str, Any]) -> str:
     return result
 
 
-def divergence_detail(row: Mapping[str, Any]) -> str | None:
-    """Where a FAIL starts, for the report: "first diverging module from decode step 18:
-    model.layers.0.mlp.act_fn, 125x"; None where the run names no module."""
+def divergence_line(row: Mapping[str, Any]) -> str | None:
+    """Where a FAIL starts, from a history or matrix row, as the record's summary says it:
+    "first diverging module, from decode step 18: model.layers.0.mlp.act_fn (SiLUActivation),
+    error ratio 125"; None where the run names no module."""
     module = row.get("first_divergence")
     if not isinstance(module, str) or not module:
         return None
     where = divergence_where(row.get("first_divergence_phase"), row.get("first_divergence_step"))
+    kind = row.get("first_divergence_kind")
     ratio = _number(row.get("first_divergence_ratio"))
-    return f"first diverging module{' ' + where if where else ''}: {module}" + (
-        f", {ratio:.3g}x" if ratio is not None else ""
+    return (
+        f"first diverging module{', ' + where if where else ''}: {module}"
+        + (f" ({kind})" if isinstance(kind, str) and kind else "")
+        + (f", error ratio {ratio:.3g}" if ratio is not None else "")
     )
 
 
@@ -824,7 +831,7 @@ def regressions(
         change = Change(
             kind="regression",
             group=_group_of(sides[i][1]),
-            detail=divergence_detail(sides[i][1]),
+            detail=divergence_line(sides[i][1]),
             **common(i),
         )
         if confirmed[i]:

@@ -303,7 +303,8 @@ def test_regressions_between_the_two_newest_stacks(store: ResultsStore) -> None:
     # A FAIL says where it starts: its first diverging module, and the decode step.
     miscompiled = next(c for c in report.regressions if c.model == "org/miscompiled")
     assert miscompiled.detail == (
-        "first diverging module from decode step 18: model.layers.0.mlp.act_fn, 125x"
+        "first diverging module, from decode step 18: model.layers.0.mlp.act_fn "
+        "(SiLUActivation), error ratio 125"
     )
     regressed = next(c for c in report.regressions if c.model == "org/regressed")
     assert regressed.reproduce == f"model-support reproduce {after['org/regressed'].run_id}"
@@ -326,8 +327,8 @@ def test_regressions_between_the_two_newest_stacks(store: ResultsStore) -> None:
     assert f"<code>model-support reproduce {after['org/regressed'].run_id}</code>" in html
     assert "<td><code>org/regressed</code></td>" in html
     assert (
-        "<td>first diverging module from decode step 18: model.layers.0.mlp.act_fn, 125x</td>"
-        in html
+        "<td>first diverging module, from decode step 18: model.layers.0.mlp.act_fn "
+        "(SiLUActivation), error ratio 125</td>" in html
     )
     assert "<h1>Regressions: neuronx-cc 2.27.1000.0 · transformers 5.24.0 -&gt; neuronx-cc" in html
 
@@ -562,3 +563,27 @@ def test_a_cpu_run_is_never_priced_as_trainium_core_hours(store: ResultsStore) -
     }
     assert costs["org/n"] == pytest.approx(120 / 3600 * 21.50 / 32)
     assert pd.isna(costs["org/c"])
+
+
+def test_a_bug_reports_evidence_says_where_the_fail_starts() -> None:
+    """The bug body's line for a FAIL (read from the matrix row) says the decode step, as the
+    change's detail and the record's summary do; an older row without a phase keeps the old
+    wording."""
+    from model_support.evidence import first_divergence
+
+    row = {
+        "first_divergence": "model.layers.0.mlp.act_fn",
+        "first_divergence_kind": "SiLUActivation",
+        "first_divergence_phase": "decode",
+        "first_divergence_step": 18,
+        "first_divergence_ratio": 125.3,
+    }
+    assert first_divergence(row) == (
+        "first diverging module, from decode step 18: model.layers.0.mlp.act_fn "
+        "(SiLUActivation), error ratio 125"
+    )
+    older = {**row, "first_divergence_phase": None, "first_divergence_step": None}
+    assert first_divergence(older) == (
+        "first diverging module: model.layers.0.mlp.act_fn (SiLUActivation), error ratio 125"
+    )
+    assert first_divergence({"first_divergence": None}) is None
