@@ -321,7 +321,7 @@ class FirstDivergence(BaseModel):
     step: int | None = Field(
         None,
         ge=0,
-        description="The generation step searched, as the run ran it: s >= 1 for decode step s (the step at which the FAIL first shows), 0 for the prefill step; null for the whole sequence at once.",
+        description="The generation step searched, as the run ran it: s >= 1 for decode step s (where the FAIL first shows, or began just before it within the bounds), 0 for the prefill step; null for the whole sequence at once.",
     )
     reason: str | None = Field(None, description="Why the search stopped short, when it did.")
     error_class: ErrorClass | None = Field(
