@@ -46,7 +46,7 @@ LIST_COLUMNS: tuple[str, ...] = (
 )
 TRIAGE_COLUMNS: tuple[str, ...] = (
     "model_id", "task", "result", "error_class", "error_reason", "error", "verification_reason",
-    "first_divergence", "first_divergence_kind",
+    "first_divergence", "first_divergence_kind", "first_divergence_phase",
 )  # fmt: skip
 COMPARE_COLUMNS: tuple[str, ...] = ("model_id", "task", "result", "error_class", "wall_time_s")
 PASS_RATE_COLUMNS: tuple[str, ...] = ("compiler", "compiler_version", "model_id", "result")
@@ -388,12 +388,15 @@ def failure_messages(failed: pd.DataFrame) -> pd.Series:
     return messages.where(messages.notna(), None)
 
 
-def divergence_signature(module: object, kind: object) -> str | None:
+def divergence_signature(module: object, kind: object, phase: object = None) -> str | None:
     """A FAIL's group by where it starts: the first diverging module's own name (its last
-    part, e.g. o_proj) and class, the same in every layer and every model; None when unknown."""
+    part, e.g. o_proj) and class, the same in every layer and every model, and the phase it
+    was found in (prefill or decode; not the step, which differs by model); None when
+    unknown."""
     if not isinstance(module, str) or not module:
         return None
-    return f"FAIL, first diverging module: {module.rpartition('.')[2]} ({kind})"
+    found_in = {"decode": " in a decode step", "prefill": " in the prefill"}.get(str(phase), "")
+    return f"FAIL, first diverging module{found_in}: {module.rpartition('.')[2]} ({kind})"
 
 
 def reason_prefix(error_class: object, reason: object) -> str:
@@ -416,14 +419,17 @@ def failure_signatures(failed: pd.DataFrame) -> list[str]:
 
     errors, reasons = column("error"), column("verification_reason")
     modules, kinds = column("first_divergence"), column("first_divergence_kind")
+    phases = column("first_divergence_phase")
     classes, why = column("error_class"), column("error_reason")
     return [
-        divergence_signature(m, k)
+        divergence_signature(m, k, p)
         or reason_prefix(c, w)
         + error_signature(
             e if isinstance(e, str) else r.split("; ")[0] if isinstance(r, str) else None
         )
-        for e, r, m, k, c, w in zip(errors, reasons, modules, kinds, classes, why, strict=True)
+        for e, r, m, k, p, c, w in zip(
+            errors, reasons, modules, kinds, phases, classes, why, strict=True
+        )
     ]
 
 
