@@ -73,7 +73,7 @@ def warm(uri: str) -> None:
     )
     key = views.cache_key([newest])
     table, _, _ = views._all_results(uri, key, None, "")
-    views._read(uri, key, ("backend",), None)
+    views._read(uri, key, ("backend", "result"), None)  # the device note
     if len(files) > 1:  # the coverage note counts every stack's models
         for other in files:
             views._read(uri, views.cache_key([other]), ("model_id",), None)

@@ -59,10 +59,11 @@ def test_history_deep_link_opens_one_runs_details(page: AppTest, dataset: Path) 
     assert not page.exception
     headings = [h.value for h in page.subheader]
     assert any(run_id.replace("-", "\\-") in h or run_id in h for h in headings)
+    # The dataset is a folder of the viewer's machine: the command says what to replace.
     assert any(
-        c.value.startswith(f"model-support reproduce {run_id} --results {dataset}")
-        for c in page.code
+        c.value.startswith(f"model-support reproduce {run_id} --results RESULTS") for c in page.code
     )
+    assert not [c.value for c in page.code if str(dataset) in c.value]
     assert any('"model": "Qwen/Qwen3-1.7B"' in c.value for c in page.code)  # run.py's config
     assert page.query_params["run"] == run_id
 
