@@ -765,7 +765,8 @@ def view_charts(ctx: Context) -> None:
                 for passed, tested in zip(rates["passed"], rates["tested"], strict=True)
             ],
         )
-        x = alt.X("stack:N", title="compiler version", sort=None, axis=alt.Axis(labelAngle=0))
+        axis = alt.Axis(labelAngle=0, labelLimit=round(band))  # Vega's own limit is 180 px
+        x = alt.X("stack:N", title="compiler version", sort=None, axis=axis)
         bars = (
             alt.Chart(rates)
             .mark_bar()

@@ -121,3 +121,19 @@ def test_a_changed_threshold_without_a_reason_keeps_the_defaults(page: AppTest) 
     assert not page.warning
     markdown = next(c.value for c in page.code if c.value.startswith("# Regressions"))
     assert "by more than 50%: decode is noisy on shared hosts" in markdown
+
+
+def test_a_fails_history_says_why_and_its_times_are_utc_on_a_24_hour_clock(
+    explained_dataset: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str
+) -> None:
+    import json
+
+    at = viewer_page(explained_dataset, monkeypatch, dead_hub, view="history", model="org/fails")
+    at.run()
+    assert not at.exception
+    runs = at.dataframe[0].value
+    assert list(runs["why"]) == ["tokens, median"]  # a FAIL's failed checks, as the lists say
+    (chart,) = at.get("vega_lite_chart")
+    x = json.loads(chart.proto.spec)["layer"][0]["encoding"]["x"]
+    assert x["scale"] == {"type": "utc"} and x["axis"]["format"] == "%Y-%m-%d %H:%M"
+    assert x["title"] == "finished (UTC)"
