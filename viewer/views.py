@@ -498,7 +498,8 @@ def view_selected(ctx: Context) -> pd.DataFrame:
         if ctx.task or ctx.search
         else formatting.plural(len(selected.models), "model")
     )
-    lead = f"The curated list kept with the dataset ({inline_code(where)}): **{shown}**"
+    # The file's name (its whole path in the sidebar's location): the counts fit the line.
+    lead = f"The curated list kept with the dataset ({inline_code(where.rsplit('/', 1)[-1])}): **{shown}**"
     st.markdown(f"{lead} {counts_badges(state_counts(table['result']))}" if len(table) else lead)
     return table.reset_index(drop=True)
 
