@@ -507,14 +507,14 @@ def view_selected(ctx: Context) -> pd.DataFrame:
 def view_all(ctx: Context) -> pd.DataFrame:
     """Every result on the current stack, its counts above it."""
     files = (ctx.current,) if ctx.current else ()
-    table, models, unreadable = _all_results(
+    table, models, counts, unreadable = _all_results(
         ctx.results_uri, cache_key(files), ctx.task, ctx.search
     )
     report_unreadable(unreadable)
     if len(table):
         st.markdown(
             f"**{formatting.plural(len(table), 'result')}** of "
-            f"{formatting.plural(models, 'model')}: {counts_badges(state_counts(table['result']))}"
+            f"{formatting.plural(models, 'model')}: {counts_badges(counts)}"
         )
     return table
 
@@ -533,12 +533,13 @@ def detail_options(table: pd.DataFrame | None) -> list[str]:
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _all_results(
     results_uri: str, files: tuple[tuple[str, str], ...], task: str | None, search: str
-) -> tuple[pd.DataFrame, int, list[UnreadableFile]]:
-    """The All results view's table, its number of models, and the files left out (pure: no
-    drawing)."""
+) -> tuple[pd.DataFrame, int, dict[str, int], list[UnreadableFile]]:
+    """The All results view's table, its number of models and its counts per result, and the
+    files left out (pure: no drawing)."""
     frame, unreadable = _read(results_uri, files, queries.LIST_COLUMNS, None)
     frame = queries.search(queries.with_task(frame, task), search)
-    return queries.results_table(frame), int(frame["model_id"].nunique()), unreadable
+    table = queries.results_table(frame)
+    return table, int(frame["model_id"].nunique()), state_counts(table["result"]), unreadable
 
 
 def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
