@@ -294,6 +294,22 @@ def _strings(value: object) -> list[str]:
     return [str(v) for v in value]  # type: ignore[attr-defined]
 
 
+LEGEND_PX = 320
+"""The History chart's legend: room for a stack's label (its compiler shortened, ``views.short_stack_label``)."""
+
+
+def _legend_labels(labels: pd.Series) -> list[str]:
+    """Each stack's label in the legend: shortened to LEGEND_PX so two stacks of one package's
+    compile backends stay apart (Vega cuts a label at its limit, from its end); whole where
+    shortening would make two the same."""
+    from model_support.viewer.views import short_stack_label
+
+    short = {label: short_stack_label(label, LEGEND_PX) for label in set(labels)}
+    if len(set(short.values())) < len(short):
+        return list(labels)
+    return [short[label] for label in labels]
+
+
 def _history_chart(runs: pd.DataFrame) -> None:
     import altair as alt
 
@@ -306,7 +322,8 @@ def _history_chart(runs: pd.DataFrame) -> None:
             "finished": runs["finished_at"].fillna(runs["recorded_at"]),
             "when": [formatting.when(v) for v in runs["finished_at"].fillna(runs["recorded_at"])],
             label: runs[column].astype("Float64") * scale,
-            "stack": runs["stack_label"],
+            "stack": _legend_labels(runs["stack_label"]),
+            "whole stack": runs["stack_label"],
             "result": runs["result"],
             "run": runs["run_id"],
         }
@@ -325,17 +342,18 @@ def _history_chart(runs: pd.DataFrame) -> None:
         ),
         y=alt.Y(f"{label}:Q", title=label),
     )
-    chart = base.mark_line(opacity=0.4).encode(color=alt.Color("stack:N")) + base.mark_point(
+    stack = alt.Color("stack:N", legend=alt.Legend(labelLimit=LEGEND_PX))
+    chart = base.mark_line(opacity=0.4).encode(color=stack) + base.mark_point(
         size=80, filled=True
     ).encode(
-        color=alt.Color("stack:N"),
+        color=stack,
         shape=alt.Shape(
             "result:N",
             scale=alt.Scale(domain=list(RESULT_CHART_COLOURS)),
         ),
         tooltip=[
             alt.Tooltip("when:N", title="finished"),
-            "stack:N",
+            alt.Tooltip("whole stack:N", title="stack"),
             "result:N",
             f"{label}:Q",
             "run:N",

@@ -323,6 +323,15 @@ def short_label(label: str, max_px: float) -> str:
     return f"{_cut(name, max_px - text_px(' ' + version))} {version}"
 
 
+def short_stack_label(label: str, max_px: float) -> str:
+    """A stack's whole label (``compiler version · library version``) within ``max_px``: its
+    compiler shortened as ``short_label`` does, the library kept."""
+    compiler, sep, library = label.partition(" · ")
+    if not sep or text_px(label) <= max_px:
+        return short_label(label, max_px)
+    return f"{short_label(compiler, max_px - text_px(sep + library))}{sep}{library}"
+
+
 def text_width(values: pd.Series | None) -> int | None:
     """The pixels a text column needs to show its longest value whole (Streamlit's automatic
     width follows the header, which cut "too-large" to "too-larg"); None for no column."""
@@ -763,7 +772,7 @@ def view_charts(ctx: Context) -> None:
         rates = rates.assign(
             stack=names if len(set(names)) == len(names) else rates["label"],
             runs=[
-                f"{passed:,} of {formatting.plural(tested, 'run')}"
+                f"{passed:,} of {formatting.plural(tested, 'run')} passed"
                 for passed, tested in zip(rates["passed"], rates["tested"], strict=True)
             ],
         )

@@ -301,7 +301,11 @@ def test_charts_tell_two_stacks_of_one_package_apart_and_count_their_runs(
     ]
     assert all(views.text_px(name) <= limit for name in bars["stack"])
     assert spec["layer"][1]["encoding"]["text"]["field"] == "runs"
-    assert list(bars["runs"]) == ["1 of 2 runs", "1 of 2 runs"]  # passed of run, on each bar
+    assert list(bars["runs"]) == ["1 of 2 runs passed", "1 of 2 runs passed"]  # on each bar
     assert views.short_label("model_support.faults:moe_crash_compiler 2.13.0", 170) == (
         "moe_crash_compiler 2.13.0"
     )
+    # The History chart's legend likewise, the library kept.
+    assert views.short_stack_label(
+        "model_support.faults:moe_crash_compiler 2.13.0+cpu · transformers 5.24.0", 320
+    ) == ("moe_crash_compiler 2.13.0+cpu · transformers 5.24.0")
