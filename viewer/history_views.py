@@ -294,7 +294,7 @@ def _strings(value: object) -> list[str]:
     return [str(v) for v in value]  # type: ignore[attr-defined]
 
 
-LEGEND_PX = 320
+LEGEND_PX = 340
 """The History chart's legend: room for a stack's label (its compiler shortened, ``views.short_stack_label``)."""
 
 

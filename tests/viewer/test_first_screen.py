@@ -307,5 +307,5 @@ def test_charts_tell_two_stacks_of_one_package_apart_and_count_their_runs(
     )
     # The History chart's legend likewise, the library kept.
     assert views.short_stack_label(
-        "model_support.faults:moe_crash_compiler 2.13.0+cpu · transformers 5.24.0", 320
+        "model_support.faults:moe_crash_compiler 2.13.0+cpu · transformers 5.24.0", 340
     ) == ("moe_crash_compiler 2.13.0+cpu · transformers 5.24.0")
