@@ -26,7 +26,7 @@ from model_support.viewer.data import (
     read_columns_reporting,
     unlisted_data_files,
 )
-from model_support.viewer.markup import inline_code, literal
+from model_support.viewer.markup import inline_code, literal, shown_frame
 from model_support.vocabulary import Result, Task
 
 if TYPE_CHECKING:
@@ -440,7 +440,7 @@ def show_table(table: pd.DataFrame, key: str, hub_url: str) -> None:
     model = st.session_state.get("model")
     holder = st.container()  # the table first, its page controls under it
     page = table_pages.show_page(table, key, model)
-    rows = page.rows.assign(**{HUB_COLUMN: hub_links(page.rows, hub_url)})
+    rows = shown_frame(page.rows).assign(**{HUB_COLUMN: hub_links(page.rows, hub_url)})
     table = without_empty_columns(rows.drop(columns=[queries.LOCAL], errors="ignore"))
     config = table_config(table)
     models = table["model"].astype(str).reset_index(drop=True)
@@ -670,7 +670,7 @@ def view_triage(ctx: Context) -> pd.DataFrame:
         f"{formatting.plural(int(groups['count'].sum()), 'failure')}"
     )
     event = st.dataframe(
-        groups,
+        shown_frame(groups),
         hide_index=True,
         placeholder=formatting.BLANK_CELL,
         column_config={
