@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from browser_support import PAINTED, READY, TABLE, launch_chromium
 from playwright.sync_api import Page, expect, sync_playwright
 from viewer_support import NEW_CC, START, long_model, make_record, serve_viewer
@@ -143,6 +144,7 @@ def _top(page: Page, selector: str, text: str) -> float:
     return box["y"]
 
 
+@pytest.mark.slow  # two pages, each waited for to its last element (10 s on 2 busy cores)
 def test_a_fail_and_an_error_answer_before_their_figures(
     explained_dataset: Path, dead_hub: str
 ) -> None:
