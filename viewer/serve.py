@@ -90,16 +90,21 @@ def warm_first_uses() -> None:
     be the server's first visitor's wait at that part (measured on 2 cores, busy): the
     details' Reproduce reads every installed distribution's dependencies (0.5-0.7 s of the first
     row clicked), their compile cache pull command imports the compile cache package (0.26 s),
-    a classifier's labels table pandas' Styler (jinja2, 0.26 s); Trending and Downloads the Hub
-    client, Charts and History altair."""
+    a classifier's labels table pandas' Styler (jinja2, 0.26 s), a Trainium row's the runner's
+    base image from run.py's template (0.08 s); Trending and Downloads the Hub client, Charts
+    and History altair."""
     import altair  # noqa: F401
     import pandas.io.formats.style  # noqa: F401
 
     import model_support.compile_cache
     import model_support.rankings  # noqa: F401
     from model_support.reproduce import installed_dependency_graph
+    from model_support.script import runner_constant
 
     installed_dependency_graph()
+    # A Trainium row's Reproduce names the runner's base image, a constant of run.py's
+    # template, read by parsing it (0.08 s, once per process).
+    runner_constant("TORCHNEURON_BASE_IMAGE")
 
 
 def send_without_delay() -> None:
