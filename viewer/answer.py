@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from model_support.records import divergence_where
 from model_support.viewer import failures, formatting
 from model_support.vocabulary import EXCLUSION_MEANINGS, ExclusionReason, Result
 
@@ -75,12 +76,16 @@ def _prompts(verification: Mapping[str, object]) -> int:
 
 
 def first_diverging_module(verification: Mapping[str, object]) -> str | None:
-    """``the first module that diverges is model.layers.1.mlp.down_proj, 398x a correct run's
-    error``; None when the search named none."""
+    """``the first module that diverges is model.layers.1.mlp.down_proj (from decode step 18),
+    398x a correct run's error``; None when the search named none."""
     found = verification.get("first_divergence")
     if not isinstance(found, Mapping) or not isinstance(found.get("module"), str):
         return None
     clause = f"the first module that diverges is {found['module']}"
+    step = found.get("step")
+    where = divergence_where(found.get("phase"), step if isinstance(step, int | float) else None)
+    if where:
+        clause += f" ({where})"
     ratio = _ratio(found.get("error_ratio"))
     return f"{clause}, {ratio}x a correct run's error" if ratio else clause
 

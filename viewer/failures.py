@@ -17,8 +17,10 @@ import streamlit as st
 from model_support.viewer import formatting, output
 from model_support.viewer.markup import inline_code, literal
 from model_support.vocabulary import (
+    COMPILE_FAILURE_MEANINGS,
     ERROR_CLASS_MEANINGS,
     VERDICT_CHECK_MEANINGS,
+    CompileFailure,
     ErrorClass,
     VerdictCheck,
 )
@@ -202,17 +204,23 @@ def traceback_cut(traceback: str) -> str | None:
 
 def show_error(row: Mapping[str, object], traceback: str | None) -> None:
     """An ERROR or TIMEOUT, under its answer (which gave the stage, the time to failure and the
-    message's first lines): the error class in words, the whole message when it is longer, and
+    message's first lines): the error class in words (and a compile failure's reason), the whole
+    message when it is longer, and
     the traceback kept in the record (where it was cut, if it was)."""
+    facts: list[str] = []
     error_class = row.get("error_class")
     if isinstance(error_class, str) and error_class:
         known = {c.value: c for c in ErrorClass}
         meaning = ERROR_CLASS_MEANINGS.get(known[error_class]) if error_class in known else None
-        st.markdown(
-            "**Error class** "
-            + inline_code(error_class)
-            + (f": {literal(meaning)}" if meaning else "")
-        )
+        facts.append(inline_code(error_class) + (f": {literal(meaning)}" if meaning else ""))
+    reason = row.get("error_reason")
+    if isinstance(reason, str) and reason:
+        # Why a compile failed: the compiler itself, or a model whose graph cannot run compiled.
+        reasons = {r.value: r for r in CompileFailure}
+        why = COMPILE_FAILURE_MEANINGS.get(reasons[reason]) if reason in reasons else None
+        facts.append("reason " + inline_code(reason) + (f": {literal(why)}" if why else ""))
+    if facts:
+        st.markdown("**Error class** " + " · ".join(facts))
     error = row.get("error")
     if isinstance(error, str) and len(error.strip().splitlines()) > MESSAGE_LINES:
         with st.expander("The whole message"):

@@ -46,6 +46,12 @@ def test_a_fail_names_its_first_diverging_module_and_how_far_it_is_off() -> None
         "The output diverges from the float32 reference from its 2nd generated token; the first "
         "module that diverges is model.layers.1.mlp.down_proj, 398x a correct run's error."
     )
+    # Where the search found it, when the record says (a decode step, the prefill).
+    verification["first_divergence"] |= {"phase": "decode", "step": 18}
+    assert answer.first_diverging_module(verification) == (
+        "the first module that diverges is model.layers.1.mlp.down_proj (from decode step 18), "
+        "398x a correct run's error"
+    )
 
 
 def test_a_fail_without_a_bad_token_says_which_figure_drifted() -> None:
