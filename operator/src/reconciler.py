@@ -89,6 +89,7 @@ from model_support.operator.status import (
     MESSAGE_LIMIT,
     PHASE_ORDER,
     Phase,
+    StatusPatch,
     TestStatus,
     kstatus_conditions,
     now,
@@ -196,8 +197,8 @@ _NOT_ADMITTED = frozenset({(Phase.QUEUED, "NotAdmitted")})
 RESYNC = "RESYNC"
 """The event type resync_jobs offers a listed Job with (kopf's are ADDED/MODIFIED/DELETED/None)."""
 
-StatusPatch = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any] | None]
-"""A status merge patch, or a function making it from the test as the API has it."""
+StatusWrite = StatusPatch | Callable[[TestStatus], StatusPatch | None]
+"""A status patch, or a function making it from the test's status as the API has it."""
 _CONFLICT_TRIES = 5
 
 _RELEASE_MEMORY_S = 600.0
@@ -327,10 +328,10 @@ class Reconciler:
             return test
         return None
 
-    def patch_status(self, ref: TestRef, build: StatusPatch) -> dict[str, Any] | None:
+    def patch_status(self, ref: TestRef, build: StatusWrite) -> dict[str, Any] | None:
         """Write a test's status; what the API returns becomes what we know.
 
-        ``build`` is the merge patch, or makes it from the test (None: nothing to write). The
+        ``build`` is the patch, or makes it from the test's status (None: nothing to write). The
         write carries the resourceVersion of the test it was made from, so a stale view never
         wins: on 409 the test is read again and ``build`` runs again on what it says. Nothing
         is written to a test of another generation, or to one whose generation is Completed
@@ -344,13 +345,13 @@ class Reconciler:
             status = TestStatus.read(test.get("status"))
             if status.phase is Phase.COMPLETED and status.observedGeneration == ref.generation:
                 return None
-            patch = build(test) if callable(build) else build
+            patch = build(status) if callable(build) else build
             if patch is None:
                 return None
             version = (test.get("metadata") or {}).get("resourceVersion")
             try:
                 patched = self.kube.patch_test_status(
-                    ref.namespace, ref.name, patch, resource_version=version
+                    ref.namespace, ref.name, patch.body(), resource_version=version
                 )
             except Conflict:
                 metrics.STATUS_CONFLICTS.inc()
@@ -576,16 +577,19 @@ class Reconciler:
         log.warning("%s/%s: %s", ref.namespace, ref.name, message)
         self.patch_status(
             ref,
-            TestStatus.new_generation(
-                phase=Phase.PENDING,
-                observedGeneration=ref.generation,
-                message=message[:MESSAGE_LIMIT],
-                conditions=kstatus_conditions(
-                    set_condition(None, kind, False, reason, message, ref.generation),
-                    Phase.PENDING,
-                    ref.generation,
-                    message=message,
+            StatusPatch(
+                TestStatus(
+                    phase=Phase.PENDING,
+                    observedGeneration=ref.generation,
+                    message=message[:MESSAGE_LIMIT],
+                    conditions=kstatus_conditions(
+                        set_condition(None, kind, False, reason, message, ref.generation),
+                        Phase.PENDING,
+                        ref.generation,
+                        message=message,
+                    ),
                 ),
+                new_generation=True,
             ),
         )
         if retry == 0:
@@ -636,21 +640,24 @@ class Reconciler:
             )  # fmt: skip
         self.patch_status(
             ref,
-            TestStatus.new_generation(
-                phase=phase,
-                observedGeneration=generation,
-                cores=placement.cores,
-                podCores=placement.held_cores,
-                parallelism=placement.parallelism,
-                hostMemoryBytes=placement.host_memory_bytes,
-                checkpointBytes=placement.checkpoint_bytes,
-                attempt=attempt,
-                configMapName=cm_name,
-                jobName=job_name,
-                runId=run_id_for(ref.uid, generation, attempt),
-                runScriptSha256=hashlib.sha256(run_py.encode()).hexdigest(),
-                revision=spec.revision,
-                conditions=kstatus_conditions(conditions, phase, generation),
+            StatusPatch(
+                TestStatus(
+                    phase=phase,
+                    observedGeneration=generation,
+                    cores=placement.cores,
+                    podCores=placement.held_cores,
+                    parallelism=placement.parallelism,
+                    hostMemoryBytes=placement.host_memory_bytes,
+                    checkpointBytes=placement.checkpoint_bytes,
+                    attempt=attempt,
+                    configMapName=cm_name,
+                    jobName=job_name,
+                    runId=run_id_for(ref.uid, generation, attempt),
+                    runScriptSha256=hashlib.sha256(run_py.encode()).hexdigest(),
+                    revision=spec.revision,
+                    conditions=kstatus_conditions(conditions, phase, generation),
+                ),
+                new_generation=True,
             ),
         )
         self._phases[(ref.uid, generation, attempt)] = (
@@ -744,11 +751,16 @@ class Reconciler:
     def _invalid(self, body: dict[str, Any], ref: TestRef, message: str) -> None:
         self.patch_status(
             ref,
-            TestStatus.new_generation(
-                phase=Phase.INVALID,
-                observedGeneration=ref.generation,
-                message=message[:MESSAGE_LIMIT],
-                conditions=kstatus_conditions(None, Phase.INVALID, ref.generation, message=message),
+            StatusPatch(
+                TestStatus(
+                    phase=Phase.INVALID,
+                    observedGeneration=ref.generation,
+                    message=message[:MESSAGE_LIMIT],
+                    conditions=kstatus_conditions(
+                        None, Phase.INVALID, ref.generation, message=message
+                    ),
+                ),
+                new_generation=True,
             ),
         )
         self.event(body, "Warning", "InvalidSpec", message)
@@ -833,21 +845,24 @@ class Reconciler:
         )
         self.patch_status(
             ref,
-            TestStatus.new_generation(
-                phase=Phase.COMPLETED,
-                observedGeneration=ref.generation,
-                result=record.document.result,
-                message=message[:MESSAGE_LIMIT],
-                runId=run_id,
-                finishedAt=now(),
-                conditions=kstatus_conditions(
-                    conditions,
-                    Phase.COMPLETED,
-                    ref.generation,
-                    result=ready[0],
-                    message=ready[1],
+            StatusPatch(
+                TestStatus(
+                    phase=Phase.COMPLETED,
+                    observedGeneration=ref.generation,
+                    result=record.document.result,
+                    message=message[:MESSAGE_LIMIT],
+                    runId=run_id,
+                    finishedAt=now(),
+                    conditions=kstatus_conditions(
+                        conditions,
+                        Phase.COMPLETED,
+                        ref.generation,
+                        result=ready[0],
+                        message=ready[1],
+                    ),
+                    **status,
                 ),
-                **status,
+                new_generation=True,
             ),
         )
 
@@ -953,7 +968,7 @@ class Reconciler:
         test = self._current_test(ref, attempt, completed=True)
         if test is None:
             return
-        if deleting and (test.get("status") or {}).get("phase") != Phase.COMPLETED:
+        if deleting and TestStatus.read(test.get("status")).phase is not Phase.COMPLETED:
             # A Job goes first when its test is deleted (the garbage collector deletes the
             # dependents of a test in foreground deletion while the test still exists, and the
             # test's own event may come later): ask the API, not what was last seen.
@@ -961,7 +976,7 @@ class Reconciler:
             if fresh is None:
                 return  # the test is gone or being deleted: nothing is recorded
             test = fresh
-        if (test.get("status") or {}).get("phase") == Phase.COMPLETED:
+        if TestStatus.read(test.get("status")).phase is Phase.COMPLETED:
             if (
                 LABEL_RECORDED not in (meta.get("labels") or {})
                 and event_type != "DELETED"
@@ -1148,8 +1163,7 @@ class Reconciler:
             return
         moved: list[bool] = []
 
-        def build(test: dict[str, Any]) -> dict[str, Any] | None:
-            status = TestStatus.read(test.get("status"))
+        def build(status: TestStatus) -> StatusPatch | None:
             if (status.attempt or 0) != attempt:
                 return None  # superseded by a retry
             current = status.phase
@@ -1178,7 +1192,7 @@ class Reconciler:
             if phase is Phase.RUNNING:
                 fields["startedAt"] = started or now()
             moved.append(True)
-            return TestStatus(**fields).patch()
+            return StatusPatch(TestStatus(**fields))
 
         if self.patch_status(ref, build) is None:
             return
@@ -1219,20 +1233,21 @@ class Reconciler:
             log.info("retry Job %s/%s already exists; adopting it", ref.namespace, job_name)
         message = f"{reading.message}; attempt {attempt + 1} in Job {job_name}"
 
-        def build(test: dict[str, Any]) -> dict[str, Any] | None:
-            status = TestStatus.read(test.get("status"))
+        def build(status: TestStatus) -> StatusPatch | None:
             if (status.attempt or 0) != attempt:
                 return None  # another thread (or replica) retried it already
             conditions = set_condition(
                 status.condition_dicts(), "JobCreated", True, "NodeLost", message, ref.generation
             )
-            return TestStatus(
-                phase=Phase.PENDING,
-                attempt=attempt + 1,
-                jobName=job_name,
-                runId=run_id_for(ref.uid, ref.generation, attempt + 1),
-                conditions=kstatus_conditions(conditions, Phase.PENDING, ref.generation),
-            ).patch()
+            return StatusPatch(
+                TestStatus(
+                    phase=Phase.PENDING,
+                    attempt=attempt + 1,
+                    jobName=job_name,
+                    runId=run_id_for(ref.uid, ref.generation, attempt + 1),
+                    conditions=kstatus_conditions(conditions, Phase.PENDING, ref.generation),
+                )
+            )
 
         self.patch_status(ref, build)
         self._phases[(ref.uid, ref.generation, attempt + 1)] = (Phase.PENDING, "NodeLost")
@@ -1339,8 +1354,9 @@ class Reconciler:
             **self._provenance(spec),
             "document_source": source.value,
         }
-        if (test.get("status") or {}).get("podCores"):
-            labels["pod_cores"] = str(test["status"]["podCores"])  # the cores the pod held
+        held = TestStatus.read(test.get("status")).podCores
+        if held:
+            labels["pod_cores"] = str(held)  # the cores the pod held
         record = record_from_document(
             document, run_py, source="operator", labels=labels, run_id=run_id
         )
@@ -1430,15 +1446,14 @@ class Reconciler:
             )
             self._retries[run_id] = _Retry(time.monotonic() + delay, delay)
 
-        def build(test: dict[str, Any]) -> dict[str, Any] | None:
-            status = TestStatus.read(test.get("status"))
+        def build(status: TestStatus) -> StatusPatch | None:
             current = status.condition("Recorded")
             if current is not None and (current.reason, current.status) == (reason, "False"):
                 return None  # already said; the condition's message keeps the first occurrence
             conditions = set_condition(
                 status.condition_dicts(), "Recorded", False, reason, message, ref.generation
             )
-            return TestStatus(conditions=conditions).patch()
+            return StatusPatch(TestStatus(conditions=conditions))
 
         patched = self.patch_status(ref, build)
         if patched is not None:
@@ -1570,15 +1585,13 @@ class Reconciler:
             f"/{document.error_class.value}" if document.error_class else ""
         )
         timings, memory = document.timings, document.memory
-        pod_cores = (test.get("status") or {}).get("podCores")
-        used, cost = run_cost(
-            test.get("spec") or {}, document, self.settings, int(pod_cores) if pod_cores else None
-        )
+        pod_cores = TestStatus.read(test.get("status")).podCores
+        used, cost = run_cost(test.get("spec") or {}, document, self.settings, pod_cores)
 
-        def build(test: dict[str, Any]) -> dict[str, Any]:
+        def build(status: TestStatus) -> StatusPatch:
             conditions = set_condition(
-                (test.get("status") or {}).get("conditions"), "Running", False, "Finished",
-                "the runner finished", ref.generation,
+                status.condition_dicts(), "Running", False, "Finished", "the runner finished",
+                ref.generation,
             )  # fmt: skip
             conditions = set_condition(
                 conditions, "Completed", True, _reason(summary),
@@ -1587,30 +1600,32 @@ class Reconciler:
             conditions = set_condition(
                 conditions, "Recorded", True, "Recorded", f"run {run_id} recorded", ref.generation
             )
-            started = (test.get("status") or {}).get("startedAt") or coalesced
-            return TestStatus(
-                phase=Phase.COMPLETED,
-                **({"startedAt": started} if started else {}),
-                result=document.result,
-                errorClass=document.error_class,
-                message=_short(document.error) or None,
-                runId=run_id,
-                wallTimeSeconds=timings.wall_time_s,
-                compileSeconds=timings.compile_s,
-                decodeTokensPerSecond=timings.decode_tokens_per_s,
-                peakDeviceMemoryBytes=memory.peak_device_memory_bytes,
-                hostPeakRssBytes=memory.host_peak_rss_bytes,
-                coreSeconds=used,
-                costUSD=cost,
-                finishedAt=now(),
-                conditions=kstatus_conditions(
-                    conditions,
-                    Phase.COMPLETED,
-                    ref.generation,
-                    result=_reason(summary),
-                    message=_short(document.error) or summary,
-                ),
-            ).patch()
+            started = status.startedAt or coalesced
+            return StatusPatch(
+                TestStatus(
+                    phase=Phase.COMPLETED,
+                    **({"startedAt": started} if started else {}),
+                    result=document.result,
+                    errorClass=document.error_class,
+                    message=_short(document.error) or None,
+                    runId=run_id,
+                    wallTimeSeconds=timings.wall_time_s,
+                    compileSeconds=timings.compile_s,
+                    decodeTokensPerSecond=timings.decode_tokens_per_s,
+                    peakDeviceMemoryBytes=memory.peak_device_memory_bytes,
+                    hostPeakRssBytes=memory.host_peak_rss_bytes,
+                    coreSeconds=used,
+                    costUSD=cost,
+                    finishedAt=now(),
+                    conditions=kstatus_conditions(
+                        conditions,
+                        Phase.COMPLETED,
+                        ref.generation,
+                        result=_reason(summary),
+                        message=_short(document.error) or summary,
+                    ),
+                )
+            )
 
         if self.patch_status(ref, build) is None:
             return  # completed already (another writer), gone, or superseded: nothing to say

@@ -42,7 +42,7 @@ from model_support.operator.spec import (
     parse_spec,
     profile_rules,
 )
-from model_support.operator.status import CONDITIONS_LIST, Condition, set_condition
+from model_support.operator.status import CONDITIONS_LIST, Condition, Conditioned, set_condition
 from model_support.vocabulary import Task
 
 MAX_SWEEP_NAME = 40
@@ -588,7 +588,7 @@ class RankingState(BaseModel):
     snapshot: str | None = Field(None, description="Where the snapshot is in the results store.")
 
 
-class SweepStatus(BaseModel):
+class SweepStatus(Conditioned):
     """status of a ModelSupportSweep (see crds/modelsupportsweeps.yaml)."""
 
     model_config = ConfigDict(extra="forbid")
