@@ -38,32 +38,32 @@ from model_support.operator.resource import (
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import SpecError, parse_spec
 from model_support.operator.status import MESSAGE_LIMIT, Phase, TestStatus, set_condition
-from model_support.operator.sweep_resource import (
+from model_support.operator.sweep_manifests import build_child, child_name, rerun_patch
+from model_support.operator.sweep_spec import (
     HUB_SORTS,
-    MAX_LISTED_REGRESSIONS,
-    MAX_LISTED_SKIPPED,
     PLACEHOLDER_MODEL,
-    RankingState,
     SkippedModel,
-    SweepBaseline,
-    SweepCost,
-    SweepCounts,
     SweepModel,
-    SweepRegression,
     SweepSpec,
-    SweepState,
-    SweepStatus,
     admitted,
-    build_child,
-    child_name,
     child_spec,
     describe_source,
     image_of,
     parse_sweep,
-    rerun_patch,
     run_key,
     source_key,
     stack_of,
+)
+from model_support.operator.sweep_status import (
+    MAX_LISTED_REGRESSIONS,
+    MAX_LISTED_SKIPPED,
+    RankingState,
+    SweepBaseline,
+    SweepCost,
+    SweepCounts,
+    SweepRegression,
+    SweepState,
+    SweepStatus,
     sweep_conditions,
 )
 from model_support.ranking_snapshots import RankingSnapshot
