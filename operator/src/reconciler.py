@@ -71,7 +71,6 @@ from model_support.operator.outcome import (
     DocumentSource,
     JobState,
     Reading,
-    Unavailable,
     job_ended_at,
     job_outcome_stands,
     read_job,
@@ -88,6 +87,7 @@ from model_support.operator.spec import SpecError, TestSpec, parse_spec
 from model_support.operator.status import ACTIVE_PHASES, Phase, StatusPatch, TestStatus
 from model_support.operator.status_writer import StatusWriter
 from model_support.records import ResultDocument, failure_document
+from model_support.runpath import Unavailable
 from model_support.script import read_config, render_script
 from model_support.vocabulary import ErrorClass, Parallelism, Result
 

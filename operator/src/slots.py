@@ -16,9 +16,9 @@ import logging
 from model_support.delivery import DeliveryArea, DeliveryError, delivery_key, slot_for
 from model_support.operator.kube import AlreadyExists, Kube, refusal
 from model_support.operator.manifests import TestRef, build_delivery_secret, delivery_wiring
-from model_support.operator.outcome import Unavailable
 from model_support.operator.resource import child_name, run_id_for
 from model_support.operator.settings import OperatorSettings
+from model_support.runpath import Unavailable
 
 log = logging.getLogger(__name__)
 
