@@ -64,9 +64,12 @@ MATRIX_FORMAT_VERSION = 3
 rebuild their matrix from the records when it differs from the one their index was made with."""
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class MatrixKey:
-    """Which matrix file a record belongs to. None = not known (no stack recorded)."""
+    """Which matrix file a record belongs to. None = not known (no stack recorded).
+
+    Keys sort with None as the empty string: a stack without a library version sorts beside
+    the same compiler's others (compared field by field, None and a version do not order)."""
 
     compiler: str | None
     compiler_version: str | None
@@ -80,6 +83,9 @@ class MatrixKey:
             self.library,
             self.library_version or "",
         )
+
+    def __lt__(self, other: MatrixKey) -> bool:
+        return self._sort_tuple() < other._sort_tuple()
 
 
 @dataclass(frozen=True)
@@ -234,6 +240,14 @@ COLUMNS: tuple[Column, ...] = (
         _STRING,
         "The local checkpoint directory that was tested (on the machine that ran it); null for a Hub model.",
         lambda s: s.doc.model if is_local_path(s.doc.model) else None,
+    ),
+    Column(
+        "weights_sha256",
+        _STRING,
+        "A local checkpoint: sha256 of its weight files (each one's relative path and content "
+        "hash, sorted), so the row names the weights it tested; null for a Hub model (its "
+        "resolved_revision names them).",
+        _field("doc.weights_sha256"),
     ),
     Column(
         "revision",

@@ -77,6 +77,7 @@ def run_python(
     cancel: threading.Event | None = None,
     pass_on_stop_signals: bool = False,
     stop_grace_s: float = 20.0,
+    python: str | None = None,
 ) -> Ended:
     """Run ``python script`` in ``cwd``, in a session of its own; the one way run.py is run,
     here (the CLI, the demo, ``reproduce``) and in a pod (``runner_pod``).
@@ -90,11 +91,12 @@ def run_python(
     pod's main thread), SIGTERM and SIGINT are passed on to the group as SIGTERM and the run is
     given ``stop_grace_s`` before SIGKILL. On every way out, an exception included, the process
     group is killed: run.py kills its own workers, but a run stopped from outside cannot, and no
-    worker may outlive its run.
+    worker may outlive its run. ``python``: the interpreter (default this one, or
+    $MODEL_SUPPORT_PYTHON), e.g. a bisect step's own environment.
     """
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        [_python_for_runner(), script],
+        [python or _python_for_runner(), script],
         cwd=cwd,
         env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
@@ -144,6 +146,7 @@ def run_script(
     on_stage: Callable[[StageEvent], None] | None = None,
     on_output: Callable[[str], None] | None = None,
     cancel: threading.Event | None = None,
+    python: str | None = None,
 ) -> ResultDocument:
     """Run a rendered run.py as ``python3 run.py`` in a fresh directory; return its result document.
 
@@ -165,7 +168,13 @@ def run_script(
         (directory / "run.py").write_text(run_py, encoding="utf-8")
         output = RunOutput(on_stage, on_output)
         ended = run_python(
-            "run.py", directory, output.feed_bytes, env=env, timeout_s=timeout_s, cancel=cancel
+            "run.py",
+            directory,
+            output.feed_bytes,
+            env=env,
+            timeout_s=timeout_s,
+            cancel=cancel,
+            python=python,
         )
         output.raise_callback_error()
         timed_out, cancelled = ended.timed_out, ended.cancelled

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from model_support.config import RunConfig
-from model_support.models import readable_model_id
+from model_support.models import is_local_path, readable_model_id, weights_digest
 from model_support.script import render_script
 from model_support.vocabulary import (
     ErrorClass,
@@ -501,6 +501,11 @@ class ResultDocument(BaseModel):
 
     schema_version: int = 1
     model: str
+    weights_sha256: str | None = Field(
+        None,
+        description="A local checkpoint: sha256 of its weight files (each one's relative path "
+        "and content hash, sorted); null for a Hub model, whose revision names its weights.",
+    )
     revision: str | None = None
     resolved_revision: str | None = None
     task: str
@@ -666,5 +671,7 @@ def excluded_record(
     document = failure_document(
         config, Result.EXCLUDED, error_class=None, error=message, started_at=now
     )
+    if is_local_path(config.model):
+        document.weights_sha256 = weights_digest(config.model)
     record = record_from_document(document, render_script(config), source=source, labels=labels)
     return record.model_copy(update={"exclusion_reason": reason})

@@ -18,6 +18,7 @@ import streamlit as st
 
 from model_support.history import (
     Change,
+    Confirmation,
     Report,
     Stack,
     StackInfo,
@@ -114,7 +115,11 @@ def _report(
     task: str | None,
 ) -> Report:
     runs = _stack_runs(results_uri, fingerprint, (before, after))
-    return regressions(runs, before, after, thresholds, prices, task)
+    # Every worse result the history holds is listed (none waits for re-runs here); flaky
+    # models and the samples speed needs are judged as `model-support regressions` does.
+    return regressions(
+        runs, before, after, thresholds, prices, task, confirmation=Confirmation(reruns=0)
+    )
 
 
 @st.cache_resource(show_spinner=False)

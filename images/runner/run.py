@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import datetime
 import gc
+import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -450,6 +451,32 @@ def inputs_to(inputs, device, dtype=None):
 
 def is_local(model: str) -> bool:
     return os.path.isdir(model)
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+"""Files that hold a checkpoint's weights (model_support.models keeps the same list)."""
+
+
+def weights_digest(folder: str) -> str | None:
+    """sha256 of a local checkpoint's weights: over each weight file's path (relative, sorted)
+    and its content's sha256, so a row names exactly the weights it tested. None when the
+    folder holds no weight file or cannot be read (model_support.models: the same function)."""
+    entries = []
+    try:
+        for root, _, names in os.walk(folder):
+            for name in names:
+                if name.endswith(WEIGHT_SUFFIXES):
+                    path = os.path.join(root, name)
+                    digest = hashlib.sha256()
+                    with open(path, "rb") as handle:
+                        for block in iter(lambda: handle.read(1 << 20), b""):
+                            digest.update(block)
+                    entries.append(f"{os.path.relpath(path, folder)}\0{digest.hexdigest()}\n")
+    except OSError:
+        return None
+    if not entries:
+        return None
+    return hashlib.sha256("".join(sorted(entries)).encode()).hexdigest()
 
 
 def hub_arguments(config: dict) -> dict:
@@ -4512,6 +4539,7 @@ def new_document(config: dict) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
         "model": config["model"],
+        "weights_sha256": None,
         "revision": config["revision"],
         "resolved_revision": None,
         "task": config["task"],
@@ -4570,6 +4598,8 @@ def execute(ctx: RunContext) -> dict:
             ctx.backend if doc["backend"] else intended_backend(ctx.config["backend"])
         )
     doc["packages"] = installed_packages()
+    if is_local(ctx.config["model"]):
+        doc["weights_sha256"] = weights_digest(ctx.config["model"])
     doc["timings"]["total_s"] = time.perf_counter() - started
     doc["finished_at"] = datetime.datetime.now(datetime.UTC).isoformat()
     return doc

@@ -21,7 +21,7 @@ from typing import Any
 
 import kopf
 
-from model_support.operator import metrics
+from model_support.operator import metrics, notifications
 from model_support.operator.kube import Kube, api_client
 from model_support.operator.leader import Leadership, default_identity, lease_namespace
 from model_support.operator.reconciler import Reconciler
@@ -56,6 +56,7 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
     reconciler = Reconciler(settings, kube)
     checks = Watchdog(reconciler)
     sweeps = SweepReconciler(settings, kube)
+    notifications.configure(settings)
     watchdog: dict[str, asyncio.Task[None]] = {}
     leadership = Leadership(
         kube.client,

@@ -8,7 +8,7 @@ import hashlib
 import logging
 import threading
 
-from model_support.operator import metrics
+from model_support.operator import metrics, notifications
 from model_support.operator.kube import Kube
 from model_support.operator.manifests import TestRef
 from model_support.operator.outcome import DocumentSource
@@ -62,6 +62,11 @@ class Materializer:
             try:
                 self.store.materialize()
                 metrics.observe_stacks(self.store)
+                for release in metrics.observe_releases(self.store):
+                    if release.regressions:
+                        notifications.notifier().tell(
+                            notifications.release_regressions(release, self.store)
+                        )
             except Exception:
                 log.exception(
                     "materializing %s failed; records are intact, the next run redoes it",

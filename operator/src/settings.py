@@ -325,6 +325,15 @@ class OperatorSettings(BaseModel):
         description="Instance prices over the default table (docs/pricing.md: region, "
         "default_instance_type, prices); tests' and sweeps' costs use them.",
     )
+    notify_format: Literal["slack", "github"] = Field(
+        "slack",
+        description="The shape of what the notification webhook (its URL from the Secret the "
+        'chart\'s notifications.webhookSecret names) is sent: slack ({"text"}) or github (an '
+        'issue: {"title", "body"}).',
+    )
+    notify_attempts: int = Field(
+        5, ge=1, le=20, description="Tries of one notification before it is given up (logged)."
+    )
 
     @field_validator("runner_env")
     @classmethod
@@ -404,6 +413,11 @@ class _MetricsValues(_ValuesBlock):
     port: int = 9090
 
 
+class _NotificationValues(_ValuesBlock):
+    format: Literal["slack", "github"] = "slack"
+    attempts: int = 5
+
+
 class ChartValues(_ValuesBlock):
     """The chart values the operator's settings are made from, with their types (a value of
     the wrong type is refused naming it; values the operator does not read are left alone)."""
@@ -418,6 +432,7 @@ class ChartValues(_ValuesBlock):
     runner: _RunnerValues | None = None
     neuron: _NeuronValues | None = None
     metrics: _MetricsValues | None = None
+    notifications: _NotificationValues | None = None
     settings: dict[str, Any] | None = None
 
 
@@ -468,4 +483,7 @@ def settings_from_values(values: dict[str, Any]) -> OperatorSettings:
         base["runnerEnvFrom"] = list(runner["envFrom"])
     metrics = values.get("metrics") or {}
     base["metricsPort"] = metrics.get("port", 9090) if metrics.get("enabled", True) else None
+    notifications = values.get("notifications") or {}
+    base["notifyFormat"] = notifications.get("format", "slack")
+    base["notifyAttempts"] = notifications.get("attempts", 5)
     return OperatorSettings.model_validate({**base, **(values.get("settings") or {})})

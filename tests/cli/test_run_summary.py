@@ -88,3 +88,29 @@ def test_a_summary_without_some_figures_prints_them_as_missing(
     out = " ".join(capsys.readouterr().out.split())
     assert "error ratio=n/a" in out
     assert "wall 3.50 s (load n/a s" in out
+
+
+def test_the_json_summary_carries_what_the_record_says_about_cost() -> None:
+    """`run --json` is what scripts read: held seconds, core-seconds, compile share and the
+    price used (a Neuron run), and no price at all for a CPU run, even with a default
+    Trainium instance in the table."""
+    from factories import make_record
+
+    from model_support.cli.commands_run import summary
+    from model_support.pricing import DEFAULT_PRICES, prices_from_mapping
+
+    neuron = summary(make_record(cores=4), DEFAULT_PRICES)  # 120 s on 4 cores of a trn2
+    trn2 = DEFAULT_PRICES.price_of("trn2.48xlarge")
+    assert trn2 is not None
+    assert (neuron["held_s"], neuron["core_seconds"]) == (120.0, 480.0)
+    assert neuron["compile_share"] == pytest.approx(93.75 / 120)
+    assert neuron["price"] == {
+        "instance_type": "trn2.48xlarge", "region": "us-east-1", "lnc": None,
+        "core_hour_usd": trn2.usd_per_hour / 64, "source": trn2.source, "as_of": trn2.as_of,
+        "assumed": False,
+    }  # fmt: skip
+    assert neuron["cost_usd"] == pytest.approx(480 / 3600 * trn2.usd_per_hour / 64)
+    assumed = prices_from_mapping({"default_instance_type": "trn1.32xlarge"})
+    cpu = summary(make_record(neuron=False), assumed)
+    assert cpu["core_seconds"] == 120.0
+    assert cpu["price"] is None and cpu["cost_usd"] is None

@@ -97,6 +97,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- if .Values.neuron.dra.enabled }}{{- $_ := set $s "neuronDra" (omit .Values.neuron.dra "enabled") }}{{- end }}
 {{- if .Values.metrics.enabled }}{{- $_ := set $s "metricsPort" .Values.metrics.port }}{{- end }}
+{{- $_ := set $s "notifyFormat" (.Values.notifications.format | default "slack") }}
+{{- $_ := set $s "notifyAttempts" (.Values.notifications.attempts | default 5) }}
 {{- $merged := merge (deepCopy (.Values.settings | default dict)) $s -}}
 {{- if not .Values.metrics.enabled }}{{- $_ := set $merged "metricsPort" nil }}{{- end }}
 {{- toJson $merged -}}
