@@ -9,8 +9,8 @@ function that writes the move. :func:`step` is the only way a status changes::
     status (as the API has it) + event  ->  Move (one typed status patch, the Event to post)
                                         or  None (refused: not a move from this stage)
 
-Everything here is pure (no API requests, no clock but the timestamps a status carries), so the
-table is tested on its own (tests/operator/test_lifecycle.py) and the reconciler stays the part
+Nothing here touches the cluster (its only outside input is the clock, for the timestamps a
+status carries), so the table is tested on its own (tests/operator/test_lifecycle.py) and the reconciler stays the part
 that observes the cluster and does the work: it turns what it saw (a Job's event, the
 watchdog's finding, sizing's answer) into an event, and writes the move once, through
 :class:`~model_support.operator.status.StatusPatch`, with conflict retries.
@@ -786,6 +786,7 @@ __all__ = [
     "Unschedulable",
     "allows",
     "handled",
+    "retrying",
     "stage_of",
     "step",
     "table_markdown",

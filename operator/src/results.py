@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from model_support.config import RunConfig
 from model_support.operator.kube import Kube
+from model_support.operator.lifecycle import first_line
 from model_support.operator.manifests import TestRef
 from model_support.operator.outcome import (
     INFRA_RESULTS,
@@ -29,7 +30,6 @@ from model_support.operator.outcome import (
 )
 from model_support.operator.resource import RUNNER_CONTAINER
 from model_support.operator.settings import OperatorSettings
-from model_support.operator.status import MESSAGE_LIMIT
 from model_support.records import ResultDocument, failure_document, parse_result_line
 from model_support.runner_pod import RUNNER_MESSAGE_PREFIX
 from model_support.runpath import Found, Malformed, Unavailable, document_for_run
@@ -50,7 +50,7 @@ def _delivered(data: object) -> Found:
     try:
         return ResultDocument.model_validate_json(data)
     except ValidationError as exc:
-        return Malformed("delivered document", _short(str(exc)))
+        return Malformed("delivered document", first_line(str(exc)))
 
 
 def _result_line(text: str | None, source: DocumentSource) -> Found:
@@ -60,12 +60,7 @@ def _result_line(text: str | None, source: DocumentSource) -> Found:
     try:
         return parse_result_line(text)
     except (ValueError, ValidationError) as exc:
-        return Malformed(f"result line in the {source.value}", _short(str(exc)))
-
-
-def _short(text: str) -> str:
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    return first[:MESSAGE_LIMIT]
+        return Malformed(f"result line in the {source.value}", first_line(str(exc)))
 
 
 @dataclass(frozen=True)
