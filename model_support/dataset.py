@@ -32,6 +32,8 @@ from model_support.config import VerificationConfig
 from model_support.models import is_local_path
 from model_support.records import ResultDocument, RunRecord, Stack, Verification
 from model_support.vocabulary import (
+    COMPILE_FAILURE_MEANINGS,
+    DIVERGENCE_PHASE_MEANINGS,
     ERROR_CLASS_MEANINGS,
     EXCLUSION_MEANINGS,
     FLOAT32_PRECISION_DEFAULTS,
@@ -348,6 +350,13 @@ COLUMNS: tuple[Column, ...] = (
         _field("doc.error_class"),  # a StrEnum is its value
     ),
     Column(
+        "error_reason",
+        _STRING,
+        "For ERROR compile: why (see Compile failure reasons): the compiler failed, or the "
+        "model's graph would not run compiled as a whole.",
+        _field("doc.error_reason"),  # a StrEnum is its value
+    ),
+    Column(
         "error",
         _STRING,
         "For ERROR/TIMEOUT: the message (and traceback tail).",
@@ -656,6 +665,18 @@ COLUMNS: tuple[Column, ...] = (
         lambda s: _first_divergence(s.doc.verification, "module"),
     ),
     Column(
+        "first_divergence_phase",
+        _STRING,
+        "For a task that decodes: where that module was found: prefill (the whole sequence at once, or the prefill step as the run ran it) or decode (the decode step at which the FAIL first shows, first_divergence_step); null otherwise.",
+        lambda s: _enum_value(_first_divergence(s.doc.verification, "phase")),
+    ),
+    Column(
+        "first_divergence_step",
+        _INT,
+        "The generation step whose graph was searched: s for decode step s, 0 for the prefill step; null for the whole sequence at once.",
+        lambda s: _first_divergence(s.doc.verification, "step"),
+    ),
+    Column(
         "first_divergence_kind",
         _STRING,
         "That module's class (LlamaMLP, Linear): what FAILs of a stack are grouped by across models.",
@@ -765,8 +786,11 @@ HISTORY_COLUMNS: tuple[str, ...] = (
     "revision", "resolved_revision", "result", "error_class", "exclusion_reason",
     "failed_checks", "neuron_cores", "lnc", "instance_type", "wall_time_s", "compile_time_s",
     "compile_cache_hit", "decode_tokens_per_s", "peak_device_memory_bytes", "error_ratio",
-    "q90_ratio", "peak_ratio", "kl_ratio", "bad_tokens", "held_s", "core_seconds",
-    "compile_share", "run_id", "source", "started_at", "finished_at", "recorded_at",
+    "q90_ratio", "peak_ratio", "kl_ratio", "bad_tokens", "first_divergence",
+    "first_divergence_kind", "first_divergence_phase", "first_divergence_step",
+    "first_divergence_ratio", "held_s",
+    "core_seconds", "compile_share", "run_id", "source", "started_at", "finished_at",
+    "recorded_at",
 )  # fmt: skip
 """The columns of the history (``history/runs.parquet`` in a store): every run, not only the
 latest per stack, with what the History and Regressions views and commands read. The matrix's
@@ -1085,14 +1109,21 @@ def first_divergence_section() -> str:
     statuses = "\n".join(
         f"- `{status.value}`: {meaning}" for status, meaning in LOCALIZATION_STATUS_MEANINGS.items()
     )
+    phases = "\n".join(
+        f"- `{phase.value}`: {meaning}" for phase, meaning in DIVERGENCE_PHASE_MEANINGS.items()
+    )
     return f"""### Where a FAIL starts
 
 On a FAIL, run.py searches the first module whose compiled output diverges: level by level
 from the model's children down, the modules of a level are compiled together with the run's
 compile backend and each is called on the float32 reference's inputs for it (teacher forced),
 its output compared with the reference's relative to the baseline's on the same inputs, by the
-verdict's bounds on the median, 90th percentile and maximum over positions. The deepest first
-diverging module is `first_divergence` (its class `first_divergence_kind`); `verification_json`
+verdict's bounds on the median, 90th percentile and maximum over positions. For a task that
+decodes, the search runs where the FAIL first shows: at a decode step, the modules are compiled
+with that step's shapes (one token per sequence against the static cache the earlier steps
+filled, replayed with the device's tokens); at the first token, on the whole sequence at once.
+The deepest first diverging module is `first_divergence` (its class `first_divergence_kind`,
+where it was found `first_divergence_phase` and `first_divergence_step`); `verification_json`
 holds the whole search (`first_divergence`: the enclosing modules, the next two diverging
 modules, the time and memory it took). A sharded run is searched on every rank at once, each
 on its shard of the reference's inputs: `ranks` names the ranks on which the module diverges.
@@ -1100,6 +1131,10 @@ When the module is a fused experts module, each expert is measured alone: `exper
 one expert that diverges, when only one does. The search's `status`:
 
 {statuses}
+
+Where it searched (`first_divergence_phase`):
+
+{phases}
 """
 
 
@@ -1192,6 +1227,9 @@ def render_card(files: list[CardFile]) -> str:
     errors = "\n".join(
         f"- `{cls.value}`: {meaning}" for cls, meaning in ERROR_CLASS_MEANINGS.items()
     )
+    compile_reasons = "\n".join(
+        f"- `{reason.value}`: {meaning}" for reason, meaning in COMPILE_FAILURE_MEANINGS.items()
+    )
     exclusions = "\n".join(
         f"- `{reason.value}`: {meaning}" for reason, meaning in EXCLUSION_MEANINGS.items()
     )
@@ -1238,6 +1276,10 @@ file's name (without `.parquet`) or `default` for all of them.
 ## Error classes (`error_class`, for ERROR)
 
 {errors}
+
+## Compile failure reasons (`error_reason`, for ERROR compile)
+
+{compile_reasons}
 
 ## Exclusion reasons (`exclusion_reason`, for EXCLUDED)
 

@@ -14,7 +14,7 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from model_support.history import Change, Evidence, Report
+from model_support.history import Change, Evidence, Report, divergence_line
 from model_support.vocabulary import Result
 
 if TYPE_CHECKING:
@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 EVIDENCE_COLUMNS = [
     "run_id", "result", "error_class", "error", "failed_checks", "verification_json",
-    "first_divergence", "first_divergence_kind", "first_divergence_ratio", "compiler",
+    "first_divergence", "first_divergence_kind", "first_divergence_phase",
+    "first_divergence_step", "first_divergence_ratio", "compiler",
     "compiler_version", "library", "library_version", "torch", "torch_neuronx", "instance_type",
     "lnc", "neuron_cores", "backend", "labels", "stack",
 ]  # fmt: skip
@@ -123,17 +124,9 @@ def failed_check_figures(row: Mapping[str, Any]) -> list[str]:
 
 
 def first_divergence(row: Mapping[str, Any]) -> str | None:
-    """Where a FAIL starts: the first diverging module, its class and its error ratio."""
-    module = row.get("first_divergence")
-    if not module:
-        return None
-    ratio = row.get("first_divergence_ratio")
-    kind = row.get("first_divergence_kind")
-    return (
-        f"first diverging module: {module}"
-        + (f" ({kind})" if kind else "")
-        + (f", error ratio {ratio:.3g}" if ratio is not None else "")
-    )
+    """Where a FAIL starts: the first diverging module, where it was found (the prefill, a
+    decode step), its class and its error ratio (see history.divergence_line)."""
+    return divergence_line(row)
 
 
 def error_lines(row: Mapping[str, Any], limit: int = ERROR_LINES) -> list[str]:

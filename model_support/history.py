@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from model_support.dataset import NEURON_COMPILER
 from model_support.pricing import PriceTable
+from model_support.records import divergence_where
 from model_support.viewer.markup import inline_code
 from model_support.vocabulary import Result, is_fix, is_regression
 
@@ -35,16 +36,22 @@ STACK_COLUMNS = ("compiler", "compiler_version", "library", "library_version")
 SLOT = ("model_id", "task")
 STACK_ORDER_COLUMNS = (*STACK_COLUMNS, "run_id", "started_at", "finished_at", "recorded_at")
 """What ordering the stacks reads (a few columns of every run)."""
+DIVERGENCE_COLUMNS = (
+    "first_divergence", "first_divergence_kind", "first_divergence_phase", "first_divergence_step",
+    "first_divergence_ratio",
+)  # fmt: skip
+"""Where a FAIL starts: its first diverging module, its class, where it was found, its error
+ratio."""
 COMPARED_COLUMNS = (
     *SLOT, *STACK_COLUMNS, "result", "error_class", "failed_checks", "run_id", "instance_type",
     "resolved_revision",
     "lnc", "core_seconds", "decode_tokens_per_s", "compile_time_s", "compile_cache_hit",
-    "peak_device_memory_bytes", "finished_at", "recorded_at",
+    "peak_device_memory_bytes", *DIVERGENCE_COLUMNS, "finished_at", "recorded_at",
 )  # fmt: skip
 """What comparing two stacks reads of each run."""
 SIDE_COLUMNS = (
     "result", "error_class", "failed_checks", "run_id", "core_seconds", "cost_usd",
-    "decode_tokens_per_s", "compile_time_s", "peak_device_memory_bytes",
+    "decode_tokens_per_s", "compile_time_s", "peak_device_memory_bytes", *DIVERGENCE_COLUMNS,
 )  # fmt: skip
 """What a reported change says of each side."""
 
@@ -438,7 +445,8 @@ class Evidence(BaseModel):
         default_factory=list, description="A FAIL's failed checks with their figures and bounds."
     )
     first_divergence: str | None = Field(
-        None, description="A FAIL: the first diverging module, its class and its error ratio."
+        None,
+        description="A FAIL: the first diverging module, where it was found (the prefill, a decode step), its class and its error ratio.",
     )
     error_class: str | None = None
     error_lines: list[str] = Field(
@@ -539,6 +547,23 @@ def _group_of(row: Mapping[str, Any]) -> str:
         checks = _strings(row.get("failed_checks"))
         return f"FAIL {', '.join(checks)}" if checks else "FAIL"
     return result
+
+
+def divergence_line(row: Mapping[str, Any]) -> str | None:
+    """Where a FAIL starts, from a history or matrix row, as the record's summary says it:
+    "first diverging module, from decode step 18: model.layers.0.mlp.act_fn (SiLUActivation),
+    error ratio 125"; None where the run names no module."""
+    module = row.get("first_divergence")
+    if not isinstance(module, str) or not module:
+        return None
+    where = divergence_where(row.get("first_divergence_phase"), row.get("first_divergence_step"))
+    kind = row.get("first_divergence_kind")
+    ratio = _number(row.get("first_divergence_ratio"))
+    return (
+        f"first diverging module{', ' + where if where else ''}: {module}"
+        + (f" ({kind})" if isinstance(kind, str) and kind else "")
+        + (f", error ratio {ratio:.3g}" if ratio is not None else "")
+    )
 
 
 def _number(value: object) -> float | None:
@@ -803,7 +828,12 @@ def regressions(
 
     needed = confirmation.runs_needed
     for i in both.index[worse]:
-        change = Change(kind="regression", group=_group_of(sides[i][1]), **common(i))
+        change = Change(
+            kind="regression",
+            group=_group_of(sides[i][1]),
+            detail=divergence_line(sides[i][1]),
+            **common(i),
+        )
         if confirmed[i]:
             report.regressions.append(change)
         else:

@@ -99,6 +99,24 @@ ERROR_CLASS_MEANINGS: dict[ErrorClass, str] = {
 }
 
 
+class CompileFailure(StrEnum):
+    """Why an ERROR ``compile`` happened: the model's graph would not run compiled as a whole,
+    or the compile stack itself failed (``error_reason`` of the record)."""
+
+    COMPILER_ERROR = "compiler-error"
+    GRAPH_BREAK = "graph-break"
+    CPU_FALLBACK = "cpu-fallback"
+    RECOMPILES_PER_STEP = "recompiles-per-step"
+
+
+COMPILE_FAILURE_MEANINGS: dict[CompileFailure, str] = {
+    CompileFailure.COMPILER_ERROR: "The compile stack failed: graph capture, lowering, or the device compiler (neuronx-cc) refused or crashed.",
+    CompileFailure.GRAPH_BREAK: "The forward does not capture as one graph: a graph break (its reason is in the error), which the Neuron path treats as an error, as TorchNeuron recommends (fullgraph).",
+    CompileFailure.CPU_FALLBACK: "Part of a compiled graph ran on the CPU (an operator TorchNeuron does not lower) or fell back to eager execution: the graph did not run compiled.",
+    CompileFailure.RECOMPILES_PER_STEP: "The decode recompiles at every step, past Dynamo's recompile limit: a guard on a value that changes per step (the error quotes Dynamo's guard), e.g. a static sliding-window cache that keeps its length as a Python int. The model's cache cannot compile once; the compiler did not fail.",
+}  # fmt: skip
+
+
 class ExclusionReason(StrEnum):
     """Why a model is deliberately not run (machine-readable reason codes)."""
 
@@ -276,6 +294,19 @@ LOCALIZATION_STATUS_MEANINGS: dict[LocalizationStatus, str] = {
     LocalizationStatus.INCOMPLETE: "The time budget ran out; the module named, if any, is the deepest one confirmed so far.",
     LocalizationStatus.FAILED: "The search itself failed (a module that does not compile on its own, memory, a worker of a sharded run lost during it): the reason and its error class say why.",
     LocalizationStatus.NOT_SUPPORTED: "Not searched: a task family without root calls for the search (every family run.py knows has them).",
+}  # fmt: skip
+
+
+class DivergencePhase(StrEnum):
+    """Where a generating task's search compiled the modules (``first_divergence.phase``)."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+DIVERGENCE_PHASE_MEANINGS: dict[DivergencePhase, str] = {
+    DivergencePhase.PREFILL: "The FAIL first shows at the first generated token (or at no one position): the modules were compiled on the whole sequence at once, as the verdict scores it, and where that names none, at the prefill step as the run ran it (step 0).",
+    DivergencePhase.DECODE: "The FAIL first shows at a decode step (first_divergence_step: that step, or the step just before where it began within the bounds): the modules were compiled with that step's shapes, one token per sequence against the static cache the earlier steps filled, as the run ran it.",
 }  # fmt: skip
 
 

@@ -38,9 +38,14 @@ from model_support.pricing import (
     load_prices,
     prices_from_mapping,
 )
-from model_support.records import CacheTransferFigures, CompileCacheFigures, RunRecord
+from model_support.records import (
+    CacheTransferFigures,
+    CompileCacheFigures,
+    FirstDivergence,
+    RunRecord,
+)
 from model_support.store import ResultsStore
-from model_support.vocabulary import Result, VerdictCheck
+from model_support.vocabulary import DivergencePhase, LocalizationStatus, Result, VerdictCheck
 
 CC_OLD = "2.27.1000.0"
 CC_NEW = "2.28.7631.0"
@@ -79,9 +84,13 @@ def on_compiler(
     return record.model_copy(update={"document": doc.model_copy(update=update)})
 
 
-def failed(record: RunRecord, checks: list[VerdictCheck]) -> RunRecord:
+def failed(
+    record: RunRecord, checks: list[VerdictCheck], where: FirstDivergence | None = None
+) -> RunRecord:
     doc = record.document
-    verification = doc.verification.model_copy(update={"passed": False, "failed_checks": checks})
+    verification = doc.verification.model_copy(
+        update={"passed": False, "failed_checks": checks, "first_divergence": where}
+    )
     return record.model_copy(
         update={
             "document": doc.model_copy(update={"result": Result.FAIL, "verification": verification})
@@ -204,6 +213,16 @@ def test_a_bad_price_table_is_refused_with_the_field_named(tmp_path: Path) -> No
     assert load_prices(table).price_of("trn1.32xlarge") is None  # no eu-west-1 price given
 
 
+ACT_FN_AT_STEP_18 = FirstDivergence(
+    status=LocalizationStatus.FOUND,
+    module="model.layers.0.mlp.act_fn",
+    kind="SiLUActivation",
+    error_ratio=125.3,
+    phase=DivergencePhase.DECODE,
+    step=18,
+)
+
+
 def repeated(
     record: RunRecord, version: str, times: int, *, figures: list[dict[str, float]] | None = None
 ) -> list[RunRecord]:
@@ -234,7 +253,7 @@ def _two_stacks(store: ResultsStore, times: int = 3) -> dict[str, RunRecord]:
     old, new = T0, T0 + timedelta(days=7)
     pairs = {
         "org/regressed": (make_record("org/regressed", finished=old), make_record("org/regressed", Result.ERROR, finished=new)),
-        "org/miscompiled": (make_record("org/miscompiled", finished=old), failed(make_record("org/miscompiled", finished=new), [VerdictCheck.TOKENS, VerdictCheck.KL])),
+        "org/miscompiled": (make_record("org/miscompiled", finished=old), failed(make_record("org/miscompiled", finished=new), [VerdictCheck.TOKENS, VerdictCheck.KL], ACT_FN_AT_STEP_18)),
         "org/fixed": (make_record("org/fixed", Result.ERROR, finished=old), make_record("org/fixed", finished=new)),
         "org/slower": (make_record("org/slower", finished=old), make_record("org/slower", finished=new)),
         "org/steady": (make_record("org/steady", finished=old), make_record("org/steady", finished=new)),
@@ -281,6 +300,12 @@ def test_regressions_between_the_two_newest_stacks(store: ResultsStore) -> None:
     }
     assert report.unconfirmed == [] and report.flaky == []
     assert [(c.model, c.group) for c in report.fixes] == [("org/fixed", "was ERROR compile")]
+    # A FAIL says where it starts: its first diverging module, and the decode step.
+    miscompiled = next(c for c in report.regressions if c.model == "org/miscompiled")
+    assert miscompiled.detail == (
+        "first diverging module, from decode step 18: model.layers.0.mlp.act_fn "
+        "(SiLUActivation), error ratio 125"
+    )
     regressed = next(c for c in report.regressions if c.model == "org/regressed")
     assert regressed.reproduce == f"model-support reproduce {after['org/regressed'].run_id}"
     assert (regressed.runs_before, regressed.runs_after) == (3, 3)
@@ -301,6 +326,10 @@ def test_regressions_between_the_two_newest_stacks(store: ResultsStore) -> None:
     assert "<h3>ERROR compile (1)</h3>" in html and "<h3>FAIL tokens, kl (1)</h3>" in html
     assert f"<code>model-support reproduce {after['org/regressed'].run_id}</code>" in html
     assert "<td><code>org/regressed</code></td>" in html
+    assert (
+        "<td>first diverging module, from decode step 18: model.layers.0.mlp.act_fn "
+        "(SiLUActivation), error ratio 125</td>" in html
+    )
     assert "<h1>Regressions: neuronx-cc 2.27.1000.0 · transformers 5.24.0 -&gt; neuronx-cc" in html
 
 
@@ -534,3 +563,27 @@ def test_a_cpu_run_is_never_priced_as_trainium_core_hours(store: ResultsStore) -
     }
     assert costs["org/n"] == pytest.approx(120 / 3600 * 21.50 / 32)
     assert pd.isna(costs["org/c"])
+
+
+def test_a_bug_reports_evidence_says_where_the_fail_starts() -> None:
+    """The bug body's line for a FAIL (read from the matrix row) says the decode step, as the
+    change's detail and the record's summary do; an older row without a phase keeps the old
+    wording."""
+    from model_support.evidence import first_divergence
+
+    row = {
+        "first_divergence": "model.layers.0.mlp.act_fn",
+        "first_divergence_kind": "SiLUActivation",
+        "first_divergence_phase": "decode",
+        "first_divergence_step": 18,
+        "first_divergence_ratio": 125.3,
+    }
+    assert first_divergence(row) == (
+        "first diverging module, from decode step 18: model.layers.0.mlp.act_fn "
+        "(SiLUActivation), error ratio 125"
+    )
+    older = {**row, "first_divergence_phase": None, "first_divergence_step": None}
+    assert first_divergence(older) == (
+        "first diverging module: model.layers.0.mlp.act_fn (SiLUActivation), error ratio 125"
+    )
+    assert first_divergence({"first_divergence": None}) is None

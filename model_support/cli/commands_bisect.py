@@ -7,17 +7,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from model_support.cli.commands_history import DEFAULT_RESULTS, _open
 from model_support.cli.commands_run import fail, positive_seconds, reading_store
+from model_support.printable import DataConsole, printable
 
 if TYPE_CHECKING:
     from model_support.bisect import Plan
     from model_support.store import ResultsStore
 
-err = Console(stderr=True, soft_wrap=True, highlight=False)
+err = DataConsole(stderr=True, soft_wrap=True, highlight=False)
 
 SIDE_HELP = (
     "its label, 'compiler version', the compiler version, the compiler alone, or a run id of "
@@ -254,7 +254,7 @@ def bisect(
     if as_json:
         typer.echo(report.model_dump_json(indent=1))
     else:
-        typer.echo(render_bisect(report), nl=False)
+        typer.echo(printable(render_bisect(report)), nl=False)
     if not report.conclusion.culprits:
         raise typer.Exit(1)
 

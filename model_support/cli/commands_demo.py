@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from model_support.checkpoints import TASK_MODELS
 from model_support.cli.commands_run import plan_cores, print_record, results
+from model_support.printable import DataConsole
 from model_support.records import RunRecord
 from model_support.stop_signals import on_stop_signals
 
@@ -41,7 +41,7 @@ NEWER_RELEASE = "model_support.faults:dense_miscompiler"
 
 # Progress goes to stderr one line at a time, also when it is not a terminal (CI logs, pipes);
 # soft wrapping keeps each line whole instead of folding it at 80 columns.
-progress = Console(stderr=True, soft_wrap=True)
+progress = DataConsole(stderr=True, soft_wrap=True)
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def plan_runs(models: dict[str, DemoModel], main: str, second: str | None) -> li
 
 def _refuse(message: str) -> typer.Exit:
     """Say what was wrong with the command line (nothing has run) and exit 2."""
-    Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}")
+    DataConsole(stderr=True).print(f"[bold red]error:[/] {escape(message)}")
     return typer.Exit(2)
 
 

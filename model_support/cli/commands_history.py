@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from model_support.cli.commands_run import fail, positive_seconds, reading_store
+from model_support.printable import DataConsole, printable
 
 if TYPE_CHECKING:
     from model_support.history import Confirmation, Report
@@ -93,7 +94,7 @@ def history(
         return
     from model_support.history import money
 
-    typer.echo(f"{model}: {len(runs)} run(s), oldest first ({location})")
+    typer.echo(printable(f"{model}: {len(runs)} run(s), oldest first ({location})"))
     for row in runs.to_dict(orient="records"):
         finished = row["finished_at"] if _known(row["finished_at"]) else row["recorded_at"]
         result = str(row["result"]) + (
@@ -114,10 +115,10 @@ def history(
             [f"{finished:%Y-%m-%d %H:%M}" if _known(finished) else "(no time)", str(row["stack_label"]),
              str(row["task"]), result, *(f for f in figures if f)]
         )  # fmt: skip
-        typer.echo(line)
+        typer.echo(printable(line))
         if isinstance(row["flip"], str):
-            typer.echo(f"    changed on this stack: {row['flip']}")
-        typer.echo(f"    {row['reproduce']}")
+            typer.echo(printable(f"    changed on this stack: {row['flip']}"))
+        typer.echo(printable(f"    {row['reproduce']}"))
 
 
 def _known(value: object) -> bool:
@@ -274,7 +275,9 @@ def regressions(
         report = compared()
     with reading_store(location):
         attach(report, store, uri)
-    typer.echo(render_json(report) if as_json else render_markdown(report, uri), nl=False)
+    typer.echo(
+        render_json(report) if as_json else printable(render_markdown(report, uri)), nl=False
+    )
     if report.regressions:
         raise typer.Exit(EXIT_REGRESSIONS)
 
@@ -284,12 +287,11 @@ def confirm_here_or_fail(
 ) -> None:
     """Re-run the report's unconfirmed worse results here (printing each re-run), or exit 2
     saying why this machine cannot."""
-    from rich.console import Console
     from rich.markup import escape
 
     from model_support.confirm import CannotConfirmHere, Rerun, confirm_here
 
-    err = Console(stderr=True, soft_wrap=True)
+    err = DataConsole(stderr=True, soft_wrap=True)
 
     def show(rerun: Rerun) -> None:
         c = rerun.change
@@ -376,7 +378,7 @@ def report(
 
         typer.echo(json.dumps(release.model_dump(mode="json"), indent=1))
     else:
-        typer.echo(render_release_markdown(release, uri), nl=False)
+        typer.echo(printable(render_release_markdown(release, uri)), nl=False)
 
 
 def register(app: typer.Typer) -> None:

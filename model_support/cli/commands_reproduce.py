@@ -8,18 +8,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from model_support.cli.commands_run import DEFAULT_RESULTS, fail, positive_seconds
+from model_support.printable import DataConsole
 from model_support.vocabulary import Result
 
 if TYPE_CHECKING:
     from model_support.store import ResultsStore
 
-console = Console(stderr=True)
-out = Console(highlight=False, soft_wrap=True)
+console = DataConsole(stderr=True)
+out = DataConsole(highlight=False, soft_wrap=True)
 
 EXIT_DISAGREE = 4
 """--run: the rerun's result or tokens differ from the stored row's."""

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -26,6 +25,7 @@ from model_support.cli import commands_cache
 from model_support.config import COMPILE_BACKEND_PATTERN, RunConfig, VerificationConfig
 from model_support.execution import StageEvent
 from model_support.models import BadModelReference, resolve_model
+from model_support.printable import DataConsole
 from model_support.records import RunRecord, excluded_record
 from model_support.stop_signals import on_stop_signals
 from model_support.vocabulary import Backend, LocalizeMode, Parallelism, Result, Task
@@ -34,9 +34,9 @@ if TYPE_CHECKING:
     from model_support.pricing import PriceTable
     from model_support.store import ResultsStore
 
-console = Console(stderr=True)
+console = DataConsole(stderr=True)
 # Piped output (CI logs, `| less`) gets a wide table rather than 80 folded columns.
-out = Console(width=None if sys.stdout.isatty() else 160)
+out = DataConsole(width=None if sys.stdout.isatty() else 160)
 
 DEFAULT_RESULTS = "results"
 

@@ -12,6 +12,7 @@ import typer
 from rich.markup import escape
 
 from model_support.cli.commands_run import console, fail
+from model_support.printable import printable
 from model_support.vocabulary import Task
 
 if TYPE_CHECKING:
@@ -261,7 +262,7 @@ def print_estimate(
         return readable_model_id(model) if is_local_path(model) else model
 
     result = estimate_sweep(models, size, history, table, instance, neuron=neuron, id_of=id_of)
-    typer.echo(f"estimate: {len(models)} models on {profile}, past runs from {results}")
+    typer.echo(printable(f"estimate: {len(models)} models on {profile}, past runs from {results}"))
     basis = {
         "model": "its {n} past run(s)",
         "cores": "{n} past run(s) on as many cores",
@@ -272,8 +273,10 @@ def print_estimate(
         cores = "-" if m.cores is None else f"{m.cores} core(s)"
         why = basis[m.basis].format(n=m.past_runs) + (f" ({m.excluded})" if m.excluded else "")
         typer.echo(
-            f"  {m.model}  {m.task}  {cores}  {m.hours:.2f} h each ({why})  "
-            f"{m.core_hours:.2f} core-h  {money(m.cost_usd)}"
+            printable(
+                f"  {m.model}  {m.task}  {cores}  {m.hours:.2f} h each ({why})  "
+                f"{m.core_hours:.2f} core-h  {money(m.cost_usd)}"
+            )
         )
     rate = (
         f"{money(result.core_hour_usd)} per core-hour of {instance}"

@@ -47,16 +47,17 @@ class Launcher:
         """The Hub token of a test's hubTokenSecret, when the operator may read it."""
         if spec.hubTokenSecret is None or not self.settings.read_token_secrets:
             return None
-        secret = self.kube.read_secret(namespace, spec.hubTokenSecret.name)
+        # Only a Secret labelled so is ever returned to the operator (a selected list).
+        secret = self.kube.read_labelled_secret(
+            namespace, spec.hubTokenSecret.name, {HUB_TOKEN_LABEL: "true"}
+        )
         name = f"{namespace}/{spec.hubTokenSecret.name}"
         if secret is None:
-            raise InvalidTest(f"spec.hubTokenSecret names Secret {name}, which does not exist")
-        labels = (secret.get("metadata") or {}).get("labels") or {}
-        if labels.get(HUB_TOKEN_LABEL) != "true":
             raise InvalidTest(
-                f"Secret {name} lacks the label {HUB_TOKEN_LABEL}=true; the operator reads only "
-                f"Secrets labelled so (kubectl label secret -n {namespace} "
-                f"{spec.hubTokenSecret.name} {HUB_TOKEN_LABEL}=true)"
+                f"spec.hubTokenSecret names Secret {name}, which does not exist or lacks the "
+                f"label {HUB_TOKEN_LABEL}=true; the operator reads only Secrets labelled so "
+                f"(kubectl label secret -n {namespace} {spec.hubTokenSecret.name} "
+                f"{HUB_TOKEN_LABEL}=true)"
             )
         value = self.kube.secret_key(secret, spec.hubTokenSecret.key)
         if value is None:
@@ -83,7 +84,7 @@ class Launcher:
         )
         with refusal("ResourceClaimTemplate", None):
             self.claim_template(ref, spec, placement)
-        self.slots.prepare(ref, self._store_uri(spec), attempt)  # before the pod that reads it
+        self.slots.prepare(ref, spec, self._store_uri(spec), attempt)  # before the pod reads it
         name = job["metadata"]["name"]
         created: dict[str, Any] | None
         try:
@@ -114,7 +115,7 @@ class Launcher:
         no longer allow the test (e.g. DRA's default LNC removed since the first attempt)."""
         _, job = children(ref, spec, placement, self.settings, attempt, "", self.slots.key)
         self.claim_template(ref, spec, placement)  # in case it was deleted by hand
-        self.slots.prepare(ref, self._store_uri(spec), attempt)
+        self.slots.prepare(ref, spec, self._store_uri(spec), attempt)
         job_name = str(job["metadata"]["name"])
         try:
             self.kube.create_job(job)

@@ -7,11 +7,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from collections.abc import Iterable
 
+from model_support.delivery import DeliveryArea, DeliveryError
 from model_support.operator import metrics, notifications
 from model_support.operator.kube import Kube
 from model_support.operator.manifests import TestRef
-from model_support.operator.outcome import DocumentSource
+from model_support.operator.outcome import DocumentSource, reported_stack_fields
 from model_support.operator.planning import store_uri
 from model_support.operator.resource import child_name, run_id_for
 from model_support.operator.settings import OperatorSettings, RunnerStack
@@ -128,6 +130,12 @@ class Recorder:
             metrics.WALL_SECONDS.observe(record.document.timings.wall_time_s)
         return True
 
+    def stores(self) -> list[ResultsStore]:
+        """Every store this operator records into (its own, and those tests named)."""
+        self.store_for(None)  # the operator's own store, whether or not it recorded yet
+        with self._lock:
+            return list(self._stores.values())
+
     @staticmethod
     def stored(store: ResultsStore, run_id: str) -> RunRecord | None:
         """The record of ``run_id`` in ``store``, if it is there and the store answers."""
@@ -183,13 +191,18 @@ class Recorder:
         run_py: str,
         *,
         pod_cores: int | None,
+        node_instance_type: str | None,
     ) -> RunRecord:
         """The record of an attempt's run: its document (as trusted), the run.py that ran, and
-        labels saying which test, Job and attempt, what ran, and where the document came from."""
+        labels saying which test, Job and attempt, what ran, where the document came from, and
+        which of its stack's fields are only the pod's word."""
         labels = {
             **self.labels(ref, job_name, attempt),
             **self.provenance(spec),
             "document_source": source.value,
+            "stack_reported": ",".join(
+                reported_stack_fields(document, self.declared_stack(spec), node_instance_type)
+            ),
         }
         if pod_cores:
             labels["pod_cores"] = str(pod_cores)  # the cores the pod held
@@ -271,4 +284,18 @@ class Recorder:
         return render_script(spec.run_config(status.cores, parallelism))
 
 
-__all__ = ["Materializer", "Recorder"]
+def sweep_deliveries(stores: Iterable[ResultsStore]) -> int:
+    """Remove the delivery slots of runs these stores hold a record of, and empty the slots
+    set aside for removal a bounded amount: a slot written after its run was recorded (an
+    upload URL used again before it expired) or one a removal missed. A store that cannot be
+    swept now is said in the log and swept next time. Returns how many slots went."""
+    removed = 0
+    for store in stores:
+        try:
+            removed += DeliveryArea(store.uri).remove_recorded(store.has)
+        except (DeliveryError, ValueError) as exc:
+            log.warning("could not sweep the delivery slots of %s: %s", store.uri, exc)
+    return removed
+
+
+__all__ = ["Materializer", "Recorder", "sweep_deliveries"]

@@ -145,7 +145,11 @@ class ResultReader:
                 return None
             try:
                 text = self.kube.pod_log(
-                    ref.namespace, reading.pod_name, RUNNER_CONTAINER, self.settings.log_tail_lines
+                    ref.namespace,
+                    reading.pod_name,
+                    RUNNER_CONTAINER,
+                    self.settings.log_tail_lines,
+                    self.settings.log_tail_bytes,
                 )
             except ApiException as exc:
                 return Unavailable(f"the runner's log could not be read: {exc.status} {exc.reason}")

@@ -46,12 +46,11 @@ class RunnerStack(BaseModel):
     transformers: str | None = Field(None, min_length=1, description="transformers' version.")
 
 
-DEFAULT_RUNNER_STACK = RunnerStack(neuronx_cc="2.28.7631.0", transformers="5.24.0")
-"""What images/runner/Dockerfile's default build pins for certain: its base image's Neuron SDK
-2.33.0, whose compiler is neuronx-cc 2.28.7631.0 (the release's package list, docs/trainium.md),
-and its TRANSFORMERS_VERSION; the two versions that name a Trainium row's results file. torch is
-left undeclared: the base image's tag names the torch-neuronx line (2.14), not the exact torch
-build inside it, and a wrong guess would turn every run on the default image into an ERROR."""
+DEFAULT_RUNNER_STACK = RunnerStack(neuronx_cc="2.28.7631.0", torch="2.14.0", transformers="5.24.0")
+"""What images/runner/Dockerfile's default build pins for certain: its base's Neuron SDK 2.33.0
+row of docs/neuron-releases.md (neuronx-cc 2.28.7631.0, torch 2.14.0; the base recipe installs
+exactly these, a test keeps them equal) and its TRANSFORMERS_VERSION: the versions that name a
+Trainium row's results file. A pod reporting another is recorded ERROR infrastructure."""
 
 
 class NeuronDraSettings(BaseModel):
@@ -73,6 +72,21 @@ class NeuronDraSettings(BaseModel):
         2,
         description="LNC of claims for tests that name no spec.lnc (trn2's default); None = such tests are refused.",
     )
+    driver_version: str | None = Field(
+        None,
+        min_length=1,
+        description="Claim only devices whose Neuron driver is this version (the device attribute neuronDriverVersion, as AWS's example claims select it); None = any.",
+    )
+    device_attribute_domain: str = Field(
+        "neuron.aws.com",
+        min_length=1,
+        description="Domain of the driver's device attributes (instanceType, neuronDriverVersion) in claim selectors.",
+    )
+
+    @field_validator("driver_version", mode="before")
+    @classmethod
+    def _empty_is_any(cls, value: object) -> object:
+        return None if value == "" else value
 
 
 class OperatorSettings(BaseModel):
@@ -106,11 +120,11 @@ class OperatorSettings(BaseModel):
         None,
         description="PVC holding a local-path results store; mounted into runner pods so they deliver there.",
     )
-    delivery_url_expiry_s: int = Field(
-        7 * 24 * 3600,
+    delivery_url_margin_s: int = Field(
+        3600,
         ge=60,
         le=7 * 24 * 3600,  # the longest an S3 SigV4 signature lasts
-        description="How long the upload URL a runner pod gets for its delivery slot (S3 stores) stays valid; it also ends when the operator's own credentials expire.",
+        description="The upload URL a runner pod gets for its delivery slot (S3 stores) stays valid for what its Job may take (the test's timeout, deadlineBudgetSeconds, the compile cache and delivery deadlines) plus this margin, 7 days at most; it also ends when the operator's own credentials expire. A pod that waited longer before it ran cannot deliver: its result is read from its log and termination message.",
     )
     runner_env: list[dict[str, Any]] = Field(
         default_factory=list,
@@ -201,6 +215,10 @@ class OperatorSettings(BaseModel):
         default_factory=list,
         description="Namespaces whose tests may push to push targets shared by every namespace (those without `{namespace}`). Anyone who can create a pod there can push what every reader runs: keep them for trusted tests only.",
     )
+    compile_cache_namespaces_isolated: bool = Field(
+        False,
+        description="The storage of the `{namespace}` push targets lets each namespace write its own folder or prefix only (a PVC per namespace, an IAM role per namespace's S3 prefix), so a namespace's own cache holds only what its own tests wrote: it is then pulled unsigned. Off (the default: runner pods of every namespace share one uid, and one claim name or bucket may reach one store), a namespace's own cache is pulled like any other: only entries signed by compileCacheTrustedKeys, and a test pulling it needs some.",
+    )
     compile_cache_trusted_keys: list[str] = Field(
         default_factory=list,
         description="Public keys (ed25519:<base64>) whose signed manifests compile cache pulls trust; with any, pulls take only signed entries.",
@@ -238,12 +256,21 @@ class OperatorSettings(BaseModel):
         None,
         description="Node label holding a trn2 node's logical NeuronCore config (LNC); runner pods select nodes with the LNC they were sized for. Without it a test cannot ask for an LNC.",
     )
+    runner_default_lnc: Literal[1, 2] | None = Field(
+        2,
+        description="The LNC the cluster's trn2/trn3 nodes run at, where no lncNodeLabel says it per node (device plugin): tests that name no spec.lnc are sized and run at it. AWS's EKS guide: trn2 node groups run at LNC 2 unless their launch template sets 1. None = such tests are refused.",
+    )
     neuron_dra: NeuronDraSettings | None = Field(
         None,
         description="Request trn2 NeuronCores through the Neuron DRA driver (a ResourceClaimTemplate per test, LNC set per claim) instead of the device plugin; None = device plugin.",
     )
     log_tail_lines: int = Field(
         400, ge=10, description="Lines of the runner's log read for the result line."
+    )
+    log_tail_bytes: int = Field(
+        8 * 2**20,
+        ge=64 * 2**10,
+        description="At most this many bytes of those lines are read (the first of them: a runner pod decides how long its lines are); a result line cut off is read from the termination message instead.",
     )
     runner_supplemental_groups: list[int] = Field(
         default_factory=list,
@@ -399,6 +426,7 @@ class _VolumeValues(_ValuesBlock):
 class _RunnerValues(_ValuesBlock):
     schedulerName: str | None = None
     lncNodeLabel: str | None = None
+    defaultLnc: Literal[1, 2] | None = None
     serviceAccountName: str | None = None
     env: list[dict[str, Any]] | None = None
     envFrom: list[dict[str, Any]] | None = None
@@ -474,6 +502,8 @@ def settings_from_values(values: dict[str, Any]) -> OperatorSettings:
     ):
         if runner.get(value_key):
             base[settings_key] = runner[value_key]
+    if "defaultLnc" in runner:  # null is a value: tests without spec.lnc are then refused
+        base["runnerDefaultLnc"] = runner["defaultLnc"]
     dra = (values.get("neuron") or {}).get("dra") or {}
     if dra.get("enabled"):
         base["neuronDra"] = {key: value for key, value in dra.items() if key != "enabled"}

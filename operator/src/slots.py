@@ -15,9 +15,15 @@ import logging
 
 from model_support.delivery import DeliveryArea, DeliveryError, delivery_key, slot_for
 from model_support.operator.kube import AlreadyExists, Kube, refusal
-from model_support.operator.manifests import TestRef, build_delivery_secret, delivery_wiring
+from model_support.operator.manifests import (
+    TestRef,
+    build_delivery_secret,
+    delivery_url_expiry,
+    delivery_wiring,
+)
 from model_support.operator.resource import child_name, run_id_for
 from model_support.operator.settings import OperatorSettings
+from model_support.operator.spec import TestSpec
 from model_support.runpath import Unavailable
 
 log = logging.getLogger(__name__)
@@ -45,7 +51,7 @@ class DeliverySlots:
         """The slot of ``run_id`` (its folder name in the store's delivery area)."""
         return slot_for(run_id, self.key)
 
-    def prepare(self, ref: TestRef, store_uri: str, attempt: int) -> None:
+    def prepare(self, ref: TestRef, spec: TestSpec, store_uri: str, attempt: int) -> None:
         """Make the attempt's slot reachable by its runner pod alone: the slot's folder on the
         results volume, or a Secret with an upload URL signed for its one key.
 
@@ -64,7 +70,7 @@ class DeliverySlots:
             if wiring.sub_path is not None:
                 area.prepare(slot)
                 return
-            url = area.upload_url(slot, self.settings.delivery_url_expiry_s)
+            url = area.upload_url(slot, delivery_url_expiry(spec, self.settings))
         except (DeliveryError, ValueError) as exc:
             log.warning("run %s cannot deliver to %s: %s", run_id, store_uri, exc)
             return
@@ -85,7 +91,7 @@ class DeliverySlots:
         try:
             DeliveryArea(store_uri).remove(self.slot(run_id))
         except (DeliveryError, ValueError):
-            log.warning("run %s is recorded; its delivery slot stays until removed by hand", run_id)
+            log.warning("run %s is recorded; its delivery slot goes in a later sweep", run_id)
 
 
 __all__ = ["DeliverySlots"]

@@ -19,6 +19,7 @@ from model_support.operator.jobs import RESYNC, job_owner
 from model_support.operator.lifecycle import NotAdmitted, Scheduled, Unschedulable, retrying
 from model_support.operator.manifests import TestRef
 from model_support.operator.outcome import JobState, Reading, WaitKind, pod_waiting, stuck_reason
+from model_support.operator.recording import sweep_deliveries
 from model_support.operator.resource import LABEL_MANAGED_BY, LABEL_RECORDED, MANAGED_BY, child_name
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import SpecError, parse_spec
@@ -64,6 +65,7 @@ class Watchdog:
             self.check_admission,
             self.resync_jobs,
             self.audit,
+            self.sweep_deliveries,
         )
 
     def retry_tests(self) -> int:
@@ -201,6 +203,10 @@ class Watchdog:
             self.reconciler.forget_test(uid)
         self._audit.done()
         return len(gone)
+
+    def sweep_deliveries(self) -> int:
+        """Remove delivery slots of recorded runs (:func:`.recording.sweep_deliveries`)."""
+        return sweep_deliveries(self.reconciler.recorder.stores())
 
 
 __all__ = ["Watchdog", "watched_namespaces"]

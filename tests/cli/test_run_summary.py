@@ -14,7 +14,7 @@ from model_support.records import (
     Verification,
     new_run_id,
 )
-from model_support.vocabulary import LocalizationStatus, Result
+from model_support.vocabulary import DivergencePhase, LocalizationStatus, Result
 
 
 def _failed(where: FirstDivergence) -> RunRecord:
@@ -49,6 +49,25 @@ def test_a_fail_summary_names_its_first_diverging_module(
     assert (
         "where: first diverging module: model.layers.1.mlp.down_proj (Linear), error ratio 402 "
         "(7.2 s)" in " ".join(out.split())
+    )
+
+
+def test_a_fail_summary_says_the_decode_step_its_module_was_found_at(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    where = FirstDivergence(
+        status=LocalizationStatus.FOUND,
+        module="model.layers.0.mlp.act_fn",
+        kind="SiLUActivation",
+        error_ratio=125.2,
+        phase=DivergencePhase.DECODE,
+        step=18,
+    )
+    print_record(_failed(where))
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        "where: first diverging module, from decode step 18: model.layers.0.mlp.act_fn "
+        "(SiLUActivation), error ratio 125" in out
     )
 
 

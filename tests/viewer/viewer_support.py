@@ -40,7 +40,14 @@ from model_support.records import (
 )
 from model_support.script import render_script
 from model_support.store import ResultsStore
-from model_support.vocabulary import ErrorClass, ExclusionReason, Parallelism, Result, Task
+from model_support.vocabulary import (
+    CompileFailure,
+    ErrorClass,
+    ExclusionReason,
+    Parallelism,
+    Result,
+    Task,
+)
 
 OLD_CC, NEW_CC = "2.27.100.0", "2.28.7631.0"
 TRANSFORMERS = "5.24.0"
@@ -251,6 +258,7 @@ def build_explained_dataset(root: Path) -> None:
             errored,
             result=Result.ERROR,
             error_class=ErrorClass.COMPILE,
+            error_reason=CompileFailure.COMPILER_ERROR,
             error="neuronx-cc failed: SBUF overflow",
             traceback=TRACEBACK,
             stage="compile",

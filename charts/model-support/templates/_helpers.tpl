@@ -67,11 +67,21 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create]
-# create: one Secret per runner attempt holding its delivery slot's upload URL (S3 stores);
-# get only to read a test's Hub token Secret (readHubTokenSecrets); never list.
+# create: one Secret per runner attempt holding its delivery slot's upload URL (S3 stores).
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [create{{ if .Values.readHubTokenSecrets }}, get{{ end }}]
+  verbs: [create]
+{{- if .Values.readHubTokenSecrets }}
+# A test's Hub token Secret (readHubTokenSecrets): read by a list selected by its name and the
+# label modelsupport.dev/hub-token=true, so the API server returns no other Secret to the
+# operator; never get. hubTokenSecretNames limits it to those names (resourceNames).
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [list]
+  {{- with .Values.hubTokenSecretNames }}
+  resourceNames: {{ toJson . }}
+  {{- end }}
+{{- end }}
 {{- if .Values.neuron.dra.enabled }}
 # One ResourceClaimTemplate per test generation (DRA); pods' claims are made from it.
 - apiGroups: [resource.k8s.io]
@@ -91,6 +101,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- with .Values.runner }}
 {{- if .schedulerName }}{{- $_ := set $s "schedulerName" .schedulerName }}{{- end }}
 {{- if .lncNodeLabel }}{{- $_ := set $s "lncNodeLabel" .lncNodeLabel }}{{- end }}
+{{- if hasKey . "defaultLnc" }}{{- $_ := set $s "runnerDefaultLnc" .defaultLnc }}{{- end }}
 {{- if .serviceAccountName }}{{- $_ := set $s "serviceAccount" .serviceAccountName }}{{- end }}
 {{- if .env }}{{- $_ := set $s "runnerEnv" .env }}{{- end }}
 {{- if .envFrom }}{{- $_ := set $s "runnerEnvFrom" .envFrom }}{{- end }}
@@ -101,6 +112,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $_ := set $s "notifyAttempts" (.Values.notifications.attempts | default 5) }}
 {{- $merged := merge (deepCopy (.Values.settings | default dict)) $s -}}
 {{- if not .Values.metrics.enabled }}{{- $_ := set $merged "metricsPort" nil }}{{- end }}
+{{- /* runner.defaultLnc: null deletes the key (Helm's null): no default LNC, spec.lnc required */}}
+{{- if not (hasKey (.Values.runner | default dict) "defaultLnc") }}{{- $_ := set $merged "runnerDefaultLnc" nil }}{{- end }}
 {{- toJson $merged -}}
 {{- end -}}
 
