@@ -449,13 +449,6 @@ class DocumentSource(StrEnum):
     OPERATOR = "operator"  # none was readable: the operator wrote one for the Job's outcome
 
 
-@dataclass(frozen=True)
-class Unavailable:
-    """No result document could be read *yet*: retried, never recorded as the model's result."""
-
-    reason: str
-
-
 def identity_problems(document: ResultDocument, config: RunConfig) -> list[str]:
     """Where ``document`` contradicts the test's config (empty when it agrees)."""
     asked: dict[str, Any] = {
