@@ -586,11 +586,11 @@ class Reconciler:
             cache_location=None if cache is None else (cache.target or cache.source),
             started_at=reading.started_at,
             ended_at=reading.ended_at or ended_at,
-            node_instance_type=reading.node_instance_type,
+            node_instance_types=reading.node_instance_types,
         )
         record = self.recorder.of_run(
             ref, spec, job_name, attempt, document, source, run_py,
-            pod_cores=status.podCores, node_instance_type=reading.node_instance_type,
+            pod_cores=status.podCores, node_instance_types=reading.node_instance_types,
         )  # fmt: skip
         try:
             first_time = self.recorder.record(spec, record)

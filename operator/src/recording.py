@@ -191,7 +191,7 @@ class Recorder:
         run_py: str,
         *,
         pod_cores: int | None,
-        node_instance_type: str | None,
+        node_instance_types: frozenset[str] | None,
     ) -> RunRecord:
         """The record of an attempt's run: its document (as trusted), the run.py that ran, and
         labels saying which test, Job and attempt, what ran, where the document came from, and
@@ -201,7 +201,7 @@ class Recorder:
             **self.provenance(spec),
             "document_source": source.value,
             "stack_reported": ",".join(
-                reported_stack_fields(document, self.declared_stack(spec), node_instance_type)
+                reported_stack_fields(document, self.declared_stack(spec), node_instance_types)
             ),
         }
         if pod_cores:
