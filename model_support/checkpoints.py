@@ -53,6 +53,14 @@ from model_support.fixture_quality import (
     QualityBand,
     measure,
 )
+from model_support.fixture_training import (
+    TOKENIZER_MAX_LENGTH,
+    TOKENIZER_VOCAB_SIZE,
+    TrainingRecipe,
+    token_stream,
+    train,
+    train_tokenizer,
+)
 from model_support.vocabulary import Task
 
 if TYPE_CHECKING:
@@ -69,11 +77,7 @@ CACHE_ENV = "MODEL_SUPPORT_CACHE"
 _DIRECTORY_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 STAMP_FILE = "demo-model-stamp.json"
 
-PAD_TOKEN = "<|pad|>"
-BOS_TOKEN = "<|bos|>"
-EOS_TOKEN = "<|eos|>"
 IMAGE_TOKEN = "<image>"
-TOKENIZER_VOCAB_SIZE = 1000
 
 # Llava-1.5 style prompt; the processor expands each <image> into one token per image patch.
 LLAVA_CHAT_TEMPLATE = (
@@ -104,7 +108,7 @@ _TEXT_SHAPE: dict[str, Any] = {
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "max_position_embeddings": 512,
+    "max_position_embeddings": TOKENIZER_MAX_LENGTH,
     "vocab_size": TOKENIZER_VOCAB_SIZE,
     "initializer_range": _INIT_RANGE,
     "tie_word_embeddings": False,
@@ -140,22 +144,6 @@ TASK_KINDS = frozenset(
     }
 )
 """Kinds built by model_support.task_fixtures rather than as causal language models."""
-
-
-@dataclass(frozen=True)
-class TrainingRecipe:
-    """How a demo model is trained: AdamW on random windows of the bundled corpus.
-
-    Measured on the tiny Llama (2 cores, about 18 ms a step): 400 steps at 3e-3 end at loss 1.2
-    and a median top-2 margin of 1.8 nats on the default prompts; 500 steps at 4e-3 with the
-    cosine decay end at 0.6 and 2.7 nats for 25% more time.
-    """
-
-    steps: int = 500
-    learning_rate: float = 4e-3
-    batch_size: int = 16
-    sequence_length: int = 64
-    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -756,7 +744,12 @@ def _build_language_model(model: DemoModel, out: Path, corpus: str) -> tuple[flo
     import torch
     import transformers
 
-    tokenizer = _train_tokenizer(corpus, with_image_token=model.kind is ModelKind.VISION)
+    vision = model.kind is ModelKind.VISION
+    tokenizer = train_tokenizer(
+        corpus,
+        image_token=IMAGE_TOKEN if vision else None,
+        chat_template=LLAVA_CHAT_TEMPLATE if vision else None,
+    )
     config_kwargs = json.loads(json.dumps(model.config))  # deep copy: configs mutate nested dicts
     special = {
         "bos_token_id": tokenizer.bos_token_id,
@@ -768,13 +761,14 @@ def _build_language_model(model: DemoModel, out: Path, corpus: str) -> tuple[flo
     config = getattr(transformers, model.config_class)(**config_kwargs, **special)
     config.architectures = [model.architecture]
 
-    stream = _token_stream(tokenizer, corpus)
+    stream = token_stream(tokenizer, corpus)
     # A private RNG state: the build is deterministic and leaves the caller's seed untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(model.recipe.seed)
         network = getattr(transformers, model.architecture)(config)
-        initial_loss, final_loss = _train(network, stream, tokenizer.bos_token_id, model.recipe)
-    network.eval()
+        initial_loss, final_loss = _train_language_model(
+            network, stream, tokenizer.bos_token_id, model.recipe
+        )
 
     network.save_pretrained(out, safe_serialization=True)
     if model.kind is ModelKind.VISION:
@@ -784,50 +778,7 @@ def _build_language_model(model: DemoModel, out: Path, corpus: str) -> tuple[flo
     return initial_loss, final_loss
 
 
-def _train_tokenizer(corpus: str, *, with_image_token: bool) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE (vocab 1000) on the corpus; prompts get a BOS token prepended."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB_SIZE,
-        special_tokens=[PAD_TOKEN, BOS_TOKEN, EOS_TOKEN],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    backend.train_from_iterator([corpus], trainer=trainer)
-    bos_id = backend.token_to_id(BOS_TOKEN)
-    backend.post_processor = processors.TemplateProcessing(
-        single=f"{BOS_TOKEN} $A",
-        pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B",
-        special_tokens=[(BOS_TOKEN, bos_id)],
-    )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
-        model_max_length=_TEXT_SHAPE["max_position_embeddings"],
-    )
-    if with_image_token:
-        tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
-        tokenizer.chat_template = LLAVA_CHAT_TEMPLATE
-    return tokenizer
-
-
-def _token_stream(tokenizer: PreTrainedTokenizerFast, corpus: str) -> torch.Tensor:
-    """The corpus as one token stream, without special tokens."""
-    import torch
-
-    # The backend tokenizer directly: the wrapper warns about texts longer than the model.
-    ids = tokenizer.backend_tokenizer.encode(corpus, add_special_tokens=False).ids
-    return torch.tensor(ids, dtype=torch.long)
-
-
-def _train(
+def _train_language_model(
     network: PreTrainedModel, stream: torch.Tensor, bos_id: int, recipe: TrainingRecipe
 ) -> tuple[float, float]:
     """Train on random windows of ``stream``; return the first and the last loss (mean of 10 steps).
@@ -838,32 +789,20 @@ def _train(
     """
     import torch
 
-    generator = torch.Generator().manual_seed(recipe.seed)
-    optimizer = torch.optim.AdamW(network.parameters(), lr=recipe.learning_rate, weight_decay=0.0)
-    # Cosine decay to 10%: a lower final rate settles the weights, which sharpens predictions.
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / recipe.steps))
-    )
     span = recipe.sequence_length - 1
     offsets_limit = stream.numel() - span
     if offsets_limit <= 0:
         raise ValueError(f"the corpus has {stream.numel()} tokens, fewer than one window of {span}")
     bos = torch.full((recipe.batch_size, 1), bos_id, dtype=torch.long)
-    network.train()
-    losses: list[float] = []
-    for _ in range(recipe.steps):
+
+    def loss_of(generator: torch.Generator) -> torch.Tensor:
         starts = torch.randint(0, offsets_limit, (recipe.batch_size,), generator=generator)
         batch = torch.cat(
             [bos, torch.stack([stream[s : s + span] for s in starts.tolist()])], dim=1
         )
-        loss = network(input_ids=batch, labels=batch).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.item())
-    window = min(10, len(losses))
-    return sum(losses[:window]) / window, sum(losses[-window:]) / window
+        return network(input_ids=batch, labels=batch).loss
+
+    return train(network, recipe, loss_of)
 
 
 def _llava_processor(tokenizer: PreTrainedTokenizerFast) -> Any:

@@ -156,35 +156,75 @@ def greedy(model: Any, inputs: dict[str, torch.Tensor]) -> tuple[list[int], list
 def router_ties(path: Path) -> list[torch.Tensor]:
     """Per prompt, (positions x MoE layers) of the routing the verdict calls tied.
 
-    The run's own steps (run.py's functions): its default prompts batched and generated greedily
-    in bfloat16 with a static cache, then scored teacher-forced in float32 (the reference) and
-    bfloat16 (the baseline); a router decision is tied where ``router_tie_mask`` says so.
+    The run's own steps for a text-generation test with the default config: its default
+    prompts batched (left padded) and generated greedily in bfloat16 with a static cache, then
+    each prompt with its tokens scored teacher forced in float32 (the reference) and in
+    bfloat16 (the baseline); a router decision is tied where ``router_tie_mask`` says so
+    (:mod:`model_support.router_ties`: run.py's own definition, copied).
     """
     import torch
+    import transformers
 
+    from model_support import router_ties as tie
     from model_support.config import RunConfig
-    from model_support.runner import run as runner
 
-    config = RunConfig(model=str(path)).model_dump(mode="json")
-    processor, model = runner.scenario_for(config["task"]).load(
-        config, "bfloat16", torch.device("cpu")
-    )
-    inputs = runner.build_inputs(config, processor, config["prompts"])
-    pad = int(runner.tokenizer_of(processor).pad_token_id)
+    config = RunConfig(model=str(path))
+    params = config.verification.model_dump(mode="json")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.bfloat16, use_safetensors=True
+    ).eval()
+    batch = tokenizer(config.prompts, return_tensors="pt", padding=True)
     with torch.no_grad():
-        out = runner.generate(model, inputs, config["max_new_tokens"], pad)
-    tokens = out.sequences[:, inputs["input_ids"].shape[1] :]
+        out = model.generate(
+            **batch,
+            max_new_tokens=config.max_new_tokens,
+            min_new_tokens=config.max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            cache_implementation="static",
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    tokens = out[:, batch["input_ids"].shape[1] :]
     del model
-    scored = runner.score_reference(
-        config, processor, config["prompts"], tokens, "bfloat16", "ieee"
-    )
-    params = config["verification"]
-    return [
-        runner.router_tie_mask(gaps, noise, params)
-        if gaps is not None
-        else torch.zeros(tokens.shape[1], 0, dtype=torch.bool)
-        for gaps, noise in zip(scored["router_gaps"], scored["router_noise"], strict=True)
-    ]
+    singles = [tokenizer([prompt], return_tensors="pt", padding=True) for prompt in config.prompts]
+
+    def routers_of(network: Any) -> list[dict[str, Any]]:
+        """Per prompt, each router's logits (and top-k) at the generated positions."""
+        seen_per_prompt = []
+        for single, generated in zip(singles, tokens, strict=True):
+            prompt_len = single["input_ids"].shape[1]
+            ids = torch.cat([single["input_ids"], generated.unsqueeze(0)], dim=1)
+            with torch.no_grad(), tie.observe_routers(network) as seen:
+                network(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+            rows = slice(prompt_len - 1, prompt_len - 1 + len(generated))
+            seen_per_prompt.append({name: (logits[rows], k) for name, (logits, k) in seen.items()})
+        return seen_per_prompt
+
+    reference_model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, use_safetensors=True
+    ).eval()
+    names = [name for name, _, _ in tie.moe_routers(reference_model)]
+    reference = routers_of(reference_model)
+    baseline = routers_of(reference_model.to(torch.bfloat16))
+    masks = []
+    for ref_seen, base_seen, generated in zip(reference, baseline, tokens, strict=True):
+        gaps, noise = [], []
+        for name in names:
+            if name not in ref_seen:  # a router that never ran is never tied
+                gaps.append(torch.full((len(generated),), math.inf, dtype=torch.float64))
+                noise.append(torch.zeros(len(generated), dtype=torch.float64))
+                continue
+            logits, k = ref_seen[name]
+            gap, deviation = tie.router_gap_and_noise(logits, k, base_seen[name][0])
+            gaps.append(gap)
+            noise.append(deviation)
+        if not names:
+            masks.append(torch.zeros(len(generated), 0, dtype=torch.bool))
+            continue
+        masks.append(tie.router_tie_mask(torch.stack(gaps, 1), torch.stack(noise, 1), params))
+    return masks
 
 
 def _router_tie_positions(path: Path) -> int:

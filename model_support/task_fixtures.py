@@ -7,24 +7,31 @@ pipeline folder). :mod:`model_support.checkpoints` calls :func:`build` for these
 stamps and caches the result like every demo model.
 
 The inputs the tests feed these models are drawn by run.py itself (test images, spoken
-waveforms), so the builders use run.py's own drawing functions for their training data.
+waveforms), so the builders train on the same drawings (:mod:`model_support.drawn_inputs`, a
+copy of run.py's functions held to their source by a test).
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from model_support.runner import run as runner
+from model_support.drawn_inputs import TONE_ALPHABET, draw_pattern, spoken_waveform
+from model_support.fixture_training import (
+    pad,
+    random_span,
+    token_stream,
+    train,
+    train_tokenizer,
+    with_seed,
+)
 
 if TYPE_CHECKING:
     import torch
-    from transformers import PreTrainedTokenizerFast
 
-    from model_support.checkpoints import DemoModel, TrainingRecipe
+    from model_support.checkpoints import DemoModel
 
 # Image classes of the tiny ViT, in label order: the patterns run.py's test images are drawn with.
 PATTERN_LABELS: tuple[str, ...] = ("horizontal", "vertical", "checkerboard", "diagonal")
@@ -59,12 +66,6 @@ def build(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
 # --------------------------------------------------------------------------- shared parts
 
 
-def _tokenizer(corpus: str) -> PreTrainedTokenizerFast:
-    from model_support.checkpoints import _train_tokenizer
-
-    return _train_tokenizer(corpus, with_image_token=False)
-
-
 def paragraphs(corpus: str) -> list[str]:
     """The corpus's blank-line separated paragraphs with at least 40 characters."""
     return [p.strip("\n") for p in re.split(r"\n\s*\n", corpus) if len(p.strip()) >= 40]
@@ -82,69 +83,6 @@ def paragraph_label(paragraph: str) -> int:
     return TEXT_LABELS.index("function" if "def " in paragraph else "code")
 
 
-def _optimizer(network: torch.nn.Module, recipe: TrainingRecipe) -> tuple[Any, Any]:
-    """AdamW with the demo models' cosine decay to 10%."""
-    import torch
-
-    optimizer = torch.optim.AdamW(network.parameters(), lr=recipe.learning_rate, weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / recipe.steps))
-    )
-    return optimizer, scheduler
-
-
-def _train(
-    network: torch.nn.Module, recipe: TrainingRecipe, loss_of: Callable[[Any], torch.Tensor]
-) -> tuple[float, float]:
-    """``recipe.steps`` optimizer steps on ``loss_of(generator)``; mean of the first and last 10."""
-    import torch
-
-    optimizer, scheduler = _optimizer(network, recipe)
-    generator = torch.Generator().manual_seed(recipe.seed)
-    network.train()
-    losses: list[float] = []
-    for _ in range(recipe.steps):
-        loss = loss_of(generator)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.item())
-    network.eval()
-    window = min(10, len(losses))
-    return sum(losses[:window]) / window, sum(losses[-window:]) / window
-
-
-def _random_span(ids: list[int], low: int, high: int, generator: Any) -> list[int]:
-    import torch
-
-    length = min(len(ids), int(torch.randint(low, high + 1, (1,), generator=generator)))
-    start = int(torch.randint(0, len(ids) - length + 1, (1,), generator=generator))
-    return ids[start : start + length]
-
-
-def _pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids and attention mask."""
-    import torch
-
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = 1
-    return ids, mask
-
-
-def _with_seed(seed: int, make: Callable[[], Any]) -> Any:
-    """Build a network under a private RNG state (deterministic, caller's seed untouched)."""
-    import torch
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return make()
-
-
 # --------------------------------------------------------------------------- sentence embeddings
 
 
@@ -159,15 +97,15 @@ def _sentence_embeddings(model: DemoModel, out: Path, corpus: str) -> tuple[floa
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.models import Pooling, Transformer
 
-    tokenizer = _tokenizer(corpus)
+    tokenizer = train_tokenizer(corpus)
     config = transformers.BertConfig(**model.config, pad_token_id=tokenizer.pad_token_id)
-    network = _with_seed(model.recipe.seed, lambda: transformers.BertModel(config))
+    network = with_seed(model.recipe.seed, lambda: transformers.BertModel(config))
     encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in paragraphs(corpus)]
-    bos, pad = tokenizer.bos_token_id, tokenizer.pad_token_id
+    bos, pad_id = tokenizer.bos_token_id, tokenizer.pad_token_id
     batch = model.recipe.batch_size
 
     def embed(rows: list[list[int]]) -> torch.Tensor:
-        ids, mask = _pad([[bos, *row] for row in rows], pad)
+        ids, mask = pad([[bos, *row] for row in rows], pad_id)
         hidden = network(input_ids=ids, attention_mask=mask).last_hidden_state
         pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)  # mean pooling
         return F.normalize(pooled, dim=-1)
@@ -175,16 +113,16 @@ def _sentence_embeddings(model: DemoModel, out: Path, corpus: str) -> tuple[floa
     def loss_of(generator: Any) -> torch.Tensor:
         chosen = torch.randperm(len(encoded), generator=generator)[:batch].tolist()
         anchors = [
-            _random_span(encoded[i], 6, model.recipe.sequence_length, generator) for i in chosen
+            random_span(encoded[i], 6, model.recipe.sequence_length, generator) for i in chosen
         ]
         positives = [
-            _random_span(encoded[i], 6, model.recipe.sequence_length, generator) for i in chosen
+            random_span(encoded[i], 6, model.recipe.sequence_length, generator) for i in chosen
         ]
         scores = embed(anchors) @ embed(positives).T * 20.0
         target = torch.arange(len(chosen))
         return (F.cross_entropy(scores, target) + F.cross_entropy(scores.T, target)) / 2
 
-    losses = _train(network, model.recipe, loss_of)
+    losses = train(network, model.recipe, loss_of)
     with tempfile.TemporaryDirectory() as plain:
         network.save_pretrained(plain, safe_serialization=True)
         tokenizer.save_pretrained(plain)
@@ -203,7 +141,7 @@ def _text_classifier(model: DemoModel, out: Path, corpus: str) -> tuple[float, f
     import torch.nn.functional as F
     import transformers
 
-    tokenizer = _tokenizer(corpus)
+    tokenizer = train_tokenizer(corpus)
     labels = dict(enumerate(TEXT_LABELS))
     heads: dict[str, Any] = {
         "num_labels": len(labels),
@@ -212,25 +150,25 @@ def _text_classifier(model: DemoModel, out: Path, corpus: str) -> tuple[float, f
     }
     config = transformers.BertConfig(**model.config, **heads, pad_token_id=tokenizer.pad_token_id)
     config.architectures = [model.architecture]
-    network = _with_seed(
+    network = with_seed(
         model.recipe.seed, lambda: transformers.BertForSequenceClassification(config)
     )
     texts = paragraphs(corpus)
     encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in texts]
     targets = [paragraph_label(p) for p in texts]
-    bos, pad = tokenizer.bos_token_id, tokenizer.pad_token_id
+    bos, pad_id = tokenizer.bos_token_id, tokenizer.pad_token_id
 
     def loss_of(generator: Any) -> torch.Tensor:
         chosen = torch.randint(0, len(encoded), (model.recipe.batch_size,), generator=generator)
         rows = [
-            [bos, *_random_span(encoded[i], 4, model.recipe.sequence_length, generator)]
+            [bos, *random_span(encoded[i], 4, model.recipe.sequence_length, generator)]
             for i in chosen.tolist()
         ]
-        ids, mask = _pad(rows, pad)
+        ids, mask = pad(rows, pad_id)
         logits = network(input_ids=ids, attention_mask=mask).logits
         return F.cross_entropy(logits, torch.tensor([targets[i] for i in chosen.tolist()]))
 
-    losses = _train(network, model.recipe, loss_of)
+    losses = train(network, model.recipe, loss_of)
     network.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return losses
@@ -249,7 +187,7 @@ def pattern_image(kind: int, generator: Any) -> Any:
         second = colour()
     period = int(torch.randint(14, 65, (1,), generator=generator))
     phase = int(torch.randint(0, period, (1,), generator=generator))
-    return runner.draw_pattern(PATTERN_LABELS[kind], period, first, second, phase=phase)
+    return draw_pattern(PATTERN_LABELS[kind], period, first, second, phase=phase)
 
 
 def _image_classifier(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
@@ -271,7 +209,7 @@ def _image_classifier(model: DemoModel, out: Path, corpus: str) -> tuple[float, 
         **model.config, **heads, image_size=IMAGE_SIZE, patch_size=PATCH_SIZE
     )
     config.architectures = [model.architecture]
-    network = _with_seed(model.recipe.seed, lambda: transformers.ViTForImageClassification(config))
+    network = with_seed(model.recipe.seed, lambda: transformers.ViTForImageClassification(config))
     generator = torch.Generator().manual_seed(model.recipe.seed)
     pool = 64 * model.recipe.batch_size  # drawn once, then sampled from
     kinds = torch.randint(0, len(labels), (pool,), generator=generator)
@@ -282,7 +220,7 @@ def _image_classifier(model: DemoModel, out: Path, corpus: str) -> tuple[float, 
         chosen = torch.randint(0, pool, (model.recipe.batch_size,), generator=generator)
         return F.cross_entropy(network(pixel_values=pixels[chosen]).logits, kinds[chosen])
 
-    losses = _train(network, model.recipe, loss_of)
+    losses = train(network, model.recipe, loss_of)
     network.save_pretrained(out, safe_serialization=True)
     processor.save_pretrained(out)
     return losses
@@ -297,9 +235,7 @@ def _seq2seq(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
     import torch
     import transformers
 
-    from model_support.checkpoints import _token_stream
-
-    tokenizer = _tokenizer(corpus)
+    tokenizer = train_tokenizer(corpus)
     config = getattr(transformers, model.config_class)(
         **model.config,
         pad_token_id=tokenizer.pad_token_id,
@@ -308,11 +244,11 @@ def _seq2seq(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
         decoder_start_token_id=tokenizer.pad_token_id,
     )
     config.architectures = [model.architecture]
-    network = _with_seed(
+    network = with_seed(
         model.recipe.seed, lambda: getattr(transformers, model.architecture)(config)
     )
-    stream = _token_stream(tokenizer, corpus)
-    bos, pad = tokenizer.bos_token_id, tokenizer.pad_token_id
+    stream = token_stream(tokenizer, corpus)
+    bos, pad_id = tokenizer.bos_token_id, tokenizer.pad_token_id
     target_length = model.recipe.sequence_length // 2
 
     def loss_of(generator: Any) -> torch.Tensor:
@@ -322,10 +258,10 @@ def _seq2seq(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
             start = int(torch.randint(0, stream.numel() - target_length, (1,), generator=generator))
             rows.append([bos, *stream[start : start + context].tolist()])
             targets.append(stream[start : start + target_length])
-        ids, mask = _pad(rows, pad)
+        ids, mask = pad(rows, pad_id)
         return network(input_ids=ids, attention_mask=mask, labels=torch.stack(targets)).loss
 
-    losses = _train(network, model.recipe, loss_of)
+    losses = train(network, model.recipe, loss_of)
     network.generation_config.pad_token_id = tokenizer.pad_token_id
     network.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
@@ -342,7 +278,7 @@ def _speech(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
     import torch
     import transformers
 
-    tokenizer = _tokenizer(corpus)
+    tokenizer = train_tokenizer(corpus)
     extractor = transformers.WhisperFeatureExtractor(
         feature_size=SPEECH_MEL_BINS, sampling_rate=16000, chunk_length=SPEECH_CHUNK_SECONDS
     )
@@ -358,17 +294,17 @@ def _speech(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
         begin_suppress_tokens=[],
     )
     config.architectures = [model.architecture]
-    network = _with_seed(
+    network = with_seed(
         model.recipe.seed, lambda: transformers.WhisperForConditionalGeneration(config)
     )
-    text = "".join(c for c in corpus.lower() if c in runner.TONE_ALPHABET)
+    text = "".join(c for c in corpus.lower() if c in TONE_ALPHABET)
     generator = torch.Generator().manual_seed(model.recipe.seed)
     pool = 8 * model.recipe.batch_size
     features, targets = [], []
     for _ in range(pool):
         start = int(torch.randint(0, len(text) - 4 * SPEECH_TEXT_CHARS, (1,), generator=generator))
         spoken = text[start : start + SPEECH_TEXT_CHARS]
-        wave = runner.spoken_waveform(spoken, extractor.sampling_rate)
+        wave = spoken_waveform(spoken, extractor.sampling_rate)
         features.append(
             extractor(wave, sampling_rate=extractor.sampling_rate, return_tensors="pt")[
                 "input_features"
@@ -384,11 +320,11 @@ def _speech(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
 
     def loss_of(generator: Any) -> torch.Tensor:
         chosen = torch.randint(0, pool, (model.recipe.batch_size,), generator=generator).tolist()
-        labels, mask = _pad([targets[i] for i in chosen], tokenizer.pad_token_id)
+        labels, mask = pad([targets[i] for i in chosen], tokenizer.pad_token_id)
         labels = labels.masked_fill(mask == 0, -100)
         return network(input_features=inputs[chosen], labels=labels).loss
 
-    losses = _train(network, model.recipe, loss_of)
+    losses = train(network, model.recipe, loss_of)
     network.generation_config.pad_token_id = tokenizer.pad_token_id
     network.save_pretrained(out, safe_serialization=True)
     transformers.WhisperProcessor(feature_extractor=extractor, tokenizer=tokenizer).save_pretrained(
@@ -414,7 +350,7 @@ def _diffusion(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
         UNet2DConditionModel,
     )
 
-    tokenizer = _tokenizer(corpus)
+    tokenizer = train_tokenizer(corpus)
     tokenizer.model_max_length = TEXT_MAX_LENGTH
     parts = model.config
     text_config = transformers.CLIPTextConfig(
@@ -433,7 +369,7 @@ def _diffusion(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
             AutoencoderKL(**parts["vae"]),
         )
 
-    text_encoder, unet, vae = _with_seed(model.recipe.seed, make)
+    text_encoder, unet, vae = with_seed(model.recipe.seed, make)
     scheduler: Any = DDIMScheduler(**parts["scheduler"])
     generator = torch.Generator().manual_seed(model.recipe.seed)
     size = unet.config.sample_size * 2 ** (len(vae.config.block_out_channels) - 1)
@@ -473,7 +409,7 @@ def _diffusion(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
         predicted = unet(noisy, steps, encoder_hidden_states=conditions[chosen]).sample
         return F.mse_loss(predicted, noise)
 
-    losses = _train(unet, model.recipe, loss_of)
+    losses = train(unet, model.recipe, loss_of)
     pipeline: Any = StableDiffusionPipeline(
         vae=vae,
         text_encoder=text_encoder,
