@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from model_support.checkpoints import build_demo_models, default_cache_dir
-from model_support.config import DEFAULT_PROMPTS
+from model_support.tasks import DEFAULT_PROMPTS
 
 TARGET = 1.10
 BARE_RECIPE = """

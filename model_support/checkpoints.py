@@ -54,6 +54,7 @@ from model_support.fixture_quality import (
     measure,
 )
 from model_support.fixture_training import (
+    INIT_RANGE,
     TOKENIZER_MAX_LENGTH,
     TOKENIZER_VOCAB_SIZE,
     TrainingRecipe,
@@ -61,7 +62,7 @@ from model_support.fixture_training import (
     train,
     train_tokenizer,
 )
-from model_support.vocabulary import Task
+from model_support.tasks import CHECKPOINTS, TASK_SPECS, DemoCheckpoint, Task
 
 if TYPE_CHECKING:
     import torch
@@ -98,10 +99,7 @@ LLAVA_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- 'ASSISTANT:' -}}{%- endif -%}"
 )
 
-# Shapes shared by every text stack: hidden 64, 2 layers, built and run in seconds. Training, not a
-# large initializer_range, is what makes these models decisive: with 0.1 instead of the usual
-# 0.02 the same 400 steps end at a higher loss (1.3 against 1.0) and smaller top-2 margins.
-_INIT_RANGE = 0.02
+# Shapes shared by every text stack: hidden 64, 2 layers, built and run in seconds.
 _TEXT_SHAPE: dict[str, Any] = {
     "hidden_size": 64,
     "intermediate_size": 128,
@@ -110,7 +108,7 @@ _TEXT_SHAPE: dict[str, Any] = {
     "num_key_value_heads": 2,
     "max_position_embeddings": TOKENIZER_MAX_LENGTH,
     "vocab_size": TOKENIZER_VOCAB_SIZE,
-    "initializer_range": _INIT_RANGE,
+    "initializer_range": INIT_RANGE,
     "tie_word_embeddings": False,
 }
 _VISION_IMAGE_SIZE = 32
@@ -124,26 +122,8 @@ class ModelKind(StrEnum):
     DENSE = "dense"
     MOE = "moe"
     VISION = "vision"
-    # ---- the tasks beyond text generation, built by model_support.task_fixtures
-    EMBEDDING = "embedding"
-    TEXT_CLASSIFIER = "text-classifier"
-    IMAGE_CLASSIFIER = "image-classifier"
-    SEQ2SEQ = "seq2seq"
-    SPEECH = "speech"
-    DIFFUSION = "diffusion"
-
-
-TASK_KINDS = frozenset(
-    {
-        ModelKind.EMBEDDING,
-        ModelKind.TEXT_CLASSIFIER,
-        ModelKind.IMAGE_CLASSIFIER,
-        ModelKind.SEQ2SEQ,
-        ModelKind.SPEECH,
-        ModelKind.DIFFUSION,
-    }
-)
-"""Kinds built by model_support.task_fixtures rather than as causal language models."""
+    TASK = "task"
+    """A task family's checkpoint (model_support.tasks), built by model_support.task_fixtures."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +143,10 @@ class DemoModel:
     recipe: TrainingRecipe = field(default_factory=TrainingRecipe, repr=False)
     quality: QualityBand | None = field(default=None, repr=False)
     """What the trained model must be (checked after training); None: not checked."""
+    builder: str | None = field(default=None, repr=False)
+    """A task family's checkpoint: the function of model_support.task_fixtures that builds it."""
+    libraries: tuple[str, ...] = field(default=(), repr=False)
+    """Libraries beyond transformers whose behaviour decides the built bytes (its loader's)."""
     path: Path | None = None
 
     def require_path(self) -> Path:
@@ -194,155 +178,27 @@ class BuildStamp(BaseModel):
     files: dict[str, str]  # relative path -> sha256 of every other file in the directory
 
 
-# Shapes of the encoder stacks of the task fixtures (BERT, ViT): hidden 64, 2 layers.
-_ENCODER_SHAPE: dict[str, Any] = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "initializer_range": _INIT_RANGE,
-}
+def task_model(checkpoint: DemoCheckpoint) -> DemoModel:
+    """The catalogue entry of a task family's checkpoint (declared in model_support.tasks)."""
+    spec = TASK_SPECS[checkpoint.task]
+    library = spec.loader.library
+    return DemoModel(
+        name=checkpoint.name,
+        task=checkpoint.task,
+        kind=ModelKind.TASK,
+        architecture=checkpoint.architecture,
+        description=checkpoint.description,
+        config_class=checkpoint.config_class,
+        config=checkpoint.config,
+        recipe=checkpoint.recipe,
+        builder=checkpoint.builder,
+        libraries=() if library == "transformers" else (library,),
+    )
 
-# One tiny model per task family beyond text generation, built and trained by
-# model_support.task_fixtures (seconds each); part of the demo.
-TASK_MODELS: tuple[DemoModel, ...] = (
-    DemoModel(
-        name="tiny-sentence-bert",
-        task=Task.SENTENCE_SIMILARITY,
-        kind=ModelKind.EMBEDDING,
-        architecture="BertModel",
-        description=(
-            "sentence-transformers model: tiny BERT + mean pooling, trained contrastively on "
-            "pairs of spans of one paragraph (also a feature-extraction model)."
-        ),
-        config_class="BertConfig",
-        config={
-            **_ENCODER_SHAPE,
-            "vocab_size": TOKENIZER_VOCAB_SIZE,
-            "max_position_embeddings": 128,
-        },
-        recipe=TrainingRecipe(steps=200, learning_rate=2e-3, batch_size=32, sequence_length=32),
-    ),
-    DemoModel(
-        name="tiny-t5",
-        task=Task.TEXT2TEXT_GENERATION,
-        kind=ModelKind.SEQ2SEQ,
-        architecture="T5ForConditionalGeneration",
-        description="T5 encoder-decoder, d_model 64, 2+2 layers: continues the text it reads.",
-        config_class="T5Config",
-        config={
-            "vocab_size": TOKENIZER_VOCAB_SIZE,
-            "d_model": 64,
-            "d_kv": 16,
-            "d_ff": 128,
-            "num_layers": 2,
-            "num_heads": 4,
-            "relative_attention_num_buckets": 16,
-            "dropout_rate": 0.0,
-        },
-        recipe=TrainingRecipe(steps=400, learning_rate=3e-3, batch_size=16, sequence_length=64),
-    ),
-    DemoModel(
-        name="tiny-whisper",
-        task=Task.AUTOMATIC_SPEECH_RECOGNITION,
-        kind=ModelKind.SPEECH,
-        architecture="WhisperForConditionalGeneration",
-        description=(
-            "Whisper encoder-decoder, d_model 64, 2+2 layers, 2 s of 80-bin log-mel input: "
-            "transcribes run.py's tone-spelled text and continues it."
-        ),
-        config_class="WhisperConfig",
-        config={
-            "vocab_size": TOKENIZER_VOCAB_SIZE,
-            "d_model": 64,
-            "encoder_layers": 2,
-            "decoder_layers": 2,
-            "encoder_attention_heads": 4,
-            "decoder_attention_heads": 4,
-            "encoder_ffn_dim": 128,
-            "decoder_ffn_dim": 128,
-            "max_target_positions": 64,
-            "init_std": _INIT_RANGE,
-        },
-        recipe=TrainingRecipe(steps=600, learning_rate=3e-3, batch_size=16, sequence_length=64),
-    ),
-    DemoModel(
-        name="tiny-vit-classifier",
-        task=Task.IMAGE_CLASSIFICATION,
-        kind=ModelKind.IMAGE_CLASSIFIER,
-        architecture="ViTForImageClassification",
-        description="ViT image classifier (32x32, 8x8 patches), trained to tell stripes, checkerboards and diagonals apart.",
-        config_class="ViTConfig",
-        config=dict(_ENCODER_SHAPE),
-        recipe=TrainingRecipe(steps=400, learning_rate=3e-3, batch_size=32),
-    ),
-    DemoModel(
-        name="tiny-bert-classifier",
-        task=Task.TEXT_CLASSIFICATION,
-        kind=ModelKind.TEXT_CLASSIFIER,
-        architecture="BertForSequenceClassification",
-        description="BERT text classifier: is a span of the corpus a function, other code, or prose.",
-        config_class="BertConfig",
-        config={
-            **_ENCODER_SHAPE,
-            "vocab_size": TOKENIZER_VOCAB_SIZE,
-            "max_position_embeddings": 128,
-        },
-        recipe=TrainingRecipe(steps=200, learning_rate=2e-3, batch_size=32, sequence_length=32),
-    ),
-    DemoModel(
-        name="tiny-stable-diffusion",
-        task=Task.TEXT_TO_IMAGE,
-        kind=ModelKind.DIFFUSION,
-        architecture="StableDiffusionPipeline",
-        description=(
-            "diffusers Stable Diffusion pipeline: CLIP text encoder, UNet with cross-attention "
-            "(8x8 latents), VAE (16x16 images), DDIM; the UNet is trained to denoise patterns."
-        ),
-        config_class="StableDiffusionPipeline",
-        config={
-            "text_encoder": {
-                "hidden_size": 32,
-                "intermediate_size": 64,
-                "num_hidden_layers": 2,
-                "num_attention_heads": 4,
-            },
-            "unet": {
-                "sample_size": 8,
-                "in_channels": 4,
-                "out_channels": 4,
-                "layers_per_block": 1,
-                "block_out_channels": [32, 64],
-                "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"],
-                "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"],
-                "cross_attention_dim": 32,
-                "attention_head_dim": 8,
-                "norm_num_groups": 8,
-            },
-            "vae": {
-                "in_channels": 3,
-                "out_channels": 3,
-                "down_block_types": ["DownEncoderBlock2D", "DownEncoderBlock2D"],
-                "up_block_types": ["UpDecoderBlock2D", "UpDecoderBlock2D"],
-                "block_out_channels": [16, 32],
-                "latent_channels": 4,
-                "layers_per_block": 1,
-                "norm_num_groups": 8,
-                "sample_size": 16,
-            },
-            "scheduler": {
-                "num_train_timesteps": 1000,
-                "beta_schedule": "scaled_linear",
-                "beta_start": 0.00085,
-                "beta_end": 0.012,
-                "clip_sample": False,
-                "set_alpha_to_one": False,
-                "steps_offset": 1,
-            },
-        },
-        recipe=TrainingRecipe(steps=200, learning_rate=2e-3, batch_size=16),
-    ),
-)
+
+# One tiny model per task family beyond text generation (each declared in model_support.tasks),
+# built and trained by model_support.task_fixtures (seconds each); part of the demo.
+TASK_MODELS: tuple[DemoModel, ...] = tuple(task_model(c) for c in CHECKPOINTS)
 
 
 DEMO_MODELS: tuple[DemoModel, ...] = (
@@ -420,7 +276,7 @@ DEMO_MODELS: tuple[DemoModel, ...] = (
                 "image_size": _VISION_IMAGE_SIZE,
                 "patch_size": _VISION_PATCH_SIZE,
                 "projection_dim": 32,
-                "initializer_range": _INIT_RANGE,
+                "initializer_range": INIT_RANGE,
             },
             # One more token than the BPE vocabulary: the <image> placeholder is added on top.
             "text_config": {
@@ -515,13 +371,10 @@ def corpus_text() -> str:
     return resources.files("model_support").joinpath("data/corpus.txt").read_text(encoding="utf-8")
 
 
-def library_versions(kind: ModelKind | None = None) -> dict[str, str]:
-    """Versions of the libraries whose behaviour decides a built checkpoint's bytes."""
-    packages = ["torch", "transformers", "tokenizers", "safetensors"]
-    if kind is ModelKind.EMBEDDING:
-        packages.append("sentence-transformers")
-    if kind is ModelKind.DIFFUSION:
-        packages.append("diffusers")
+def library_versions(libraries: Iterable[str] = ()) -> dict[str, str]:
+    """Versions of the libraries whose behaviour decides a built checkpoint's bytes: the
+    common ones and ``libraries`` (a task checkpoint's loader, such as diffusers)."""
+    packages = ["torch", "transformers", "tokenizers", "safetensors", *libraries]
     return {pkg: metadata.version(pkg) for pkg in packages}
 
 
@@ -538,7 +391,7 @@ def fingerprint(model: DemoModel, corpus: str) -> str:
         "tokenizer_vocab_size": TOKENIZER_VOCAB_SIZE,
         "chat_template": LLAVA_CHAT_TEMPLATE if model.kind is ModelKind.VISION else None,
         "corpus_sha256": hashlib.sha256(corpus.encode("utf-8")).hexdigest(),
-        "versions": library_versions(model.kind),
+        "versions": library_versions(model.libraries),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8")).hexdigest()
 
@@ -696,7 +549,7 @@ def _build(model: DemoModel, out: Path, corpus: str) -> None:
     for seed in range(model.recipe.seed, model.recipe.seed + SEED_ATTEMPTS):
         seeded = replace(model, recipe=replace(model.recipe, seed=seed))
         with _one_thread(), _seeded(seed):
-            if model.kind in TASK_KINDS:
+            if model.builder is not None:
                 from model_support import task_fixtures
 
                 initial_loss, final_loss = task_fixtures.build(seeded, out, corpus)
@@ -733,7 +586,7 @@ def _build(model: DemoModel, out: Path, corpus: str) -> None:
         seed=seed,
         quality=quality,
         rejected_seeds=rejected,
-        versions=library_versions(model.kind),
+        versions=library_versions(model.libraries),
         files=files,
     )
     (out / STAMP_FILE).write_text(stamp.model_dump_json(indent=2), encoding="utf-8")

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from model_support.tasks import TASK_SPECS
 from model_support.vocabulary import (
     SHARDABLE_TASKS,
     Backend,
@@ -16,69 +17,6 @@ from model_support.vocabulary import (
 )
 
 Dtype = Literal["bfloat16", "float16", "float32"]
-
-DEFAULT_PROMPTS: tuple[str, ...] = (
-    "def fibonacci(n):",
-    "The capital of France is",
-    "import numpy as np\n",
-)
-DEFAULT_IMAGE_PROMPT = "Describe this image."
-
-# ---- default inputs of the tasks beyond text generation; run.py turns each prompt
-# into the task's input (a sentence, a spoken waveform, a drawn test image, an image prompt).
-# Four pairs of related sentences: each one's nearest neighbour is its partner, so the
-# similarity ranking the embeddings verdict checks is decided.
-DEFAULT_EMBEDDING_SENTENCES: tuple[str, ...] = (
-    "The capital of France is Paris.",
-    "Paris lies on the river Seine in the north of France.",
-    "def fibonacci(n): return the n-th Fibonacci number",
-    "a, b = b, a + b in a loop computes Fibonacci numbers",
-    "Water boils at one hundred degrees Celsius.",
-    "On a high mountain water boils at a lower temperature.",
-    "The farmer sells apples, pears and plums at the market.",
-    "There is a stall with fresh bread and cakes.",
-)
-DEFAULT_CLASSIFICATION_TEXTS: tuple[str, ...] = (
-    "def fibonacci(n):\n    a, b = 0, 1",
-    "The capital of France is Paris.",
-    "import numpy as np\nx = np.linspace(0.0, 1.0, 11)",
-    "Once upon a time there was a small village at the foot of a mountain.",
-    "class Stack:\n    def push(self, item):",
-    "Water boils at one hundred degrees Celsius at sea level.",
-    "for i in range(10):\n    print(i)",
-    "The picture shows a boat on a calm lake at sunset.",
-)
-# What the generated waveform says: run.py spells each prompt as a sequence of tones.
-DEFAULT_SPOKEN_TEXTS: tuple[str, ...] = (
-    "the capital of france is paris",
-    "def fibonacci(n):",
-)
-# Test images run.py draws by name (see run.py, draw_test_image).
-TEST_IMAGE_NAMES: tuple[str, ...] = (
-    "gradient-checkerboard",
-    "horizontal-stripes",
-    "vertical-stripes",
-    "checkerboard",
-    "diagonal-stripes",
-    "horizontal-stripes-wide",
-    "vertical-stripes-wide",
-    "checkerboard-fine",
-)
-DEFAULT_IMAGE_GENERATION_PROMPTS: tuple[str, ...] = (
-    "a red apple on a wooden table",
-    "a boat on a calm lake at sunset",
-)
-TASK_DEFAULT_PROMPTS: dict[Task, tuple[str, ...]] = {
-    Task.TEXT_GENERATION: DEFAULT_PROMPTS,
-    Task.IMAGE_TEXT_TO_TEXT: (DEFAULT_IMAGE_PROMPT,),
-    Task.TEXT2TEXT_GENERATION: DEFAULT_PROMPTS,
-    Task.AUTOMATIC_SPEECH_RECOGNITION: DEFAULT_SPOKEN_TEXTS,
-    Task.FEATURE_EXTRACTION: DEFAULT_EMBEDDING_SENTENCES,
-    Task.SENTENCE_SIMILARITY: DEFAULT_EMBEDDING_SENTENCES,
-    Task.TEXT_CLASSIFICATION: DEFAULT_CLASSIFICATION_TEXTS,
-    Task.IMAGE_CLASSIFICATION: TEST_IMAGE_NAMES,
-    Task.TEXT_TO_IMAGE: DEFAULT_IMAGE_GENERATION_PROMPTS,
-}
 
 
 class VerificationConfig(BaseModel):
@@ -224,14 +162,15 @@ class RunConfig(BaseModel):
     @model_validator(mode="after")
     def _task_defaults(self) -> RunConfig:
         # The stored run.py must hold the exact prompts that ran, so defaults are filled in here.
+        spec = TASK_SPECS[self.task]
         if not self.prompts:
-            self.prompts = list(TASK_DEFAULT_PROMPTS[self.task])
-        if self.task == Task.IMAGE_CLASSIFICATION:
-            unknown = [p for p in self.prompts if p not in TEST_IMAGE_NAMES]
+            self.prompts = list(spec.default_prompts)
+        if spec.prompt_choices is not None:
+            unknown = [p for p in self.prompts if p not in spec.prompt_choices]
             if unknown:
                 raise ValueError(
-                    f"image-classification prompts name the test images run.py draws; "
-                    f"unknown: {', '.join(map(repr, unknown))}; choose from {', '.join(TEST_IMAGE_NAMES)}"
+                    f"a prompt of {self.task.value} is {spec.inputs}; unknown: "
+                    f"{', '.join(map(repr, unknown))}; choose from {', '.join(spec.prompt_choices)}"
                 )
         if self.cores > 1 and self.task not in SHARDABLE_TASKS:
             raise ValueError(

@@ -31,6 +31,7 @@ from pydantic import BaseModel
 from model_support.config import VerificationConfig
 from model_support.models import is_local_path
 from model_support.records import ResultDocument, RunRecord, Stack, Verification
+from model_support.tasks import FAMILY_OF, Task
 from model_support.vocabulary import (
     COMPILE_FAILURE_MEANINGS,
     DIVERGENCE_PHASE_MEANINGS,
@@ -42,7 +43,6 @@ from model_support.vocabulary import (
     PASS_BLIND_SPOTS,
     PASS_GUARANTEES,
     RESULT_MEANINGS,
-    TASK_METHODS,
     VERDICT_CHECK_MEANINGS,
     Backend,
     Float32Precision,
@@ -126,6 +126,12 @@ def _json(value: Any) -> str:
 def _model_json(value: BaseModel) -> str:
     """A record part as JSON in its declared field order (deterministic, and fast)."""
     return value.model_dump_json()
+
+
+def _either(values: list[Task]) -> str:
+    """``a, b or c``."""
+    names = [v.value for v in values]
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
 
 
 def _field(path: str) -> Callable[[_Source], Any]:
@@ -266,7 +272,7 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "task",
         _STRING,
-        "Hub pipeline tag tested: text-generation, image-text-to-text, feature-extraction, sentence-similarity, text2text-generation, automatic-speech-recognition, image-classification, text-classification or text-to-image.",
+        f"Hub pipeline tag tested: {_either(list(Task))}.",
         _field("doc.task"),
     ),
     Column(
@@ -1140,10 +1146,7 @@ Where it searched (`first_divergence_phase`):
 
 def task_verdicts_section() -> str:
     """How the tasks beyond text generation are verified, for the dataset card."""
-    methods = "\n".join(
-        f"- `{task.value}`: {TASK_VERDICT_DESCRIPTIONS[method]}"
-        for task, method in TASK_METHODS.items()
-    )
+    methods = "\n".join(f"- `{task.value}`: {FAMILY_OF[task].verdict}" for task in Task)
     return f"""### Other tasks
 
 The same method judges every task: the device's output against a float32 CPU reference,
@@ -1157,29 +1160,6 @@ reference's VAE; shown, never judged).
 
 {methods}
 """
-
-
-TASK_VERDICT_DESCRIPTIONS: dict[str, str] = {
-    "tokens": (
-        "32 greedy tokens, scored teacher forced (an encoder-decoder with its encoder inputs), "
-        "judged by the text verdict's checks."
-    ),
-    "embeddings": (
-        "per sentence the angle to the reference embedding (`cosine`) and the error of its "
-        "length (`norm`); with each sentence as the query, the similarity ranking of the "
-        "others must keep the reference's order beyond near-ties (`ranking`)."
-    ),
-    "classification": (
-        "per input the log-probability error over the top classes (`median`, `peak`), and the "
-        "top class must be the reference's unless the reference's margin is within the "
-        "baseline's noise (`top1`)."
-    ),
-    "latents": (
-        "a few denoising steps from a fixed seed: per step the denoiser's prediction against "
-        "the reference denoiser fed the device's own inputs (`denoiser`, teacher forced), and "
-        "the latents after the step (`latents`)."
-    ),
-}
 
 
 def render_card(files: list[CardFile]) -> str:

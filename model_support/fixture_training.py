@@ -22,6 +22,10 @@ EOS_TOKEN = "<|eos|>"
 TOKENIZER_VOCAB_SIZE = 1000
 TOKENIZER_MAX_LENGTH = 512
 """The tokenizer's ``model_max_length``: the text models' ``max_position_embeddings``."""
+INIT_RANGE = 0.02
+"""Every tiny model's ``initializer_range``. Training, not a large initializer range, is what
+makes these models decisive: with 0.1 instead of 0.02 the same 400 steps of the tiny Llama end
+at a higher loss (1.3 against 1.0) and smaller top-2 margins."""
 
 
 @dataclass(frozen=True)

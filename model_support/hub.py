@@ -36,7 +36,10 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.hf_api import ModelInfo
 
-from model_support.vocabulary import Task
+from model_support.tasks import TASK_SPECS, Loader, task_spec
+
+PIPELINE_TASK = next(spec.task for spec in TASK_SPECS.values() if spec.loader is Loader.DIFFUSERS)
+"""The task a diffusers pipeline folder is tested as when no task is given (text-to-image)."""
 
 SAFETENSORS_SINGLE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -326,7 +329,7 @@ def _local_snapshot(directory: str, revision: str | None, task: str | None) -> M
     if pipeline is not None:
         index, tensors = pipeline
         return ModelSnapshot(
-            directory, revision, "local", task or Task.TEXT_TO_IMAGE.value,
+            directory, revision, "local", task or PIPELINE_TASK.value,
             tensors=tensors, pipeline_index=index,
         )  # fmt: skip
     return ModelSnapshot(
@@ -356,7 +359,8 @@ def _hub_snapshot(
     if found.gated and not token:
         return found
     refused = dataclasses.replace(found, gated=True, access_refused=True)
-    if task == Task.TEXT_TO_IMAGE.value or info.library_name == "diffusers":
+    loader = spec.loader if (spec := task_spec(task)) is not None else None
+    if loader is Loader.DIFFUSERS or info.library_name == "diffusers":
         try:
             pipeline = hub_pipeline(api, model, revision, token)
         except GatedRepoError:
@@ -364,10 +368,10 @@ def _hub_snapshot(
         if pipeline is not None:
             index, tensors = pipeline
             return dataclasses.replace(
-                found, task=task or Task.TEXT_TO_IMAGE.value, tensors=tensors,
+                found, task=task or PIPELINE_TASK.value, tensors=tensors,
                 pipeline_index=index,
             )  # fmt: skip
-        if task == Task.TEXT_TO_IMAGE.value:  # no pipeline: unsupported, whatever else it holds
+        if loader is Loader.DIFFUSERS:  # no pipeline: unsupported, whatever else it holds
             return found
     try:
         tensors = hub_tensors(api, model, revision, token)
@@ -377,7 +381,7 @@ def _hub_snapshot(
     except GatedRepoError:
         return refused
     except RemoteEntryNotFoundError as e:
-        if task not in (Task.TEXT_GENERATION.value, Task.IMAGE_TEXT_TO_TEXT.value):
+        if loader is not Loader.CAUSAL_LM:
             # Another library's checkpoint (open_clip, timm, setfit, ...) tagged with a task
             # model-support tests: its loader cannot take it, which is an exclusion
             # (unsupported-task), not a broken model.

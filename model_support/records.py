@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from model_support.config import RunConfig
 from model_support.models import is_local_path, readable_model_id, weights_digest
 from model_support.script import render_script
+from model_support.tasks import FAMILIES
 from model_support.vocabulary import (
     CompileFailure,
     DivergencePhase,
@@ -490,7 +491,9 @@ class Verification(BaseModel):
     # ---- the tasks beyond text generation
     method: str | None = Field(
         None,
-        description="What the verdict compared: tokens (teacher-forced logits), embeddings, classification (class logits) or latents.",
+        description="What the verdict compared: "
+        + ", ".join(dict.fromkeys(f.method for f in FAMILIES))
+        + " (each family's method: model_support/tasks.py).",
     )
     metrics: list[MetricStatistics] = Field(
         default_factory=list,

@@ -27,20 +27,13 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from model_support.records import ResultDocument
+from model_support.tasks import task_spec
 
 PYPI_INDEX = "https://pypi.org/simple"
 PYTORCH_INDEX = "https://download.pytorch.org/whl/{build}"
 
-LIBRARIES_BY_TASK_FAMILY: dict[str, tuple[str, ...]] = {
-    "feature-extraction": ("sentence-transformers",),
-    "sentence-similarity": ("sentence-transformers",),
-    "text-to-image": ("diffusers",),
-}
-"""What a task's section of run.py imports beyond transformers (Appendix A of run.py)."""
 COMMON_LIBRARIES = ("transformers", "huggingface-hub", "tokenizers", "safetensors", "accelerate")
 """What every run.py imports or loads through (STACK_PACKAGES of run.py, less the device's)."""
-IMAGE_LIBRARIES = ("pillow", "numpy")
-"""Image and audio inputs: run.py draws its test images with PIL and its tones with numpy."""
 NEURON_BASE_PACKAGES = ("torch", "torch-neuronx", "neuronx-cc")
 """What the TorchNeuron Deep Learning Container brings (its whole dependency closure with it)."""
 STACK_DISTRIBUTIONS = {
@@ -140,10 +133,9 @@ def recipe(
         if stack.get(key) and canonicalize_name(distribution) not in versions:
             versions[canonicalize_name(distribution)] = (distribution, str(stack[key]))
     neuron = row.get("backend") == "neuron" or stack.get("torch_neuronx") is not None
-    roots = [*COMMON_LIBRARIES, *LIBRARIES_BY_TASK_FAMILY.get(row.get("task") or "", ())]
-    if row.get("task") in ("image-text-to-text", "image-classification", "text-to-image",
-                           "automatic-speech-recognition"):  # fmt: skip
-        roots += IMAGE_LIBRARIES
+    # What the task's section of run.py imports beyond transformers (model_support/tasks.py).
+    spec = task_spec(row.get("task"))
+    roots = [*COMMON_LIBRARIES, *(spec.libraries if spec is not None else ())]
     dependencies = (
         dependency_graph(installed) if installed is not None else installed_dependency_graph()
     )

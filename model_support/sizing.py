@@ -85,6 +85,7 @@ from model_support.hardware import (
     torchneuron_refusal,
 )
 from model_support.hub import MetadataError, ModelNotFound, ModelSnapshot, TensorSpec
+from model_support.tasks import TASK_SPECS, Loader, task_spec
 from model_support.vocabulary import (
     GENERATING_TASKS,
     SHARDABLE_TASKS,
@@ -597,9 +598,10 @@ def _task_of(architectures: list[str]) -> str | None:
     return None
 
 
-# ---- tasks beyond text generation: the architectures run.py's loader of each task
-# takes, from transformers' auto-class tables. A model outside them is EXCLUDED with reason
-# unsupported-task before anything runs (never an ERROR at load time).
+# ---- tasks beyond text generation: what run.py's loader of each task takes (its declaration,
+# model_support/tasks.py: an auto class's architectures from transformers' tables, a text
+# encoder for sentence-transformers, a diffusers pipeline). A model outside them is EXCLUDED
+# with reason unsupported-task before anything runs (never an ERROR at load time).
 
 _TEXT_ENCODER_TABLES = (
     "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES",
@@ -612,8 +614,9 @@ _NEEDS_OTHER_LIBRARY = {"timm_wrapper": "timm"}
 
 
 def _architecture_tables() -> dict[str, tuple[set[str], set[str]]]:
-    """(model types, architecture classes) per task whose loader is a transformers auto class,
-    in the order a local checkpoint's task is recognised (most specific first)."""
+    """(model types, architecture classes) per task whose declaration names a transformers
+    mapping, in the order a local checkpoint's task is recognised: the auto classes' heads
+    first, a bare encoder (feature-extraction) last."""
     from transformers.models.auto import modeling_auto
 
     def table(name: str) -> tuple[set[str], set[str]]:
@@ -623,13 +626,9 @@ def _architecture_tables() -> dict[str, tuple[set[str], set[str]]]:
             classes.update([value] if isinstance(value, str) else value)
         return set(mapping), classes
 
-    return {
-        Task.TEXT2TEXT_GENERATION.value: table("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
-        Task.AUTOMATIC_SPEECH_RECOGNITION.value: table("MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"),
-        Task.IMAGE_CLASSIFICATION.value: table("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
-        Task.TEXT_CLASSIFICATION.value: table("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
-        Task.FEATURE_EXTRACTION.value: table("MODEL_MAPPING_NAMES"),
-    }
+    declared = [spec for spec in TASK_SPECS.values() if spec.architectures is not None]
+    declared.sort(key=lambda spec: spec.loader is not Loader.AUTO_CLASS)
+    return {spec.task.value: table(spec.architectures or "") for spec in declared}
 
 
 def _text_encoder_types() -> set[str]:
@@ -642,18 +641,19 @@ def _text_encoder_types() -> set[str]:
 def unsupported_architecture(meta: ModelMetadata) -> str | None:
     """Why run.py's loader for ``meta.task`` cannot take this model (None when it can).
 
-    Text generation keeps its own checks (remote code, plans); the other tasks need an
-    architecture of their auto class (speech: sequence-to-sequence, not CTC), a text model for
-    embeddings, and for text-to-image a diffusers pipeline with a UNet or transformer denoiser.
+    By the task's loader (model_support/tasks.py): a causal LM keeps sizing's own checks
+    (remote code, plans); an auto class needs one of its architectures, sentence-transformers a
+    text model, and a diffusers loader a pipeline with a UNet or transformer denoiser.
     """
     task = meta.task
-    if task in (Task.TEXT_GENERATION.value, Task.IMAGE_TEXT_TO_TEXT.value, None):
+    spec = task_spec(task)
+    if spec is None or spec.loader is Loader.CAUSAL_LM:
         return None
     what = meta.model_type or "no model_type"
-    if task == Task.TEXT_TO_IMAGE.value:
+    if spec.loader is Loader.DIFFUSERS:
         if meta.pipeline_class is None:
             return (
-                f"{meta.model} is tagged text-to-image but holds no diffusers pipeline "
+                f"{meta.model} is tagged {task} but holds no diffusers pipeline "
                 "(model_index.json); adapters (LoRA) and single-file checkpoints are not tested."
             )
         if not {"unet", "transformer"} & set(meta.components):
@@ -665,26 +665,23 @@ def unsupported_architecture(meta: ModelMetadata) -> str | None:
     if meta.model_type in _NEEDS_OTHER_LIBRARY:
         library = _NEEDS_OTHER_LIBRARY[meta.model_type]
         return f"{meta.model} ({what}) needs the {library} library, which the runner does not use."
-    if task in (Task.FEATURE_EXTRACTION.value, Task.SENTENCE_SIMILARITY.value):
+    if spec.loader is Loader.SENTENCE_TRANSFORMERS:
         if meta.model_type is None or meta.model_type not in _text_encoder_types():
             return (
                 f"{meta.model} ({what}) is not a text model: model-support tests {task} "
                 "through sentence-transformers over text encoders."
             )
         return None
-    model_types, classes = _architecture_tables()[task]
+    model_types, classes = _architecture_tables()[spec.task.value]
     if any(arch in classes for arch in meta.architectures) or (
         not meta.architectures and meta.model_type in model_types
     ):
         return None
     names = ", ".join(meta.architectures) or what
-    if task == Task.AUTOMATIC_SPEECH_RECOGNITION.value:
-        return (
-            f"{meta.model} ({names}) is not a speech sequence-to-sequence model (Whisper-style); "
-            "CTC and other speech models are not tested yet."
-        )
+    note = f"; {spec.unsupported_note}" if spec.unsupported_note else ""
     return (
-        f"{meta.model} ({names}) has no architecture that {task} loads (transformers' auto class)."
+        f"{meta.model} ({names}) has no architecture that {task} loads (transformers' auto "
+        f"class){note}."
     )
 
 

@@ -46,21 +46,27 @@ SPEECH_CONTINUATION_TOKENS = 16  # tokens the target continues past what is spel
 TEXT_MAX_LENGTH = 16  # the tiny text-to-image pipeline's prompt length (tokens)
 
 
-def build(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
-    """Build, train and save ``model`` (one of the task kinds) into ``out``; the first and last loss."""
-    from model_support.checkpoints import ModelKind
+Builder = Callable[["DemoModel", Path, str], tuple[float, float]]
+BUILDERS: dict[str, Builder] = {}
+"""The builders, by the name a checkpoint's declaration gives (``DemoCheckpoint.builder``)."""
 
-    builders: dict[ModelKind, Callable[[DemoModel, Path, str], tuple[float, float]]] = {
-        ModelKind.EMBEDDING: _sentence_embeddings,
-        ModelKind.TEXT_CLASSIFIER: _text_classifier,
-        ModelKind.IMAGE_CLASSIFIER: _image_classifier,
-        ModelKind.SEQ2SEQ: _seq2seq,
-        ModelKind.SPEECH: _speech,
-        ModelKind.DIFFUSION: _diffusion,
-    }
-    if model.kind not in builders:
-        raise ValueError(f"{model.name}: no task builder for kind {model.kind}")
-    return builders[model.kind](model, out, corpus)
+
+def builder(function: Builder) -> Builder:
+    """Register ``function`` as the builder of the checkpoints that name it."""
+    BUILDERS[function.__name__] = function
+    return function
+
+
+def build(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
+    """Build, train and save a task family's ``model`` into ``out`` with the builder its
+    declaration names (``DemoCheckpoint.builder``); the first and the last loss."""
+    builder = BUILDERS.get(model.builder or "")
+    if builder is None:
+        raise ValueError(
+            f"{model.name}: no builder {model.builder!r} in model_support/task_fixtures.py "
+            f"(builders: {', '.join(sorted(BUILDERS))})"
+        )
+    return builder(model, out, corpus)
 
 
 # --------------------------------------------------------------------------- shared parts
@@ -86,7 +92,8 @@ def paragraph_label(paragraph: str) -> int:
 # --------------------------------------------------------------------------- sentence embeddings
 
 
-def _sentence_embeddings(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
+@builder
+def sentence_embeddings(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
     """A tiny BERT trained contrastively (two spans of one paragraph are a pair, the rest of the
     batch are negatives), saved as a sentence-transformers model with mean pooling."""
     import tempfile
@@ -135,7 +142,8 @@ def _sentence_embeddings(model: DemoModel, out: Path, corpus: str) -> tuple[floa
 # --------------------------------------------------------------------------- classification
 
 
-def _text_classifier(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
+@builder
+def text_classifier(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
     """A tiny BERT sequence classifier: is a span of the corpus a function, other code or prose."""
     import torch
     import torch.nn.functional as F
@@ -190,7 +198,8 @@ def pattern_image(kind: int, generator: Any) -> Any:
     return draw_pattern(PATTERN_LABELS[kind], period, first, second, phase=phase)
 
 
-def _image_classifier(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
+@builder
+def image_classifier(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
     """A tiny ViT trained to tell run.py's test patterns apart (stripes, checkerboard, diagonal)."""
     import torch
     import torch.nn.functional as F
@@ -229,7 +238,8 @@ def _image_classifier(model: DemoModel, out: Path, corpus: str) -> tuple[float, 
 # --------------------------------------------------------------------------- sequence to sequence
 
 
-def _seq2seq(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
+@builder
+def seq2seq(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
     """A tiny encoder-decoder that repeats the text it reads and continues it (the decoder
     sees the repeated text as its own context, which makes the continuation quick to learn)."""
     import torch
@@ -268,7 +278,8 @@ def _seq2seq(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
     return losses
 
 
-def _speech(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
+@builder
+def speech(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
     """A tiny Whisper that transcribes run.py's tone-spelled text and then continues it.
 
     Each example spells SPEECH_TEXT_CHARS characters of the (lower-cased) corpus as tones
@@ -336,7 +347,8 @@ def _speech(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
 # --------------------------------------------------------------------------- text to image
 
 
-def _diffusion(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
+@builder
+def diffusion(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
     """A tiny Stable Diffusion pipeline: CLIP text encoder, UNet with cross-attention, VAE and
     a DDIM scheduler. The UNet is trained briefly to denoise latents of drawn patterns whose
     kind the prompt names, so its predictions depend on the text and the timestep."""

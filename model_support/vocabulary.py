@@ -9,6 +9,13 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+# Tasks are declared with their families (model_support/tasks.py); they are part of the one
+# vocabulary, so it names them too.
+from model_support.tasks import GENERATING_TASKS as GENERATING_TASKS
+from model_support.tasks import SHARDABLE_TASKS as SHARDABLE_TASKS
+from model_support.tasks import TASK_METHODS as TASK_METHODS
+from model_support.tasks import Task as Task
+
 
 class Result(StrEnum):
     """The outcome of one test of one model."""
@@ -140,48 +147,6 @@ EXCLUSION_MEANINGS: dict[ExclusionReason, str] = {
     ExclusionReason.CURATED: "Left out of the selected list on purpose; the list gives the reason.",
     ExclusionReason.UNSUPPORTED_INSTANCE: "Asked for an instance type TorchNeuron does not run on (it supports Trn2 and Trn3 only, not trn1 or inf2).",
 }
-
-
-class Task(StrEnum):
-    """Hub pipeline tags that model-support tests."""
-
-    TEXT_GENERATION = "text-generation"
-    IMAGE_TEXT_TO_TEXT = "image-text-to-text"
-    # ---- tasks beyond text generation; run.py has one section per task family
-    FEATURE_EXTRACTION = "feature-extraction"
-    SENTENCE_SIMILARITY = "sentence-similarity"
-    TEXT2TEXT_GENERATION = "text2text-generation"
-    AUTOMATIC_SPEECH_RECOGNITION = "automatic-speech-recognition"
-    IMAGE_CLASSIFICATION = "image-classification"
-    TEXT_CLASSIFICATION = "text-classification"
-    TEXT_TO_IMAGE = "text-to-image"
-
-
-GENERATING_TASKS: frozenset[Task] = frozenset(
-    {
-        Task.TEXT_GENERATION,
-        Task.IMAGE_TEXT_TO_TEXT,
-        Task.TEXT2TEXT_GENERATION,
-        Task.AUTOMATIC_SPEECH_RECOGNITION,
-    }
-)
-"""Tasks that decode tokens greedily with a static cache (max_new_tokens applies)."""
-
-SHARDABLE_TASKS: frozenset[Task] = frozenset({Task.TEXT_GENERATION, Task.IMAGE_TEXT_TO_TEXT})
-"""Tasks run.py can shard over several cores; every other task runs on one core."""
-
-TASK_METHODS: dict[Task, str] = {
-    Task.TEXT_GENERATION: "tokens",
-    Task.IMAGE_TEXT_TO_TEXT: "tokens",
-    Task.TEXT2TEXT_GENERATION: "tokens",
-    Task.AUTOMATIC_SPEECH_RECOGNITION: "tokens",
-    Task.FEATURE_EXTRACTION: "embeddings",
-    Task.SENTENCE_SIMILARITY: "embeddings",
-    Task.TEXT_CLASSIFICATION: "classification",
-    Task.IMAGE_CLASSIFICATION: "classification",
-    Task.TEXT_TO_IMAGE: "latents",
-}
-"""How each task's output is verified (run.py's verification ``method``; docs/verification.md)."""
 
 
 class Parallelism(StrEnum):

@@ -371,3 +371,15 @@ def test_catalogue_covers_dense_moe_and_vision() -> None:
     assert by_name["tiny-qwen3-moe"].architecture == "Qwen3MoeForCausalLM"
     assert by_name["tiny-llava"].task is Task.IMAGE_TEXT_TO_TEXT
     assert {m.kind for m in DEMO_MODELS} == set(ModelKind)
+
+
+def test_every_task_checkpoint_has_its_declared_builder() -> None:
+    """A family's checkpoint (model_support/tasks.py) names its builder; each builder of
+    model_support/task_fixtures.py builds some declared checkpoint."""
+    from model_support import task_fixtures
+    from model_support.checkpoints import TASK_MODELS
+    from model_support.tasks import CHECKPOINTS
+
+    assert [m.name for m in TASK_MODELS] == [c.name for c in CHECKPOINTS]
+    assert {c.builder for c in CHECKPOINTS} == set(task_fixtures.BUILDERS)
+    assert all(m.kind is ModelKind.TASK and m.builder for m in TASK_MODELS)

@@ -77,7 +77,9 @@ def _runner_router_ties(path: Path) -> list[torch.Tensor]:
         out = runner.generate(model, inputs, config["max_new_tokens"], pad)
     tokens = out.sequences[:, inputs["input_ids"].shape[1] :]
     del model
-    scored = runner.score_reference(config, processor, config["prompts"], tokens, "bfloat16", "ieee")
+    scored = runner.score_reference(
+        config, processor, config["prompts"], tokens, "bfloat16", "ieee"
+    )
     return [
         runner.router_tie_mask(gaps, noise, config["verification"])
         for gaps, noise in zip(scored["router_gaps"], scored["router_noise"], strict=True)

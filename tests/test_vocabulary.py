@@ -6,6 +6,7 @@ import ast
 
 from model_support import records
 from model_support.script import template_text
+from model_support.tasks import FAMILIES, TASK_SPECS
 from model_support.vocabulary import (
     COMPILE_FAILURE_MEANINGS,
     ERROR_CLASS_MEANINGS,
@@ -81,16 +82,50 @@ def test_runner_verdict_checks_and_float32_precisions_match_the_vocabulary() -> 
     assert set(FLOAT32_PRECISION_MEANINGS) == set(Float32Precision)
 
 
-def test_runner_tasks_match_the_vocabulary() -> None:
-    """Every task of the vocabulary has a scenario in run.py, and only those."""
+def test_run_py_runs_each_family_as_its_declaration_says() -> None:
+    """One section of run.py per family of model_support/tasks.py, headed by its tags, whose
+    scenarios run exactly those tags, decoding, sharding and verifying as declared."""
+    import re
+
     from model_support.runner import run as runner
 
+    headers = re.findall(r"^# ---- task: (.+)$", template_text(), flags=re.MULTILINE)
+    assert headers == [family.name for family in FAMILIES]
     tasks = [task for scenario in runner.SCENARIOS for task in scenario.tasks]
     assert sorted(tasks) == sorted(t.value for t in Task)
     assert len(tasks) == len(set(tasks))  # one scenario per task
-    assert set(_runner_constant("GENERATING_TASKS")) == {t.value for t in GENERATING_TASKS}
-    assert {t for s in runner.SCENARIOS if s.generates for t in s.tasks} == {
-        t.value for t in GENERATING_TASKS
-    }
+    for family in FAMILIES:
+        tags = {spec.task.value for spec in family.tasks}
+        for scenario in {runner.scenario_for(tag) for tag in tags}:
+            assert set(scenario.tasks) <= tags, (family.name, scenario.tasks)
+            assert scenario.generates == family.generates, family.name
+            assert scenario.shardable == family.shardable, family.name
+            assert scenario.method == family.method, family.name
+    assert set(runner.GENERATING_TASKS) == {t.value for t in GENERATING_TASKS}
     for task in Task:
         assert runner.scenario_for(task.value).method == TASK_METHODS[task]
+
+
+def test_every_task_s_library_is_what_its_run_py_section_imports() -> None:
+    """reproduce installs, and a checkpoint's cache key records, the library a task's loader
+    imports beyond transformers: the declaration's, which must be what run.py's section of
+    that family imports."""
+    import re
+
+    from model_support.runner import run as runner
+
+    source = template_text()
+    headers = list(re.finditer(r"^# ---- task: (.+)$", source, flags=re.MULTILINE))
+    for i, header in enumerate(headers):
+        section = source[header.end() : headers[i + 1].start() if i + 1 < len(headers) else None]
+        section = section.split("\n# ====", 1)[0]  # the last section ends at Appendix B
+        imported = set(re.findall(r"^\s+(?:import|from) (sentence_transformers|diffusers)\b",
+                                  section, flags=re.MULTILINE))  # fmt: skip
+        for tag in header.group(1).split(", "):
+            spec = TASK_SPECS[Task(tag)]
+            loader = spec.loader.library
+            declared = set() if loader == "transformers" else {loader.replace("-", "_")}
+            assert imported == declared, (tag, imported, declared)
+            assert all(runner.STACK_PACKAGES.get(module) for module in imported), (
+                f"run.py records no version of {imported} (STACK_PACKAGES)"
+            )

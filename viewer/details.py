@@ -22,6 +22,7 @@ import streamlit as st
 
 from model_support.history import reproduce_command
 from model_support.printable import printable, printable_data
+from model_support.tasks import Shows
 from model_support.viewer import (
     answer,
     failures,
@@ -306,7 +307,8 @@ def run_details(
     if result != Result.FAIL.value or not failures.token_verdict(verification):
         # A text FAIL showed its text beside the reference's tokens.
         output.show_output(row, verification=verification)
-    output.show_pictures(row, verification)
+    if output.shows(row) is Shows.PICTURES:
+        output.show_pictures(row, verification)
     _compile_cache(row)
     _reproduce(row, results_uri)
     _more(row, verification)

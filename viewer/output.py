@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from model_support.tasks import Shows, family_of
 from model_support.viewer import formatting, queries
 from model_support.viewer.markup import literal
 
@@ -87,13 +88,22 @@ def _mark_differences(table: pd.DataFrame) -> Any:
     return table.style.apply(colour, axis=1).format({"margin (nats)": "{:.4g}"}, na_rep="")
 
 
+def shows(row: Mapping[str, object]) -> Shows:
+    """How the row's task shows its output (its family's declaration; text for a task
+    model-support no longer tests)."""
+    family = family_of(str(row.get("task")))
+    return family.shows if family is not None else Shows.TEXT
+
+
 def show_output(
     row: Mapping[str, object], where: Any = st, verification: Mapping[str, object] | None = None
 ) -> None:
     """Each prompt and its output, under the task's heading, into ``where`` (a column or the
-    page); a classifier's labels beside the reference's where the record holds both."""
+    page): a classifier's labels beside the reference's where the record holds both, else the
+    text the run reported."""
     outputs = texts(row)
-    if verification is not None and labelled(verification):
+    labels = shows(row) is Shows.LABELS
+    if labels and verification is not None and labelled(verification):
         table = label_table(row, verification)
         differ = int((table["device vs reference"] == DIFFERS).sum())
         where.markdown(

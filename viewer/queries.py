@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from packaging.version import InvalidVersion, Version
 
 from model_support.records import FirstDivergence
+from model_support.tasks import task_spec
 from model_support.vocabulary import ExclusionReason, Result
 
 if TYPE_CHECKING:
@@ -639,17 +640,11 @@ def versions_of(frame: pd.DataFrame, model_id: str) -> list[tuple[str, str]]:
 # ---------------------------------------------------------------------------------------------
 # Task verdicts beyond text generation: what the details panel shows of them
 
-OUTPUT_LABELS: dict[str, str] = {
-    "text-classification": "Predicted class per input",
-    "image-classification": "Predicted class per test image",
-    "automatic-speech-recognition": "Transcription per waveform",
-}
-"""How the details panel names the ``text`` column for tasks whose text is not a continuation."""
-
 
 def output_label(task: str) -> str:
-    """The details panel's heading for a row's ``text``."""
-    return OUTPUT_LABELS.get(task, "Generated text")
+    """The details panel's heading for a row's ``text``: its task's (model_support/tasks.py)."""
+    spec = task_spec(task)
+    return spec.output_label if spec is not None else "Generated text"
 
 
 def verdict_measures(verification: dict) -> pd.DataFrame:

@@ -33,6 +33,7 @@ import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import json
 import os
 import platform
@@ -1896,15 +1897,19 @@ def latent_verdict(
 
 # ---- the task table
 
-SCENARIOS: tuple[TaskScenario, ...] = (
-    TextGeneration(),
-    Text2TextGeneration(),
-    SpeechRecognition(),
-    SentenceEmbeddings(),
-    TextClassification(),
-    ImageClassification(),
-    TextToImage(),
-)
+
+def scenarios_defined(base: type = TaskScenario) -> list:
+    """An instance of every scenario class above that runs tasks, in the sections' order: a
+    new section's scenario joins the table by being defined."""
+    found = []
+    for cls in base.__subclasses__():
+        if cls.tasks and not inspect.isabstract(cls):
+            found.append(cls())
+        found += scenarios_defined(cls)
+    return found
+
+
+SCENARIOS: tuple[TaskScenario, ...] = tuple(scenarios_defined())
 
 
 def scenario_for(task: str) -> TaskScenario:
@@ -5181,12 +5186,7 @@ TRACEBACK_LINES = 40
 
 
 # Tasks that decode tokens (max_new_tokens applies); the vocabulary's GENERATING_TASKS.
-GENERATING_TASKS = (
-    "text-generation",
-    "image-text-to-text",
-    "text2text-generation",
-    "automatic-speech-recognition",
-)
+GENERATING_TASKS = tuple(task for s in SCENARIOS if s.generates for task in s.tasks)
 
 
 # ---- errors and stages

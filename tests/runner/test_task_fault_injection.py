@@ -1,6 +1,7 @@
 """Verification fidelity of the tasks beyond text generation: faults FAIL, benign runs PASS.
 
-For every task family a tiny trained fixture runs through run.py's own task scenario
+For every tiny checkpoint of a task family (model_support/tasks.py), its declared fault cases
+run through run.py's own task scenario
 (``scenario_for(task)``: load, inputs, compile, call, collect, score, judge) with compile
 backends from model_support.faults that change one place of the captured graph the way a
 compiler bug would: noise in one layer, a zeroed attention head, one input of the batch wrong,
@@ -12,8 +13,9 @@ float32 precision.
 
 Each fixture loads once per dtype; Dynamo captures its graphs once and every case recompiles
 them with its own backend; the reference and baseline are scored once per dtype and precision
-(per token sequence for the generating tasks). Each test writes its confusion table to
-test-artifacts/ (printed at the end of the session) and asserts 0 false PASS, 0 false FAIL.
+(per token sequence for the generating tasks). Each checkpoint's test writes its confusion
+table to test-artifacts/ (printed at the end of the session) and asserts 0 false PASS, 0 false
+FAIL.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,67 +35,31 @@ from model_support.checkpoints import DemoModel, build_demo_models, default_cach
 from model_support.config import RunConfig
 from model_support.records import Verification
 from model_support.runner import run as runner
+from model_support.tasks import (
+    CHECKPOINTS,
+    FAULTS,
+    DemoCheckpoint,
+    FaultCase,
+    family_of_checkpoint,
+)
 from model_support.vocabulary import Result
 
 pytestmark = pytest.mark.slow
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-FAULTS = "model_support.faults:"
 PASS, FAIL = Result.PASS, Result.FAIL
-DECODER = {"MODEL_SUPPORT_FAULT_STACK": "decoder"}
-ENCODER = {"MODEL_SUPPORT_FAULT_STACK": "encoder"}
+CHECKPOINTS_WITH_FAULTS = [checkpoint for checkpoint in CHECKPOINTS if checkpoint.faults]
 
 
-@dataclass(frozen=True)
-class Case:
-    """One device run: a compile backend (a registered name or a fault), dtype and policy."""
-
-    backend: str
-    expect: Result | None  # None: reported only
-    dtype: str = "bfloat16"
-    precision: str = "auto"  # verification.float32_precision
-    env: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        name = self.backend.removeprefix(FAULTS)
-        where = self.env.get("MODEL_SUPPORT_FAULT_STACK")
-        return f"{name} ({where})" if where else name
-
-
-def _f(name: str, expect: Result | None, **kwargs: Any) -> Case:
-    return Case(FAULTS + name, expect, **kwargs)
-
-
-BF16_BENIGN = [Case("eager", PASS), Case("aot_eager", PASS)]
-FP32_BENIGN = [
-    Case("aot_eager", PASS, dtype="float32"),  # strict: cpu's default precision is ieee
-    _f("tf32_matmuls", PASS, dtype="float32", precision="tf32"),
-    _f("bf16_matmuls", PASS, dtype="float32", precision="bf16"),
-]
-FP32_FAULTS = [
-    _f("bf16_matmuls", FAIL, dtype="float32"),  # reduced precision where strict was declared
-    _f("noise_20pct", FAIL, dtype="float32", precision="bf16"),
-]
-# One layer's MLP output with noise of 20% of its spread; whether that is visible in the output
-# depends on what follows the layer (a classifier head sees it, mean pooling averages it away).
-ENCODER_FAULTS = [
-    _f("noise_20pct", FAIL),
-    _f("noise_100pct", FAIL),
-    _f("zero_head", FAIL),
-    _f("row_noise_100pct", FAIL),
-]
-# Mean pooling over tokens averages per-token noise: 20% in the last layer moves a bfloat16
-# embedding by 1.75x a correct run's own error, within a correct run's noise (reported).
-EMBEDDING_FAULTS = [_f("noise_20pct", None), *ENCODER_FAULTS[1:]]
-INDUCTOR = Case("inductor", PASS)
+def _expected(case: FaultCase) -> Result | None:
+    return None if case.expect is None else Result(case.expect)
 
 
 @dataclass(frozen=True)
 class Row:
     task: str
     model: str
-    case: Case
+    case: FaultCase
     result: Result
     verification: Verification
 
@@ -101,7 +67,7 @@ class Row:
     def outcome(self) -> str:
         if self.case.expect is None:
             return "reported"
-        if self.result == self.case.expect:
+        if self.result == _expected(self.case):
             return "ok"
         return "FALSE PASS" if self.result == Result.PASS else "FALSE FAIL"
 
@@ -162,7 +128,7 @@ class TaskBench:
             self.loaded[dtype] = (loaded, switch)
         return self.loaded[dtype]
 
-    def run(self, case: Case) -> tuple[Result, Verification, str]:
+    def run(self, case: FaultCase) -> tuple[Result, Verification, str]:
         """Run the case's compiled model through the scenario and judge it; what faults printed."""
         import torch._dynamo
 
@@ -182,7 +148,7 @@ class TaskBench:
         else:
             backend = torch._dynamo.lookup_backend(case.backend)
         printed = io.StringIO()
-        with environment(case.env), contextlib.redirect_stderr(printed), torch.no_grad():
+        with environment(dict(case.env)), contextlib.redirect_stderr(printed), torch.no_grad():
             switch.switch(backend)
             out = self.scenario.call(config, loaded)
         assert switch.graphs, "Dynamo captured no graph: the case ran eager"
@@ -211,7 +177,7 @@ class TaskBench:
         verification = Verification.model_validate(verdict)
         return (PASS if verification.passed else FAIL), verification, printed.getvalue()
 
-    def rows(self, cases: list[Case]) -> list[Row]:
+    def rows(self, cases: list[FaultCase]) -> list[Row]:
         rows = []
         for case in cases:
             result, verification, printed = self.run(case)
@@ -251,8 +217,8 @@ def _write_table(name: str, rows: list[Row]) -> str:
             f"| {v.near_ties if v.near_ties is not None else '-'} "
             f"| {v.bad_tokens if v.bad_tokens is not None else '-'} | {row.outcome} |"
         )
-    benign = [r for r in rows if r.case.expect is Result.PASS]
-    faulty = [r for r in rows if r.case.expect is Result.FAIL]
+    benign = [r for r in rows if _expected(r.case) is PASS]
+    faulty = [r for r in rows if _expected(r.case) is FAIL]
 
     def worst(rs: list[Row], pick: Any) -> str:
         return f"{pick(r.verification for r in rs):.2f}" if rs else "-"
@@ -285,10 +251,10 @@ def _write_table(name: str, rows: list[Row]) -> str:
 def _assert_verdicts(rows: list[Row]) -> None:
     for row in rows:
         v = row.verification
-        if row.case.expect is Result.PASS:
+        if _expected(row.case) is PASS:
             assert row.result == Result.PASS, (row.task, row.case.label, v.reason)
             assert not v.failed_checks
-        elif row.case.expect is Result.FAIL:
+        elif _expected(row.case) is FAIL:
             assert row.result == Result.FAIL, (
                 row.task,
                 row.case.label,
@@ -300,78 +266,16 @@ def _assert_verdicts(rows: list[Row]) -> None:
                 assert check.value in v.reason
 
 
-def test_sentence_embedding_verdicts() -> None:
-    bench = TaskBench(_fixture("tiny-sentence-bert"))
-    rows = bench.rows([*BF16_BENIGN, *EMBEDDING_FAULTS, *FP32_BENIGN, *FP32_FAULTS])
-    # The same model as a feature-extraction test, compiled by inductor.
-    rows += TaskBench(bench.demo, "feature-extraction").rows([INDUCTOR])
-    _write_table("sentence-embeddings", rows)
+@pytest.mark.parametrize("checkpoint", CHECKPOINTS_WITH_FAULTS, ids=lambda c: c.name)
+def test_task_verdicts(checkpoint: DemoCheckpoint) -> None:
+    """The checkpoint's declared cases, each task of them on one bench (the model loaded once
+    per dtype): no false PASS, no false FAIL, every FAIL saying why."""
+    demo = _fixture(checkpoint.name)
+    method = family_of_checkpoint(checkpoint.name).method
+    rows: list[Row] = []
+    for task in dict.fromkeys(case.task or checkpoint.task for case in checkpoint.faults):
+        cases = [case for case in checkpoint.faults if (case.task or checkpoint.task) is task]
+        rows += TaskBench(demo, task.value).rows(cases)
+    _write_table(checkpoint.name, rows)
     _assert_verdicts(rows)
-    assert all(r.verification.method == "embeddings" for r in rows)
-
-
-def test_text_classification_verdicts() -> None:
-    bench = TaskBench(_fixture("tiny-bert-classifier"))
-    rows = bench.rows([*BF16_BENIGN, *ENCODER_FAULTS, *FP32_BENIGN, *FP32_FAULTS, INDUCTOR])
-    _write_table("text-classification", rows)
-    _assert_verdicts(rows)
-
-
-def test_image_classification_verdicts() -> None:
-    bench = TaskBench(_fixture("tiny-vit-classifier"))
-    rows = bench.rows([*BF16_BENIGN, *ENCODER_FAULTS, *FP32_BENIGN, *FP32_FAULTS])
-    _write_table("image-classification", rows)
-    _assert_verdicts(rows)
-
-
-# 20% noise in the encoder's last layer reaches the decoder through a norm and cross-attention:
-# 2.8x a correct bfloat16 run's median error on T5 (reported); 100% must fail.
-SEQ2SEQ_FAULTS = [
-    _f("noise_20pct", FAIL, env=DECODER),
-    _f("noise_20pct", None, env=ENCODER),
-    _f("noise_100pct", FAIL, env=ENCODER),
-    _f("zero_head", FAIL, env=DECODER),
-    _f("zero_head", FAIL, env=ENCODER),
-    _f("vocab_tail_bias", FAIL),
-]
-
-
-def test_text2text_generation_verdicts() -> None:
-    bench = TaskBench(_fixture("tiny-t5"))
-    rows = bench.rows([*BF16_BENIGN, *SEQ2SEQ_FAULTS, *FP32_BENIGN, *FP32_FAULTS, INDUCTOR])
-    _write_table("text2text-generation", rows)
-    _assert_verdicts(rows)
-
-
-def test_speech_recognition_verdicts() -> None:
-    bench = TaskBench(_fixture("tiny-whisper"))
-    rows = bench.rows([*BF16_BENIGN, *SEQ2SEQ_FAULTS, *FP32_BENIGN, *FP32_FAULTS])
-    _write_table("automatic-speech-recognition", rows)
-    _assert_verdicts(rows)
-
-
-# Noise in the UNet's middle block is bypassed by its skip connections (20%: 1.25x, 100%: about
-# 4x a correct run's error; reported); the same noise in the last up block must fail.
-DIFFUSION_FAULTS = [
-    _f("wrong_timestep", FAIL),
-    _f("stale_step", FAIL),
-    _f("denoiser_last_block_noise_20pct", FAIL),
-    _f("denoiser_noise_20pct", None),
-    _f("denoiser_noise_100pct", None),
-    _f("denoiser_zero_head", FAIL),
-]
-
-
-def test_text_to_image_verdicts() -> None:
-    bench = TaskBench(_fixture("tiny-stable-diffusion"))
-    cases = [
-        *BF16_BENIGN,
-        *DIFFUSION_FAULTS,
-        *FP32_BENIGN,
-        _f("bf16_matmuls", FAIL, dtype="float32"),
-        _f("wrong_timestep", FAIL, dtype="float32", precision="bf16"),
-        INDUCTOR,
-    ]
-    rows = bench.rows(cases)
-    _write_table("text-to-image", rows)
-    _assert_verdicts(rows)
+    assert all(r.verification.method == method for r in rows)

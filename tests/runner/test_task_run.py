@@ -14,24 +14,25 @@ from PIL import Image
 
 from model_support.checkpoints import DemoModel, build_demo_models, default_cache_dir
 from model_support.config import RunConfig
+from model_support.dataset import record_to_row
 from model_support.execution import run_local
 from model_support.records import MetricStatistics, ResultDocument
 from model_support.runner import run as runner
 from model_support.script import render_script
-from model_support.vocabulary import GENERATING_TASKS, TASK_METHODS, Result, Task
+from model_support.tasks import FAMILIES, TASK_SPECS, Family, Shows
+from model_support.viewer import output
+from model_support.vocabulary import TASK_METHODS, Result, Task
 
 pytestmark = pytest.mark.slow
 
-# (fixture, task, what the document's text holds per input)
+# Every task of a family with a tiny checkpoint (model_support/tasks.py), run on the checkpoint
+# built for it (or its family's first: the embedding model is also a feature-extraction model).
 CASES = [
-    ("tiny-sentence-bert", Task.SENTENCE_SIMILARITY, None),
-    ("tiny-sentence-bert", Task.FEATURE_EXTRACTION, None),
-    ("tiny-bert-classifier", Task.TEXT_CLASSIFICATION, {"function", "code", "prose"}),
-    ("tiny-vit-classifier", Task.IMAGE_CLASSIFICATION, {"horizontal", "vertical", "checkerboard", "diagonal"}),
-    ("tiny-t5", Task.TEXT2TEXT_GENERATION, "generated"),
-    ("tiny-whisper", Task.AUTOMATIC_SPEECH_RECOGNITION, "generated"),
-    ("tiny-stable-diffusion", Task.TEXT_TO_IMAGE, None),
-]  # fmt: skip
+    (family, spec.task, checkpoint.name)
+    for family in FAMILIES
+    for spec in family.tasks
+    if (checkpoint := family.checkpoint_for(spec.task)) is not None
+]
 
 
 def _fixture(name: str) -> DemoModel:
@@ -39,8 +40,19 @@ def _fixture(name: str) -> DemoModel:
     return model
 
 
-@pytest.mark.parametrize(("fixture", "task", "text"), CASES, ids=[f"{c[1].value}" for c in CASES])
-def test_every_task_runs_and_passes_through_run_py(fixture: str, task: Task, text: object) -> None:
+def _labels(path: str) -> set[str]:
+    """The class names the checkpoint's config gives its head."""
+    import json
+    from pathlib import Path
+
+    id2label = json.loads((Path(path) / "config.json").read_text())["id2label"]
+    return set(id2label.values())
+
+
+@pytest.mark.parametrize(("family", "task", "fixture"), CASES, ids=[c[1].value for c in CASES])
+def test_every_task_runs_and_passes_through_run_py(
+    family: Family, task: Task, fixture: str
+) -> None:
     config = RunConfig(
         model=str(_fixture(fixture).require_path()), task=task, compile_backend="aot_eager"
     )
@@ -51,7 +63,7 @@ def test_every_task_runs_and_passes_through_run_py(fixture: str, task: Task, tex
     assert doc.task == task.value and doc.error_class is None and doc.stage == "verify"
     v = doc.verification
     assert v.passed is True and v.failed_checks == []
-    assert v.method == TASK_METHODS[task]
+    assert v.method == family.method == TASK_METHODS[task]
     assert v.error_ratio is not None and v.error_ratio <= v.parameters["max_error_ratio"]
 
     t = doc.timings
@@ -61,48 +73,52 @@ def test_every_task_runs_and_passes_through_run_py(fixture: str, task: Task, tex
     assert doc.compilation.graphs and doc.compilation.graphs >= 1
     assert doc.parameters and doc.parameters > 10_000
     assert doc.stack.torch == torch.__version__
+    library = TASK_SPECS[task].loader.library
+    if library != "transformers":  # the loader's library: recorded, and installed by reproduce
+        assert getattr(doc.stack, library.replace("-", "_")) is not None
+        assert any(p.startswith(f"{library}==") for p in doc.packages)
 
     n = len(config.prompts)
-    if task in GENERATING_TASKS:
+    if family.generates:
         assert doc.max_new_tokens == 32
         assert len(doc.tokens) == n and all(len(row) == 32 for row in doc.tokens)
         assert t.prefill_s and t.decode_tokens_per_s and t.decode_tokens_per_s > 0
         assert len(v.positions) == 32 * n and v.bad_tokens == 0
         # Both the encoder's forward and the decoder steps were compiled.
         assert doc.compilation.graphs >= 2
+        assert len(doc.text) == n and all(doc.text)
     else:
         assert doc.max_new_tokens is None and doc.tokens == [] and t.prefill_s is None
+        assert t.decode_tokens_per_s is None
         assert v.metrics and all(m.median_ratio is not None for m in v.metrics)
         # run.py fills every field of the typed record (unknown ones are refused on reading).
         assert all(m.model_fields_set == set(MetricStatistics.model_fields) for m in v.metrics)
+        assert [m.check for m in v.metrics] == list(family.measures)
         assert v.items
-    if isinstance(text, set):
-        assert len(doc.text) == n and set(doc.text) <= text
-    elif text == "generated":
-        assert len(doc.text) == n and all(doc.text)
-
-    if task in (Task.SENTENCE_SIMILARITY, Task.FEATURE_EXTRACTION):
-        assert doc.stack.sentence_transformers is not None
-        assert {m.check for m in v.metrics} == {"cosine", "norm"}
-        assert len(v.items) == n  # one per sentence, with its ranking swaps
-    if task in (Task.TEXT_CLASSIFICATION, Task.IMAGE_CLASSIFICATION):
-        # Each input's predicted label beside the float32 reference's (the viewer's table).
-        assert [i["label"] for i in v.items] == doc.text
-        assert {i["reference_label"] for i in v.items} <= text  # type: ignore[operator]
+    if family.shows is Shows.LABELS:
+        # Each item's predicted label beside the float32 reference's (the viewer's table), a
+        # class the checkpoint's head names.
+        labels = _labels(config.model)
+        assert {i["label"] for i in v.items} | {i["reference_label"] for i in v.items} <= labels
         for item in v.items:
             same_class = item["class"] == item["reference_class"]
             assert (item["label"] == item["reference_label"]) == same_class
+        table = output.label_table(record_to_row(record), v.model_dump(mode="json"))
+        assert list(table["predicted (device)"]) == [i["label"] for i in v.items]
+        assert set(table["device vs reference"]) == {output.SAME}  # a PASS: the same labels
+        assert len(doc.text) == n and all(doc.text)
+        for item in v.items:  # the text per input names its predicted labels
+            assert item["label"] in doc.text[item.get("input", item["item"])]
     else:
         assert all("label" not in i for i in v.items)
-    if task == Task.TEXT_TO_IMAGE:
-        assert doc.stack.diffusers is not None
-        assert any(p.startswith("diffusers==") for p in doc.packages)
-        assert {m.check for m in v.metrics} == {"denoiser", "latents"}
+    if family.shows is Shows.PICTURES:
+        _assert_pictures(config, doc)
         steps = {i["step"] for i in v.items}
         assert steps == set(range(config.denoising_steps))
-        _assert_pictures(config, doc)
     else:
         assert v.images is None
+    if family.method == "embeddings":
+        assert len(v.items) == n  # one per sentence, with its ranking swaps
 
 
 def _picture(encoded: str) -> np.ndarray:

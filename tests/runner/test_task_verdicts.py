@@ -291,7 +291,7 @@ def test_tone_spelled_speech_is_deterministic_and_distinguishes_characters() -> 
 
 
 def test_every_named_test_image_is_drawn() -> None:
-    from model_support.config import TEST_IMAGE_NAMES
+    from model_support.tasks import TEST_IMAGE_NAMES
 
     images = [runner.draw_test_image(name) for name in TEST_IMAGE_NAMES]
     assert all(image.size == (224, 224) and image.mode == "RGB" for image in images)
