@@ -121,23 +121,25 @@ def run_test(ctx: RunContext) -> dict:
         loaded = load_stage(ctx, placement)
     with stage("compile", ctx):
         compile_start = compile_stage(ctx, placement, loaded)
+    # The timed call: a generating task's decode, any other task's one call. Its stage keeps
+    # the records' name, "generate", for every family.
     with stage("generate", ctx):
-        generation = generate_stage(ctx, placement, loaded, compile_start)
+        device_output = run_stage(ctx, placement, loaded, compile_start)
 
     processor = loaded.processor
     del loaded  # the device model is no longer needed: free it before the CPU reference loads
     gc.collect()
     if ctx.rank != 0:
         # Rank 0 verifies; a FAIL's localization then needs every rank's shard again.
-        follow_localization(ctx, placement, processor, generation)
+        follow_localization(ctx, placement, processor, device_output)
         return doc
     try:
-        return judge_stages(ctx, placement, processor, generation)
+        return judge_stages(ctx, placement, processor, device_output)
     finally:
         release_followers(ctx)
 
 
-def judge_stages(ctx: RunContext, placement: Placement, processor, generation) -> dict:
+def judge_stages(ctx: RunContext, placement: Placement, processor, device_output) -> dict:
     """Rank 0 after generating: verify, localize a FAIL, ask the judge model."""
     config, doc = ctx.config, ctx.doc
     if not config["verification"]["enabled"]:
@@ -148,9 +150,9 @@ def judge_stages(ctx: RunContext, placement: Placement, processor, generation) -
         }
         return doc
     with stage("verify", ctx):
-        verify_stage(ctx, processor, generation)
+        verify_stage(ctx, processor, device_output)
     if localization_wanted(config["verification"], doc["result"]):
-        localize_stage(ctx, placement, processor, generation)
+        localize_stage(ctx, placement, processor, device_output)
     release_followers(ctx)  # before the judge: the other workers need not wait for it
     if config["judge_model"]:
         judge_stage(ctx)
@@ -262,9 +264,9 @@ def compile_stage(ctx: RunContext, placement: Placement, loaded: LoadedModel) ->
     return CompileWatch(before, ledger, fallbacks)
 
 
-def generate_stage(
+def run_stage(
     ctx: RunContext, placement: Placement, loaded: LoadedModel, compile_start: CompileWatch
-) -> Generation:
+) -> DeviceOutput:
     """The compiled model's call again, timed (generating tasks: also its first token, the
     prefill). Records timings, what compiling took (and whether this call compiled again),
     peak device memory, tokens and text."""
@@ -309,18 +311,18 @@ def generate_stage(
     )
     doc["memory"]["runtime_device_memory_bytes"] = grown
     doc["memory"]["runtime_device_memory_categories"] = categories
-    generation = scenario.collect(config, loaded, out)
-    doc["tokens"] = [] if generation.tokens is None else generation.tokens.tolist()
-    doc["text"] = list(generation.text)
-    return generation
+    device_output = scenario.collect(config, loaded, out)
+    doc["tokens"] = [] if device_output.tokens is None else device_output.tokens.tolist()
+    doc["text"] = list(device_output.text)
+    return device_output
 
 
-def verify_stage(ctx: RunContext, processor, generation: Generation) -> None:
+def verify_stage(ctx: RunContext, processor, device_output: DeviceOutput) -> None:
     """Judge the output against the float32 CPU reference (rank 0); records verdict and result."""
     config, doc = ctx.config, ctx.doc
     scenario = scenario_for(config["task"])
     verification, seconds = scenario.verify(
-        config, processor, generation, config["dtype"], ctx.backend.name
+        config, processor, device_output, config["dtype"], ctx.backend.name
     )
     verification.setdefault("method", scenario.method)
     # Every document has the same fields: the token verdict has no per-measure or per-item list.
@@ -394,17 +396,17 @@ class TaskScenario(abc.ABC):
         :func:`first_token_clock` that notes when the first token is out."""
 
     @abc.abstractmethod
-    def collect(self, config: dict, loaded: LoadedModel, out) -> Generation:
+    def collect(self, config: dict, loaded: LoadedModel, out) -> DeviceOutput:
         """What the device produced, moved to CPU, for the document and the verdict."""
 
     @abc.abstractmethod
     def score(
-        self, config: dict, processor, generation: Generation, dtype_name: str, precision: str
+        self, config: dict, processor, device_output: DeviceOutput, dtype_name: str, precision: str
     ):
         """The float32 CPU reference and the baseline (same pass in the run's arithmetic)."""
 
     @abc.abstractmethod
-    def judge(self, config: dict, generation: Generation, scored, label: str) -> dict:
+    def judge(self, config: dict, device_output: DeviceOutput, scored, label: str) -> dict:
         """The verdict on what the device produced, given the scored reference (pure)."""
 
     def pad_token_id(self, processor) -> int | None:
@@ -422,7 +424,9 @@ class TaskScenario(abc.ABC):
         """Move a float32 model to the baseline's dtype in place."""
         model.to(dtype)
 
-    def localization_calls(self, config: dict, processor, generation: Generation) -> list | None:
+    def localization_calls(
+        self, config: dict, processor, device_output: DeviceOutput
+    ) -> list | None:
         """The localized module's forward (see :meth:`localization_module`), once per input, as
         (args, kwargs) on CPU, for localizing a FAIL (the device's output fed back as input, as
         the verdict scores it); None where this family is not localized."""
@@ -434,16 +438,16 @@ class TaskScenario(abc.ABC):
         return model
 
     def verify(
-        self, config: dict, processor, generation: Generation, dtype_name: str, backend: str
+        self, config: dict, processor, device_output: DeviceOutput, dtype_name: str, backend: str
     ) -> tuple[dict, float]:
         """The verdict and the seconds it took; the float32 precision policy as for text."""
         start = time.perf_counter()
         params = config["verification"]
         flags = neuron_compiler_flags()
         precision = float32_precision(params, backend, flags) if dtype_name == "float32" else None
-        scored = self.score(config, processor, generation, dtype_name, precision or "ieee")
+        scored = self.score(config, processor, device_output, dtype_name, precision or "ieee")
         verification = self.judge(
-            config, generation, scored, precision_label(dtype_name, precision or "ieee")
+            config, device_output, scored, precision_label(dtype_name, precision or "ieee")
         )
         verification["float32_precision"] = precision
         verification.setdefault("images", None)  # drawn by text-to-image only
@@ -629,10 +633,10 @@ class TextGeneration(GreedyDecoding):
         generated = out.sequences[:, prompt_len:].cpu()
         device_logits = torch.stack([step.float().cpu() for step in out.logits], dim=1)
         text = tokenizer_of(loaded.processor).batch_decode(generated, skip_special_tokens=True)
-        return Generation(generated, device_logits, text=text)
+        return DeviceOutput(generated, device_logits, text=text)
 
-    def score(self, config, processor, generation, dtype_name, precision):
-        prompts, tokens = config["prompts"], generation.tokens
+    def score(self, config, processor, device_output, dtype_name, precision):
+        prompts, tokens = config["prompts"], device_output.tokens
         scored = score_reference(config, processor, prompts, tokens, dtype_name, precision)
         return match_routing(
             config,
@@ -642,15 +646,15 @@ class TextGeneration(GreedyDecoding):
             dtype_name,
             precision,
             scored,
-            generation.device_logits,
+            device_output.logits,
         )
 
-    def judge(self, config, generation, scored, label):
+    def judge(self, config, device_output, scored, label):
         judged = verdict(
             scored["reference"],
             scored["baseline"],
-            generation.device_logits,
-            generation.tokens,
+            device_output.logits,
+            device_output.tokens,
             config["verification"],
             dtype_name=label,
             router_gaps=scored["router_gaps"],
@@ -659,9 +663,9 @@ class TextGeneration(GreedyDecoding):
         judged["routing_flips"] = scored["routing_flips"]
         return judged
 
-    def localization_calls(self, config, processor, generation):
+    def localization_calls(self, config, processor, device_output):
         calls = []
-        for prompt, generated in zip(config["prompts"], generation.tokens, strict=True):
+        for prompt, generated in zip(config["prompts"], device_output.tokens, strict=True):
             single = dict(build_inputs(config, processor, [prompt]))
             ids = torch.cat([single.pop("input_ids"), generated.unsqueeze(0)], dim=1)
             single["attention_mask"] = torch.ones_like(ids)
@@ -1088,27 +1092,27 @@ class EncoderDecoderGeneration(GreedyDecoding):
         text = tokenizer_of(loaded.processor).batch_decode(generated, skip_special_tokens=True)
         cpu_inputs = {k: v.cpu() for k, v in loaded.inputs.items() if hasattr(v, "cpu")}
         start = getattr(loaded.model.generation_config, "decoder_start_token_id", None)
-        return Generation(
+        return DeviceOutput(
             generated,
             device_logits,
             text=text,
-            outputs={"prefix": sequences[:, :-n], "inputs": cpu_inputs, "start": start},
+            task_data={"prefix": sequences[:, :-n], "inputs": cpu_inputs, "start": start},
         )
 
-    def decoder_prefix(self, generation: Generation):
+    def decoder_prefix(self, device_output: DeviceOutput):
         """What the decoder read before the first generated token, per input (prompts x n)."""
-        prefix = generation.outputs["prefix"]
+        prefix = device_output.task_data["prefix"]
         if prefix.shape[1] == 0:  # a generate that returns only the new tokens
-            start = generation.outputs["start"]
-            prefix = torch.full((generation.tokens.shape[0], 1), int(start), dtype=prefix.dtype)
+            start = device_output.task_data["start"]
+            prefix = torch.full((device_output.tokens.shape[0], 1), int(start), dtype=prefix.dtype)
         return prefix
 
-    def teacher_forced_inputs(self, generation: Generation, dtype) -> list[dict]:
+    def teacher_forced_inputs(self, device_output: DeviceOutput, dtype) -> list[dict]:
         """Per input, the keyword arguments of the model's teacher-forced forward: that input's
         encoder inputs (floating ones in ``dtype``), the decoder prefix and the device's tokens
         but the last as the decoder's input, no cache."""
-        tokens, prefix = generation.tokens, self.decoder_prefix(generation)
-        inputs = generation.outputs["inputs"]
+        tokens, prefix = device_output.tokens, self.decoder_prefix(device_output)
+        inputs = device_output.task_data["inputs"]
         calls = []
         for i in range(tokens.shape[0]):
             single = cast_floats({k: v[i : i + 1] for k, v in inputs.items()}, dtype)
@@ -1116,14 +1120,14 @@ class EncoderDecoderGeneration(GreedyDecoding):
             calls.append({**single, "decoder_input_ids": decoder_ids, "use_cache": False})
         return calls
 
-    def score(self, config, processor, generation, dtype_name, precision):
-        n = generation.tokens.shape[1]
-        start = self.decoder_prefix(generation).shape[1] - 1  # the first generated position
+    def score(self, config, processor, device_output, dtype_name, precision):
+        n = device_output.tokens.shape[1]
+        start = self.decoder_prefix(device_output).shape[1] - 1  # the first generated position
 
         def teacher_forced(model):
             dtype = next(model.parameters()).dtype
             logprobs = []
-            for kwargs in self.teacher_forced_inputs(generation, dtype):
+            for kwargs in self.teacher_forced_inputs(device_output, dtype):
                 logits = model(**kwargs).logits
                 window = logits[0, start : start + n].double()
                 logprobs.append(torch.log_softmax(window, dim=-1))
@@ -1131,18 +1135,18 @@ class EncoderDecoderGeneration(GreedyDecoding):
 
         return reference_and_baseline(self, config, dtype_name, precision, teacher_forced)
 
-    def localization_calls(self, config, processor, generation):
+    def localization_calls(self, config, processor, device_output):
         # The verdict's own teacher-forced forward, per input: the encoder and the decoder
         # (over every generated position) in one call, the encoder's output fed to the decoder.
-        return [((), kwargs) for kwargs in self.teacher_forced_inputs(generation, torch.float32)]
+        return [((), kwargs) for kwargs in self.teacher_forced_inputs(device_output, torch.float32)]
 
-    def judge(self, config, generation, scored, label):
+    def judge(self, config, device_output, scored, label):
         reference, baseline = scored
         result = verdict(
             reference,
             baseline,
-            generation.device_logits,
-            generation.tokens,
+            device_output.logits,
+            device_output.tokens,
             config["verification"],
             label,
         )
@@ -1214,7 +1218,7 @@ class SentenceEmbeddings(TaskScenario):
     def localization_module(self, model):
         return sentence_encoder(model)
 
-    def localization_calls(self, config, processor, generation):
+    def localization_calls(self, config, processor, device_output):
         # The encoder's inputs exactly as sentence-transformers builds them for the verdict's
         # batch (its tokenizer, truncation and padding), recorded from one float32 CPU encode:
         # the pooling after the encoder is not compiled, so not searched.
@@ -1237,18 +1241,18 @@ class SentenceEmbeddings(TaskScenario):
         return encode_sentences(loaded.model, loaded.inputs)
 
     def collect(self, config, loaded, out):
-        return Generation(None, None, outputs=out.double().cpu())
+        return DeviceOutput(None, None, task_data=out.double().cpu())
 
-    def score(self, config, processor, generation, dtype_name, precision):
+    def score(self, config, processor, device_output, dtype_name, precision):
         sentences = list(config["prompts"])
         return reference_and_baseline(
             self, config, dtype_name, precision, lambda model: encode_sentences(model, sentences)
         )
 
-    def judge(self, config, generation, scored, label):
+    def judge(self, config, device_output, scored, label):
         reference, baseline = scored
         return embedding_verdict(
-            reference, baseline, generation.outputs, config["verification"], label
+            reference, baseline, device_output.task_data, config["verification"], label
         )
 
 
@@ -1423,10 +1427,12 @@ class Classification(TaskScenario):
         labels = getattr(loaded.model.config, "id2label", None) or {}
         text = [class_label(labels, int(i)) for i in logits.argmax(dim=-1)]
         cpu_inputs = {k: v.cpu() for k, v in loaded.inputs.items() if hasattr(v, "cpu")}
-        return Generation(None, logits, text=text, outputs={"inputs": cpu_inputs, "labels": labels})
+        return DeviceOutput(
+            None, logits, text=text, task_data={"inputs": cpu_inputs, "labels": labels}
+        )
 
-    def score(self, config, processor, generation, dtype_name, precision):
-        inputs = generation.outputs["inputs"]
+    def score(self, config, processor, device_output, dtype_name, precision):
+        inputs = device_output.task_data["inputs"]
 
         def class_logprobs(model):
             batch = cast_floats(inputs, next(model.parameters()).dtype)
@@ -1434,18 +1440,18 @@ class Classification(TaskScenario):
 
         return reference_and_baseline(self, config, dtype_name, precision, class_logprobs)
 
-    def localization_calls(self, config, processor, generation):
+    def localization_calls(self, config, processor, device_output):
         # The verdict's own scoring call: the whole batch the device classified, in one forward
         # (one graph per level, as the run compiled one for the batch).
-        return [((), cast_floats(generation.outputs["inputs"], torch.float32))]
+        return [((), cast_floats(device_output.task_data["inputs"], torch.float32))]
 
-    def judge(self, config, generation, scored, label):
+    def judge(self, config, device_output, scored, label):
         reference, baseline = scored
         verdict = classification_verdict(
-            reference, baseline, generation.device_logits, config["verification"], label
+            reference, baseline, device_output.logits, config["verification"], label
         )
         # Each input's predicted label beside the float32 reference's, as the viewer shows them.
-        labels = generation.outputs["labels"]
+        labels = device_output.task_data["labels"]
         for item in verdict["items"]:
             item["label"] = class_label(labels, item["class"])
             item["reference_label"] = class_label(labels, item["reference_class"])
@@ -1618,24 +1624,24 @@ class TextToImage(TaskScenario):
     def localization_module(self, model):
         return denoiser_of(model)
 
-    def localization_calls(self, config, processor, generation):
+    def localization_calls(self, config, processor, device_output):
         # One call per denoising step, on the inputs the device's denoiser had at that step
         # (latents, timestep, text conditioning), as the verdict's denoiser check scores it:
         # teacher forced, so an earlier step's error never reaches a later step's search.
         return [
             (cast_floats(args, torch.float32), cast_floats(kwargs, torch.float32))
-            for args, kwargs, _ in generation.outputs["calls"]
+            for args, kwargs, _ in device_output.task_data["calls"]
         ]
 
     def call(self, config, loaded, clock=None):
         return denoise(loaded.model, loaded.inputs, int(config["denoising_steps"]), record=True)
 
     def collect(self, config, loaded, out):
-        return Generation(None, None, outputs=out)
+        return DeviceOutput(None, None, task_data=out)
 
-    def score(self, config, processor, generation, dtype_name, precision):
+    def score(self, config, processor, device_output, dtype_name, precision):
         prompts, steps = list(config["prompts"]), int(config["denoising_steps"])
-        calls = generation.outputs["calls"]
+        calls = device_output.task_data["calls"]
         decoders: list = []  # the reference's VAE, kept to draw the pictures
 
         def trajectory_and_predictions(pipe):
@@ -1656,22 +1662,22 @@ class TextToImage(TaskScenario):
         )
         return reference, baseline, decoders[0]
 
-    def judge(self, config, generation, scored, label):
+    def judge(self, config, device_output, scored, label):
         (reference, reference_predictions), (baseline, baseline_predictions), decoder = scored
         verdict = latent_verdict(
             reference,
             baseline,
-            generation.outputs["latents"],
+            device_output.task_data["latents"],
             config["verification"],
             label,
             predictions=(
                 reference_predictions,
                 baseline_predictions,
-                [prediction for _, _, prediction in generation.outputs["calls"]],
+                [prediction for _, _, prediction in device_output.task_data["calls"]],
             ),
         )
         # What the run drew, beside what the reference drew (the verdict does not look at them).
-        verdict["images"] = decoder.pictures(generation.outputs["latents"][-1], reference[-1])
+        verdict["images"] = decoder.pictures(device_output.task_data["latents"][-1], reference[-1])
         return verdict
 
 
@@ -4505,21 +4511,21 @@ def _answers(gathered: list) -> list:
     return gathered
 
 
-def follow_localization(ctx: RunContext, placement: Placement, processor, generation) -> None:
+def follow_localization(ctx: RunContext, placement: Placement, processor, device_output) -> None:
     """A sharded run's rank > 0 after generating: do its part of rank 0's search, if any.
 
     Its own failures are sent to rank 0 as text (the search then stops, recorded as failed);
     they never change this worker's document.
     """
     try:
-        _follow(ctx, placement, processor, generation)
+        _follow(ctx, placement, processor, device_output)
     except Exception as exc:
         # The channel itself failed (rank 0 gone, a timeout): rank 0 records its search as
         # failed or has its verdict already; this worker's document stays as it was.
         print(f"localization: rank {ctx.rank} stopped following: {exc!r}", file=sys.stderr)
 
 
-def _follow(ctx: RunContext, placement: Placement, processor, generation) -> None:
+def _follow(ctx: RunContext, placement: Placement, processor, device_output) -> None:
     channel = LocalizationChannel(ctx)
     config = ctx.config
     scenario, dtype = scenario_for(config["task"]), torch_dtype(config["dtype"])
@@ -4535,7 +4541,7 @@ def _follow(ctx: RunContext, placement: Placement, processor, generation) -> Non
                     config, config["dtype"], placement.device, placement.distributed_config
                 )
             root_call = own_root_call(
-                scenario, config, processor, generation, model, step, tokens, placement
+                scenario, config, processor, device_output, model, step, tokens, placement
             )
             model_searched = scenario.localization_module(model)
             layouts = module_layouts(model_searched, root_call, dtype, placement.device)
@@ -4567,12 +4573,12 @@ def _follow(ctx: RunContext, placement: Placement, processor, generation) -> Non
             message = channel.broadcast()
 
 
-def own_root_call(scenario, config, processor, generation, model, step, tokens, placement):
+def own_root_call(scenario, config, processor, device_output, model, step, tokens, placement):
     """This rank's root call for learning how it holds each module (module_layouts): the first
     input's whole-sequence call (``step`` None), or the step replayed on this rank's own shard
     of the model, so its cache is the shard it holds."""
     if step is None:
-        return scenario.localization_calls(config, processor, generation)[0]
+        return scenario.localization_calls(config, processor, device_output)[0]
     return replay_step(
         scenario, config, processor, model, tokens, step, placement.device, config["dtype"]
     )
@@ -4749,10 +4755,10 @@ class Localizer:
     searched module (this rank's shard in a sharded run, whose other workers follow), and on
     CPU the float32 reference and the baseline (the run's arithmetic)."""
 
-    def __init__(self, ctx: RunContext, placement: Placement, processor, generation) -> None:
+    def __init__(self, ctx: RunContext, placement: Placement, processor, device_output) -> None:
         config = ctx.config
         self.ctx, self.placement = ctx, placement
-        self.processor, self.generation = processor, generation
+        self.processor, self.generation = processor, device_output
         self.params = config["verification"]
         self.scenario = scenario_for(config["task"])
         self.dtype_name = config["dtype"]
@@ -5018,7 +5024,7 @@ def none_reason(plans: list, verification: dict, params: dict) -> str:
     return f"no module's output diverges {searched}, on the reference's inputs: {outside}"
 
 
-def localize_stage(ctx: RunContext, placement: Placement, processor, generation) -> None:
+def localize_stage(ctx: RunContext, placement: Placement, processor, device_output) -> None:
     """Name the first diverging module in ``verification.first_divergence`` (rank 0).
 
     Never changes the result: a search that cannot finish (time, memory, a module that does
@@ -5043,7 +5049,7 @@ def localize_stage(ctx: RunContext, placement: Placement, processor, generation)
         "error_class": None,
     }
     scenario = scenario_for(config["task"])
-    whole = scenario.localization_calls(config, processor, generation)
+    whole = scenario.localization_calls(config, processor, device_output)
     if whole is None:
         record["reason"] = f"localization is not implemented for {config['task']} models"
     else:
@@ -5063,7 +5069,7 @@ def localize_stage(ctx: RunContext, placement: Placement, processor, generation)
         searched: dict = {}
         plan = plans[0]
         try:
-            localizer = Localizer(ctx, placement, processor, generation)
+            localizer = Localizer(ctx, placement, processor, device_output)
             for plan in plans:
                 searched = localizer.search(
                     plan, whole, lambda: time.perf_counter() - start < budget
@@ -5655,14 +5661,14 @@ class LoadedModel:
 
 
 @dataclasses.dataclass
-class Generation:
-    """What the generate stage produced (on CPU): the new tokens and the device's logits for
-    generating tasks, the class logits of a classifier, or a task's other outputs."""
+class DeviceOutput:
+    """What the compiled model produced in the timed call (run_stage), moved to CPU: for every
+    family the text the document records per input, and what its verdict compares."""
 
-    tokens: Any  # int tensor [prompts, max_new_tokens]; None where nothing is decoded
-    device_logits: Any  # float tensor [prompts, max_new_tokens, vocab], or [inputs, classes]
+    tokens: Any = None  # generating tasks: int tensor [prompts, max_new_tokens]; else None
+    logits: Any = None  # generating: [prompts, max_new_tokens, vocab]; a classifier's logits
     text: list = dataclasses.field(default_factory=list)  # the document's text, per input
-    outputs: Any = None  # task-specific: embeddings, latents per step, the inputs to re-score
+    task_data: Any = None  # the family's own: embeddings, latents per step, inputs to score
 
 
 def record_timings(timings: dict, config: dict, steady_s: float, prefill_s: float | None) -> None:

@@ -26,9 +26,16 @@ from model_support.config import COMPILE_BACKEND_PATTERN, RunConfig, Verificatio
 from model_support.execution import StageEvent
 from model_support.models import BadModelReference, resolve_model
 from model_support.printable import DataConsole
-from model_support.records import RunRecord, excluded_record
+from model_support.records import ResultDocument, RunRecord, Verification, excluded_record
 from model_support.stop_signals import on_stop_signals
-from model_support.vocabulary import Backend, LocalizeMode, Parallelism, Result, Task
+from model_support.vocabulary import (
+    GENERATING_TASKS,
+    Backend,
+    LocalizeMode,
+    Parallelism,
+    Result,
+    Task,
+)
 
 if TYPE_CHECKING:
     from model_support.pricing import PriceTable
@@ -443,6 +450,44 @@ def _figure(value: float | None, digits: int) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
+def timing_summary(doc: ResultDocument) -> str:
+    """The run's timings in one line, named by what the task does: a generating task's first
+    and steady generation and its decode rate, any other task's first and steady call."""
+    t = doc.timings
+    generates = doc.task in {task.value for task in GENERATING_TASKS}
+    call = "generate" if generates else "call"
+    line = (
+        f"wall {_figure(t.wall_time_s, 2)} s (load {_figure(t.load_s, 2)} s, first {call} "
+        f"{_figure(t.first_generate_s, 2)} s, steady {_figure(t.steady_generate_s, 3)} s)"
+    )
+    if generates:
+        line += f", decode {_figure(t.decode_tokens_per_s, 1)} tok/s"
+    return line
+
+
+def verdict_summary(verification: Verification) -> str:
+    """The verdict's figures in one line: a token verdict's tokens and logit error, any other
+    verdict's error measures (median and maximum against the baseline's) and, where it has a
+    discrete check (a class, a similarity order), its mismatches."""
+    v = verification
+    if v.method in (None, "tokens"):
+        return (
+            f"exact={v.exact} mismatches={v.mismatches} near-ties={v.near_ties} "
+            f"bad tokens={v.bad_tokens} error ratio={_figure(v.error_ratio, 2)}"
+        )
+    parts = [
+        f"{m.check} {_figure(m.median_ratio, 2)}x median, {_figure(m.peak_ratio, 2)}x max "
+        "of the baseline's error"
+        for m in v.metrics
+    ]
+    if v.mismatches is not None:
+        parts.append(
+            f"{v.mismatches} differ from the reference ({v.near_ties} within the noise, "
+            f"{v.bad_tokens} beyond)"
+        )
+    return f"{v.method}: " + "; ".join(parts)
+
+
 def print_record(record: RunRecord) -> None:
     """A human summary of one run."""
     doc = record.document
@@ -452,22 +497,15 @@ def print_record(record: RunRecord) -> None:
         head += f" ({doc.error_class.value})"
     setup = escape(f"{doc.task} · {doc.backend} · {doc.compile_backend} · {doc.cores} core(s)")
     out.print(f"{head}  {escape(record.model_id)}  [dim]{setup}[/]")
-    t, m, v = doc.timings, doc.memory, doc.verification
-    if t.wall_time_s is not None:
-        out.print(
-            f"  wall {t.wall_time_s:.2f} s (load {_figure(t.load_s, 2)} s, first generate "
-            f"{_figure(t.first_generate_s, 2)} s, steady {_figure(t.steady_generate_s, 3)} s), "
-            f"decode {t.decode_tokens_per_s or 0:.1f} tok/s"
-        )
+    m, v = doc.memory, doc.verification
+    if doc.timings.wall_time_s is not None:
+        out.print(f"  {escape(timing_summary(doc))}")
     if m.peak_device_memory_bytes:
         out.print(
             f"  peak device memory {m.peak_device_memory_bytes / 2**20:.1f} MiB ({m.device_memory_source})"
         )
     if v.passed is not None:
-        out.print(
-            f"  verification: exact={v.exact} mismatches={v.mismatches} near-ties={v.near_ties} "
-            f"bad={v.bad_tokens} error ratio={_figure(v.error_ratio, 2)}"
-        )
+        out.print(f"  verification: {escape(verdict_summary(v))}")
     if v.reason:
         out.print(f"  [red]{escape(v.reason)}[/]")
     if v.first_divergence is not None:

@@ -9,8 +9,10 @@ import pytest
 from model_support.cli.commands_run import print_record
 from model_support.records import (
     FirstDivergence,
+    MetricStatistics,
     ResultDocument,
     RunRecord,
+    Timings,
     Verification,
     new_run_id,
 )
@@ -133,3 +135,57 @@ def test_the_json_summary_carries_what_the_record_says_about_cost() -> None:
     cpu = summary(make_record(neuron=False), assumed)
     assert cpu["core_seconds"] == 120.0
     assert cpu["price"] is None and cpu["cost_usd"] is None
+
+
+def _passed(task: str, verification: Verification, **timings: float | None) -> RunRecord:
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    document = ResultDocument(
+        model="org/m",
+        task=task,
+        result=Result.PASS,
+        verification=verification,
+        timings=Timings(
+            load_s=1.0, first_generate_s=3.0, steady_generate_s=0.5, wall_time_s=4.0, **timings
+        ),
+        started_at=now,
+        finished_at=now,
+    )
+    return RunRecord(
+        run_id=new_run_id(now), document=document, run_py="", source="cli", recorded_at=now
+    )
+
+
+def test_a_classifier_summary_speaks_of_calls_and_classes_not_tokens(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A task that decodes no tokens has no decode rate and no bad tokens to print."""
+    logits = MetricStatistics(
+        check="logits", what="log-probability error", items=8, median_device=0.01,
+        median_baseline=0.01, median_ratio=1.02, median_bound=3.0, peak_device=0.02,
+        peak_baseline=0.015, peak_ratio=1.31, peak_bound=4.0,
+    )  # fmt: skip
+    verdict = Verification(
+        passed=True, method="classification", metrics=[logits], mismatches=1, near_ties=1,
+        bad_tokens=0, error_ratio=1.02,
+    )  # fmt: skip
+    print_record(_passed("text-classification", verdict))
+    out = " ".join(capsys.readouterr().out.split())
+    assert "first call 3.00 s, steady 0.500 s" in out
+    assert "tok/s" not in out and "token" not in out and "bad" not in out
+    assert (
+        "verification: classification: logits 1.02x median, 1.31x max of the baseline's error; "
+        "1 differ from the reference (1 within the noise, 0 beyond)" in out
+    )
+
+
+def test_a_generating_task_summary_gives_its_decode_rate_and_tokens(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    verdict = Verification(
+        passed=True, method="tokens", exact=True, mismatches=0, near_ties=0, bad_tokens=0,
+        error_ratio=1.1,
+    )  # fmt: skip
+    print_record(_passed("text-generation", verdict, decode_tokens_per_s=55.5, prefill_s=0.1))
+    out = " ".join(capsys.readouterr().out.split())
+    assert "first generate 3.00 s, steady 0.500 s), decode 55.5 tok/s" in out
+    assert "exact=True mismatches=0 near-ties=0 bad tokens=0 error ratio=1.10" in out

@@ -871,7 +871,7 @@ def _search_after_a_fail(model: Path, compile_backend: Any, **verification: Any)
     )
     tokens = torch.arange(1, 1 + 4 * len(config["prompts"])).reshape(len(config["prompts"]), 4)
     processor = AutoTokenizer.from_pretrained(config["model"])
-    runner.localize_stage(ctx, placement, processor, runner.Generation(tokens, None))
+    runner.localize_stage(ctx, placement, processor, runner.DeviceOutput(tokens, None))
     assert ctx.doc["result"] == "FAIL"  # whatever the search met, the verdict stands
     return ctx.doc["verification"]["first_divergence"]
 

@@ -72,14 +72,14 @@ class Row:
         return "FALSE PASS" if self.result == Result.PASS else "FALSE FAIL"
 
 
-def _scored_from(generation: Any) -> bytes:
+def _scored_from(device_output: Any) -> bytes:
     """What the reference is scored from besides the fixed inputs: the device's tokens (teacher
     forced), the denoiser's inputs at every step (text-to-image), or nothing."""
-    if generation.tokens is not None:
-        return bytes(generation.tokens.numpy().tobytes())
-    if isinstance(generation.outputs, dict) and "calls" in generation.outputs:
+    if device_output.tokens is not None:
+        return bytes(device_output.tokens.numpy().tobytes())
+    if isinstance(device_output.task_data, dict) and "calls" in device_output.task_data:
         digest = hashlib.sha256()
-        for args, kwargs, _ in generation.outputs["calls"]:
+        for args, kwargs, _ in device_output.task_data["calls"]:
             for value in [*args, *kwargs.values()]:
                 if isinstance(value, torch.Tensor):
                     digest.update(value.float().numpy().tobytes())
@@ -152,20 +152,20 @@ class TaskBench:
             switch.switch(backend)
             out = self.scenario.call(config, loaded)
         assert switch.graphs, "Dynamo captured no graph: the case ran eager"
-        generation = self.scenario.collect(config, loaded, out)
+        device_output = self.scenario.collect(config, loaded, out)
         precision = (
             runner.float32_precision(config["verification"], "cpu")
             if case.dtype == "float32"
             else None
         )
-        key = (case.dtype, precision or "ieee", _scored_from(generation))
+        key = (case.dtype, precision or "ieee", _scored_from(device_output))
         if key not in self.scored:
             self.scored[key] = self.scenario.score(
-                config, loaded.processor, generation, case.dtype, key[1]
+                config, loaded.processor, device_output, case.dtype, key[1]
             )
         verdict = self.scenario.judge(
             config,
-            generation,
+            device_output,
             self.scored[key],
             runner.precision_label(case.dtype, key[1]),
         )
