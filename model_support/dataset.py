@@ -1153,10 +1153,10 @@ The same method judges every task: the device's output against a float32 CPU ref
 relative to the same pass in the run's arithmetic on CPU (the baseline). `verification_json`
 names what was compared (`method`) and holds each measure's median and maximum over items
 (`metrics`) and every item's figures (`items`); `error_ratio` and `peak_ratio` are the first
-measure's. A classifier's items also name each input's predicted label and the reference's
-(`label`, `reference_label`); a text-to-image run's `images` holds, per prompt, the picture its
-final latents make and the reference's (base64 PNGs of at most 128 pixels a side, decoded by the
-reference's VAE; shown, never judged).
+measure's. A classifier's items (an input, or a token of one) also name the predicted label and
+the reference's (`label`, `reference_label`); a text-to-image run's `images` holds, per prompt,
+the picture its final latents make and the reference's (base64 PNGs of at most 128 pixels a
+side, decoded by the reference's VAE; shown, never judged).
 
 {methods}
 """

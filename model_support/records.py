@@ -501,7 +501,7 @@ class Verification(BaseModel):
     )
     items: list[dict[str, Any]] = Field(
         default_factory=list,
-        description="Per item of such a verdict (an input, or a prompt at a denoising step): its figures and, where it has one, its verdict; a classifier's input also its predicted label and the reference's (label, reference_label).",
+        description="Per item of such a verdict (an input, a token of an input, or a prompt at a denoising step): its figures and, where it has one, its verdict; a classifier's item also its predicted label and the reference's (label, reference_label), and a token's its input and text (input, position, token).",
     )
     images: Pictures | None = Field(
         None,

@@ -1,7 +1,8 @@
 """What a run produced, as the details panel shows it: each prompt (as a Python literal, so its
 line breaks show) and the text generated for it (plain text, never markup); a classifier's
-predicted label per input beside the float32 reference's, differences marked; a text-to-image
-run's pictures beside the reference's."""
+predicted label per input (or per token of an input) beside the float32 reference's,
+differences marked; a text-to-image run's pictures beside the reference's. Which of them a
+task shows is its family's declaration (``model_support.tasks``, ``Shows``)."""
 
 from __future__ import annotations
 
@@ -38,23 +39,26 @@ def texts(row: Mapping[str, object]) -> list[str]:
 
 
 def label_table(row: Mapping[str, object], verification: Mapping[str, object]) -> pd.DataFrame:
-    """A classifier's inputs, one row each: the input, the label the device predicted, the
-    float32 reference's label, whether they differ, the reference's margin between the two
-    classes and the verdict. Empty unless the record holds both labels (older records hold
-    only class indices: see :func:`labelled`)."""
-    columns = ["input", "predicted (device)", "reference", "device vs reference"]
-    columns += ["margin (nats)", "verdict"]
+    """A classifier's items, one row each: the input (and, for a label per token, the token),
+    the label the device predicted, the float32 reference's label, whether they differ, the
+    reference's margin between the two classes and the verdict. Empty unless the record holds
+    both labels (older records hold only class indices: see :func:`labelled`)."""
+    items = _items(verification)
+    per_token = any("token" in item for item in items)
+    columns = ["input", *(["token"] if per_token else []), "predicted (device)", "reference"]
+    columns += ["device vs reference", "margin (nats)", "verdict"]
     prompts = strings(row.get("prompts"))
     rows = []
-    for item in _items(verification):
+    for item in items:
         if "label" not in item or "reference_label" not in item:
             return pd.DataFrame(columns=columns)
-        index = item.get("item")
+        index = item.get("input", item.get("item"))
         prompt = prompts[index] if isinstance(index, int) and 0 <= index < len(prompts) else None
         predicted, reference = str(item["label"]), str(item["reference_label"])
         rows.append(
             {
                 "input": prompt if prompt is not None else f"input {index}",
+                **({"token": str(item.get("token", ""))} if per_token else {}),
                 "predicted (device)": predicted,
                 "reference": reference,
                 "device vs reference": SAME if predicted == reference else DIFFERS,
@@ -110,8 +114,9 @@ def show_output(
             f"**{queries.output_label(str(row.get('task')))}**: predicted on the device and by "
             "the float32 reference"
         )
+        what = "token" if "token" in table.columns else "input"
         where.caption(
-            f"{differ:,} of {len(table):,} input{'' if len(table) == 1 else 's'} "
+            f"{differ:,} of {len(table):,} {what}{'' if len(table) == 1 else 's'} "
             f"{'differs' if differ == 1 else 'differ'} from the reference"
             + (" (highlighted)." if differ else ".")
         )

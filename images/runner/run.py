@@ -1503,13 +1503,20 @@ class ImageClassification(Classification):
 
 
 def classification_verdict(
-    reference, baseline, device_logits, params: dict, dtype_name: str = "bfloat16"
+    reference,
+    baseline,
+    device_logits,
+    params: dict,
+    dtype_name: str = "bfloat16",
+    item_names: list[str] | None = None,
 ) -> dict:
     """Judge the device's class logits against the reference and baseline (pure function).
 
     ``reference`` and ``baseline``: log-probabilities (inputs x classes); ``device_logits``
-    the device's logits. An input's error is its largest log-probability deviation over the
-    reference's top 8 classes and the device's top class. Checks:
+    the device's logits; ``item_names``: how a FAIL's reasons name each row (default
+    ``input <i>``; a token classifier's rows are tokens). An input's error is its largest
+    log-probability deviation over the reference's top 8 classes and the device's top class.
+    Checks:
 
     - top1: where the device's top class is not the reference's, the reference's margin
       between the two must be within ``near_tie_multiple`` x the baseline's error on that input
@@ -1544,8 +1551,9 @@ def classification_verdict(
                 bad += 1
                 judged = "bad"
                 if len(reasons) < 3:
+                    name = item_names[i] if item_names is not None else f"input {i}"
                     reasons.append(
-                        f"input {i}: class {int(dev_arg[i])} but the reference prefers "
+                        f"{name}: class {int(dev_arg[i])} but the reference prefers "
                         f"{int(ref_arg[i])} by {margin:.3f} nats, beyond the {dtype_name} noise "
                         f"allowance {allowance:.3f}"
                     )

@@ -171,6 +171,23 @@ def test_a_decided_top_class_that_changes_fails() -> None:
     assert "input 3: class 0" in verdict["reason"]
 
 
+def test_a_fail_names_each_row_as_the_caller_names_it() -> None:
+    """A token classifier's rows are tokens: its reasons say which token of which input."""
+    c = ClassLogits()
+    device = _noisy(c.logits, 0.01, 9)
+    device[3, 0] = device[3, 3] + 0.5
+    names = [f"input {i // 4} token {i % 4}" for i in range(8)]
+    verdict = runner.classification_verdict(
+        torch.log_softmax(c.logits, -1),
+        torch.log_softmax(c.baseline, -1),
+        device,
+        _params(),
+        "bfloat16",
+        item_names=names,
+    )
+    assert "input 0 token 3: class 0 but the reference prefers 3" in verdict["reason"]
+
+
 def test_an_undecided_top_class_may_change() -> None:
     c = ClassLogits()
     device = c.logits.clone()

@@ -249,6 +249,27 @@ def test_a_text_to_image_run_shows_its_pictures_beside_the_references(
         assert f"prompt {index + 1}: {prompt!r}" in captions
 
 
+def test_a_label_per_token_names_its_input_and_token() -> None:
+    """A classifier that labels every token of an input (its items carry input, position and
+    token): one row per token, under its input, differences marked."""
+    items = [
+        {"item": 0, "input": 0, "position": 1, "token": "Paris", "class": 1, "reference_class": 1,
+         "label": "NAME", "reference_label": "NAME", "margin": 3.1, "verdict": "match"},
+        {"item": 1, "input": 1, "position": 2, "token": "42", "class": 0, "reference_class": 2,
+         "label": "O", "reference_label": "NUMBER", "margin": 0.01, "verdict": "near-tie"},
+    ]  # fmt: skip
+    row = {"prompts": ["In Paris", "x = 42"], "task": "text-classification"}
+    table = output.label_table(row, {"items": items})
+    assert list(table.columns[:4]) == ["input", "token", "predicted (device)", "reference"]
+    assert list(table["input"]) == ["In Paris", "x = 42"]
+    assert list(table["token"]) == ["Paris", "42"]
+    assert list(table["device vs reference"]) == [output.SAME, output.DIFFERS]
+    # A label per input has no token column.
+    per_input = [{k: v for k, v in i.items() if k not in ("input", "position", "token")}
+                 for i in items]  # fmt: skip
+    assert "token" not in output.label_table(row, {"items": per_input}).columns
+
+
 def test_only_base64_pngs_are_taken_for_pictures() -> None:
     assert output.picture(base64.b64encode(b"<svg onload=alert(1)>").decode()) is None
     assert output.picture("not base64!") is None
