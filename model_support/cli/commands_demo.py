@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 DEMO_NAMESPACE = "demo"
 """Demo checkpoints are named ``demo/<name>`` in results (their paths stay in ``model_path``)."""
 DEMO_NAMES = ["tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-llava"]
-DEMO_NAMES += [model.name for model in TASK_MODELS]  # one per task family beyond text generation
+DEMO_NAMES += [model.name for model in TASK_MODELS]  # the task families' (model_support/tasks.py)
 OLDER_RELEASE = "model_support.faults:moe_crash_compiler"
 """A faulty compiler's release: crashes on mixture of experts (ERROR), dense models PASS."""
 NEWER_RELEASE = "model_support.faults:dense_miscompiler"
@@ -118,10 +118,10 @@ def demo(
     ] = min(2, os.cpu_count() or 1),
     timeout: Annotated[float, typer.Option(help="Seconds per model before TIMEOUT.")] = 900.0,
 ) -> None:
-    """Build tiny Llama, Qwen3, Qwen3-MoE and Llava checkpoints, one per other task family
-    (embeddings, seq2seq, speech, classification, text-to-image) and a header-only 405B one,
-    test them on four compiler stacks (two releases of a deliberately faulty one, with a
-    regression and a fix between them), and print the results table."""
+    """Build tiny Llama, Qwen3, Qwen3-MoE and Llava checkpoints, the tiny checkpoints of the
+    other task families (model_support/tasks.py) and a header-only 405B one, test them on four
+    compiler stacks (two releases of a deliberately faulty one, with a regression and a fix
+    between them), and print the results table."""
     from model_support.checkpoints import default_cache_dir
     from model_support.store import ResultsStore
 
