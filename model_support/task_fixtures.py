@@ -13,6 +13,7 @@ copy of run.py's functions held to their source by a test).
 
 from __future__ import annotations
 
+import keyword
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -175,6 +176,85 @@ def text_classifier(model: DemoModel, out: Path, corpus: str) -> tuple[float, fl
         ids, mask = pad(rows, pad_id)
         logits = network(input_ids=ids, attention_mask=mask).logits
         return F.cross_entropy(logits, torch.tensor([targets[i] for i in chosen.tolist()]))
+
+    losses = train(network, model.recipe, loss_of)
+    network.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return losses
+
+
+# Token labels of the tiny BERT token classifier: what the word a token belongs to is.
+TOKEN_LABELS: tuple[str, ...] = ("O", "NAME", "NUMBER", "KEYWORD")
+_WORD = re.compile(r"\w+")
+
+
+def word_labels(paragraph: str) -> list[tuple[int, int, int]]:
+    """(start, end, index in TOKEN_LABELS) of every word of ``paragraph``: a Python keyword, a
+    number, a name (a capitalised word that does not start a sentence), or O. A name needs its
+    context: the same word starting a sentence is O."""
+    labelled = []
+    for word in _WORD.finditer(paragraph):
+        text, before = word.group(), paragraph[: word.start()].rstrip(" \t")
+        if text in keyword.kwlist:
+            label = "KEYWORD"
+        elif text.isdigit():
+            label = "NUMBER"
+        elif text[0].isupper() and before and before[-1] not in ".!?:\n":
+            label = "NAME"
+        else:
+            label = "O"
+        labelled.append((word.start(), word.end(), TOKEN_LABELS.index(label)))
+    return labelled
+
+
+def token_labels(paragraph: str, tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The paragraph's token ids and each token's label: that of the word its first non-space
+    character belongs to (O for spaces and punctuation)."""
+    encoded = tokenizer(paragraph, add_special_tokens=False, return_offsets_mapping=True)
+    words = word_labels(paragraph)
+    labels = []
+    for start, end in encoded["offset_mapping"]:
+        piece = paragraph[start:end]
+        first = start + len(piece) - len(piece.lstrip())
+        inside = first < end  # a token of spaces only belongs to no word
+        labels.append(next((lab for a, b, lab in words if inside and a <= first < b), 0))
+    return list(encoded["input_ids"]), labels
+
+
+@builder
+def token_classifier(model: DemoModel, out: Path, corpus: str) -> tuple[float, float]:
+    """A tiny BERT token classifier: each token of a span of the corpus is part of a name, a
+    number, a Python keyword, or O (:func:`word_labels`); the BOS token is not labelled."""
+    import torch
+    import torch.nn.functional as F
+    import transformers
+
+    tokenizer = train_tokenizer(corpus)
+    labels = dict(enumerate(TOKEN_LABELS))
+    heads: dict[str, Any] = {
+        "num_labels": len(labels),
+        "id2label": labels,
+        "label2id": {v: k for k, v in labels.items()},
+    }
+    config = transformers.BertConfig(**model.config, **heads, pad_token_id=tokenizer.pad_token_id)
+    config.architectures = [model.architecture]
+    network = with_seed(model.recipe.seed, lambda: transformers.BertForTokenClassification(config))
+    encoded = [token_labels(p, tokenizer) for p in paragraphs(corpus)]
+    bos, pad_id = tokenizer.bos_token_id, tokenizer.pad_token_id
+    ignored = -100  # cross_entropy's ignore_index: the BOS token and padding
+
+    def loss_of(generator: Any) -> torch.Tensor:
+        chosen = torch.randint(0, len(encoded), (model.recipe.batch_size,), generator=generator)
+        rows, targets = [], []
+        for i in chosen.tolist():
+            ids, tags = encoded[i]
+            span = random_span(list(range(len(ids))), 4, model.recipe.sequence_length, generator)
+            rows.append([bos, *(ids[k] for k in span)])
+            targets.append([ignored, *(tags[k] for k in span)])
+        ids, mask = pad(rows, pad_id)
+        target, _ = pad(targets, ignored)
+        logits = network(input_ids=ids, attention_mask=mask).logits
+        return F.cross_entropy(logits.reshape(-1, len(labels)), target.reshape(-1))
 
     losses = train(network, model.recipe, loss_of)
     network.save_pretrained(out, safe_serialization=True)

@@ -37,6 +37,7 @@ class Task(StrEnum):
     AUTOMATIC_SPEECH_RECOGNITION = "automatic-speech-recognition"
     IMAGE_CLASSIFICATION = "image-classification"
     TEXT_CLASSIFICATION = "text-classification"
+    TOKEN_CLASSIFICATION = "token-classification"
     TEXT_TO_IMAGE = "text-to-image"
 
 
@@ -507,6 +508,55 @@ CLASSIFICATION = Family(
     ),
 )
 
+# Names, numbers and Python keywords among other words: the tiny token classifier's labels.
+DEFAULT_TOKEN_TEXTS: tuple[str, ...] = (
+    "The capital of France is Paris.",
+    "Berlin is the capital of Germany and Rome is the capital of Italy.",
+    "def fibonacci(n): return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
+    "Water boils at 100 degrees Celsius and freezes at 0.",
+    "import numpy as np",
+    "for i in range(10): print(i)",
+    "The Seine flows through Paris to the sea.",
+    "x = None if ready is False else 42",
+)
+
+TOKEN_CLASSIFICATION = Family(
+    tasks=(
+        TaskSpec(
+            Task.TOKEN_CLASSIFICATION,
+            Loader.AUTO_CLASS,
+            "a text whose every token is labelled",
+            DEFAULT_TOKEN_TEXTS,
+            output_label="Predicted label per token",
+            architectures="MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+        ),
+    ),
+    method="token-classification",
+    verdict=(
+        "per token of the inputs (not padding or special tokens) the log-probability error over "
+        "the top labels (`median`, `peak`), and each token's top label must be the reference's "
+        "unless the reference's margin is within the baseline's noise (`top1`)."
+    ),
+    shows=Shows.LABELS,
+    measures=("logits",),
+    checkpoints=(
+        DemoCheckpoint(
+            name="tiny-bert-token-classifier",
+            task=Task.TOKEN_CLASSIFICATION,
+            architecture="BertForTokenClassification",
+            description=(
+                "BERT token classifier: labels each token of a span of the corpus as part of a "
+                "name (a capitalised word within a sentence), a number, a Python keyword, or O."
+            ),
+            config_class="BertConfig",
+            config=TEXT_ENCODER_SHAPE,
+            recipe=TrainingRecipe(steps=200, learning_rate=2e-3, batch_size=32, sequence_length=32),
+            builder="token_classifier",
+            faults=(*BF16_BENIGN, *ENCODER_FAULTS, *FP32_BENIGN, *FP32_FAULTS),
+        ),
+    ),
+)
+
 # Noise in the UNet's middle block is bypassed by its skip connections (20%: 1.25x, 100%: about
 # 4x a correct run's error; reported); the same noise in the last up block must fail.
 DIFFUSION_FAULTS = (
@@ -605,6 +655,7 @@ FAMILIES: tuple[Family, ...] = (
     ENCODER_DECODER,
     SENTENCE_EMBEDDINGS,
     CLASSIFICATION,
+    TOKEN_CLASSIFICATION,
     TEXT_TO_IMAGE,
 )
 """Every family, in the order of run.py's sections."""

@@ -1586,6 +1586,101 @@ def classification_verdict(
     return result
 
 
+# ---- task: token-classification
+
+
+class TokenClassification(TaskScenario):
+    """A token classifier (named entities, parts of speech, ...) over the prompts: a label per
+    token, each judged against the float32 reference's as a classifier's label per input is
+    (classification_verdict over the tokens); the model's forward is compiled. Special tokens
+    and padding are not judged."""
+
+    tasks = ("token-classification",)
+    method = "token-classification"
+
+    def load(self, config, dtype_name, device, distributed_config=None):
+        single_core_only(config["task"], distributed_config)
+        processor, model = pretrained(
+            config, "AutoTokenizer", "AutoModelForTokenClassification", dtype_name, device
+        )
+        ensure_pad_token(processor)
+        return processor, model
+
+    def inputs(self, config, processor, device, dtype_name):
+        batch = processor(config["prompts"], return_tensors="pt", padding=True, truncation=True)
+        return inputs_to(batch, device)
+
+    def call(self, config, loaded, clock=None):
+        return loaded.model(**loaded.inputs).logits
+
+    def collect(self, config, loaded, out):
+        inputs = {k: v.cpu() for k, v in loaded.inputs.items() if hasattr(v, "cpu")}
+        judged = judged_tokens(loaded.processor, inputs)
+        logits = out.double().cpu()[judged]
+        labels = getattr(loaded.model.config, "id2label", None) or {}
+        positions = judged.nonzero().tolist()  # (input, position) per judged token, in order
+        tokens = [token_text(loaded.processor, inputs["input_ids"][i, t]) for i, t in positions]
+        predicted = [class_label(labels, int(c)) for c in logits.argmax(dim=-1)]
+        text = [
+            " ".join(
+                f"{token}/{label}"
+                for (i, _), token, label in zip(positions, tokens, predicted, strict=True)
+                if i == row
+            )
+            for row in range(judged.shape[0])
+        ]
+        data = {"inputs": inputs, "judged": judged, "labels": labels, "positions": positions}
+        return DeviceOutput(None, logits, text=text, task_data={**data, "tokens": tokens})
+
+    def score(self, config, processor, device_output, dtype_name, precision):
+        inputs, judged = device_output.task_data["inputs"], device_output.task_data["judged"]
+
+        def token_logprobs(model):
+            batch = cast_floats(inputs, next(model.parameters()).dtype)
+            return torch.log_softmax(model(**batch).logits.double(), dim=-1)[judged]
+
+        return reference_and_baseline(self, config, dtype_name, precision, token_logprobs)
+
+    def localization_calls(self, config, processor, device_output):
+        # The verdict's own scoring call: the whole batch, in one forward.
+        return [((), cast_floats(device_output.task_data["inputs"], torch.float32))]
+
+    def judge(self, config, device_output, scored, label):
+        reference, baseline = scored
+        data = device_output.task_data
+        names = [
+            f"input {i} token {t} ({token!r})"
+            for (i, t), token in zip(data["positions"], data["tokens"], strict=True)
+        ]
+        verdict = classification_verdict(
+            reference, baseline, device_output.logits, config["verification"], label, names
+        )
+        verdict["method"] = self.method
+        # Each token's predicted label beside the float32 reference's, as the viewer shows them.
+        for item, (i, t), token in zip(
+            verdict["items"], data["positions"], data["tokens"], strict=True
+        ):
+            item.update(input=i, position=t, token=token)
+            item["label"] = class_label(data["labels"], item["class"])
+            item["reference_label"] = class_label(data["labels"], item["reference_class"])
+        return verdict
+
+
+def judged_tokens(tokenizer, inputs: dict):
+    """Which (input, position) a token verdict judges: the input's own tokens, not padding or
+    special tokens (a BOS or CLS label is not the text's)."""
+    ids = inputs["input_ids"]
+    special = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=ids.dtype)
+    mask = inputs.get("attention_mask", torch.ones_like(ids)).bool()
+    return mask & ~torch.isin(ids, special)
+
+
+def token_text(tokenizer, token_id) -> str:
+    """One token as text (its surrounding spaces dropped, unless it is only spaces)."""
+    text = tokenizer.decode([int(token_id)])
+    return text.strip() or text
+
+
 # ---- task: text-to-image
 
 
