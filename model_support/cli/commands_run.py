@@ -24,6 +24,7 @@ from rich.table import Table
 from model_support.cli import commands_cache
 from model_support.config import COMPILE_BACKEND_PATTERN, RunConfig, VerificationConfig
 from model_support.execution import StageEvent
+from model_support.hardware import INSTANCE_KINDS
 from model_support.models import BadModelReference, resolve_model
 from model_support.printable import DataConsole
 from model_support.records import ResultDocument, RunRecord, Verification, excluded_record
@@ -74,7 +75,8 @@ ParallelismOpt = Annotated[
 InstanceOpt = Annotated[
     str | None,
     typer.Option(
-        help="Hardware profile for sizing (trn2, trn1, inf2, cpu, cuda; default: from the backend)."
+        help=f"Hardware profile for sizing ({', '.join(INSTANCE_KINDS)}; default: from the "
+        "backend)."
     ),
 ]
 LncOpt = Annotated[

@@ -18,7 +18,7 @@ from model_support.operator.manifests import Placement, TestRef, build_configmap
 from model_support.operator.outcome import JobState, read_job, stuck_reason
 from model_support.operator.resource import child_name, run_id_for
 from model_support.operator.settings import OperatorSettings
-from model_support.operator.spec import SpecError, parse_spec
+from model_support.operator.spec import PROFILES, SpecError, parse_spec
 from model_support.script import read_config, render_script
 from model_support.vocabulary import Backend, Parallelism
 
@@ -215,8 +215,9 @@ def test_cel_rules_and_the_operator_agree(
     import itertools
 
     cases = 0
+    profiles = list(PROFILES)  # every profile the operator knows, so a new one is covered
     for profile, lnc, cores, parallelism in itertools.product(
-        ["trn2", "trn3", "trn1", "inf2", "cpu"],
+        profiles,
         [None, 1, 2],
         [None, 1, 4, 30, 64, 65, 100],
         [None, "none", "tensor"],
@@ -235,7 +236,7 @@ def test_cel_rules_and_the_operator_agree(
             operator_accepts = False
         assert api_accepts == operator_accepts, (spec, cel_violations(crd, spec))
         cases += 1
-    assert cases == 5 * 3 * 7 * 3
+    assert cases == len(profiles) * 3 * 7 * 3 and {"trn2", "trn3"} <= set(profiles)
     # Each rule is exercised by at least one refused spec, with its own message.
     only = "lnc (logical NeuronCore config) applies only to the trn2 profile or the trn3 profile."
     assert only in cel_violations(crd, {"model": "a/b", "profile": "trn1", "lnc": 1})

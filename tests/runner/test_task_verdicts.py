@@ -342,13 +342,18 @@ def test_run_py_has_one_section_per_task_family_holding_its_scenario() -> None:
 
 
 def test_the_runner_image_installs_every_task_library_run_py_records() -> None:
-    """sentence-transformers and diffusers: imported by run.py's task sections, recorded in the
-    row's stack and packages, so the runner image must install them (pinned, never floating)."""
+    """Every task's loader library beyond transformers (sentence-transformers and diffusers):
+    imported by run.py's task sections, recorded in the row's stack and packages, so the runner
+    image must install them (pinned, never floating)."""
     import re
     from pathlib import Path
 
+    from model_support.tasks import TASK_SPECS
+
     dockerfile = (Path(__file__).resolve().parents[2] / "images/runner/Dockerfile").read_text()
-    for key in ("sentence_transformers", "diffusers"):
+    loaders = {spec.loader.library for spec in TASK_SPECS.values()} - {"transformers"}
+    assert {"sentence-transformers", "diffusers"} <= loaders  # what the declarations load with
+    for key in sorted(library.replace("-", "_") for library in loaders):
         distribution = runner.STACK_PACKAGES[key]
         pinned = re.search(rf'"{re.escape(distribution)}==\$\{{(\w+)\}}"', dockerfile)
         assert pinned, f"{distribution} is not installed at a pinned build argument"
