@@ -148,7 +148,15 @@ def crd_for_sweeps() -> dict[str, Any]:
                 "Regressions",
                 "integer",
                 counts + "regressions",
-                description="Models whose result got worse than under the previous run key.",
+                description="Models whose result got worse than under the previous run key, "
+                "in every re-run.",
+            ),
+            _column(
+                "Flaky",
+                "integer",
+                counts + "flaky",
+                priority=1,
+                description="Models whose worse result a re-run did not repeat.",
             ),
             _column(
                 "Cost",

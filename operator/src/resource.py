@@ -33,6 +33,8 @@ ANNOTATION_MODEL = f"{GROUP}/model"
 """The full model id on a sweep's test (labels hold at most 63 characters)."""
 ANNOTATION_SWEEP_RUN = f"{GROUP}/sweep-run"
 """On a sweep's test: the run key (epoch + stack) its current generation tests."""
+ANNOTATION_CONFIRMS = f"{GROUP}/confirms"
+"""On a sweep's re-run of a test: the name of the test whose worse result it re-runs."""
 
 ANNOTATION_TEST_NAME = f"{GROUP}/test-name"
 """The test's full name on its Job and pods (names go up to 253 characters, labels to 63)."""
