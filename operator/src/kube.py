@@ -21,6 +21,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from model_support.operator.resource import (
+    BISECT_PLURAL,
     FIELD_MANAGER,
     GROUP,
     LABEL_RECORDED,
@@ -441,3 +442,27 @@ class Kube:
             name,
             {"status": status},
         )
+
+    # ------------------------------------------------------------- bisects
+
+    def get_bisect(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A ModelSupportBisect, or None if it was deleted."""
+        return self._unless_gone(
+            self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, BISECT_PLURAL, name
+        )
+
+    def patch_bisect_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> dict[str, Any] | None:
+        """Merge ``status`` into the bisect's status as of ``resource_version`` (Conflict when
+        it changed since it was read); None if the bisect is gone."""
+        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        try:
+            return self._unless_gone(
+                self.custom.patch_namespaced_custom_object_status,
+                GROUP, VERSION, namespace, BISECT_PLURAL, name, body,
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status == 409:
+                raise Conflict(name) from exc
+            raise

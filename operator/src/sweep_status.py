@@ -216,18 +216,20 @@ class SweepStatus(Conditioned):
         """The whole status as a merge patch: an unset field of an object is null (removed
         from what is stored); inside a list (which a merge patch replaces whole) it is left
         out, since the schema has no nullable fields."""
-        return dict(_without_nulls_in_lists(self.model_dump(mode="json")))
+        return dict(without_nulls_in_lists(self.model_dump(mode="json")))
 
 
-def _without_nulls_in_lists(value: Any, in_list: bool = False) -> Any:
+def without_nulls_in_lists(value: Any, in_list: bool = False) -> Any:
+    """``value`` (a status as JSON) without the null fields of objects inside lists: a merge
+    patch replaces a list whole, and stores its objects' nulls, which no schema here allows."""
     if isinstance(value, dict):
         return {
-            k: _without_nulls_in_lists(v, in_list)
+            k: without_nulls_in_lists(v, in_list)
             for k, v in value.items()
             if not (in_list and v is None)
         }
     if isinstance(value, list):
-        return [_without_nulls_in_lists(v, True) for v in value]
+        return [without_nulls_in_lists(v, True) for v in value]
     return value
 
 

@@ -830,6 +830,10 @@ def test_chart_renders_valid_least_privilege_manifests(values: dict[str, Any]) -
     assert verbs[("modelsupport.dev", "modelsupportsweeps/status")] == {"get", "patch"}
     assert verbs[("modelsupport.dev", "modelsupportsweeps/finalizers")] == {"update"}
     assert verbs[("modelsupport.dev", "modelsupporttests")] >= {"create", "patch"}
+    # Bisects: read, status written, step tests created (owner references set).
+    assert verbs[("modelsupport.dev", "modelsupportbisects")] == {"get", "list", "watch"}
+    assert verbs[("modelsupport.dev", "modelsupportbisects/status")] == {"get", "patch"}
+    assert verbs[("modelsupport.dev", "modelsupportbisects/finalizers")] == {"update"}
     settings = chart_settings(docs)
     from model_support.operator.settings import settings_from_values
 
