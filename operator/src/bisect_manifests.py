@@ -1,8 +1,9 @@
 """The ModelSupportTests a bisect creates: one per step it runs.
 
-* **names**: ``<bisect>-<package>-<version>-<8 hex of the environment>`` (at most 63
-  characters, a DNS label): the same environment of the same bisect is always the same test, so
-  a replayed reconcile meets 409 and adopts it instead of running the step twice;
+* **names**: ``<bisect>-<package>-<version>-<8 hex>`` of the environment and the run.py's
+  sha256 (at most 63 characters, a DNS label): the same step of the same bisect is always the
+  same test, so a replayed reconcile meets 409 instead of running the step twice, and a new
+  generation whose steps run another run.py never takes an earlier generation's test;
 * **ownership**: the bisect is the controller of its step tests (deleting it deletes them;
   their records stay in the steps' store); only the operator's labels and annotations are set.
 """
@@ -24,9 +25,11 @@ from model_support.operator.resource import (
 from model_support.operator.sweep_manifests import MAX_NAME
 
 
-def step_name(bisect: str, request: Request | Step) -> str:
-    """The name of the test that runs ``request``'s environment for bisect ``bisect``."""
-    digest = hashlib.sha256(environment_key(request.pins).encode()).hexdigest()[:8]
+def step_name(bisect: str, request: Request | Step, run_script_sha256: str) -> str:
+    """The name of the test that runs ``request``'s environment with the run.py of that
+    sha256 for bisect ``bisect``."""
+    identity = f"{environment_key(request.pins)}\n{run_script_sha256}"
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
     room = MAX_NAME - len(bisect) - len(digest) - 2
     slug = re.sub(r"[^a-z0-9]+", "-", f"{request.package}-{request.version}".lower())
     slug = slug.strip("-")[:room].strip("-") or "step"
@@ -57,19 +60,25 @@ def step_pins(request: Request, good: dict[str, str], pin_all: bool) -> list[str
 
 
 def build_step(
-    bisect: dict[str, Any], request: Request, spec: dict[str, Any], pins: list[str]
+    bisect: dict[str, Any],
+    request: Request,
+    spec: dict[str, Any],
+    pins: list[str],
+    run_script_sha256: str,
 ) -> dict[str, Any]:
-    """The ModelSupportTest of one step: ``spec`` (``bisect_spec.step_spec``) with ``pins`` as
-    its extraPackages."""
+    """The ModelSupportTest of one step: ``spec`` (``bisect_spec.step_spec``, whose run.py has
+    that sha256) with ``pins`` as its extraPackages."""
     meta = bisect["metadata"]
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
         "metadata": {
-            "name": step_name(meta["name"], request),
+            "name": step_name(meta["name"], request, run_script_sha256),
             "namespace": meta["namespace"],
             "labels": {LABEL_BISECT: meta["name"]},
-            "annotations": {ANNOTATION_BISECT_STEP: environment_key(request.pins)},
+            "annotations": {
+                ANNOTATION_BISECT_STEP: f"{run_script_sha256} {environment_key(request.pins)}"
+            },
             "ownerReferences": [owner_reference(bisect)],
         },
         "spec": {**spec, "extraPackages": pins},

@@ -23,14 +23,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model_support.bisect import (
     BisectError,
     Conclusion,
     PackageIndex,
     Plan,
-    environment_key,
     find_run,
     known_at_start,
     matching_runs,
@@ -65,6 +64,9 @@ from model_support.operator.status import MESSAGE_LIMIT, Condition, Phase, TestS
 from model_support.storage_errors import is_store_error
 from model_support.store import StoreError
 
+if TYPE_CHECKING:
+    from model_support.store import ResultsStore
+
 log = logging.getLogger(__name__)
 
 TERMINAL: frozenset[BisectPhase] = frozenset({"Done", "Failed", "Invalid"})
@@ -83,9 +85,11 @@ class Prepared:
     """Every step test's spec but its extraPackages."""
     pin_all: bool
     """Pin every suspect in each step (the image may not hold the good side's versions)."""
-    results: Any
-    steps: Any
+    results: ResultsStore
+    steps: ResultsStore
     steps_uri: str
+    sha256: str
+    """Of the run.py every step runs (part of each step test's name)."""
 
 
 class BisectReconciler:
@@ -277,7 +281,8 @@ class BisectReconciler:
             status.plan = BisectPlanState.of(plan, hashlib.sha256(run_py.encode()).hexdigest())
         else:
             plan = status.plan.plan(bad.model_id, str(bad.document.task), run_py)
-        prepared = Prepared(generation, plan, step, pin_all, results, steps, where)
+        sha256 = hashlib.sha256(run_py.encode()).hexdigest()
+        prepared = Prepared(generation, plan, step, pin_all, results, steps, where, sha256)
         with self._lock:
             self._prepared[uid] = prepared
         return prepared
@@ -301,19 +306,21 @@ class BisectReconciler:
             for key, run in matching_runs(
                 stored_runs(store, plan.model_id, plan.task), plan
             ).items():
-                stored_in[str(run[1])] = shareable_uri(store)
+                if run[1] is not None:
+                    stored_in[run[1]] = shareable_uri(store)
                 if key not in found or run[2] > found[key][2]:
                     found[key] = run
         known = known_at_start(plan, found)
         fresh: set[str] = set()
-        tests: dict[str, dict[str, Any]] = {}
+        names: set[str] = set()
         for test in self.kube.list_tests(meta["namespace"], {LABEL_BISECT: meta["name"]}):
             if bisect_owner(test) != meta["uid"]:
                 continue
-            step = (test["metadata"].get("annotations") or {}).get(ANNOTATION_BISECT_STEP)
-            if not step:
-                continue
-            tests[step] = test
+            names.add(test["metadata"]["name"])
+            said_step = (test["metadata"].get("annotations") or {}).get(ANNOTATION_BISECT_STEP)
+            script, _, step = (said_step or "").partition(" ")
+            if script != prepared.sha256 or not step:
+                continue  # an earlier generation's step, of another run.py
             said = TestStatus.read(test.get("status"))
             if said.observedGeneration != int(test["metadata"].get("generation") or 1):
                 continue
@@ -327,7 +334,9 @@ class BisectReconciler:
                 fresh.add(step)
                 stored_in[said.runId] = prepared.steps_uri
         steps, decision = walk(plan, known, fresh)
-        status.steps = [BisectStep.of(s, step_name(meta["name"], s)) for s in steps]
+        status.steps = [
+            BisectStep.of(s, step_name(meta["name"], s, prepared.sha256)) for s in steps
+        ]
         status.stepsStore = prepared.steps_uri
         if isinstance(decision, Conclusion):
             report = report_for(plan, steps, decision, prepared.steps_uri, stored_in)
@@ -340,17 +349,15 @@ class BisectReconciler:
                 kind="Normal" if found_any else "Warning",
             )  # fmt: skip
             return
-        key = environment_key(decision.pins)
-        name = step_name(meta["name"], decision)
-        if key not in tests:
+        name = step_name(meta["name"], decision, prepared.sha256)
+        if name not in names:
             if len(fresh) >= spec.maxSteps:
                 raise BisectError(
                     f"stopped after {spec.maxSteps} steps without a conclusion (spec.maxSteps)"
                 )
             good = {s.name: s.good for s in plan.suspects}
-            test = build_step(
-                body, decision, prepared.step, step_pins(decision, good, prepared.pin_all)
-            )
+            pins = step_pins(decision, good, prepared.pin_all)
+            test = build_step(body, decision, prepared.step, pins, prepared.sha256)
             # AlreadyExists: made by an earlier reconcile whose listing this one did not see.
             with contextlib.suppress(AlreadyExists):
                 self.kube.create_test(test)
@@ -444,7 +451,7 @@ class BisectReconciler:
         phase: BisectPhase = "Bisecting" if status.plan is not None else "Planning"
         self._write(body, status, generation, phase, message)
 
-    def store(self, uri: str) -> Any:
+    def store(self, uri: str) -> ResultsStore:
         """The results store at ``uri`` (one per URI for this process)."""
         from model_support.store import ResultsStore
 

@@ -41,7 +41,8 @@ ANNOTATION_CONFIRMS = f"{GROUP}/confirms"
 LABEL_BISECT = f"{GROUP}/bisect"
 """On every step test of a ModelSupportBisect: the bisect's name."""
 ANNOTATION_BISECT_STEP = f"{GROUP}/bisect-step"
-"""On a bisect's step test: the environment it runs (every suspect's ``name==version``)."""
+"""On a bisect's step test: the sha256 of the run.py it runs, a space, and the environment it
+runs it in (every suspect's ``name==version``, sorted, space-separated)."""
 
 ANNOTATION_TEST_NAME = f"{GROUP}/test-name"
 """The test's full name on its Job and pods (names go up to 253 characters, labels to 63)."""

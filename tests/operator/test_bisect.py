@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 
 from model_support.bisect import pins_of, steps_location
 from model_support.cli import app
-from model_support.config import RunConfig
-from model_support.operator.bisect_spec import parse_bisect
+from model_support.config import RunConfig, VerificationConfig
+from model_support.operator.bisect_spec import parse_bisect, step_spec
 from model_support.operator.resource import (
     ANNOTATION_BISECT_STEP,
     BISECT_KIND,
@@ -33,11 +33,11 @@ from model_support.operator.resource import (
     LABEL_BISECT,
     VERSION,
 )
-from model_support.operator.spec import parse_spec
+from model_support.operator.spec import SpecError, parse_spec
 from model_support.records import RunRecord, record_from_document
 from model_support.script import render_script
 from model_support.store import ResultsStore
-from model_support.vocabulary import Parallelism, Result
+from model_support.vocabulary import LocalizeMode, Parallelism, Result
 
 __all__ = ["sh", "sweep_hub"]  # fixtures used by name
 
@@ -199,8 +199,9 @@ async def test_the_bisect_names_the_first_bad_version_in_three_steps_reusing_a_s
         [owner] = test["metadata"]["ownerReferences"]
         assert owner["kind"] == BISECT_KIND and owner["name"] == "backend" and owner["controller"]
         assert test["metadata"]["annotations"][ANNOTATION_BISECT_STEP] == (
-            f"tiny-compile-backend=={step['version']}"
+            f"{status['plan']['runScriptSha256']} tiny-compile-backend=={step['version']}"
         )
+        assert test["status"]["runScriptSha256"] == status["plan"]["runScriptSha256"]
         # The step's version pinned alone, from the bisect's index, nothing else moved; the rest
         # is the row's test, recorded in the steps' store.
         spec = test["spec"]
@@ -242,3 +243,46 @@ async def test_the_bisect_names_the_first_bad_version_in_three_steps_reusing_a_s
     )
     assert events == {"FirstBadVersion": 1}
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
+
+
+def test_a_step_runs_the_bad_rows_run_py_and_refuses_what_the_bisect_does_not_allow() -> None:
+    """The step test's spec renders the bad row's run.py byte for byte (what the step is a
+    step of), in the profile the row ran on; the model's own Hub code runs only when the
+    bisect allows it."""
+    config = RunConfig(
+        model="org/model",
+        revision="0123456789abcdef0123456789abcdef01234567",
+        backend="neuron",
+        cores=2,
+        parallelism=Parallelism.TENSOR,
+        dtype="float32",
+        max_new_tokens=8,
+        prompts=["Une phrase.", "Another one"],
+        compile_backend="neuron",
+        verification=VerificationConfig(max_error_ratio=5.0, localize=LocalizeMode.NEVER),
+    )
+    document = runner_document(config, Result.FAIL)
+    document = document.model_copy(
+        update={"stack": document.stack.model_copy(update={"instance_type": "trn2.48xlarge"})}
+    )
+    bad = record_from_document(document, render_script(config))
+    bisect = parse_bisect({"model": "org/model", "good": "a", "bad": "b"})
+    spec = step_spec(bisect, bad, "registry.example/runner:good", "s3://bucket/r/bisect")
+    test = parse_spec({**spec, "extraPackages": ["neuronx-cc==2.28.1"]})
+    assert render_script(test.run_config(2, Parallelism.TENSOR)) == bad.run_py
+    assert (test.profile, test.image, test.results) == (
+        "trn2", "registry.example/runner:good", "s3://bucket/r/bisect",
+    )  # fmt: skip
+    assert spec["pip"] == {"noDeps": True} and spec["timeoutSeconds"] == 3600
+
+    remote = record_from_document(
+        document, render_script(config.model_copy(update={"trust_remote_code": True}))
+    )
+    with pytest.raises(SpecError, match=r"spec\.template\.trustRemoteCode"):
+        step_spec(bisect, remote, None, "/r/bisect")
+    allowed = parse_bisect(
+        {"model": "org/model", "good": "a", "bad": "b", "template": {"trustRemoteCode": True}}
+    )
+    assert step_spec(allowed, remote, None, "/r/bisect")["trustRemoteCode"] is True
+    with pytest.raises(SpecError, match=r"spec\.template sets extraPackages"):
+        parse_bisect({"model": "a/b", "good": "a", "bad": "b", "template": {"extraPackages": []}})
