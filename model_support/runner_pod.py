@@ -67,7 +67,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from model_support.delivery import DeliveryError, deliver_to_folder, deliver_to_url
 from model_support.records import RESULT_MARKER, ResultDocument
-from model_support.stop_signals import on_stop_signals
+from model_support.stop_signals import STOPPED_EXIT, on_stop_signals
 from model_support.vocabulary import ErrorClass, Result
 
 if TYPE_CHECKING:
@@ -86,10 +86,6 @@ was delivered once already."""
 _STOP_GRACE_S = 20.0
 TIMEOUT_EXIT = 124
 """The runner's status when run.py ran past the test's timeout (as coreutils ``timeout``)."""
-STOPPED_EXIT = 143
-"""128 + SIGTERM: the runner's status when its pod was asked to stop, and only then. The
-runner Job's pod failure policy ignores it (a Kueue preemption or a deleted pod is not the
-run's outcome), so a run.py that exits 143 by itself is reported as 1."""
 
 RUNNER_MESSAGE_PREFIX = "model-support runner:"
 """How the runner's own termination message starts when run.py left no document."""

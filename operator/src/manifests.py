@@ -39,7 +39,7 @@ from model_support.operator.resource import (
 )
 from model_support.operator.settings import NeuronDraSettings, OperatorSettings
 from model_support.operator.spec import TestSpec
-from model_support.runner_pod import STOPPED_EXIT
+from model_support.stop_signals import STOPPED_EXIT
 from model_support.sizing import Plan
 from model_support.vocabulary import Parallelism
 

@@ -16,7 +16,8 @@ from model_support.config import RunConfig
 from model_support.operator.resource import ANNOTATION_TIMEOUT, RUNNER_CONTAINER
 from model_support.operator.settings import RunnerStack
 from model_support.records import ResultDocument
-from model_support.runner_pod import STOPPED_EXIT, STOPPED_MESSAGE
+from model_support.runner_pod import STOPPED_MESSAGE
+from model_support.stop_signals import STOPPED_EXIT
 from model_support.vocabulary import ErrorClass, Result
 
 IMAGE_PULL_REASONS = frozenset(
