@@ -54,7 +54,8 @@ async def test_a_runner_stopped_from_outside_is_replaced_by_its_job(harness: Har
     """SIGTERM without a DisruptionTarget condition (a pod deleted by hand, a node shut down):
     the runner exits 143, which the Job's pod failure policy ignores, so the Job replaces the
     pod; the operator records nothing for the stopped pod and starts no Job of its own."""
-    from model_support.runner_pod import STOPPED_EXIT, STOPPED_MESSAGE
+    from model_support.runner_pod import STOPPED_MESSAGE
+    from model_support.stop_signals import STOPPED_EXIT
 
     h = harness
     _, job = await start(h)

@@ -50,6 +50,12 @@ CASES = {
 }
 
 
+NODE_LOST = {"reason": "NodeLost", "message": "node ip-10-0-0-1 is not ready"}
+"""A node lost without a DisruptionTarget condition: the Job fails (the runner's exit 137 matches
+its FailJob rule) and the operator retries in a new Job. (A runner stopped by SIGTERM exits 143,
+which the Job ignores and replaces itself: no new attempt.)"""
+
+
 def validate(doc: dict[str, Any]) -> None:
     kubernetes_validate.validate(doc, K8S_DRA, strict=True)
 
@@ -228,8 +234,6 @@ async def test_each_test_claims_whole_devices_at_its_lnc(harness: Harness) -> No
 
 
 async def test_a_retried_run_claims_from_the_same_template_and_passes(harness: Harness) -> None:
-    from model_support.runner_pod import STOPPED_MESSAGE
-
     h = harness
     h.settings = dra_settings(h)  # default LNC 2 for a test that names none
     await h.start_operator()
@@ -239,7 +243,7 @@ async def test_a_retried_run_claims_from_the_same_template_and_passes(harness: H
     [template] = await h.items(CLAIM_TEMPLATES_URL)
     assert_claims_devices(template, 1, None, 2)
     first = await h.start_pod(first_job)
-    await h.end_pod(first_job, first, exit_code=143, log=None, termination_message=STOPPED_MESSAGE)
+    await h.end_pod(first_job, first, exit_code=137, log=None, pod_extra=NODE_LOST)
     await h.wait_status("qwen", lambda s: s.get("attempt") == 2, "attempt 2")
     [second_job] = [
         j
@@ -262,8 +266,6 @@ async def test_a_retry_after_the_dra_default_was_removed_is_invalid_not_a_result
     harness: Harness,
 ) -> None:
     """Settings changed between attempts: the test says what to fix; no record, no new Job."""
-    from model_support.runner_pod import STOPPED_MESSAGE
-
     h = harness
     h.settings = dra_settings(h)
     await h.start_operator()
@@ -273,7 +275,7 @@ async def test_a_retry_after_the_dra_default_was_removed_is_invalid_not_a_result
     h.settings = dra_settings(h, default_lnc=None)
     await h.start_operator()
     first = await h.start_pod(first_job)
-    await h.end_pod(first_job, first, exit_code=143, log=None, termination_message=STOPPED_MESSAGE)
+    await h.end_pod(first_job, first, exit_code=137, log=None, pod_extra=NODE_LOST)
     status = await h.wait_status("qwen", lambda s: s.get("phase") == "Invalid", "Invalid")
     assert "cannot retry" in status["message"] and "spec.lnc" in status["message"]
     assert records(h) == []

@@ -127,7 +127,8 @@ async def test_each_attempt_gets_its_own_slot(h: Harness) -> None:
 async def test_the_jobs_own_end_stands_over_what_the_pod_delivered(
     h: Harness, how: str, expected: tuple[str, str | None]
 ) -> None:
-    _, job = await start(h)
+    extra = {"extraPackages": ["nosuchpkg==1.0"]} if how == "never-started" else {}
+    _, job = await start(h, spec={**SPEC, **extra})
     await h.wait_status("qwen", lambda s: s.get("phase") == "Pending", "Pending")
     pod = await h.start_pod(job)
     # Code in the pod writes a PASS into the pod's own slot, then the run ends otherwise.
@@ -141,28 +142,11 @@ async def test_the_jobs_own_end_stands_over_what_the_pod_delivered(
             job, pod, exit_code=143, log=None, job_condition=("Failed", "DeadlineExceeded"),
             started_at="2020-01-01T00:00:00Z" if how == "deadline" else now(),
         )  # fmt: skip
-    else:  # the compile cache pull (an init container) failed: run.py never started
-        await h.patch(
-            f"/api/v1/namespaces/default/pods/{pod['metadata']['name']}/status",
-            {
-                "status": {
-                    "phase": "Failed",
-                    "initContainerStatuses": [
-                        {
-                            "name": "extra-packages",
-                            "state": {"terminated": {"exitCode": 1, "message": "no such pkg"}},
-                        }
-                    ],
-                    "containerStatuses": [
-                        {
-                            "name": runner(job)["name"],
-                            "state": {"waiting": {"reason": "PodInitializing"}},
-                        }
-                    ],
-                }
-            },
-        )
-        await h.finish_job(job, exit_code=1)
+    else:  # an init step (the extra packages' install) kept failing: run.py never started
+        while not await h.job_ended(job):
+            await h.fail_init_step(job, pod, "extra-packages", exit_code=1)
+            if not await h.job_ended(job):
+                pod = await h.start_pod(job)  # the Job controller's replacement
     done = await completed(h)
     assert (done["result"], done.get("errorClass")) == expected
     [record] = records(h)
