@@ -77,6 +77,7 @@ def run_python(
     cancel: threading.Event | None = None,
     pass_on_stop_signals: bool = False,
     stop_grace_s: float = 20.0,
+    stop_requested: Callable[[], bool] | None = None,
 ) -> Ended:
     """Run ``python script`` in ``cwd``, in a session of its own; the one way run.py is run,
     here (the CLI, the demo, ``reproduce``) and in a pod (``runner_pod``).
@@ -92,9 +93,40 @@ def run_python(
     group is killed: run.py kills its own workers, but a run stopped from outside cannot, and no
     worker may outlive its run.
     """
+    return run_command(
+        [_python_for_runner(), script],
+        cwd,
+        on_line,
+        env=env,
+        timeout_s=timeout_s,
+        timeout_grace_s=timeout_grace_s,
+        cancel=cancel,
+        pass_on_stop_signals=pass_on_stop_signals,
+        stop_grace_s=stop_grace_s,
+        stop_requested=stop_requested,
+    )
+
+
+def run_command(
+    argv: list[str],
+    cwd: Path,
+    on_line: Callable[[bytes], None],
+    *,
+    env: dict[str, str] | None = None,
+    timeout_s: float | None = None,
+    timeout_grace_s: float | None = None,
+    cancel: threading.Event | None = None,
+    pass_on_stop_signals: bool = False,
+    stop_grace_s: float = 20.0,
+    stop_requested: Callable[[], bool] | None = None,
+) -> Ended:
+    """Run ``argv`` as :func:`run_python` runs run.py (its own session, output to ``on_line``,
+    stop signals passed on, the group killed on every way out). ``stop_requested``: whether a
+    stop signal already reached the caller's own handler (it is passed on as soon as this
+    function's handler is in place, so none is lost in between)."""
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        [_python_for_runner(), script],
+        argv,
         cwd=cwd,
         env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
@@ -124,6 +156,9 @@ def run_python(
 
     try:
         with on_stop_signals(stop) if pass_on_stop_signals else contextlib.nullcontext():
+            if stop_requested is not None and stop_requested():
+                # Asked before this handler was in place (the caller's own handler noted it).
+                stop(signal.SIGTERM, None)
             timed_out, cancelled = _wait(
                 proc, timeout_s, cancel, stopped, stop_grace_s, timeout_grace_s
             )

@@ -84,21 +84,36 @@ def _runner_status(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def latest_pod(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The pod that decided a Job's end: the latest one the Job's pod failure policy did not
-    ignore (the Job replaced disrupted pods and runners stopped from outside, exit 143), else
-    simply the latest. Creation times have a one-second grain: a replacement made within the
-    same second as its predecessor is still told apart."""
+    """The pod that decided a Job's end: a pod that succeeded; else the latest one the Job's
+    pod failure policy did not ignore (the Job replaced disrupted pods and containers stopped
+    from outside, exit 143) and whose runner ran; else simply the latest. A Job now holds
+    several pods (a pod refused at admission, or one whose init step failed, is started again
+    in the same Job), and creation times have a one-second grain: a replacement made within the
+    same second as its predecessor is still told apart by what it did."""
     if not pods:
         return None
     return max(
         pods,
         key=lambda p: (
+            (p.get("status") or {}).get("phase") == "Succeeded",
             _condition(p, "DisruptionTarget") is None,
             ((_runner_status(p).get("state") or {}).get("terminated") or {}).get("exitCode")
             != STOPPED_EXIT,
+            _runner_started(_runner_status(p)),
             (p.get("metadata") or {}).get("creationTimestamp") or "",
         ),
     )
+
+
+ADMISSION_REASONS = ("UnexpectedAdmissionError", "OutOf")
+"""How the kubelet says it refused a pod at admission (pkg/kubelet/lifecycle: a device plugin
+that could not allocate, ``OutOf<resource>`` when the node's resources do not fit): the node's
+doing, never the model's."""
+
+
+def _refused_at_admission(pod: dict[str, Any]) -> bool:
+    reason = str((pod.get("status") or {}).get("reason") or "")
+    return reason == ADMISSION_REASONS[0] or reason.startswith(ADMISSION_REASONS[1])
 
 
 def _failed_init_container(pod: dict[str, Any]) -> dict[str, Any] | None:
@@ -170,6 +185,12 @@ def read_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> Reading:
     if disruption is not None or pod_status.get("reason") in NODE_LOSS_REASONS:
         why = (disruption or {}).get("reason") or pod_status.get("reason")
         return reading(JobState.NODE_LOST, f"the runner pod was disrupted ({why})")
+    if _refused_at_admission(pod):
+        return reading(
+            JobState.NODE_LOST,
+            f"the kubelet refused the runner pod at admission ({pod_status.get('reason')}: "
+            f"{pod_status.get('message') or 'no message'}), {reason or 'the Job failed'}",
+        )
     if pod_status.get("reason") == "Evicted":
         return reading(
             JobState.NODE_LOST,

@@ -13,8 +13,15 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from job_controller import match_pod_failure_policy
 
-from model_support.operator.manifests import Placement, TestRef, build_configmap, build_job
+from model_support.operator.manifests import (
+    BACKOFF_LIMIT,
+    Placement,
+    TestRef,
+    build_configmap,
+    build_job,
+)
 from model_support.operator.outcome import JobState, read_job, stuck_reason
 from model_support.operator.resource import child_name, run_id_for
 from model_support.operator.settings import OperatorSettings
@@ -335,7 +342,9 @@ def test_compile_cache_paths_must_be_on_the_operators_cache_volume() -> None:
     for container in (pull, runner):
         assert {"name": "compile-caches", "mountPath": "/caches"} in container["volumeMounts"]
     # The cpu profile's compile cache is inductor's, in a folder both containers share.
-    assert pull["command"][3:6] == ["/caches/a", "--backend", "cpu"]
+    # Through the wrapper that stops it on the pod's SIGTERM (exit 143, which the Job ignores).
+    assert pull["command"][:5] == ["python3", "-m", "model_support.pod_step", "--", "model-support"]
+    assert pull["command"][7:10] == ["/caches/a", "--backend", "cpu"]
     inductor = {e["name"]: e["value"] for e in runner["env"] if "value" in e}
     assert inductor["TORCHINDUCTOR_CACHE_DIR"].startswith("/tmp/")
     assert {m["mountPath"] for m in pull["volumeMounts"]} >= {"/tmp", "/work"}
@@ -420,27 +429,63 @@ def test_scheduler_and_lnc_come_from_the_operators_settings() -> None:
     assert big_pod["containers"][0]["resources"]["requests"]["ephemeral-storage"] == "134Gi"
 
 
+def _ended(name: str, code: int) -> dict[str, Any]:
+    return {"name": name, "state": {"terminated": {"exitCode": code}}}
+
+
+_NOT_STARTED = {"name": "runner", "state": {"waiting": {"reason": "PodInitializing"}}}
+POLICY_CASES: list[tuple[dict[str, Any], str | None]] = [
+    ({"containerStatuses": [_ended("runner", 1)]}, "FailJob"),  # run.py's own failure
+    ({"containerStatuses": [_ended("runner", 137)]}, "FailJob"),  # OOM-killed runner
+    ({"containerStatuses": [_ended("runner", 124)]}, "FailJob"),  # the runner's timeout
+    ({"containerStatuses": [_ended("runner", 143)]}, "Ignore"),  # the runner asked to stop
+    (  # evicted, preempted by the scheduler, a node drained
+        {
+            "conditions": [{"type": "DisruptionTarget", "status": "True"}],
+            "containerStatuses": [_ended("runner", 137)],
+        },
+        "Ignore",
+    ),
+    (  # an init step asked to stop (the pod_step wrapper's 143)
+        {
+            "initContainerStatuses": [_ended("extra-packages", 143)],
+            "containerStatuses": [_NOT_STARTED],
+        },
+        "Ignore",
+    ),
+    (  # an init step that failed or was killed: counted, the pod is started again
+        {
+            "initContainerStatuses": [_ended("compile-cache-pull", 0), _ended("extra-packages", 1)],
+            "containerStatuses": [_NOT_STARTED],
+        },
+        None,
+    ),
+    ({"initContainerStatuses": [_ended("extra-packages", 137)]}, None),
+    ({"reason": "UnexpectedAdmissionError", "containerStatuses": []}, None),  # kubelet admission
+    ({"containerStatuses": [{"name": "runner", "state": {"waiting": {}}}]}, None),  # deleted
+]
+
+
 def test_full_job_manifest(tmp_path: Path) -> None:
     job = job_for(full_spec())
     validate(job)
     spec = job["spec"]
     # The test's timeout (5,400 s) is the runner's, from run.py's start; the Job's deadline is a
     # backstop: + the queue/pull budget, the cache pull and push deadlines, the delivery.
-    assert (spec["backoffLimit"], spec["suspend"]) == (0, True)
+    # Pod failures before the runner started (no rule matches them) are retried in the Job.
+    assert (spec["backoffLimit"], spec["suspend"]) == (BACKOFF_LIMIT, True)
     assert spec["activeDeadlineSeconds"] == 5400 + 3600 + 2 * 1800 + 300
     runner_argv = spec["template"]["spec"]["containers"][0]["command"]
     assert runner_argv[runner_argv.index("--timeout") + 1] == "5400"
     assert job["metadata"]["annotations"]["modelsupport.dev/timeout-seconds"] == "5400"
-    # Disruptions and a runner stopped from outside (exit 143: Kueue's preemption, a deleted
-    # pod) are retried by the Job; the runner's own exit codes end it at once.
-    assert spec["podFailurePolicy"]["rules"] == [
-        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-        {
-            "action": "Ignore",
-            "onExitCodes": {"containerName": "runner", "operator": "In", "values": [143]},
-        },
-        {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [0]}},
-    ]
+    # What the Job controller makes of each way a pod can fail (its upstream rules, played
+    # by job_controller): only the runner's own exit decides; a pod removed from outside, at
+    # any stage, is ignored; a failure before the runner started is counted and retried.
+    for pod_status, action in POLICY_CASES:
+        failed = {"metadata": {"name": "p"}, "status": {"phase": "Failed", **pod_status}}
+        assert match_pod_failure_policy(spec["podFailurePolicy"], failed).action == action, (
+            pod_status
+        )
     assert spec["podReplacementPolicy"] == "Failed"
     assert spec["template"]["metadata"]["annotations"] == {
         "karpenter.sh/do-not-disrupt": "true",
@@ -493,11 +538,13 @@ def test_full_job_manifest(tmp_path: Path) -> None:
         "--cache-backend", "neuron", "--cache-deadline", "1800",
     ]  # fmt: skip
     assert "/bin/sh" not in str(job)
-    # The pull is the first init step, through the runner image's own CLI (argv, no shell).
+    # The pull is the first init step, through the runner image's own CLI (argv, no shell),
+    # run like every init step by the wrapper that stops it on the pod's SIGTERM.
     assert [c["name"] for c in pod["initContainers"]] == ["compile-cache-pull", "extra-packages"]
     pull, packages = pod["initContainers"]
+    assert packages["command"][:4] == ["python3", "-m", "model_support.pod_step", "--"]
     assert pull["command"] == [
-        "model-support", "cache", "pull", "hf://buckets/aws-neuron/neff-cache/x",
+        "python3", "-m", "model_support.pod_step", "--", "model-support", "cache", "pull", "hf://buckets/aws-neuron/neff-cache/x",
         "--backend", "neuron", "--keep-going",
         "--report", "/work/.model-support/compile-cache-pull.json", "--deadline", "1800",
     ]  # fmt: skip
@@ -603,6 +650,28 @@ def _pod(terminated: dict[str, Any] | None = None, **status: Any) -> dict[str, A
         "metadata": {"name": "p", "creationTimestamp": "2026-01-01T00:00:00Z"},
         "status": {**status, "containerStatuses": statuses},
     }
+
+
+def test_the_pod_that_decided_a_job_is_the_one_that_ran_not_a_replaced_one() -> None:
+    """A Job now holds the pods it started again (a refused admission, a failed init step): the
+    one read is the one that ran, even when both were made within the same second."""
+    refused = _pod(reason="OutOfaws.amazon.com/neuroncore", phase="Failed")
+    refused["metadata"]["name"] = "refused"
+    ran = _pod({"exitCode": 0}, phase="Succeeded")
+    ran["metadata"]["name"] = "ran"
+    complete = _job("Complete", "Completed")
+    assert read_job(complete, [ran, refused]).pod_name == "ran"
+    assert read_job(complete, [refused, ran]).pod_name == "ran"
+    failed = _pod({"exitCode": 1}, phase="Failed")
+    failed["metadata"]["name"] = "failed"
+    assert read_job(_job("Failed", "PodFailurePolicy"), [failed, refused]).pod_name == "failed"
+
+
+def test_a_job_whose_pods_the_kubelet_kept_refusing_is_tried_again_not_recorded() -> None:
+    refused = _pod(reason="UnexpectedAdmissionError", message="Allocate failed", phase="Failed")
+    reading = read_job(_job("Failed", "BackoffLimitExceeded"), [refused])
+    assert reading.state == JobState.NODE_LOST  # the node's doing: a new attempt, no verdict
+    assert "refused the runner pod at admission (UnexpectedAdmissionError" in reading.message
 
 
 def test_job_readings() -> None:
