@@ -270,21 +270,26 @@ class OperatorThread:
         self.stop_flag = threading.Event()
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        self.registry: kopf.OperatorRegistry | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The operator's event loop (its tasks run there), once it started."""
 
     def start(self) -> None:
-        registry = build_registry(self.settings)
+        registry = self.registry = build_registry(self.settings)
+
+        async def operate() -> None:
+            self.loop = asyncio.get_running_loop()
+            await kopf.operator(
+                registry=registry,
+                standalone=True,
+                clusterwide=True,
+                ready_flag=self.ready,
+                stop_flag=self.stop_flag,
+            )
 
         def main() -> None:
             try:
-                asyncio.run(
-                    kopf.operator(
-                        registry=registry,
-                        standalone=True,
-                        clusterwide=True,
-                        ready_flag=self.ready,
-                        stop_flag=self.stop_flag,
-                    )
-                )
+                asyncio.run(operate())
             except BaseException as exc:  # reported by the test through .error
                 self.error = exc
                 self.ready.set()

@@ -43,8 +43,14 @@ def being_deleted(obj: dict[str, Any]) -> bool:
     return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
 
 
-def api_client(server: str | None, pool_size: int = 32) -> kubernetes.client.ApiClient:
-    """An API client for ``server``, else in-cluster credentials, else the local kubeconfig."""
+def api_client(
+    server: str | None, pool_size: int = 32, *, retries: bool = True
+) -> kubernetes.client.ApiClient:
+    """An API client for ``server``, else in-cluster credentials, else the local kubeconfig.
+
+    ``retries=False``: urllib3 does not retry a request on its own (by default it retries an
+    idempotent one up to three times on a connection or read error, each attempt with the
+    whole request timeout): for calls that must end within a deadline (leader election)."""
     if server is not None:
         configuration = kubernetes.client.Configuration()
         configuration.host = server
@@ -55,6 +61,8 @@ def api_client(server: str | None, pool_size: int = 32) -> kubernetes.client.Api
         except kubernetes.config.ConfigException:
             kubernetes.config.load_kube_config(client_configuration=configuration)
     configuration.connection_pool_maxsize = pool_size
+    if not retries:
+        configuration.retries = False
     return kubernetes.client.ApiClient(configuration)
 
 

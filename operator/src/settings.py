@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from model_support.pricing import DEFAULT_PRICES, PriceTable, prices_from_mapping
@@ -310,7 +310,7 @@ class OperatorSettings(BaseModel):
     lease_renew_deadline_s: float = Field(
         20.0,
         gt=0,
-        description="The leader stops acting when it could not renew this long (less than the lease duration).",
+        description="The leader stops acting this long after the start of its last successful renewal, timed by the clock whatever call is in flight (less than the lease duration, more than 1.2 x the retry period; each Lease call times out after a quarter of it).",
     )
     lease_retry_s: float = Field(
         5.0, gt=0, description="How often the Lease is renewed, or tried by a waiting replica."
@@ -345,6 +345,21 @@ class OperatorSettings(BaseModel):
         if value is not None:
             prices_from_mapping(value, "settings.instancePrices")  # raises, naming the field
         return value
+
+    @model_validator(mode="after")
+    def _lease_timings(self) -> OperatorSettings:
+        if self.leader_election:
+            from model_support.operator.leader import check_timings
+
+            try:
+                check_timings(
+                    self.lease_duration_s, self.lease_renew_deadline_s, self.lease_retry_s
+                )
+            except ValueError as exc:  # said with the settings' names
+                raise ValueError(
+                    f"leaseDurationSeconds / leaseRenewDeadlineSeconds / leaseRetrySeconds: {exc}"
+                ) from exc
+        return self
 
     def prices(self) -> PriceTable:
         """The price table: the default one with ``instance_prices`` over it."""
