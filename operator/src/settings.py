@@ -425,6 +425,7 @@ class ChartValues(_ValuesBlock):
 
     results: str | None = None
     watchNamespaces: list[str] | None = None
+    watchAllNamespaces: bool = False
     resultsVolume: _VolumeValues | None = None
     readHubTokenSecrets: bool = False
     runnerImage: str | None = None
@@ -451,11 +452,21 @@ def settings_from_values(values: dict[str, Any]) -> OperatorSettings:
             "--set results=s3://my-bucket/model-support"
         )
     namespaces = list(values.get("watchNamespaces") or [])
+    every = bool(values.get("watchAllNamespaces", False))
+    if namespaces and every:
+        raise ValueError("give watchNamespaces or watchAllNamespaces=true, not both")
+    if not namespaces and not every:
+        raise ValueError(
+            "the chart value watchNamespaces is required: list the namespaces where tests run "
+            "(the operator gets its rights, and runner pods their NetworkPolicy, only there), "
+            "e.g. --set 'watchNamespaces={ml}'; to watch every namespace, kube-system included, "
+            "set watchAllNamespaces=true explicitly"
+        )
     volume = values.get("resultsVolume") or {}
     base: dict[str, Any] = {
         "resultsUri": results,
         "namespaces": namespaces,
-        "allNamespaces": not namespaces,
+        "allNamespaces": every,
         "readTokenSecrets": bool(values.get("readHubTokenSecrets", False)),
     }
     if values.get("runnerImage"):

@@ -15,7 +15,11 @@ from test_operator_manifests import CHART, chart_settings, render_chart
 import model_support.operator.metrics  # noqa: F401  (registers the operator's metrics)
 from model_support.operator.settings import settings_from_values
 
-BASE: dict[str, Any] = {"results": "s3://bucket/results"}
+BASE: dict[str, Any] = {
+    "results": "s3://bucket/results",
+    "watchNamespaces": ["ml"],
+    "deliveryKey": {"existingSecret": "ms-delivery-key"},
+}
 
 
 def exported() -> set[str]:

@@ -342,7 +342,13 @@ CLAIMS_RULE = ("resource.k8s.io", "resourceclaimtemplates")
 
 @pytest.mark.parametrize("namespaces", [[], ["ml", "research"]])
 def test_the_chart_grants_claim_templates_only_with_dra(namespaces: list[str]) -> None:
-    base = {"results": "s3://bucket/model-support", "watchNamespaces": namespaces}
+    base = {
+        "results": "s3://bucket/model-support",
+        "watchNamespaces": namespaces,
+        "watchAllNamespaces": not namespaces,  # [] : every namespace, explicitly
+        "networkPolicy": {"namespaces": namespaces or ["ml"]},
+        "deliveryKey": {"existingSecret": "ms-delivery-key"},
+    }
     off = render_chart(base)
     assert CLAIMS_RULE not in operator_rules(off)
     assert chart_settings(off).neuron_dra is None

@@ -597,7 +597,9 @@ def test_a_small_host_memory_floor_is_requested_in_mebibytes() -> None:
     resources = small["spec"]["template"]["spec"]["containers"][0]["resources"]
     # 384 MiB of host memory plus 128 MiB of /dev/shm, not rounded up to a whole GiB.
     assert resources["limits"]["memory"] == resources["requests"]["memory"] == "512Mi"
-    docs = render_chart({"results": "s3://b/r", "settings": {"minHostMemoryGiB": 0.375}})
+    docs = render_chart(
+        {**REQUIRED, "results": "s3://b/r", "settings": {"minHostMemoryGiB": 0.375}}
+    )
     assert chart_settings(docs).min_host_memory_gib == 0.375
 
 
@@ -814,9 +816,16 @@ def chart_settings(docs: list[dict[str, Any]]) -> OperatorSettings:
     return settings_from_json(env[SETTINGS_ENV]["value"])
 
 
+REQUIRED: dict[str, Any] = {
+    "watchNamespaces": ["ml"],
+    "deliveryKey": {"existingSecret": "ms-delivery-key"},
+}
+"""What every install must say besides `results`: where tests run, and the delivery key."""
+
+
 def test_the_chart_needs_a_results_store() -> None:
     with pytest.raises(Exception, match="`results` is required"):
-        render_chart({})
+        render_chart(REQUIRED)
     from model_support.operator.settings import settings_from_values
 
     with pytest.raises(ValueError, match="`results` is required"):
@@ -824,10 +833,16 @@ def test_the_chart_needs_a_results_store() -> None:
 
 
 VALUES = [
-    {"results": "s3://bucket/model-support"},
+    {  # every namespace, chosen explicitly; the key given as a value
+        "results": "s3://bucket/model-support",
+        "watchAllNamespaces": True,
+        "networkPolicy": {"namespaces": ["ml"]},
+        "deliveryKey": {"value": "k" * 48},
+    },
     {
         "results": "s3://bucket/model-support",
         "watchNamespaces": ["ml", "research"],
+        "deliveryKey": {"existingSecret": "my-delivery-key", "secretKey": "slots"},
         "readHubTokenSecrets": True,
         "allowedResultsPrefixes": ["s3://bucket/"],
         "runner": {
@@ -842,6 +857,7 @@ VALUES = [
     },
     {
         "results": "/var/lib/model-support/results",
+        **REQUIRED,
         "resultsVolume": {"enabled": True, "claimName": "results-rwx"},
         "viewer": {"enabled": True},
         "serviceMonitor": {"enabled": True},
@@ -903,26 +919,38 @@ def test_chart_renders_valid_least_privilege_manifests(values: dict[str, Any]) -
         assert verbs[("", "secrets")] == {"create", "get"} and settings.read_token_secrets
     else:
         assert verbs[("", "secrets")] == {"create"} and not settings.read_token_secrets
-    # The delivery slot key comes from the chart's own Secret, never from the settings.
-    [key_secret] = [
-        d for d in docs if d["kind"] == "Secret" and "delivery-key" in d["metadata"]["name"]
-    ]
-    assert len(base64.b64decode(key_secret["data"]["key"])) == 48
+    # The delivery slot key comes from a Secret the user names, or the chart's own holding the
+    # value given, never from the settings; the pod does not start without it.
+    key = values["deliveryKey"]
+    key_secrets = [d for d in docs if d["kind"] == "Secret"]
     key_env = next(e for e in container["env"] if e["name"] == "MODEL_SUPPORT_DELIVERY_KEY")
-    assert key_env["valueFrom"]["secretKeyRef"] == {
-        "name": key_secret["metadata"]["name"],
-        "key": "key",
-        "optional": True,
-    }
+    if key.get("value"):
+        [secret] = key_secrets
+        assert base64.b64decode(secret["data"]["key"]).decode() == key["value"]
+        assert key_env["valueFrom"]["secretKeyRef"] == {
+            "name": secret["metadata"]["name"],
+            "key": "key",
+        }
+    else:
+        assert key_secrets == []
+        assert key_env["valueFrom"]["secretKeyRef"] == {
+            "name": key["existingSecret"],
+            "key": key.get("secretKey", "key"),
+        }
     if values.get("watchNamespaces"):
         watched = [
             d for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] != "model-support"
         ]
-        assert len(watched) == 2 and settings.namespaces == ["ml", "research"]
+        assert [r["metadata"]["namespace"] for r in watched] == values["watchNamespaces"]
+        assert settings.namespaces == values["watchNamespaces"] and not settings.all_namespaces
+        # Cluster-wide: only reading namespaces (kopf) and the aggregated user roles.
+        cluster_roles = {d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"}
+        assert cluster_roles <= {"ms-operator-namespaces", "ms-operator-edit", "ms-operator-view"}
+    if values.get("runner"):
         assert settings.scheduler_name == "my-scheduler" and settings.unschedulable_limit_s == 3600
         assert settings.runner_env_from == [{"secretRef": {"name": "compile-cache-credentials"}}]
         assert settings.metrics_port is None and "Service" not in kinds
-    else:
+    elif values.get("watchAllNamespaces"):
         assert "ClusterRole" in kinds and settings.all_namespaces
     if values.get("resultsVolume"):
         assert settings.results_volume_claim == "results-rwx"
@@ -948,7 +976,7 @@ def test_namespace_users_get_aggregated_roles() -> None:
 
 
 def test_runner_pods_may_reach_only_dns_and_https() -> None:
-    docs = render_chart({**VALUES[0], "watchNamespaces": ["ml", "research"]})
+    docs = render_chart({"results": "s3://b/r", **REQUIRED, "watchNamespaces": ["ml", "research"]})
     policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
     assert sorted(p["metadata"]["namespace"] for p in policies) == ["ml", "research"]
     policy = policies[0]["spec"]
@@ -961,7 +989,10 @@ def test_runner_pods_may_reach_only_dns_and_https() -> None:
     dns, _, https = policy["egress"]
     assert {p["port"] for p in dns["ports"]} == {53}
     assert [p["port"] for p in https["ports"]] == [443]
-    assert https["to"][0]["ipBlock"] == {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}
+    assert [peer["ipBlock"] for peer in https["to"]] == [
+        {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]},
+        {"cidr": "::/0", "except": ["fd00:ec2::254/128"]},  # IPv6: its own metadata address
+    ]
 
 
 def test_a_misspelt_setting_is_refused_by_name() -> None:
@@ -970,7 +1001,9 @@ def test_a_misspelt_setting_is_refused_by_name() -> None:
     from model_support.operator.settings import settings_from_values
 
     with pytest.raises(ValidationError, match="unschedulableLimitSecs"):
-        settings_from_values({"results": "s3://b/x", "settings": {"unschedulableLimitSecs": 5}})
+        settings_from_values(
+            {"results": "s3://b/x", **REQUIRED, "settings": {"unschedulableLimitSecs": 5}}
+        )
 
 
 def test_the_pod_that_decided_is_not_one_the_job_replaced_within_the_same_second() -> None:

@@ -277,7 +277,12 @@ def test_the_default_runner_image_declares_what_its_dockerfile_pins() -> None:
     assert (declared.torch, declared.transformers) == (None, transformers[1])
     assert base[2] == "2.33.0" and declared.neuronx_cc == "2.28.7631.0"  # SDK 2.33.0's compiler
     # Another image's versions are not known unless the chart declares them.
-    values = {"results": "s3://b/r", "runnerImage": "registry.example/runner:2"}
+    values = {
+        "results": "s3://b/r",
+        "watchNamespaces": ["ml"],
+        "deliveryKey": {"existingSecret": "ms-delivery-key"},
+        "runnerImage": "registry.example/runner:2",
+    }
     assert settings_from_values(values).declared_runner_stack() == RunnerStack()
     values["runnerStack"] = {"neuronxCc": "2.29.1.0", "transformers": "5.30.0"}
     assert settings_from_values(values).declared_runner_stack() == RunnerStack(
