@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -27,6 +28,43 @@ from model_support.operator.resource import (
     SWEEP_PLURAL,
     VERSION,
 )
+
+CLIENT_FLOOR = (34, 1)
+"""The oldest kubernetes client the operator runs with (pyproject.toml says the same): 34.1 is
+the first generated from Kubernetes 1.34, with ``ResourceV1Api`` (resource.k8s.io/v1: the
+ResourceClaimTemplates of Neuron devices through DRA)."""
+
+REQUIRED_APIS = (
+    "CoreV1Api",
+    "BatchV1Api",
+    "CustomObjectsApi",
+    "ResourceV1Api",
+    "CoordinationV1Api",
+)
+"""The client's API classes the operator calls."""
+
+
+def client_problem(version: str, client: object) -> str | None:
+    """Why the kubernetes client ``client`` (the module ``kubernetes.client``, at ``version``)
+    cannot run the operator, or None when it can."""
+    found = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    missing = [name for name in REQUIRED_APIS if not hasattr(client, name)]
+    if found >= CLIENT_FLOOR and not missing:
+        return None
+    floor = ".".join(map(str, CLIENT_FLOOR))
+    lacking = f" (it has no {', '.join(missing)})" if missing else ""
+    return (
+        f"the kubernetes client {version} is installed{lacking}; the operator needs "
+        f"kubernetes>={floor} (pip install 'kubernetes>={floor}')"
+    )
+
+
+def check_client() -> None:
+    """Refuse to start with a kubernetes client older than :data:`CLIENT_FLOOR`, saying which
+    version was found (rather than failing on the first DRA call, deep in a reconcile)."""
+    problem = client_problem(kubernetes.__version__, kubernetes.client)
+    if problem is not None:
+        raise RuntimeError(problem)
 
 
 class AlreadyExists(Exception):
@@ -92,6 +130,7 @@ class Kube:
         request_timeout_s: float = 30.0,
         page_size: int = 500,
     ) -> None:
+        check_client()
         self.client = client
         self.core = kubernetes.client.CoreV1Api(client)
         self.batch = kubernetes.client.BatchV1Api(client)
@@ -293,6 +332,17 @@ class Kube:
         With ``resource_version`` the write applies only to that version of the test (the API
         server's optimistic concurrency): Conflict when the test changed since it was read.
         """
+        return self._patch_status(PLURAL, namespace, name, status, resource_version)
+
+    def _patch_status(
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        status: dict[str, Any],
+        resource_version: str | None,
+    ) -> dict[str, Any] | None:
+        """A status merge patch, with the resourceVersion precondition when one is given."""
         body: dict[str, Any] = {"status": status}
         if resource_version is not None:
             body["metadata"] = {"resourceVersion": resource_version}
@@ -302,7 +352,7 @@ class Kube:
                 GROUP,
                 VERSION,
                 namespace,
-                PLURAL,
+                plural,
                 name,
                 body,
             )
@@ -369,15 +419,15 @@ class Kube:
         )
 
     def patch_sweep_status(
-        self, namespace: str, name: str, status: dict[str, Any]
+        self,
+        namespace: str,
+        name: str,
+        status: dict[str, Any],
+        resource_version: str | None = None,
     ) -> dict[str, Any] | None:
-        """Merge ``status`` into a sweep's status subresource; None if the sweep is gone."""
-        return self._unless_gone(
-            self.custom.patch_namespaced_custom_object_status,
-            GROUP,
-            VERSION,
-            namespace,
-            SWEEP_PLURAL,
-            name,
-            {"status": status},
-        )
+        """Merge ``status`` into a sweep's status subresource; None if the sweep is gone.
+
+        With ``resource_version``, as for tests (:meth:`patch_test_status`): the write applies
+        only to that version of the sweep, else Conflict (read it again, write again).
+        """
+        return self._patch_status(SWEEP_PLURAL, namespace, name, status, resource_version)

@@ -743,14 +743,6 @@ def test_stuck_pods() -> None:
     from datetime import UTC, datetime
 
     now = datetime(2026, 1, 1, 0, 10, tzinfo=UTC)
-    pull = _pod(phase="Pending")
-    pull["status"]["containerStatuses"] = [
-        {"name": "runner", "state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}}}
-    ]
-    assert "ErrImagePull" in (
-        stuck_reason(pull, now=now, unschedulable_limit_s=60, image_pull_limit_s=300) or ""
-    )
-    assert stuck_reason(pull, now=now, unschedulable_limit_s=60, image_pull_limit_s=3600) is None
     pending = _pod(
         phase="Pending",
         conditions=[
@@ -771,28 +763,45 @@ def test_stuck_pods() -> None:
     assert (
         stuck_reason(pending, now=now, unschedulable_limit_s=None, image_pull_limit_s=300) is None
     )
-    # The image-pull limit counts from scheduling, not from the pod's creation (00:00 here).
-    queued_then_pulling = _pod(
+
+
+def test_the_image_pull_limit_counts_from_the_first_pull_failure_not_from_scheduling() -> None:
+    """An 11-minute healthy pull of a large image, then one ErrImagePull: the pod has failed
+    to pull for seconds, not for 11 minutes; past the limit since that failure it is stuck."""
+    from datetime import UTC, datetime, timedelta
+
+    from model_support.operator.outcome import PullFailures
+
+    pulls = PullFailures()
+    scheduled = datetime(2026, 1, 1, 0, 0, tzinfo=UTC)
+    pod = _pod(
         phase="Pending",
-        conditions=[
-            {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-01-01T00:08:00Z"}
-        ],
-    )
-    queued_then_pulling["status"]["containerStatuses"] = [
-        {"name": "runner", "state": {"waiting": {"reason": "ImagePullBackOff"}}}
-    ]
-    assert (
-        stuck_reason(
-            queued_then_pulling, now=now, unschedulable_limit_s=None, image_pull_limit_s=300
+        conditions=[{"type": "PodScheduled", "status": "True",
+                     "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+    )  # fmt: skip
+    pod["metadata"]["uid"] = "pod-uid"
+
+    def runner_state(state: dict[str, Any]) -> None:
+        pod["status"]["containerStatuses"] = [{"name": "runner", "state": state}]
+
+    def stuck(at: datetime) -> str | None:
+        return stuck_reason(
+            pod, now=at, unschedulable_limit_s=None, image_pull_limit_s=600, pulls=pulls
         )
-        is None
-    )
-    assert "ImagePullBackOff" in (
-        stuck_reason(
-            queued_then_pulling, now=now, unschedulable_limit_s=None, image_pull_limit_s=60
-        )
-        or ""
-    )
+
+    runner_state({"waiting": {"reason": "ContainerCreating"}})  # pulling, healthy
+    assert stuck(scheduled + timedelta(minutes=5)) is None
+    first_failure = scheduled + timedelta(minutes=11)
+    runner_state({"waiting": {"reason": "ErrImagePull", "message": "i/o timeout"}})
+    assert stuck(first_failure) is None
+    runner_state({"waiting": {"reason": "ImagePullBackOff"}})
+    assert stuck(first_failure + timedelta(minutes=9)) is None
+    assert "ImagePullBackOff" in (stuck(first_failure + timedelta(minutes=10, seconds=1)) or "")
+    # A pull that recovers starts over: a later failure counts from then.
+    runner_state({"waiting": {"reason": "ContainerCreating"}})
+    assert stuck(first_failure + timedelta(minutes=12)) is None
+    runner_state({"waiting": {"reason": "ErrImagePull"}})
+    assert stuck(first_failure + timedelta(minutes=13)) is None
 
 
 # ------------------------------------------------------------------------- the Helm chart
