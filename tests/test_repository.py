@@ -75,3 +75,19 @@ def test_the_extension_guide_names_only_what_exists() -> None:
     assert stale == [], "docs/extending.md names what the repository does not hold: " + ", ".join(
         stale
     )
+
+
+def test_the_readme_is_a_guide_that_starts_with_what_it_answers() -> None:
+    """A user reads the README first: what it answers, then the two commands (CI runs the
+    second), under 250 lines, and no dated measurements (those are docs/benchmarks.md's)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    assert len(lines) < 250, f"README.md has {len(lines)} lines; move detail into docs/"
+    commands = [i for i, line in enumerate(lines) if line.startswith("    $ ")]
+    assert len(commands) == 2, "the README gives exactly two commands: install+demo, install+tests"
+    assert commands[1] - commands[0] == 1 and commands[0] < 10, "the commands come first"
+    before = " ".join(lines[: commands[0]])
+    assert "run unmodified on AWS Trainium" in before and "NeuronCores" in before
+    assert "pytest" in lines[commands[1]] and "model-support demo" in lines[commands[0]]
+    dated = re.findall(r"\b20\d\d-\d\d-\d\d\b", text)
+    assert dated == [], f"dated measurements belong in docs/benchmarks.md, not the README: {dated}"
