@@ -114,3 +114,23 @@ async def test_a_request_that_timed_out_was_not_applied(harness: Harness) -> Non
     await asyncio.sleep(1.2)  # past the hold: the server dropped it
     assert await h.get(f"{JOBS_URL}/j") is None
     assert await h.get(TESTS_URL) is not None
+
+
+@pytest.mark.parametrize("family", [Family.WATCH, Family.LIST, Family.STATUS, Family.JOBS])
+async def test_the_operator_rides_out_an_api_outage_in_each_family(
+    harness: Harness, family: Family
+) -> None:
+    """A few refused connections and 5xx answers in one family of calls (kopf's watches and
+    listings, the status writes, the Job creates): the test still gets its Job and status,
+    through kopf's backoff and the watchdog's next round."""
+    from test_operator_lifecycle import SPEC
+
+    h = harness
+    refused = h.k.inject(Fault.REFUSED, family, times=3)
+    unavailable = h.k.inject(Fault.SERVER_ERROR, family, times=3)
+    await h.start_operator()
+    await h.create_test("qwen", dict(SPEC))
+    [job] = await h.wait_job()
+    status = await h.wait_status("qwen", lambda s: s.get("phase") == "Pending", "Pending")
+    assert status["jobName"] == job["metadata"]["name"]
+    assert refused.hits + unavailable.hits >= 1  # the outage did hit the operator
