@@ -32,6 +32,7 @@ from model_support.config import VerificationConfig
 from model_support.models import is_local_path
 from model_support.records import ResultDocument, RunRecord, Stack, Verification
 from model_support.vocabulary import (
+    DIVERGENCE_PHASE_MEANINGS,
     ERROR_CLASS_MEANINGS,
     EXCLUSION_MEANINGS,
     FLOAT32_PRECISION_DEFAULTS,
@@ -64,9 +65,12 @@ MATRIX_FORMAT_VERSION = 3
 rebuild their matrix from the records when it differs from the one their index was made with."""
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class MatrixKey:
-    """Which matrix file a record belongs to. None = not known (no stack recorded)."""
+    """Which matrix file a record belongs to. None = not known (no stack recorded).
+
+    Keys sort with None as the empty string: a stack without a library version sorts beside
+    the same compiler's others (compared field by field, None and a version do not order)."""
 
     compiler: str | None
     compiler_version: str | None
@@ -80,6 +84,9 @@ class MatrixKey:
             self.library,
             self.library_version or "",
         )
+
+    def __lt__(self, other: MatrixKey) -> bool:
+        return self._sort_tuple() < other._sort_tuple()
 
 
 @dataclass(frozen=True)
@@ -234,6 +241,14 @@ COLUMNS: tuple[Column, ...] = (
         _STRING,
         "The local checkpoint directory that was tested (on the machine that ran it); null for a Hub model.",
         lambda s: s.doc.model if is_local_path(s.doc.model) else None,
+    ),
+    Column(
+        "weights_sha256",
+        _STRING,
+        "A local checkpoint: sha256 of its weight files (each one's relative path and content "
+        "hash, sorted), so the row names the weights it tested; null for a Hub model (its "
+        "resolved_revision names them).",
+        _field("doc.weights_sha256"),
     ),
     Column(
         "revision",
@@ -642,6 +657,18 @@ COLUMNS: tuple[Column, ...] = (
         lambda s: _first_divergence(s.doc.verification, "module"),
     ),
     Column(
+        "first_divergence_phase",
+        _STRING,
+        "For a task that decodes: where that module was found: prefill (the whole sequence at once, or the prefill step as the run ran it) or decode (the decode step at which the FAIL first shows, first_divergence_step); null otherwise.",
+        lambda s: _enum_value(_first_divergence(s.doc.verification, "phase")),
+    ),
+    Column(
+        "first_divergence_step",
+        _INT,
+        "The generation step whose graph was searched: s for decode step s, 0 for the prefill step; null for the whole sequence at once.",
+        lambda s: _first_divergence(s.doc.verification, "step"),
+    ),
+    Column(
         "first_divergence_kind",
         _STRING,
         "That module's class (LlamaMLP, Linear): what FAILs of a stack are grouped by across models.",
@@ -751,8 +778,11 @@ HISTORY_COLUMNS: tuple[str, ...] = (
     "revision", "resolved_revision", "result", "error_class", "exclusion_reason",
     "failed_checks", "neuron_cores", "lnc", "instance_type", "wall_time_s", "compile_time_s",
     "compile_cache_hit", "decode_tokens_per_s", "peak_device_memory_bytes", "error_ratio",
-    "q90_ratio", "peak_ratio", "kl_ratio", "bad_tokens", "held_s", "core_seconds",
-    "compile_share", "run_id", "source", "started_at", "finished_at", "recorded_at",
+    "q90_ratio", "peak_ratio", "kl_ratio", "bad_tokens", "first_divergence",
+    "first_divergence_kind", "first_divergence_phase", "first_divergence_step",
+    "first_divergence_ratio", "held_s",
+    "core_seconds", "compile_share", "run_id", "source", "started_at", "finished_at",
+    "recorded_at",
 )  # fmt: skip
 """The columns of the history (``history/runs.parquet`` in a store): every run, not only the
 latest per stack, with what the History and Regressions views and commands read. The matrix's
@@ -1071,14 +1101,21 @@ def first_divergence_section() -> str:
     statuses = "\n".join(
         f"- `{status.value}`: {meaning}" for status, meaning in LOCALIZATION_STATUS_MEANINGS.items()
     )
+    phases = "\n".join(
+        f"- `{phase.value}`: {meaning}" for phase, meaning in DIVERGENCE_PHASE_MEANINGS.items()
+    )
     return f"""### Where a FAIL starts
 
 On a FAIL, run.py searches the first module whose compiled output diverges: level by level
 from the model's children down, the modules of a level are compiled together with the run's
 compile backend and each is called on the float32 reference's inputs for it (teacher forced),
 its output compared with the reference's relative to the baseline's on the same inputs, by the
-verdict's bounds on the median, 90th percentile and maximum over positions. The deepest first
-diverging module is `first_divergence` (its class `first_divergence_kind`); `verification_json`
+verdict's bounds on the median, 90th percentile and maximum over positions. For a task that
+decodes, the search runs where the FAIL first shows: at a decode step, the modules are compiled
+with that step's shapes (one token per sequence against the static cache the earlier steps
+filled, replayed with the device's tokens); at the first token, on the whole sequence at once.
+The deepest first diverging module is `first_divergence` (its class `first_divergence_kind`,
+where it was found `first_divergence_phase` and `first_divergence_step`); `verification_json`
 holds the whole search (`first_divergence`: the enclosing modules, the next two diverging
 modules, the time and memory it took). A sharded run is searched on every rank at once, each
 on its shard of the reference's inputs: `ranks` names the ranks on which the module diverges.
@@ -1086,6 +1123,10 @@ When the module is a fused experts module, each expert is measured alone: `exper
 one expert that diverges, when only one does. The search's `status`:
 
 {statuses}
+
+Where it searched (`first_divergence_phase`):
+
+{phases}
 """
 
 

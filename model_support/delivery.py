@@ -36,19 +36,24 @@ from __future__ import annotations
 import errno
 import hashlib
 import hmac
+import logging
 import os
 import re
 import secrets
 import stat
+import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
+
+log = logging.getLogger(__name__)
 
 DELIVERIES_DIR = "deliveries"
 RESULT_NAME = "result.json"
@@ -59,6 +64,16 @@ MAX_DOCUMENT_BYTES = 64 * 2**20
 DELIVERY_KEY_ENV = "MODEL_SUPPORT_DELIVERY_KEY"
 """The operator's environment variable holding the slot key (the chart fills it from a Secret)."""
 MIN_KEY_BYTES = 16
+REMOVED_DIR = ".removed"
+"""Under ``deliveries/``: local slots set aside for removal, emptied a bounded amount at a time
+(a dot name: never a slot)."""
+REMOVAL_BUDGET = 5000
+"""Names one :meth:`DeliveryArea.purge` removes at most: removing a slot never takes
+unbounded time, whatever a runner pod left in it (the rest goes on the next call)."""
+REMOVAL_SECONDS = 5.0
+"""... and about how long it may take (a network file system answers each removal slowly)."""
+SWEEP_LIMIT = 1000
+"""Slots :meth:`DeliveryArea.remove_recorded` looks at per call."""
 SLOT_MODE = 0o777
 """A local slot's folder mode: the runner's uid is the pod's, not the operator's, and only the
 runner's pod mounts the folder (the store's other folders are never mounted in a pod)."""
@@ -236,24 +251,96 @@ class DeliveryArea:
         )
 
     def remove(self, slot: str) -> None:
-        """Forget the delivery of ``slot`` (after its record is stored); missing is fine."""
-        path = self._file(slot)
-        try:
-            self.fs.rm_file(path)
-        except FileNotFoundError:
-            pass
-        except Exception as exc:
-            raise DeliveryError(f"could not remove {self.path(slot)}: {exc}") from exc
-        if self.local:
-            folder = Path(f"{self.root}/{slot}")
-            for leftover in folder.glob(".*.tmp"):  # a runner stopped mid-write
-                leftover.unlink(missing_ok=True)
+        """Forget the delivery of ``slot`` (after its record is stored); missing is fine.
+
+        A local slot was written by a runner pod, which may have left anything there (folders
+        named like temporary files, links, sockets, deep trees, millions of files): it is set
+        aside at once (one rename, whatever it holds) and emptied a bounded amount at a time
+        (:meth:`purge`), so removing it never fails on what it holds nor takes unbounded time.
+        Raises :class:`DeliveryError` only when the store itself refuses.
+        """
+        if not self.local:
             try:
-                folder.rmdir()
+                self.fs.rm_file(self._file(slot))
             except FileNotFoundError:
                 pass
-            except OSError as exc:
-                raise DeliveryError(f"could not remove {folder}: {exc}") from exc
+            except Exception as exc:
+                raise DeliveryError(f"could not remove {self.path(slot)}: {exc}") from exc
+            return
+        folder = Path(f"{self.root}/{_check_slot(slot)}")
+        aside = Path(self.root) / REMOVED_DIR
+        try:
+            aside.mkdir(exist_ok=True)
+            os.rename(folder, aside / f"{slot}.{uuid.uuid4().hex}")
+        except FileNotFoundError:
+            pass  # nothing was prepared or delivered, or removed already
+        except OSError as exc:
+            raise DeliveryError(f"could not set {folder} aside for removal: {exc}") from exc
+        self.purge()
+
+    def purge(self, budget: int = REMOVAL_BUDGET, seconds: float = REMOVAL_SECONDS) -> int:
+        """Remove up to ``budget`` names (within about ``seconds``) of the slots set aside for
+        removal; what is left goes on the next call. Never follows a link, never opens what is
+        not a folder, never recurses (a subfolder is moved up to the set-aside folder, so a
+        deep tree costs no depth), and never raises for what a slot held: a name it cannot
+        remove is left for the admin (said in the log). Returns how many names went."""
+        if not self.local:
+            return 0
+        deadline = time.monotonic() + seconds
+        try:
+            top = os.open(
+                Path(self.root) / REMOVED_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+            )
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            log.warning("cannot empty the removed delivery slots of %s: %s", self.root, exc)
+            return 0
+        removed = spent = 0
+        try:
+            with os.scandir(top) as listing:
+                queue = [entry.name for _, entry in zip(range(budget), listing, strict=False)]
+            while queue and spent < budget and time.monotonic() < deadline:
+                name = queue.pop()
+                gone, used, moved_up = _empty(top, name, budget - spent, deadline)
+                removed += gone
+                spent += used
+                queue.extend(moved_up)
+        finally:
+            os.close(top)
+        return removed
+
+    def remove_recorded(self, recorded: Callable[[str], bool], limit: int = SWEEP_LIMIT) -> int:
+        """Remove slots whose run is recorded already: a late write (an upload URL used again
+        after the record, before it expired) or a slot a removal missed. At most ``limit``
+        slots are looked at per call. Returns how many were removed."""
+        removed = 0
+        for slot in self._slot_names(limit):
+            run_id = slot.rsplit(".", 1)[0]
+            if recorded(run_id):
+                self.remove(slot)
+                removed += 1
+        self.purge()
+        return removed
+
+    def _slot_names(self, limit: int) -> list[str]:
+        """Up to ``limit`` slot names present under ``deliveries/``."""
+        try:
+            if self.local:
+                with os.scandir(self.root) as listing:
+                    names = [e.name for _, e in zip(range(limit), listing, strict=False)]
+            else:
+                names = [
+                    str(p).rstrip("/").rsplit("/", 1)[-1]
+                    for p in self.fs.ls(self.root, detail=False, refresh=True)
+                ][:limit]
+        except FileNotFoundError:
+            return []
+        except Exception as exc:
+            raise DeliveryError(
+                f"could not list the delivery slots of {self.store_uri}: {exc}"
+            ) from exc
+        return [name for name in names if _SLOT.fullmatch(name)]
 
     def slots(self) -> list[str]:
         """Slots with a delivery waiting (for housekeeping and tests)."""
@@ -262,6 +349,55 @@ class DeliveryArea:
         except FileNotFoundError:
             return []
         return sorted(str(p).rsplit("/", 2)[-2] for p in paths)
+
+
+def _empty(top: int, name: str, budget: int, deadline: float) -> tuple[int, int, list[str]]:
+    """Remove ``name`` of the folder open as ``top``: a file or link at once; a folder by
+    removing its files and moving its subfolders up into ``top`` (returned, to be emptied
+    next), then itself once empty. Returns (names removed, operations spent, moved up)."""
+    removed = spent = 0
+    moved: list[str] = []
+    try:
+        info = os.stat(name, dir_fd=top, follow_symlinks=False)
+        if not stat.S_ISDIR(info.st_mode):
+            os.unlink(name, dir_fd=top)
+            return 1, 1, moved
+        folder = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=top)
+    except FileNotFoundError:
+        return 0, 1, moved
+    except OSError as exc:
+        log.warning("a removed delivery slot's %s stays: %s", name, exc)
+        return 0, 1, moved
+    finished = True
+    try:
+        with os.scandir(folder) as listing:
+            for entry in listing:
+                if spent >= budget or time.monotonic() >= deadline:
+                    finished = False
+                    break
+                spent += 1
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        up = f"{uuid.uuid4().hex}.up"
+                        os.rename(entry.name, up, src_dir_fd=folder, dst_dir_fd=top)
+                        moved.append(up)
+                    else:
+                        os.unlink(entry.name, dir_fd=folder)
+                        removed += 1
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    finished = False
+                    log.warning("a removed delivery slot's %s stays: %s", entry.name, exc)
+    finally:
+        os.close(folder)
+    if finished:
+        try:
+            os.rmdir(name, dir_fd=top)
+            removed += 1
+        except OSError as exc:  # written meanwhile, or not ours to remove: the next call
+            log.warning("a removed delivery slot's %s stays for now: %s", name, exc)
+    return removed, spent + 1, moved
 
 
 # ---- the runner's side: one destination, no store credentials --------------------------

@@ -79,11 +79,21 @@ def estimate_sweep(
     prices: PriceTable,
     instance_type: str | None,
     lnc: int | None = None,
+    neuron: bool = True,
+    id_of: Callable[[str], str] = str,
 ) -> SweepEstimate:
     """Estimate a sweep of ``models`` ((model id, task) pairs) sized by ``size``, from the
-    store's ``history`` (columns model_id, task, neuron_cores, held_s), priced per core-hour of
-    ``instance_type`` by ``prices``."""
-    rate = prices.core_hour_usd(instance_type, lnc)
+    store's ``history`` (columns model_id, task, neuron_cores, held_s and, when given,
+    compiler), priced per core-hour of ``instance_type`` by ``prices``.
+
+    ``neuron``: whether the sweep runs on Neuron; past runs count only when they ran on the
+    same side (a CPU run's hours say nothing of a Trainium run's), and a sweep off Neuron is
+    never priced as the table's default (Trainium) instance. ``id_of``: the id results name a
+    model by (a local checkpoint's folder is ``local/<name>`` there)."""
+    rate = prices.core_hour_usd(instance_type, lnc, neuron)
+    if "compiler" in history.columns and not history.empty:
+        on_neuron = history["compiler"].astype("object") == "neuronx-cc"
+        history = history[on_neuron if neuron else ~on_neuron]
     runs = history.dropna(subset=["held_s"]) if not history.empty else history
     runs = runs[runs["held_s"] > 0] if not runs.empty else runs
     by_model = (
@@ -105,8 +115,8 @@ def estimate_sweep(
             )
             continue
         cores = sizing.cores
-        if (model, task) in by_model.index:
-            median, count = by_model.loc[(model, task)]
+        if (id_of(model), task) in by_model.index:
+            median, count = by_model.loc[(id_of(model), task)]
             hours, basis, past = float(median) / 3600, "model", int(count)
         elif cores in by_cores.index:
             median, count = by_cores.loc[cores]

@@ -77,6 +77,7 @@ def run_python(
     cancel: threading.Event | None = None,
     pass_on_stop_signals: bool = False,
     stop_grace_s: float = 20.0,
+    python: str | None = None,
     stop_requested: Callable[[], bool] | None = None,
 ) -> Ended:
     """Run ``python script`` in ``cwd``, in a session of its own; the one way run.py is run,
@@ -91,10 +92,11 @@ def run_python(
     pod's main thread), SIGTERM and SIGINT are passed on to the group as SIGTERM and the run is
     given ``stop_grace_s`` before SIGKILL. On every way out, an exception included, the process
     group is killed: run.py kills its own workers, but a run stopped from outside cannot, and no
-    worker may outlive its run.
+    worker may outlive its run. ``python``: the interpreter (default this one, or
+    $MODEL_SUPPORT_PYTHON), e.g. a bisect step's own environment.
     """
     return run_command(
-        [_python_for_runner(), script],
+        [python or _python_for_runner(), script],
         cwd,
         on_line,
         env=env,
@@ -179,6 +181,7 @@ def run_script(
     on_stage: Callable[[StageEvent], None] | None = None,
     on_output: Callable[[str], None] | None = None,
     cancel: threading.Event | None = None,
+    python: str | None = None,
 ) -> ResultDocument:
     """Run a rendered run.py as ``python3 run.py`` in a fresh directory; return its result document.
 
@@ -200,7 +203,13 @@ def run_script(
         (directory / "run.py").write_text(run_py, encoding="utf-8")
         output = RunOutput(on_stage, on_output)
         ended = run_python(
-            "run.py", directory, output.feed_bytes, env=env, timeout_s=timeout_s, cancel=cancel
+            "run.py",
+            directory,
+            output.feed_bytes,
+            env=env,
+            timeout_s=timeout_s,
+            cancel=cancel,
+            python=python,
         )
         output.raise_callback_error()
         timed_out, cancelled = ended.timed_out, ended.cancelled

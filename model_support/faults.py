@@ -13,6 +13,14 @@ graph. Faults imitate real compiler bugs:
   one decode step only (``one_row_step_noise_*``);
 - in the vocabulary: a bias on every token outside each position's top 64 (``vocab_tail_bias``),
   or on one rare token (``rare_token_bias``), invisible in the reference's top tokens.
+- only in decode-shaped graphs (one token per sequence, as a decode step compiles them): noise
+  on one layer's MLP output (``decode_noise_100pct``) or one expert's output 1.5x
+  (``decode_expert_scaled``), wrong from the first decode step; and the keys and values one
+  layer's attention writes into its static cache from ``MODEL_SUPPORT_FAULT_CACHE_POSITION``
+  on (``cache_write_noise``), wrong from the decode step that writes that position. Unlike the
+  step-counting faults above, these depend only on what the miscompiled module is given (its
+  shapes, the cache positions it writes), as a compiler bug does, so the search, compiling the
+  module alone with that step's shapes, meets them too.
 
 Benign backends change the arithmetic the way a correct compiler may: ``benign`` runs the graph
 unchanged (the control); ``tf32_matmuls`` and ``bf16_matmuls`` round every matmul operand to
@@ -655,30 +663,138 @@ def _scale_one_group(out: torch.Tensor, offsets: torch.Tensor, group: int) -> to
     return scaled
 
 
-def one_expert_scaled(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+def _expert_scaled(
+    label: str, decode_only: bool
+) -> Callable[[fx.GraphModule, Sequence[torch.Tensor]], CompiledFn]:
     """One expert's output 1.5x too large in one MoE layer (default: the last), the others
-    right: a miscompiled slice of the grouped matmul, seen only in tokens routed to it.
+    right: a miscompiled slice of the grouped matmul, seen only in tokens routed to it; with
+    ``decode_only``, only where the experts compute a decode step's tokens (_decode_shaped).
 
     The expert is ``MODEL_SUPPORT_FAULT_EXPERT`` (default 0). Experts run as transformers'
     grouped matmul (``grouped_mm_fallback``, tokens sorted by expert): the second of each pair
     of calls in the layer's experts is the down projection, whose rows of that expert are scaled.
     """
+
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+        if not _on_faulty_rank():
+            return gm.forward
+        expert = int(os.environ.get(FAULTY_EXPERT_ENV, FAULTY_EXPERT))
+        layers = _layer_nodes(gm, ("mlp.experts", "block_sparse_moe.experts"))
+        layer = _pick_layer(layers, default_last=True)
+        nodes = layers[layer] if layer is not None else []
+        grouped = [n for n in nodes if n.op == "call_function" and "grouped_mm" in str(n.target)]
+        if decode_only and grouped and not _decode_shaped(_output_node(nodes)):
+            grouped = []
+        # Every call of the layer's experts in the graph is miscompiled alike: each is a
+        # gate/up then a down projection.
+        for down in grouped[1::2]:
+            offsets = down.kwargs.get("offs", down.args[2] if len(down.args) > 2 else None)
+            _insert_after(gm, down, _scale_one_group, offsets, expert)
+        _report(label, bool(grouped), f"layer {layer} expert {expert} output x1.5")
+        return gm.forward
+
+    backend.__name__ = label
+    return backend
+
+
+one_expert_scaled = _expert_scaled("one_expert_scaled", decode_only=False)
+
+
+# ---- decode-shaped graphs only: one token per sequence
+#
+# A decode step compiles a graph of its own (one query token per sequence against the filled
+# static cache), and compiler bugs that show only there are common: a kernel chosen for
+# one-row shapes, the cache update, attention over a long cache. These faults corrupt a module
+# only in such graphs: the prefill, and every graph the search compiles on the whole sequence
+# at once, compute correctly.
+
+DECODE_ROWS = 4
+"""Flattened tokens (tokens, features), as an experts module gets them, count as a decode
+step's when there are at most this many: one token for each of up to 4 sequences (the suite
+batches 3 prompts; a prompt with its generated tokens, or a batch's prefill, is longer)."""
+
+
+def _decode_shaped(node: fx.Node) -> bool:
+    """Whether a module's output holds one token per sequence, as in a decode step: (batch, 1,
+    features), or flattened tokens (tokens, features) of at most DECODE_ROWS rows."""
+    value = node.meta.get("example_value", node.meta.get("val"))
+    if not isinstance(value, torch.Tensor):
+        return False
+    if value.dim() >= 3:
+        return value.shape[-2] == 1
+    return value.dim() == 2 and value.shape[0] <= DECODE_ROWS
+
+
+def decode_noise_100pct(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+    """Noise of 100% of the spread on one layer's MLP output (as ``noise_100pct``), only where
+    that output holds one token per sequence: every decode step, from the first, is wrong; the
+    prefill is right."""
     if not _on_faulty_rank():
         return gm.forward
-    expert = int(os.environ.get(FAULTY_EXPERT_ENV, FAULTY_EXPERT))
-    layers = _layer_nodes(gm, ("mlp.experts", "block_sparse_moe.experts"))
+    layers = _layer_nodes(gm, MLP_OUTPUTS)
     layer = _pick_layer(layers, default_last=True)
-    grouped = [
-        n
-        for n in (layers[layer] if layer is not None else [])
-        if n.op == "call_function" and "grouped_mm" in str(n.target)
-    ]
-    # Every call of the layer's experts in the graph is miscompiled alike: each is a gate/up
-    # then a down projection.
-    for down in grouped[1::2]:
-        offsets = down.kwargs.get("offs", down.args[2] if len(down.args) > 2 else None)
-        _insert_after(gm, down, _scale_one_group, offsets, expert)
-    _report("one_expert_scaled", bool(grouped), f"layer {layer} expert {expert} output x1.5")
+    node = _output_node(layers[layer]) if layer is not None else None
+    landed = node is not None and _decode_shaped(node)
+    if landed and node is not None:
+        _insert_after(gm, node, _noise, 1.0)
+    _report("decode_noise_100pct", landed, f"layer {layer} mlp output, one token per sequence")
+    return gm.forward
+
+
+# One expert's output 1.5x, only where the experts compute a decode step's tokens.
+decode_expert_scaled = _expert_scaled("decode_expert_scaled", decode_only=True)
+
+
+CACHE_POSITION_ENV = "MODEL_SUPPORT_FAULT_CACHE_POSITION"
+"""The first static-cache position whose keys and values ``cache_write_noise`` corrupts."""
+CACHE_POSITION = 16
+
+
+def _cache_writes(gm: fx.GraphModule) -> dict[int, list[fx.Node]]:
+    """Per layer, the graph's writes into a self-attention's static cache (``index_copy_`` of
+    the new keys or values into the cache's tensor), in the chosen stack."""
+    writes: dict[int, list[fx.Node]] = {}
+    for node in gm.graph.nodes:
+        is_write = (node.op == "call_method" and node.target == "index_copy_") or (
+            node.op == "call_function" and node.target is torch.Tensor.index_copy_
+        )
+        path = _module_path(node) or ""
+        match = _LAYER_PATH.search(path)
+        # Self-attention only: a cross-attention's cache is written once, with every
+        # position of the encoder's output.
+        if is_write and match and "self" in path.lower() and _in_stack(path):
+            writes.setdefault(int(match.group(1)), []).append(node)
+    return writes
+
+
+def _noise_from(source: torch.Tensor, positions: torch.Tensor, first: int) -> torch.Tensor:
+    """``source`` (batch, heads, tokens, head_dim), written at cache ``positions``: its tokens
+    written at ``first`` or later replaced by 100% noise."""
+    late = positions.reshape(-1) >= first
+    if not bool(late.any()):
+        return source
+    return torch.where(late.view(1, 1, -1, 1), _noise(source, 1.0), source)
+
+
+def cache_write_noise(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+    """The keys and values one layer's self-attention writes into its static cache at position
+    ``MODEL_SUPPORT_FAULT_CACHE_POSITION`` (default 16) or later are 100% noise: a cache write
+    miscompiled once the cache is longer than a tile. The decode step that writes that position
+    is the first to go wrong (it attends to what it wrote), at a step the test chooses: for a
+    decoder-only model, position prompt length + step - 1 (left-padded batch)."""
+    if not _on_faulty_rank():
+        return gm.forward
+    first = int(os.environ.get(CACHE_POSITION_ENV, CACHE_POSITION))
+    writes = _cache_writes(gm)
+    layer = _pick_layer(writes, default_last=True)
+    for write in writes.get(layer, []) if layer is not None else []:
+        source = write.args[3]
+        with gm.graph.inserting_before(write):
+            noisy = gm.graph.call_function(_noise_from, (source, write.args[2], first))
+        write.update_arg(3, noisy)
+    if layer is not None:
+        gm.recompile()
+    _report("cache_write_noise", layer is not None, f"layer {layer} cache writes from {first}")
     return gm.forward
 
 

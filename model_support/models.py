@@ -86,3 +86,34 @@ def check_model_id(model_id: str) -> str:
             "digits, '-', '_' or '.', e.g. 'local/my-checkpoint'"
         )
     return model_id
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+"""Files that hold a checkpoint's weights (run.py keeps the same list; a test holds them equal)."""
+
+
+def weights_digest(folder: str) -> str | None:
+    """sha256 of a local checkpoint's weights: over each weight file's path (relative to
+    ``folder``, sorted) and its content's sha256, so a row names exactly the weights it tested.
+    None when the folder holds no weight file or cannot be read. run.py computes the same for
+    the runs it makes (it cannot import this package); this one serves records made without
+    running it (EXCLUDED)."""
+    import hashlib
+    import os
+
+    entries = []
+    try:
+        for root, _, names in os.walk(folder):
+            for name in names:
+                if name.endswith(WEIGHT_SUFFIXES):
+                    path = os.path.join(root, name)
+                    digest = hashlib.sha256()
+                    with open(path, "rb") as handle:
+                        for block in iter(lambda: handle.read(1 << 20), b""):
+                            digest.update(block)
+                    entries.append(f"{os.path.relpath(path, folder)}\0{digest.hexdigest()}\n")
+    except OSError:
+        return None
+    if not entries:
+        return None
+    return hashlib.sha256("".join(sorted(entries)).encode()).hexdigest()

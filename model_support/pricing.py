@@ -10,8 +10,10 @@ file of the same shape (:func:`load_prices`; ``--prices FILE`` on the command li
 ``MODEL_SUPPORT_PRICES`` for the viewer, the chart's ``settings.instancePrices`` for the
 operator).
 
-A record without a known instance type (a local run) has no price unless the table names a
-``default_instance_type`` to assume: its cost is left empty rather than guessed.
+A Neuron record without a known instance type has no price unless the table names a
+``default_instance_type`` to assume: its cost is left empty rather than guessed. A run off
+Neuron (a local CPU run) is never priced as that default: its core-seconds are not Trainium
+core-hours.
 """
 
 from __future__ import annotations
@@ -79,9 +81,11 @@ class PriceTable(BaseModel):
             seen.add(key)
         return self
 
-    def price_of(self, instance_type: str | None) -> InstancePrice | None:
-        """The price of ``instance_type`` (or the default one) in the table's region."""
-        wanted = instance_type or self.default_instance_type
+    def price_of(self, instance_type: str | None, neuron: bool = True) -> InstancePrice | None:
+        """The price of ``instance_type`` in the table's region; a Neuron run that names no
+        instance is priced as the table's default instance. A run off Neuron (CPU, GPU) is
+        priced only by its own instance type: never as Trainium core-hours."""
+        wanted = instance_type or (self.default_instance_type if neuron else None)
         if wanted is None:
             return None
         return next(
@@ -89,16 +93,23 @@ class PriceTable(BaseModel):
             None,
         )
 
-    def core_hour_usd(self, instance_type: str | None, lnc: int | None = None) -> float | None:
-        """One core-hour of ``instance_type`` in dollars; None when the table has no price."""
-        price = self.price_of(instance_type)
+    def core_hour_usd(
+        self, instance_type: str | None, lnc: int | None = None, neuron: bool = True
+    ) -> float | None:
+        """One core-hour of ``instance_type`` in dollars; None when the table has no price
+        (see :meth:`price_of` for ``neuron``)."""
+        price = self.price_of(instance_type, neuron)
         return None if price is None else price.core_hour_usd(lnc)
 
     def cost_usd(
-        self, core_seconds: float | None, instance_type: str | None, lnc: int | None = None
+        self,
+        core_seconds: float | None,
+        instance_type: str | None,
+        lnc: int | None = None,
+        neuron: bool = True,
     ) -> float | None:
         """What ``core_seconds`` on ``instance_type`` cost; None when either is unknown."""
-        rate = self.core_hour_usd(instance_type, lnc)
+        rate = self.core_hour_usd(instance_type, lnc, neuron)
         if rate is None or core_seconds is None:
             return None
         return core_seconds / 3600 * rate

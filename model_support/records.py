@@ -14,9 +14,10 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from model_support.config import RunConfig
-from model_support.models import readable_model_id
+from model_support.models import is_local_path, readable_model_id, weights_digest
 from model_support.script import render_script
 from model_support.vocabulary import (
+    DivergencePhase,
     ErrorClass,
     ExclusionReason,
     Float32Precision,
@@ -264,6 +265,18 @@ class ModuleDivergence(BaseModel):
     )
 
 
+def divergence_where(phase: object, step: float | None) -> str | None:
+    """Where a search found its module, in words: "from decode step 18", "from the prefill";
+    None where no phase is known (a family that does not decode, an older record). run.py's
+    divergence_where says it alike."""
+    if not isinstance(phase, str):  # None, or a missing cell of a table (NaN, pd.NA)
+        return None
+    if phase == DivergencePhase.DECODE.value:
+        # A table's integer column with missing cells may hold the step as a float.
+        return "from a decode step" if step is None else f"from decode step {int(step)}"
+    return "from the prefill"
+
+
 class FirstDivergence(BaseModel):
     """Where a FAIL starts: the first module in execution order whose output diverges."""
 
@@ -301,6 +314,15 @@ class FirstDivergence(BaseModel):
         None,
         description="A sharded run: every rank on which the first diverging module's output diverges (each rank runs its shard on its shard of the reference's inputs).",
     )
+    phase: DivergencePhase | None = Field(
+        None,
+        description="For a task that decodes: where the modules were compiled and called: prefill (the whole sequence at once, or the prefill step as the run ran it) or decode (one decode step, one token per sequence against the filled static cache); null for the other families.",
+    )
+    step: int | None = Field(
+        None,
+        ge=0,
+        description="The generation step searched, as the run ran it: s >= 1 for decode step s (where the FAIL first shows, or began just before it within the bounds), 0 for the prefill step; null for the whole sequence at once.",
+    )
     reason: str | None = Field(None, description="Why the search stopped short, when it did.")
     error_class: ErrorClass | None = Field(
         None, description="The class of the error that stopped the search (status failed)."
@@ -314,14 +336,22 @@ class FirstDivergence(BaseModel):
         description="How much the search raised the device's peak memory (as the run's peak is read; rank 0's device in a sharded run; on cpu the process itself).",
     )
 
+    def where(self) -> str | None:
+        """Where the module was found, in words (see :func:`divergence_where`)."""
+        return divergence_where(self.phase, self.step)
+
     def summary(self) -> str:
-        """One line: the first diverging module and its ratio, or why none is named."""
+        """One line: the first diverging module, where, and its ratio, or why none is named."""
         cost = f" ({self.seconds:.1f} s)" if self.seconds is not None else ""
         if self.module is None:
             line = f"no first diverging module ({self.status.value})"
         else:
             ratio = "?" if self.error_ratio is None else f"{self.error_ratio:.3g}"
-            line = f"first diverging module: {self.module} ({self.kind}), error ratio {ratio}"
+            where = self.where()
+            line = (
+                f"first diverging module{', ' + where if where else ''}: {self.module} "
+                f"({self.kind}), error ratio {ratio}"
+            )
             if self.ranks:
                 line += f", on rank{'s' if len(self.ranks) > 1 else ''} {', '.join(map(str, self.ranks))}"
             if self.expert is not None:
@@ -501,6 +531,11 @@ class ResultDocument(BaseModel):
 
     schema_version: int = 1
     model: str
+    weights_sha256: str | None = Field(
+        None,
+        description="A local checkpoint: sha256 of its weight files (each one's relative path "
+        "and content hash, sorted); null for a Hub model, whose revision names its weights.",
+    )
     revision: str | None = None
     resolved_revision: str | None = None
     task: str
@@ -666,5 +701,7 @@ def excluded_record(
     document = failure_document(
         config, Result.EXCLUDED, error_class=None, error=message, started_at=now
     )
+    if is_local_path(config.model):
+        document.weights_sha256 = weights_digest(config.model)
     record = record_from_document(document, render_script(config), source=source, labels=labels)
     return record.model_copy(update={"exclusion_reason": reason})

@@ -43,6 +43,22 @@ IMAGE_LIBRARIES = ("pillow", "numpy")
 """Image and audio inputs: run.py draws its test images with PIL and its tones with numpy."""
 NEURON_BASE_PACKAGES = ("torch", "torch-neuronx", "neuronx-cc")
 """What the TorchNeuron Deep Learning Container brings (its whole dependency closure with it)."""
+STACK_DISTRIBUTIONS = {
+    "torch": "torch",
+    "transformers": "transformers",
+    "accelerate": "accelerate",
+    "huggingface_hub": "huggingface-hub",
+    "tokenizers": "tokenizers",
+    "safetensors": "safetensors",
+    "torch_neuronx": "torch-neuronx",
+    "neuronx_cc": "neuronx-cc",
+    "sentence_transformers": "sentence-transformers",
+    "diffusers": "diffusers",
+}
+"""A recorded stack's fields and the distributions they are the versions of."""
+THIS_PACKAGE = "model-support"
+THIS_PACKAGE_MODULE = "model_support"
+"""This project's distribution and module (compile backends such as model_support.faults)."""
 
 
 class NotReproducible(ValueError):
@@ -64,12 +80,15 @@ class Recipe:
     lnc: int | None
     cores: int
     notes: list[str] = field(default_factory=list)
+    docker_flags: list[str] = field(default_factory=list)  # a Neuron row: devices and LNC
+    requirement_notes: list[str] = field(default_factory=list)  # said in requirements.txt
 
     def requirements_text(self) -> str:
         """requirements.txt: the indexes, then one pinned package a line."""
         lines = [
             f"# What run {self.run_id} used on top of {self.image}, at its versions.",
             "# Install: python3 -m pip install -r requirements.txt",
+            *(f"# NOTE: {note}" for note in self.requirement_notes),
         ]
         if self.indexes:
             lines.append(f"--index-url {self.indexes[0]}")
@@ -80,9 +99,10 @@ class Recipe:
     def commands(self, folder: str) -> list[str]:
         """Shell commands that set up and run the reproduction from ``folder``."""
         quoted = shlex.quote(folder)
+        flags = "".join(f"{flag} " for flag in self.docker_flags)
         return [
             f"cd {quoted}",
-            f'docker run --rm -it -v "$PWD":/work -w /work {shlex.quote(self.image)} '
+            f'docker run --rm -it {flags}-v "$PWD":/work -w /work {shlex.quote(self.image)} '
             "sh -c 'python3 -m pip install -r requirements.txt && python3 run.py'",
             "# or, on a machine with that stack: python3 -m venv .venv && . .venv/bin/activate "
             "&& python3 -m pip install -r requirements.txt && python3 run.py",
@@ -114,6 +134,11 @@ def recipe(
         json.loads(row["stack"]) if isinstance(row.get("stack"), str) else row.get("stack") or {}
     )
     versions = pinned_versions(row.get("packages") or [])
+    for key, distribution in STACK_DISTRIBUTIONS.items():
+        # An EXCLUDED row ran nothing and lists no packages: its stack still names the
+        # versions it was planned for (the writer's), which are what run.py would have used.
+        if stack.get(key) and canonicalize_name(distribution) not in versions:
+            versions[canonicalize_name(distribution)] = (distribution, str(stack[key]))
     neuron = row.get("backend") == "neuron" or stack.get("torch_neuronx") is not None
     roots = [*COMMON_LIBRARIES, *LIBRARIES_BY_TASK_FAMILY.get(row.get("task") or "", ())]
     if row.get("task") in ("image-text-to-text", "image-classification", "text-to-image",
@@ -141,19 +166,47 @@ def recipe(
             f"the row recorded no version of {', '.join(missing)}: install the one of its stack"
         )
     compile_backend = row.get("compile_backend") or ""
+    requirement_notes: list[str] = []
     if ":" in compile_backend:
         module = compile_backend.partition(":")[0]
-        notes.append(
-            f"the compile backend {compile_backend} is a Python function: its module {module} "
-            "must be importable where run.py runs (installed, or beside run.py)"
-        )
+        top = module.split(".")[0]
+        providers = _distributions_of(top)
+        if top == THIS_PACKAGE_MODULE:
+            ran = versions.get(canonicalize_name(THIS_PACKAGE), (THIS_PACKAGE, None))[1]
+            said = (
+                f"run.py's compile backend {compile_backend} is importable only from "
+                f"{THIS_PACKAGE} (this project's own package, not on the package index): install "
+                f"it from the project's repository"
+                + (f" at the version the row ran ({THIS_PACKAGE}=={ran})" if ran else "")
+                + " before running run.py"
+            )
+            notes.append(said)
+            requirement_notes.append(said)
+        elif providers and any(canonicalize_name(d) in versions for d in providers):
+            for distribution in providers:
+                name = canonicalize_name(distribution)
+                if (
+                    name in versions
+                    and f"{versions[name][0]}=={versions[name][1]}" not in requirements
+                ):
+                    requirements.append(f"{versions[name][0]}=={versions[name][1]}")
+            requirements.sort(key=str.lower)
+        else:
+            notes.append(
+                f"the compile backend {compile_backend} is a Python function: its module {module} "
+                "must be importable where run.py runs (installed, or beside run.py)"
+            )
     path = row.get("model_path") or ""
     if path.startswith("/"):
         notes.append(
             f"the model is a local checkpoint at {path}: have it at that path (or change "
             '"model" in run.py\'s CONFIG)'
         )
-    image, image_note = base_image(neuron, stack)
+    labels = json_object(row.get("labels"))
+    image, image_note = base_image(neuron, stack, labels.get("image"))
+    lnc = _int(row.get("lnc") if row.get("lnc") is not None else stack.get("lnc"))
+    cores = _int(row.get("neuron_cores")) or 1
+    instance = row.get("instance_type") or stack.get("instance_type")
     return Recipe(
         run_id=str(row["run_id"]),
         model_id=str(row.get("model_id")),
@@ -162,15 +215,55 @@ def recipe(
         image_note=image_note,
         requirements=requirements,
         indexes=indexes,
-        instance=row.get("instance_type") or stack.get("instance_type"),
-        lnc=_int(row.get("lnc") if row.get("lnc") is not None else stack.get("lnc")),
-        cores=_int(row.get("neuron_cores")) or 1,
+        instance=instance,
+        lnc=lnc,
+        cores=cores,
         notes=notes,
+        docker_flags=neuron_docker_flags(cores, instance, lnc) if neuron else [],
+        requirement_notes=requirement_notes,
     )
 
 
-def base_image(neuron: bool, stack: dict[str, Any]) -> tuple[str, str]:
-    """The image to reproduce a row in, and how it was chosen."""
+def neuron_docker_flags(cores: int, instance: str | None, lnc: int | None) -> list[str]:
+    """What a container needs to run a Neuron row: one ``--device=/dev/neuronN`` per device
+    its cores span (the Neuron SDK's container guide: ``docker run --device=/dev/neuron0``,
+    deploy/environments/docker-setup.rst) and the row's LNC (TorchNeuron reads only
+    NEURON_LOGICAL_NC_CONFIG)."""
+    from model_support import hardware
+
+    family = hardware.instance_family(instance or "trn2")
+    per_device = max(1, hardware.PHYSICAL_CORES_PER_DEVICE.get(family, 8) // (lnc or 1))
+    devices = -(-max(cores, 1) // per_device)
+    flags = [f"--device=/dev/neuron{index}" for index in range(devices)]
+    if lnc is not None:
+        flags.append(f"-e NEURON_LOGICAL_NC_CONFIG={lnc}")
+    return flags
+
+
+def json_object(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return value
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else {}
+    except json.JSONDecodeError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _distributions_of(module: str) -> list[str]:
+    """The installed distributions that provide top-level module ``module``."""
+    return list(importlib.metadata.packages_distributions().get(module, []))
+
+
+def base_image(neuron: bool, stack: dict[str, Any], recorded: str | None = None) -> tuple[str, str]:
+    """The image to reproduce a row in, and how it was chosen: for a Neuron row the runner
+    image it ran in (``recorded``, as the operator labels its records), else the TorchNeuron
+    base of the runner image."""
+    if neuron and recorded:
+        return recorded, (
+            f"the runner image the row ran in (neuronx-cc {stack.get('neuronx_cc') or '(unknown)'}"
+            f", torch-neuronx {stack.get('torch_neuronx') or '(unknown)'})"
+        )
     if neuron:
         from model_support.script import runner_constant
 

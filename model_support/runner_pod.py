@@ -402,9 +402,13 @@ class _StopPush(Exception):
     """A stop signal arrived while the cache was being pushed."""
 
 
-def push_cache(target: str, backend: str, deadline_s: float) -> TransferReport:
+def push_cache(
+    target: str, backend: str, deadline_s: float, pulled: TransferReport | None = None
+) -> TransferReport:
     """Push the compile cache after run.py: within ``deadline_s``, and at once given up on a
-    stop signal (SIGTERM / SIGINT). Never raises for a cache failure: it is the report's error."""
+    stop signal (SIGTERM / SIGINT). Never raises for a cache failure: it is the report's error.
+    A signing push never vouches for what the init step's pull (``pulled``, read before run.py
+    ran) took unvouched."""
     from model_support.compile_cache import TransferReport, push_for_run, redact
 
     def stop(signum: int, _frame: Any) -> None:
@@ -414,7 +418,11 @@ def push_cache(target: str, backend: str, deadline_s: float) -> TransferReport:
     try:
         with on_stop_signals(stop):
             return push_for_run(
-                target, backend, deadline_s=deadline_s, signing_key=_signing_key(target)
+                target,
+                backend,
+                deadline_s=deadline_s,
+                signing_key=_signing_key(target),
+                unvouched=pulled.unvouched_names if pulled is not None else (),
             )
     except _StopPush as exc:
         return TransferReport(
@@ -557,7 +565,7 @@ def _run(args: argparse.Namespace, stop: StopRequest) -> int:
         _write_termination_message(args.termination_log, message)
         if args.compile_cache and not outcome.stopped and not stop.asked:
             # Killed (most often out of memory): what compiled before is still worth keeping.
-            pushed = push_cache(args.compile_cache, args.cache_backend, args.cache_deadline)
+            pushed = push_cache(args.compile_cache, args.cache_backend, args.cache_deadline, pulled)
             print(f"model-support: compile cache {pushed.summary()}", file=sys.stderr, flush=True)
             _announce_left_behind()
         return exit_code
@@ -572,7 +580,7 @@ def _run(args: argparse.Namespace, stop: StopRequest) -> int:
     _deliver_document(destination, delivered, args.delivery_deadline, "result", stop)
 
     if args.compile_cache and finished.result != Result.EXCLUDED and not stop.asked:
-        pushed = push_cache(args.compile_cache, args.cache_backend, args.cache_deadline)
+        pushed = push_cache(args.compile_cache, args.cache_backend, args.cache_deadline, pulled)
         print(f"model-support: compile cache {pushed.summary()}", file=sys.stderr, flush=True)
         stopped = pushed.error is not None and pushed.error.startswith("stopped:")
         delivered = _with_cache(finished, pulled, pushed)

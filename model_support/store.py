@@ -500,6 +500,16 @@ class ResultsStore:
                 warnings.warn(str(exc), CorruptRecordWarning, stacklevel=3)
         return found
 
+    def has(self, run_id: str) -> bool:
+        """Whether ``run_id`` is recorded. Asks the store itself (one byte of the record), never
+        a listing the file system may have cached from before the record was written."""
+        _check_run_id(run_id)
+        try:
+            self.fs.cat_file(self._path(RECORDS_DIR, f"{run_id}.json"), start=0, end=1)
+        except FileNotFoundError:
+            return False
+        return True
+
     def get(self, run_id: str) -> RunRecord:
         """The record of ``run_id``; raises :class:`RecordNotFound` if there is none."""
         _check_run_id(run_id)

@@ -279,6 +279,19 @@ LOCALIZATION_STATUS_MEANINGS: dict[LocalizationStatus, str] = {
 }  # fmt: skip
 
 
+class DivergencePhase(StrEnum):
+    """Where a generating task's search compiled the modules (``first_divergence.phase``)."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+DIVERGENCE_PHASE_MEANINGS: dict[DivergencePhase, str] = {
+    DivergencePhase.PREFILL: "The FAIL first shows at the first generated token (or at no one position): the modules were compiled on the whole sequence at once, as the verdict scores it, and where that names none, at the prefill step as the run ran it (step 0).",
+    DivergencePhase.DECODE: "The FAIL first shows at a decode step (first_divergence_step: that step, or the step just before where it began within the bounds): the modules were compiled with that step's shapes, one token per sequence against the static cache the earlier steps filled, as the run ran it.",
+}  # fmt: skip
+
+
 class Float32Precision(StrEnum):
     """The arithmetic a float32 run's compile backend may use, which its baseline reproduces."""
 

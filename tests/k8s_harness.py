@@ -337,7 +337,10 @@ class Harness:
         tail = request.params.get("tailLines")
         if tail is not None:
             text = "".join(text.splitlines(keepends=True)[-int(tail) :])
-        return text.encode()
+        data = text.encode()
+        # The API server applies limitBytes to what tailLines selected: its first N bytes.
+        limit = request.params.get("limitBytes")
+        return data if limit is None else data[: int(limit)]
 
     async def start_operator(self) -> None:
         """Start kopf and wait until its watches on tests and Jobs are open."""

@@ -18,6 +18,7 @@ from markdown_it import MarkdownIt
 
 from model_support.history import (
     Change,
+    Confirmation,
     Report,
     StackNotFound,
     Thresholds,
@@ -37,9 +38,14 @@ from model_support.pricing import (
     load_prices,
     prices_from_mapping,
 )
-from model_support.records import CacheTransferFigures, CompileCacheFigures, RunRecord
+from model_support.records import (
+    CacheTransferFigures,
+    CompileCacheFigures,
+    FirstDivergence,
+    RunRecord,
+)
 from model_support.store import ResultsStore
-from model_support.vocabulary import Result, VerdictCheck
+from model_support.vocabulary import DivergencePhase, LocalizationStatus, Result, VerdictCheck
 
 CC_OLD = "2.27.1000.0"
 CC_NEW = "2.28.7631.0"
@@ -78,9 +84,13 @@ def on_compiler(
     return record.model_copy(update={"document": doc.model_copy(update=update)})
 
 
-def failed(record: RunRecord, checks: list[VerdictCheck]) -> RunRecord:
+def failed(
+    record: RunRecord, checks: list[VerdictCheck], where: FirstDivergence | None = None
+) -> RunRecord:
     doc = record.document
-    verification = doc.verification.model_copy(update={"passed": False, "failed_checks": checks})
+    verification = doc.verification.model_copy(
+        update={"passed": False, "failed_checks": checks, "first_divergence": where}
+    )
     return record.model_copy(
         update={
             "document": doc.model_copy(update={"result": Result.FAIL, "verification": verification})
@@ -203,26 +213,70 @@ def test_a_bad_price_table_is_refused_with_the_field_named(tmp_path: Path) -> No
     assert load_prices(table).price_of("trn1.32xlarge") is None  # no eu-west-1 price given
 
 
-def _two_stacks(store: ResultsStore) -> dict[str, RunRecord]:
-    """Six models on an older and a newer neuronx-cc."""
+ACT_FN_AT_STEP_18 = FirstDivergence(
+    status=LocalizationStatus.FOUND,
+    module="model.layers.0.mlp.act_fn",
+    kind="SiLUActivation",
+    error_ratio=125.3,
+    phase=DivergencePhase.DECODE,
+    step=18,
+)
+
+
+def repeated(
+    record: RunRecord, version: str, times: int, *, figures: list[dict[str, float]] | None = None
+) -> list[RunRecord]:
+    """``record`` run ``times`` times on neuronx-cc ``version``, an hour apart (each with its
+    own run id and, where given, its own figures: decode, compile_s, memory)."""
+    runs = []
+    for n in range(times):
+        doc = record.document
+        finished = (doc.finished_at or T0) + timedelta(hours=n)
+        again = record.model_copy(
+            update={
+                "run_id": f"{record.run_id}-{n}",
+                "document": doc.model_copy(
+                    update={
+                        "finished_at": finished,
+                        "started_at": finished - timedelta(seconds=120),
+                    }
+                ),
+            }
+        )
+        runs.append(on_compiler(again, version, **((figures or [{}] * times)[n])))  # type: ignore[arg-type]
+    return runs
+
+
+def _two_stacks(store: ResultsStore, times: int = 3) -> dict[str, RunRecord]:
+    """Six models on an older and a newer neuronx-cc, each run ``times`` times per stack (the
+    slower one with figures that vary a little from run to run)."""
     old, new = T0, T0 + timedelta(days=7)
     pairs = {
         "org/regressed": (make_record("org/regressed", finished=old), make_record("org/regressed", Result.ERROR, finished=new)),
-        "org/miscompiled": (make_record("org/miscompiled", finished=old), failed(make_record("org/miscompiled", finished=new), [VerdictCheck.TOKENS, VerdictCheck.KL])),
+        "org/miscompiled": (make_record("org/miscompiled", finished=old), failed(make_record("org/miscompiled", finished=new), [VerdictCheck.TOKENS, VerdictCheck.KL], ACT_FN_AT_STEP_18)),
         "org/fixed": (make_record("org/fixed", Result.ERROR, finished=old), make_record("org/fixed", finished=new)),
         "org/slower": (make_record("org/slower", finished=old), make_record("org/slower", finished=new)),
         "org/steady": (make_record("org/steady", finished=old), make_record("org/steady", finished=new)),
         "org/new-only": (None, make_record("org/new-only", Result.ERROR, finished=new)),
     }  # fmt: skip
-    stored = {}
+    base = [
+        {"decode": 76.8 + d, "memory": 2_400_000_000 + m} for d, m in ((0, 0), (1.5, 10), (-1, 5))
+    ]
+    slow = [
+        {"decode": 60.0 + d, "memory": 2_700_000_000 + m} for d, m in ((0, 0), (1, 10), (-0.5, 5))
+    ]
+    latest = {}
     for model, (before, after) in pairs.items():
         if before is not None:
-            store.add(on_compiler(before, CC_OLD))
-        figures = {"decode": 60.0, "memory": 2_700_000_000} if model == "org/slower" else {}
-        stored[model] = on_compiler(after, CC_NEW, **figures)  # type: ignore[arg-type]
-        store.add(stored[model])
+            for run in repeated(before, CC_OLD, times, figures=base[:times]):
+                store.add(run)
+        figures = slow if model == "org/slower" else base
+        runs = repeated(after, CC_NEW, times, figures=figures[:times])
+        for run in runs:
+            store.add(run)
+        latest[model] = runs[-1]
     store.materialize()
-    return stored
+    return latest
 
 
 def test_regressions_between_the_two_newest_stacks(store: ResultsStore) -> None:
@@ -244,10 +298,24 @@ def test_regressions_between_the_two_newest_stacks(store: ResultsStore) -> None:
         ("org/slower", "slower", "decode tokens/s dropped"),
         ("org/slower", "memory", "peak device memory grew"),
     }
+    assert report.unconfirmed == [] and report.flaky == []
     assert [(c.model, c.group) for c in report.fixes] == [("org/fixed", "was ERROR compile")]
+    # A FAIL says where it starts: its first diverging module, and the decode step.
+    miscompiled = next(c for c in report.regressions if c.model == "org/miscompiled")
+    assert miscompiled.detail == (
+        "first diverging module, from decode step 18: model.layers.0.mlp.act_fn "
+        "(SiLUActivation), error ratio 125"
+    )
     regressed = next(c for c in report.regressions if c.model == "org/regressed")
     assert regressed.reproduce == f"model-support reproduce {after['org/regressed'].run_id}"
+    assert (regressed.runs_before, regressed.runs_after) == (3, 3)
     assert regressed.cost_usd_after is not None and regressed.cost_usd_after > 0
+    # A speed regression says how many samples it compared and the noise it assumed.
+    slower = next(c for c in report.regressions if c.kind == "slower")
+    assert slower.detail == (
+        "decode 76.8 -> 60.0 tokens/s (-22%): medians of 3 and 3 PASS runs; noise assumed ±3% "
+        "(the wider side's range over its median), threshold 10%"
+    )
     # A looser bound, with its reason, lets the slowdown through; the reason is reported.
     loose = Thresholds().with_values("noisy host", decode_drop=0.5, memory_growth=0.5)
     relaxed = regressions(frame, before_stack, after_stack, loose, DEFAULT_PRICES)
@@ -256,9 +324,90 @@ def test_regressions_between_the_two_newest_stacks(store: ResultsStore) -> None:
     assert "decode tokens/s dropped by more than 50%: noisy host" in text
     html = MarkdownIt("commonmark").enable("table").render(render_markdown(report))
     assert "<h3>ERROR compile (1)</h3>" in html and "<h3>FAIL tokens, kl (1)</h3>" in html
-    assert f"<td><code>model-support reproduce {after['org/regressed'].run_id}</code></td>" in html
+    assert f"<code>model-support reproduce {after['org/regressed'].run_id}</code>" in html
     assert "<td><code>org/regressed</code></td>" in html
+    assert (
+        "<td>first diverging module, from decode step 18: model.layers.0.mlp.act_fn "
+        "(SiLUActivation), error ratio 125</td>" in html
+    )
     assert "<h1>Regressions: neuronx-cc 2.27.1000.0 · transformers 5.24.0 -&gt; neuronx-cc" in html
+
+
+def test_one_run_is_not_a_regression_until_re_runs_agree(store: ResultsStore) -> None:
+    """A worse result seen once is unconfirmed (with what it needs); a speed drop from one
+    sample a side is never a regression, however large."""
+    _two_stacks(store, times=1)
+    frame = read_history(store)
+    pair = default_pair(stacks(frame))
+    report = regressions(frame, *pair, Thresholds(), DEFAULT_PRICES)
+    assert report.regressions == []
+    pending = {(c.model, c.kind): c for c in report.unconfirmed}
+    assert set(pending) == {
+        ("org/regressed", "regression"), ("org/miscompiled", "regression"),
+        ("org/slower", "slower"), ("org/slower", "memory"),
+    }  # fmt: skip
+    assert pending["org/regressed", "regression"].needs == (
+        "1 of 3 agreeing runs on the newer stack: 2 more re-run(s) (model-support regressions "
+        "--confirm)"
+    )
+    assert pending["org/slower", "slower"].needs == (
+        "3 PASS runs a stack to compare (it has 1 and 1): one sample never makes a speed regression"
+    )
+    # Fewer re-runs asked for: one run is enough (the policy is the caller's).
+    eager = regressions(
+        frame, *pair, Thresholds(), DEFAULT_PRICES, confirmation=Confirmation(reruns=0)
+    )
+    assert {c.model for c in eager.regressions} == {"org/regressed", "org/miscompiled"}
+
+
+def test_samples_within_their_own_spread_are_no_regression(store: ResultsStore) -> None:
+    """Medians 12% apart are no slowdown when each side's own samples spread wider than that."""
+    before = make_record("org/noisy", finished=T0)
+    after = make_record("org/noisy", finished=T0 + timedelta(days=7))
+    for run in repeated(before, CC_OLD, 3, figures=[{"decode": v} for v in (60.0, 80.0, 100.0)]):
+        store.add(run)
+    for run in repeated(after, CC_NEW, 3, figures=[{"decode": v} for v in (55.0, 70.0, 90.0)]):
+        store.add(run)
+    store.materialize()
+    frame = read_history(store)
+    report = regressions(frame, *default_pair(stacks(frame)), Thresholds(), DEFAULT_PRICES)
+    assert report.regressions == [] and report.unconfirmed == []
+
+
+def test_a_model_whose_runs_disagree_on_one_stack_is_flaky_never_a_regression_or_a_fix(
+    store: ResultsStore,
+) -> None:
+    """A same-stack FAIL -> PASS re-run is not dropped: the model is flaky, with its runs."""
+    store.add(on_compiler(make_record("org/wobbly", finished=T0), CC_OLD))
+    first = failed(make_record("org/wobbly", finished=T0 + timedelta(days=1)), [VerdictCheck.KL])
+    second = make_record("org/wobbly", finished=T0 + timedelta(days=2))
+    for record in (first, second):
+        store.add(on_compiler(record, CC_NEW))
+    old_fail = on_compiler(make_record("org/other", Result.ERROR, finished=T0), CC_OLD)
+    old_pass = on_compiler(make_record("org/other", finished=T0 + timedelta(hours=1)), CC_OLD)
+    new_pass = on_compiler(make_record("org/other", finished=T0 + timedelta(days=1)), CC_NEW)
+    for record in (old_fail, old_pass, new_pass):
+        store.add(record)
+    store.materialize()
+    frame = read_history(store)
+    report = regressions(frame, *default_pair(stacks(frame)), Thresholds(), DEFAULT_PRICES)
+    assert report.regressions == report.fixes == report.unconfirmed == []
+    assert [(f.model, f.stack.split(" · ")[0], f.outcomes) for f in report.flaky] == [
+        ("org/other", f"neuronx-cc {CC_OLD}", "ERROR/compile, PASS"),
+        ("org/wobbly", f"neuronx-cc {CC_NEW}", "FAIL, PASS"),
+    ]
+    assert [r.run_id for r in report.flaky[1].runs] == [first.run_id, second.run_id]
+    text = render_markdown(report)
+    assert "## Flaky (runs on one stack disagree)" in text and f"`{first.run_id}`" in text
+    # A new Hub revision starts afresh: its runs are not judged against the old weights'.
+    moved = on_compiler(
+        make_record("org/wobbly", finished=T0 + timedelta(days=3)), CC_NEW, revision="c" * 40
+    )
+    store.add(moved)
+    store.materialize()
+    frame = read_history(store)
+    report = regressions(frame, *default_pair(stacks(frame)), Thresholds(), DEFAULT_PRICES)
+    assert "org/wobbly" not in {f.model for f in report.flaky}
 
 
 def test_the_markdown_shows_data_as_data() -> None:
@@ -286,31 +435,45 @@ def test_the_markdown_shows_data_as_data() -> None:
 def test_compile_time_is_compared_only_between_runs_that_met_the_cache_alike(
     store: ResultsStore,
 ) -> None:
-    old = on_compiler(make_record("org/m", finished=T0), CC_OLD, compile_s=10.0)
-    new = on_compiler(
-        make_record("org/m", finished=T0 + timedelta(days=1)), CC_NEW, compile_s=100.0
+    def cached(record: RunRecord) -> RunRecord:
+        hit = record.document.compilation.model_copy(update={"cache_hit": True})
+        document = record.document.model_copy(update={"compilation": hit})
+        return record.model_copy(update={"document": document})
+
+    cold_old = repeated(
+        make_record("org/m", finished=T0),
+        CC_OLD,
+        3,
+        figures=[{"compile_s": s} for s in (10.0, 10.5, 9.8)],
     )
-    store.add(old)
-    store.add(new)
+    warm_new = repeated(
+        make_record("org/m", finished=T0 + timedelta(days=1)),
+        CC_NEW,
+        3,
+        figures=[{"compile_s": 100.0}] * 3,
+    )
+    for record in cold_old + [cached(r) for r in warm_new]:
+        store.add(record)
     store.materialize()
     frame = read_history(store)
     pair = default_pair(stacks(frame))
-    assert [
-        c.kind for c in regressions(frame, *pair, Thresholds(), DEFAULT_PRICES).regressions
-    ] == ["compile-time"]
-    hit = new.document.compilation.model_copy(update={"cache_hit": True})
-    cached = new.model_copy(
-        update={
-            "run_id": new.run_id + "-cached",
-            "document": new.document.model_copy(
-                update={"compilation": hit, "finished_at": T0 + timedelta(days=2)}
-            ),
-        }
+    # Cold compiles on one stack, cache hits on the other: nothing to compare.
+    report = regressions(frame, *pair, Thresholds(), DEFAULT_PRICES)
+    assert report.regressions == report.unconfirmed == []
+    cold_new = repeated(
+        make_record("org/m", finished=T0 + timedelta(days=2)),
+        CC_NEW,
+        3,
+        figures=[{"compile_s": s} for s in (100.0, 98.0, 103.0)],
     )
-    store.add(cached)
+    for record in cold_new:
+        store.add(record)
     store.materialize()
     frame = read_history(store)
-    assert regressions(frame, *pair, Thresholds(), DEFAULT_PRICES).regressions == []
+    (change,) = regressions(frame, *pair, Thresholds(), DEFAULT_PRICES).regressions
+    assert change.kind == "compile-time"
+    assert change.detail is not None and change.detail.startswith("compile 10.0 -> 100.0 s (+900%)")
+    assert change.detail.endswith("; cold compiles")
 
 
 def test_stacks_are_named_by_label_version_or_compiler_and_ambiguity_is_refused(
@@ -381,5 +544,46 @@ def test_an_s3_store_keeps_its_history_and_compares_its_stacks(
         known[1].stack,
         Thresholds(),
         DEFAULT_PRICES,
+        confirmation=Confirmation(reruns=0),
     )
     assert [(c.model, c.after) for c in report.regressions] == [("org/a", "ERROR/compile")]
+
+
+def test_a_cpu_run_is_never_priced_as_trainium_core_hours(store: ResultsStore) -> None:
+    """A table's default instance prices a Neuron run that names no instance, never a CPU run."""
+    neuron = make_record("org/n", stack=NEURON_STACK.model_copy(update={"instance_type": None}))
+    cpu = make_record("org/c", neuron=False)
+    for record in (neuron, cpu):
+        store.add(record)
+    store.materialize()
+    assumed = prices_from_mapping({"default_instance_type": "trn1.32xlarge"})
+    costs = {
+        model: model_history(store.history(), model, None, assumed).cost_usd.iloc[0]
+        for model in ("org/n", "org/c")
+    }
+    assert costs["org/n"] == pytest.approx(120 / 3600 * 21.50 / 32)
+    assert pd.isna(costs["org/c"])
+
+
+def test_a_bug_reports_evidence_says_where_the_fail_starts() -> None:
+    """The bug body's line for a FAIL (read from the matrix row) says the decode step, as the
+    change's detail and the record's summary do; an older row without a phase keeps the old
+    wording."""
+    from model_support.evidence import first_divergence
+
+    row = {
+        "first_divergence": "model.layers.0.mlp.act_fn",
+        "first_divergence_kind": "SiLUActivation",
+        "first_divergence_phase": "decode",
+        "first_divergence_step": 18,
+        "first_divergence_ratio": 125.3,
+    }
+    assert first_divergence(row) == (
+        "first diverging module, from decode step 18: model.layers.0.mlp.act_fn "
+        "(SiLUActivation), error ratio 125"
+    )
+    older = {**row, "first_divergence_phase": None, "first_divergence_step": None}
+    assert first_divergence(older) == (
+        "first diverging module: model.layers.0.mlp.act_fn (SiLUActivation), error ratio 125"
+    )
+    assert first_divergence({"first_divergence": None}) is None

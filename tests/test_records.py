@@ -19,6 +19,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from model_support.config import RunConfig
+from model_support.models import WEIGHT_SUFFIXES, weights_digest
 from model_support.records import (
     Memory,
     ResultDocument,
@@ -85,6 +86,8 @@ def test_a_real_documents_nested_fields_match_the_records(
     raw = _run_rendered(config, tmp_path / "run")
     assert raw["result"] == "PASS", (raw["error"], raw["verification"].get("reason"))
     assert set(raw) == _fields(ResultDocument)
+    # A local checkpoint's row names its weights.
+    assert raw["weights_sha256"] == weights_digest(str(tiny_llama_path)) is not None
     for key, model in (
         ("timings", Timings),
         ("memory", Memory),
@@ -177,3 +180,29 @@ def test_out_of_memory_is_recorded_only_on_the_kernels_report() -> None:
     assert document_for_end(config, None, stopped, final_word=False) is None
     exited = document_for_end(config, None, RunEnd(returncode=3, seconds=1.0), final_word=False)
     assert exited is not None and "exited with status 3" in (exited.error or "")
+
+
+def test_run_py_and_the_package_hash_a_checkpoints_weights_alike(tmp_path: Path) -> None:
+    """Rows made by run.py (runs) and by the package (EXCLUDED records) name weights alike:
+    the weight files' paths and contents, nothing else."""
+    run_py = _runner_module(tmp_path)
+    assert run_py.WEIGHT_SUFFIXES == WEIGHT_SUFFIXES
+    folder = tmp_path / "ckpt"
+    (folder / "unet").mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"weights-1")
+    (folder / "unet" / "diffusion_pytorch_model.bin").write_bytes(b"weights-2")
+    (folder / "config.json").write_text("{}")
+    first = weights_digest(str(folder))
+    assert first is not None and first == run_py.weights_digest(str(folder))
+    (folder / "config.json").write_text('{"changed": true}')  # not a weight: same digest
+    assert weights_digest(str(folder)) == first
+    (folder / "model.safetensors").write_bytes(b"weights-3")
+    assert weights_digest(str(folder)) != first
+    assert weights_digest(str(folder)) == run_py.weights_digest(str(folder))
+    assert weights_digest(str(tmp_path / "missing")) is None
+    # An EXCLUDED record of a local checkpoint (nothing ran) names its weights too.
+    from model_support.records import excluded_record
+    from model_support.vocabulary import ExclusionReason
+
+    record = excluded_record(RunConfig(model=str(folder)), ExclusionReason.TOO_LARGE, "too large")
+    assert record.document.weights_sha256 == weights_digest(str(folder))

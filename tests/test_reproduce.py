@@ -93,4 +93,57 @@ def test_a_local_checkpoint_and_a_function_backend_are_said() -> None:
         row(model_path="/data/ckpt", compile_backend="model_support.faults:buggy_compiler")
     )
     assert any("local checkpoint at /data/ckpt" in note for note in plan.notes)
-    assert any("model_support.faults must be importable" in note for note in plan.notes)
+    # A backend only this project's package holds: said in the notes and in requirements.txt.
+    ran = f"model-support=={importlib.metadata.version('model-support')}"
+    said = (
+        "run.py's compile backend model_support.faults:buggy_compiler is importable only from "
+        f"model-support (this project's own package, not on the package index): install it from "
+        f"the project's repository at the version the row ran ({ran}) before running run.py"
+    )
+    assert said in plan.notes
+    assert f"# NOTE: {said}" in plan.requirements_text().splitlines()
+    # A backend from another installed distribution: that distribution, at the row's version.
+    other = recipe(row(compile_backend="markdown_it.main:compile"))
+    assert f"markdown-it-py=={importlib.metadata.version('markdown-it-py')}" in {
+        r.lower() for r in other.requirements
+    }
+
+
+def test_an_excluded_row_needs_its_stacks_torch_and_transformers() -> None:
+    """Nothing ran, so no packages were recorded: the stack it was planned on names them."""
+    plan = recipe(
+        row(
+            result="EXCLUDED",
+            packages=[],
+            stack=json.dumps(
+                {
+                    "python": "3.11.7",
+                    "torch": "2.13.0",
+                    "transformers": "5.24.0",
+                    "origin": "writer",
+                }
+            ),
+        )
+    )
+    required = pins(plan.requirements)
+    assert (required["torch"], required["transformers"]) == ("2.13.0", "5.24.0")
+
+
+def test_a_neuron_row_runs_in_its_own_image_with_the_devices_its_cores_need() -> None:
+    image = "123.dkr.ecr.us-east-1.amazonaws.com/runner:sdk2.27"
+    plan = recipe(
+        row(
+            backend="neuron",
+            stack=json.dumps({"python": "3.12.3", "torch": "2.14.0", "torch_neuronx": "2.14.1"}),
+            instance_type="trn2.48xlarge",
+            lnc=2,
+            neuron_cores=6,
+            labels=json.dumps({"image": image}),
+        )
+    )
+    assert plan.image == image
+    # trn2 at LNC=2: 4 logical cores a device, so 6 cores span 2 devices.
+    assert plan.docker_flags == [
+        "--device=/dev/neuron0", "--device=/dev/neuron1", "-e NEURON_LOGICAL_NC_CONFIG=2",
+    ]  # fmt: skip
+    assert "--device=/dev/neuron1 -e NEURON_LOGICAL_NC_CONFIG=2 -v" in plan.commands("f")[1]

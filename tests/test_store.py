@@ -586,3 +586,23 @@ def test_a_large_materialize_spread_over_processes_gives_the_same_files(
         store.materialize(rebuild=True)
     with pytest.warns(CorruptRecordWarning, match=last.name):
         store.materialize(rebuild=True, strict=False)
+
+
+def test_a_stack_without_a_library_version_sits_beside_the_same_compiler_s_others(
+    store: ResultsStore,
+) -> None:
+    """A record whose stack names no transformers version (an EXCLUDED row sized before
+    anything was installed, a document from an old runner) and one with it, on the same
+    compiler version: both matrix files are written, in a stable order."""
+    with_version = make_record()
+    without_version = make_record(
+        "org/other", stack=NEURON_STACK.model_copy(update={"transformers": None})
+    )
+    store.add(with_version)
+    store.add(without_version)
+    written = [Path(p).name for p in store.materialize()]
+    assert written[-1] == "README.md"
+    assert len(written) == 3, written
+    frame = pd.read_parquet(Path(store.root) / "data")
+    assert sorted(frame.model_id) == ["Qwen/Qwen3-0.6B", "org/other"]
+    assert store.materialize(rebuild=True) == store.materialize()

@@ -15,8 +15,9 @@ import pandas as pd
 import streamlit as st
 
 from model_support.history import reproduce_command
+from model_support.printable import printable, printable_data
 from model_support.viewer import failures, formatting, headline, output, queries, run_script
-from model_support.viewer.markup import inline_code, literal
+from model_support.viewer.markup import inline_code, literal, shown_row
 from model_support.viewer.views import RESULT_COLOURS, Context, read, stack_label
 from model_support.vocabulary import Result
 
@@ -114,7 +115,7 @@ def json_column(row: pd.Series, column: str) -> dict:
             "`model-support dataset materialize --rebuild`."
         )
         return {}
-    return parsed if isinstance(parsed, dict) else {}
+    return printable_data(parsed) if isinstance(parsed, dict) else {}
 
 
 def _figures(row: pd.Series) -> None:
@@ -209,6 +210,8 @@ def run_details(
     ``traceback``: the one kept in the run's record, shown for an ERROR or TIMEOUT;
     ``results_uri``: where it was read from, for the ``model-support reproduce`` command.
     """
+    row = shown_row(row)  # every value of the run as data: control characters escaped
+    traceback = printable(traceback) if traceback is not None else None
     result = str(row["result"])
     badge = f":{RESULT_COLOURS.get(result, 'gray')}-background[{literal(result)}]"
     st.markdown(headline.headline(row, badge))
@@ -277,16 +280,22 @@ def _reproduce(row: pd.Series, results_uri: str | None) -> None:
         st.caption(literal(note))
     pull = queries.compile_cache_pull(row)
     if pull is not None:
-        command, origin = pull
+        command, how = pull
         st.markdown(
-            f"2. Pull {origin} for this compiler version (saves compiling again; the "
+            "2. Pull the compiled graphs for this compiler version (saves compiling again; the "
             "installed compiler must be the same version, which the image gives):"
         )
         st.code(command, language="bash")
+        st.caption(f"From {literal(how)}.")
     else:
         st.markdown(
-            f"2. No shared compile cache holds this run's entries (compiler: "
+            f"2. No compile cache whose entries you can verify holds this run's (compiler: "
             f"{literal(row['compiler'] or 'unknown')}); it compiles from scratch."
+        )
+        st.caption(
+            "Only a shared cache whose entries the operator's trusted pushers sign is offered: "
+            "whoever can write a compile cache runs code in those who pull from it, so a "
+            "namespace's own cache and the public NEFF cache (an unsigned mirror) are not."
         )
     run_py = made.run_py
     st.markdown("3. Save `run.py` and run it:")
@@ -317,6 +326,12 @@ def _more(row: pd.Series, verification: dict) -> None:
         with st.expander("Whole verification (JSON)"):
             st.json(verification, expanded=False)
     with st.expander("Stack (every recorded version)"):
+        reported = headline.reported_stack_fields(row)
+        if reported:
+            st.caption(
+                "As its runner pod reported them, checked against nothing the operator knows: "
+                + literal(", ".join(reported))
+            )
         st.json(json_column(row, "stack"), expanded=1)
     with st.expander("Run"):
         run = {

@@ -48,17 +48,29 @@ def stack(row: Mapping[str, object]) -> str:
     return f"{line} (as its runner pod reported it)" if _stack_reported(row) else line
 
 
-def _stack_reported(row: Mapping[str, object]) -> bool:
-    """Whether the operator recorded the stack from the pod's report, not from the runner
-    image's declared versions (label ``stack``; runs outside the operator have no such label)."""
+def _labels(row: Mapping[str, object]) -> dict[str, object]:
+    """The row's labels (operator records carry them); empty when absent or damaged."""
     labels = row.get("labels")
     if not isinstance(labels, str) or not labels:
-        return False
+        return {}
     try:
         parsed = json.loads(labels)
     except ValueError:
-        return False  # a damaged labels column says nothing about the stack
-    return isinstance(parsed, dict) and parsed.get("stack") == "reported"
+        return {}  # a damaged labels column says nothing
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _stack_reported(row: Mapping[str, object]) -> bool:
+    """Whether the operator recorded the stack from the pod's report, not from the runner
+    image's declared versions (label ``stack``; runs outside the operator have no such label)."""
+    return _labels(row).get("stack") == "reported"
+
+
+def reported_stack_fields(row: Mapping[str, object]) -> list[str]:
+    """The stack fields the operator recorded on its runner pod's word alone, checked against
+    nothing it knows (label ``stack_reported``: python, os, device_name, ...)."""
+    value = _labels(row).get("stack_reported")
+    return [f for f in value.split(",") if f] if isinstance(value, str) else []
 
 
 def device(row: Mapping[str, object]) -> str:
@@ -66,11 +78,17 @@ def device(row: Mapping[str, object]) -> str:
     instance = _text(row, "instance_type")
     lnc = _int(row, "lnc")
     backend = _text(row, "backend")
+    reported = set(reported_stack_fields(row))
+    if instance and "instance_type" in reported:
+        instance += " as its pod reported it"
     if on_trainium(row):
         where = f"Trainium {instance}" if instance else "Trainium (instance not recorded)"
         return f"{where}, LNC {lnc}" if lnc else where
     name = {"cpu": "CPU", "cuda": "CUDA"}.get(backend or "", backend or "unknown device")
-    detail = ", ".join(v for v in (instance, _text(row, "device_name")) if v)
+    device_name = _text(row, "device_name")
+    if device_name and "device_name" in reported:
+        device_name += " as its pod reported it"
+    detail = ", ".join(v for v in (instance, device_name) if v)
     return f"{name} ({detail})" if detail else name
 
 

@@ -18,6 +18,7 @@ import streamlit as st
 
 from model_support.history import (
     Change,
+    Confirmation,
     Report,
     Stack,
     StackInfo,
@@ -37,7 +38,7 @@ from model_support.history import (
 from model_support.pricing import DEFAULT_PRICES, PriceTable, PriceTableError, load_prices
 from model_support.store import ResultsStore
 from model_support.viewer import formatting
-from model_support.viewer.markup import inline_code, literal
+from model_support.viewer.markup import inline_code, literal, shown_frame
 from model_support.viewer.queries import UNTESTED
 from model_support.viewer.views import RESULT_COLOURS, result_column
 
@@ -114,7 +115,11 @@ def _report(
     task: str | None,
 ) -> Report:
     runs = _stack_runs(results_uri, fingerprint, (before, after))
-    return regressions(runs, before, after, thresholds, prices, task)
+    # Every worse result the history holds is listed (none waits for re-runs here); flaky
+    # models and the samples speed needs are judged as `model-support regressions` does.
+    return regressions(
+        runs, before, after, thresholds, prices, task, confirmation=Confirmation(reruns=0)
+    )
 
 
 @st.cache_resource(show_spinner=False)
@@ -205,9 +210,9 @@ def view_history(ctx: HistoryContext) -> None:
     known = runs["cost_usd"].dropna()
     cols[3].metric("cost of these runs", money(float(known.sum())) if not known.empty else "—")
     _history_chart(runs)
-    shown = history_table(runs)
+    table = shown_frame(history_table(runs))
     event = st.dataframe(
-        shown,
+        table,
         hide_index=True,
         placeholder=formatting.BLANK_CELL,
         on_select="rerun",
@@ -220,8 +225,8 @@ def view_history(ctx: HistoryContext) -> None:
         },
     )
     rows = event.selection.rows if event is not None else []
-    run_id = str(shown.iloc[rows[0]]["run id"]) if rows else st.session_state.get("run")
-    if run_id and run_id in set(shown["run id"]):
+    run_id = str(table.iloc[rows[0]]["run id"]) if rows else st.session_state.get("run")
+    if run_id and run_id in set(table["run id"]):
         st.session_state["run"] = run_id
         _run_details(ctx, run_id)
     else:
@@ -404,7 +409,7 @@ def view_regressions(ctx: HistoryContext) -> None:
 def _change_table(changes: list[Change], key: str) -> Change | None:
     """A table of changes, each row clickable; the clicked change, if any."""
     event = st.dataframe(
-        regression_table(changes),
+        shown_frame(regression_table(changes)),
         hide_index=True,
         placeholder=formatting.BLANK_CELL,
         key=key,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -45,7 +46,7 @@ LIST_COLUMNS: tuple[str, ...] = (
 )
 TRIAGE_COLUMNS: tuple[str, ...] = (
     "model_id", "task", "result", "error_class", "error", "verification_reason",
-    "first_divergence", "first_divergence_kind",
+    "first_divergence", "first_divergence_kind", "first_divergence_phase",
 )  # fmt: skip
 COMPARE_COLUMNS: tuple[str, ...] = ("model_id", "task", "result", "error_class", "wall_time_s")
 PASS_RATE_COLUMNS: tuple[str, ...] = ("compiler", "compiler_version", "model_id", "result")
@@ -58,7 +59,7 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "packages", "stack", "run_id", "source", "backend", "compile_backend", "dtype", "parallelism",
     "revision", "resolved_revision", "torch", "torch_neuronx", "started_at", "finished_at",
     "recorded_at", "stage", "failed_checks", "q90_ratio", "peak_ratio", "kl_ratio", "parameters",
-    "instance_type", "lnc", "device_name", "library", "library_version",
+    "instance_type", "lnc", "device_name", "library", "library_version", "labels",
 )  # fmt: skip
 
 COMPILE_CACHE_COLUMNS: tuple[str, ...] = (
@@ -69,9 +70,6 @@ COMPILE_CACHE_COLUMNS: tuple[str, ...] = (
 )  # fmt: skip
 """What the details show about the compile cache (absent from datasets older than it)."""
 
-PUBLIC_NEFF_CACHE = "hf://buckets/aws-neuron/torch-neuronx-neff-cache"
-"""The public TorchNeuron NEFF cache (one neuronxcc-<version> prefix per compiler)."""
-
 
 def _text(row: Mapping[str, object], name: str) -> str | None:
     value = row.get(name)
@@ -81,6 +79,9 @@ def _text(row: Mapping[str, object], name: str) -> str | None:
 CACHE_TARGETS_ENV = "MODEL_SUPPORT_VIEWER_CACHE_TARGETS"
 """Compile cache roots the viewer may name in a pull command (comma-separated; ``{namespace}``
 stands for any one namespace): the targets the operator's admin configured."""
+CACHE_KEYS_ENV = "MODEL_SUPPORT_VIEWER_CACHE_TRUSTED_KEYS"
+"""The public keys (``ed25519:<base64>``, comma-separated) whose signatures a pull command
+the viewer offers checks: the operator's compileCacheTrustedKeys."""
 
 
 def configured_cache_targets() -> list[str]:
@@ -88,48 +89,65 @@ def configured_cache_targets() -> list[str]:
     return [t.strip() for t in os.environ.get(CACHE_TARGETS_ENV, "").split(",") if t.strip()]
 
 
-def _under_configured(target: str, configured: Sequence[str]) -> bool:
-    """Whether ``target`` lies under a configured root (``{namespace}``: any one segment)."""
-    parts = target.rstrip("/").split("/")
-    if any(p in (".", "..") for p in parts):
+def configured_cache_keys() -> list[str]:
+    """The keys the viewer's pull commands trust (see ``CACHE_KEYS_ENV``)."""
+    return [k.strip() for k in os.environ.get(CACHE_KEYS_ENV, "").split(",") if k.strip()]
+
+
+def _segments(location: str) -> list[str] | None:
+    """A location's scheme and path segments; None when a segment is empty, ``.`` or ``..``."""
+    scheme, separator, rest = location.rstrip("/").partition("://")
+    body = rest if separator else location.rstrip("/")
+    parts = body.split("/")
+    if any(p in ("", ".", "..") for p in (parts[1:] if body.startswith("/") else parts)):
+        return None
+    return [scheme + separator if separator else "", *parts]
+
+
+def _under_shared(target: str, configured: Sequence[str]) -> bool:
+    """Whether ``target`` lies under a configured root shared by every namespace (one without
+    ``{namespace}``: only the admin's trusted pushers write there, and they sign)."""
+    parts = _segments(target)
+    if parts is None:
         return False
     for root in configured:
-        pattern = root.rstrip("/").split("/")
-        if len(parts) >= len(pattern) and all(
-            (want == "{namespace}" and bool(have)) or want == have
-            for want, have in zip(pattern, parts, strict=False)
-        ):
-            return True
+        pattern = _segments(root) if "{namespace}" not in root else None
+        if pattern is not None and parts[: len(pattern)] == pattern:
+            return True  # (a {namespace} root is a namespace's own: what its tests run wrote)
     return False
 
 
 def compile_cache_pull(
-    row: Mapping[str, object], configured: Sequence[str] | None = None
+    row: Mapping[str, object],
+    configured: Sequence[str] | None = None,
+    keys: Sequence[str] | None = None,
 ) -> tuple[str, str] | None:
-    """The exact pull command for a row's compiler version, and where that cache is from.
+    """The exact pull command for a row's compile cache, and what it verifies; None when no
+    cache whose entries a reader can verify holds them.
 
-    The run's own cache target when it is one the operator configured (``configured``, default
-    :func:`configured_cache_targets`: a record can name any target, and whoever writes a
-    target runs code in those who pull from it), else the public NEFF cache for a Trainium row;
-    None when no such cache holds this compiler's entries.
+    Whoever can write a compile cache runs code in those who pull from it, so the viewer
+    offers only the run's own target when it lies under a shared target the operator
+    configured (``configured``, default :func:`configured_cache_targets`) and the operator's
+    trusted keys are known (``keys``, default :func:`configured_cache_keys`): the command then
+    takes only entries a manifest signed by those keys lists. A namespace's own cache (written
+    by what its tests run) and the public NEFF cache (an unsigned mirror) are never offered.
     """
     from model_support.compile_cache import pull_command
 
     configured = configured_cache_targets() if configured is None else configured
+    keys = configured_cache_keys() if keys is None else keys
     prefix = _text(row, "compile_cache_prefix")
-    if prefix is None and _text(row, "neuronx_cc"):
-        prefix = f"neuronxcc-{_text(row, 'neuronx_cc')}"
-    if prefix is None and _text(row, "compiler") == "inductor" and _text(row, "torch"):
-        prefix = f"inductor-torch-{_text(row, 'torch')}"
     target = _text(row, "compile_cache_target")
-    if target is not None and not _under_configured(target, configured):
-        target = None
-    origin = "the cache this run pulled and pushed"
-    if target is None and prefix is not None and prefix.startswith("neuronxcc-"):
-        target, origin = PUBLIC_NEFF_CACHE, "the public TorchNeuron NEFF cache"
-    if prefix is None or target is None:
+    if prefix is None or target is None or not keys or not _under_shared(target, configured):
         return None
-    return pull_command(target, prefix), origin
+    command = pull_command(target, prefix) + "".join(
+        f" --trusted-key {shlex.quote(key)}" for key in keys
+    )
+    how = (
+        "the shared cache this run pushed to; the pull takes only entries that a manifest "
+        "signed by the operator's trusted pushers lists (--trusted-key), and nothing else"
+    )
+    return command, how
 
 
 def version_key(version: str | None) -> tuple[int, Version | str]:
@@ -370,12 +388,15 @@ def failure_messages(failed: pd.DataFrame) -> pd.Series:
     return messages.where(messages.notna(), None)
 
 
-def divergence_signature(module: object, kind: object) -> str | None:
+def divergence_signature(module: object, kind: object, phase: object = None) -> str | None:
     """A FAIL's group by where it starts: the first diverging module's own name (its last
-    part, e.g. o_proj) and class, the same in every layer and every model; None when unknown."""
+    part, e.g. o_proj) and class, the same in every layer and every model, and the phase it
+    was found in (prefill or decode; not the step, which differs by model); None when
+    unknown."""
     if not isinstance(module, str) or not module:
         return None
-    return f"FAIL, first diverging module: {module.rpartition('.')[2]} ({kind})"
+    found_in = {"decode": " in a decode step", "prefill": " in the prefill"}.get(str(phase), "")
+    return f"FAIL, first diverging module{found_in}: {module.rpartition('.')[2]} ({kind})"
 
 
 def failure_signatures(failed: pd.DataFrame) -> list[str]:
@@ -389,12 +410,13 @@ def failure_signatures(failed: pd.DataFrame) -> list[str]:
 
     errors, reasons = column("error"), column("verification_reason")
     modules, kinds = column("first_divergence"), column("first_divergence_kind")
+    phases = column("first_divergence_phase")
     return [
-        divergence_signature(m, k)
+        divergence_signature(m, k, p)
         or error_signature(
             e if isinstance(e, str) else r.split("; ")[0] if isinstance(r, str) else None
         )
-        for e, r, m, k in zip(errors, reasons, modules, kinds, strict=True)
+        for e, r, m, k, p in zip(errors, reasons, modules, kinds, phases, strict=True)
     ]
 
 

@@ -26,7 +26,7 @@ from model_support.viewer.data import (
     read_columns_reporting,
     unlisted_data_files,
 )
-from model_support.viewer.markup import inline_code, literal
+from model_support.viewer.markup import inline_code, literal, shown_frame
 from model_support.vocabulary import Result, Task
 
 if TYPE_CHECKING:
@@ -373,7 +373,7 @@ def show_table(table: pd.DataFrame, key: str, hub_url: str) -> None:
     model = st.session_state.get("model")
     page = table_pages.show_page(table, key, model)
     links = [formatting.hub_page(m, hub_url) for m in page.rows["model"].astype(str)]
-    table = without_empty_columns(page.rows.assign(**{HUB_COLUMN: links}))
+    table = without_empty_columns(shown_frame(page.rows).assign(**{HUB_COLUMN: links}))
     st.caption(table_pages.rows_caption(page.start, page.start + len(table), page.total))
     config = table_config(table)
     models = table["model"].astype(str).reset_index(drop=True)
@@ -555,7 +555,7 @@ def view_triage(ctx: Context) -> pd.DataFrame:
         f"{int(groups['count'].sum()):,} failures"
     )
     event = st.dataframe(
-        groups,
+        shown_frame(groups),
         hide_index=True,
         placeholder=formatting.BLANK_CELL,
         column_config={

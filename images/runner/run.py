@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import datetime
 import gc
+import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -452,6 +453,32 @@ def is_local(model: str) -> bool:
     return os.path.isdir(model)
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+"""Files that hold a checkpoint's weights (model_support.models keeps the same list)."""
+
+
+def weights_digest(folder: str) -> str | None:
+    """sha256 of a local checkpoint's weights: over each weight file's path (relative, sorted)
+    and its content's sha256, so a row names exactly the weights it tested. None when the
+    folder holds no weight file or cannot be read (model_support.models: the same function)."""
+    entries = []
+    try:
+        for root, _, names in os.walk(folder):
+            for name in names:
+                if name.endswith(WEIGHT_SUFFIXES):
+                    path = os.path.join(root, name)
+                    digest = hashlib.sha256()
+                    with open(path, "rb") as handle:
+                        for block in iter(lambda: handle.read(1 << 20), b""):
+                            digest.update(block)
+                    entries.append(f"{os.path.relpath(path, folder)}\0{digest.hexdigest()}\n")
+    except OSError:
+        return None
+    if not entries:
+        return None
+    return hashlib.sha256("".join(sorted(entries)).encode()).hexdigest()
+
+
 def hub_arguments(config: dict) -> dict:
     """from_pretrained's revision (none for a local checkpoint) and remote-code arguments."""
     return {
@@ -633,13 +660,25 @@ def build_inputs(config: dict, processor, prompts: list[str]):
     return processor(prompts, return_tensors="pt", padding=True)
 
 
-def generate(model, inputs, max_new_tokens: int, pad_token_id, clock=None):
+def generate(
+    model,
+    inputs,
+    max_new_tokens: int,
+    pad_token_id,
+    clock=None,
+    logits_processor=None,
+    stopping_criteria=(),
+):
     """Greedy generation of exactly max_new_tokens with a static cache; logits kept.
 
     ``clock``: a :func:`first_token_clock`, told of every token (it never stops generation).
+    ``logits_processor`` and ``stopping_criteria``: the localization's replay of a step (its
+    tokens forced, stopped after the step).
     """
+    criteria = [*([] if clock is None else [clock]), *stopping_criteria]
     return model.generate(
-        stopping_criteria=None if clock is None else [clock],
+        stopping_criteria=criteria or None,
+        logits_processor=logits_processor,
         **inputs,
         max_new_tokens=max_new_tokens,
         min_new_tokens=max_new_tokens,
@@ -3439,19 +3478,25 @@ def task_verdict(
 #
 # On a FAIL (verification.localize "on_fail"; "always" for any run, "never" to skip) the run
 # names the first module, in execution order, whose compiled output diverges. The float32
-# reference runs the model's forward on each prompt and the device's tokens (as the verdict
-# scores it) and keeps every module's inputs and output. Level by level from the model's
-# children down, the modules of a level are compiled together with the run's compile backend
-# (one graph per level and prompt, under the model's own module names) and each is called on
-# the reference's inputs for it (teacher forced: an earlier module's error never reaches a later
-# one); the baseline (the run's arithmetic on CPU) runs on the same inputs. A module diverges
-# when its output's relative error beats the baseline's by the verdict's own bounds
+# reference runs the searched module's forward and keeps every module's inputs and output: for
+# a generating task whose FAIL first shows at a decode step, that step as the run ran it (the
+# run's batch generated again with the device's tokens forced, one token per sequence against
+# the static cache the earlier steps filled); otherwise each prompt and the device's tokens in
+# one pass (as the verdict scores it). Level by level from the model's children down, the
+# modules of a level are compiled together with the run's compile backend (one graph per level
+# and root call, under the model's own module names, with the step's shapes) and each is called
+# on the reference's inputs for it (teacher forced: an earlier module's error never reaches a
+# later one); the baseline (the run's arithmetic on CPU) runs on the same inputs. A module
+# diverges when its output's relative error beats the baseline's by the verdict's own bounds
 # (max_error_ratio on the median over positions, max_q90_ratio, max_peak_ratio). The first
 # diverging module of a level is searched in turn, down to a module none of whose children
 # diverges. It never changes the result; what stopped it is recorded. docs/verification.md.
 
 LOCALIZE_MODES = ("on_fail", "always", "never")
 LOCALIZATION_STATUSES = ("found", "none", "incomplete", "failed", "not_supported")
+# Where a generating task's search compiled the modules: the prompt's forward (or the whole
+# sequence at once), or one decode step (one token per sequence against the filled cache).
+DIVERGENCE_PHASES = ("prefill", "decode")
 LOCALIZE_CANDIDATES = 2  # further diverging modules (after the answer) that are named too
 # Each check of a module's relative error (over positions) and the verdict's bound for it.
 DIVERGENCE_BOUNDS = (
@@ -3469,6 +3514,94 @@ def localization_wanted(params: dict, result: str | None) -> bool:
             f"verification.localize is {mode!r}: use one of {', '.join(LOCALIZE_MODES)}"
         )
     return mode == "always" or (mode == "on_fail" and result == "FAIL")
+
+
+def failing_positions(verification: dict, params: dict) -> list:
+    """Where a token verdict's FAIL starts (pure): the generated positions to search (0: the
+    prefill's token, s: decode step s), in order; [] when no position fails.
+
+    The first failing position is the earliest whose token is bad, or whose logit error or KL
+    divergence is beyond the peak (or KL) bound times the largest a correct run reaches on its
+    prompt (the baseline's): it fails by itself. Where no position does (a FAIL of the median,
+    q90 or mean KL over many positions), the earliest beyond the baseline's largest error or KL
+    on its prompt. A fault may start below the bounds a step or more before (a cache write read
+    again later): where the positions just before it on its prompt are already beyond the
+    baseline's largest, the first of them is searched first. Router ties the verdict excused
+    never count.
+    """
+    largest: dict = {}
+    positions = [p for p in verification.get("positions") or [] if not p.get("excused")]
+    for p in positions:
+        peak, kl = largest.get(p["prompt"], (0.0, 0.0))
+        largest[p["prompt"]] = (max(peak, p["baseline_deviation"]), max(kl, p["baseline_kl"]))
+    alone, beyond = set(), set()
+    for p in positions:
+        peak, kl = largest[p["prompt"]]
+        peak, kl = max(peak, params["error_floor"]), max(kl, params["kl_floor"])
+        deviation, divergence = p["device_deviation"], p["device_kl"]
+        where = (p["prompt"], p["position"])
+        # "not <=": a NaN fails.
+        if (
+            p["verdict"] == "bad"
+            or not deviation <= params["max_peak_ratio"] * peak
+            or not divergence <= params["max_kl_ratio"] * kl
+        ):
+            alone.add(where)
+        if not deviation <= peak or not divergence <= kl:
+            beyond.add(where)
+    chosen = alone or beyond
+    if not chosen:
+        return []
+    first = min(position for _, position in chosen)
+    onset = first
+    for prompt in {prompt for prompt, position in chosen if position == first}:
+        start = first
+        while (prompt, start - 1) in beyond:
+            start -= 1
+        onset = min(onset, start)
+    return sorted({onset, first})
+
+
+@dataclasses.dataclass
+class SearchPlan:
+    """What one search compiles the modules with: the whole sequence at once (``step`` None:
+    the scenario's root calls, one prefill-shaped forward per input), or one step of the
+    generation as the run ran it (0: the prefill, s >= 1: decode step s)."""
+
+    phase: str | None  # DIVERGENCE_PHASES; None for a family that does not decode
+    step: int | None
+
+    def shapes(self) -> str:
+        """Where the modules were compiled and called, in words."""
+        if self.step is None:
+            return "on the whole sequence at once" if self.phase else "on the run's inputs"
+        if self.step == 0:
+            return "at the prefill step as the run ran it (the prompt, writing the static cache)"
+        return f"at decode step {self.step} (one token per sequence, against the static cache)"
+
+
+def search_plans(generates: bool, verification: dict, params: dict, failed: bool) -> list:
+    """The searches a run makes, in order, each only when the one before finds nothing.
+
+    A FAIL first seen at a decode step is searched at that step (from where it began below the
+    bounds, see failing_positions). One first seen at the prefill's token, or a run with no
+    failing position (a PASS searched with "always", a FAIL spread over positions), is searched
+    on the whole sequence at once, as the verdict scores it; a prefill FAIL then also at the
+    prefill step as the run ran it (for an encoder-decoder, the decoder's first step: one token
+    against the encoder's output). A family that does not decode has one search, on its inputs.
+    """
+    if not generates:
+        return [SearchPlan(None, None)]
+    positions = failing_positions(verification, params) if failed else []
+    if not positions:
+        return [SearchPlan("prefill", None)]
+    plans = []
+    for position in positions:
+        if position == 0:
+            plans += [SearchPlan("prefill", None), SearchPlan("prefill", 0)]
+        else:
+            plans.append(SearchPlan("decode", position))
+    return plans
 
 
 def row_errors(value, reference):
@@ -3634,21 +3767,85 @@ def tensor_output(output):
     return first if hasattr(first, "dim") else None
 
 
+def is_cache(value) -> bool:
+    """Whether ``value`` is a transformers cache object (a static cache, one of its layers, an
+    encoder-decoder pair of caches): state that a decode step's call reads and updates in place."""
+    return type(value).__module__ == "transformers.cache_utils"
+
+
+def map_call(value, fn, memo: dict | None = None):
+    """``fn`` applied to every tensor of a module call's nested tuples, lists, dicts and model
+    outputs, and inside transformers cache objects, which become copies: a cache is state the
+    call updates in place, so a call never writes into the cache it was given. ``memo`` (id of
+    a cache -> (that cache, its copy)) makes calls share one copy, and maps a copy back to its
+    original where it holds (copy -> original) pairs."""
+    if hasattr(value, "dim"):
+        return fn(value)
+    if isinstance(value, dict):
+        mapped = {key: map_call(item, fn, memo) for key, item in value.items()}
+        # A model output (encoder_outputs of an encoder-decoder's decode step) stays one: the
+        # model reads it by index as well as by name.
+        return type(value)(**mapped) if hasattr(value, "to_tuple") else mapped
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_call(item, fn, memo) for item in value)
+    if is_cache(value):
+        return _copy_cache(value, fn, {} if memo is None else memo)
+    return value
+
+
+def _copy_cache(cache, fn, memo: dict):
+    """A copy of a cache object with ``fn`` applied to its tensors (see map_call)."""
+    import copy
+
+    if id(cache) in memo:
+        return memo[id(cache)][1]
+    copied = copy.copy(cache)
+    memo[id(cache)] = (cache, copied)
+    device = None
+    for name, item in vars(cache).items():
+        if hasattr(item, "dim"):
+            mapped = fn(item)
+            if hasattr(mapped, "dim"):
+                if mapped.untyped_storage().data_ptr() == item.untyped_storage().data_ptr():
+                    mapped = mapped.clone()  # never the original's storage: the call writes it
+                device = mapped.device if device is None else device
+            setattr(copied, name, mapped)
+        elif isinstance(item, (dict, list, tuple)) or is_cache(item):
+            setattr(copied, name, map_call(item, fn, memo))
+    if isinstance(getattr(copied, "device", None), torch.device) and device is not None:
+        copied.device = device  # where a static layer makes its cache positions
+    return copied
+
+
 def capture_calls(model, names: list, root_calls: list) -> list:
     """Run the model on each root call; per call, each named module's first (args, kwargs,
-    output) on CPU, and the order in which all modules were first called (``names`` None)."""
+    output) on CPU, and the order in which all modules were first called (``names`` empty).
+
+    A root call's caches are copied for the forward (it updates them); a module's captured
+    call holds the root call's own cache, the state before the step, which is what the module
+    read of it (each module reads the part of the cache only it updates: its layer's)."""
     modules = dict(model.named_modules())
     captured: list = []
+    pending: dict = {}
     order: list = []
+    back: dict = {}  # id of a root call's cache copy -> (the copy, the root call's cache)
 
-    def keeper(name: str):
+    def clone(tensor):
+        return tensor.detach().clone().cpu()
+
+    def before(name: str):
+        def keep(module, args, kwargs):
+            if name not in captured[-1] and name not in pending:
+                pending[name] = map_call((args, kwargs), clone, back)
+
+        return keep
+
+    def after(name: str):
         def keep(module, args, kwargs, output):
-            if name not in captured[-1]:
-                clone = lambda t: t.detach().clone().cpu()  # noqa: E731
+            if name in pending:
                 value = tensor_output(output)
                 captured[-1][name] = (
-                    map_tensors(args, clone),
-                    map_tensors(kwargs, clone),
+                    *pending.pop(name),
                     None if value is None else value.detach().double().cpu(),
                 )
 
@@ -3662,7 +3859,12 @@ def capture_calls(model, names: list, root_calls: list) -> list:
         return seen
 
     hooks = [
-        modules[name].register_forward_hook(keeper(name), with_kwargs=True) for name in names
+        hook
+        for name in names
+        for hook in (
+            modules[name].register_forward_pre_hook(before(name), with_kwargs=True),
+            modules[name].register_forward_hook(after(name), with_kwargs=True),
+        )
     ] + [
         module.register_forward_pre_hook(note(name))
         for name, module in modules.items()
@@ -3670,8 +3872,13 @@ def capture_calls(model, names: list, root_calls: list) -> list:
     ]
     try:
         with torch.no_grad():
-            for args, kwargs in root_calls:
+            for call in root_calls:
                 captured.append({})
+                pending.clear()
+                memo: dict = {}
+                args, kwargs = map_call((call[0], call[1]), lambda t: t, memo)
+                back.clear()
+                back.update({id(copied): (copied, own) for own, copied in memo.values()})
                 model(*args, **kwargs)
     finally:
         for hook in hooks:
@@ -3679,17 +3886,17 @@ def capture_calls(model, names: list, root_calls: list) -> list:
     return order if not names else captured
 
 
-def _cast_call(call, dtype, device):
-    """A call's (args, kwargs) with its floating tensors in ``dtype``, all on ``device``."""
-    args, kwargs = call[0], call[1]
+def _cast_call(call, dtype, device, memo: dict | None = None):
+    """A call's (args, kwargs) with its floating tensors in ``dtype``, all on ``device``; its
+    caches copies (``memo``: shared with other calls, see map_call)."""
     move = lambda t: t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)  # noqa: E731
-    return map_tensors(args, move), map_tensors(kwargs, move)
+    return map_call((call[0], call[1]), move, memo)
 
 
 def tensor_shapes(value) -> list:
-    """The shape of every tensor of a nested structure, in map_tensors' order."""
+    """The shape of every tensor of a nested structure (caches included), in map_call's order."""
     shapes: list = []
-    map_tensors(value, lambda t: shapes.append(tuple(t.shape)))
+    map_call(value, lambda t: shapes.append(tuple(t.shape)))
     return shapes
 
 
@@ -3734,7 +3941,7 @@ def take_shards(value, dims: list, world_size: int, rank: int):
         start, end = shard_span(tensor.shape[dim], world_size, rank)
         return tensor.narrow(dim, start, end - start)
 
-    return map_tensors(value, cut)
+    return map_call(value, cut)
 
 
 def module_layouts(model, root_call, dtype, device) -> dict:
@@ -3779,7 +3986,11 @@ def run_level(device_model, placement: Placement, names: list, calls: list, dtyp
     outputs = []
     with torch.no_grad():
         for prompt_calls in calls:
-            out = compiled([_cast_call(call, dtype, placement.device) for call in prompt_calls])
+            # The level's modules share one copy of a cache: each updates only its own layer's.
+            memo: dict = {}
+            out = compiled(
+                [_cast_call(call, dtype, placement.device, memo) for call in prompt_calls]
+            )
             placement.backend.synchronize()
             outputs.append([tensor.detach().cpu() for tensor in out])
     return outputs
@@ -3840,42 +4051,61 @@ def follow_localization(ctx: RunContext, placement: Placement, processor, genera
 
 def _follow(ctx: RunContext, placement: Placement, processor, generation) -> None:
     channel = LocalizationChannel(ctx)
-    if channel.broadcast() != LocalizationChannel.START:
-        return
     config = ctx.config
     scenario, dtype = scenario_for(config["task"]), torch_dtype(config["dtype"])
-    layouts: dict = {}
-    try:
-        root_calls = scenario.localization_calls(config, processor, generation)
-        _, model = scenario.load(
-            config, config["dtype"], placement.device, placement.distributed_config
-        )
-        model = scenario.localization_module(model)
-        layouts = module_layouts(model, root_calls[0], dtype, placement.device)
-        channel.gather(layouts)
-    except Exception as exc:
-        channel.gather(f"{type(exc).__name__}: {exc}")
-    while True:
-        message = channel.broadcast()
-        if message[0] != LocalizationChannel.MEASURE:
-            return
-        _, names, full_calls = message
+    model = None
+    message = channel.broadcast()
+    # One search after another (a prefill's whole sequence, then its step), until rank 0 is done.
+    while isinstance(message, tuple) and message[0] == LocalizationChannel.START:
+        _, step, tokens = message
+        layouts: dict = {}
         try:
-            local_calls = [
-                [
-                    take_shards(
-                        call,
-                        shard_dims(tensor_shapes(call), layouts[name][0], ctx.world_size, ctx.rank),
-                        ctx.world_size,
-                        ctx.rank,
-                    )
-                    for name, call in zip(names, prompt_calls, strict=True)
-                ]
-                for prompt_calls in full_calls
-            ]
-            channel.gather(run_level(model, placement, names, local_calls, dtype))
+            if model is None:
+                _, model = scenario.load(
+                    config, config["dtype"], placement.device, placement.distributed_config
+                )
+            root_call = own_root_call(
+                scenario, config, processor, generation, model, step, tokens, placement
+            )
+            model_searched = scenario.localization_module(model)
+            layouts = module_layouts(model_searched, root_call, dtype, placement.device)
+            channel.gather(layouts)
         except Exception as exc:
             channel.gather(f"{type(exc).__name__}: {exc}")
+        message = channel.broadcast()
+        while isinstance(message, tuple) and message[0] == LocalizationChannel.MEASURE:
+            _, names, full_calls = message
+            try:
+                local_calls = [
+                    [
+                        take_shards(
+                            call,
+                            shard_dims(
+                                tensor_shapes(call), layouts[name][0], ctx.world_size, ctx.rank
+                            ),
+                            ctx.world_size,
+                            ctx.rank,
+                        )
+                        for name, call in zip(names, prompt_calls, strict=True)
+                    ]
+                    for prompt_calls in full_calls
+                ]
+                searched = scenario.localization_module(model)
+                channel.gather(run_level(searched, placement, names, local_calls, dtype))
+            except Exception as exc:
+                channel.gather(f"{type(exc).__name__}: {exc}")
+            message = channel.broadcast()
+
+
+def own_root_call(scenario, config, processor, generation, model, step, tokens, placement):
+    """This rank's root call for learning how it holds each module (module_layouts): the first
+    input's whole-sequence call (``step`` None), or the step replayed on this rank's own shard
+    of the model, so its cache is the shard it holds."""
+    if step is None:
+        return scenario.localization_calls(config, processor, generation)[0]
+    return replay_step(
+        scenario, config, processor, model, tokens, step, placement.device, config["dtype"]
+    )
 
 
 def release_followers(ctx: RunContext) -> None:
@@ -3904,10 +4134,11 @@ def router_ties(reference, baseline, root_calls: list, dtype, params: dict, prec
     if not moe_routers(reference):
         return ties  # a dense model: no forward passes for nothing
     with torch.no_grad():
-        for args, kwargs in root_calls:
+        for call in root_calls:
+            args, kwargs = map_call((call[0], call[1]), lambda t: t)  # its caches copied
             with observe_routers(reference) as reference_seen:
                 reference(*args, **kwargs)
-            cast_args, cast_kwargs = _cast_call((args, kwargs), dtype, torch.device("cpu"))
+            cast_args, cast_kwargs = _cast_call(call, dtype, torch.device("cpu"))
             with observe_routers(baseline) as baseline_seen, precision:
                 baseline(*cast_args, **cast_kwargs)
             for name, (logits, k) in reference_seen.items():
@@ -3972,177 +4203,349 @@ def expert_call(module, call, expert: int):
     return tuple(bound.args), dict(bound.kwargs)
 
 
-def localize(ctx: RunContext, placement: Placement, root_calls: list, in_time) -> dict:
-    """Run the level-by-level search on this run's device (see the section's comment); in a
-    sharded run, rank 0 leads it and the other workers follow (follow_localization)."""
-    config, params = ctx.config, ctx.config["verification"]
-    scenario, dtype_name = scenario_for(config["task"]), config["dtype"]
-    dtype = torch_dtype(dtype_name)
-    precision = float32_precision(params, placement.backend.name)
-    world_size = ctx.world_size
-    channel = LocalizationChannel(ctx) if world_size > 1 else None
-    layouts: list = [{}]
-    if channel is not None:
-        channel.broadcast(LocalizationChannel.START)
-        own: Any
-        try:
-            # Every rank loads its shard and runs its layout pass together (collectives).
-            _, device_model = scenario.load(
-                config, dtype_name, placement.device, placement.distributed_config
+def replay_step(scenario, config, processor, model, tokens, step: int, device, dtype_name: str):
+    """The root call of generation step ``step`` as the run made it: ``model`` generates the
+    run's batch with the run's generate (its static cache and max_new_tokens, so the same
+    shapes), each step's token forced to the device's (``tokens``), and the searched module's
+    (args, kwargs) are kept as that step's forward begins: its cache as the earlier steps
+    filled it (a copy, which no later call changes)."""
+    from transformers import LogitsProcessor, StoppingCriteria
+
+    forwards: list = []
+    captured: list = []
+
+    class ForcedTokens(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            forced = torch.full_like(scores, float("-inf"))
+            rows = torch.arange(scores.shape[0], device=scores.device)
+            forced[rows, tokens[:, len(forwards) - 1].to(scores.device)] = 0
+            return forced
+
+    class AfterStep(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            done = len(forwards) > step
+            return torch.full(
+                (input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device
             )
-            device_model = scenario.localization_module(device_model)
-            own = module_layouts(device_model, root_calls[0], dtype, placement.device)
-        except Exception as exc:
-            own = exc
-        gathered = channel.gather(own if isinstance(own, dict) else f"{type(own).__name__}")
-        if isinstance(own, Exception):
-            raise own
-        layouts = _answers(gathered)
-    else:
-        _, device_model = scenario.load(config, dtype_name, placement.device)
-        device_model = scenario.localization_module(device_model)
-    _, reference = scenario.load(config, "float32", torch.device("cpu"))
-    baseline = reference
-    if dtype_name != "float32":
-        import copy
 
-        baseline = copy.deepcopy(reference)
-        scenario.cast(baseline, dtype)
-    baseline_precision = (
-        reduced_precision(precision) if dtype_name == "float32" else contextlib.nullcontext()
-    )
-    reference = scenario.localization_module(reference)
-    baseline = scenario.localization_module(baseline)
-    called = capture_calls(reference, [], root_calls)
-    ties = router_ties(reference, baseline, root_calls, dtype, params, baseline_precision)
-    kinds = {name: type(module).__name__ for name, module in reference.named_modules()}
+    def before(module, args, kwargs):
+        if len(forwards) == step:
+            captured.append(map_call((args, kwargs), lambda t: t.detach().clone()))
+        forwards.append(len(forwards))
 
-    def held(name: str, first_call) -> list | None:
-        """Per rank, how it holds the module's call and output (shard_dims); None when some
-        rank holds them in a way that cannot be compared."""
-        if channel is None:
-            return [(None, None)]
-        call_shapes = tensor_shapes((first_call[0], first_call[1]))
-        output_shape = tuple(first_call[2].shape)
-        per_rank = []
-        for rank, layout in enumerate(layouts):
-            if name not in layout or layout[name][1] is None:
-                return None
-            call_dims = shard_dims(call_shapes, layout[name][0], world_size, rank)
-            output_dims = shard_dims([output_shape], [layout[name][1]], world_size, rank)
-            if call_dims is None or output_dims is None:
-                return None
-            per_rank.append((call_dims, output_dims[0]))
-        return per_rank
-
-    def device_outputs(names: list, reference_calls: list) -> list:
-        """Per rank, per prompt, each named module's output on the device (every rank's level
-        run together in a sharded run)."""
-        calls = [[(call[0], call[1]) for call in prompt_calls] for prompt_calls in reference_calls]
-        if channel is None:
-            return [run_level(device_model, placement, names, calls, dtype)]
-        channel.broadcast((LocalizationChannel.MEASURE, names, calls))
-        own: Any
-        try:
-            dims = [held(name, reference_calls[0][i]) for i, name in enumerate(names)]
-            own_calls = [
-                [
-                    take_shards(call, dims[i][0][0], world_size, 0)
-                    for i, call in enumerate(prompt_calls)
-                ]
-                for prompt_calls in calls
-            ]
-            own = run_level(device_model, placement, names, own_calls, dtype)
-        except Exception as exc:
-            own = exc
-        gathered = channel.gather(own if isinstance(own, list) else f"{type(own).__name__}")
-        if isinstance(own, Exception):
-            raise own
-        return _answers(gathered)
-
-    def compare(names: list, reference_calls: list) -> list:
-        """Each named module (a name may repeat) compiled in one level and called on its
-        reference call, per prompt: ``reference_calls[prompt][i]`` is (args, kwargs, output)."""
-        dims = [held(name, reference_calls[0][i]) for i, name in enumerate(names)]
-        outputs = device_outputs(names, reference_calls)
-        device_errors: list = [[[] for _ in names] for _ in outputs]
-        baseline_errors: list = [[[] for _ in names] for _ in outputs]
-        for prompt, calls in enumerate(reference_calls):
-            baseline_out = []
-            with torch.no_grad(), baseline_precision:
-                for name, call in zip(names, calls, strict=True):
-                    args, kwargs = _cast_call(call, dtype, torch.device("cpu"))
-                    baseline_out.append(
-                        tensor_output(baseline.get_submodule(name)(*args, **kwargs))
-                    )
-            for rank, rank_outputs in enumerate(outputs):
-                for i, call in enumerate(calls):
-                    output_dim = dims[i][rank][1]
-                    expected = take_shards(call[2], [output_dim], world_size, rank)
-                    baseline_value = take_shards(baseline_out[i], [output_dim], world_size, rank)
-                    kept = untied_rows(ties, names[i], prompt)
-                    device_errors[rank][i].append(
-                        kept(row_errors(rank_outputs[prompt][i], expected))
-                    )
-                    baseline_errors[rank][i].append(kept(row_errors(baseline_value, expected)))
-        deviations = []
-        for i, name in enumerate(names):
-            per_rank = [
-                module_deviation(
-                    name,
-                    kinds[name],
-                    torch.cat(device_errors[rank][i]),
-                    torch.cat(baseline_errors[rank][i]),
-                    params,
-                )
-                for rank in range(len(outputs))
-            ]
-            deviations.append(combine_ranks(per_rank) if channel is not None else per_rank[0])
-        return deviations
-
-    def measure(names: list) -> list:
-        reference_calls = capture_calls(reference, names, root_calls)
-        names = [
-            name
-            for name in names
-            if all(name in calls and calls[name][2] is not None for calls in reference_calls)
-            and held(name, reference_calls[0][name]) is not None
-        ]
-        if not names:
-            return []
-        return compare(names, [[calls[name] for name in names] for calls in reference_calls])
-
-    def split_experts(found: ModuleDeviation) -> list | None:
-        """Each expert of a diverging experts module, measured alone (see expert_call)."""
-        module = reference.get_submodule(found.module)
-        count = experts_count(module)
-        if count is None:
-            return None
-        captured = [
-            calls[found.module] for calls in capture_calls(reference, [found.module], root_calls)
-        ]
-        per_prompt = []
+    hook = scenario.localization_module(model).register_forward_pre_hook(before, with_kwargs=True)
+    try:
         with torch.no_grad():
-            for call in captured:
-                calls = []
-                for expert in range(count):
-                    args, kwargs = expert_call(module, call, expert)
-                    out = tensor_output(module(*args, **kwargs)).detach().double()
-                    calls.append((args, kwargs, out))
-                per_prompt.append(calls)
-        return compare([found.module] * count, per_prompt)
+            generate(
+                model,
+                scenario.inputs(config, processor, device, dtype_name),
+                int(config["max_new_tokens"]),
+                scenario.pad_token_id(processor),
+                logits_processor=[ForcedTokens()],
+                stopping_criteria=[AfterStep()],
+            )
+    finally:
+        hook.remove()
+    if not captured:
+        raise RuntimeError(
+            f"generation step {step} was never reached: generate made {len(forwards)} forward "
+            f"passes for {config['max_new_tokens']} tokens"
+        )
+    return captured[0]
 
-    searched = descend(measure, called, in_time)
-    found = searched["found"]
-    # Under expert parallelism each expert lives on one rank; its experts module still answers
-    # for all (the ranks' parts summed), so each expert is measured alone the same way.
-    if found is not None and searched["status"] == "found" and in_time():
-        experts = split_experts(found)
-        if experts is not None:
-            found.diverging_experts = [e for e, d in enumerate(experts) if d.failed_checks]
-            if len(found.diverging_experts) == 1:
-                found.expert = found.diverging_experts[0]
-    return searched
+
+class LevelFailed(RuntimeError):
+    """A level of the search could not be compiled and run on its own (on some rank)."""
+
+    def __init__(self, names: list, plan: SearchPlan, cause: BaseException | str) -> None:
+        unique = list(dict.fromkeys(names))
+        modules = ", ".join(unique[:3]) + (
+            f" and {len(unique) - 3} more" if len(unique) > 3 else ""
+        )
+        # Dynamo wraps a compile backend's own error (BackendCompilerFailed): say that one,
+        # and classify the wrapper (a compile failure).
+        own = getattr(cause, "inner_exception", None) or cause
+        detail = own if isinstance(own, str) else f"{type(own).__name__}: {own}"
+        lines = [line for line in detail.splitlines() if line.strip()]
+        super().__init__(
+            f"{modules} could not be compiled and run on its own {plan.shapes()}: "
+            f"{lines[0] if lines else detail}"
+        )
+        self.cause = cause
+
+
+class Localizer:
+    """The search's models, loaded once for every search a run makes: the device's copy of the
+    searched module (this rank's shard in a sharded run, whose other workers follow), and on
+    CPU the float32 reference and the baseline (the run's arithmetic)."""
+
+    def __init__(self, ctx: RunContext, placement: Placement, processor, generation) -> None:
+        config = ctx.config
+        self.ctx, self.placement = ctx, placement
+        self.processor, self.generation = processor, generation
+        self.params = config["verification"]
+        self.scenario = scenario_for(config["task"])
+        self.dtype_name = config["dtype"]
+        self.dtype = torch_dtype(self.dtype_name)
+        precision = float32_precision(self.params, placement.backend.name)
+        self.baseline_precision = (
+            reduced_precision(precision)
+            if self.dtype_name == "float32"
+            else contextlib.nullcontext()
+        )
+        self.channel = LocalizationChannel(ctx) if ctx.world_size > 1 else None
+        self.device_model: Any = None  # as loaded (what generates); searched: its module
+        self.reference_model: Any = None
+        self.reference: Any = None
+        self.baseline: Any = None
+
+    def _load_device(self) -> None:
+        if self.device_model is None:
+            # In a sharded run every rank loads its shard together (collectives).
+            _, self.device_model = self.scenario.load(
+                self.ctx.config,
+                self.dtype_name,
+                self.placement.device,
+                self.placement.distributed_config,
+            )
+
+    def _load_reference(self) -> None:
+        if self.reference is not None:
+            return
+        _, self.reference_model = self.scenario.load(
+            self.ctx.config, "float32", torch.device("cpu")
+        )
+        baseline = self.reference_model
+        if self.dtype_name != "float32":
+            import copy
+
+            baseline = copy.deepcopy(self.reference_model)
+            self.scenario.cast(baseline, self.dtype)
+        self.reference = self.scenario.localization_module(self.reference_model)
+        self.baseline = self.scenario.localization_module(baseline)
+
+    def root_calls(self, plan: SearchPlan, whole: list) -> list:
+        """The reference's root calls for ``plan``: ``whole`` (the scenario's, per input), or
+        the one call of the planned step, replayed on the reference."""
+        if plan.step is None:
+            return whole
+        return [
+            replay_step(
+                self.scenario,
+                self.ctx.config,
+                self.processor,
+                self.reference_model,
+                self.generation.tokens,
+                plan.step,
+                torch.device("cpu"),
+                "float32",
+            )
+        ]
+
+    def search(self, plan: SearchPlan, whole: list, in_time) -> dict:
+        """Run the level-by-level search of ``plan`` on this run's device (see the section's
+        comment); in a sharded run, rank 0 leads it and the other workers follow."""
+        ctx, placement, params = self.ctx, self.placement, self.params
+        scenario, dtype, channel = self.scenario, self.dtype, self.channel
+        world_size = ctx.world_size
+        layouts: list = [{}]
+        if channel is not None:
+            channel.broadcast((LocalizationChannel.START, plan.step, self.generation.tokens))
+            own: Any
+            try:
+                # Every rank loads its shard, replays the step on it, and runs its layout
+                # pass together (collectives).
+                self._load_device()
+                call = own_root_call(
+                    scenario,
+                    ctx.config,
+                    self.processor,
+                    self.generation,
+                    self.device_model,
+                    plan.step,
+                    self.generation.tokens,
+                    placement,
+                )
+                own = module_layouts(
+                    scenario.localization_module(self.device_model), call, dtype, placement.device
+                )
+            except Exception as exc:
+                own = exc
+            gathered = channel.gather(own if isinstance(own, dict) else f"{type(own).__name__}")
+            if isinstance(own, Exception):
+                raise own
+            layouts = _answers(gathered)
+        else:
+            self._load_device()
+        device_model = scenario.localization_module(self.device_model)
+        self._load_reference()
+        reference, baseline = self.reference, self.baseline
+        baseline_precision = self.baseline_precision
+        root_calls = self.root_calls(plan, whole)
+        called = capture_calls(reference, [], root_calls)
+        ties = router_ties(reference, baseline, root_calls, dtype, params, baseline_precision)
+        kinds = {name: type(module).__name__ for name, module in reference.named_modules()}
+
+        def held(name: str, first_call) -> list | None:
+            """Per rank, how it holds the module's call and output (shard_dims); None when some
+            rank holds them in a way that cannot be compared."""
+            if channel is None:
+                return [(None, None)]
+            call_shapes = tensor_shapes((first_call[0], first_call[1]))
+            output_shape = tuple(first_call[2].shape)
+            per_rank = []
+            for rank, layout in enumerate(layouts):
+                if name not in layout or layout[name][1] is None:
+                    return None
+                call_dims = shard_dims(call_shapes, layout[name][0], world_size, rank)
+                output_dims = shard_dims([output_shape], [layout[name][1]], world_size, rank)
+                if call_dims is None or output_dims is None:
+                    return None
+                per_rank.append((call_dims, output_dims[0]))
+            return per_rank
+
+        def device_outputs(names: list, reference_calls: list) -> list:
+            """Per rank, per root call, each named module's output on the device (every rank's
+            level run together in a sharded run)."""
+            calls = [[(call[0], call[1]) for call in root_calls] for root_calls in reference_calls]
+            if channel is None:
+                try:
+                    return [run_level(device_model, placement, names, calls, dtype)]
+                except Exception as exc:
+                    raise LevelFailed(names, plan, exc) from exc
+            channel.broadcast((LocalizationChannel.MEASURE, names, calls))
+            own: Any
+            try:
+                dims = [held(name, reference_calls[0][i]) for i, name in enumerate(names)]
+                own_calls = [
+                    [
+                        take_shards(call, dims[i][0][0], world_size, 0)
+                        for i, call in enumerate(root_calls)
+                    ]
+                    for root_calls in calls
+                ]
+                own = run_level(device_model, placement, names, own_calls, dtype)
+            except Exception as exc:
+                own = exc
+            gathered = channel.gather(own if isinstance(own, list) else f"{type(own).__name__}")
+            if isinstance(own, Exception):
+                raise LevelFailed(names, plan, own) from own
+            try:
+                return _answers(gathered)
+            except FollowerFailed as exc:
+                raise LevelFailed(names, plan, str(exc)) from exc
+
+        def compare(names: list, reference_calls: list) -> list:
+            """Each named module (a name may repeat) compiled in one level and called on its
+            reference call, per root call: ``reference_calls[root][i]`` is (args, kwargs,
+            output)."""
+            dims = [held(name, reference_calls[0][i]) for i, name in enumerate(names)]
+            outputs = device_outputs(names, reference_calls)
+            device_errors: list = [[[] for _ in names] for _ in outputs]
+            baseline_errors: list = [[[] for _ in names] for _ in outputs]
+            for root, calls in enumerate(reference_calls):
+                baseline_out = []
+                with torch.no_grad(), baseline_precision:
+                    for name, call in zip(names, calls, strict=True):
+                        args, kwargs = _cast_call(call, dtype, torch.device("cpu"))
+                        baseline_out.append(
+                            tensor_output(baseline.get_submodule(name)(*args, **kwargs))
+                        )
+                for rank, rank_outputs in enumerate(outputs):
+                    for i, call in enumerate(calls):
+                        output_dim = dims[i][rank][1]
+                        expected = take_shards(call[2], [output_dim], world_size, rank)
+                        baseline_value = take_shards(
+                            baseline_out[i], [output_dim], world_size, rank
+                        )
+                        kept = untied_rows(ties, names[i], root)
+                        device_errors[rank][i].append(
+                            kept(row_errors(rank_outputs[root][i], expected))
+                        )
+                        baseline_errors[rank][i].append(kept(row_errors(baseline_value, expected)))
+            deviations = []
+            for i, name in enumerate(names):
+                per_rank = [
+                    module_deviation(
+                        name,
+                        kinds[name],
+                        torch.cat(device_errors[rank][i]),
+                        torch.cat(baseline_errors[rank][i]),
+                        params,
+                    )
+                    for rank in range(len(outputs))
+                ]
+                deviations.append(combine_ranks(per_rank) if channel is not None else per_rank[0])
+            return deviations
+
+        def measure(names: list) -> list:
+            reference_calls = capture_calls(reference, names, root_calls)
+            names = [
+                name
+                for name in names
+                if all(name in calls and calls[name][2] is not None for calls in reference_calls)
+                and held(name, reference_calls[0][name]) is not None
+            ]
+            if not names:
+                return []
+            return compare(names, [[calls[name] for name in names] for calls in reference_calls])
+
+        def split_experts(found: ModuleDeviation) -> list | None:
+            """Each expert of a diverging experts module, measured alone (see expert_call)."""
+            module = reference.get_submodule(found.module)
+            count = experts_count(module)
+            if count is None:
+                return None
+            captured = [
+                calls[found.module]
+                for calls in capture_calls(reference, [found.module], root_calls)
+            ]
+            per_root = []
+            with torch.no_grad():
+                for call in captured:
+                    calls = []
+                    for expert in range(count):
+                        args, kwargs = expert_call(module, call, expert)
+                        out = tensor_output(module(*args, **kwargs)).detach().double()
+                        calls.append((args, kwargs, out))
+                    per_root.append(calls)
+            return compare([found.module] * count, per_root)
+
+        searched = descend(measure, called, in_time)
+        found = searched["found"]
+        # Under expert parallelism each expert lives on one rank; its experts module still
+        # answers for all (the ranks' parts summed), so each expert is measured alone the same
+        # way.
+        if found is not None and searched["status"] == "found" and in_time():
+            experts = split_experts(found)
+            if experts is not None:
+                found.diverging_experts = [e for e, d in enumerate(experts) if d.failed_checks]
+                if len(found.diverging_experts) == 1:
+                    found.expert = found.diverging_experts[0]
+        return searched
+
+
+def none_reason(plans: list, verification: dict, params: dict) -> str:
+    """Why a FAIL's search named no module, in one sentence (``plans``: the searches made)."""
+    outside = (
+        "the error arises outside what the search compares (e.g. only in a statistic over "
+        "positions such as a pooled embedding, or in an earlier step's cache write, which the "
+        "reference's cache does not repeat)"
+    )
+    if plans[0].phase is None:
+        return f"no module's output diverges on the reference's inputs: {outside}"
+    if plans[0].step is None and len(plans) == 1:
+        spread = bool(verification.get("positions"))
+        return (
+            "the failure is spread over positions (none is beyond the largest error or KL "
+            "divergence a correct run reaches on its prompt), so no step is singled out, and "
+            "over the whole sequence at once no module's output diverges on the reference's "
+            f"inputs: {outside}"
+            if spread
+            else f"no module's output diverges on the reference's inputs: {outside}"
+        )
+    searched = " or ".join(plan.shapes() for plan in plans)
+    return f"no module's output diverges {searched}, on the reference's inputs: {outside}"
 
 
 def localize_stage(ctx: RunContext, placement: Placement, processor, generation) -> None:
@@ -4161,6 +4564,8 @@ def localize_stage(ctx: RunContext, placement: Placement, processor, generation)
         "status": "not_supported",
         "module": None,
         "kind": None,
+        "phase": None,
+        "step": None,
         "path": [],
         "candidates": [],
         "rank": ctx.rank,
@@ -4168,8 +4573,8 @@ def localize_stage(ctx: RunContext, placement: Placement, processor, generation)
         "error_class": None,
     }
     scenario = scenario_for(config["task"])
-    root_calls = scenario.localization_calls(config, processor, generation)
-    if root_calls is None:
+    whole = scenario.localization_calls(config, processor, generation)
+    if whole is None:
         record["reason"] = f"localization is not implemented for {config['task']} models"
     else:
         emit_progress("localize", "start")
@@ -4183,31 +4588,40 @@ def localize_stage(ctx: RunContext, placement: Placement, processor, generation)
             }
             ctx.report_provisional(doc)
         budget = float(params.get("localize_budget_s", 600.0))
+        failed = doc["result"] == "FAIL"
+        plans = search_plans(scenario.generates, doc["verification"], params, failed)
         searched: dict = {}
+        plan = plans[0]
         try:
-            searched = localize(
-                ctx, placement, root_calls, lambda: time.perf_counter() - start < budget
-            )
+            localizer = Localizer(ctx, placement, processor, generation)
+            for plan in plans:
+                searched = localizer.search(
+                    plan, whole, lambda: time.perf_counter() - start < budget
+                )
+                if searched["status"] != "none":
+                    break
         except Exception as exc:
             # The search failed, not the model: the verdict stands; why it failed is recorded.
+            cause = exc.cause if isinstance(exc, LevelFailed) else exc
             record["status"] = "failed"
-            record["error_class"] = classify("compile", exc)
-            record["reason"] = f"{type(exc).__name__}: {exc}"[:2000]
+            record["error_class"] = classify(
+                "compile", cause if isinstance(cause, BaseException) else exc
+            )
+            record["reason"] = (
+                str(exc) if isinstance(exc, LevelFailed) else f"{type(exc).__name__}: {exc}"
+            )[:2000]
         else:
             record["status"] = searched["status"]
             if searched["status"] == "incomplete":
                 record["reason"] = f"the localization's time budget ({budget:g} s) ran out"
-            elif searched["status"] == "none" and doc["result"] == "FAIL":
-                record["reason"] = (
-                    "no module's output diverges on the reference's inputs: the error arises "
-                    "outside what the search compares (e.g. the cached decode path, or only in "
-                    "a statistic over positions such as a pooled embedding)"
-                )
+            elif searched["status"] == "none" and failed:
+                record["reason"] = none_reason(plans, doc["verification"], params)
             found = searched["found"]
             if found is not None:
                 record.update(found.record())
             record["path"] = [d.record() for d in searched["path"]]
             record["candidates"] = [d.record() for d in searched["candidates"]]
+        record["phase"], record["step"] = plan.phase, plan.step
         gc.collect()
     rss_after = proc_status_bytes().get("VmHWM")
     device_after = placement.backend.peak_memory(placement.device)[0]
@@ -4223,10 +4637,19 @@ def localize_stage(ctx: RunContext, placement: Placement, processor, generation)
     doc["verification"]["first_divergence"] = record
     if record["status"] != "not_supported":
         # A progress line's status is start, done or failed (what the CLI shows); what the
-        # search found is its detail.
+        # search found is its detail, and where (the prefill, a decode step).
         progress = "failed" if record["status"] == "failed" else "done"
         found = record["module"] or record["reason"] or record["status"]
-        emit_progress("localize", progress, record["seconds"], f"{record['status']}: {found}")
+        status = record["status"]
+        if record["module"] and record["phase"]:
+            status += " " + divergence_where(record["phase"], record["step"])
+        emit_progress("localize", progress, record["seconds"], f"{status}: {found}")
+
+
+def divergence_where(phase: str, step: int | None) -> str:
+    """Where a generating task's search found its module, in words ("from decode step 18");
+    model_support.records.FirstDivergence says it the same way."""
+    return f"from decode step {step}" if phase == "decode" else "from the prefill"
 
 
 JUDGE_QUESTION = (
@@ -4512,6 +4935,7 @@ def new_document(config: dict) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
         "model": config["model"],
+        "weights_sha256": None,
         "revision": config["revision"],
         "resolved_revision": None,
         "task": config["task"],
@@ -4570,6 +4994,8 @@ def execute(ctx: RunContext) -> dict:
             ctx.backend if doc["backend"] else intended_backend(ctx.config["backend"])
         )
     doc["packages"] = installed_packages()
+    if is_local(ctx.config["model"]):
+        doc["weights_sha256"] = weights_digest(ctx.config["model"])
     doc["timings"]["total_s"] = time.perf_counter() - started
     doc["finished_at"] = datetime.datetime.now(datetime.UTC).isoformat()
     return doc

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from model_support.cli import (
+    commands_bisect,
     commands_cache,
     commands_dataset,
     commands_demo,
@@ -38,6 +39,7 @@ for _module in (
     commands_cache,
     commands_dataset,
     commands_history,
+    commands_bisect,
     commands_doctor,
 ):
     _module.register(app)

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from model_support.printable import DataConsole
 from model_support.records import RunRecord
 from model_support.vocabulary import Backend, Result
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # imported where used: every command's start (`run` included)
     from model_support.compile_cache import SigningKey, TrustPolicy
     from model_support.compile_cache.transfer import TransferReport
 
-console = Console(stderr=True)
+console = DataConsole(stderr=True)
 
 cache_app = typer.Typer(
     name="cache",
@@ -77,6 +77,14 @@ TrustUnsignedOpt = Annotated[
         "without a signature. Whoever can push there can then run code here.",
     ),
 ]
+SharedUserOpt = Annotated[
+    bool,
+    typer.Option(
+        "--shared-user",
+        help="This user is shared with code others control (runner pods of every namespace "
+        "run as one uid): a folder only this user can write is not taken as its own.",
+    ),
+]
 SigningKeyOpt = Annotated[
     Path | None,
     typer.Option(
@@ -108,6 +116,7 @@ class Trust:
     trusted_keys: tuple[str, ...] = ()
     trust_unsigned: bool = False
     signing_key: Path | None = None
+    shared_user: bool = False
 
 
 def _trust_objects(trust: Trust) -> tuple[TrustPolicy, SigningKey | None]:
@@ -116,7 +125,9 @@ def _trust_objects(trust: Trust) -> tuple[TrustPolicy, SigningKey | None]:
     from model_support.compile_cache.trust import SIGNING_KEY_ENV
 
     try:
-        policy = TrustPolicy.from_env(trust.trust_unsigned, trust.trusted_keys)
+        policy = TrustPolicy.from_env(
+            trust.trust_unsigned, trust.trusted_keys, own_folders=not trust.shared_user
+        )
         path = trust.signing_key or os.environ.get(SIGNING_KEY_ENV) or None
         key = SigningKey.load(path) if path else None
     except UntrustedCache as exc:
@@ -209,6 +220,7 @@ def pull_command(
     deadline: DeadlineOpt = None,
     trusted_key: TrustedKeyOpt = None,
     trust_unsigned: TrustUnsignedOpt = False,
+    shared_user: SharedUserOpt = False,
     max_bytes: Annotated[
         int | None,
         typer.Option(
@@ -225,7 +237,7 @@ def pull_command(
     entries, and host-side (inductor) entries only from a folder only you can write, or with
     --trust-unsigned.
     """
-    trust = Trust(tuple(trusted_key or ()), trust_unsigned)
+    trust = Trust(tuple(trusted_key or ()), trust_unsigned, shared_user=shared_user)
     _transfer("pull", target, backend, as_json, report, keep_going, deadline, trust, max_bytes)
 
 
@@ -307,7 +319,7 @@ def ls_command(
             str(len(listing.truncated)),
             str(listing.foreign),
         )
-    Console().print(table)
+    DataConsole().print(table)
 
 
 @cache_app.command("prune")

@@ -7,10 +7,11 @@ import os
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
-console = Console(stderr=True)
+from model_support.printable import DataConsole
+
+console = DataConsole(stderr=True)
 
 dataset_app = typer.Typer(
     name="dataset",

@@ -17,17 +17,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from model_support.checkpoints import TASK_MODELS
 from model_support.cli.commands_run import plan_cores, print_record, results
+from model_support.printable import DataConsole
 from model_support.records import RunRecord
 from model_support.stop_signals import on_stop_signals
 
 if TYPE_CHECKING:
     from model_support.checkpoints import DemoModel
     from model_support.execution import StageEvent
+    from model_support.store import ResultsStore
 
 DEMO_NAMESPACE = "demo"
 """Demo checkpoints are named ``demo/<name>`` in results (their paths stay in ``model_path``)."""
@@ -40,7 +41,7 @@ NEWER_RELEASE = "model_support.faults:dense_miscompiler"
 
 # Progress goes to stderr one line at a time, also when it is not a terminal (CI logs, pipes);
 # soft wrapping keeps each line whole instead of folding it at 80 columns.
-progress = Console(stderr=True, soft_wrap=True)
+progress = DataConsole(stderr=True, soft_wrap=True)
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def plan_runs(models: dict[str, DemoModel], main: str, second: str | None) -> li
 
 def _refuse(message: str) -> typer.Exit:
     """Say what was wrong with the command line (nothing has run) and exit 2."""
-    Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}")
+    DataConsole(stderr=True).print(f"[bold red]error:[/] {escape(message)}")
     return typer.Exit(2)
 
 
@@ -158,6 +159,7 @@ def demo(
             cancel.set()
             raise
     store.materialize()
+    confirm_regressions(store, timeout)
     write_selection(location, [models[name] for name in DEMO_NAMES], excluded.model_id)
     results(
         location=location,
@@ -169,9 +171,47 @@ def demo(
     )
     say(
         f"demo done in {time.monotonic() - started:.0f} s; browse it: model-support viewer "
-        f"--results {location}; what the faulty compiler's next release changed: "
-        f"model-support regressions --results {location}"
+        f"--results {location}; the faulty compiler's next release at a glance: model-support "
+        f"report --results {location}; what it changed: model-support regressions --results "
+        f"{location}"
     )
+
+
+def confirm_regressions(store: ResultsStore, timeout: float) -> None:
+    """Re-run what got worse between the faulty compiler's two releases until the default
+    confirmation policy holds (as `regressions --confirm` does), so the demo's regression is
+    a confirmed one, as a release team would report it."""
+    from model_support.confirm import Rerun, confirm_here
+    from model_support.history import (
+        Confirmation,
+        Thresholds,
+        find_stack,
+        read_stack_runs,
+        read_stacks,
+        regressions,
+    )
+    from model_support.pricing import DEFAULT_PRICES
+
+    known = read_stacks(store)
+    older, newer = find_stack(OLDER_RELEASE, known), find_stack(NEWER_RELEASE, known)
+    policy = Confirmation()
+    report = regressions(
+        read_stack_runs(store, [older, newer]), older, newer, Thresholds(), DEFAULT_PRICES,
+        confirmation=policy,
+    )  # fmt: skip
+    pending = [c for c in report.unconfirmed if c.kind == "regression"]
+    if not pending:
+        return
+    say(
+        f"confirming {len(pending)} regression(s) of the next release: {policy.reruns} re-run(s) "
+        "each, as `model-support regressions --confirm` does"
+    )
+
+    def show(rerun: Rerun) -> None:
+        agrees = "agrees" if rerun.agrees else "disagrees (flaky)"
+        say(f"re-ran {rerun.change.model}: {rerun.record.document.result.value}, {agrees}")
+
+    confirm_here(store, report, policy, timeout_s=timeout, on_rerun=show)
 
 
 def say(text: str) -> None:

@@ -14,9 +14,10 @@ import os
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from model_support.printable import DataConsole
 
 if TYPE_CHECKING:
     from model_support.compile_cache.compilers import CompilerCache
@@ -174,6 +175,6 @@ def register(app: typer.Typer) -> None:
                 )
             )
         else:
-            Console().print(_table(checks))
+            DataConsole().print(_table(checks))
         if not ok:
             raise typer.Exit(EXIT_FAILED)

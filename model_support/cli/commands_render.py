@@ -11,10 +11,11 @@ from typing import Annotated, Any
 import typer
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from rich.console import Console
 from rich.markup import escape
 
-console = Console(stderr=True)
+from model_support.printable import DataConsole
+
+console = DataConsole(stderr=True)
 
 EXIT_LAUNCH = 0
 EXIT_NO_JOB = 3  # the test would end without a Job (Invalid, EXCLUDED, ERROR/load)

@@ -3,21 +3,23 @@ it here and sets the new result beside the stored one."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from model_support.cli.commands_run import DEFAULT_RESULTS, fail, positive_seconds
+from model_support.printable import DataConsole
+from model_support.vocabulary import Result
 
 if TYPE_CHECKING:
     from model_support.store import ResultsStore
 
-console = Console(stderr=True)
-out = Console(highlight=False, soft_wrap=True)
+console = DataConsole(stderr=True)
+out = DataConsole(highlight=False, soft_wrap=True)
 
 EXIT_DISAGREE = 4
 """--run: the rerun's result or tokens differ from the stored row's."""
@@ -31,6 +33,8 @@ ROW_COLUMNS = [
     "compile_backend",
     "result",
     "error_class",
+    "error",
+    "exclusion_reason",
     "neuron_cores",
     "lnc",
     "instance_type",
@@ -93,8 +97,17 @@ def reproduce(
         float,
         typer.Option(help="--run: seconds before it is stopped.", callback=positive_seconds),
     ] = 3600.0,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            help="--run of an EXCLUDED row: the profile to size it for (default: the row's "
+            "Neuron instance family, else this machine's backend)."
+        ),
+    ] = None,
 ) -> None:
-    """Write a row's exact run.py and the packages it needs; print where and how to run it."""
+    """Write a row's exact run.py and the packages it needs; print where and how to run it.
+    --run runs it here and sets the new result beside the stored one; an EXCLUDED row (nothing
+    ran) is sized again instead, its reason set beside the stored one."""
     from model_support.reproduce import NotReproducible, recipe
     from model_support.store import ResultsStore, StoreError
 
@@ -116,9 +129,70 @@ def reproduce(
         raise fail(f"cannot write to {str(folder)!r}: {exc.strerror or exc}") from exc
     show_recipe(row, plan, folder)
     if rerun:
-        agree = run_here(row, plan.run_py, folder, timeout)
+        if row.get("result") == Result.EXCLUDED.value:
+            agree = recheck_sizing(row, plan.run_py, profile)
+        else:
+            agree = run_here(row, plan.run_py, folder, timeout)
         if not agree:
             raise typer.Exit(EXIT_DISAGREE)
+
+
+def recheck_sizing(row: dict[str, Any], run_py: str, profile: str | None) -> bool:
+    """An EXCLUDED row ran nothing: its check is sizing, done again here for the profile it
+    was sized for (the row's Neuron instance family, else this machine's backend), and set
+    beside the stored reason; True when sizing still excludes it for the same reason."""
+    from model_support import hardware
+    from model_support.cli.commands_run import default_instance
+    from model_support.hub import is_unreachable, unreachable_message
+    from model_support.runpath import prepare
+    from model_support.script import read_config
+
+    config = read_config(run_py)
+    instance = row.get("instance_type")
+    family = hardware.instance_family(instance) if instance else None
+    chosen = profile or (
+        family if family in hardware.INSTANCE_KINDS else default_instance(config.backend)
+    )
+    console.print(f"[cyan]sizing it again for the {escape(chosen)} profile …[/]")
+    try:
+        prepared = prepare(
+            config,
+            profile=chosen,
+            lnc=row.get("lnc"),
+            max_cores=max(16, config.cores),
+            token=os.environ.get("HF_TOKEN"),
+        )
+    except ValueError as exc:
+        raise fail(f"cannot size {config.model!r} again: {exc}") from exc
+    except Exception as exc:
+        if not is_unreachable(exc):
+            raise
+        raise fail(unreachable_message(config.model, exc)) from exc
+    stored = row.get("exclusion_reason")
+    table = Table(title=f"stored {row.get('run_id')} beside sizing it again here")
+    for column in ("", "stored", "now"):
+        table.add_column(column)
+    if prepared.exclusion is not None:
+        now_reason = prepared.exclusion.reason.value
+        now_text = prepared.exclusion.message
+    else:
+        now_reason = None
+        now_text = f"runs on {prepared.config.cores} core(s), {prepared.config.parallelism.value}"
+    table.add_row("result", "EXCLUDED", "EXCLUDED" if now_reason else "would run")
+    table.add_row("reason", escape(_cell(stored)), escape(_cell(now_reason)))
+    table.add_row("why", escape(_cell(row.get("error"))), escape(now_text))
+    out.print(table)
+    if now_reason == stored:
+        out.print(f"[bold green]they agree[/]: sizing still excludes it ({escape(str(stored))})")
+        return True
+    out.print(
+        "[bold red]they differ[/]: "
+        + escape(
+            f"stored {stored}, now {now_reason or 'it would run'} (the model, its metadata or "
+            "sizing changed since)"
+        )
+    )
+    return False
 
 
 def show_recipe(row: dict[str, Any], plan: Any, folder: Path) -> None:

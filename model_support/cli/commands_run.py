@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -26,16 +25,18 @@ from model_support.cli import commands_cache
 from model_support.config import COMPILE_BACKEND_PATTERN, RunConfig, VerificationConfig
 from model_support.execution import StageEvent
 from model_support.models import BadModelReference, resolve_model
+from model_support.printable import DataConsole
 from model_support.records import RunRecord, excluded_record
 from model_support.stop_signals import on_stop_signals
 from model_support.vocabulary import Backend, LocalizeMode, Parallelism, Result, Task
 
 if TYPE_CHECKING:
+    from model_support.pricing import PriceTable
     from model_support.store import ResultsStore
 
-console = Console(stderr=True)
+console = DataConsole(stderr=True)
 # Piped output (CI logs, `| less`) gets a wide table rather than 80 folded columns.
-out = Console(width=None if sys.stdout.isatty() else 160)
+out = DataConsole(width=None if sys.stdout.isatty() else 160)
 
 DEFAULT_RESULTS = "results"
 
@@ -361,8 +362,55 @@ RESULT_STYLE = {
 }
 
 
-def summary(record: RunRecord) -> dict[str, object]:
-    """The machine-readable summary of a run printed by ``run --json``."""
+def cost_summary(record: RunRecord, prices: PriceTable) -> dict[str, object]:
+    """What the record says about cost, as the matrix columns say it (held_s, core_seconds,
+    compile_share), with its price: the instance priced, its region, the core-hour rate and
+    where that rate comes from (null where the table has none: a run off Neuron is never
+    priced as Trainium core-hours)."""
+    from model_support.dataset import (
+        NEURON_COMPILER,
+        core_seconds,
+        held_seconds,
+        matrix_key,
+        record_held_cores,
+    )
+
+    doc = record.document
+    held = held_seconds(doc)
+    used = core_seconds(doc, record_held_cores(record))
+    compile_s = doc.timings.compile_s
+    share = (
+        min(max(compile_s / held, 0.0), 1.0)
+        if held is not None and compile_s is not None and held > 0
+        else None
+    )
+    neuron = matrix_key(record).compiler == NEURON_COMPILER
+    price = prices.price_of(doc.stack.instance_type, neuron)
+    rate = None if price is None else price.core_hour_usd(doc.stack.lnc)
+    return {
+        "held_s": held,
+        "core_seconds": used,
+        "compile_share": share,
+        "cost_usd": None if rate is None or used is None else used / 3600 * rate,
+        "price": None
+        if price is None
+        else {
+            "instance_type": price.instance_type,
+            "region": price.region,
+            "lnc": doc.stack.lnc,
+            "core_hour_usd": rate,
+            "source": price.source,
+            "as_of": price.as_of,
+            "assumed": doc.stack.instance_type is None,
+        },
+    }
+
+
+def summary(record: RunRecord, prices: PriceTable | None = None) -> dict[str, object]:
+    """The machine-readable summary of a run printed by ``run --json`` (its cost priced with
+    ``prices``, default the table of docs/pricing.md or $MODEL_SUPPORT_PRICES)."""
+    from model_support.pricing import load_prices
+
     doc = record.document
     return {
         "run_id": record.run_id,
@@ -386,6 +434,7 @@ def summary(record: RunRecord) -> dict[str, object]:
         "text": doc.text,
         "judge": doc.judge,
         "compile_cache": doc.compile_cache.model_dump() if doc.compile_cache else None,
+        **cost_summary(record, prices or load_prices()),
     }
 
 
@@ -590,6 +639,12 @@ def run(
     ] = None,
 ) -> None:
     """Test one model here: load, compile, generate, verify; record the result."""
+    from model_support.pricing import PriceTableError, load_prices
+
+    try:
+        prices = load_prices()  # $MODEL_SUPPORT_PRICES: refused before anything runs
+    except PriceTableError as exc:
+        raise fail(str(exc)) from exc
     name_record = record_namer(model, model_id)
     config = build_config(
         model,
@@ -632,7 +687,7 @@ def run(
         )
         raise typer.Exit(128 + stop.signum) from None
     if as_json:
-        print(json.dumps(summary(record)))
+        print(json.dumps(summary(record, prices)))
     else:
         print_record(record)
         if stored:

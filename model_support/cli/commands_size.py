@@ -15,6 +15,7 @@ from rich.table import Table
 
 from model_support.config import Dtype
 from model_support.hardware import INSTANCE_KINDS
+from model_support.printable import DataConsole
 
 if TYPE_CHECKING:  # imported when the command runs: every command line starts faster
     from model_support.sizing import Exclusion, MemoryBreakdown, Plan
@@ -101,8 +102,8 @@ def register(app: typer.Typer) -> None:
         from model_support.hub import is_unreachable, unreachable_message
         from model_support.sizing import Plan, size_model
 
-        out = Console()
-        err = Console(stderr=True)
+        out = DataConsole()
+        err = DataConsole(stderr=True)
         try:
             result = size_model(
                 model,

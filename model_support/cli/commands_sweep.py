@@ -6,13 +6,17 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
 from model_support.cli.commands_run import console, fail
+from model_support.printable import printable
 from model_support.vocabulary import Task
+
+if TYPE_CHECKING:
+    from model_support.rankings import Ranking
 
 
 def sweep(
@@ -48,6 +52,15 @@ def sweep(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write here instead of stdout.")
     ] = None,
+    models: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--model",
+            help="Test these models (repeat) instead of a Hub ranking: nothing is fetched "
+            "from the Hub to rank them (with --estimate, a local checkpoint folder is sized "
+            "from its own files).",
+        ),
+    ] = None,
     estimate: Annotated[
         bool,
         typer.Option(
@@ -63,10 +76,11 @@ def sweep(
         ),
     ] = None,
 ) -> None:
-    """Print one ModelSupportTest per model of a Hub ranking (multi-document YAML), sorted by
-    name, for clusters without the ModelSupportSweep CRD; with --estimate, what it would cost.
-    A model whose test the API server would refuse (an id the CRD's pattern refuses) is
-    skipped with a line saying why; the others are written."""
+    """Print one ModelSupportTest per model of a Hub ranking (or of --model), multi-document
+    YAML sorted by name, for clusters without the ModelSupportSweep CRD; with --estimate, what
+    it would cost (past runs read from --results, which may be any folder or URI). A model
+    whose test the API server would refuse (an id the CRD's pattern refuses) is skipped with a
+    line saying why; the others are written."""
     import yaml
 
     from model_support.operator.spec import SpecError
@@ -77,6 +91,15 @@ def sweep(
         raise fail(f"--sort {sort!r}: use one of {', '.join(RANKING_SORTS)}")
     if output is not None and not estimate:
         check_output(output, f"{name}.yaml")
+    if estimate and models:
+        print_estimate(
+            [(model, task.value) for model in dict.fromkeys(models)],
+            profile=profile,
+            max_cores=max_cores,
+            results=results or "results",
+            prices=prices,
+        )
+        return
     options = SweepOptions(
         name=name,
         profile=profile,
@@ -84,17 +107,23 @@ def sweep(
         token_secret=token_secret,
         compile_cache_source=compile_cache_source,
         compile_cache_target=compile_cache_target,
-        results=results,
+        # With --estimate, --results is where past runs are read here (a relative folder is
+        # fine); only the manifests' store must be one the cluster can name.
+        results=None if estimate else results,
         queue_name=queue_name,
         max_cores=max_cores,
     )
     try:
-        ranking = fetch_ranking(
-            task.value,
-            sort,
-            limit=limit,
-            endpoint=os.environ.get("HF_ENDPOINT"),
-            token=os.environ.get("HF_TOKEN"),
+        ranking = (
+            listed_ranking(models, task.value)
+            if models
+            else fetch_ranking(
+                task.value,
+                sort,
+                limit=limit,
+                endpoint=os.environ.get("HF_ENDPOINT"),
+                token=os.environ.get("HF_TOKEN"),
+            )
         )
         flat = sweep_manifests(ranking, options)
     except RankingError as exc:
@@ -130,6 +159,22 @@ def sweep(
                 + (f" ({len(flat.skipped)} model(s) skipped)" if flat.skipped else "")
             )
         )
+
+
+def listed_ranking(models: list[str], task: str) -> Ranking:
+    """The models given on the command line as a ranking, in the order given (each once)."""
+    from datetime import UTC, datetime
+
+    from model_support.rankings import RankedModel, Ranking
+
+    unique = list(dict.fromkeys(models))
+    return Ranking(
+        task=task,
+        sort="downloads",
+        endpoint="(the command line's --model list)",
+        fetched_at=datetime.now(UTC),
+        models=[RankedModel(rank=n, model_id=m) for n, m in enumerate(unique, 1)],
+    )
 
 
 def check_output(output: Path, example: str) -> None:
@@ -188,10 +233,11 @@ def print_estimate(
         raise fail(str(exc)) from exc
     try:
         history = ResultsStore(results).history(
-            columns=["model_id", "task", "neuron_cores", "held_s"]
+            columns=["model_id", "task", "neuron_cores", "held_s", "compiler"]
         )
     except (StoreError, OSError) as exc:
         raise fail(f"the past runs in {results!r} could not be read: {exc}") from exc
+    neuron = PROFILES[profile].neuron if profile in PROFILES else True
 
     def size(model: str, task: str) -> Sizing:
         try:
@@ -210,8 +256,13 @@ def print_estimate(
         return Sizing(None, planned.reason.value)
 
     instance = PROFILES[profile].instance_type if profile in PROFILES else None
-    result = estimate_sweep(models, size, history, table, instance)
-    typer.echo(f"estimate: {len(models)} models on {profile}, past runs from {results}")
+    from model_support.models import is_local_path, readable_model_id
+
+    def id_of(model: str) -> str:
+        return readable_model_id(model) if is_local_path(model) else model
+
+    result = estimate_sweep(models, size, history, table, instance, neuron=neuron, id_of=id_of)
+    typer.echo(printable(f"estimate: {len(models)} models on {profile}, past runs from {results}"))
     basis = {
         "model": "its {n} past run(s)",
         "cores": "{n} past run(s) on as many cores",
@@ -222,13 +273,17 @@ def print_estimate(
         cores = "-" if m.cores is None else f"{m.cores} core(s)"
         why = basis[m.basis].format(n=m.past_runs) + (f" ({m.excluded})" if m.excluded else "")
         typer.echo(
-            f"  {m.model}  {m.task}  {cores}  {m.hours:.2f} h each ({why})  "
-            f"{m.core_hours:.2f} core-h  {money(m.cost_usd)}"
+            printable(
+                f"  {m.model}  {m.task}  {cores}  {m.hours:.2f} h each ({why})  "
+                f"{m.core_hours:.2f} core-h  {money(m.cost_usd)}"
+            )
         )
     rate = (
         f"{money(result.core_hour_usd)} per core-hour of {instance}"
         if result.core_hour_usd is not None
         else f"no price for {instance or 'this profile'} in the price table"
+        if neuron
+        else f"the {profile} profile runs off Neuron: its core-hours are not priced as Trainium's"
     )
     typer.echo(
         f"expected: {result.core_hours:.2f} core-hours, cost {money(result.cost_usd)} ({rate}); "

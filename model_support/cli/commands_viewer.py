@@ -123,7 +123,16 @@ def register(app: typer.Typer) -> None:
                 "--cache-target",
                 help="A compile cache root the viewer may name in pull commands (repeatable; "
                 "{namespace} stands for any namespace): the targets your operator configured. "
-                "A record's own target is shown as a command only when it lies under one.",
+                "A record's own target is shown as a command only when it lies under a shared "
+                "one (without {namespace}) and --cache-trusted-key names the keys to check.",
+            ),
+        ] = None,
+        cache_trusted_key: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--cache-trusted-key",
+                help="A public key (ed25519:<base64>) the pull commands shown check signatures "
+                "with (repeatable): your operator's compileCacheTrustedKeys.",
             ),
         ] = None,
     ) -> None:
@@ -157,6 +166,15 @@ def register(app: typer.Typer) -> None:
             from model_support.viewer.queries import CACHE_TARGETS_ENV
 
             env[CACHE_TARGETS_ENV] = ",".join(t.strip() for t in cache_target)
+        if cache_trusted_key:
+            from model_support.compile_cache import TrustPolicy, UntrustedCache
+            from model_support.viewer.queries import CACHE_KEYS_ENV
+
+            try:
+                TrustPolicy(tuple(k.strip() for k in cache_trusted_key))  # each one a key
+            except UntrustedCache as exc:
+                raise fail(f"--cache-trusted-key: {exc}") from exc
+            env[CACHE_KEYS_ENV] = ",".join(k.strip() for k in cache_trusted_key)
         command = viewer_command(results, port, headless, where)
         typer.echo(f"model-support {model_support.__version__}: viewer on {results}")
         sys.stdout.flush()

@@ -17,6 +17,7 @@ recorded beside the result (:func:`attach`) and the result itself is untouched.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from model_support.compile_cache.compilers import (
@@ -103,9 +104,11 @@ def push_for_run(
     storage_options: dict[str, Any] | None = None,
     deadline_s: float | None = RUN_TRANSFER_DEADLINE_S,
     signing_key: SigningKey | None = None,
+    unvouched: Iterable[str] = (),
 ) -> TransferReport:
     """Push after a test, whatever its outcome: never raises for a cache failure. With
-    ``signing_key`` the push writes a signed manifest of what it vouches for."""
+    ``signing_key`` the push writes a signed manifest of what it vouches for: never what the
+    run's pull took unvouched (``unvouched``: its report's ``unvouched_names``)."""
     compiler = _compiler_or_none(backend)
 
     def run() -> TransferReport:
@@ -114,6 +117,7 @@ def push_for_run(
             compiler=compiler or installed_compiler_cache(backend),
             storage_options=storage_options,
             signing_key=signing_key,
+            unvouched=tuple(unvouched),
         )
 
     return guarded(run, "push", target, compiler, deadline_s)

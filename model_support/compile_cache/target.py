@@ -145,6 +145,18 @@ class Target:
         found = {str(n).rstrip("/").rsplit("/", 1)[-1] for n in names}
         return sorted(p for p in found if PREFIX_PATTERN.fullmatch(p))
 
+    def children(self, limit: int) -> list[str]:
+        """Up to ``limit`` names directly under the root (empty when it is missing)."""
+        try:
+            names = self.fs.ls(self.root, detail=False) if self.fs.exists(self.root) else []
+        except FileNotFoundError:
+            return []
+        except Exception as exc:
+            if not is_store_error(exc):
+                raise
+            raise unavailable(self.uri, "list", exc) from exc
+        return sorted(str(n).rstrip("/").rsplit("/", 1)[-1] for n in names)[:limit]
+
     def objects(self, prefix: str) -> list[StoredObject]:
         """Every object under ``prefix`` (recursively)."""
         base = self._full(prefix)
@@ -288,6 +300,16 @@ class LocalTarget(Target):
                         temp.unlink()
         except OSError as exc:
             raise unavailable(self.uri, "write", exc) from exc
+
+    def children(self, limit: int) -> list[str]:
+        # Lazily: a folder holding millions of files is listed no further than needed.
+        try:
+            with os.scandir(self.root) as found:
+                return sorted(entry.name for _, entry in zip(range(limit), found, strict=False))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as exc:
+            raise unavailable(self.uri, "list", exc) from exc
 
     def check(self) -> None:
         if Path(self.root).exists() and not Path(self.root).is_dir():

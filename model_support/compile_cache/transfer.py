@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -10,7 +11,7 @@ import threading
 import time
 import weakref
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from model_support.compile_cache import layouts
 from model_support.compile_cache.compilers import CompilerCache, installed_compiler_cache
 from model_support.compile_cache.errors import (
+    BadCacheTarget,
     CompileCacheError,
     LocalCacheError,
     TargetUnavailable,
@@ -39,10 +41,13 @@ from model_support.compile_cache.target import (
 from model_support.compile_cache.trust import (
     MANIFEST_LIMIT_BYTES,
     SIGNATURES_DIR,
+    PrivateFolder,
     SigningKey,
     TrustPolicy,
+    UnreadableLedger,
+    record_unvouched,
+    unvouched_names,
     verified_entries,
-    writable_only_by_me,
 )
 from model_support.records import CacheTransferFigures
 from model_support.storage_errors import is_store_error
@@ -92,6 +97,13 @@ class TransferReport(BaseModel):
     other_prefixes: list[str] = Field(
         default_factory=list,
         description="Pull without a match: the compiler prefixes the target does hold.",
+    )
+    unvouched_names: list[str] = Field(
+        default_factory=list,
+        description="Pull: the entries it placed that nobody vouched for (taken without a "
+        "valid signature from a target others can write), as object names; a signing push "
+        "never vouches for them, nor, when they are host-side, for anything compiled beside "
+        "them.",
     )
 
     def figures(self) -> CacheTransferFigures:
@@ -268,22 +280,22 @@ def pull(
     grouped, _ = _by_path(kind, objects)
     report.prefix_matched = bool(grouped)
     if not grouped:
-        report.other_prefixes = [
-            p for p in session.target.target.prefixes() if p != session.target.prefix
-        ]
-    accepted = _accepted_names(session, objects, policy)
-    if accepted is not None:
-        for path in list(grouped):
-            kept = [e for e in grouped[path] if e.object.name in accepted]
-            report.skipped.extend(
-                SkippedEntry(path=e.object.name, reason=accepted.reason)
-                for e in grouped[path]
-                if e.object.name not in accepted
-            )
-            if kept:
-                grouped[path] = kept
-            else:
-                del grouped[path]
+        held = session.target.target.prefixes()
+        report.other_prefixes = [p for p in held if p != session.target.prefix]
+        if not objects and not held:
+            _refuse_what_is_no_cache(session.target)
+    verdict = functools.cache(_trust_verdicts(session, objects, policy))  # one look per name
+    for path in list(grouped):
+        kept = [e for e in grouped[path] if verdict(e.object.name) in (VOUCHED, UNVOUCHED)]
+        report.skipped.extend(
+            SkippedEntry(path=e.object.name, reason=verdict(e.object.name))
+            for e in grouped[path]
+            if e not in kept
+        )
+        if kept:
+            grouped[path] = kept
+        else:
+            del grouped[path]
     wanted = []
     for path, versions in sorted(grouped.items()):
         if layouts.needs(kind, root, path):
@@ -300,22 +312,22 @@ def pull(
 
     def fetch(
         item: tuple[str, list[RemoteEntry]],
-    ) -> tuple[RemoteEntry | None, bool, list[SkippedEntry]]:
+    ) -> tuple[RemoteEntry | None, bool, str | None, list[SkippedEntry]]:
         _path, versions = item
         problems: list[SkippedEntry] = []
         for entry in versions:
-            problem, placed = _fetch_one(session, entry, names)
+            problem, placed, digest = _fetch_one(session, entry, names)
             if problem is None:
-                return entry, placed, problems
+                return entry, placed, digest, problems
             problems.append(SkippedEntry(path=entry.object.name, reason=problem))
-        return None, False, problems
+        return None, False, None, problems
 
     pool = ThreadPoolExecutor(max_workers=max(1, threads))
     try:
         futures = [pool.submit(fetch, item) for item in wanted]
         for future in futures:
             try:
-                fetched, placed, problems = future.result()
+                fetched, placed, digest, problems = future.result()
             except CancelledError:
                 continue
             except (TargetUnavailable, LocalCacheError) as exc:
@@ -331,12 +343,36 @@ def pull(
                 report.entries += 1
                 report.bytes += fetched.size
                 report.unverified += not fetched.verified
+                if verdict(fetched.object.name) == UNVOUCHED and digest is not None:
+                    report.unvouched_names.append(object_name(fetched.path, digest, fetched.size))
             elif fetched is not None:
                 report.present += 1  # the compiler wrote it meanwhile; its own copy is kept
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        _remember_unvouched(root, report.unvouched_names)
     report.seconds = time.monotonic() - session.started
     return report
+
+
+def _remember_unvouched(root: Path, names: list[str]) -> None:
+    """Keep beside the local cache what a pull placed that nobody vouched for."""
+    try:
+        record_unvouched(root, names)
+    except OSError as exc:
+        raise local_failure(root, "record the unvouched entries of", exc) from exc
+
+
+def _refuse_what_is_no_cache(resolved: ResolvedTarget) -> None:
+    """A pull from a root that holds things, none of them a compiler's folder, is a mistake
+    (``file:///etc``, a volume's root above the caches): refused, nothing taken."""
+    found = resolved.target.children(limit=4)
+    if not found:
+        return  # empty or missing: a cache nothing was pushed to yet
+    shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+    raise BadCacheTarget(
+        f"{resolved.uri} is not a compile cache: it holds {shown} and no compiler folder "
+        "(neuronxcc-<version> or inductor-torch-<version>); give the root a push wrote to"
+    )
 
 
 def _budget(root: Path, max_bytes: int | None) -> int:
@@ -374,20 +410,20 @@ def _within_budget(
     return kept, over
 
 
-class _Accepted(set[str]):
-    """Object names a pull may take, and what it says of the others."""
+VOUCHED = "vouched"
+"""A pull's verdict on an entry: signed by a trusted key, or in a folder only this user can write."""
+UNVOUCHED = "unvouched"
+"""A pull's verdict on an entry taken on the policy's word alone: a NEFF without trusted keys,
+or any entry with ``trust_unsigned``."""
 
-    def __init__(self, names: set[str], reason: str) -> None:
-        super().__init__(names)
-        self.reason = reason
 
-
-def _accepted_names(
+def _trust_verdicts(
     session: _Session, objects: list[StoredObject], policy: TrustPolicy
-) -> _Accepted | None:
-    """What the trust policy lets a pull take from ``objects`` (None: every entry)."""
+) -> Callable[[str], str]:
+    """The trust policy's verdict on each object name: :data:`VOUCHED`, :data:`UNVOUCHED`, or
+    why the pull does not take it."""
     if policy.requires_signatures:
-        names: set[str] = set()
+        signed: set[str] = set()
         for obj in objects:
             if not obj.name.startswith(SIGNATURES_DIR + "/") or obj.size > MANIFEST_LIMIT_BYTES:
                 continue
@@ -395,18 +431,32 @@ def _accepted_names(
             listed = (
                 verified_entries(data, session.target.prefix, policy.trusted_keys) if data else None
             )
-            names |= listed or set()
-        return _Accepted(names, "unsigned: no manifest signed by a trusted key lists it")
-    if session.compiler.kind == "neff" or policy.trust_unsigned:
-        return None
+            signed |= listed or set()
+        unsigned = "unsigned: no manifest signed by a trusted key lists it"
+        return lambda name: VOUCHED if name in signed else unsigned
+    # Unsigned entries are taken on the policy's word for NEFFs and with trust_unsigned; an
+    # inductor entry otherwise only when only this user can have written it.
+    fallback = UNVOUCHED if session.compiler.kind == "neff" or policy.trust_unsigned else None
     backing = session.target.target
-    if isinstance(backing, LocalTarget) and writable_only_by_me(Path(backing.root)):
-        return None
-    return _Accepted(
-        set(),
-        "host-side cache (pickles, shared objects) from a target others can write, without "
-        "a signature: give the target's trusted keys (--trusted-key) or trust its writers "
-        "explicitly (--trust-unsigned)",
+    if isinstance(backing, LocalTarget) and policy.own_folders:
+        private = PrivateFolder(Path(backing.root))
+        prefix = session.target.prefix
+
+        def local(name: str) -> str:
+            problem = private.entry_problem(f"{prefix}/{name}")
+            if problem is None:
+                return VOUCHED
+            return fallback or _others_can_write(problem)
+
+        return local
+    return lambda name: fallback or _others_can_write("the target is not a local folder")
+
+
+def _others_can_write(why: str) -> str:
+    return (
+        f"host-side cache (pickles, shared objects) others can write ({why}), without a "
+        "signature: give the target's trusted keys (--trusted-key) or trust its writers "
+        "explicitly (--trust-unsigned)"
     )
 
 
@@ -429,40 +479,43 @@ def _read_small(session: _Session, obj: StoredObject) -> bytes | None:
         temp.unlink(missing_ok=True)
 
 
-def _fetch_one(session: _Session, entry: RemoteEntry, names: set[str]) -> tuple[str | None, bool]:
+def _fetch_one(
+    session: _Session, entry: RemoteEntry, names: set[str]
+) -> tuple[str | None, bool, str | None]:
     """Download, verify and place one entry: (why it was not taken or None, whether it was
-    placed: False when a compiler wrote the same entry meanwhile). ``names``: every entry path
-    the target holds (to tell whose fault a path collision is). Raises
-    :class:`LocalCacheError` when the local disk fails (full, quota, permissions) and
+    placed: False when a compiler wrote the same entry meanwhile, the SHA-256 of its bytes).
+    ``names``: every entry path the target holds (to tell whose fault a path collision is).
+    Raises :class:`LocalCacheError` when the local disk fails (full, quota, permissions) and
     :class:`TargetUnavailable` when the target does."""
     kind, root = session.compiler.kind, session.compiler.local_dir
     if entry.size == 0:
-        return "empty object (never an entry)", False
+        return "empty object (never an entry)", False, None
     if entry.truncated:
-        return f"truncated: {entry.object.size} bytes stored, {entry.size} declared", False
+        return f"truncated: {entry.object.size} bytes stored, {entry.size} declared", False, None
     try:
         temp = layouts.temp_file(root, entry.path)
     except (NotADirectoryError, FileExistsError):
-        return _collision(root, entry.path, names), False
+        return _collision(root, entry.path, names), False, None
     except OSError as exc:
         raise local_failure(root / entry.path, "create a folder for", exc) from exc
     try:
         try:
             session.target.target.download(session.target.prefix, entry.object.name, temp)
         except FileNotFoundError:
-            return "removed from the target since it was listed", False
+            return "removed from the target since it was listed", False, None
         size = temp.stat().st_size
         if size != entry.size:
-            return f"truncated: {size} bytes read, {entry.size} expected", False
-        if entry.sha256 is not None and sha256_file(temp) != entry.sha256:
-            return "corrupt: its bytes do not match the SHA-256 in its name", False
+            return f"truncated: {size} bytes read, {entry.size} expected", False, None
+        digest = sha256_file(temp)  # a plain entry's too: what was placed is known by its bytes
+        if entry.sha256 is not None and digest != entry.sha256:
+            return "corrupt: its bytes do not match the SHA-256 in its name", False, None
         if kind == "inductor" and entry.path.endswith(".so"):
             problem = layouts.elf_problem(temp, size)
             if problem:
-                return problem, False
+                return problem, False, None
         if (root / entry.path).is_dir():
-            return _collision(root, entry.path, names), False
-        return None, layouts.place(kind, root, entry.path, temp)
+            return _collision(root, entry.path, names), False, None
+        return None, layouts.place(kind, root, entry.path, temp), digest
     except CompileCacheError:
         raise
     except OSError as exc:
@@ -494,13 +547,18 @@ def push(
     compiler: CompilerCache | None = None,
     storage_options: dict[str, Any] | None = None,
     signing_key: SigningKey | None = None,
+    unvouched: Iterable[str] = (),
 ) -> TransferReport:
     """Upload the local cache's complete entries that the target does not have yet.
 
     Incomplete local entries (being written, empty, a half-linked kernel) are skipped and
     reported. Entries already in the target, in any verified version, are not sent again.
-    With ``signing_key`` (a trusted pusher's), a signed manifest listing every local entry's
-    object name is written last, so readers that trust the key take them. Raises
+    With ``signing_key`` (a trusted pusher's), a signed manifest is written last, listing the
+    entries this push vouches for: what was compiled here, or pulled under a valid signature
+    (or from a folder only this user writes). Entries a pull took unvouched (recorded beside
+    the local cache, and ``unvouched``: object names, e.g. a pod's pull report) are neither
+    uploaded nor listed; and when such an entry is host-side (an inductor pickle or shared
+    object, which ran in the process that compiled the rest) nothing is. Raises
     :class:`CompileCacheError` when the target cannot be used at all.
     """
     session = _session(target, compiler, storage_options)
@@ -508,6 +566,7 @@ def push(
     kind, root = session.compiler.kind, session.compiler.local_dir
     local, skipped = layouts.scan(kind, root)
     report.skipped.extend(SkippedEntry(path=s.path, reason=s.reason) for s in skipped)
+    not_vouched, tainted = _not_vouched(kind, root, unvouched) if signing_key else (set(), None)
     grouped, _ = _by_path(kind, session.target.target.objects(session.target.prefix))
     have = {
         p
@@ -515,7 +574,7 @@ def push(
         if any(e.verified and not e.truncated for e in versions)
     }
     todo: list[tuple[layouts.LocalEntry, str]] = []
-    vouched: list[str] = []  # what a signed manifest lists: every local entry, by its bytes
+    vouched: list[str] = []  # what the signed manifest lists, by its bytes
     stored = {e.object.name for versions in grouped.values() for e in versions}
     for entry in local:
         if entry.path in have and signing_key is None:
@@ -526,6 +585,13 @@ def push(
             report.skipped.append(SkippedEntry(path=entry.path, reason="changed while being read"))
             continue
         name = object_name(entry.path, digest, entry.size)
+        if tainted is not None or name in not_vouched:
+            reason = tainted or (
+                "pulled without a valid signature: a signing push neither uploads nor vouches "
+                "for it"
+            )
+            report.skipped.append(SkippedEntry(path=entry.path, reason=reason))
+            continue
         vouched.append(name)
         if name in stored:  # these very bytes are there (a signed pull needs these bytes)
             report.present += 1
@@ -544,6 +610,22 @@ def push(
         report.error = f"{exc.label}: {exc}"
     report.seconds = time.monotonic() - session.started
     return report
+
+
+def _not_vouched(kind: str, root: Path, unvouched: Iterable[str]) -> tuple[set[str], str | None]:
+    """What a signing push must not vouch for: the local cache's unvouched entries (its record
+    and ``unvouched``), and why nothing at all can be vouched for (None: the rest can)."""
+    try:
+        names = unvouched_names(root) | set(unvouched)
+    except UnreadableLedger as exc:
+        return set(), f"not vouched for: {exc}; where each entry came from is unknown"
+    if kind == "inductor" and names:
+        return names, (
+            f"not vouched for: {len(names)} host-side entries here were pulled without a valid "
+            "signature, and what ran beside them may have written the rest; pull only signed "
+            "entries (--trusted-key) into a fresh local cache to sign again"
+        )
+    return names, None
 
 
 def _upload_manifest(session: _Session, key: SigningKey, names: list[str]) -> None:

@@ -186,15 +186,24 @@ class TrustPolicy:
 
     ``trusted_keys``: entries must be listed by a manifest signed by one of these (when given,
     for every kind of cache). ``trust_unsigned``: the caller trusts everyone who can write the
-    target, so host-side (inductor) entries may be pulled without a signature.
+    target, so host-side (inductor) entries may be pulled without a signature. ``own_folders``:
+    a local folder only this user can write holds this user's own entries; False where the
+    user is shared with code others control (runner pods of every namespace run as one uid).
     """
 
     trusted_keys: tuple[str, ...] = ()
     trust_unsigned: bool = False
+    own_folders: bool = True
 
     def __post_init__(self) -> None:
         for key in self.trusted_keys:
             parse_public_key(key)
+        if self.trusted_keys and self.trust_unsigned:
+            raise UntrustedCache(
+                "trusted keys (--trusted-key, MODEL_SUPPORT_CACHE_TRUSTED_KEYS) and "
+                "--trust-unsigned contradict each other: keys take only what they signed, "
+                "--trust-unsigned takes unsigned entries too; give one of them"
+            )
 
     @property
     def requires_signatures(self) -> bool:
@@ -202,24 +211,152 @@ class TrustPolicy:
         return bool(self.trusted_keys)
 
     @classmethod
-    def from_env(cls, trust_unsigned: bool = False, extra_keys: Iterable[str] = ()) -> TrustPolicy:
+    def from_env(
+        cls, trust_unsigned: bool = False, extra_keys: Iterable[str] = (), own_folders: bool = True
+    ) -> TrustPolicy:
         """The keys of ``MODEL_SUPPORT_CACHE_TRUSTED_KEYS`` plus ``extra_keys``."""
         keys = [k for k in os.environ.get(TRUSTED_KEYS_ENV, "").split(",") if k.strip()]
-        return cls(tuple(k.strip() for k in [*keys, *extra_keys]), trust_unsigned)
+        return cls(tuple(k.strip() for k in [*keys, *extra_keys]), trust_unsigned, own_folders)
+
+
+class PrivateFolder:
+    """Whether what lies under a local folder can have been written by this user alone.
+
+    A folder whose every file and folder on the way (its parents included) only this user can
+    change holds this user's own entries, however they were made. Checked per entry, from the
+    target's root down to the file: a folder others can write (a world-writable prefix below a
+    private root, say) lets them plant a file there, and a file or folder another user owns is
+    theirs. Above the root, a parent others can write is fine only with the sticky bit (``/tmp``:
+    nobody may rename what is not theirs), and a parent must belong to this user or to root.
+    """
+
+    def __init__(self, root: Path, uid: int | None = None) -> None:
+        self.root = Path(os.path.abspath(root))
+        self.uid = uid if uid is not None else (os.geteuid() if hasattr(os, "geteuid") else -1)
+        self._folders: dict[Path, str | None] = {}
+
+    def _owned(self, path: Path, info: os.stat_result, parent: bool) -> str | None:
+        """Why ``path`` is not this user's alone (None: it is)."""
+        mode = info.st_mode
+        if parent:
+            if info.st_uid not in (self.uid, 0):
+                return f"{path} belongs to uid {info.st_uid}, who can replace what is inside"
+            if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
+                return f"{path} can be written by others (mode {stat.S_IMODE(mode):o})"
+            return None
+        if info.st_uid != self.uid:
+            return f"{path} belongs to uid {info.st_uid}, not to this user ({self.uid})"
+        if mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return f"{path} can be written by others (mode {stat.S_IMODE(mode):o})"
+        return None
+
+    def _folder(self, path: Path, parent: bool, inside: bool) -> str | None:
+        """Why the folder ``path`` is not this user's alone. ``inside``: under the root, where a
+        link is never followed (above it, and the root itself, a link is the admin's: a mount
+        point)."""
+        if path not in self._folders:
+            try:
+                info = path.lstat() if inside else path.stat()
+            except FileNotFoundError:
+                problem = None  # made by the first push, under a folder checked too
+            except OSError as exc:
+                problem = f"{path} cannot be checked: {exc.strerror or exc}"
+            else:
+                if stat.S_ISLNK(info.st_mode):
+                    problem = f"{path} is a symbolic link"
+                elif not stat.S_ISDIR(info.st_mode):
+                    problem = f"{path} is not a folder"
+                else:
+                    problem = self._owned(path, info, parent)
+            self._folders[path] = problem
+        return self._folders[path]
+
+    def root_problem(self) -> str | None:
+        """Why the root (or a folder above it) is not this user's alone; None: it is."""
+        for parent in reversed(self.root.parents):
+            problem = self._folder(parent, parent=True, inside=False)
+            if problem:
+                return problem
+        return self._folder(self.root, parent=False, inside=False)
+
+    def entry_problem(self, relative: str) -> str | None:
+        """Why the file ``relative`` (to the root) may be someone else's; None: only this
+        user can have written it (nor could anyone else have replaced it since)."""
+        problem = self.root_problem()
+        if problem:
+            return problem
+        current = self.root
+        parts = relative.split("/")
+        for part in parts[:-1]:
+            current = current / part
+            problem = self._folder(current, parent=False, inside=True)
+            if problem:
+                return problem
+        file = current / parts[-1]
+        try:
+            info = file.lstat()
+        except OSError as exc:
+            return f"{file} cannot be checked: {exc.strerror or exc}"
+        if not stat.S_ISREG(info.st_mode):
+            return f"{file} is not a regular file"
+        return self._owned(file, info, parent=False)
 
 
 def writable_only_by_me(folder: Path) -> bool:
     """Whether a local cache folder (and every folder above it) can be written only by this
-    user: then its entries are this user's own, however they were made."""
-    uid = os.geteuid() if hasattr(os, "geteuid") else None
-    current = folder.resolve()
-    for part in [current, *current.parents]:
-        try:
-            info = part.stat()
-        except FileNotFoundError:
-            continue  # created by the first push, under a parent checked below
-        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
-            return False  # others may replace what is inside
-        if part == current and uid is not None and info.st_uid != uid:
-            return False
-    return True
+    user. Its entries are this user's own only when each of them passes
+    :meth:`PrivateFolder.entry_problem` too."""
+    return PrivateFolder(folder).root_problem() is None
+
+
+UNVOUCHED_LEDGER = ".model-support-unvouched.json"
+"""In a local cache folder: the entries pulls placed there that nobody vouched for (pulled
+without a valid signature, from a target others can write), as object names
+(``<path>@<sha256>-<size>``). A signing push never vouches for them. A dot file: neither
+compiler reads it, and it is never an entry."""
+_LEDGER_LIMIT_BYTES = 64 * 2**20
+
+
+class UnreadableLedger(UntrustedCache):
+    """The local cache's record of unvouched entries cannot be read: nothing in it is vouched
+    for."""
+
+
+def unvouched_names(local_dir: Path) -> set[str]:
+    """The object names pulls placed in ``local_dir`` without anyone vouching for them.
+    Raises :class:`UnreadableLedger` when the record exists but cannot be read (a signing
+    push then vouches for nothing)."""
+    ledger = local_dir / UNVOUCHED_LEDGER
+    try:
+        with ledger.open("rb") as handle:
+            data = handle.read(_LEDGER_LIMIT_BYTES + 1)
+    except FileNotFoundError:
+        return set()
+    except OSError as exc:
+        raise UnreadableLedger(f"cannot read {ledger}: {exc.strerror or exc}") from exc
+    try:
+        if len(data) > _LEDGER_LIMIT_BYTES:
+            raise ValueError(f"larger than {_LEDGER_LIMIT_BYTES} bytes")
+        names = json.loads(data)["unvouched"]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise ValueError("its unvouched entries are not a list of names")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UnreadableLedger(f"{ledger} is not a record of pulled entries: {exc}") from exc
+    return set(names)
+
+
+def record_unvouched(local_dir: Path, names: Iterable[str]) -> None:
+    """Add ``names`` to ``local_dir``'s record of unvouched entries (atomically). An unreadable
+    record is replaced by one holding every name it could have held: none are lost, since a
+    signing push treats an unreadable record as vouching for nothing, and this one stays so."""
+    added = set(names)
+    if not added:
+        return
+    try:
+        known = unvouched_names(local_dir)
+    except UnreadableLedger:
+        return  # left as it is: it already makes every entry here unvouched
+    ledger = local_dir / UNVOUCHED_LEDGER
+    temp = local_dir / f"{UNVOUCHED_LEDGER}.{uuid.uuid4().hex}.tmp"
+    temp.write_text(json.dumps({"unvouched": sorted(known | added)}), encoding="utf-8")
+    os.replace(temp, ledger)

@@ -20,8 +20,9 @@ def run_cost(
     """(core-seconds, dollars) of one recorded run.
 
     The instance is the one the test asked for (its ``instanceType``, else its profile's):
-    what the operator scheduled it on, not what a pod says; a run that names none (a cpu
-    profile) is priced by the table's ``default_instance_type``, else not at all. The cores
+    what the operator scheduled it on, not what a pod says; a Neuron run that names none is
+    priced by the table's ``default_instance_type``, a cpu profile's run never (its
+    core-seconds are not Trainium core-hours). The cores
     priced are those the pod held (``held_cores``, whole devices), not only those it used.
     """
     used = core_seconds(document, held_cores)
@@ -31,4 +32,4 @@ def run_cost(
         return used, None
     instance = test.instanceType or test.profile_info.instance_type
     lnc = test.lnc or document.stack.lnc
-    return used, settings.prices().cost_usd(used, instance, lnc)
+    return used, settings.prices().cost_usd(used, instance, lnc, test.profile_info.neuron)

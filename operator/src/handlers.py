@@ -22,7 +22,7 @@ from typing import Any
 
 import kopf
 
-from model_support.operator import metrics
+from model_support.operator import metrics, notifications
 from model_support.operator.kube import Kube, api_client
 from model_support.operator.leader import Leadership, default_identity, lease_namespace
 from model_support.operator.reconciler import Reconciler
@@ -55,6 +55,7 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
     )
     reconciler = Reconciler(settings, kube)
     sweeps = SweepReconciler(settings, kube)
+    notifications.configure(settings)
     watchdog: dict[str, asyncio.Task[None]] = {}
     leadership = Leadership(
         # A client of its own, without urllib3's retries: each Lease call ends within its
@@ -266,6 +267,7 @@ async def _watchdog(
             reconciler.resync_jobs,
             reconciler.audit,
             sweeps.audit,
+            reconciler.sweep_deliveries,
         ):
             try:
                 await asyncio.to_thread(_as_leader, leadership, check)

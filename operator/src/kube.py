@@ -260,8 +260,13 @@ class Kube:
             and (phase is None or (p.get("status") or {}).get("phase") == phase)
         ]
 
-    def pod_log(self, namespace: str, name: str, container: str, tail_lines: int) -> str | None:
-        """The tail of a container's log, or None if the pod (or its log) is gone."""
+    def pod_log(
+        self, namespace: str, name: str, container: str, tail_lines: int, limit_bytes: int
+    ) -> str | None:
+        """The tail of a container's log, or None if the pod (or its log) is gone: its last
+        ``tail_lines`` lines, of which at most the first ``limit_bytes`` bytes (the API server
+        stops there, and no more is read here either: a runner pod decides how long its
+        lines are)."""
         try:
             response = self._call(
                 self.core.read_namespaced_pod_log,
@@ -269,21 +274,49 @@ class Kube:
                 namespace,
                 container=container,
                 tail_lines=tail_lines,
+                limit_bytes=limit_bytes,
             )
         except ApiException as exc:
             if exc.status in (400, 404):
                 return None
             raise
         # With _preload_content=False the client returns the raw urllib3 response.
-        return bytes(cast(Any, response).data).decode("utf-8", errors="replace")
+        raw = cast(Any, response)
+        try:
+            data = raw.read(limit_bytes)
+        finally:
+            raw.release_conn()
+        return bytes(data).decode("utf-8", errors="replace")
 
-    def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """A Secret (its values still base64), or None if it does not exist. Never logged."""
-        return self._unless_gone(self.core.read_namespaced_secret, name, namespace)
+    def read_labelled_secret(
+        self, namespace: str, name: str, labels: dict[str, str]
+    ) -> dict[str, Any] | None:
+        """The Secret ``name`` when it carries ``labels`` (its values still base64), else None.
+        Never logged.
+
+        A list selected by the name and the labels: the API server returns the Secret only
+        when it is labelled so, so the operator never receives another Secret's data (a GET of
+        the name would return it whatever its labels). RBAC may limit the list to given names
+        (``resourceNames``), which a list names in its ``metadata.name`` field selector."""
+        page = _json(
+            self._call(
+                self.core.list_namespaced_secret,
+                namespace,
+                field_selector=f"metadata.name={name}",
+                label_selector=_selector(labels),
+            )
+        )
+        found = [
+            item
+            for item in page.get("items") or []
+            if (item.get("metadata") or {}).get("name") == name and _matches(item, labels)
+        ]
+        return found[0] if found else None
 
     @staticmethod
     def secret_key(secret: dict[str, Any], key: str) -> str | None:
-        """One decoded value of a Secret read with :meth:`read_secret`; None if the key is missing."""
+        """One decoded value of a Secret read with :meth:`read_labelled_secret`; None if the key
+        is missing."""
         value = (secret.get("data") or {}).get(key)
         return base64.b64decode(value).decode() if value is not None else None
 

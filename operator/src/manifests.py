@@ -88,6 +88,9 @@ class CacheWiring:
             "--keep-going",
             "--report", PULL_REPORT,
             "--deadline", f"{self.deadline_s:g}",
+            # Runner pods of every namespace run as one uid: "only this user can write it"
+            # says nothing about who wrote a folder of the compile cache volume.
+            "--shared-user",
         ]  # fmt: skip
         if self.trust_unsigned:  # the namespace's own cache: its own entries, signed or not
             return [*command, "--trust-unsigned"]
@@ -352,6 +355,26 @@ def job_deadline(spec: TestSpec, settings: OperatorSettings) -> int | None:
     )
 
 
+S3_LONGEST_URL_S = 7 * 24 * 3600
+"""The longest an S3 presigned URL (signature version 4) is valid."""
+
+
+def delivery_url_expiry(spec: TestSpec, settings: OperatorSettings) -> int:
+    """How long an attempt's upload URL stays valid: what its Job may take (the test's timeout,
+    the queue and pull budget, the compile cache transfers and the delivery) plus
+    ``delivery_url_margin_s``, at most 7 days. Past it the URL writes nothing: a pod cannot
+    replay its delivery into a slot after its run was recorded, and a stale slot stays gone."""
+    cache = spec.compileCache
+    transfers = 0.0
+    if cache is not None:
+        transfers = settings.compile_cache_deadline_s * (
+            (cache.source is not None) + (cache.target is not None)
+        )
+    budget = settings.deadline_budget_s or 0.0
+    needed = spec.timeoutSeconds + budget + transfers + DELIVERY_DEADLINE_S
+    return min(S3_LONGEST_URL_S, math.ceil(needed + settings.delivery_url_margin_s))
+
+
 CONTAINER_SECURITY: dict[str, Any] = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
@@ -428,7 +451,7 @@ def _shared_env(
     return env
 
 
-def _shared_mounts(spec: TestSpec, settings: OperatorSettings) -> list[dict[str, Any]]:
+def _shared_mounts(settings: OperatorSettings) -> list[dict[str, Any]]:
     """The volume mounts of the runner and of the init steps (which skip run.py's)."""
     mounts: list[dict[str, Any]] = [
         {"name": "work", "mountPath": WORKDIR},
@@ -442,10 +465,40 @@ def _shared_mounts(spec: TestSpec, settings: OperatorSettings) -> list[dict[str,
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "shm", "mountPath": "/dev/shm"},
     ]
+    return mounts
+
+
+@dataclass(frozen=True)
+class CacheMounts:
+    """The compile cache volume as each container of a runner pod sees it: the pull step its
+    source's folder read-only, the runner its push target's folder; nothing else of the volume
+    (other namespaces' folders), and nothing at all for the steps that run package code."""
+
+    pull: list[dict[str, Any]]
+    runner: list[dict[str, Any]]
+
+
+def _cache_mounts(test: TestRef, spec: TestSpec, settings: OperatorSettings) -> CacheMounts:
+    from model_support.operator.planning import cache_root
+
+    mounts = CacheMounts(pull=[], runner=[])
     cache = spec.compileCache
-    if cache is not None and cache.local_paths() and settings.compile_cache_volume_claim:
-        # Cache paths live on a shared volume (the operator checked they are under its mount).
-        mounts.append({"name": "compile-caches", "mountPath": settings.compile_cache_volume_path})
+    if cache is None or not settings.compile_cache_volume_claim:
+        return mounts
+    volume = settings.compile_cache_volume_path.rstrip("/")
+    for location, into, read_only in ((cache.source, mounts.pull, True),
+                                      (cache.target, mounts.runner, False)):  # fmt: skip
+        if location is None or "://" in location:
+            continue
+        # The folder it lies in (the operator checked it is the namespace's or a shared one).
+        root = cache_root(location, settings, test.namespace)
+        folder = root.root if root is not None else location
+        mount: dict[str, Any] = {"name": "compile-caches", "mountPath": folder}
+        if folder != volume:
+            mount["subPath"] = folder[len(volume) :].strip("/")
+        if read_only:
+            mount["readOnly"] = True
+        into.append(mount)
     return mounts
 
 
@@ -457,14 +510,20 @@ def _cache_wiring(test: TestRef, spec: TestSpec, settings: OperatorSettings) -> 
     from model_support.operator.planning import own_cache, push_target
 
     pushing = push_target(cache.target, settings, test.namespace) if cache.target else None
+    # A namespace's own cache is its own only where the storage keeps others out; elsewhere
+    # (and for any other source) only what the trusted keys signed is taken.
+    own_and_isolated = (
+        cache.source is not None
+        and settings.compile_cache_namespaces_isolated
+        and own_cache(cache.source, settings, test.namespace)
+    )
     return CacheWiring(
         cache.source,
         cache.target,
         spec.profile_info.backend.value,
         settings.compile_cache_deadline_s,
-        trusted_keys=tuple(settings.compile_cache_trusted_keys),
-        trust_unsigned=cache.source is not None
-        and own_cache(cache.source, settings, test.namespace),
+        trusted_keys=() if own_and_isolated else tuple(settings.compile_cache_trusted_keys),
+        trust_unsigned=own_and_isolated,
         signing_secret=settings.compile_cache_signing_secret
         if pushing is not None and pushing.shared
         else None,
@@ -511,11 +570,14 @@ def _init_containers(
     wiring: CacheWiring | None,
     env: list[dict[str, Any]],
     mounts: list[dict[str, Any]],
+    cache_mounts: CacheMounts,
 ) -> list[dict[str, Any]]:
-    """The steps before the runner: the cache pull first, then the extra packages' install."""
+    """The steps before the runner: the cache pull first, then the extra packages' install
+    (which runs package code: it gets no compile cache at all)."""
     image = spec.image or settings.runner_image
     pull_policy = spec.imagePullPolicy or settings.image_pull_policy
     step_mounts = [m for m in mounts if m["name"] != "run-script"]
+    pull_mounts = step_mounts + cache_mounts.pull
     steps: list[dict[str, Any]] = []
     if wiring is not None and wiring.source is not None:
         # The pull writes only the cache and its report, and a failed pull is the report's
@@ -531,7 +593,7 @@ def _init_containers(
                 "env": [e for e in env if e["name"] != "PYTHONPATH"],
                 **({"envFrom": list(settings.runner_env_from)} if settings.runner_env_from else {}),
                 "securityContext": copy.deepcopy(CONTAINER_SECURITY),
-                "volumeMounts": step_mounts,
+                "volumeMounts": pull_mounts,
                 "resources": copy.deepcopy(_STEP_RESOURCES),
             }
         )
@@ -596,7 +658,7 @@ def _volumes(
     configmap_name: str,
     storage: _Storage,
     settings: OperatorSettings,
-    mounts: list[dict[str, Any]],
+    cache_mounts: CacheMounts,
     runner_only: _RunnerOnly,
 ) -> list[dict[str, Any]]:
     """The pod's volumes: the capped emptyDirs, run.py's ConfigMap, and the claims and Secrets
@@ -618,7 +680,7 @@ def _volumes(
         claim = {"claimName": settings.results_volume_claim}
         volumes.append({"name": "results", "persistentVolumeClaim": claim})
     volumes.extend(runner_only.volumes)
-    if any(m["name"] == "compile-caches" for m in mounts):
+    if cache_mounts.pull or cache_mounts.runner:
         claim = {"claimName": settings.compile_cache_volume_claim}
         volumes.append({"name": "compile-caches", "persistentVolumeClaim": claim})
     return volumes
@@ -749,9 +811,11 @@ def build_job(
     dra = dra_settings(spec, settings) if profile.neuron else None
     storage = _Storage.of(placement, settings)
     env = _shared_env(spec, settings, run_id, lnc)
-    mounts = _shared_mounts(spec, settings)
+    mounts = _shared_mounts(settings)
+    cache_mounts = _cache_mounts(test, spec, settings)
     wiring = _cache_wiring(test, spec, settings)
     runner_only = _runner_only(wiring, delivery)
+    runner_only.mounts.extend(cache_mounts.runner)
     runner: dict[str, Any] = {
         "name": RUNNER_CONTAINER,
         "image": spec.image or settings.runner_image,
@@ -773,11 +837,11 @@ def build_job(
         "automountServiceAccountToken": False,
         "securityContext": _pod_security(settings),
         "containers": [runner],
-        "volumes": _volumes(configmap_name, storage, settings, mounts, runner_only),
+        "volumes": _volumes(configmap_name, storage, settings, cache_mounts, runner_only),
     }
     if dra is not None:
         pod_spec["resourceClaims"] = pod_claims(claim_template_name(test))
-    init_containers = _init_containers(spec, settings, wiring, env, mounts)
+    init_containers = _init_containers(spec, settings, wiring, env, mounts, cache_mounts)
     if init_containers:
         pod_spec["initContainers"] = init_containers
     pod_spec.update(_scheduling(spec, placement, settings, lnc, dra))

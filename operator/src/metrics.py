@@ -1,10 +1,10 @@
 """Prometheus metrics of the operator (served on /metrics by the `model-support operator` command).
 
 Besides the counters of what the operator did, gauges answer the questions a dashboard or an
-alert asks: the pass rate of each stack in the results store (refreshed after every
-materialize), how many tests are in each phase, and each sweep's regressions against its
-previous run and its cost so far (the chart's PrometheusRule example alerts on a new
-regression).
+alert asks: the pass rate of each stack in the results store and the newest stacks' confirmed
+regressions against the stack before each (refreshed after every materialize), how many tests
+are in each phase, and each sweep's regressions against its previous run and its cost so far
+(the chart's PrometheusRule example alerts on both regression counts).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from prometheus_client import Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
+    from model_support.history import ReleaseReport
     from model_support.operator.sweep_resource import SweepStatus
     from model_support.store import ResultsStore
 
@@ -54,6 +55,21 @@ STACK_RESULTS = Gauge(
     "Models per latest result on a stack (the matrix file of the stack).",
     [*STACK_LABELS, "result"],
 )
+RELEASE_REGRESSIONS = Gauge(
+    "model_support_release_regressions",
+    "Confirmed regressions of a stack (a release) against the stack before it: models whose "
+    "worse result re-runs confirmed (model-support regressions' policy). A new release opens "
+    "a new series, so alert on its level, not on a change of it.",
+    STACK_LABELS,
+)
+RELEASE_FLAKY = Gauge(
+    "model_support_release_flaky",
+    "Models whose runs on a stack disagree (never counted as regressions or fixes).",
+    STACK_LABELS,
+)
+RELEASES_JUDGED = 2
+"""After each materialize, the newest this many stacks are compared with the stack before each
+(the older ones keep the figures they were given when they were new)."""
 TESTS_BY_PHASE = Gauge(
     "model_support_tests_by_phase",
     "ModelSupportTests the operator watches, by phase (None: not reconciled yet).",
@@ -129,7 +145,41 @@ def observe_stacks(store: ResultsStore) -> None:
         seen.add(labels)
     with _lock:
         for labels in _stacks - seen:  # a stack whose file is gone
-            with contextlib.suppress(KeyError):  # it had no model that ran
-                PASS_RATE.remove(*labels)
+            for gauge in (PASS_RATE, RELEASE_REGRESSIONS, RELEASE_FLAKY):
+                with contextlib.suppress(KeyError):  # it had no model that ran
+                    gauge.remove(*labels)
         _stacks.clear()
         _stacks.update(seen)
+
+
+def observe_releases(store: ResultsStore) -> list[ReleaseReport]:
+    """The newest stacks' confirmed regressions and flaky models against the stack before
+    each (``model_support_release_regressions``, ``model_support_release_flaky``); their
+    reports."""
+    from model_support.evidence import shareable_uri
+    from model_support.history import (
+        Confirmation,
+        Thresholds,
+        previous_stack,
+        read_stack_runs,
+        read_stacks,
+        release_report,
+    )
+    from model_support.pricing import DEFAULT_PRICES
+
+    if not store.fs.exists(store.history_path()):
+        return []
+    known = read_stacks(store)
+    releases = []
+    for info in known[-RELEASES_JUDGED:]:
+        before = previous_stack(info.stack, known)
+        chosen = [info.stack] if before is None else [before, info.stack]
+        release = release_report(
+            read_stack_runs(store, chosen), info.stack, before, Thresholds(), DEFAULT_PRICES,
+            confirmation=Confirmation(), results=shareable_uri(store),
+        )  # fmt: skip
+        labels = [str(getattr(info.stack, name) or "unknown") for name in STACK_LABELS]
+        RELEASE_REGRESSIONS.labels(*labels).set(len(release.regressions))
+        RELEASE_FLAKY.labels(*labels).set(len(release.flaky))
+        releases.append(release)
+    return releases

@@ -15,12 +15,13 @@ from enum import StrEnum
 from typing import Any
 
 from model_support.config import RunConfig
+from model_support.operator.manifests import INSTANCE_TYPE_LABEL
 from model_support.operator.resource import ANNOTATION_TIMEOUT, RUNNER_CONTAINER
 from model_support.operator.settings import RunnerStack
 from model_support.records import ResultDocument
 from model_support.runner_pod import STOPPED_MESSAGE
 from model_support.stop_signals import STOPPED_EXIT
-from model_support.vocabulary import ErrorClass, Result
+from model_support.vocabulary import Backend, ErrorClass, Result
 
 IMAGE_PULL_REASONS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
@@ -69,6 +70,10 @@ class Reading:
     deadline_passed: bool = False
     """The Job reached its backstop deadline (``DeadlineExceeded``): the Job controller ended
     it, whatever its state says the time went to."""
+    node_instance_type: str | None = None
+    """The instance type of the node the runner pod was placed on: the value of the
+    ``node.kubernetes.io/instance-type`` label its nodeSelector (its Job's template's) required,
+    which the scheduler enforced (None: it required none, a CPU test's pod for instance)."""
 
 
 def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -147,9 +152,23 @@ def read_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> Reading:
     )
     ended_at = job_ended_at(job)
 
+    # What the scheduler placed the pod by: its own nodeSelector, else its Job's template's
+    # (which a pod is made from; Kueue sets a flavor's labels there before the Job starts).
+    template = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    placed_by = (pod or {}).get("spec") or template
+    node_instance_type = (placed_by.get("nodeSelector") or {}).get(INSTANCE_TYPE_LABEL)
+
     def reading(state: JobState, message: str) -> Reading:
         return Reading(
-            state, message, exit_code, term_message, pod_name, runner_ran, started_at, ended_at
+            state,
+            message,
+            exit_code,
+            term_message,
+            pod_name,
+            runner_ran,
+            started_at,
+            ended_at,
+            node_instance_type=node_instance_type,
         )
 
     if _condition(job, "Complete") or _condition(job, "SuccessCriteriaMet"):
@@ -518,11 +537,44 @@ def identity_problems(document: ResultDocument, config: RunConfig) -> list[str]:
     if config.compile_backend is not None:  # None: run.py records the backend it chose
         asked["compile_backend"] = config.compile_backend
     said = document.model_dump(mode="json")
-    return [
+    problems = [
         f"{field} is {said.get(field)!r}, the test asked for {value!r}"
         for field, value in asked.items()
         if said.get(field) != value
     ]
+    # The device backend is the test's profile's (and the node's it was placed on): a pod
+    # that names another one would file the row under hardware it never ran on.
+    if config.backend is not Backend.AUTO and document.backend not in (None, config.backend.value):
+        problems.append(
+            f"backend is {document.backend!r}, and the test's profile runs on "
+            f"{config.backend.value!r}"
+        )
+    return problems
+
+
+def node_problems(document: ResultDocument, node_instance_type: str | None) -> list[str]:
+    """Where the document contradicts the node its pod was placed on (empty: agrees, or the
+    node is not known)."""
+    said = document.stack.instance_type
+    if node_instance_type is None or said is None or said == node_instance_type:
+        return []
+    return [
+        f"instance_type is {said!r}, and the pod was placed on a {node_instance_type!r} node "
+        f"(label {INSTANCE_TYPE_LABEL})"
+    ]
+
+
+def reported_stack_fields(
+    document: ResultDocument, declared: RunnerStack | None, node_instance_type: str | None
+) -> list[str]:
+    """The stack fields a record holds only on its runner pod's word: every one with a value,
+    less those the image declares (``declared``) and the instance type when the node it was
+    placed on is known. The record's label ``stack_reported`` lists them."""
+    checked = set((declared or RunnerStack()).model_dump(exclude_none=True))
+    if node_instance_type is not None:
+        checked.add("instance_type")
+    values = document.stack.model_dump(exclude_none=True)
+    return sorted(field for field in values if field not in checked and field != "origin")
 
 
 def _public(version: str) -> str:
@@ -549,6 +601,7 @@ def trusted_document(
     cache_location: str | None = None,
     started_at: datetime | None = None,
     ended_at: datetime | None = None,
+    node_instance_type: str | None = None,
 ) -> ResultDocument:
     """The document to record: the runner's when it agrees with the test, else an ERROR that
     says where it disagrees (what a pod printed never names what was tested).
@@ -564,8 +617,12 @@ def trusted_document(
     row kept with the pod's versions: a user of the dataset reads a row under a pair as "this
     model on these versions", which such a pod (tampered with, or an image mislabelled in the
     settings) says nothing about; the versions it reported are in the error text.
+
+    The device backend is the test's profile's, and the instance type the node's the pod was
+    placed on (``node_instance_type``): a document naming others is an ERROR; one naming none
+    gets them.
     """
-    problems = identity_problems(document, config)
+    problems = identity_problems(document, config) + node_problems(document, node_instance_type)
     mismatch = [] if declared_stack is None else stack_problems(document, declared_stack)
     disagreement = None
     if problems:
@@ -603,9 +660,13 @@ def trusted_document(
         "started_at": clamp(document.started_at),
         "finished_at": clamp(document.finished_at),
     }
-    if declared_stack is not None:
-        declared = declared_stack.model_dump(exclude_none=True)
-        update["stack"] = document.stack.model_copy(update=declared)
+    if config.backend is not Backend.AUTO:
+        update["backend"] = config.backend.value
+    known = declared_stack.model_dump(exclude_none=True) if declared_stack is not None else {}
+    if node_instance_type is not None:
+        known["instance_type"] = node_instance_type
+    if known:
+        update["stack"] = document.stack.model_copy(update=known)
     figures = document.compile_cache
     if figures is not None:
         from model_support.compile_cache.compilers import PREFIX_PATTERN

@@ -113,7 +113,9 @@ def check_compile_cache(
 ) -> None:
     """A compile cache path in a spec must lie on the operator's compile cache volume, the
     only filesystem a runner pod shares with anything that outlives it; a push needs a test
-    that runs only code the project controls, to a target this namespace may push to."""
+    that runs only code the project controls, to a target this namespace may push to; a pull
+    reads only the namespace's folder or a shared one, and only what it can trust (with
+    ``namespace``: see :func:`check_cache_source`)."""
     cache = spec.compileCache
     if cache is None:
         return
@@ -132,8 +134,17 @@ def check_compile_cache(
                 f"spec.compileCache.{field} {path!r} is not on the compile cache volume, "
                 f"which runner pods mount at {root}: use a path under {root}/"
             )
-    if cache.target is None or namespace is None:
+    if namespace is None:
         return
+    if cache.target is not None:
+        _check_push(spec, cache.target, settings, namespace)
+    if cache.source is not None:
+        check_cache_source(cache.source, settings, namespace)
+
+
+def _check_push(spec: TestSpec, target: str, settings: OperatorSettings, namespace: str) -> None:
+    """A push needs a test that runs only code the project controls, to a target this
+    namespace may push to."""
     untrusted = spec.untrusted_code(settings.runner_image)
     if untrusted:
         raise InvalidTest(
@@ -141,14 +152,60 @@ def check_compile_cache(
             f"({', '.join(untrusted)}), and whoever pushes to a compile cache runs code in "
             "everyone who pulls from it; keep compileCache.source to pull, and remove the target"
         )
-    pushable = push_target(cache.target, settings, namespace)
+    pushable = push_target(target, settings, namespace)
     if pushable is None:
         allowed = [t.replace("{namespace}", namespace) for t in push_targets(settings)]
         raise InvalidTest(
-            f"spec.compileCache.target {cache.target!r} is not a compile cache this namespace "
+            f"spec.compileCache.target {target!r} is not a compile cache this namespace "
             f"may push to ({', '.join(allowed) or 'none is configured'}); push under one of "
             "them, or ask the operator's admin (setting compileCachePushTargets)"
         )
+
+
+def check_cache_source(source: str, settings: OperatorSettings, namespace: str) -> None:
+    """A pull reads only what its pod may mount, and what it can trust.
+
+    A path on the compile cache volume must lie in this namespace's folder or a shared push
+    target (the pod mounts only that folder, by ``subPath``, never the volume). A namespace's
+    own cache is trusted unsigned only where the storage isolates namespaces
+    (``compile_cache_namespaces_isolated``); elsewhere its entries need a trusted signature.
+    """
+    if "://" not in source and cache_root(source, settings, namespace) is None:
+        own = settings.compile_cache_volume_path.rstrip("/") + f"/{namespace}"
+        shared = [t for t in push_targets(settings) if "{namespace}" not in t and "://" not in t]
+        raise InvalidTest(
+            f"spec.compileCache.source {source!r} is neither this namespace's compile cache "
+            f"folder ({own}) nor a shared one ({', '.join(shared) or 'none is configured'}): "
+            "a runner pod mounts only those; pull from one of them"
+        )
+    if (
+        own_cache(source, settings, namespace)
+        and not settings.compile_cache_namespaces_isolated
+        and not settings.compile_cache_trusted_keys
+    ):
+        raise InvalidTest(
+            f"spec.compileCache.source {source!r} is this namespace's own compile cache, and "
+            "its storage does not keep other namespaces out (setting "
+            "compileCacheNamespacesIsolated is off), so only signed entries could be trusted, "
+            "and no keys are configured (compileCacheTrustedKeys): remove the source, or ask "
+            "the operator's admin to isolate the caches or configure signing"
+        )
+
+
+def cache_root(location: str, settings: OperatorSettings, namespace: str) -> PushTarget | None:
+    """The compile cache folder ``location`` lies in, for ``namespace``: its own (its folder on
+    the volume, or a ``{namespace}`` push target) or a shared push target; None: neither."""
+    templates = push_targets(settings)
+    if settings.compile_cache_volume_claim is not None:
+        templates.append(settings.compile_cache_volume_path.rstrip("/") + "/{namespace}")
+    for shared in (False, True):  # its own first: a shared root may hold the namespace's
+        for template in templates:
+            if ("{namespace}" not in template) is not shared:
+                continue
+            root = template.replace("{namespace}", namespace)
+            if within(location, root):
+                return PushTarget(root, shared)
+    return None
 
 
 def push_targets(settings: OperatorSettings) -> list[str]:
@@ -183,12 +240,11 @@ def push_target(location: str, settings: OperatorSettings, namespace: str) -> Pu
 
 
 def own_cache(location: str, settings: OperatorSettings, namespace: str) -> bool:
-    """Whether ``location`` lies in this namespace's own compile cache (a ``{namespace}`` push
-    target): only its tests push there, so its unsigned entries are the namespace's own."""
-    return any(
-        "{namespace}" in template and within(location, template.replace("{namespace}", namespace))
-        for template in push_targets(settings)
-    )
+    """Whether ``location`` lies in this namespace's own compile cache (its folder on the
+    volume, or a ``{namespace}`` push target): only its tests push there. Whether that makes its
+    unsigned entries its own is the storage's to say (``compile_cache_namespaces_isolated``)."""
+    root = cache_root(location, settings, namespace)
+    return root is not None and not root.shared
 
 
 def within(location: str, root: str) -> bool:

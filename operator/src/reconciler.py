@@ -38,6 +38,7 @@ from model_support.operator.manifests import (
     Placement,
     TestRef,
     build_delivery_secret,
+    delivery_url_expiry,
     delivery_wiring,
     job_reference,
 )
@@ -52,6 +53,7 @@ from model_support.operator.outcome import (
     job_outcome_stands,
     pod_waiting,
     read_job,
+    reported_stack_fields,
     stuck_reason,
     trusted_document,
 )
@@ -68,7 +70,7 @@ from model_support.operator.planning import (
     place,
     store_uri,
 )
-from model_support.operator.recording import Materializer
+from model_support.operator.recording import Materializer, sweep_deliveries
 from model_support.operator.resource import (
     ANNOTATION_TEST_NAME,
     LABEL_ATTEMPT,
@@ -417,16 +419,17 @@ class Reconciler:
         """The Hub token of a test's hubTokenSecret, when the operator may read it."""
         if spec.hubTokenSecret is None or not self.settings.read_token_secrets:
             return None
-        secret = self.kube.read_secret(namespace, spec.hubTokenSecret.name)
+        # Only a Secret labelled so is ever returned to the operator (a selected list).
+        secret = self.kube.read_labelled_secret(
+            namespace, spec.hubTokenSecret.name, {HUB_TOKEN_LABEL: "true"}
+        )
         name = f"{namespace}/{spec.hubTokenSecret.name}"
         if secret is None:
-            raise InvalidTest(f"spec.hubTokenSecret names Secret {name}, which does not exist")
-        labels = (secret.get("metadata") or {}).get("labels") or {}
-        if labels.get(HUB_TOKEN_LABEL) != "true":
             raise InvalidTest(
-                f"Secret {name} lacks the label {HUB_TOKEN_LABEL}=true; the operator reads only "
-                f"Secrets labelled so (kubectl label secret -n {namespace} "
-                f"{spec.hubTokenSecret.name} {HUB_TOKEN_LABEL}=true)"
+                f"spec.hubTokenSecret names Secret {name}, which does not exist or lacks the "
+                f"label {HUB_TOKEN_LABEL}=true; the operator reads only Secrets labelled so "
+                f"(kubectl label secret -n {namespace} {spec.hubTokenSecret.name} "
+                f"{HUB_TOKEN_LABEL}=true)"
             )
         value = self.kube.secret_key(secret, spec.hubTokenSecret.key)
         if value is None:
@@ -722,7 +725,7 @@ class Reconciler:
             if wiring.sub_path is not None:
                 area.prepare(slot)
                 return
-            url = area.upload_url(slot, self.settings.delivery_url_expiry_s)
+            url = area.upload_url(slot, delivery_url_expiry(spec, self.settings))
         except (DeliveryError, ValueError) as exc:
             log.warning("run %s cannot deliver to %s: %s", run_id, uri, exc)
             return
@@ -1326,18 +1329,23 @@ class Reconciler:
             )
         document, source = found
         cache = spec.compileCache if spec is not None else None
+        declared = self._declared_stack(spec)
         document = trusted_document(
             document,
             config,
-            declared_stack=self._declared_stack(spec),
+            declared_stack=declared,
             cache_location=None if cache is None else (cache.target or cache.source),
             started_at=reading.started_at,
             ended_at=reading.ended_at or ended_at,
+            node_instance_type=reading.node_instance_type,
         )
         labels = {
             **self._labels(ref, job_name, attempt),
             **self._provenance(spec),
             "document_source": source.value,
+            "stack_reported": ",".join(
+                reported_stack_fields(document, declared, reading.node_instance_type)
+            ),
         }
         if (test.get("status") or {}).get("podCores"):
             labels["pod_cores"] = str(test["status"]["podCores"])  # the cores the pod held
@@ -1365,7 +1373,7 @@ class Reconciler:
         try:  # the slot (prepared, delivered or not) is done with
             DeliveryArea(store.uri).remove(self._slot(run_id))
         except (DeliveryError, ValueError):
-            log.warning("run %s is recorded; its delivery slot stays until removed by hand", run_id)
+            log.warning("run %s is recorded; its delivery slot goes in a later sweep", run_id)
         with self._lock:  # before the status says Completed: a concurrent resync must not
             self._released[(ref.namespace, job_name)] = time.monotonic()  # release it twice
         if not first_time and self._completed_already(ref):
@@ -1512,7 +1520,11 @@ class Reconciler:
         if reading.pod_name:
             try:
                 text = self.kube.pod_log(
-                    ref.namespace, reading.pod_name, RUNNER_CONTAINER, self.settings.log_tail_lines
+                    ref.namespace,
+                    reading.pod_name,
+                    RUNNER_CONTAINER,
+                    self.settings.log_tail_lines,
+                    self.settings.log_tail_bytes,
                 )
             except ApiException as exc:
                 return Unavailable(f"the runner's log could not be read: {exc.status} {exc.reason}")
@@ -1620,6 +1632,13 @@ class Reconciler:
         self.event(test, "Warning", _EVENT_REASON[document.result], message)
 
     # ---------------------------------------------------------------- the watchdog's checks
+
+    def sweep_deliveries(self) -> int:
+        """Remove delivery slots of recorded runs (:func:`recording.sweep_deliveries`)."""
+        self.store_for(None)  # the operator's own store, whether or not it recorded yet
+        with self._lock:
+            stores = list(self._stores.values())
+        return sweep_deliveries(stores)
 
     def watched_namespaces(self) -> list[str | None]:
         """The namespaces to list children in; [None] means every namespace."""

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 
-from model_support.operator import metrics
+from model_support.delivery import DeliveryArea, DeliveryError
+from model_support.operator import metrics, notifications
 from model_support.store import ResultsStore
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,11 @@ class Materializer:
             try:
                 self.store.materialize()
                 metrics.observe_stacks(self.store)
+                for release in metrics.observe_releases(self.store):
+                    if release.regressions:
+                        notifications.notifier().tell(
+                            notifications.release_regressions(release, self.store)
+                        )
             except Exception:
                 log.exception(
                     "materializing %s failed; records are intact, the next run redoes it",
@@ -52,3 +59,17 @@ class Materializer:
                     self.idle.set()
                     return
                 self._pending = False
+
+
+def sweep_deliveries(stores: Iterable[ResultsStore]) -> int:
+    """Remove the delivery slots of runs these stores hold a record of, and empty the slots
+    set aside for removal a bounded amount: a slot written after its run was recorded (an
+    upload URL used again before it expired) or one a removal missed. A store that cannot be
+    swept now is said in the log and swept next time. Returns how many slots went."""
+    removed = 0
+    for store in stores:
+        try:
+            removed += DeliveryArea(store.uri).remove_recorded(store.has)
+        except (DeliveryError, ValueError) as exc:
+            log.warning("could not sweep the delivery slots of %s: %s", store.uri, exc)
+    return removed

@@ -106,11 +106,11 @@ class OperatorSettings(BaseModel):
         None,
         description="PVC holding a local-path results store; mounted into runner pods so they deliver there.",
     )
-    delivery_url_expiry_s: int = Field(
-        7 * 24 * 3600,
+    delivery_url_margin_s: int = Field(
+        3600,
         ge=60,
         le=7 * 24 * 3600,  # the longest an S3 SigV4 signature lasts
-        description="How long the upload URL a runner pod gets for its delivery slot (S3 stores) stays valid; it also ends when the operator's own credentials expire.",
+        description="The upload URL a runner pod gets for its delivery slot (S3 stores) stays valid for what its Job may take (the test's timeout, deadlineBudgetSeconds, the compile cache and delivery deadlines) plus this margin, 7 days at most; it also ends when the operator's own credentials expire. A pod that waited longer before it ran cannot deliver: its result is read from its log and termination message.",
     )
     runner_env: list[dict[str, Any]] = Field(
         default_factory=list,
@@ -201,6 +201,10 @@ class OperatorSettings(BaseModel):
         default_factory=list,
         description="Namespaces whose tests may push to push targets shared by every namespace (those without `{namespace}`). Anyone who can create a pod there can push what every reader runs: keep them for trusted tests only.",
     )
+    compile_cache_namespaces_isolated: bool = Field(
+        False,
+        description="The storage of the `{namespace}` push targets lets each namespace write its own folder or prefix only (a PVC per namespace, an IAM role per namespace's S3 prefix), so a namespace's own cache holds only what its own tests wrote: it is then pulled unsigned. Off (the default: runner pods of every namespace share one uid, and one claim name or bucket may reach one store), a namespace's own cache is pulled like any other: only entries signed by compileCacheTrustedKeys, and a test pulling it needs some.",
+    )
     compile_cache_trusted_keys: list[str] = Field(
         default_factory=list,
         description="Public keys (ed25519:<base64>) whose signed manifests compile cache pulls trust; with any, pulls take only signed entries.",
@@ -244,6 +248,11 @@ class OperatorSettings(BaseModel):
     )
     log_tail_lines: int = Field(
         400, ge=10, description="Lines of the runner's log read for the result line."
+    )
+    log_tail_bytes: int = Field(
+        8 * 2**20,
+        ge=64 * 2**10,
+        description="At most this many bytes of those lines are read (the first of them: a runner pod decides how long its lines are); a result line cut off is read from the termination message instead.",
     )
     runner_supplemental_groups: list[int] = Field(
         default_factory=list,
@@ -324,6 +333,15 @@ class OperatorSettings(BaseModel):
         None,
         description="Instance prices over the default table (docs/pricing.md: region, "
         "default_instance_type, prices); tests' and sweeps' costs use them.",
+    )
+    notify_format: Literal["slack", "github"] = Field(
+        "slack",
+        description="The shape of what the notification webhook (its URL from the Secret the "
+        'chart\'s notifications.webhookSecret names) is sent: slack ({"text"}) or github (an '
+        'issue: {"title", "body"}).',
+    )
+    notify_attempts: int = Field(
+        5, ge=1, le=20, description="Tries of one notification before it is given up (logged)."
     )
 
     @field_validator("runner_env")
@@ -419,6 +437,11 @@ class _MetricsValues(_ValuesBlock):
     port: int = 9090
 
 
+class _NotificationValues(_ValuesBlock):
+    format: Literal["slack", "github"] = "slack"
+    attempts: int = 5
+
+
 class ChartValues(_ValuesBlock):
     """The chart values the operator's settings are made from, with their types (a value of
     the wrong type is refused naming it; values the operator does not read are left alone)."""
@@ -434,6 +457,7 @@ class ChartValues(_ValuesBlock):
     runner: _RunnerValues | None = None
     neuron: _NeuronValues | None = None
     metrics: _MetricsValues | None = None
+    notifications: _NotificationValues | None = None
     settings: dict[str, Any] | None = None
 
 
@@ -494,4 +518,7 @@ def settings_from_values(values: dict[str, Any]) -> OperatorSettings:
         base["runnerEnvFrom"] = list(runner["envFrom"])
     metrics = values.get("metrics") or {}
     base["metricsPort"] = metrics.get("port", 9090) if metrics.get("enabled", True) else None
+    notifications = values.get("notifications") or {}
+    base["notifyFormat"] = notifications.get("format", "slack")
+    base["notifyAttempts"] = notifications.get("attempts", 5)
     return OperatorSettings.model_validate({**base, **(values.get("settings") or {})})

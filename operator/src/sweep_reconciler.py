@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from model_support.operator import metrics
+from model_support.operator import metrics, notifications
 from model_support.operator.kube import AlreadyExists, Kube, being_deleted
 from model_support.operator.planning import InvalidTest, check_store_allowed, store_uri
 from model_support.operator.resource import (
@@ -805,11 +805,13 @@ class SweepReconciler:
             self.kube.post_event(
                 body, "Warning", "Regressions", regressions_message(status)[:MESSAGE_LIMIT]
             )
+            notifications.notifier().tell(notifications.sweep_regressions(body, status))
         previous_ready = condition(old, "Ready").get("status")
         if condition(new, "Ready").get("status") == "True" and previous_ready != "True":
             self.kube.post_event(
                 body, "Normal", "Done", str(new.get("message") or "")[:MESSAGE_LIMIT]
             )
+            notifications.notifier().tell(notifications.sweep_finished(body, status))
 
     def _observe(self, body: dict[str, Any]) -> None:
         uid = body["metadata"]["uid"]

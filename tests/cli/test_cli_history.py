@@ -9,7 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from factories import T0, make_record
+from factories import NEURON_STACK, T0, make_record
 from hubserver import HubServer, Repo
 from test_history import CC_NEW, CC_OLD, on_compiler
 from typer.testing import CliRunner
@@ -75,20 +75,54 @@ def test_regressions_print_markdown_and_json_and_exit_3_when_there_are_any(
 ) -> None:
     location, ids = results
     shown = runner.invoke(app, ["regressions", "--results", location])
-    assert shown.exit_code == 3, shown.output
+    # One ERROR run is not yet a regression: unconfirmed, exit 0, and said so.
+    assert shown.exit_code == 0, shown.output
     text = shown.stdout
     assert text.startswith(f"# Regressions: neuronx-cc {CC_OLD}")
-    assert "### ERROR compile (1)" in text
-    assert f"`model-support reproduce {ids['new-a']}`" in text
-    assert "## Fixes" in text and "`org/b`" in text
+    assert "## Unconfirmed (not reported as regressions yet)" in text
+    assert "1 of 3 agreeing runs on the newer stack: 2 more re-run(s)" in text
+    # The reproduce command names the store, so it runs from anywhere the store is reachable.
+    store_root = str(Path(location).resolve())
+    assert f"`model-support reproduce {ids['new-a']} --results {store_root}`" in text
+    # org/b ran PASS, ERROR, PASS on the newer stack: flaky, with its runs, never a fix.
+    assert "## Flaky (runs on one stack disagree)" in text
+    assert f"PASS `{ids['new-b']}`, ERROR/compile `{ids['new-b-again']}`" in text
     report = json.loads(runner.invoke(app, ["regressions", "--results", location, "--json"]).stdout)
-    assert [(c["model"], c["kind"]) for c in report["regressions"]] == [("org/a", "regression")]
-    assert [c["after_run_id"] for c in report["fixes"]] == [ids["new-b-third"]]
-    # Backwards: the fix becomes a regression and the other way round.
+    assert report["regressions"] == [] and report["fixes"] == []
+    assert [(c["model"], c["kind"]) for c in report["unconfirmed"]] == [("org/a", "regression")]
+    assert [(f["model"], [r["run_id"] for r in f["runs"]]) for f in report["flaky"]] == [
+        ("org/b", [ids["new-b"], ids["new-b-again"], ids["new-b-third"]])
+    ]
+    # The bug body: each side's stack and the error's first lines.
+    after = report["unconfirmed"][0]["after_evidence"]
+    assert after["error_class"] == "compile"
+    assert after["error_lines"] == ["neuronx-cc exited with status 70"]
+    assert after["stack"]["compiler"] == f"neuronx-cc {CC_NEW}"
+    assert after["container"].startswith(f"model-support reproduce {ids['new-a']} --results ")
+    assert "--device=/dev/neuron0" in after["container"]
+    # With no re-run asked for, one run is enough: a regression, exit 3 (for CI).
+    eager = runner.invoke(app, ["regressions", "--results", location, "--reruns", "0", "--json"])
+    assert eager.exit_code == 3, eager.output
+    assert [c["model"] for c in json.loads(eager.stdout)["regressions"]] == ["org/a"]
+    # Backwards: org/a's ERROR -> PASS is a fix; org/b stays flaky, never a regression.
     back = runner.invoke(
         app, ["regressions", "--results", location, "--from", CC_NEW, "--to", CC_OLD, "--json"]
     )
-    assert [c["model"] for c in json.loads(back.stdout)["regressions"]] == ["org/b"]
+    backwards = json.loads(back.stdout)
+    assert backwards["regressions"] == [] and backwards["unconfirmed"] == []
+    assert [c["model"] for c in backwards["fixes"]] == ["org/a"]
+
+
+def test_confirm_refuses_a_stack_this_machine_does_not_have(
+    results: tuple[str, dict[str, str]],
+) -> None:
+    """--confirm re-runs here only what ran on this machine's stack (these rows ran on Neuron)."""
+    location, ids = results
+    refused = runner.invoke(app, ["regressions", "--results", location, "--confirm"])
+    assert refused.exit_code == 2, refused.output
+    text = " ".join(refused.output.split())
+    assert f"run {ids['new-a']} ran on Neuron (neuronx-cc {CC_NEW})" in text
+    assert "this machine has no torch-neuronx" in text
 
 
 def test_regressions_refuse_unexplained_thresholds_and_unknown_stacks(
@@ -220,3 +254,90 @@ def test_a_store_without_a_history_says_how_to_build_it(
         runner.invoke(app, ["history", "org/a", "--results", location, "--json"]).stdout
     )
     assert [r["run_id"] for r in listed] == [ids["old-a"], ids["new-a"]]
+
+
+def test_report_shows_a_release_at_a_glance(results: tuple[str, dict[str, str]]) -> None:
+    location, ids = results
+    store = ResultsStore(location)
+    store.add(on_compiler(make_record("org/gone", finished=T0), CC_OLD))  # not re-tested
+    store.add(
+        on_compiler(
+            make_record(
+                "org/big", Result.EXCLUDED, stack=NEURON_STACK, recorded=T0 + timedelta(days=1)
+            ),
+            CC_NEW,
+        )
+    )
+    store.materialize()
+    shown = runner.invoke(app, ["report", "--results", location])
+    assert shown.exit_code == 0, shown.output
+    text = shown.stdout
+    assert text.startswith(f"# Release: neuronx-cc {CC_NEW} · transformers 5.24.0")
+    assert f"Against neuronx-cc {CC_OLD} · transformers 5.24.0" in text
+    # tested, PASS, FAIL, ERROR, TIMEOUT, EXCLUDED, UNVERIFIED, regressions, fixes,
+    # unconfirmed, flaky, not re-tested, then the core-hours and the cost.
+    assert "| 3 | 1 | 0 | 1 | 0 | 1 | 0 | 0 | 0 | 1 | 1 | 1 |" in text
+    assert "- org/gone · text-generation" in text
+    assert f"ERROR/compile `{ids['new-b-again']}`" in text
+    report = json.loads(
+        runner.invoke(app, ["report", CC_NEW, "--results", location, "--json"]).stdout
+    )
+    assert report["results"] == {"PASS": 1, "ERROR": 1, "EXCLUDED": 1}
+    assert report["not_retested"] == ["org/gone · text-generation"]
+    assert [f["model"] for f in report["flaky"]] == ["org/b"]
+    assert [c["model"] for c in report["unconfirmed"]] == ["org/a"]
+    trn2 = DEFAULT_PRICES.price_of("trn2.48xlarge")
+    assert trn2 is not None
+    # Every run on the release held its cores (re-runs too): 4 runs of 120 s on one core.
+    assert report["core_seconds"] == pytest.approx(4 * 120.0)
+    assert report["cost_usd"] == pytest.approx(4 * 120 / 3600 * trn2.usd_per_hour / 64)
+    oldest = runner.invoke(app, ["report", CC_OLD, "--results", location, "--json"])
+    assert json.loads(oldest.stdout)["previous"] is None
+    unknown = runner.invoke(app, ["report", "9.9", "--results", location])
+    assert unknown.exit_code == 2 and "no stack is named '9.9'" in unknown.output
+
+
+def test_an_estimate_of_listed_models_needs_no_hub_and_a_relative_store(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_llama_path: Path
+) -> None:
+    """--model lists the models (local checkpoints here: nothing reaches the Hub, whose
+    endpoint answers nothing), --results may be relative, and a CPU profile's hours are
+    estimated from CPU runs only and never priced as Trainium core-hours."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.chdir(tmp_path)
+    huge = build_header_only_checkpoint(
+        tmp_path / "ckpt", "huge", LLAMA_3_1_405B_CONFIG, llama_tensors(LLAMA_3_1_405B_CONFIG)
+    )
+    store = ResultsStore("results")
+    tiny = str(tiny_llama_path)
+    for hours, neuron in ((1, False), (5, True)):  # a CPU run of 1 h, a Neuron run of 5 h
+        record = make_record(tiny, neuron=neuron, finished=T0 + timedelta(days=hours))
+        doc = record.document
+        started = doc.finished_at - timedelta(hours=hours)  # type: ignore[operator]
+        store.add(
+            record.model_copy(update={"document": doc.model_copy(update={"started_at": started})})
+        )
+    store.materialize()
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("default_instance_type: trn1.32xlarge\n")
+    shown = runner.invoke(
+        app,
+        ["sweep", "local", "--estimate", "--profile", "cpu", "--model", tiny, "--model",
+         str(huge), "--results", "results", "--prices", str(prices)],
+    )  # fmt: skip
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.stdout.split())
+    assert "estimate: 2 models on cpu, past runs from results" in text
+    assert f"{tiny} text-generation 1 core(s) 1.00 h each (its 1 past run(s))" in text
+    assert "excluded: never run" in text
+    assert "cost —" in text and "runs off Neuron: its core-hours are not priced" in text
+    # On a Neuron profile the Neuron run counts, and the sweep is priced.
+    neuron = runner.invoke(
+        app,
+        ["sweep", "local", "--estimate", "--profile", "trn1", "--model", tiny, "--results",
+         "results"],
+    )  # fmt: skip
+    assert neuron.exit_code == 0, neuron.output
+    text = " ".join(neuron.stdout.split())
+    assert "5.00 h each (its 1 past run(s))" in text
+    assert f"cost ${5 * 21.50 / 32:,.2f}" in text

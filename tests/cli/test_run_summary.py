@@ -14,7 +14,7 @@ from model_support.records import (
     Verification,
     new_run_id,
 )
-from model_support.vocabulary import LocalizationStatus, Result
+from model_support.vocabulary import DivergencePhase, LocalizationStatus, Result
 
 
 def _failed(where: FirstDivergence) -> RunRecord:
@@ -49,6 +49,25 @@ def test_a_fail_summary_names_its_first_diverging_module(
     assert (
         "where: first diverging module: model.layers.1.mlp.down_proj (Linear), error ratio 402 "
         "(7.2 s)" in " ".join(out.split())
+    )
+
+
+def test_a_fail_summary_says_the_decode_step_its_module_was_found_at(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    where = FirstDivergence(
+        status=LocalizationStatus.FOUND,
+        module="model.layers.0.mlp.act_fn",
+        kind="SiLUActivation",
+        error_ratio=125.2,
+        phase=DivergencePhase.DECODE,
+        step=18,
+    )
+    print_record(_failed(where))
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        "where: first diverging module, from decode step 18: model.layers.0.mlp.act_fn "
+        "(SiLUActivation), error ratio 125" in out
     )
 
 
@@ -88,3 +107,29 @@ def test_a_summary_without_some_figures_prints_them_as_missing(
     out = " ".join(capsys.readouterr().out.split())
     assert "error ratio=n/a" in out
     assert "wall 3.50 s (load n/a s" in out
+
+
+def test_the_json_summary_carries_what_the_record_says_about_cost() -> None:
+    """`run --json` is what scripts read: held seconds, core-seconds, compile share and the
+    price used (a Neuron run), and no price at all for a CPU run, even with a default
+    Trainium instance in the table."""
+    from factories import make_record
+
+    from model_support.cli.commands_run import summary
+    from model_support.pricing import DEFAULT_PRICES, prices_from_mapping
+
+    neuron = summary(make_record(cores=4), DEFAULT_PRICES)  # 120 s on 4 cores of a trn2
+    trn2 = DEFAULT_PRICES.price_of("trn2.48xlarge")
+    assert trn2 is not None
+    assert (neuron["held_s"], neuron["core_seconds"]) == (120.0, 480.0)
+    assert neuron["compile_share"] == pytest.approx(93.75 / 120)
+    assert neuron["price"] == {
+        "instance_type": "trn2.48xlarge", "region": "us-east-1", "lnc": None,
+        "core_hour_usd": trn2.usd_per_hour / 64, "source": trn2.source, "as_of": trn2.as_of,
+        "assumed": False,
+    }  # fmt: skip
+    assert neuron["cost_usd"] == pytest.approx(480 / 3600 * trn2.usd_per_hour / 64)
+    assumed = prices_from_mapping({"default_instance_type": "trn1.32xlarge"})
+    cpu = summary(make_record(neuron=False), assumed)
+    assert cpu["core_seconds"] == 120.0
+    assert cpu["price"] is None and cpu["cost_usd"] is None

@@ -28,7 +28,7 @@ from model_support.compile_cache import (
     push_for_run,
 )
 from model_support.compile_cache.errors import TargetUnavailable
-from model_support.compile_cache.trust import TrustPolicy
+from model_support.compile_cache.trust import UNVOUCHED_LEDGER, TrustPolicy
 
 BUCKET = "team/compile-cache"
 PREFIX = "inductor-torch-2.13.0+cpu"
@@ -80,7 +80,8 @@ def test_pull_from_a_bucket_verifies_each_entry_and_skips_broken_ones(
     reasons = {s.path.split("@")[0]: s.reason for s in report.skipped}
     assert "corrupt" in reasons["3g/c3g.cpp"] and "truncated" in reasons["9q/c9q.py"]
     files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
-    assert files == ["43/c43wrapper.py", "fxgraph/ab/fabc/entry1"]  # nothing broken, no leftovers
+    # Nothing broken, no leftovers; and the pull's record of what it took unsigned.
+    assert files == [UNVOUCHED_LEDGER, "43/c43wrapper.py", "fxgraph/ab/fabc/entry1"]
     # every read went through the bucket API and the resolve endpoint, nothing else
     paths = {r["path"] for r in hub.requests}
     assert f"/api/buckets/{BUCKET}/tree/cache/{PREFIX}" in paths

@@ -26,7 +26,7 @@ from model_support.compile_cache import (
     push_for_run,
 )
 from model_support.compile_cache.layouts import is_entry_path
-from model_support.compile_cache.trust import TrustPolicy
+from model_support.compile_cache.trust import UNVOUCHED_LEDGER, TrustPolicy
 
 INDUCTOR_ENTRIES = {
     "fxgraph/kn/fkn2btr2vnbnjr5wfq/xo7xmdndgb7o7ptcpgy",
@@ -50,10 +50,11 @@ def stored(uri: str) -> dict[str, bytes]:
 
 
 def entries_of(root: Path) -> dict[str, bytes]:
+    """The cache's files, less its locks and the pull's record of unvouched entries."""
     return {
         p.relative_to(root).as_posix(): p.read_bytes()
         for p in root.rglob("*")
-        if p.is_file() and p.parts[len(root.parts)] != "locks"
+        if p.is_file() and p.parts[len(root.parts)] != "locks" and p.name != UNVOUCHED_LEDGER
     }
 
 

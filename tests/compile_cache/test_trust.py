@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import uuid
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ from model_support.compile_cache import (
 )
 from model_support.compile_cache.target import object_name
 from model_support.compile_cache.transfer import sha256_file
-from model_support.compile_cache.trust import TRUSTED_KEYS_ENV
+from model_support.compile_cache.trust import TRUSTED_KEYS_ENV, UNVOUCHED_LEDGER
 
 PREFIX = "inductor-torch-2.13.0+cpu"
 POISON = "fxgraph/aa/faaaaaaaaaaaaaaaaaaaaa/poisoned"
@@ -275,3 +276,133 @@ def test_a_plain_file_is_not_a_cache_target(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["cache", "pull", str(file), "--backend", "cpu"])
     assert result.exit_code == 2
     assert "is a file, not a folder" in " ".join(result.output.split())
+
+
+# ---- a private folder is private all the way down; a signature is not laundered -----------
+
+
+def test_a_world_writable_folder_below_a_private_root_is_not_the_readers_own(
+    tmp_path: Path, inductor_dir: Path
+) -> None:
+    """The root and its parents are this user's alone, but a prefix folder below it is
+    world-writable (or a file in it is someone else's): what lies there may have been planted."""
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    push(str(mine), compiler=inductor_cache(inductor_dir))
+    open_folder = mine / PREFIX / "fxgraph" / "aa"
+    open_folder.mkdir(parents=True)
+    open_folder.chmod(0o777)  # anyone may add a file here
+    plant_poison(str(mine), tmp_path)
+    victim = tmp_path / "victim"
+    report = pull(str(mine), compiler=inductor_cache(victim), policy=TrustPolicy())
+    assert report.entries == 5 and not (victim / POISON).exists()
+    [refused] = [s for s in report.skipped if s.path.startswith(POISON)]
+    assert "can be written by others (mode 777)" in refused.reason
+    load_the_poison_if_taken(victim)
+    assert not (tmp_path / "pwned").exists()
+
+    # A file another user owns, in folders that are otherwise private, is theirs.
+    open_folder.chmod(0o700)
+    [planted] = (mine / PREFIX).glob(POISON + "@*")
+    os.chown(planted, 4242, 4242)
+    report = pull(str(mine), compiler=inductor_cache(tmp_path / "v2"), policy=TrustPolicy())
+    assert not (tmp_path / "v2" / POISON).exists()
+    assert any("belongs to uid 4242" in s.reason for s in report.skipped)
+
+
+def _reader_takes(target: Path, key: SigningKey, tmp_path: Path, kind: str = "inductor") -> set:
+    """What a reader holding ``key`` pulls from ``target``: the entries' paths."""
+    local = tmp_path / f"reader-{uuid.uuid4().hex[:6]}"
+    compiler = inductor_cache(local) if kind == "inductor" else neff_cache(local)
+    pull(str(target), compiler=compiler, policy=TrustPolicy((key.public_key(),)))
+    return {p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()} - {
+        UNVOUCHED_LEDGER
+    }
+
+
+def test_a_signing_push_never_vouches_for_what_its_pull_took_unsigned(
+    tmp_path: Path, neff_dir: Path
+) -> None:
+    """NEFFs pulled unsigned (no keys: the public cache's rule) stay out of a signed push; a
+    NEFF compiled here afterwards is signed."""
+    key = SigningKey.generate()
+    mirror, shared = tmp_path / "mirror", tmp_path / "shared"
+    mirror.mkdir(mode=0o775)
+    mirror.chmod(0o775)  # others can write it: its NEFFs are taken, on nobody's signature
+    push(str(mirror), compiler=neff_cache(neff_dir))
+    local = tmp_path / "pusher"
+    pulled = pull(str(mirror), compiler=neff_cache(local), policy=TrustPolicy())
+    assert pulled.entries == 2 and len(pulled.unvouched_names) == 2
+    compiled = write(local, "d1/e5/d1e5" + "3" * 28 + ".neff", os.urandom(2048))  # this run's
+    pushed = push(str(shared), compiler=neff_cache(local), signing_key=key)
+    assert pushed.entries == 1 and pushed.error is None
+    assert sum("pulled without a valid signature" in s.reason for s in pushed.skipped) == 2
+    assert _reader_takes(shared, key, tmp_path, "neff") == {compiled.relative_to(local).as_posix()}
+
+
+def test_a_pods_pull_report_keeps_unsigned_entries_out_of_its_signed_push(
+    tmp_path: Path, neff_dir: Path
+) -> None:
+    """In a runner pod the pull's record beside the cache is within reach of run.py: the push
+    also takes the names from the pull report the runner read before run.py started."""
+    key = SigningKey.generate()
+    mirror = tmp_path / "mirror"
+    push(str(mirror), compiler=neff_cache(neff_dir))
+    local = tmp_path / "pod-cache"
+    mirror.chmod(0o775)
+    report = pull(str(mirror), compiler=neff_cache(local), policy=TrustPolicy())
+    (local / UNVOUCHED_LEDGER).unlink()  # what code in the pod may do
+    shared = tmp_path / "shared"
+    pushed = push(
+        str(shared), compiler=neff_cache(local), signing_key=key, unvouched=report.unvouched_names
+    )
+    assert pushed.entries == 0 and _reader_takes(shared, key, tmp_path, "neff") == set()
+
+
+def test_nothing_is_signed_beside_host_side_entries_pulled_unsigned(
+    tmp_path: Path, inductor_dir: Path
+) -> None:
+    """An unsigned pickle pulled (--trust-unsigned) ran in the process that compiled the rest:
+    a signing push vouches for none of it."""
+    key = SigningKey.generate()
+    team = tmp_path / "team"
+    team.mkdir()
+    team.chmod(0o775)  # a folder its group shares
+    plant_poison(str(team), tmp_path)
+    local = tmp_path / "pusher"
+    trusting = TrustPolicy(trust_unsigned=True)
+    assert pull(str(team), compiler=inductor_cache(local), policy=trusting).entries == 1
+    write(local, "fxgraph/kn/fkn2btr2vnbnjr5wfq/compiledhere", b"this run's graph")
+    shared = tmp_path / "shared"
+    pushed = push(str(shared), compiler=inductor_cache(local), signing_key=key)
+    assert pushed.entries == 0
+    assert all("pulled without a valid signature" in s.reason for s in pushed.skipped)
+    assert _reader_takes(shared, key, tmp_path) == set()
+    # A damaged record of what was pulled vouches for nothing either.
+    (local / UNVOUCHED_LEDGER).write_text("{not json")
+    pushed = push(str(tmp_path / "shared2"), compiler=inductor_cache(local), signing_key=key)
+    assert (
+        pushed.entries == 0 and "where each entry came from is unknown" in pushed.skipped[0].reason
+    )
+
+
+# ---- nonsense on the command line is refused with one line -----------------------------------
+
+
+def test_pulling_from_a_folder_that_holds_no_compile_cache_is_refused() -> None:
+    result = CliRunner().invoke(app, ["cache", "pull", "file:///etc", "--backend", "cpu"])
+    assert result.exit_code == 2, result.output
+    [line] = result.output.strip().splitlines()  # one line: what is wrong, what to give
+    assert "file:///etc is not a compile cache" in line and "no compiler folder" in line
+
+
+def test_trusted_keys_and_trust_unsigned_together_are_refused(tmp_path: Path) -> None:
+    key = SigningKey.generate().public_key()
+    result = CliRunner().invoke(
+        app,
+        ["cache", "pull", str(tmp_path / "c"), "--backend", "cpu",
+         "--trusted-key", key, "--trust-unsigned", "--keep-going"],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    [line] = result.output.strip().splitlines()
+    assert "contradict each other" in line and "give one of them" in line

@@ -237,6 +237,8 @@ async def test_the_job_pulls_and_pushes_a_cache_on_its_volume_and_records_the_fi
     key = SigningKey.generate()
     h.settings.compile_cache_trusted_keys = [key.public_key()]
     shared, team = f"{volume}/shared", f"{volume}/default"
+    # Both are folders of the volume a pod may mount: its namespace's, and a shared one.
+    h.settings.compile_cache_push_targets = [f"{volume}/{{namespace}}", shared]
     entries = _seed_cache(shared, tmp_path, key)
     await h.start_operator()
 
@@ -293,8 +295,10 @@ async def test_the_job_pulls_and_pushes_an_s3_cache_and_a_failed_pull_changes_no
     h.settings.results_volume_claim = "results"
     # The store's endpoint and credentials reach the pull step and the runner alike.
     h.settings.runner_env = [{"name": k, "value": v} for k, v in s3_cache.items()]
-    # The namespace's own prefix: its tests push there, and pull their own entries unsigned.
+    # The namespace's own prefix: its tests push there, and (each namespace's IAM role may
+    # write its own prefix only) pull their own entries unsigned.
     h.settings.compile_cache_push_targets = ["s3://neff-team/{namespace}"]
+    h.settings.compile_cache_namespaces_isolated = True
     target = "s3://neff-team/default"
     entries = _seed_cache(target, tmp_path)
     await h.start_operator()

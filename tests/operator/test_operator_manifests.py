@@ -326,9 +326,10 @@ def test_compile_cache_paths_must_be_on_the_operators_cache_volume() -> None:
     remote = {"model": "a/b", "compileCache": {"source": "s3://team/x"}}
     check_compile_cache(parse_spec(remote), SETTINGS)
 
-    # The Job mounts the claim at its path in the pull step and the runner, nowhere else.
+    # The pull step mounts only the namespace's folder of the claim (read-only: it only
+    # reads), the runner nothing of it (it pushes to S3).
     job = job_for(
-        {"model": "a/b", "profile": "cpu", "cores": 1, "compileCache": {"source": "/caches/a",
+        {"model": "a/b", "profile": "cpu", "cores": 1, "compileCache": {"source": "/caches/ml",
          "target": "s3://team/neff"}},
         cores=1, parallelism=Parallelism.NONE, settings=settings,
     )  # fmt: skip
@@ -339,17 +340,19 @@ def test_compile_cache_paths_must_be_on_the_operators_cache_volume() -> None:
     ]
     [pull] = pod["initContainers"]
     [runner] = pod["containers"]
-    for container in (pull, runner):
-        assert {"name": "compile-caches", "mountPath": "/caches"} in container["volumeMounts"]
+    assert {
+        "name": "compile-caches", "mountPath": "/caches/ml", "subPath": "ml", "readOnly": True
+    } in pull["volumeMounts"]  # fmt: skip
+    assert not any(m["name"] == "compile-caches" for m in runner["volumeMounts"])
     # The cpu profile's compile cache is inductor's, in a folder both containers share.
     # Through the wrapper that stops it on the pod's SIGTERM (exit 143, which the Job ignores).
     assert pull["command"][:5] == ["python3", "-m", "model_support.pod_step", "--", "model-support"]
-    assert pull["command"][7:10] == ["/caches/a", "--backend", "cpu"]
+    assert pull["command"][7:10] == ["/caches/ml", "--backend", "cpu"]
     inductor = {e["name"]: e["value"] for e in runner["env"] if "value" in e}
     assert inductor["TORCHINDUCTOR_CACHE_DIR"].startswith("/tmp/")
     assert {m["mountPath"] for m in pull["volumeMounts"]} >= {"/tmp", "/work"}
     assert runner["command"][-8:] == [
-        "--pull-source", "/caches/a", "--compile-cache", "s3://team/neff",
+        "--pull-source", "/caches/ml", "--compile-cache", "s3://team/neff",
         "--cache-backend", "cpu", "--cache-deadline", "1800",
     ]  # fmt: skip
     # A push-only cache has no pull step and no report to read.
@@ -547,6 +550,7 @@ def test_full_job_manifest(tmp_path: Path) -> None:
         "python3", "-m", "model_support.pod_step", "--", "model-support", "cache", "pull", "hf://buckets/aws-neuron/neff-cache/x",
         "--backend", "neuron", "--keep-going",
         "--report", "/work/.model-support/compile-cache-pull.json", "--deadline", "1800",
+        "--shared-user",
     ]  # fmt: skip
     assert pull["image"] == runner["image"]
     # It sees the same cache folder and credentials as run.py, and the report's volume.
@@ -853,6 +857,7 @@ VALUES = [
         "watchNamespaces": ["ml", "research"],
         "deliveryKey": {"existingSecret": "my-delivery-key", "secretKey": "slots"},
         "readHubTokenSecrets": True,
+        "hubTokenSecretNames": ["hf-token"],
         "allowedResultsPrefixes": ["s3://bucket/"],
         "runner": {
             "schedulerName": "my-scheduler",
@@ -922,12 +927,19 @@ def test_chart_renders_valid_least_privilege_manifests(values: dict[str, Any]) -
 
     # The chart's template and settings_from_values (used by `model-support render`) agree.
     assert settings == settings_from_values(values)
-    # Secrets: create (one per runner attempt: its delivery slot's upload URL), never list,
-    # and get only to read a test's Hub token when that is on.
+    # Secrets: create (one per runner attempt: its delivery slot's upload URL), never get;
+    # a test's Hub token only when that is on, by a list selected by name and label, limited
+    # to the names given.
+    secret_rules = {
+        (frozenset(r["verbs"]), tuple(r.get("resourceNames") or ()))
+        for r in rules
+        if "secrets" in r["resources"]
+    }
     if values.get("readHubTokenSecrets"):
-        assert verbs[("", "secrets")] == {"create", "get"} and settings.read_token_secrets
+        assert secret_rules == {(frozenset({"create"}), ()), (frozenset({"list"}), ("hf-token",))}
+        assert settings.read_token_secrets
     else:
-        assert verbs[("", "secrets")] == {"create"} and not settings.read_token_secrets
+        assert secret_rules == {(frozenset({"create"}), ())} and not settings.read_token_secrets
     # The delivery slot key comes from a Secret the user names, or the chart's own holding the
     # value given, never from the settings; the pod does not start without it.
     key = values["deliveryKey"]

@@ -9,6 +9,8 @@ checked against the Job's own end and the test's spec.
 from __future__ import annotations
 
 import base64
+import os
+import pickle
 import re
 import subprocess
 import sys
@@ -314,6 +316,7 @@ async def test_the_compile_cache_named_is_the_tests_never_the_pods(
     h: Harness, cache: str | None
 ) -> None:
     h.settings.compile_cache_push_targets = ["s3://team-cache/{namespace}"]
+    h.settings.compile_cache_namespaces_isolated = True  # an IAM role per namespace's prefix
     spec = dict(SPEC, compileCache={"source": cache, "target": cache}) if cache else SPEC
     _, job = await start(h, spec=spec)
     await h.wait_status("qwen", lambda s: s.get("phase") == "Pending", "Pending")
@@ -419,7 +422,8 @@ def test_a_test_running_code_the_project_does_not_control_never_pushes(
     spec = {"compileCache": {"source": "/caches/ml", "target": "/caches/ml"}, **extra}
     with pytest.raises(InvalidTest, match=rf"does not control \({why}\).*remove the target"):
         cache_job(spec, CACHE_SETTINGS, "ml")
-    cache_job({"compileCache": {"source": "/caches/ml"}, **extra}, CACHE_SETTINGS, "ml")  # pulls
+    isolated = CACHE_SETTINGS.model_copy(update={"compile_cache_namespaces_isolated": True})
+    cache_job({"compileCache": {"source": "/caches/ml"}, **extra}, isolated, "ml")  # pulls
 
 
 def test_a_namespace_pushes_to_its_own_cache_unless_allowed_a_shared_one() -> None:
@@ -447,20 +451,183 @@ def test_a_namespace_pushes_to_its_own_cache_unless_allowed_a_shared_one() -> No
     assert volume["secret"]["secretName"] == "cache-signing-key"
 
 
-def test_the_pull_step_trusts_the_configured_keys_and_the_namespaces_own_cache() -> None:
+def test_a_namespaces_own_cache_is_trusted_unsigned_only_where_its_storage_isolates_it() -> None:
     def pull_args(source: str, settings: OperatorSettings, namespace: str = "ml") -> list[str]:
         job = cache_job({"compileCache": {"source": source}}, settings, namespace)
         [init] = job["spec"]["template"]["spec"]["initContainers"]
         return list(init["command"])
 
-    assert "--trust-unsigned" in pull_args("/caches/ml", CACHE_SETTINGS)  # its own entries
-    assert "--trust-unsigned" not in pull_args("/caches/research", CACHE_SETTINGS)
-    assert "--trust-unsigned" not in pull_args("s3://someone/else", CACHE_SETTINGS)
     key = "ed25519:" + base64.b64encode(b"k" * 32).decode()
     keyed = CACHE_SETTINGS.model_copy(update={"compile_cache_trusted_keys": [key]})
-    args = pull_args("/caches/research", keyed)
+    isolated = CACHE_SETTINGS.model_copy(update={"compile_cache_namespaces_isolated": True})
+    # One volume every namespace's pods may reach: its own folder is no more its own than
+    # any other target, so only signed entries are taken, and without keys it cannot pull.
+    with pytest.raises(InvalidTest, match="does not keep other namespaces out"):
+        pull_args("/caches/ml", CACHE_SETTINGS)
+    args = pull_args("/caches/ml", keyed)
     assert args[args.index("--trusted-key") + 1] == key and "--trust-unsigned" not in args
-    assert "--trusted-key" not in pull_args("/caches/ml", keyed)  # its own: unsigned is fine
+    # Storage that gives each namespace its own folder: its entries are its own, signed or not.
+    assert "--trust-unsigned" in pull_args("/caches/ml", isolated)
+    both = isolated.model_copy(update={"compile_cache_trusted_keys": [key]})
+    assert "--trusted-key" not in pull_args("/caches/ml/neff", both)
+    # Another namespace's folder is not this pod's to mount; other stores need the keys.
+    with pytest.raises(InvalidTest, match="neither this namespace's compile cache folder"):
+        pull_args("/caches/research", keyed)
+    assert "--trust-unsigned" not in pull_args("s3://someone/else", isolated)
+    args = pull_args("s3://someone/else", keyed)
+    assert args[args.index("--trusted-key") + 1] == key
+
+
+def _cache_mounts(container: dict[str, Any]) -> list[dict[str, Any]]:
+    return [m for m in container["volumeMounts"] if m["name"] == "compile-caches"]
+
+
+def test_a_pod_mounts_only_its_namespaces_cache_folder_and_writes_it_only_to_push() -> None:
+    """Runner pods of every namespace share uid 1000 and fsGroup 1000: a pod given the whole
+    compile cache volume could write every namespace's folder. Each container gets only what it
+    uses: the pull step the source's folder read-only, the runner the target's folder, and the
+    package install (which runs package code) nothing."""
+    isolated = CACHE_SETTINGS.model_copy(update={"compile_cache_namespaces_isolated": True})
+    pulls_only = cache_job(
+        {"compileCache": {"source": "/caches/ml/neff"}, "extraPackages": ["mypkg==1.0"]},
+        isolated,
+        "ml",
+    )
+    pod = pulls_only["spec"]["template"]["spec"]
+    pull, install = pod["initContainers"]
+    assert install["name"] == "extra-packages" and _cache_mounts(install) == []
+    assert _cache_mounts(pull) == [
+        {"name": "compile-caches", "mountPath": "/caches/ml", "subPath": "ml", "readOnly": True}
+    ]
+    assert _cache_mounts(pod["containers"][0]) == []  # run.py: nothing of the volume
+
+    pushes = cache_job(
+        {"compileCache": {"source": "/caches/ml", "target": "/caches/ml/neff"}}, isolated, "ml"
+    )
+    pod = pushes["spec"]["template"]["spec"]
+    [pull] = pod["initContainers"]
+    assert [m.get("readOnly", False) for m in _cache_mounts(pull)] == [True]
+    assert _cache_mounts(pod["containers"][0]) == [
+        {"name": "compile-caches", "mountPath": "/caches/ml", "subPath": "ml"}
+    ]
+
+
+class _Plant:
+    """What a crafted pickle does when a victim loads it: create a file of its choosing."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str, int]]:
+        return (os.makedirs, (self.path, 0o755))
+
+
+POISON = "fxgraph/aa/faaaaaaaaaaaaaaaaaaaaa/poisoned"
+
+
+def _writable_by(job: dict[str, Any], volume: Path) -> set[Path]:
+    """The folders of the compile cache volume any container of ``job``'s pod can write."""
+    pod = job["spec"]["template"]["spec"]
+    return {
+        volume / mount.get("subPath", "")
+        for container in [*pod.get("initContainers", []), *pod["containers"]]
+        for mount in container["volumeMounts"]
+        if mount["name"] == "compile-caches" and not mount.get("readOnly")
+    }
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["shared storage", "isolation claimed"])
+def test_a_pickle_planted_in_another_namespaces_cache_never_reaches_a_signed_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, isolated: bool
+) -> None:
+    """The chain end to end: a tenant plants a pickle in the cache folder of a namespace that
+    pushes signed entries to a shared cache; that namespace's test pulls its own cache (the
+    operator's pull step, the real CLI), compiles, and pushes signed (the runner's push); a
+    reader holding the trusted key pulls the shared cache. Every link refuses: the tenant's
+    pod cannot write there, the pull takes only signed entries (unless the admin says the
+    storage isolates namespaces), and the signing push vouches for nothing it pulled unsigned."""
+    from typer.testing import CliRunner
+
+    from model_support.cli import app
+    from model_support.compile_cache import SigningKey, TransferReport, installed_compiler_cache
+    from model_support.compile_cache import pull as cache_pull
+    from model_support.compile_cache import push as cache_push
+    from model_support.compile_cache.trust import SIGNING_KEY_ENV, TrustPolicy
+    from model_support.operator.manifests import PULL_REPORT
+    from model_support.runner_pod import push_cache
+
+    volume = tmp_path / "caches"  # the compile cache claim, as every namespace's pods see it
+    key = SigningKey.generate()
+    settings = OperatorSettings(
+        results_uri=str(tmp_path / "results"),
+        runner_image="registry.example/runner:1",
+        compile_cache_volume_claim="caches",
+        compile_cache_volume_path=str(volume),
+        compile_cache_push_targets=[f"{volume}/{{namespace}}", f"{volume}/shared"],
+        compile_cache_shared_pushers=["nightly"],
+        compile_cache_signing_secret="cache-signing-key",
+        compile_cache_trusted_keys=[key.public_key()],
+        compile_cache_namespaces_isolated=isolated,
+    )
+    nightly, shared = volume / "nightly", volume / "shared"
+
+    # 1. The tenant's test (it pulls, and installs packages: it runs its own code) gets no
+    # writable folder of the volume; with its own pod on shared storage it plants anyway.
+    tenant = cache_job(
+        {"compileCache": {"source": f"{volume}/team-a"}, "extraPackages": ["evil==1.0"]},
+        settings.model_copy(update={"compile_cache_namespaces_isolated": True}),
+        "team-a",
+    )
+    assert _writable_by(tenant, volume) == set()
+    attacker = tmp_path / "attacker"
+    crafted = attacker / POISON
+    crafted.parent.mkdir(parents=True)
+    crafted.write_bytes(pickle.dumps(_Plant(str(tmp_path / "pwned"))))
+    planted = cache_push(
+        str(nightly),
+        compiler=installed_compiler_cache("cpu", {"TORCHINDUCTOR_CACHE_DIR": str(attacker)}),
+    )
+    assert planted.entries == 1
+
+    # 2. The pusher namespace's test: its pull step, as the operator wrote it, run for real.
+    job = cache_job(
+        {"compileCache": {"source": str(nightly), "target": str(shared)}}, settings, "nightly"
+    )
+    assert _writable_by(job, volume) == {shared}
+    [pull_step] = job["spec"]["template"]["spec"]["initContainers"]
+    report_file = tmp_path / "pull-report.json"
+    argv = [str(report_file) if a == PULL_REPORT else a for a in pull_step["command"][1:]]
+    local = tmp_path / "pod-inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(local))
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    pulled = TransferReport.load(report_file)
+    if not isolated:
+        assert pulled.entries == 0 and not (local / POISON).exists()
+    # run.py compiles (here: one graph of its own) ...
+    (local / "fxgraph/kn/fkn2btr2vnbnjr5wfq").mkdir(parents=True)
+    (local / "fxgraph/kn/fkn2btr2vnbnjr5wfq/compiledhere").write_bytes(b"this run's graph")
+    # 3. ... and the runner pushes, signing with the namespace's key.
+    key_file = tmp_path / "signing.pem"
+    key_file.write_bytes(key.pem)
+    monkeypatch.setenv(SIGNING_KEY_ENV, str(key_file))
+    pushed = push_cache(str(shared), "cpu", 60.0, pulled)
+    assert pushed.error is None
+
+    # 4. A reader holding the trusted key pulls the shared cache: never the pickle.
+    reader = tmp_path / "reader"
+    taken = cache_pull(
+        str(shared),
+        compiler=installed_compiler_cache("cpu", {"TORCHINDUCTOR_CACHE_DIR": str(reader)}),
+        policy=TrustPolicy((key.public_key(),)),
+    )
+    assert not (reader / POISON).exists()
+    if (reader / POISON).exists():
+        pickle.loads((reader / POISON).read_bytes())  # what inductor would do with it
+    assert not (tmp_path / "pwned").exists()
+    # What the run compiled itself is signed and taken, unless the run loaded an unsigned
+    # pickle (isolation claimed: its own cache was pulled unsigned), which taints it all.
+    assert taken.entries == (0 if isolated else 1)
 
 
 # ---- paths stay where they were allowed -----------------------------------------------------

@@ -23,6 +23,7 @@ from model_support.execution import parse_stage_event, run_local
 from model_support.records import PROGRESS_MARKER, ResultDocument
 from model_support.runner import run as runner
 from model_support.vocabulary import (
+    DivergencePhase,
     ErrorClass,
     LocalizationStatus,
     LocalizeMode,
@@ -219,6 +220,155 @@ def test_localization_runs_on_a_fail_unless_asked_otherwise() -> None:
 def test_runner_localization_vocabulary_matches_the_package() -> None:
     assert set(runner.LOCALIZE_MODES) == {m.value for m in LocalizeMode}
     assert set(runner.LOCALIZATION_STATUSES) == {s.value for s in LocalizationStatus}
+    assert tuple(runner.DIVERGENCE_PHASES) == tuple(p.value for p in DivergencePhase)
+
+
+# ---- where a generation's FAIL is searched: the position it first shows at, and its step
+
+
+def _position(
+    prompt: int,
+    position: int,
+    deviation: float,
+    *,
+    verdict: str = "match",
+    kl: float = 1e-5,
+    excused: bool = False,
+) -> dict:
+    """One position of a token verdict whose baseline deviates 0.01 nats and 1e-5 in KL."""
+    return {
+        "prompt": prompt,
+        "position": position,
+        "device_deviation": deviation,
+        "baseline_deviation": 0.01,
+        "device_kl": kl,
+        "baseline_kl": 1e-5,
+        "verdict": verdict,
+        "excused": excused,
+    }
+
+
+def _first(*positions: dict) -> list[int]:
+    return runner.failing_positions({"positions": list(positions)}, _params())
+
+
+def test_the_first_failing_position_is_the_first_that_fails_a_check_by_itself() -> None:
+    # The peak bound (4) times the prompt's largest baseline deviation (0.01): 0.04.
+    within = [_position(p, t, 0.01) for p in (0, 1) for t in range(8)]
+    assert _first(*within) == []
+    beyond_peak = _position(0, 5, 0.05)
+    bad_token = _position(1, 3, 0.01, verdict="bad")
+    assert _first(*within, beyond_peak) == [5]
+    # A bad token fails by itself, whatever its deviation; the earliest position wins.
+    assert _first(*within, beyond_peak, bad_token) == [3]
+    # KL alone: beyond max_kl_ratio (10) times the prompt's largest baseline KL.
+    assert _first(*within, beyond_peak, _position(0, 2, 0.01, kl=2e-4)) == [2]
+    # A NaN fails; a router tie the verdict excused never counts.
+    assert _first(*within, beyond_peak, _position(1, 4, float("nan"))) == [4]
+    assert _first(*within, beyond_peak, _position(1, 1, 9.0, excused=True)) == [5]
+
+
+def test_a_fault_that_began_below_the_bounds_is_searched_from_where_it_began_first() -> None:
+    """A cache write miscompiled at step 3 shows 3.9x a correct run's largest error there, under
+    the peak bound; step 4 reads it again and fails by itself. Step 3 is searched first, then
+    step 4; a position beyond the baseline before a clean one does not count."""
+    quiet = [_position(0, t, 0.01) for t in (0, 5, 6, 7)]
+    began = [_position(0, 1, 0.02), _position(0, 2, 0.01), _position(0, 3, 0.039)]
+    assert _first(*quiet, *began, _position(0, 4, 0.2)) == [3, 4]
+
+
+def test_a_fail_spread_over_positions_starts_where_a_correct_run_is_first_exceeded() -> None:
+    """No position fails by itself (a fault everywhere, caught by the median): the first
+    position beyond the largest error a correct run reaches on its prompt."""
+    spread = [_position(0, t, 0.009) for t in range(3)] + [_position(0, 3, 0.03)]
+    assert _first(*spread, *[_position(0, t, 0.03) for t in range(4, 8)]) == [3]
+
+
+def test_a_decode_fail_is_searched_at_its_step_a_prefill_fail_on_the_sequence_then_its_step() -> (
+    None
+):
+    def plans(*positions: dict, failed: bool = True, generates: bool = True) -> list:
+        verification = {"positions": list(positions)}
+        chosen = runner.search_plans(generates, verification, _params(), failed)
+        return [(plan.phase, plan.step) for plan in chosen]
+
+    quiet = [_position(0, t, 0.01) for t in range(8)]
+    assert plans(*quiet, _position(0, 6, 1.0)) == [("decode", 6)]
+    assert plans(*quiet, _position(0, 5, 0.02), _position(0, 6, 1.0)) == [
+        ("decode", 5),
+        ("decode", 6),
+    ]
+    assert plans(*quiet, _position(0, 0, 1.0)) == [("prefill", None), ("prefill", 0)]
+    # No failing position (a PASS searched with "always", or nothing beyond a correct run):
+    # the whole sequence at once, as the verdict scores it.
+    assert plans(*quiet, _position(0, 6, 1.0), failed=False) == [("prefill", None)]
+    assert plans(*quiet) == [("prefill", None)]
+    # A family that does not decode has one search, on its inputs.
+    assert plans(*quiet, _position(0, 6, 1.0), generates=False) == [(None, None)]
+
+
+def test_a_fail_whose_search_names_nothing_says_why_in_one_sentence() -> None:
+    """Never a bare none: where it searched, and why nothing there can show the error."""
+    decode, whole, prefill_step = (
+        runner.SearchPlan("decode", 5),
+        runner.SearchPlan("prefill", None),
+        runner.SearchPlan("prefill", 0),
+    )
+    spread = {"positions": [_position(0, t, 0.02) for t in range(8)]}
+    at_step = runner.none_reason([decode], spread, _params())
+    assert at_step.startswith(
+        "no module's output diverges at decode step 5 (one token per sequence, against the "
+        "static cache), on the reference's inputs: the error arises outside"
+    )
+    assert runner.none_reason([whole], spread, _params()).startswith(
+        "the failure is spread over positions (none is beyond the largest error or KL "
+        "divergence a correct run reaches on its prompt), so no step is singled out"
+    )
+    assert runner.none_reason([whole, prefill_step], spread, _params()).startswith(
+        "no module's output diverges on the whole sequence at once or at the prefill step as "
+        "the run ran it"
+    )
+    assert runner.none_reason([runner.SearchPlan(None, None)], {}, _params()).startswith(
+        "no module's output diverges on the reference's inputs"
+    )
+
+
+def test_a_replayed_step_is_the_step_the_run_made(tiny_llama_path: Path) -> None:
+    """The search's root call at a decode step is the run's own: the run's batch, one token per
+    sequence, the static cache of the run's length holding what the earlier steps wrote. Called
+    on it, the reference gives the logits generate gave at that step; every call gets a copy of
+    the cache, so calling again gives them again."""
+    config = RunConfig(
+        model=str(tiny_llama_path),
+        backend="cpu",  # type: ignore[arg-type]
+        dtype="float32",  # type: ignore[arg-type]
+        max_new_tokens=6,
+    ).model_dump(mode="json")
+    scenario = runner.scenario_for("text-generation")
+    cpu = torch.device("cpu")
+    processor, model = scenario.load(config, "float32", cpu)
+    inputs = scenario.inputs(config, processor, cpu, "float32")
+    prompt_len = inputs["input_ids"].shape[1]
+    out = runner.generate(model, inputs, 6, scenario.pad_token_id(processor))
+    tokens = out.sequences[:, prompt_len:]
+    step = 4
+    args, kwargs = runner.replay_step(
+        scenario, config, processor, model, tokens, step, cpu, "float32"
+    )
+    assert kwargs["input_ids"].tolist() == tokens[:, step - 1 : step].tolist()
+    (cache,) = [value for value in kwargs.values() if runner.is_cache(value)]
+    # generate's static cache: the prompt and every new token but the last.
+    assert cache.layers[0].keys.shape[-2] == prompt_len + 6 - 1
+    for _ in range(2):
+        call_args, call_kwargs = runner.map_call((args, kwargs), lambda t: t)
+        with torch.no_grad():
+            logits = model(*call_args, **call_kwargs).logits[:, -1]
+        torch.testing.assert_close(logits, out.logits[step])
+    # Cast for the device (the run's dtype), the call's cache is a copy in that dtype.
+    _, cast = runner._cast_call((args, kwargs), torch.bfloat16, cpu)
+    (cast_cache,) = [value for value in cast.values() if runner.is_cache(value)]
+    assert cast_cache.layers[0].keys.dtype == torch.bfloat16
+    assert cache.layers[0].keys.dtype == torch.float32
 
 
 def _run(
@@ -257,11 +407,16 @@ def test_the_dense_miscompiler_is_localized_to_the_last_layers_mlp_output(
         if line.startswith(PROGRESS_MARKER)
     ]
     (ended,) = [e for e in events if e and e.stage == "localize" and e.status != "start"]
-    assert (ended.status, ended.detail) == ("done", "found: model.layers.1.mlp.down_proj")
+    assert (ended.status, ended.detail) == (
+        "done",
+        "found from the prefill: model.layers.1.mlp.down_proj",
+    )
     assert doc["result"] == "FAIL"
     found = doc["verification"]["first_divergence"]
     assert found["status"] == "found", found
     assert found["module"] == "model.layers.1.mlp.down_proj"
+    # Wrong from the first token on: searched on the whole sequence, as today.
+    assert (found["phase"], found["step"]) == ("prefill", None)
     assert [p["module"] for p in found["path"]] == ["model", "model.layers.1", "model.layers.1.mlp"]
     assert found["kind"] == "Linear"
     assert found["error_ratio"] > _params()["max_error_ratio"]
@@ -330,6 +485,129 @@ def test_a_correct_compile_passes_and_its_localization_blames_nothing(
     assert found["reason"] is None
 
 
+# ---- faults only in decode steps: searched at the step the FAIL first shows at
+
+CHOSEN_STEP = 5  # the decode step at which cache_write_noise starts (of the 8 generated)
+
+
+def _prompt_length(model: DemoModel, task: Task = Task.TEXT_GENERATION) -> int:
+    """The run's padded prompt length: the cache positions the prefill writes."""
+    config = RunConfig(model=str(model.require_path()), task=task).model_dump(mode="json")
+    scenario = runner.scenario_for(config["task"])
+    processor, _ = scenario.load(config, "float32", torch.device("cpu"))
+    return int(runner.build_inputs(config, processor, config["prompts"])["input_ids"].shape[1])
+
+
+@pytest.mark.slow
+def test_a_fault_only_in_decode_steps_is_named_at_the_first_step(
+    demo_models: dict[str, DemoModel], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """decode_noise_100pct corrupts the last layer's MLP output only where it computes one token
+    per sequence: the prefill is right, every decode step wrong. Searched on the whole sequence
+    (as the verdict scores it) nothing diverges; at decode step 1, as the run ran it, the MLP's
+    output projection does."""
+    doc = _run(demo_models["tiny-llama"], "model_support.faults:decode_noise_100pct")
+    assert doc["result"] == "FAIL"
+    found = doc["verification"]["first_divergence"]
+    assert (found["status"], found["module"]) == ("found", "model.layers.1.mlp.down_proj"), found
+    assert (found["phase"], found["step"]) == ("decode", 1)
+    assert [p["module"] for p in found["path"]] == ["model", "model.layers.1", "model.layers.1.mlp"]
+    events = [
+        parse_stage_event(line)
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith(PROGRESS_MARKER)
+    ]
+    (ended,) = [e for e in events if e and e.stage == "localize" and e.status != "start"]
+    assert ended.detail == "found from decode step 1: model.layers.1.mlp.down_proj"
+    where = ResultDocument.model_validate(doc).verification.first_divergence
+    assert where is not None
+    assert where.summary().startswith(
+        "first diverging module, from decode step 1: model.layers.1.mlp.down_proj (Linear)"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3-moe"])
+def test_a_cache_write_fault_from_a_chosen_step_is_named_at_that_step(
+    model: str, demo_models: dict[str, DemoModel], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cache_write_noise corrupts the keys and values the last layer's attention writes from a
+    cache position on: decode step CHOSEN_STEP writes it first (prompt length + step - 1) and
+    attends to it. Searched at that step, with the static cache as the earlier steps filled it,
+    the attention diverges and none of its projections does."""
+    position = _prompt_length(demo_models[model]) + CHOSEN_STEP - 1
+    monkeypatch.setenv("MODEL_SUPPORT_FAULT_CACHE_POSITION", str(position))
+    doc = _run(demo_models[model], "model_support.faults:cache_write_noise")
+    assert doc["result"] == "FAIL"
+    found = doc["verification"]["first_divergence"]
+    assert (found["status"], found["module"]) == ("found", "model.layers.1.self_attn"), found
+    assert (found["phase"], found["step"]) == ("decode", CHOSEN_STEP)
+    assert found["kind"].endswith("Attention")
+
+
+@pytest.mark.slow
+def test_a_fault_the_step_search_cannot_see_is_reported_with_the_step_it_searched(
+    demo_models: dict[str, DemoModel], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """one_row_step_noise_300pct counts steps by watching the token embedding in the whole
+    step's graph: the search at its step compiles the faulty layer without the embedding, so
+    nothing diverges there. The FAIL keeps a reason naming the step, never a bare none."""
+    monkeypatch.setenv("MODEL_SUPPORT_FAULT_ROW_STEP", "1:5")
+    doc = _run(demo_models["tiny-llama"], "model_support.faults:one_row_step_noise_300pct")
+    assert doc["result"] == "FAIL"
+    found = doc["verification"]["first_divergence"]
+    assert (found["status"], found["module"], found["phase"], found["step"]) == (
+        "none",
+        None,
+        "decode",
+        5,
+    ), found
+    assert found["reason"].startswith("no module's output diverges at decode step 5")
+
+
+def _first_step_routed_to(model: DemoModel, tokens: list, layer: int, expert: int) -> int:
+    """The first decode step at which the float32 reference routes some prompt's token to
+    ``expert`` in MoE layer ``layer`` (each prompt alone, with the device's tokens)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = str(model.require_path())
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    chosen: list[torch.Tensor] = []
+    router = reference.get_submodule(f"model.layers.{layer}.mlp.gate")
+    hook = router.register_forward_hook(lambda module, args, output: chosen.append(output[-1]))
+    steps = []
+    try:
+        for prompt, generated in zip(RunConfig(model=path).prompts, tokens, strict=True):
+            ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+            with torch.no_grad():
+                reference(input_ids=torch.cat([ids, torch.tensor([generated])], dim=1))
+            routed = chosen.pop()  # (positions, top_k): decode step s reads token s - 1
+            steps += [s for s in range(1, len(generated)) if expert in routed[ids.shape[1] + s - 1]]
+    finally:
+        hook.remove()
+    return min(steps)
+
+
+@pytest.mark.slow
+def test_a_decode_only_expert_fault_is_named_with_its_expert_at_its_first_step(
+    demo_models: dict[str, DemoModel], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """decode_expert_scaled scales expert 2's output in the last MoE layer only where the
+    experts compute a decode step's tokens: the FAIL first shows at the first decode step
+    that routes a token to expert 2, where the search names the experts module and, measured
+    alone, expert 2."""
+    monkeypatch.setenv("MODEL_SUPPORT_FAULT_EXPERT", "2")
+    moe = demo_models["tiny-qwen3-moe"]
+    doc = _run(moe, "model_support.faults:decode_expert_scaled", "float32")
+    assert doc["result"] == "FAIL"
+    found = doc["verification"]["first_divergence"]
+    assert (found["status"], found["module"]) == ("found", "model.layers.1.mlp.experts"), found
+    assert (found["expert"], found["diverging_experts"]) == (2, [2])
+    assert found["phase"] == "decode"
+    assert found["step"] == _first_step_routed_to(moe, doc["tokens"], layer=1, expert=2)
+
+
 # ---- the other task families: each scenario's own root calls, the same search
 
 
@@ -379,6 +657,71 @@ def test_an_encoder_decoders_fault_is_named_in_the_stack_it_is_in(
     assert found["module"] == module and found["kind"] == "Linear"
     assert [p["module"] for p in found["path"]][: len(path)] == path
     assert found["candidates"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fixture", "task", "fault", "module", "phase", "step"),
+    [
+        # The decoder's self-attention cache from decode step 3 on; its prefix is one token
+        # (the decoder's start), so step s writes position s.
+        (
+            "tiny-t5",
+            Task.TEXT2TEXT_GENERATION,
+            "cache_write_noise",
+            "decoder.block.1.layer.0.SelfAttention",
+            "decode",
+            3,
+        ),
+        (
+            "tiny-whisper",
+            Task.AUTOMATIC_SPEECH_RECOGNITION,
+            "cache_write_noise",
+            "model.decoder.layers.1.self_attn",
+            "decode",
+            3,
+        ),
+        (
+            "tiny-llava",
+            Task.IMAGE_TEXT_TO_TEXT,
+            "cache_write_noise",
+            "model.language_model.layers.1.self_attn",
+            "decode",
+            3,
+        ),
+        # One token per sequence from the decoder's first step (its start token) on: the
+        # first generated token is already wrong. The whole teacher-forced sequence computes
+        # correctly; the prefill step as the run ran it (one token against the encoder's
+        # output) names the decoder's feed-forward output.
+        (
+            "tiny-t5",
+            Task.TEXT2TEXT_GENERATION,
+            "decode_noise_100pct",
+            "decoder.block.1.layer.2.DenseReluDense.wo",
+            "prefill",
+            0,
+        ),
+    ],
+    ids=["t5", "whisper", "llava", "t5-first-token"],
+)
+def test_a_decode_fault_of_every_family_that_decodes_is_named_at_its_step(
+    fixture: str,
+    task: Task,
+    fault: str,
+    module: str,
+    phase: str,
+    step: int,
+    demo_models: dict[str, DemoModel],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    prefix = 1 if task != Task.IMAGE_TEXT_TO_TEXT else _prompt_length(demo_models[fixture], task)
+    monkeypatch.setenv("MODEL_SUPPORT_FAULT_CACHE_POSITION", str(prefix + step - 1))
+    if fault == "decode_noise_100pct":
+        monkeypatch.setenv(
+            "MODEL_SUPPORT_FAULT_STACK", "decoder"
+        )  # the decoder's MLP, not the encoder's
+    found = _found(_run(demo_models[fixture], f"model_support.faults:{fault}", task=task))
+    assert (found["module"], found["phase"], found["step"]) == (module, phase, step)
 
 
 @pytest.mark.slow
@@ -541,7 +884,11 @@ def test_a_module_that_does_not_compile_on_its_own_is_recorded_not_raised(
 
     found = _search_after_a_fail(tiny_llama_path, refuses)
     assert (found["status"], found["error_class"], found["module"]) == ("failed", "compile", None)
-    assert "cannot lower this graph" in found["reason"]
+    # One sentence: which modules, at which shapes, and the compiler's own message.
+    assert found["reason"] == (
+        "model, lm_head could not be compiled and run on its own on the whole sequence at "
+        "once: RuntimeError: cannot lower this graph (an injected compiler failure)"
+    )
 
 
 def test_a_search_out_of_time_says_so(tiny_llama_path: Path) -> None:
@@ -613,6 +960,33 @@ def test_a_fault_on_one_rank_of_a_tensor_parallel_run_is_named_with_its_rank(
     assert [p.module for p in found.path] == ["model", "model.layers.1", "model.layers.1.mlp"]
     assert all(p.ranks == [1] for p in found.path)
     assert "on rank 1" in found.summary()
+
+
+@pytest.mark.slow
+def test_a_cache_write_fault_on_one_rank_of_a_tensor_parallel_run_is_named_at_its_step(
+    demo_models: dict[str, DemoModel],
+) -> None:
+    """cache_write_noise on rank 1 only, from decode step CHOSEN_STEP: every rank replays the
+    step on its own shard (its cache holds its heads), runs its shard of each module on its
+    shard of the reference's inputs and cache; the attention's output (summed over the ranks
+    by o_proj) diverges on both ranks."""
+    llama = demo_models["tiny-llama"]
+    position = _prompt_length(llama) + CHOSEN_STEP - 1
+    doc = _sharded(
+        llama,
+        "model_support.faults:cache_write_noise",
+        {"MODEL_SUPPORT_FAULT_RANK": "1", "MODEL_SUPPORT_FAULT_CACHE_POSITION": str(position)},
+    )
+    assert doc.result == Result.FAIL, doc.error
+    found = doc.verification.first_divergence
+    assert found is not None
+    assert (found.status, found.module, found.ranks) == (
+        LocalizationStatus.FOUND,
+        "model.layers.1.self_attn",
+        [0, 1],
+    ), found
+    assert (found.phase, found.step) == (DivergencePhase.DECODE, CHOSEN_STEP)
+    assert f"from decode step {CHOSEN_STEP}: model.layers.1.self_attn" in found.summary()
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from viewer_support import START, make_record, viewer_page
 
 from model_support.records import FirstDivergence, ModuleDivergence, RunRecord
 from model_support.store import ResultsStore
-from model_support.vocabulary import LocalizationStatus
+from model_support.vocabulary import DivergencePhase, LocalizationStatus
 
 STACK = "2.28.7631.0"
 
@@ -134,3 +134,39 @@ def test_details_name_the_rank_and_the_expert_of_a_sharded_search(
     ), sentences
     modules = next(d.value for d in page.dataframe if "role" in d.value.columns)
     assert list(modules["ranks"]) == ["1", "1"]
+
+
+def test_a_fail_found_at_a_decode_step_says_so_in_the_details_and_in_triage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str
+) -> None:
+    """Where the search found the module is part of what is shown: the details say the decode
+    step, and Triage groups it apart from the same kind of module found in the prefill."""
+    store = ResultsStore(str(tmp_path))
+    store.add(_failed_at("org/prefill", 3))
+    decoding = make_record(
+        "org/decode", "text-generation", "FAIL", STACK, START + timedelta(days=2)
+    )
+    act = _module("model.layers.0.mlp.act_fn", "SiLUActivation", 125.0)
+    where = FirstDivergence(
+        status=LocalizationStatus.FOUND,
+        phase=DivergencePhase.DECODE,
+        step=18,
+        seconds=4.0,
+        **act.model_dump(exclude={"rank", "ranks"}),
+    )
+    verification = decoding.document.verification.model_copy(update={"first_divergence": where})
+    document = decoding.document.model_copy(update={"verification": verification})
+    store.add(decoding.model_copy(update={"document": document}))
+    store.materialize()
+    page = _page(tmp_path, monkeypatch, dead_hub, view="all", model="org/decode")
+    sentences = [m.value.replace("\\", "") for m in page.markdown]
+    assert any(
+        "first diverging module, from decode step 18: model.layers.0.mlp.act_fn (SiLUActivation)"
+        ", error ratio 125" in s
+        for s in sentences
+    ), sentences
+    groups = _page(tmp_path, monkeypatch, dead_hub, view="triage").dataframe[0].value
+    signatures = set(groups["signature"])
+    assert "FAIL, first diverging module in a decode step: act_fn (SiLUActivation)" in signatures
+    # A record without a phase (searched before phases were recorded) keeps its label.
+    assert "FAIL, first diverging module: o_proj (Linear)" in signatures

@@ -67,11 +67,21 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create]
-# create: one Secret per runner attempt holding its delivery slot's upload URL (S3 stores);
-# get only to read a test's Hub token Secret (readHubTokenSecrets); never list.
+# create: one Secret per runner attempt holding its delivery slot's upload URL (S3 stores).
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [create{{ if .Values.readHubTokenSecrets }}, get{{ end }}]
+  verbs: [create]
+{{- if .Values.readHubTokenSecrets }}
+# A test's Hub token Secret (readHubTokenSecrets): read by a list selected by its name and the
+# label modelsupport.dev/hub-token=true, so the API server returns no other Secret to the
+# operator; never get. hubTokenSecretNames limits it to those names (resourceNames).
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [list]
+  {{- with .Values.hubTokenSecretNames }}
+  resourceNames: {{ toJson . }}
+  {{- end }}
+{{- end }}
 {{- if .Values.neuron.dra.enabled }}
 # One ResourceClaimTemplate per test generation (DRA); pods' claims are made from it.
 - apiGroups: [resource.k8s.io]
@@ -98,6 +108,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- if .Values.neuron.dra.enabled }}{{- $_ := set $s "neuronDra" (omit .Values.neuron.dra "enabled") }}{{- end }}
 {{- if .Values.metrics.enabled }}{{- $_ := set $s "metricsPort" .Values.metrics.port }}{{- end }}
+{{- $_ := set $s "notifyFormat" (.Values.notifications.format | default "slack") }}
+{{- $_ := set $s "notifyAttempts" (.Values.notifications.attempts | default 5) }}
 {{- $merged := merge (deepCopy (.Values.settings | default dict)) $s -}}
 {{- if not .Values.metrics.enabled }}{{- $_ := set $merged "metricsPort" nil }}{{- end }}
 {{- toJson $merged -}}
