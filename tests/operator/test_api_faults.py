@@ -47,7 +47,9 @@ CALLS: dict[Family, Callable[[Kube], Any]] = {
     Family.STATUS: lambda k: k.patch_test_status(NS, "t", {"phase": "Pending"}),
     Family.JOBS: lambda k: k.read_job(NS, "job"),
     Family.CONFIGMAPS: lambda k: k.create_configmap(configmap("cm")),
-    Family.SECRETS: lambda k: k.read_secret(NS, "hf"),
+    Family.SECRETS: lambda k: k.create_secret(
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "slot", "namespace": NS}}
+    ),
     Family.EVENTS: lambda k: k.post_event(
         {"metadata": {"name": "t", "namespace": NS, "uid": "u"}}, "Normal", "Tested", "m"
     ),

@@ -596,7 +596,10 @@ def test_a_pickle_planted_in_another_namespaces_cache_never_reaches_a_signed_rea
     assert _writable_by(job, volume) == {shared}
     [pull_step] = job["spec"]["template"]["spec"]["initContainers"]
     report_file = tmp_path / "pull-report.json"
-    argv = [str(report_file) if a == PULL_REPORT else a for a in pull_step["command"][1:]]
+    # The step's own argv: what follows the CLI's name (it runs through model_support.pod_step).
+    command = pull_step["command"]
+    cli_args = command[command.index("model-support") + 1 :]
+    argv = [str(report_file) if a == PULL_REPORT else a for a in cli_args]
     local = tmp_path / "pod-inductor"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(local))
     result = CliRunner().invoke(app, argv)
