@@ -32,6 +32,7 @@ from model_support.config import VerificationConfig
 from model_support.models import is_local_path
 from model_support.records import ResultDocument, RunRecord, Stack, Verification
 from model_support.vocabulary import (
+    COMPILE_FAILURE_MEANINGS,
     DIVERGENCE_PHASE_MEANINGS,
     ERROR_CLASS_MEANINGS,
     EXCLUSION_MEANINGS,
@@ -347,6 +348,13 @@ COLUMNS: tuple[Column, ...] = (
         _STRING,
         "For ERROR: the stage that failed (see Error classes).",
         _field("doc.error_class"),  # a StrEnum is its value
+    ),
+    Column(
+        "error_reason",
+        _STRING,
+        "For ERROR compile: why (see Compile failure reasons): the compiler failed, or the "
+        "model's graph would not run compiled as a whole.",
+        _field("doc.error_reason"),  # a StrEnum is its value
     ),
     Column(
         "error",
@@ -1219,6 +1227,9 @@ def render_card(files: list[CardFile]) -> str:
     errors = "\n".join(
         f"- `{cls.value}`: {meaning}" for cls, meaning in ERROR_CLASS_MEANINGS.items()
     )
+    compile_reasons = "\n".join(
+        f"- `{reason.value}`: {meaning}" for reason, meaning in COMPILE_FAILURE_MEANINGS.items()
+    )
     exclusions = "\n".join(
         f"- `{reason.value}`: {meaning}" for reason, meaning in EXCLUSION_MEANINGS.items()
     )
@@ -1265,6 +1276,10 @@ file's name (without `.parquet`) or `default` for all of them.
 ## Error classes (`error_class`, for ERROR)
 
 {errors}
+
+## Compile failure reasons (`error_reason`, for ERROR compile)
+
+{compile_reasons}
 
 ## Exclusion reasons (`exclusion_reason`, for EXCLUDED)
 

@@ -857,6 +857,31 @@ def row_noise_100pct(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor])
     return gm.forward
 
 
+def _classifier_head(gm: fx.GraphModule) -> fx.Node | None:
+    """The output of a sequence or image classifier's head (``classifier``)."""
+    nodes = [n for n in gm.graph.nodes if (_module_path(n) or "").endswith("classifier")]
+    return _output_node(nodes) if nodes else None
+
+
+def _negate_row(logits: torch.Tensor) -> torch.Tensor:
+    out = logits.clone()
+    out[ROW] = -logits[ROW]
+    return out
+
+
+def row_logits_negated(gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> CompiledFn:
+    """A sign error in a classifier head's output for one batch row (ROW): that input's
+    prediction becomes the class the reference finds least likely, whatever the weights, while
+    every other input's prediction is untouched."""
+    if not _on_faulty_rank():
+        return gm.forward
+    node = _classifier_head(gm)
+    if node is not None:
+        _insert_after(gm, node, _negate_row)
+    _report("row_logits_negated", node is not None, f"classifier head, row {ROW}")
+    return gm.forward
+
+
 # ---- denoisers (diffusers UNet / transformer): the timestep, one step, one block
 
 TIMESTEP_SHIFT = 250  # one step of a 4-step schedule over 1000 training timesteps

@@ -78,6 +78,8 @@ the 16-device 2D torus of trn1.32xlarge and trn2.48xlarge (docs/hardware.md)."""
 PHYSICAL_CORES_PER_DEVICE: dict[str, int] = {
     "trn2": 8,
     "trn2u": 8,
+    "trn2p": 8,
+    "trn2eu": 8,
     "trn3": 8,
     "trn1": 2,
     "trn1n": 2,
@@ -140,6 +142,8 @@ PROFILES: dict[tuple[str, int | None], HardwareProfile] = {
 LNC_DEFAULT_BY_FAMILY: dict[str, int] = {
     "trn2": 2,
     "trn2u": 2,
+    "trn2p": 2,
+    "trn2eu": 2,
     "trn3": 2,
     "trn1": 1,
     "trn1n": 1,
@@ -163,12 +167,48 @@ LNC_CHOICES: dict[str, tuple[int, ...]] = {
 DEFAULT_LNC = {kind: LNC_DEFAULT_BY_FAMILY[kind] for kind, lnc in PROFILES if lnc is not None}
 """The LNC sizing assumes for a profile with logical cores (trn2: 2) when a test sets none."""
 
-TORCHNEURON_FAMILIES = ("trn2", "trn2u", "trn3")
+TORCHNEURON_FAMILIES = ("trn2", "trn2u", "trn2p", "trn2eu", "trn3")
 """EC2 instance families TorchNeuron (``torch.compile(backend="neuron")``) runs on: it supports
 Trainium2 and Trainium3 only (TorchNeuron release notes; docs/trainium.md, "Instances")."""
 NEURON_FAMILIES_WITHOUT_TORCHNEURON = ("trn1", "trn1n", "inf1", "inf2")
 """Neuron instance families whose only PyTorch path is the XLA-based torch-neuronx (2.9 and
 older), which run.py refuses: a test there could only fail, so it is not run."""
+
+
+INSTANCE_DEVICES: dict[str, dict[str, int]] = {
+    "trn2": {
+        "trn2.3xlarge": 1,
+        "trn2.48xlarge": 16,
+        "trn2u.48xlarge": 16,
+        "trn2p.48xlarge": 16,
+        "trn2eu.48xlarge": 16,
+    },
+    "trn3": {"trn3.48xlarge": 16},
+}
+"""The EC2 instance types of each TorchNeuron profile and their Neuron devices: trn2.3xlarge has
+one Trainium2 device, trn2.48xlarge sixteen; the Neuron driver names trn2u.48xlarge,
+trn2p.48xlarge and trn2eu.48xlarge as Trainium2 servers of an UltraServer (docs/hardware.md).
+A test that names no instance type is placed on any of its profile's types whose devices hold
+it, and sized for what one instance holds."""
+
+
+def instance_devices(instance_type: str) -> int | None:
+    """How many Neuron devices ``instance_type`` has (None: not a type listed here)."""
+    name = instance_type.strip().lower()
+    return next((types[name] for types in INSTANCE_DEVICES.values() if name in types), None)
+
+
+def instance_max_cores(instance_type: str, profile: HardwareProfile) -> int | None:
+    """The cores of ``profile``'s kind one ``instance_type`` has (its devices times the
+    profile's cores per device); None for a type not listed here."""
+    devices = instance_devices(instance_type)
+    return None if devices is None else devices * profile.cores_per_device
+
+
+def instance_types_holding(kind: str, devices: int) -> list[str]:
+    """The instance types of profile ``kind`` with at least ``devices`` devices, in the table's
+    order (empty for a kind without a list)."""
+    return [name for name, count in INSTANCE_DEVICES.get(kind, {}).items() if count >= devices]
 
 
 def instance_family(instance: str) -> str:

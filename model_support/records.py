@@ -17,6 +17,7 @@ from model_support.config import RunConfig
 from model_support.models import is_local_path, readable_model_id, weights_digest
 from model_support.script import render_script
 from model_support.vocabulary import (
+    CompileFailure,
     DivergencePhase,
     ErrorClass,
     ExclusionReason,
@@ -140,6 +141,30 @@ class Compilation(BaseModel):
         None,
         description="Graphs compiled during the timed (second) call: 0 when the first call "
         "compiled everything; more means the timed figures include compiling (recompiles).",
+    )
+    graph_break_reasons: list[str] = Field(
+        default_factory=list,
+        description="The first distinct reasons Dynamo gave for the graph breaks it inserted.",
+    )
+    whole_graph: bool | None = Field(
+        None,
+        description="A graph break was an error (the neuron path: TorchNeuron recommends "
+        "fullgraph), so a run that ended has one compiled graph per call.",
+    )
+    fallback_execution: str | None = Field(
+        None,
+        description="TorchNeuron's fallback setting in effect (TORCH_NEURONX_DISABLE_FALLBACK_"
+        "EXECUTION, pinned by run.py on neuron); null off neuron.",
+    )
+    fallback_ops: list[str] = Field(
+        default_factory=list,
+        description="What TorchNeuron reported running on the CPU or eagerly, and where "
+        "(inside a compiled graph: an ERROR compile cpu-fallback; between graphs: recorded).",
+    )
+    compiler_args: list[str] = Field(
+        default_factory=list,
+        description="The neuronx-cc command lines TorchNeuron ran (from its debug folder), "
+        "paths left out; empty where none were found.",
     )
 
 
@@ -553,6 +578,9 @@ class ResultDocument(BaseModel):
     )
     result: Result
     error_class: ErrorClass | None = None
+    error_reason: CompileFailure | None = Field(
+        None, description="Why an ERROR compile happened (the vocabulary's CompileFailure)."
+    )
     error: str | None = None
     traceback: str | None = None
     stage: str | None = Field(None, description="Last stage reached.")

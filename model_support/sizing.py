@@ -78,7 +78,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from model_support import hub
 from model_support.config import MAX_RUN_CORES, RunConfig
-from model_support.hardware import HardwareProfile, get_profile, torchneuron_refusal
+from model_support.hardware import (
+    HardwareProfile,
+    get_profile,
+    instance_max_cores,
+    torchneuron_refusal,
+)
 from model_support.hub import MetadataError, ModelNotFound, ModelSnapshot, TensorSpec
 from model_support.vocabulary import (
     GENERATING_TASKS,
@@ -1129,6 +1134,15 @@ def size_run(
     when the model cannot be read.
     """
     hw = get_profile(profile, lnc)
+    cap = instance_max_cores(instance_type, hw) if instance_type else None
+    if cap is not None:
+        # A named instance type holds only its own devices (trn2.3xlarge: one, 4 cores at LNC 2).
+        if cores is not None and cores > cap:
+            raise ValueError(
+                f"{cores} cores do not fit one {instance_type}: it has {cap} cores of {hw.name}; "
+                "ask for fewer cores or another instance type"
+            )
+        max_cores = min(max_cores, cap)
     if config.backend == Backend.NEURON and hw.instance not in ("cpu", "cuda"):
         # Refused before the Hub is asked anything: whatever the model, it cannot run there.
         refusal = torchneuron_refusal(instance_type or hw.instance)

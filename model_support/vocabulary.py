@@ -99,6 +99,24 @@ ERROR_CLASS_MEANINGS: dict[ErrorClass, str] = {
 }
 
 
+class CompileFailure(StrEnum):
+    """Why an ERROR ``compile`` happened: the model's graph would not run compiled as a whole,
+    or the compile stack itself failed (``error_reason`` of the record)."""
+
+    COMPILER_ERROR = "compiler-error"
+    GRAPH_BREAK = "graph-break"
+    CPU_FALLBACK = "cpu-fallback"
+    RECOMPILES_PER_STEP = "recompiles-per-step"
+
+
+COMPILE_FAILURE_MEANINGS: dict[CompileFailure, str] = {
+    CompileFailure.COMPILER_ERROR: "The compile stack failed: graph capture, lowering, or the device compiler (neuronx-cc) refused or crashed.",
+    CompileFailure.GRAPH_BREAK: "The forward does not capture as one graph: a graph break (its reason is in the error), which the Neuron path treats as an error, as TorchNeuron recommends (fullgraph).",
+    CompileFailure.CPU_FALLBACK: "Part of a compiled graph ran on the CPU (an operator TorchNeuron does not lower) or fell back to eager execution: the graph did not run compiled.",
+    CompileFailure.RECOMPILES_PER_STEP: "The decode recompiles at every step, past Dynamo's recompile limit: a guard on a value that changes per step (the error quotes Dynamo's guard), e.g. a static sliding-window cache that keeps its length as a Python int. The model's cache cannot compile once; the compiler did not fail.",
+}  # fmt: skip
+
+
 class ExclusionReason(StrEnum):
     """Why a model is deliberately not run (machine-readable reason codes)."""
 

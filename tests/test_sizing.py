@@ -453,7 +453,11 @@ def test_a_neuron_run_where_torchneuron_does_not_run_is_excluded(
     assert re.search(why, result.message), result.message
 
 
-@pytest.mark.parametrize("instance_type", [None, "trn2.3xlarge", "trn2u.48xlarge", "trn3.3xlarge"])
+@pytest.mark.parametrize(
+    "instance_type",
+    # trn2p and trn2eu: the Neuron driver's other Trainium2 UltraServer servers
+    [None, "trn2.3xlarge", "trn2u.48xlarge", "trn2p.48xlarge", "trn2eu.48xlarge", "trn3.3xlarge"],
+)
 def test_trainium2_and_trainium3_instances_are_sized(
     tiny_llama: tuple[Path, int], instance_type: str | None
 ) -> None:
@@ -575,3 +579,20 @@ def test_cli_bad_input_exits_2(
     result = CliRunner().invoke(cli, ["size", *args])
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_an_instance_type_holds_only_its_own_devices(tiny_llama: tuple[Path, int]) -> None:
+    """trn2.3xlarge has one Trainium2 device: 4 cores at LNC 2, 8 at LNC 1; a trn2.48xlarge or an
+    UltraServer's server 16 devices. A test is sized for what its instance holds."""
+    from model_support.config import RunConfig
+    from model_support.hardware import instance_max_cores, instance_types_holding
+    from model_support.sizing import size_run
+
+    assert instance_max_cores("trn2.3xlarge", get_profile("trn2", 2)) == 4
+    assert instance_max_cores("trn2.3xlarge", get_profile("trn2", 1)) == 8
+    assert instance_max_cores("trn2eu.48xlarge", get_profile("trn2", 2)) == 64
+    assert instance_max_cores("m5.large", get_profile("trn2", 2)) is None
+    assert "trn2.3xlarge" not in instance_types_holding("trn2", 4)
+    config = RunConfig(model=str(tiny_llama[0]), cores=8, parallelism=Parallelism.TENSOR)
+    with pytest.raises(ValueError, match=r"8 cores do not fit one trn2\.3xlarge: it has 4 cores"):
+        size_run(config, profile="trn2", cores=8, instance_type="trn2.3xlarge")

@@ -7,6 +7,7 @@ import ast
 from model_support import records
 from model_support.script import template_text
 from model_support.vocabulary import (
+    COMPILE_FAILURE_MEANINGS,
     ERROR_CLASS_MEANINGS,
     EXCLUSION_MEANINGS,
     FLOAT32_PRECISION_DEFAULTS,
@@ -15,6 +16,7 @@ from model_support.vocabulary import (
     RESULT_MEANINGS,
     TASK_METHODS,
     VERDICT_CHECK_MEANINGS,
+    CompileFailure,
     ErrorClass,
     ExclusionReason,
     Float32Precision,
@@ -40,6 +42,17 @@ def test_runner_result_states_match_the_vocabulary() -> None:
 
 def test_runner_error_classes_match_the_vocabulary() -> None:
     assert tuple(_runner_constant("ERROR_CLASSES")) == tuple(c.value for c in ErrorClass)
+
+
+def test_runner_compile_failure_reasons_match_the_vocabulary() -> None:
+    assert tuple(_runner_constant("COMPILE_FAILURES")) == tuple(c.value for c in CompileFailure)
+    assert set(COMPILE_FAILURE_MEANINGS) == set(CompileFailure)
+    from model_support.runner import run as runner
+
+    reasons = {runner.NotCompiled.reason} | {
+        cls.reason for cls in runner.NotCompiled.__subclasses__()
+    }
+    assert reasons <= {c.value for c in CompileFailure}
 
 
 def test_runner_markers_match_the_parsers() -> None:

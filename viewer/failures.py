@@ -17,9 +17,11 @@ import streamlit as st
 from model_support.viewer import formatting, output
 from model_support.viewer.markup import inline_code, literal
 from model_support.vocabulary import (
+    COMPILE_FAILURE_MEANINGS,
     ERROR_CLASS_MEANINGS,
     EXCLUSION_MEANINGS,
     VERDICT_CHECK_MEANINGS,
+    CompileFailure,
     ErrorClass,
     ExclusionReason,
     VerdictCheck,
@@ -194,6 +196,12 @@ def show_error(row: Mapping[str, object], traceback: str | None) -> None:
         known = {c.value: c for c in ErrorClass}
         meaning = ERROR_CLASS_MEANINGS.get(known[error_class]) if error_class in known else None
         facts.insert(0, inline_code(error_class) + (f": {literal(meaning)}" if meaning else ""))
+    reason = row.get("error_reason")
+    if isinstance(reason, str) and reason:
+        # Why a compile failed: the compiler itself, or a model whose graph cannot run compiled.
+        reasons = {r.value: r for r in CompileFailure}
+        why = COMPILE_FAILURE_MEANINGS.get(reasons[reason]) if reason in reasons else None
+        facts.insert(1, "reason " + inline_code(reason) + (f": {literal(why)}" if why else ""))
     st.markdown("**What failed**: " + " · ".join(facts))
     if isinstance(row.get("error"), str) and row["error"]:
         st.code(str(row["error"]), language=None, wrap_lines=True)

@@ -45,14 +45,14 @@ LIST_COLUMNS: tuple[str, ...] = (
     "recorded_at",
 )
 TRIAGE_COLUMNS: tuple[str, ...] = (
-    "model_id", "task", "result", "error_class", "error", "verification_reason",
+    "model_id", "task", "result", "error_class", "error_reason", "error", "verification_reason",
     "first_divergence", "first_divergence_kind", "first_divergence_phase",
 )  # fmt: skip
 COMPARE_COLUMNS: tuple[str, ...] = ("model_id", "task", "result", "error_class", "wall_time_s")
 PASS_RATE_COLUMNS: tuple[str, ...] = ("compiler", "compiler_version", "model_id", "result")
 SCATTER_COLUMNS: tuple[str, ...] = ("model_id", "task", "result", "wall_time_s", "parameters")
 DETAIL_COLUMNS: tuple[str, ...] = (
-    "model_id", "model_path", "task", "result", "error_class", "error", "exclusion_reason", "neuron_cores",
+    "model_id", "model_path", "task", "result", "error_class", "error_reason", "error", "exclusion_reason", "neuron_cores",
     "wall_time_s", "compile_time_s", "peak_device_memory_bytes", "decode_tokens_per_s",
     "verified_exact", "error_ratio", "mismatches", "near_ties", "bad_tokens", "first_mismatch",
     "verification_reason", "verification_json", "text", "texts", "prompts", "neuronx_cc", "compiler", "run_py",
@@ -399,10 +399,19 @@ def divergence_signature(module: object, kind: object, phase: object = None) -> 
     return f"FAIL, first diverging module{found_in}: {module.rpartition('.')[2]} ({kind})"
 
 
+def reason_prefix(error_class: object, reason: object) -> str:
+    """What leads an ERROR's signature when it has a reason (an ERROR compile's: the compiler
+    failed, or the model's graph would not run compiled), so those never share a group."""
+    if not isinstance(reason, str) or not reason:
+        return ""
+    return f"{error_class if isinstance(error_class, str) else 'ERROR'} ({reason}): "
+
+
 def failure_signatures(failed: pd.DataFrame) -> list[str]:
     """The signature of each failure: for a FAIL whose first diverging module is known, that
-    module's kind; else of its error, else of the verdict's first reason (a FAIL lists up to a
-    few bad tokens and the error ratio, separated by "; ")."""
+    module's kind; else of its error (led by its reason, where it has one), else of the
+    verdict's first reason (a FAIL lists up to a few bad tokens and the error ratio, separated
+    by "; ")."""
     none = pd.Series(None, index=failed.index, dtype="object")
 
     def column(name: str) -> pd.Series:
@@ -411,12 +420,16 @@ def failure_signatures(failed: pd.DataFrame) -> list[str]:
     errors, reasons = column("error"), column("verification_reason")
     modules, kinds = column("first_divergence"), column("first_divergence_kind")
     phases = column("first_divergence_phase")
+    classes, why = column("error_class"), column("error_reason")
     return [
         divergence_signature(m, k, p)
-        or error_signature(
+        or reason_prefix(c, w)
+        + error_signature(
             e if isinstance(e, str) else r.split("; ")[0] if isinstance(r, str) else None
         )
-        for e, r, m, k, p in zip(errors, reasons, modules, kinds, phases, strict=True)
+        for e, r, m, k, p, c, w in zip(
+            errors, reasons, modules, kinds, phases, classes, why, strict=True
+        )
     ]
 
 

@@ -24,6 +24,7 @@ Contents
 from __future__ import annotations
 
 import abc
+import collections
 import contextlib
 import dataclasses
 import datetime
@@ -35,7 +36,12 @@ import importlib.util
 import json
 import os
 import platform
+import re
+import shlex
+import shutil
 import sys
+import tempfile
+import threading
 import time
 import traceback
 from typing import Any
@@ -95,7 +101,8 @@ def main() -> int:
     """Run the test CONFIG describes and write its document; exit 0 when it has a verdict."""
     config = json.loads(CONFIG_JSON)
     sharded = int(config["cores"]) > 1 and torch is not None  # no worker can start without torch
-    doc = run_sharded(config) if sharded else execute(RunContext(config))
+    with CONSOLE.capturing():  # what the runtime writes to the console, for the error classes
+        doc = run_sharded(config) if sharded else execute(RunContext(config))
     write_result(doc, config["result_path"])
     return 0 if doc["result"] in ("PASS", "FAIL", "UNVERIFIED") else 1
 
@@ -177,17 +184,22 @@ def setup_stage(ctx: RunContext) -> Placement:
     doc["backend"] = backend.name
     doc["stack"] = collect_stack(backend)
     doc["stack"].update(backend.runtime_settings())
+    pinned = backend.pin_compile_settings()  # before anything compiles
+    doc["compilation"] = compile_policy(backend, pinned)
     device = backend.device(ctx.rank, ctx.world_size)
     compile_backend = resolve_compile_backend(config["compile_backend"], backend)
     doc["compile_backend"] = config["compile_backend"] or compile_backend
     distributed_config = distributed_setup(ctx, backend)
-    # After the process group: TorchNeuron starts the runtime there, on this rank's core.
+    # After the process group (TorchNeuron starts the runtime there, on this rank's core) and
+    # before any model: a runtime that cannot run one operation fails here, as infrastructure,
+    # never as the model's load error.
+    backend.start_runtime(device)
     doc["stack"]["device_name"] = backend.device_name(device)
     backend.reset_peaks(device)
     # torch, the backend and the process group live as long as this process: the collector
     # need not walk them again in every full collection (loading, compiling, freeing the model).
     gc.freeze()
-    return Placement(backend, device, compile_backend, distributed_config, runtime_before)
+    return Placement(backend, device, compile_backend, distributed_config, runtime_before, pinned)
 
 
 def load_stage(ctx: RunContext, placement: Placement) -> LoadedModel:
@@ -216,10 +228,12 @@ def load_stage(ctx: RunContext, placement: Placement) -> LoadedModel:
 
 @dataclasses.dataclass
 class CompileWatch:
-    """The compilation counters from before compiling, and the graphs compiled since."""
+    """The compilation counters from before compiling, the graphs compiled since, and what
+    did not run compiled."""
 
     before: CompileCounts
     ledger: GraphLedger
+    fallbacks: FallbackWatch
 
 
 def compile_stage(ctx: RunContext, placement: Placement, loaded: LoadedModel) -> CompileWatch:
@@ -233,14 +247,18 @@ def compile_stage(ctx: RunContext, placement: Placement, loaded: LoadedModel) ->
     scenario = scenario_for(config["task"])
     before = read_compile_counts(placement.backend)
     ledger = GraphLedger(placement.backend.cache_probe)
+    fallbacks = FallbackWatch()
     watch_recompiles()
     scenario.compile(loaded.model, ledger.wrap(placement.compile_backend))
     t0 = time.perf_counter()
-    with torch.no_grad(), eager_fallback_refused():
-        scenario.call(config, loaded)
+    try:
+        with torch.no_grad(), compiled_as_required(placement.backend, ledger, fallbacks):
+            scenario.call(config, loaded)
+    finally:
+        ctx.doc["compilation"]["fallback_ops"] = fallbacks.reports()
     placement.backend.synchronize()
     ctx.doc["timings"]["first_generate_s"] = time.perf_counter() - t0
-    return CompileWatch(before, ledger)
+    return CompileWatch(before, ledger, fallbacks)
 
 
 def generate_stage(
@@ -253,20 +271,35 @@ def generate_stage(
     scenario, backend = scenario_for(config["task"]), placement.backend
     clock = first_token_clock(backend) if scenario.generates else None
     compiled_before = len(compile_start.ledger.graphs)
-    with torch.no_grad(), eager_fallback_refused():
-        t0 = time.perf_counter()
-        out = scenario.call(config, loaded, clock)
-        backend.synchronize()
-        steady_s = time.perf_counter() - t0
+    fallbacks = compile_start.fallbacks
+    try:
+        with (
+            torch.no_grad(),
+            compiled_as_required(backend, compile_start.ledger, fallbacks),
+        ):
+            t0 = time.perf_counter()
+            out = scenario.call(config, loaded, clock)
+            backend.synchronize()
+            steady_s = time.perf_counter() - t0
+    finally:
+        doc["compilation"]["fallback_ops"] = fallbacks.reports()
     prefill_s = None if clock is None or clock.at is None else clock.at - t0
     record_timings(doc["timings"], config, steady_s, prefill_s)
+    pinned = placement.compile_settings
     doc["compilation"] = compilation_summary(
         compile_start.before,
         read_compile_counts(backend),
         compile_start.ledger.graphs,
         timed_call_graphs=len(compile_start.ledger.graphs) - compiled_before,
         recompiled=recompiles(),
+        policy={
+            **compile_policy(backend, pinned),
+            "fallback_ops": fallbacks.reports(),
+            "compiler_args": backend.compiler_arguments(pinned),
+        },
     )
+    if pinned.get("debug_dir_owned"):  # every graph is compiled: its artifacts have been read
+        shutil.rmtree(pinned["debug_dir_owned"], ignore_errors=True)
     peak, source = backend.peak_memory(placement.device)
     doc["memory"]["peak_device_memory_bytes"], doc["memory"]["device_memory_source"] = peak, source
     before = placement.runtime_memory_before  # None: not Neuron, sysfs is not read
@@ -1889,11 +1922,9 @@ def scenario_for(task: str) -> TaskScenario:
 # process-group backends); the stages only call it; select_backend picks one.
 
 # The runner image's default base (images/runner/Dockerfile, ARG BASE_IMAGE; a test keeps the two in
-# step): the "PyTorch Training (TorchNeuron)" Deep Learning Container of Neuron SDK 2.33.0
-# (torch-neuronx 2.14, neuronx-cc 2.28.7631.0). docs/trainium.md says how to pick another tag.
-TORCHNEURON_BASE_IMAGE = (
-    "public.ecr.aws/neuron/pytorch-training-neuronx:2.14.0-neuronx-py314-sdk2.33.0-ubuntu26.04"
-)
+# step with docs/neuron-releases.md): images/runner/torchneuron-base.Dockerfile built for Neuron
+# SDK 2.33.0 (torch 2.14.0, torch-neuronx 2.14.3.0.*, neuronx-cc 2.28.7631.0).
+TORCHNEURON_BASE_IMAGE = "model-support/torchneuron-base:sdk2.33.0"
 
 
 class Backend:
@@ -1903,10 +1934,42 @@ class Backend:
     process_group = "gloo"  # the torch.distributed backend of a sharded run
     compile_backend = "inductor"  # torch.compile's backend unless the config names one
     device_is_host = True  # the device is this process: its name is known before setup
+    whole_graph = False  # a graph break is an error (the compiled forward must be one graph)
 
     def device(self, rank: int, world_size: int):
         """This rank's torch device."""
         return torch.device("cpu")
+
+    def start_runtime(self, device) -> float:
+        """Prove the device runs work before any model is loaded: a tensor onto it, one op,
+        synchronize. Returns the seconds it took; raises InfrastructureError (the device's
+        runtime, not the model, is at fault) when it fails or computes a wrong value."""
+        start = time.perf_counter()
+        try:
+            probe = torch.ones(4, dtype=torch.float32).to(device)
+            total = (probe * 2).sum()
+            self.synchronize()
+            value = float(total.cpu())
+        except Exception as exc:
+            raise InfrastructureError(
+                f"the {self.name} device {device} did not run a first operation "
+                f"({type(exc).__name__}: {exc}): its runtime did not start, before any model "
+                "was loaded"
+            ) from exc
+        if value != 8.0:
+            raise InfrastructureError(
+                f"the {self.name} device {device} computed {value} for sum(2 * ones(4)), not 8"
+            )
+        return time.perf_counter() - start
+
+    def pin_compile_settings(self) -> dict:
+        """Set what decides how the device compiler runs (before anything compiles) and
+        return what was set, for the compilation block."""
+        return {}
+
+    def compiler_arguments(self, pinned: dict) -> list[str]:
+        """The arguments the device compiler was called with, where the backend keeps them."""
+        return []
 
     def runtime_settings(self) -> dict:
         """Stack fields read at setup, once the backend is chosen (Neuron: the LNC)."""
@@ -1982,6 +2045,28 @@ class NeuronBackend(Backend):
     process_group = "neuron"
     compile_backend = "neuron"
     device_is_host = False
+    # TorchNeuron's torch.compile reference: fullgraph=True "raises an error if graph breaks
+    # occur, and is recommended for the Neuron path" (docs/trainium.md).
+    whole_graph = True
+
+    def pin_compile_settings(self):
+        inherited = os.environ.get(FALLBACK_EXECUTION_ENV)
+        os.environ[FALLBACK_EXECUTION_ENV] = "1"  # a failed compile raises, never runs eagerly
+        note = f"disabled: {FALLBACK_EXECUTION_ENV}=1, set by run.py"
+        if inherited not in (None, "1"):
+            note += f" (the environment had {inherited!r})"
+        debug_dir = os.environ.get(DEBUG_DIR_ENV)
+        owned = None
+        if not debug_dir:
+            owned = debug_dir = tempfile.mkdtemp(prefix="model-support-neuron-backend-")
+            os.environ[DEBUG_DIR_ENV] = debug_dir
+        # Kept so that the compiler's arguments can be read; the run removes its own folder.
+        os.environ[PRESERVE_ARTIFACTS_ENV] = "1"
+        return {"fallback_execution": note, "debug_dir": debug_dir, "debug_dir_owned": owned}
+
+    def compiler_arguments(self, pinned):
+        directory = pinned.get("debug_dir")
+        return compiler_arguments_in(directory) if directory else []
 
     def device(self, rank, world_size):
         return torch.device("neuron", rank) if world_size > 1 else torch.device("neuron")
@@ -2181,7 +2266,16 @@ def parse_visible_cores(spec: str) -> list[int]:
 
 # Physical NeuronCores per device, by instance family (docs/hardware.md): a copy of
 # model_support.hardware.PHYSICAL_CORES_PER_DEVICE, held equal by a test.
-PHYSICAL_CORES_PER_DEVICE = {"trn2": 8, "trn2u": 8, "trn3": 8, "trn1": 2, "trn1n": 2, "inf2": 2}
+PHYSICAL_CORES_PER_DEVICE = {
+    "trn2": 8,
+    "trn2u": 8,
+    "trn2p": 8,
+    "trn2eu": 8,
+    "trn3": 8,
+    "trn1": 2,
+    "trn1n": 2,
+    "inf2": 2,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -2283,7 +2377,16 @@ def apply_env(changes: dict[str, str | None]) -> None:
 LNC_CONFIG_FILE = "/opt/aws/neuron/logical_nc_config"  # a node's LNC, set by its launch template
 # A copy of model_support.hardware.LNC_DEFAULT_BY_FAMILY (run.py runs without the package); a
 # test holds the two equal.
-LNC_DEFAULT_BY_FAMILY = {"trn2": 2, "trn2u": 2, "trn3": 2, "trn1": 1, "trn1n": 1, "inf2": 1}
+LNC_DEFAULT_BY_FAMILY = {
+    "trn2": 2,
+    "trn2u": 2,
+    "trn2p": 2,
+    "trn2eu": 2,
+    "trn3": 2,
+    "trn1": 1,
+    "trn1n": 1,
+    "inf2": 1,
+}
 
 
 def effective_lnc(
@@ -2336,11 +2439,22 @@ TORCHNEURON_MIN_VERSION = (2, 13)  # torch-neuronx 2.13 and later is TorchNeuron
 
 @dataclasses.dataclass(frozen=True)
 class PreflightCheck:
-    """One preflight check: its name, whether the node passes it, and what was found or what to do."""
+    """One preflight check: its name, whether the node passes it, what was found, and (for a
+    failure) what to do. ``applicable`` False: the check has nothing to check here (no Neuron
+    device on this machine), which is neither a pass nor a failure."""
 
     name: str
     ok: bool
     detail: str
+    fix: str | None = None
+    applicable: bool = True
+
+    @property
+    def status(self) -> str:
+        """ok, FAILED or n/a."""
+        if not self.applicable:
+            return "n/a"
+        return "ok" if self.ok else "FAILED"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -2354,6 +2468,7 @@ class NodeFacts:
     lnc_file_text: str | None
     instance: str | None
     cache_dir_problem: str | None  # why TorchNeuron's NEFF cache folder cannot be written
+    torch_requirement: str | None = None  # torch-neuronx's own requirement on torch
 
 
 def check_device_files(device_files: dict[str, str | None], uid: int) -> PreflightCheck:
@@ -2364,8 +2479,9 @@ def check_device_files(device_files: dict[str, str | None], uid: int) -> Preflig
             name,
             False,
             f"no {NEURON_DEVICE_DIR}/neuron* device: this is not a Neuron instance, or the "
-            "container was given none (request aws.amazon.com/neuroncore or a DRA claim, or "
-            "docker run --device=/dev/neuron0)",
+            "container was given none",
+            fix="run on a trn2/trn3 instance; give the container its devices (request "
+            "aws.amazon.com/neuroncore or a DRA claim, or docker run --device=/dev/neuron0)",
         )
     refused = {path: why for path, why in sorted(device_files.items()) if why is not None}
     if refused:
@@ -2375,6 +2491,8 @@ def check_device_files(device_files: dict[str, str | None], uid: int) -> Preflig
             False,
             f"{path} cannot be used by uid {uid}: {why} ({len(refused)} of {len(device_files)} "
             "devices); the runtime opens it read-write",
+            fix="give the runner's user the devices' group (chart value "
+            "runner.supplementalGroups) or the devices to the container",
         )
     return PreflightCheck(name, True, ", ".join(sorted(device_files)))
 
@@ -2389,18 +2507,28 @@ def version_tuple(version: str | None) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def check_versions(versions: dict[str, str | None], driver_version: str | None) -> PreflightCheck:
-    """TorchNeuron (torch-neuronx 2.13 or later) and neuronx-cc are installed; reports the driver."""
+def check_versions(
+    versions: dict[str, str | None],
+    driver_version: str | None,
+    torch_requirement: str | None = None,
+) -> PreflightCheck:
+    """TorchNeuron (torch-neuronx 2.13 or later) and neuronx-cc are installed, and torch is the
+    one torch-neuronx requires (each torch-neuronx family is built for one PyTorch: "install
+    torch-neuronx==2.14.* with PyTorch 2.14", TorchNeuron release notes); reports the driver."""
     name = "versions"
     found = ", ".join(f"{dist} {versions.get(dist) or 'missing'}" for dist in sorted(versions))
     found += f", neuron driver {driver_version or 'unknown'}"
     neuronx = versions.get("torch-neuronx")
+    image = (
+        "run in the model-support runner image (images/runner/torchneuron-base.Dockerfile pins "
+        "one Neuron SDK release's packages, docs/neuron-releases.md)"
+    )
     if neuronx is None or versions.get("neuronx-cc") is None:
         return PreflightCheck(
             name,
             False,
-            f"{found}: torch-neuronx and neuronx-cc must both be installed (run in the "
-            f"model-support runner image built on {TORCHNEURON_BASE_IMAGE})",
+            f"{found}: torch-neuronx and neuronx-cc must both be installed",
+            fix=image,
         )
     if version_tuple(neuronx)[:2] < TORCHNEURON_MIN_VERSION:
         return PreflightCheck(
@@ -2408,8 +2536,38 @@ def check_versions(versions: dict[str, str | None], driver_version: str | None) 
             False,
             f"{found}: torch-neuronx {neuronx} is the PyTorch/XLA library, not TorchNeuron "
             "(2.13 and later)",
+            fix=image,
+        )
+    problem = requirement_problem(torch_requirement, versions.get("torch"))
+    if problem:
+        return PreflightCheck(
+            name,
+            False,
+            f"{found}: torch-neuronx {neuronx} requires {torch_requirement}, {problem}",
+            fix=f"install the torch torch-neuronx {neuronx} was built for ({torch_requirement}, "
+            "from https://download.pytorch.org/whl/cpu), or the torch-neuronx family of the "
+            f"installed torch; {image}",
         )
     return PreflightCheck(name, True, found)
+
+
+def requirement_problem(requirement: str | None, installed: str | None) -> str | None:
+    """Why ``installed`` does not satisfy the PEP 508 ``requirement`` (None when it does, or
+    when there is no requirement to check). packaging, where importable, decides."""
+    if not requirement:
+        return None
+    if installed is None:
+        return "and torch is not installed"
+    try:
+        from packaging.requirements import Requirement
+        from packaging.version import Version
+    except ImportError:
+        return None  # nothing to judge with: the runtime will say
+    specifier = Requirement(requirement).specifier
+    public = Version(installed.split("+", 1)[0])
+    if specifier.contains(public, prereleases=True):
+        return None
+    return f"but torch {installed} is installed"
 
 
 def check_torchneuron(
@@ -2420,16 +2578,25 @@ def check_torchneuron(
 ) -> PreflightCheck:
     """torch_neuronx imports and registers torch.neuron and the "neuron" compile backend."""
     name = "TorchNeuron"
+    fix = (
+        "run in the model-support runner image (torch-neuronx 2.13 or later, with the torch "
+        "it requires)"
+    )
     if import_error is not None:
-        return PreflightCheck(name, False, f"torch_neuronx failed to import: {import_error}")
+        return PreflightCheck(
+            name, False, f"torch_neuronx failed to import: {import_error}", fix=fix
+        )
     problem = native_neuron_problem(has_device_module, compile_backends, version)
     if problem:
-        return PreflightCheck(name, False, problem)
+        return PreflightCheck(name, False, problem, fix=fix)
     return PreflightCheck(name, True, 'torch.neuron and the "neuron" compile backend registered')
 
 
 def check_cores_and_lnc(
-    environ: dict[str, str], lnc_file_text: str | None, instance: str | None
+    environ: dict[str, str],
+    lnc_file_text: str | None,
+    instance: str | None,
+    device_indices: list[int] | None = None,
 ) -> PreflightCheck:
     """The cores the runtime will be given and the LNC it will use, as run.py reads them."""
     name = "cores and LNC"
@@ -2438,21 +2605,76 @@ def check_cores_and_lnc(
         spec = (environ.get("NEURON_RT_VISIBLE_CORES") or "").strip()
         cores = parse_visible_cores(spec) if spec else None
     except InfrastructureError as exc:
-        return PreflightCheck(name, False, str(exc))
+        return PreflightCheck(
+            name,
+            False,
+            str(exc),
+            fix="set NEURON_LOGICAL_NC_CONFIG to 1 or 2 and NEURON_RT_VISIBLE_CORES to cores "
+            "such as 0-3",
+        )
     if lnc is None:
         return PreflightCheck(
             name,
             False,
             f"the logical NeuronCore size is unknown: no NEURON_LOGICAL_NC_CONFIG, no "
-            f"{LNC_CONFIG_FILE} and no known instance type ({instance or 'none found'}); set "
-            "NEURON_LOGICAL_NC_CONFIG or MODEL_SUPPORT_INSTANCE_TYPE",
+            f"{LNC_CONFIG_FILE} and no known instance type ({instance or 'none found'})",
+            fix="set NEURON_LOGICAL_NC_CONFIG (the node's LNC) or MODEL_SUPPORT_INSTANCE_TYPE",
         )
-    visible = (
-        f"NEURON_RT_VISIBLE_CORES={spec} ({len(cores)} cores)"
-        if cores is not None
-        else "NEURON_RT_VISIBLE_CORES unset (any free core; a sharded run takes cores 0..n-1)"
-    )
+    if cores is not None:
+        visible = f"NEURON_RT_VISIBLE_CORES={spec} ({len(cores)} cores)"
+    else:
+        # What run.py does (neuron_core_env): one core asks for any free one; a sharded run
+        # takes the cores of the devices this process sees, device N holding cores N*c ..
+        devices = NeuronDevices(
+            tuple(device_indices or ()),
+            (PHYSICAL_CORES_PER_DEVICE.get((instance or "").split(".")[0]) or 0) // lnc or None,
+            instance,
+        )
+        held = (
+            f"the cores of its devices ({format_cores(devices.cores())})"
+            if devices.indices and devices.cores_per_device
+            else "the cores of its devices (none known here: it would stop as infrastructure)"
+        )
+        visible = (
+            "NEURON_RT_VISIBLE_CORES unset: one core takes any free core; a sharded run takes "
+            + held
+        )
     return PreflightCheck(name, True, f"{visible}; LNC {lnc} ({source})")
+
+
+def format_cores(cores: list[int]) -> str:
+    """Core indices as NEURON_RT_VISIBLE_CORES writes them: ``0-3,8-11``."""
+    parts: list[str] = []
+    for core in cores:
+        if parts and "-" not in parts[-1] and int(parts[-1]) == core - 1:
+            parts[-1] = f"{parts[-1]}-{core}"
+        elif parts and "-" in parts[-1] and int(parts[-1].split("-")[1]) == core - 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{core}"
+        else:
+            parts.append(str(core))
+    return ",".join(parts) or "none"
+
+
+def check_fallback_setting(environ: dict[str, str]) -> PreflightCheck:
+    """TorchNeuron's fallback execution is off: a graph that fails to compile raises rather than
+    running eagerly (TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION, default 1). run.py pins it for its
+    own runs; set to 0 here it would silently change anything else run on this node."""
+    name = "fallback setting"
+    value = environ.get(FALLBACK_EXECUTION_ENV)
+    if value is not None and value.strip().lower() in ("0", "false", "no", "off"):
+        return PreflightCheck(
+            name,
+            False,
+            f"{FALLBACK_EXECUTION_ENV}={value}: a graph that fails to compile runs eagerly "
+            "instead of failing (run.py sets it to 1 for its own runs)",
+            fix=f"unset {FALLBACK_EXECUTION_ENV} (its default, 1, is what model-support runs with)",
+        )
+    shown = (
+        f"{FALLBACK_EXECUTION_ENV}={value}"
+        if value is not None
+        else f"{FALLBACK_EXECUTION_ENV} unset"
+    )
+    return PreflightCheck(name, True, f"{shown}: a failed compile raises (run.py pins 1)")
 
 
 def check_compile_cache_dir(environ: dict[str, str], problem: str | None) -> PreflightCheck:
@@ -2464,16 +2686,26 @@ def check_compile_cache_dir(environ: dict[str, str], problem: str | None) -> Pre
             name, True, "TORCH_NEURONX_NEFF_DISABLE_CACHE is set: every run compiles cold"
         )
     if problem is not None:
-        return PreflightCheck(name, False, f"{directory}: {problem}")
+        return PreflightCheck(
+            name,
+            False,
+            f"{directory}: {problem}",
+            fix="point TORCH_NEURONX_NEFF_CACHE_DIR at a folder this user can write",
+        )
     return PreflightCheck(name, True, f"{directory} (TORCH_NEURONX_NEFF_CACHE_DIR) is writable")
 
 
 def node_checks(facts: NodeFacts, uid: int) -> list[PreflightCheck]:
     """The preflight checks of the node itself, in the order a person would fix them."""
+    indices = sorted(
+        int(path.rsplit("neuron", 1)[1])
+        for path in facts.device_files
+        if path.rsplit("neuron", 1)[-1].isdigit()
+    )
     return [
         check_device_files(facts.device_files, uid),
-        check_versions(facts.versions, facts.driver_version),
-        check_cores_and_lnc(facts.environ, facts.lnc_file_text, facts.instance),
+        check_versions(facts.versions, facts.driver_version, facts.torch_requirement),
+        check_cores_and_lnc(facts.environ, facts.lnc_file_text, facts.instance, indices),
         check_compile_cache_dir(facts.environ, facts.cache_dir_problem),
     ]
 
@@ -2535,11 +2767,49 @@ def node_facts() -> NodeFacts:
         device_files=devices,
         versions={dist: package_version(dist) for dist in ("torch", "torch-neuronx", "neuronx-cc")},
         driver_version=driver,
+        torch_requirement=requirement_on("torch-neuronx", "torch"),
         environ=environ,
         lnc_file_text=lnc_text,
         instance=instance_type(),
         cache_dir_problem=writable_dir_problem(cache_dir) if cache_dir else None,
     )
+
+
+def requirement_on(distribution: str, required: str) -> str | None:
+    """``distribution``'s own requirement on ``required`` (e.g. ``torch==2.14.*``) from its
+    installed metadata; None when either is not installed or it has none."""
+    try:
+        requirements = importlib.metadata.requires(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for requirement in requirements:
+        text = requirement.split(";", 1)[0].strip()
+        match = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)", text)
+        if match and match.group(1).lower().replace("_", "-") == required:
+            return text
+    return None
+
+
+SMOKE_MARKER = "MODEL_SUPPORT_SMOKE "
+
+
+def smoke_main(requested: str = "neuron") -> int:
+    """The device smoke test of ``model-support doctor``, in a process of its own (the runtime
+    may hang or abort it): the backend, a tensor onto its first device, one op, synchronize.
+    Prints one marked JSON line: ok, the device, the seconds, or the error (its class and fix)."""
+    report: dict[str, Any] = {"ok": False, "backend": requested, "device": None}
+    try:
+        if torch is None:
+            raise InfrastructureError(TORCH_UNAVAILABLE)
+        backend = select_backend(requested)
+        device = backend.device(0, 1)
+        report.update(device=str(device), seconds=backend.start_runtime(device), ok=True)
+        report["device_name"] = backend.device_name(device)
+    except Exception as exc:
+        text = f"{type(exc).__name__}: {exc}"
+        report.update(error=text, error_class=classify("setup", exc), fix=fix_for(text))
+    print(SMOKE_MARKER + json.dumps(report), flush=True)
+    return 0 if report["ok"] else 1
 
 
 def preflight_failure(checks: list[PreflightCheck]) -> InfrastructureError | None:
@@ -2549,8 +2819,9 @@ def preflight_failure(checks: list[PreflightCheck]) -> InfrastructureError | Non
         return None
     first = failed[0]
     others = f" (and {len(failed) - 1} more: run `model-support doctor`)" if len(failed) > 1 else ""
+    fix = f"; fix: {first.fix}" if first.fix else ""
     return InfrastructureError(
-        f"node preflight check '{first.name}' failed: {first.detail}{others}"
+        f"node preflight check '{first.name}' failed: {first.detail}{fix}{others}"
     )
 
 
@@ -2752,6 +3023,7 @@ class CompileCounts:
     fx_cache_misses: int
     neuron_graphs: int | None  # TorchNeuron: graphs compiled to NEFF (get_dynamo_metrics)
     neff_entries: int | None  # complete entries in the persistent NEFF cache
+    graph_break_reasons: dict[str, int] = dataclasses.field(default_factory=dict)  # dynamo's
 
 
 def count_neff_entries(directory: str) -> int:
@@ -2763,6 +3035,47 @@ def count_neff_entries(directory: str) -> int:
                 with contextlib.suppress(OSError):
                     count += os.path.getsize(os.path.join(root, name)) > 0
     return count
+
+
+FALLBACK_EXECUTION_ENV = "TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"
+DEBUG_DIR_ENV = "TORCH_NEURONX_DEBUG_DIR"  # TorchNeuron's compilation artifacts
+PRESERVE_ARTIFACTS_ENV = "TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS"
+MAX_COMPILER_COMMANDS = 5
+_BINARY_ARTIFACTS = (".neff", ".pb", ".mlir", ".mlirbc", ".bc", ".bin", ".so", ".ntff", ".hlo")
+_PATH_LIKE = re.compile(r"[\\/]|\.(?:neff|pb|mlir|mlirbc|hlo|json|txt|log)$")
+
+
+def compiler_arguments_in(directory: str, limit_bytes: int = 256 * 1024) -> list[str]:
+    """The neuronx-cc command lines found in TorchNeuron's debug folder (its compilation
+    artifacts), paths left out, each distinct one once (at most MAX_COMPILER_COMMANDS).
+
+    Which artifact holds the command is not documented: every small text file is read for a
+    line that calls ``neuronx-cc`` (docs/trainium.md, "Compiled means the whole graph")."""
+    commands: dict[str, None] = {}
+    for root, _dirs, files in os.walk(directory):
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            if name.endswith(_BINARY_ARTIFACTS):
+                continue
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                if os.path.getsize(path) > limit_bytes:
+                    continue
+                with open(path, encoding="utf-8") as handle:
+                    text = handle.read()
+                for line in text.splitlines():
+                    if "neuronx-cc" not in line:
+                        continue
+                    try:
+                        words = shlex.split(line)
+                    except ValueError:
+                        words = line.split()
+                    words = [w.strip("[]',\"") for w in words]
+                    start = next((i for i, w in enumerate(words) if w.endswith("neuronx-cc")), 0)
+                    kept = ["neuronx-cc"] + [
+                        w for w in words[start + 1 :] if w and not _PATH_LIKE.search(w)
+                    ]
+                    commands[" ".join(kept)] = None
+    return list(commands)[:MAX_COMPILER_COMMANDS]
 
 
 def neff_cache_dir(environ: dict) -> str | None:
@@ -2799,12 +3112,14 @@ class GraphLedger:
 
     A process-wide count of new cache entries also counts what the eager ops around the graphs
     write (TorchNeuron caches those too), so cold and warm would not mean what they say.
-    ``probe`` is the backend's :meth:`Backend.cache_probe`.
+    ``probe`` is the backend's :meth:`Backend.cache_probe`. ``running`` is the index of the
+    compiled graph being called right now (None between graphs), for :class:`FallbackWatch`.
     """
 
     def __init__(self, probe) -> None:
         self.probe = probe
         self.graphs: list[GraphCompile] = []
+        self.running: int | None = None
 
     def wrap(self, compile_backend):
         """A torch.compile backend that compiles with ``compile_backend`` (a registered name or
@@ -2822,17 +3137,17 @@ class GraphLedger:
             first = [True]
 
             def call(*args):
-                if not first:
-                    return compiled(*args)
+                outer, self.running = self.running, record.index
                 try:
-                    return compiled(*args)
+                    if not first:
+                        return compiled(*args)
+                    try:
+                        return compiled(*args)
+                    finally:
+                        first.clear()
+                        self._note_first_call(record, start)
                 finally:
-                    first.clear()
-                    end = self.probe()
-                    if start is not None and end is not None:
-                        record.new_entries = end[0] - start[0]
-                        if start[1] is not None and end[1] is not None:
-                            record.hits = end[1] - start[1]
+                    self.running = outer
 
             # The calling convention dynamo reads from what a backend returns (boxed arguments).
             if getattr(compiled, "_boxed_call", False):
@@ -2841,13 +3156,40 @@ class GraphLedger:
 
         return compile_graph
 
+    def _note_first_call(self, record: GraphCompile, start) -> None:
+        """What the cache did from ``record``'s compile to the end of its first call."""
+        end = self.probe()
+        if start is not None and end is not None:
+            record.new_entries = end[0] - start[0]
+            if start[1] is not None and end[1] is not None:
+                record.hits = end[1] - start[1]
 
-class EagerFallback(RuntimeError):
+
+class NotCompiled(RuntimeError):
+    """Part of a compiled call did not, or would not, run compiled: an ERROR ``compile`` whose
+    reason (the vocabulary's CompileFailure, :attr:`reason`) says which part and why."""
+
+    reason = "compiler-error"
+
+
+class EagerFallback(NotCompiled):
     """torch.compile recompiled past Dynamo's recompile limit: Dynamo would run the rest of
-    the call eagerly, so the run would not measure the compiled stack (an ERROR ``compile``)."""
+    the call eagerly, so the run would not measure the compiled stack. In a decode this is a
+    recompile at every step (a guard on a value that changes per step, such as a static
+    sliding-window cache's length kept as a Python int)."""
+
+    reason = "recompiles-per-step"
+
+
+class CpuFallback(NotCompiled):
+    """TorchNeuron ran part of a compiled graph on the CPU (an operator it does not lower,
+    "runs on the CPU and the result is copied back"), or fell back to running a graph eagerly."""
+
+    reason = "cpu-fallback"
 
 
 MAX_RECOMPILE_REASONS = 3
+MAX_FALLBACK_REPORTS = 10
 
 
 def watch_recompiles() -> None:
@@ -2882,10 +3224,123 @@ def eager_fallback_refused():
         count, reasons = recompiles()
         raise EagerFallback(
             f"the compiled call recompiled {count} times and hit torch._dynamo's recompile_limit "
-            f"({torch._dynamo.config.recompile_limit}): Dynamo would run the rest eagerly, so "
-            "the run would not measure the compiled stack (each recompile is a device compile); "
-            f"reasons: {'; '.join(reasons) or 'not given'}"
+            f"({torch._dynamo.config.recompile_limit}): it recompiles at every step, so Dynamo "
+            "would run the rest eagerly and the run would not measure the compiled stack (each "
+            f"recompile is a device compile); Dynamo's guard: {'; '.join(reasons) or 'not given'}"
         ) from exc
+
+
+@dataclasses.dataclass(frozen=True)
+class Fallback:
+    """One report of work TorchNeuron did not run compiled on the device."""
+
+    message: str
+    graph: int | None  # the compiled graph running when it was reported; None: between graphs
+
+    def describe(self) -> str:
+        where = "between compiled graphs" if self.graph is None else f"compiled graph {self.graph}"
+        return f"{where}: {self.message}"
+
+
+class FallbackWatch:
+    """What TorchNeuron reported running on the CPU (or eagerly) while the compiled calls ran,
+    from its log records (logger ``torch_neuronx``) and Python warnings, each noted with the
+    compiled graph that was running (:class:`GraphLedger`'s ``running``).
+
+    TorchNeuron's operator table marks operators CPU_FALLBACK: "the named ATen operator runs
+    on the CPU and the result is copied back to the Neuron device"; with fallback execution
+    enabled a graph that fails on the device runs eagerly ("Falling back to original
+    GraphModule execution"). Either inside a compiled graph means that graph did not run
+    compiled (docs/trainium.md, "Compiled means the whole graph").
+    """
+
+    PATTERN = re.compile(r"fall(?:s|ing|en)?[ _-]?back", re.IGNORECASE)
+    WHERE = ("cpu", "eager", "graphmodule")
+
+    def __init__(self) -> None:
+        self.seen: list[Fallback] = []
+
+    def note(self, text: str, graph: int | None) -> None:
+        """Keep ``text`` when it reports a fallback to the CPU or to eager execution."""
+        first = (text.strip().splitlines() or [""])[0][:300]
+        lowered = first.lower()
+        if self.PATTERN.search(first) and any(word in lowered for word in self.WHERE):
+            self.seen.append(Fallback(first, graph))
+
+    @contextlib.contextmanager
+    def watching(self, ledger: GraphLedger):
+        import logging
+        import warnings
+
+        watch = self
+
+        class Handler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                watch.note(record.getMessage(), ledger.running)
+
+        handler = Handler()
+        logger = logging.getLogger("torch_neuronx")
+        logger.addHandler(handler)
+        with warnings.catch_warnings():
+            shown = warnings.showwarning
+
+            def show(message, category, filename, lineno, file=None, line=None):
+                watch.note(str(message), ledger.running)
+                shown(message, category, filename, lineno, file, line)
+
+            warnings.showwarning = show
+            try:
+                yield self
+            finally:
+                logger.removeHandler(handler)
+
+    def in_graphs(self) -> list[Fallback]:
+        return [f for f in self.seen if f.graph is not None]
+
+    def reports(self) -> list[str]:
+        """Each distinct report, in order (at most MAX_FALLBACK_REPORTS)."""
+        return list(dict.fromkeys(f.describe() for f in self.seen))[:MAX_FALLBACK_REPORTS]
+
+    def raise_for_graphs(self) -> None:
+        """A CpuFallback when anything inside a compiled graph did not run compiled."""
+        inside = list(dict.fromkeys(f.describe() for f in self.in_graphs()))
+        if inside:
+            raise CpuFallback(
+                f"{len(inside)} part(s) of the compiled graphs did not run compiled on the "
+                f"device (TorchNeuron fell back to the CPU or to eager execution): "
+                + "; ".join(inside[:MAX_FALLBACK_REPORTS])
+            )
+
+
+@contextlib.contextmanager
+def compiled_as_required(backend: Backend, ledger: GraphLedger, watch: FallbackWatch):
+    """Run the compiled calls under the backend's compile policy: never past Dynamo's recompile
+    limit (every backend); where the backend requires the whole graph (neuron, as TorchNeuron's
+    torch.compile reference recommends with fullgraph=True), a graph break is an error and so
+    is a fallback inside a compiled graph."""
+    import torch._dynamo
+
+    with (
+        eager_fallback_refused(),
+        torch._dynamo.error_on_graph_break(backend.whole_graph),
+        watch.watching(ledger),
+    ):
+        yield
+    if backend.whole_graph:
+        watch.raise_for_graphs()
+
+
+def compile_policy(backend: Backend | None, pinned: dict | None = None) -> dict:
+    """The compilation block's record of how the run compiles: whether a graph break is an
+    error (``whole_graph``), the fallback setting run.py pinned (``pinned``, from
+    :meth:`Backend.pin_compile_settings`); the fallbacks seen and the compiler's arguments are
+    filled in once the compiled calls ran."""
+    return {
+        "whole_graph": None if backend is None else backend.whole_graph,
+        "fallback_execution": (pinned or {}).get("fallback_execution"),
+        "fallback_ops": [],
+        "compiler_args": [],
+    }
 
 
 def read_compile_counts(backend: Backend) -> CompileCounts:
@@ -2900,6 +3355,7 @@ def read_compile_counts(backend: Backend) -> CompileCounts:
         fx_cache_misses=int(counters["inductor"]["fxgraph_cache_miss"]),
         neuron_graphs=neuron_graphs,
         neff_entries=neff_entries,
+        graph_break_reasons={str(k): int(v) for k, v in counters["graph_break"].items()},
     )
 
 
@@ -2909,6 +3365,7 @@ def compilation_summary(
     compiled_graphs: list[GraphCompile] | None = None,
     timed_call_graphs: int | None = None,
     recompiled: tuple[int, list[str]] | None = None,
+    policy: dict | None = None,
 ) -> dict:
     """What compiling took between two readings: graphs, breaks, and whether the cache served it.
 
@@ -2920,7 +3377,8 @@ def compilation_summary(
     from the cache (compile_s is then mostly loading), null where no cache was consulted.
     ``timed_call_graphs``: graphs compiled during the timed (second) call, 0 when the first
     call compiled everything. ``recompiled``: Dynamo's recompiles and their reasons
-    (:func:`recompiles`).
+    (:func:`recompiles`). ``policy``: what ran compiled and how (:func:`compile_policy`, with
+    the fallbacks seen and the compiler's arguments), copied in.
     """
     if after.neuron_graphs is not None and before.neuron_graphs is not None:
         graphs, source = (
@@ -2964,6 +3422,13 @@ def compilation_summary(
         "timed_call_graphs": timed_call_graphs,
         "recompiles": None if recompiled is None else recompiled[0],
         "recompile_reasons": [] if recompiled is None else list(recompiled[1]),
+        "graph_break_reasons": [
+            " ".join(reason.split())[:300]
+            for reason, count in after.graph_break_reasons.items()
+            if count > before.graph_break_reasons.get(reason, 0)
+        ][:MAX_RECOMPILE_REASONS],
+        **compile_policy(None),
+        **(policy or {}),
     }
 
 
@@ -4706,6 +5171,9 @@ ERROR_CLASSES = (
 )
 
 
+COMPILE_FAILURES = ("compiler-error", "graph-break", "cpu-fallback", "recompiles-per-step")
+
+
 RESULT_MARKER = "MODEL_SUPPORT_RESULT "
 PROGRESS_MARKER = "MODEL_SUPPORT_STAGE "
 SCHEMA_VERSION = 1
@@ -4727,12 +5195,15 @@ GENERATING_TASKS = (
 class StageFailure(Exception):
     """A stage failed; carries the classified error for the result document."""
 
-    def __init__(self, error_class: str, stage: str, message: str, tb: str) -> None:
+    def __init__(
+        self, error_class: str, stage: str, message: str, tb: str, reason: str | None = None
+    ) -> None:
         super().__init__(message)
         self.error_class = error_class
         self.stage = stage
         self.message = message
         self.tb = tb
+        self.reason = reason  # an ERROR compile's CompileFailure
 
 
 class InfrastructureError(RuntimeError):
@@ -4741,7 +5212,9 @@ class InfrastructureError(RuntimeError):
 
 # Neuron messages that decide an error's class regardless of the stage, lower case, each from a
 # public source cited in docs/trainium.md. Checked in this order: a hardware fault or a core held
-# by another process is the machine's problem even when its message mentions memory.
+# by another process is the machine's problem even when its message mentions memory. The runtime
+# and the driver write most of them to the console, not into the Python exception: they are
+# looked for in both (ConsoleTail below).
 NEURON_INFRASTRUCTURE_MESSAGES = (
     "neuroncore(s) not available",  # runtime: the cores are held by another process
     "uncorrectable memory error",  # runtime: hardware error of a NeuronCore
@@ -4756,6 +5229,25 @@ NEURON_INFRASTRUCTURE_MESSAGES = (
     "failed to allocate enough ncs",  # its text
     "attempted to have more than one device per process",  # TorchNeuron: >1 core per worker
     "ncc_earg001",  # compiler: LNC not supported by the target (node/compiler mismatch)
+    # The runtime could not start: no driver, or a driver older than the runtime needs.
+    "unable to determine neuron driver version",  # runtime at nrt_init: driver not installed
+    "this runtime requires neuron driver version",  # runtime at nrt_init: driver too old
+    "is not compatible with the installed aws-neuron",  # runtime/driver compatibility id
+    "nrt:nrt_init",  # any error the runtime logs while it initializes
+    "nrt_uninitialized",  # runtime status 13: called before the runtime started
+    # The image's compiler and runtime do not belong together.
+    "neff version mismatch",  # runtime: "NEFF version mismatch supported: 1.1 received: 2.0"
+    "nrt_unsupported_neff_version",  # runtime status 10
+    "unsupported hardware operator code",  # runtime older than the compiler that made the NEFF
+    # The device did not finish an execution: a hardware fault or a hung runtime.
+    "execution timeout (",  # TDRV: "[ND 1][NC 0] execution timeout (30000 ms) on model ..."
+    "inference timeout (",  # TDRV: "inference timeout (600000 ms) on Neuron Device 0 NC 0"
+    "fatal-rt-undefined-state",  # runtime: the execution unit is in an undefined state
+    "nrt_timeout",  # runtime status 5
+    "nrt_exec_sw_nq_overflow",  # runtime status 1204: dropped notifications (timed out)
+    # The image lacks the compiler: an image problem, not the model's compile error.
+    "neuronx-cc not found",
+    "no such file or directory: 'neuronx-cc'",
 )
 
 
@@ -4776,14 +5268,251 @@ NEURON_COMPILE_MESSAGES = (
     "ncc_e",  # every neuronx-cc error code (NCC_EXXXnnn)
     "neuronx-cc",  # e.g. "Failed compilation with ['neuronx-cc', 'compile', ...]"
 )
+CONSOLE_COMPILE_MESSAGES = ("ncc_e",)
+"""What of NEURON_COMPILE_MESSAGES counts in the console: an error code, never the compiler's
+name (its progress lines name it in every compile, failed or not)."""
 
 
-def classify(stage: str, exc: BaseException) -> str:
-    """Map an exception raised in a stage to an error class of the vocabulary."""
+# What to do about each kind of Neuron failure (docs/trainium.md gives the sources): the first
+# entry whose messages the error or the console carries names the fix.
+NEURON_FIXES = (
+    (
+        ("unable to determine neuron driver version",),
+        "install the Neuron driver on the host (aws-neuronx-dkms) and load it (modprobe neuron); "
+        "a container needs the host's driver, it cannot bring its own",
+    ),
+    (
+        (
+            "this runtime requires neuron driver version",
+            "is not compatible with the installed aws-neuron",
+        ),
+        "upgrade the host's driver (aws-neuronx-dkms) to at least the version the release of the "
+        "image's runtime ships (docs/neuron-releases.md), then reload it (no process may hold a "
+        "device: rmmod neuron && modprobe neuron), or run an image of an older Neuron SDK",
+    ),
+    (
+        (
+            "neff version mismatch",
+            "nrt_unsupported_neff_version",
+            "unsupported hardware operator code",
+        ),
+        "the compiler and the runtime in the image belong to different Neuron SDK releases: "
+        "build the image from one release's row of docs/neuron-releases.md, and do not reuse "
+        "NEFFs another compiler version wrote",
+    ),
+    (
+        (
+            "neuroncore(s) not available",
+            "nrt_exec_nc_busy",
+            "neuron core is locked",
+            "nrt_load_not_enough_nc",
+            "failed to allocate enough ncs",
+        ),
+        "another process holds these NeuronCores (neuron-ls shows its PID): stop it, or give "
+        "this run free cores (NEURON_RT_VISIBLE_CORES)",
+    ),
+    (
+        (
+            "execution timeout (",
+            "inference timeout (",
+            "fatal-rt-undefined-state",
+            "nrt_timeout",
+            "nrt_exec_sw_nq_overflow",
+        ),
+        "the device did not finish an execution: run again; if it recurs on this node, leave "
+        "NEURON_RT_RESET_CORES unset (the runtime resets the cores when it starts) or reboot "
+        "the instance; raise NEURON_RT_EXEC_TIMEOUT only for a step known to run longer",
+    ),
+    (
+        (
+            "uncorrectable memory error",
+            "uncorrectable hbm memory error",
+            "is in an abort state",
+            "neuron_hw_err=",
+            "nrt_exec_hw_err_",
+            "dma engine encountered an unrecoverable error",
+        ),
+        "a hardware error: take the node out of service and replace the instance",
+    ),
+    (
+        ("neuronx-cc not found", "no such file or directory: 'neuronx-cc'"),
+        "the image has no neuronx-cc on its PATH: build it from images/runner/torchneuron-base.Dockerfile "
+        "(which installs the release's neuronx-cc) or install that neuronx-cc in its Python",
+    ),
+    (
+        ("nrt:nrt_init", "nrt_uninitialized"),
+        "the Neuron runtime did not start: check the driver (lsmod | grep neuron), the devices "
+        "given to the container (/dev/neuron*) and neuron-ls",
+    ),
+)
+
+
+def fix_for(text: str) -> str | None:
+    """What to do about the Neuron failure ``text`` describes (None: no known one)."""
+    lowered = text.lower()
+    for messages, fix in NEURON_FIXES:
+        if any(message in lowered for message in messages):
+            return fix
+    return None
+
+
+# ---- what the runtime wrote: this process's own stderr, kept
+
+CONSOLE_TAIL_LINES = 400  # lines of this process's stderr kept
+RUNTIME_LOG_LINES = 20  # runtime lines quoted in an error message, the last ones
+# The log lines of the Neuron runtime, driver and compiler (their component prefixes, the
+# hardware-error line, compiler error codes); docs/trainium.md has an example of each.
+NEURON_LOG_LINE = re.compile(
+    r"\b(?:NRT|TDRV|NMGR|HAL|NCCL|ENC|NDS):|NEURON_HW_ERR=|\bNCC_E[A-Z]{3}\d{3}|neuron:mc_alloc"
+    r"|NEFF version mismatch|\bnrt_[a-z_]+\b"
+)
+
+
+class ConsoleTail:
+    """The last lines this process (and the workers it starts) wrote to file descriptor 2.
+
+    The Neuron runtime and driver write their failures there (nrt-troubleshoot: "fail with an
+    error message in console and syslog"), not into the Python exception, so a classification
+    of the exception alone reads "RuntimeError" where the console says which driver is missing.
+    While started, a pipe stands in front of fd 2: a thread copies everything to the original
+    stderr, unchanged, and keeps the last CONSOLE_TAIL_LINES lines.
+    """
+
+    _SYNC = b"\x1emodel-support-console-sync\x1e\n"
+
+    def __init__(self, keep: int = CONSOLE_TAIL_LINES) -> None:
+        self.lines: collections.deque[str] = collections.deque(maxlen=keep)
+        self.seen = 0  # lines ever kept: a mark() is a position in this count
+        self._partial = b""
+        self._carry = b""
+        self._synced = threading.Event()
+        self._lock = threading.Lock()
+        self._original: int | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._original is not None
+
+    def start(self) -> None:
+        """Put the pipe in front of fd 2 (nothing when already started)."""
+        if self.active:
+            return
+        sys.stderr.flush()
+        read_end, write_end = os.pipe()
+        self._original = os.dup(2)
+        os.dup2(write_end, 2)
+        os.close(write_end)
+        self._thread = threading.Thread(
+            target=self._copy, args=(read_end, self._original), name="console-tail", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Give fd 2 back to the original stderr, after copying everything written so far. The
+        thread goes on copying what workers still holding the pipe write, until they end."""
+        if not self.active:
+            return
+        self.sync()
+        assert self._original is not None
+        os.dup2(self._original, 2)
+        self._original = None
+
+    def _copy(self, read_end: int, original: int) -> None:
+        while True:
+            try:
+                chunk = os.read(read_end, 65536)
+            except OSError:
+                return
+            if not chunk:
+                os.close(read_end)
+                return
+            data = self._carry + chunk
+            self._carry = b""
+            synced = self._SYNC in data
+            data = data.replace(self._SYNC, b"")
+            # A sync marker cut in two by the read: hold its beginning back for the next one.
+            for keep in range(min(len(self._SYNC) - 1, len(data)), 0, -1):
+                if self._SYNC.startswith(data[-keep:]):
+                    data, self._carry = data[:-keep], data[-keep:]
+                    break
+            with contextlib.suppress(OSError):
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(original, view) :]
+            self._keep(data)
+            if synced:  # only now is everything before the marker kept
+                self._synced.set()
+
+    def _keep(self, data: bytes) -> None:
+        *complete, self._partial = (self._partial + data).split(b"\n")
+        with self._lock:
+            for line in complete:
+                self.lines.append(line.decode("utf-8", "replace").rstrip("\r"))
+                self.seen += 1
+
+    def sync(self, timeout_s: float = 2.0) -> None:
+        """Wait until everything written to fd 2 so far has been read (bounded)."""
+        if not self.active:
+            return
+        sys.stderr.flush()
+        self._synced.clear()
+        with contextlib.suppress(OSError):
+            os.write(2, self._SYNC)
+        self._synced.wait(timeout_s)
+
+    def mark(self) -> int:
+        """A position: lines_since(mark) is what was written after it."""
+        self.sync()
+        with self._lock:
+            return self.seen
+
+    def lines_since(self, mark: int) -> list[str]:
+        """The kept lines written after ``mark`` (at most the last CONSOLE_TAIL_LINES)."""
+        self.sync()
+        with self._lock:
+            new = self.seen - mark
+            return list(self.lines)[-new:] if new > 0 else []
+
+    @contextlib.contextmanager
+    def capturing(self):
+        """start() ... stop()."""
+        self.start()
+        try:
+            yield self
+        finally:
+            self.stop()
+
+
+CONSOLE = ConsoleTail()
+"""This process's console tail: started by main() and by every sharded worker."""
+
+
+def runtime_lines(lines: list[str]) -> list[str]:
+    """The lines of ``lines`` the Neuron runtime, driver or compiler wrote, or that carry a
+    message the error tables know (last RUNTIME_LOG_LINES)."""
+    known = (
+        NEURON_INFRASTRUCTURE_MESSAGES + NEURON_OUT_OF_MEMORY_MESSAGES + CONSOLE_COMPILE_MESSAGES
+    )
+    picked = [
+        line.strip()
+        for line in lines
+        if line.strip() and (NEURON_LOG_LINE.search(line) or any(m in line.lower() for m in known))
+    ]
+    return picked[-RUNTIME_LOG_LINES:]
+
+
+def classify(stage: str, exc: BaseException, console: list[str] | None = None) -> str:
+    """Map an exception raised in a stage to an error class of the vocabulary.
+
+    ``console``: what the runtime wrote to the console during the stage (runtime_lines); the
+    Neuron message tables are matched against it as well as the exception."""
     text = f"{type(exc).__name__}: {exc}"
     lowered = text.lower()
+    written = "\n".join(console or []).lower()
+    both = f"{lowered}\n{written}"
     if isinstance(exc, InfrastructureError) or any(
-        message in lowered for message in NEURON_INFRASTRUCTURE_MESSAGES
+        message in both for message in NEURON_INFRASTRUCTURE_MESSAGES
     ):
         return "infrastructure"
     if (
@@ -4791,7 +5520,7 @@ def classify(stage: str, exc: BaseException) -> str:
         or "out of memory" in lowered
         or "outofmemory" in lowered
         or "resource_exhausted" in lowered
-        or any(message in lowered for message in NEURON_OUT_OF_MEMORY_MESSAGES)
+        or any(message in both for message in NEURON_OUT_OF_MEMORY_MESSAGES)
     ):
         return "out-of-memory"
     if stage == "load":
@@ -4807,18 +5536,33 @@ def classify(stage: str, exc: BaseException) -> str:
     if stage in ("compile", "generate"):
         module = type(exc).__module__ or ""
         if (
-            isinstance(exc, EagerFallback)
+            isinstance(exc, NotCompiled)
             or module.startswith(
                 ("torch._dynamo", "torch._inductor", "torch.fx", "torch._subclasses")
             )
             or "backend compiler failed" in lowered
             or any(message in lowered for message in NEURON_COMPILE_MESSAGES)
+            or any(message in written for message in CONSOLE_COMPILE_MESSAGES)
         ):
             return "compile"
         return "runtime"
     if stage == "verify":
         return "verification"
     return "runtime"
+
+
+def compile_failure_reason(exc: BaseException) -> str:
+    """Why an ERROR ``compile`` happened (the vocabulary's CompileFailure): the model's graph
+    would not run compiled as a whole (a graph break, a CPU fallback inside a compiled graph,
+    a recompile at every decode step), or the compile stack itself failed."""
+    if isinstance(exc, NotCompiled):
+        return exc.reason
+    if torch is not None:
+        from torch._dynamo.exc import Unsupported
+
+        if isinstance(exc, Unsupported):  # raised only where a graph break is an error
+            return "graph-break"
+    return "compiler-error"
 
 
 def emit_progress(
@@ -4831,11 +5575,13 @@ def emit_progress(
 
 @contextlib.contextmanager
 def stage(name: str, ctx: RunContext):
-    """Time a stage, report progress (rank 0), and classify any exception raised in it."""
+    """Time a stage, report progress (rank 0), and classify any exception raised in it, with
+    what the runtime wrote to the console meanwhile (quoted in the error)."""
     ctx.stage = name
     if ctx.rank == 0:
         emit_progress(name, "start")
     start = time.perf_counter()
+    mark = CONSOLE.mark()
     try:
         yield
     except StageFailure:
@@ -4847,9 +5593,16 @@ def stage(name: str, ctx: RunContext):
         if ctx.rank == 0:
             emit_progress(name, "failed", seconds, f"{type(exc).__name__}: {exc}"[:500])
         tb = "".join(traceback.format_exception(exc)).splitlines()[-TRACEBACK_LINES:]
-        raise StageFailure(
-            classify(name, exc), name, f"{type(exc).__name__}: {exc}", "\n".join(tb)
-        ) from exc
+        console = runtime_lines(CONSOLE.lines_since(mark))
+        error_class = classify(name, exc, console)
+        message = f"{type(exc).__name__}: {exc}"
+        if console:
+            message += "\nthe Neuron runtime wrote:\n" + "\n".join(console)
+        fix = fix_for(message) if error_class in ("infrastructure", "out-of-memory") else None
+        if fix:
+            message += f"\nfix: {fix}"
+        reason = compile_failure_reason(exc) if error_class == "compile" else None
+        raise StageFailure(error_class, name, message, "\n".join(tb), reason) from exc
     if ctx.rank == 0:
         emit_progress(name, "done", time.perf_counter() - start)
 
@@ -4888,6 +5641,7 @@ class Placement:
     compile_backend: Any  # a registered torch.compile backend name or a callable
     distributed_config: Any  # transformers DistributedConfig, None on one core
     runtime_memory_before: dict[str, int] | None = None  # sysfs device_mem before the runtime
+    compile_settings: dict = dataclasses.field(default_factory=dict)  # pin_compile_settings()
 
 
 @dataclasses.dataclass
@@ -4951,6 +5705,7 @@ def new_document(config: dict) -> dict:
         "parameters_per_core": None,
         "result": "ERROR",
         "error_class": None,
+        "error_reason": None,
         "error": None,
         "traceback": None,
         "stage": None,
@@ -4980,6 +5735,7 @@ def execute(ctx: RunContext) -> dict:
     except StageFailure as failure:
         doc["result"] = "ERROR"
         doc["error_class"] = failure.error_class
+        doc["error_reason"] = failure.reason
         doc["error"] = failure.message
         doc["traceback"] = failure.tb
     doc["stage"] = ctx.stage
@@ -5014,6 +5770,7 @@ def worker_main(rank: int, world_size: int, config: dict, queue) -> None:
         WORLD_SIZE=str(world_size),
         LOCAL_WORLD_SIZE=str(world_size),
     )
+    CONSOLE.start()  # this worker's own console, for its error classes
     ctx = RunContext(config, rank=rank, world_size=world_size)
     ctx.results = queue
     doc = execute(ctx)

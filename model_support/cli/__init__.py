@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from model_support.cli import (
+    commands_acceptance,
     commands_bisect,
     commands_cache,
     commands_dataset,
@@ -41,5 +42,6 @@ for _module in (
     commands_history,
     commands_bisect,
     commands_doctor,
+    commands_acceptance,
 ):
     _module.register(app)

@@ -32,6 +32,7 @@ from model_support.compile_cache.errors import (
     CompilerMismatch,
     LocalCacheError,
     TargetUnavailable,
+    UnreadableLayout,
 )
 from model_support.compile_cache.target import ResolvedTarget, open_target, redact
 from model_support.compile_cache.transfer import (
@@ -165,6 +166,7 @@ __all__ = [
     "TargetUnavailable",
     "TransferReport",
     "TrustPolicy",
+    "UnreadableLayout",
     "UntrustedCache",
     "attach",
     "check_target",

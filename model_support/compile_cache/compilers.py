@@ -4,8 +4,12 @@ A compile cache entry is only valid for the compiler that produced it, and Torch
 cache key does not include the compiler version. So every target keeps each compiler version
 under its own prefix, and the prefix is derived here from what is installed, never typed:
 
-* ``neuronxcc-<neuronx-cc version>`` where neuronx-cc and torch-neuronx are installed (the
-  public bucket ``hf://buckets/aws-neuron/torch-neuronx-neff-cache`` uses the same names);
+* ``neuronxcc-<neuronx-cc version>-<target>-lnc<N>`` where neuronx-cc and torch-neuronx are
+  installed: a NEFF is compiled for one target (trn2, trn3) at one logical NeuronCore size,
+  which TorchNeuron's Python cache writer keys its entries by (docs/compile-cache.md); the
+  target comes from the instance family, the LNC from what the runtime will use
+  (NEURON_LOGICAL_NC_CONFIG, the node's file, else the family's default). Pulls also read the
+  unkeyed ``neuronxcc-<version>`` folder, the seed buckets' and older targets' layout;
 * ``inductor-torch-<torch version>`` elsewhere: inductor's on-disk caches, the stand-in on
   machines without Trainium (inductor keys its entries by torch version too, but a separate
   prefix keeps targets tidy and pulls small).
@@ -13,6 +17,7 @@ under its own prefix, and the prefix is derived here from what is installed, nev
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import re
@@ -26,8 +31,21 @@ CacheKind = Literal["neff", "inductor"]
 
 NEFF_PREFIX = "neuronxcc"
 INDUCTOR_PREFIX = "inductor-torch"
-PREFIX_PATTERN = re.compile(rf"^(?P<family>{NEFF_PREFIX}|{INDUCTOR_PREFIX})-(?P<version>[^/\s]+)$")
-"""A path component that names a compiler prefix."""
+PREFIX_PATTERN = re.compile(
+    rf"^(?P<family>{NEFF_PREFIX}|{INDUCTOR_PREFIX})-(?P<version>[^/\s]+?)"
+    r"(?:-(?P<target>trn\d+)-lnc(?P<lnc>\d+))?$"
+)
+"""A path component that names a compiler prefix (a NEFF one may carry its target and LNC)."""
+NEURON_TARGET_ENV = "MODEL_SUPPORT_NEURON_TARGET"
+"""The compile target (trn2, trn3) where the instance type cannot be read (the operator sets it)."""
+NEURON_TARGETS = {
+    "trn2": "trn2",
+    "trn2u": "trn2",
+    "trn2p": "trn2",
+    "trn2eu": "trn2",
+    "trn3": "trn3",
+}
+"""The compile target of each instance family TorchNeuron runs on (Trainium2 or Trainium3)."""
 
 NEFF_CACHE_DIR_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
 NEFF_DISABLE_ENV = "TORCH_NEURONX_NEFF_DISABLE_CACHE"
@@ -46,6 +64,15 @@ class CompilerCache:
     compiler: str  # the distribution whose version keys the cache: neuronx-cc or torch
     version: str
     local_dir: Path
+    target: str | None = None  # NEFF: the compile target (trn2, trn3)
+    lnc: int | None = None  # NEFF: the logical NeuronCore size compiled for
+
+    @property
+    def key(self) -> str:
+        """What a NEFF prefix adds to the version: ``-trn2-lnc2`` (empty when not keyed)."""
+        if self.kind != "neff" or self.target is None or self.lnc is None:
+            return ""
+        return f"-{self.target}-lnc{self.lnc}"
 
     @property
     def prefix(self) -> str:
@@ -57,16 +84,19 @@ class CompilerCache:
         ``+cu128``: those are different builds with different kernels.
         """
         if self.kind == "neff":
-            return f"{NEFF_PREFIX}-{public_version(self.version)}"
+            return f"{NEFF_PREFIX}-{public_version(self.version)}{self.key}"
         return f"{INDUCTOR_PREFIX}-{self.version}"
 
     @property
     def accepted_prefixes(self) -> tuple[str, ...]:
         """Every spelling of this compiler's prefix a target may name: the canonical one first,
         then, for neuronx-cc, the installed version with its build hash (as Neuron's own caches
-        name their folders, e.g. ``neuronxcc-2.16.372.0+4a9b2326``)."""
-        spelled_out = f"{NEFF_PREFIX if self.kind == 'neff' else INDUCTOR_PREFIX}-{self.version}"
-        return tuple(dict.fromkeys((self.prefix, spelled_out)))
+        name their folders, e.g. ``neuronxcc-2.16.372.0+4a9b2326``), then the same two without
+        the target and LNC (the seed buckets' layout, and targets written before the key)."""
+        family = NEFF_PREFIX if self.kind == "neff" else INDUCTOR_PREFIX
+        spelled_out = f"{family}-{self.version}{self.key}"
+        unkeyed = (f"{family}-{public_version(self.version)}", f"{family}-{self.version}")
+        return tuple(dict.fromkeys((self.prefix, spelled_out, *unkeyed)))
 
     def check_prefix(self, named: str, uri: str) -> None:
         """Refuse a target that names another compiler's prefix (``named``)."""
@@ -87,12 +117,24 @@ def public_version(version: str) -> str:
 
 
 def describe_prefix(prefix: str) -> str:
-    """``neuronxcc-2.28.0`` -> ``neuronx-cc 2.28.0``; ``inductor-torch-2.13.0`` -> ``torch 2.13.0``."""
+    """``neuronxcc-2.28.0`` -> ``neuronx-cc 2.28.0``; ``inductor-torch-2.13.0`` -> ``torch 2.13.0``;
+    ``neuronxcc-2.28.0-trn2-lnc1`` -> ``neuronx-cc 2.28.0 for trn2 at LNC 1``."""
     match = PREFIX_PATTERN.fullmatch(prefix)
     if match is None:
         return prefix
     name = "neuronx-cc" if match["family"] == NEFF_PREFIX else "torch (inductor)"
-    return f"{name} {match['version']}"
+    key = f" for {match['target']} at LNC {match['lnc']}" if match["target"] else ""
+    return f"{name} {match['version']}{key}"
+
+
+def neuron_target(environ: dict[str, str], instance: str | None) -> str | None:
+    """The compile target of this machine: MODEL_SUPPORT_NEURON_TARGET, else the instance
+    family's (trn2.3xlarge and trn2u.48xlarge are both trn2); None when neither is known."""
+    named = (environ.get(NEURON_TARGET_ENV) or "").strip().lower()
+    if named:
+        return named
+    family = (instance or "").strip().lower().split(".", 1)[0]
+    return NEURON_TARGETS.get(family)
 
 
 def _version(distribution: str) -> str | None:
@@ -132,7 +174,8 @@ def installed_compiler_cache(
                 f"cache: unset it to use a compile cache"
             )
         local = env.get(NEFF_CACHE_DIR_ENV) or NEFF_DEFAULT_DIR
-        return CompilerCache("neff", "neuronx-cc", version, Path(local))
+        target, lnc = neff_key(env)
+        return CompilerCache("neff", "neuronx-cc", version, Path(local), target, lnc)
     if backend is not None and backend not in _OTHER_BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: expected neuron, cpu, cuda or auto")
     version = _version("torch")
@@ -140,6 +183,34 @@ def installed_compiler_cache(
         raise CacheDisabled("torch is not installed here: there is no compiler cache to use")
     local = env.get(INDUCTOR_CACHE_DIR_ENV) or _inductor_default_dir()
     return CompilerCache("inductor", "torch", version, Path(local))
+
+
+def neff_key(environ: dict[str, str]) -> tuple[str, int]:
+    """The compile target and LNC a NEFF compiled here is for, as run.py reads them (the LNC:
+    NEURON_LOGICAL_NC_CONFIG, the node's file, else the family's default). Raises CacheDisabled
+    when either cannot be known: a NEFF cache is never shared across them."""
+    from model_support.runner import run as runner
+
+    instance = environ.get("MODEL_SUPPORT_INSTANCE_TYPE") or runner.instance_type()
+    target = neuron_target(environ, instance)
+    text = None
+    with contextlib.suppress(OSError):
+        text = Path(runner.LNC_CONFIG_FILE).read_text()
+    try:
+        lnc, _ = runner.effective_lnc(environ, text, instance)
+    except runner.InfrastructureError as exc:
+        raise CacheDisabled(f"the NEFF cache is kept per LNC, and {exc}") from exc
+    if target is None or lnc is None:
+        unknown = " and ".join(
+            what for what, value in (("compile target", target), ("LNC", lnc)) if value is None
+        )
+        raise CacheDisabled(
+            "the NEFF cache is kept per compile target and logical NeuronCore size, and the "
+            f"{unknown} cannot be known here (instance type {instance or 'unknown'}): set "
+            f"MODEL_SUPPORT_INSTANCE_TYPE (e.g. trn2.48xlarge) or {NEURON_TARGET_ENV}, and "
+            "NEURON_LOGICAL_NC_CONFIG"
+        )
+    return target, lnc
 
 
 def _inductor_default_dir() -> str:

@@ -38,3 +38,10 @@ class LocalCacheError(CompileCacheError):
     permissions): the local disk is at fault, not the target."""
 
     label = "local-disk"
+
+
+class UnreadableLayout(BadCacheTarget):
+    """The target holds files for this compiler, but in a layout its cache does not use (a
+    PyTorch/XLA cache where a TorchNeuron one was expected): nothing there could be pulled."""
+
+    label = "unreadable-layout"

@@ -1,10 +1,17 @@
 """What a complete entry is in each compiler's on-disk cache, and how one is written in place.
 
-**TorchNeuron's NEFF cache** (``TORCH_NEURONX_NEFF_CACHE_DIR``): an entry is one file
-``<k[0:2]>/<k[2:4]>/<k>.neff`` with ``k`` 32 hex digits. TorchNeuron writes it to a
-``.tmp.XXXXXX`` file in the same folder and renames it into place, so a file under its final
-name is whole; a zero-size file is how TorchNeuron marks a miss. Its locks live elsewhere
-(``TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR``). Anything else in the folder is not an entry.
+**TorchNeuron's NEFF cache** (``TORCH_NEURONX_NEFF_CACHE_DIR``): TorchNeuron's sources have
+two writers, each with its own layout, and an entry is one file of either:
+
+* the C++ writer's ``<k[0:2]>/<k[2:4]>/<k>.neff``, ``k`` 32 hex digits;
+* the Python writer's ``<k>/<k>.neff``, ``k`` a SHA-256 (64 hex digits), its key covering the
+  compiler version and the LNC.
+
+TorchNeuron writes an entry to a ``.tmp.XXXXXX`` file in the same folder and renames it into
+place, so a file under its final name is whole; a zero-size file is how TorchNeuron marks a
+miss. Its locks live elsewhere (``TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR``). Anything else in the
+folder is not an entry, and a target holding only such files is in a layout this module does
+not read (:func:`layout_problem`), for example the PyTorch/XLA cache of optimum-neuron.
 
 **Inductor's caches** (``TORCHINDUCTOR_CACHE_DIR``, read from torch 2.13's
 ``torch/_inductor/codecache.py``): every file is keyed by a hash, so each file is an entry:
@@ -41,6 +48,13 @@ from model_support.compile_cache.compilers import CacheKind
 _NEFF_ENTRY = re.compile(
     r"^(?P<a>[0-9a-fA-F]{2})/(?P<b>[0-9a-fA-F]{2})/(?P<key>[0-9a-fA-F]{32})\.neff$"
 )
+_NEFF_SHA_ENTRY = re.compile(r"^(?P<key>[0-9a-fA-F]{64})/(?P=key)\.neff$")
+NEFF_LAYOUTS = {
+    "sharded": "<k[0:2]>/<k[2:4]>/<k>.neff, k 32 hex digits (TorchNeuron's C++ cache writer)",
+    "sha256": "<sha256>/<sha256>.neff (TorchNeuron's Python cache writer)",
+}
+"""The NEFF cache layouts this module reads, by name, as a message names them."""
+_XLA_MODULE = re.compile(r"(?:^|/)MODULE_[0-9A-Za-z]+\+[0-9A-Za-z]+/")
 _COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]{0,199}$")
 _MAX_DEPTH = 6
 _INDUCTOR_EXCLUDED_TOP = {"locks", "signatures"}  # signatures: manifests (see .trust)
@@ -81,15 +95,45 @@ def is_entry_path(kind: CacheKind, path: str) -> bool:
     if not safe_relative_path(path):
         return False
     if kind == "neff":
-        match = _NEFF_ENTRY.fullmatch(path)
-        if match is None:
-            return False
-        return match["key"].lower().startswith((match["a"] + match["b"]).lower())
+        return neff_layout(path) is not None
     top = path.split("/", 1)[0]
     return (
         "/" in path
         and top not in _INDUCTOR_EXCLUDED_TOP
         and not path.endswith(_INDUCTOR_EXCLUDED_SUFFIXES)
+    )
+
+
+def neff_layout(path: str) -> str | None:
+    """Which of TorchNeuron's cache layouts ``path`` is an entry of (a key of NEFF_LAYOUTS);
+    None when it is in neither."""
+    match = _NEFF_ENTRY.fullmatch(path)
+    if match is not None and match["key"].lower().startswith((match["a"] + match["b"]).lower()):
+        return "sharded"
+    if _NEFF_SHA_ENTRY.fullmatch(path) is not None:
+        return "sha256"
+    return None
+
+
+def layout_problem(kind: CacheKind, paths: list[str], where: str) -> str | None:
+    """Why the files at ``where`` cannot seed this cache: they are there but none is an entry
+    of a layout this module reads (None when some are, or when there are none at all)."""
+    if not paths or any(is_entry_path(kind, path) for path in paths):
+        return None
+    sample = ", ".join(sorted(paths)[:3])
+    if kind != "neff":
+        return f"{where} holds {len(paths)} file(s) but no inductor cache entry (e.g. {sample})"
+    known = "; ".join(NEFF_LAYOUTS.values())
+    xla = (
+        " Their MODULE_<hash>+<hash>/ folders are the PyTorch/XLA compile cache's layout "
+        "(torch-neuronx 2.9 and earlier, optimum-neuron's cache), whose NEFFs TorchNeuron "
+        "does not load."
+        if any(_XLA_MODULE.search(path) for path in paths)
+        else ""
+    )
+    return (
+        f"{where} holds {len(paths)} file(s) in no layout TorchNeuron's NEFF cache uses (e.g. "
+        f"{sample}).{xla} Read are: {known}."
     )
 
 

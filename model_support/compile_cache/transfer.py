@@ -27,6 +27,7 @@ from model_support.compile_cache.errors import (
     CompileCacheError,
     LocalCacheError,
     TargetUnavailable,
+    UnreadableLayout,
 )
 from model_support.compile_cache.target import (
     LocalTarget,
@@ -278,6 +279,15 @@ def pull(
     session.target, objects = _matching_prefix(session)
     report = session.report("pull")
     grouped, _ = _by_path(kind, objects)
+    if not grouped:
+        paths = [parse_object(o).path for o in objects]
+        problem = layouts.layout_problem(
+            kind,
+            [path for path in paths if not path.startswith(f"{SIGNATURES_DIR}/")],
+            session.target.prefix_uri,
+        )
+        if problem:
+            raise UnreadableLayout(problem)
     report.prefix_matched = bool(grouped)
     if not grouped:
         held = session.target.target.prefixes()

@@ -11,18 +11,28 @@ Trainium2 devices through a ResourceClaimTemplate instead of ``aws.amazon.com/ne
 - the LNC is set on the claim (opaque ``NeuronConfig``, ``logicalNeuronCore``). It is the
   test's ``spec.lnc``, else the chart's ``neuron.dra.defaultLnc``; sizing uses the same value,
   so the cores counted are the cores the devices show, and the runner container gets it in
-  ``NEURON_LOGICAL_NC_CONFIG`` (:func:`runtime_lnc`), the only LNC setting TorchNeuron reads.
+  ``NEURON_LOGICAL_NC_CONFIG`` (:func:`runtime_lnc`), the only LNC setting TorchNeuron reads;
+- the devices are selected by their instance type, as AWS's example claims do (a CEL selector
+  on the driver's ``instanceType`` attribute): the test's ``spec.instanceType``, else every
+  trn2 type whose devices hold the claim; and, where the chart names one
+  (``neuron.dra.driverVersion``), by their driver's version (``neuronDriverVersion``).
+
+Without DRA (the device plugin) the LNC is a node setting the pod cannot choose:
+:func:`node_lnc` is the test's own where nodes carry an LNC label, else the chart's
+``runner.defaultLnc`` (the node groups' LNC; AWS's EKS guide: 2 unless the launch template
+sets 1), and a test is refused when neither is known.
 
 Facts and sources: docs/trainium.md ("LNC and DRA").
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from model_support.hardware import DEFAULT_LNC, get_profile
+from model_support.hardware import DEFAULT_LNC, get_profile, instance_types_holding
 from model_support.operator.settings import NeuronDraSettings, OperatorSettings
 from model_support.operator.spec import TestSpec
 
@@ -41,6 +51,11 @@ class DraError(ValueError):
     """A test cannot be claimed through DRA as written; the message says what to change."""
 
 
+class UnknownLnc(ValueError):
+    """The LNC a test would run at cannot be known (device plugin, no LNC label, no default);
+    the message says what to set."""
+
+
 @dataclass(frozen=True)
 class DeviceClaim:
     """What one runner pod claims: whole devices, their connected group, and the LNC."""
@@ -48,6 +63,8 @@ class DeviceClaim:
     devices: int
     lnc: int
     connected_group: int | None
+    instance_types: tuple[str, ...] = ()
+    """The instance types whose devices may be claimed (empty: any)."""
 
     @property
     def group_attribute(self) -> str | None:
@@ -83,18 +100,49 @@ applies, never the node's /opt/aws/neuron/logical_nc_config (docs/trainium.md, "
 
 def runtime_lnc(spec: TestSpec, settings: OperatorSettings) -> int | None:
     """The LNC a test is sized and placed for, which its runner must run at: the claim's under
-    DRA, else the test's own ``spec.lnc``, else the profile's default (trn2: 2); None for a
-    profile without logical cores. Raises DraError when DRA has no LNC to claim."""
+    DRA, else :func:`node_lnc`; None for a profile without logical cores. Raises DraError when
+    DRA has no LNC to claim, UnknownLnc when the nodes' LNC is not known."""
     dra = dra_settings(spec, settings)
     if dra is not None:
         return claim_lnc(spec, dra)
     if not spec.profile_info.neuron:
         return None
-    return spec.lnc or DEFAULT_LNC.get(spec.profile)
+    return node_lnc(spec, settings)
 
 
-def device_claim(cores: int, lnc: int) -> DeviceClaim:
-    """The fewest whole trn2 devices that hold ``cores`` logical cores at ``lnc``."""
+def node_lnc(spec: TestSpec, settings: OperatorSettings) -> int | None:
+    """The LNC of the nodes a device-plugin test runs on (None: a profile without LNC).
+
+    With ``runner.lncNodeLabel`` the pod selects nodes by their LNC: the test's own, else the
+    profile's default. Without it no pod can know a node's LNC (on EKS it is set in a node
+    group's launch template, which adds no label), so the test runs at the chart's
+    ``runner.defaultLnc``, the LNC the cluster's node groups are declared to use; a test asking
+    for another LNC, or any test when no default is declared, is refused (UnknownLnc)."""
+    if spec.profile not in DEFAULT_LNC:
+        return spec.lnc
+    if settings.lnc_node_label:
+        return spec.lnc or DEFAULT_LNC[spec.profile]
+    declared = settings.runner_default_lnc
+    if declared is None:
+        raise UnknownLnc(
+            f"the LNC of this cluster's {spec.profile} nodes is not known to the operator: "
+            "set spec.lnc, or the chart's runner.defaultLnc to the LNC the node groups run at "
+            "(AWS's EKS guide: 2 unless their launch template sets 1), or label the nodes "
+            "with their LNC (runner.lncNodeLabel), or use DRA (neuron.dra.enabled)"
+        )
+    if spec.lnc is not None and spec.lnc != declared:
+        raise UnknownLnc(
+            f"spec.lnc={spec.lnc} needs nodes labelled with their LNC, and this operator "
+            "has no lncNodeLabel configured (chart value runner.lncNodeLabel) nor DRA "
+            f"(neuron.dra.enabled): its {spec.profile} nodes are declared to run at LNC "
+            f"{declared} (runner.defaultLnc); LNC is a node setting, not one a pod can choose"
+        )
+    return declared
+
+
+def device_claim(cores: int, lnc: int, instance_type: str | None = None) -> DeviceClaim:
+    """The fewest whole trn2 devices that hold ``cores`` logical cores at ``lnc``, on
+    ``instance_type`` (else on any trn2 type whose devices hold them)."""
     profile = get_profile(DRA_PROFILE, lnc)
     per_device = profile.cores_per_device
     needed = math.ceil(cores / per_device)
@@ -107,7 +155,28 @@ def device_claim(cores: int, lnc: int) -> DeviceClaim:
     # Only whole connected groups are placed (1, 4, 8 or 16 devices): 2 devices are 4.
     devices = math.ceil(profile.pod_cores(cores) / per_device)
     group = None if devices == 1 else next(g for g in CONNECTED_GROUPS if g >= devices)
-    return DeviceClaim(devices, lnc, group)
+    types = (instance_type,) if instance_type else tuple(instance_types_holding("trn2", devices))
+    return DeviceClaim(devices, lnc, group, types)
+
+
+def _cel_string(value: str) -> str:
+    """``value`` as a CEL string literal (JSON's escapes are CEL's)."""
+    return json.dumps(value)
+
+
+def device_selectors(claim: DeviceClaim, dra: NeuronDraSettings) -> list[dict[str, Any]]:
+    """The claim's CEL selectors: the devices' instance type and, where set, driver version
+    (the attributes AWS's example claims select by, deploy/eks/dra.rst)."""
+    attributes = f"device.attributes[{_cel_string(dra.device_attribute_domain)}]"
+    conditions = []
+    if len(claim.instance_types) == 1:
+        conditions.append(f"{attributes}.instanceType == {_cel_string(claim.instance_types[0])}")
+    elif claim.instance_types:
+        listed = ", ".join(_cel_string(t) for t in claim.instance_types)
+        conditions.append(f"{attributes}.instanceType in [{listed}]")
+    if dra.driver_version:
+        conditions.append(f"{attributes}.neuronDriverVersion == {_cel_string(dra.driver_version)}")
+    return [{"cel": {"expression": " && ".join(conditions)}}] if conditions else []
 
 
 def build_claim_template(
@@ -123,6 +192,11 @@ def build_claim_template(
                     "deviceClassName": dra.device_class_name,
                     "allocationMode": "ExactCount",
                     "count": claim.devices,
+                    **(
+                        {"selectors": selectors}
+                        if (selectors := device_selectors(claim, dra))
+                        else {}
+                    ),
                 },
             }
         ],

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from model_support import hardware
+from model_support.compile_cache.compilers import NEURON_TARGET_ENV
 from model_support.delivery import slot_subpath
 from model_support.operator.dra import (
     LNC_ENV,
@@ -448,6 +449,9 @@ def _shared_env(
         # TorchNeuron reads only this variable (else trn2's default, 2), never the node's LNC
         # file: the runtime must run at the LNC the test was sized, selected and claimed for.
         env.append({"name": LNC_ENV, "value": str(lnc)})
+    if spec.profile_info.neuron and spec.profile in hardware.INSTANCE_DEVICES:
+        # The compile target the NEFF cache is kept by, whichever instance type the pod lands on.
+        env.append({"name": NEURON_TARGET_ENV, "value": spec.profile})
     return env
 
 
@@ -698,9 +702,21 @@ def _scheduling(
     profile = spec.profile_info
     node_selector: dict[str, str] = {}
     tolerations: list[dict[str, Any]] = [dict(_NEURON_TOLERATION)] if profile.neuron else []
-    instance_type = spec.instanceType or profile.instance_type
-    if instance_type is not None:
-        node_selector[INSTANCE_TYPE_LABEL] = instance_type
+    affinity: dict[str, Any] | None = None
+    types = instance_types(spec, placement, lnc)
+    if len(types) == 1:
+        node_selector[INSTANCE_TYPE_LABEL] = types[0]
+    elif types:
+        # Any of the profile's instance types whose devices hold the pod (trn2.3xlarge for one
+        # device, trn2.48xlarge or an UltraServer's trn2u/trn2p/trn2eu for more).
+        term = {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": types}
+        affinity = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [term]}]
+                }
+            }
+        }
     if (
         profile.name in hardware.LNC_CHOICES
         and settings.lnc_node_label
@@ -720,6 +736,8 @@ def _scheduling(
     fields: dict[str, Any] = {}
     if node_selector:
         fields["nodeSelector"] = node_selector
+    if affinity:
+        fields["affinity"] = affinity
     if tolerations:
         fields["tolerations"] = tolerations
     if scheduler:
@@ -727,6 +745,20 @@ def _scheduling(
     if spec.scheduling.priorityClassName:
         fields["priorityClassName"] = spec.scheduling.priorityClassName
     return fields
+
+
+def instance_types(spec: TestSpec, placement: Placement, lnc: int | None) -> list[str]:
+    """The instance types a test's pod may run on: its spec.instanceType, else those of its
+    profile whose devices hold the pod's cores (hardware.INSTANCE_DEVICES), else the profile's
+    own type; empty for a profile without one (cpu)."""
+    profile = spec.profile_info
+    if spec.instanceType:
+        return [spec.instanceType]
+    if profile.neuron and spec.profile in hardware.INSTANCE_DEVICES:
+        per_device = hardware.get_profile(spec.profile, lnc).cores_per_device
+        devices = -(-placement.held_cores // per_device)
+        return hardware.instance_types_holding(spec.profile, devices)
+    return [profile.instance_type] if profile.instance_type else []
 
 
 def _pod_security(settings: OperatorSettings) -> dict[str, Any]:

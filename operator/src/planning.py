@@ -20,10 +20,12 @@ from model_support.hardware import LNC_CHOICES, get_profile
 from model_support.hub import is_unreachable
 from model_support.operator.dra import (
     DraError,
+    UnknownLnc,
     build_claim_template,
     claim_lnc,
     device_claim,
     dra_settings,
+    node_lnc,
 )
 from model_support.operator.manifests import (
     Placement,
@@ -305,12 +307,12 @@ def place(
             lnc = claim_lnc(spec, dra)
         except DraError as exc:
             raise InvalidTest(str(exc)) from exc
-    elif spec.lnc is not None and spec.profile in LNC_CHOICES and not settings.lnc_node_label:
-        raise InvalidTest(
-            f"spec.lnc={spec.lnc} needs nodes labelled with their LNC, and this operator "
-            "has no lncNodeLabel configured (chart value runner.lncNodeLabel) nor DRA "
-            "(neuron.dra.enabled); LNC is a node setting, not one a pod can choose"
-        )
+    elif spec.profile in LNC_CHOICES and spec.profile_info.neuron:
+        # The device plugin: the LNC is the nodes', sized for as the runner will run at it.
+        try:
+            lnc = node_lnc(spec, settings)
+        except UnknownLnc as exc:
+            raise InvalidTest(str(exc)) from exc
     config = spec.run_config(spec.cores or 1, spec.parallelism or Parallelism.NONE)
     try:
         # The CLI's path (runpath.prepare): the revision pinned (already, by pin), then sized.
@@ -346,7 +348,7 @@ def place(
     placement = placement_for(plan, settings)
     if dra is not None and lnc is not None:
         try:
-            claim = device_claim(placement.cores, lnc)
+            claim = device_claim(placement.cores, lnc, spec.instanceType)
         except DraError as exc:
             raise InvalidTest(str(exc)) from exc
         per_device = get_profile(spec.profile, lnc).cores_per_device
@@ -386,7 +388,7 @@ def claim_template(
     if dra is None:
         return None
     try:
-        claim = device_claim(placement.cores, claim_lnc(spec, dra))
+        claim = device_claim(placement.cores, claim_lnc(spec, dra), spec.instanceType)
     except DraError as exc:
         raise InvalidTest(str(exc)) from exc
     metadata = {
@@ -431,6 +433,6 @@ def children(
             settings=settings,
             delivery=delivery_wiring(store_uri(spec, settings), settings, slot, job_name),
         )
-    except DraError as exc:  # the LNC to claim and run at is unknown (see place)
+    except (DraError, UnknownLnc) as exc:  # the LNC to run at is unknown (see place)
         raise InvalidTest(str(exc)) from exc
     return configmap, job

@@ -46,12 +46,11 @@ class RunnerStack(BaseModel):
     transformers: str | None = Field(None, min_length=1, description="transformers' version.")
 
 
-DEFAULT_RUNNER_STACK = RunnerStack(neuronx_cc="2.28.7631.0", transformers="5.24.0")
-"""What images/runner/Dockerfile's default build pins for certain: its base image's Neuron SDK
-2.33.0, whose compiler is neuronx-cc 2.28.7631.0 (the release's package list, docs/trainium.md),
-and its TRANSFORMERS_VERSION; the two versions that name a Trainium row's results file. torch is
-left undeclared: the base image's tag names the torch-neuronx line (2.14), not the exact torch
-build inside it, and a wrong guess would turn every run on the default image into an ERROR."""
+DEFAULT_RUNNER_STACK = RunnerStack(neuronx_cc="2.28.7631.0", torch="2.14.0", transformers="5.24.0")
+"""What images/runner/Dockerfile's default build pins for certain: its base's Neuron SDK 2.33.0
+row of docs/neuron-releases.md (neuronx-cc 2.28.7631.0, torch 2.14.0; the base recipe installs
+exactly these, a test keeps them equal) and its TRANSFORMERS_VERSION: the versions that name a
+Trainium row's results file. A pod reporting another is recorded ERROR infrastructure."""
 
 
 class NeuronDraSettings(BaseModel):
@@ -73,6 +72,21 @@ class NeuronDraSettings(BaseModel):
         2,
         description="LNC of claims for tests that name no spec.lnc (trn2's default); None = such tests are refused.",
     )
+    driver_version: str | None = Field(
+        None,
+        min_length=1,
+        description="Claim only devices whose Neuron driver is this version (the device attribute neuronDriverVersion, as AWS's example claims select it); None = any.",
+    )
+    device_attribute_domain: str = Field(
+        "neuron.aws.com",
+        min_length=1,
+        description="Domain of the driver's device attributes (instanceType, neuronDriverVersion) in claim selectors.",
+    )
+
+    @field_validator("driver_version", mode="before")
+    @classmethod
+    def _empty_is_any(cls, value: object) -> object:
+        return None if value == "" else value
 
 
 class OperatorSettings(BaseModel):
@@ -241,6 +255,10 @@ class OperatorSettings(BaseModel):
     lnc_node_label: str | None = Field(
         None,
         description="Node label holding a trn2 node's logical NeuronCore config (LNC); runner pods select nodes with the LNC they were sized for. Without it a test cannot ask for an LNC.",
+    )
+    runner_default_lnc: Literal[1, 2] | None = Field(
+        2,
+        description="The LNC the cluster's trn2/trn3 nodes run at, where no lncNodeLabel says it per node (device plugin): tests that name no spec.lnc are sized and run at it. AWS's EKS guide: trn2 node groups run at LNC 2 unless their launch template sets 1. None = such tests are refused.",
     )
     neuron_dra: NeuronDraSettings | None = Field(
         None,
@@ -423,6 +441,7 @@ class _VolumeValues(_ValuesBlock):
 class _RunnerValues(_ValuesBlock):
     schedulerName: str | None = None
     lncNodeLabel: str | None = None
+    defaultLnc: Literal[1, 2] | None = None
     serviceAccountName: str | None = None
     env: list[dict[str, Any]] | None = None
     envFrom: list[dict[str, Any]] | None = None
@@ -509,6 +528,8 @@ def settings_from_values(values: dict[str, Any]) -> OperatorSettings:
     ):
         if runner.get(value_key):
             base[settings_key] = runner[value_key]
+    if "defaultLnc" in runner:  # null is a value: tests without spec.lnc are then refused
+        base["runnerDefaultLnc"] = runner["defaultLnc"]
     dra = (values.get("neuron") or {}).get("dra") or {}
     if dra.get("enabled"):
         base["neuronDra"] = {key: value for key, value in dra.items() if key != "enabled"}

@@ -45,7 +45,11 @@ def test_this_cpu_machine_cannot_run_trainium_tests(hub: HubServer, tmp_path: Pa
         "versions",
         "cores and LNC",
         "compile cache folder",
+        "fallback setting",
+        "runtime and driver",
+        "device facts",
         "TorchNeuron",
+        "smoke test",
         "compile cache target",
         "results store",
         "Hub",
@@ -53,9 +57,16 @@ def test_this_cpu_machine_cannot_run_trainium_tests(hub: HubServer, tmp_path: Pa
     assert (
         not checks["device files"]["ok"] and "no /dev/neuron*" in checks["device files"]["detail"]
     )
+    assert "aws.amazon.com/neuroncore" in checks["device files"]["fix"]  # each failure's fix
     assert "torch-neuronx missing" in checks["versions"]["detail"]
     assert "torch_neuronx failed to import" in checks["TorchNeuron"]["detail"]
     assert "neuronx-cc is not installed" in checks["compile cache target"]["detail"]
+    assert all(c["fix"] for c in checks.values() if c["status"] == "FAILED")
+    # Nothing to prove on a machine without a Neuron device: not applicable, not failed.
+    for name in ("smoke test", "device facts", "runtime and driver"):
+        assert checks[name]["status"] == "n/a", checks[name]
+    # a sharded run takes its own devices' cores, not cores 0..n-1
+    assert "0..n-1" not in checks["cores and LNC"]["detail"]
     # what this machine does have passes
     assert checks["results store"]["ok"], checks["results store"]
     assert checks["Hub"]["ok"] and "org/open readable" in checks["Hub"]["detail"]
@@ -80,7 +91,7 @@ def test_a_gated_model_needs_a_token_with_access(
     hub: HubServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, checks = _doctor("--model", "org/gated")
-    assert not checks["Hub"]["ok"] and "HF_TOKEN" in checks["Hub"]["detail"]
+    assert not checks["Hub"]["ok"] and "HF_TOKEN" in checks["Hub"]["fix"]
     monkeypatch.setenv("HF_TOKEN", "hf_ok")
     _, checks = _doctor("--model", "org/gated")
     assert checks["Hub"]["ok"], checks["Hub"]
@@ -101,7 +112,7 @@ def test_the_compile_cache_target_must_hold_the_installed_compilers_prefix(tmp_p
 def test_the_table_prints_what_it_found_as_text(hub: HubServer, tmp_path: Path) -> None:
     """Details are data: a path with Rich markup in it is printed as typed."""
     odd = tmp_path / "[bold]x[/bold]"
-    result = CliRunner().invoke(app, ["doctor", "--results", str(odd)])
+    result = CliRunner().invoke(app, ["doctor", "--results", str(odd)], env={"COLUMNS": "400"})
     assert result.exit_code == 1
     assert "FAILED" in result.stdout and "device files" in result.stdout
     assert "[bold]x[/bold]" in result.stdout.replace("\n", "").replace(" ", "")

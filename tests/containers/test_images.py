@@ -36,7 +36,8 @@ def _base_default(dockerfile: str) -> str:
 
 def test_the_dockerfiles_keep_their_production_bases(images: Images) -> None:
     # The tests pass the local Debian base; the Dockerfiles' defaults stay the production ones.
-    assert _base_default(RUNNER_DOCKERFILE).startswith("public.ecr.aws/neuron/")
+    # The runner's default base is the recipe's image (docs/neuron-releases.md), built first.
+    assert _base_default(RUNNER_DOCKERFILE).startswith("model-support/torchneuron-base:sdk")
     assert _base_default(OPERATOR_DOCKERFILE).startswith("python:3.11")
     assert _base_default(TORCHNEURON_BASE_DOCKERFILE).startswith(
         "public.ecr.aws/docker/library/ubuntu:"

@@ -18,7 +18,7 @@ from k8s_harness import CLAIM_TEMPLATES_URL, JOBS_URL, MODEL, TESTS_URL, Harness
 from test_operator_lifecycle import records, runner_log
 from test_render import TEST_UID, chart_values, manifest, render, strip_server_fields
 
-from model_support.operator.dra import DraError, device_claim
+from model_support.operator.dra import DraError, build_claim_template, device_claim
 from model_support.operator.manifests import Placement, TestRef, build_job
 from model_support.operator.planning import InvalidTest, claim_template, place
 from model_support.operator.resource import child_name, run_id_for
@@ -56,6 +56,22 @@ its FailJob rule) and the operator retries in a new Job. (A runner stopped by SI
 which the Job ignores and replaces itself: no new attempt.)"""
 
 
+def selects(selector: dict[str, Any], instance_type: str, driver: str = "2.31.7.0") -> bool:
+    """Whether the claim's CEL selector takes a device of ``instance_type`` whose driver is
+    ``driver`` (the attributes the Neuron DRA driver publishes, deploy/eks/dra.rst),
+    evaluated by cel-python."""
+    import celpy
+
+    env = celpy.Environment()
+    program = env.program(env.compile(selector["cel"]["expression"]))
+    device = {
+        "attributes": {
+            "neuron.aws.com": {"instanceType": instance_type, "neuronDriverVersion": driver}
+        }
+    }
+    return bool(program.evaluate({"device": celpy.json_to_cel(device)}))
+
+
 def validate(doc: dict[str, Any]) -> None:
     kubernetes_validate.validate(doc, K8S_DRA, strict=True)
 
@@ -74,11 +90,17 @@ def assert_claims_devices(
 ) -> None:
     claim = template["spec"]["spec"]["devices"]
     [request] = claim["requests"]
+    selectors = request["exactly"].pop("selectors")
     assert request["exactly"] == {
         "deviceClassName": "neuron.aws.com",
         "allocationMode": "ExactCount",
         "count": devices,
     }
+    # The devices of trn2 instances that hold the claim, as AWS's example claims select them.
+    [selector] = selectors
+    assert selects(selector, "trn2.48xlarge") and selects(selector, "trn2u.48xlarge")
+    assert selects(selector, "trn2.3xlarge") == (devices == 1)  # one device only
+    assert not selects(selector, "trn1.32xlarge") and not selects(selector, "inf2.48xlarge")
     [config] = claim["config"]
     assert config["requests"] == [request["name"]]
     assert config["opaque"] == {
@@ -111,7 +133,11 @@ def assert_pod_uses_the_claim(job: dict[str, Any], template_name: str, lnc: int)
     # the claim's LNC (TorchNeuron reads only the variable) and the driver picks the cores.
     assert NEURONCORE not in runner["resources"]["requests"]
     assert NEURONCORE not in runner["resources"]["limits"]
-    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "trn2.48xlarge"}
+    assert "node.kubernetes.io/instance-type" not in pod.get("nodeSelector", {})
+    [term] = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert "trn2.48xlarge" in term["matchExpressions"][0]["values"]
     assert "schedulerName" not in pod
     env = {e["name"]: e.get("value") for e in runner["env"]}
     assert env["NEURON_LOGICAL_NC_CONFIG"] == str(lnc)
@@ -371,3 +397,17 @@ def test_the_chart_grants_claim_templates_only_with_dra(namespaces: list[str]) -
     # The chart's template and settings_from_values (`model-support render`) agree.
     assert settings == settings_from_values(values)
     assert settings_from_values(base).neuron_dra is None
+
+
+def test_a_claim_selects_the_instance_type_a_test_names_and_the_chart_s_driver_version() -> None:
+    """AWS's example claims select devices by instanceType, and by neuronDriverVersion to run
+    on the driver an image was built for: a test naming trn2.3xlarge gets only those devices,
+    and with neuron.dra.driverVersion set only devices of that driver."""
+    dra = NeuronDraSettings(driver_version="2.31.7.0")
+    claim = device_claim(4, 2, "trn2.3xlarge")
+    template = build_claim_template({"name": "t"}, claim, dra)
+    [request] = template["spec"]["spec"]["devices"]["requests"]
+    [selector] = request["exactly"]["selectors"]
+    assert selects(selector, "trn2.3xlarge") and not selects(selector, "trn2.48xlarge")
+    assert not selects(selector, "trn2.3xlarge", driver="2.30.2.0")
+    validate(template)

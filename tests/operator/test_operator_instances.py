@@ -85,8 +85,11 @@ LABEL = "example.com/neuron-lnc"
         # device plugin, nodes labelled with their LNC: the label selected and the runtime agree
         ({"profile": "trn2", "lnc": 1}, {"lnc_node_label": LABEL}, "1"),
         ({"profile": "trn2"}, {"lnc_node_label": LABEL}, "2"),
-        # no label: sizing assumed trn2's default, so the runtime runs at it
+        # no label: the LNC the chart declares the node groups run at (AWS's default, 2) ...
         ({"profile": "trn2"}, {}, "2"),
+        # ... or the LNC 1 a launch template sets, declared in runner.defaultLnc
+        ({"profile": "trn2"}, {"runner_default_lnc": 1}, "1"),
+        ({"profile": "trn2", "lnc": 1}, {"runner_default_lnc": 1}, "1"),
         # DRA: the claim's LNC (the test's, else the chart default)
         ({"profile": "trn2", "lnc": 1}, {"neuron_dra": NeuronDraSettings()}, "1"),
         ({"profile": "trn2"}, {"neuron_dra": NeuronDraSettings(default_lnc=1)}, "1"),
@@ -107,6 +110,53 @@ def test_the_runner_runs_at_the_lnc_it_was_sized_and_placed_for(
     assert seen["env"].get("NEURON_LOGICAL_NC_CONFIG") == lnc
     if LABEL in seen["selector"]:
         assert seen["selector"][LABEL] == lnc
+    # The compile target its NEFF cache is kept by, whichever trn2 type the pod lands on.
+    if spec["profile"] != "cpu":
+        assert seen["env"]["MODEL_SUPPORT_NEURON_TARGET"] == spec["profile"]
+
+
+def test_without_an_lnc_label_the_nodes_lnc_is_never_assumed_silently(
+    tiny_llama_path: Path,
+) -> None:
+    """AWS's EKS guide sets a trn2 node group's LNC in its launch template, which adds no node
+    label: the operator runs tests at the LNC the chart declares for the node groups
+    (runner.defaultLnc), refuses one asking for another LNC, and refuses every test without
+    spec.lnc when the chart declares none."""
+    model = str(tiny_llama_path)
+    declared = OperatorSettings(results_uri="s3://b/r", runner_default_lnc=1)
+    assert isinstance(place(parse_spec({"model": model}), declared, token=None), Placement)
+    with pytest.raises(InvalidTest, match=r"spec.lnc=2 needs nodes labelled.*runner.defaultLnc"):
+        place(parse_spec({"model": model, "lnc": 2}), declared, token=None)
+    unknown = OperatorSettings(results_uri="s3://b/r", runner_default_lnc=None)
+    with pytest.raises(InvalidTest, match=r"not known to the operator: set spec.lnc, or the chart"):
+        place(parse_spec({"model": model}), unknown, token=None)
+    with pytest.raises(InvalidTest, match="not known to the operator"):  # nor can a pod pick
+        place(parse_spec({"model": model, "lnc": 1}), unknown, token=None)
+
+
+def test_a_pod_may_land_on_any_trn2_instance_type_whose_devices_hold_it() -> None:
+    """Not only trn2.48xlarge: trn2.3xlarge holds one device, and the Neuron driver's trn2u,
+    trn2p and trn2eu servers sixteen; a test naming its instanceType gets only that type."""
+
+    def types(spec: dict[str, Any], cores: int) -> list[str]:
+        job = build_job(
+            REF, parse_spec({"model": "a/b", **spec}), Placement(cores, Parallelism.TENSOR, GiB),
+            job_name="j", configmap_name="cm", attempt=1, run_id=run_id_for(REF.uid, 1, 1),
+            settings=OperatorSettings(results_uri="s3://b/r", scheduler_name="neuron-scheduler"),
+        )  # fmt: skip
+        kubernetes_validate.validate(job, K8S, strict=True)
+        pod = job["spec"]["template"]["spec"]
+        if "affinity" not in pod:
+            return [pod["nodeSelector"]["node.kubernetes.io/instance-type"]]
+        required = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        return required["nodeSelectorTerms"][0]["matchExpressions"][0]["values"]
+
+    one_device = types({"cores": 4, "parallelism": "tensor"}, 4)
+    assert one_device == [
+        "trn2.3xlarge", "trn2.48xlarge", "trn2u.48xlarge", "trn2p.48xlarge", "trn2eu.48xlarge"
+    ]  # fmt: skip
+    assert "trn2.3xlarge" not in types({"cores": 16, "parallelism": "tensor"}, 16)
+    assert types({"instanceType": "trn2u.48xlarge"}, 1) == ["trn2u.48xlarge"]
 
 
 def test_the_lnc_is_the_operators_to_set_not_the_charts() -> None:
@@ -124,3 +174,31 @@ def test_a_retry_without_an_lnc_to_claim_is_invalid_not_a_crash() -> None:
     spec = parse_spec({"model": "a/b", "profile": "trn2", "cores": 4, "parallelism": "tensor"})
     with pytest.raises(InvalidTest, match=r"neuron\.dra\.defaultLnc"):
         children(REF, spec, Placement(4, Parallelism.TENSOR, 16 * GiB), settings, 2, "")
+
+
+@pytest.mark.parametrize(
+    ("values", "default_lnc", "driver"),
+    [
+        ({}, 2, None),  # the chart's default: AWS's trn2 default LNC, any driver
+        (
+            {"runner": {"defaultLnc": 1}, "neuron": {"dra": {"driverVersion": "2.31.7.0"}}},
+            1,
+            "2.31.7.0",
+        ),
+        ({"runner": {"defaultLnc": None}}, None, None),  # null: tests must name spec.lnc
+    ],
+)
+def test_the_nodes_lnc_and_the_claims_driver_version_are_chart_values(
+    values: dict[str, Any], default_lnc: int | None, driver: str | None
+) -> None:
+    from test_operator_manifests import chart_settings, render_chart
+
+    from model_support.operator.settings import settings_from_values
+
+    chart = {"results": "s3://bucket/results", **values}
+    if "neuron" in chart:
+        chart["neuron"] = {"dra": {"enabled": True, **chart["neuron"]["dra"]}}
+    settings = chart_settings(render_chart(chart))
+    assert settings == settings_from_values(chart)  # the template and the operator agree
+    assert settings.runner_default_lnc == default_lnc
+    assert (settings.neuron_dra.driver_version if settings.neuron_dra else None) == driver

@@ -98,7 +98,24 @@ async def test_pass_lifecycle(harness: Harness, operator_hub: HubServer) -> None
     assert runner["command"][runner["command"].index("--run-id") + 1] == run_id_for(uid, 1, 1)
     assert "ttlSecondsAfterFinished" not in job["spec"]  # never collected before it is recorded
     assert runner["resources"]["limits"]["aws.amazon.com/neuroncore"] == "1"
-    assert pod_spec["nodeSelector"] == {"node.kubernetes.io/instance-type": "trn2.48xlarge"}
+    # Any trn2 instance type holds one core: trn2.3xlarge and the UltraServers' types too.
+    assert "nodeSelector" not in pod_spec
+    [term] = pod_spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchExpressions"] == [
+        {
+            "key": "node.kubernetes.io/instance-type",
+            "operator": "In",
+            "values": [
+                "trn2.3xlarge",
+                "trn2.48xlarge",
+                "trn2u.48xlarge",
+                "trn2p.48xlarge",
+                "trn2eu.48xlarge",
+            ],
+        }
+    ]
     assert {
         "key": "aws.amazon.com/neuron",
         "operator": "Exists",

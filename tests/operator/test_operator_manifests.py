@@ -497,10 +497,12 @@ def test_full_job_manifest(tmp_path: Path) -> None:
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "trainium"
     pod = spec["template"]["spec"]
     assert pod["schedulerName"] == "my-scheduler" and pod["restartPolicy"] == "Never"
-    assert pod["nodeSelector"] == {
-        "node.kubernetes.io/instance-type": "trn2.48xlarge",
-        "pool": "trn2",
-    }
+    assert pod["nodeSelector"] == {"pool": "trn2"}
+    # 4 cores at LNC 2 are one Trainium2 device: any trn2 type, a trn2.3xlarge included.
+    [term] = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchExpressions"][0]["values"][:2] == ["trn2.3xlarge", "trn2.48xlarge"]
     assert {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"
     ]

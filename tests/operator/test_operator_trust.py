@@ -269,15 +269,13 @@ async def test_a_runner_image_set_without_its_stack_labels_the_rows_stack_as_rep
 
 def test_the_default_runner_image_declares_what_its_dockerfile_pins() -> None:
     dockerfile = (Path(__file__).parents[2] / "images/runner/Dockerfile").read_text()
-    base = re.search(
-        r"^ARG BASE_IMAGE=.*pytorch-training-neuronx:([\d.]+)-.*sdk([\d.]+)", dockerfile, re.M
-    )
+    base = re.search(r"^ARG BASE_IMAGE=.*torchneuron-base:sdk([\d.]+)$", dockerfile, re.M)
     transformers = re.search(r"^ARG TRANSFORMERS_VERSION=(\S+)$", dockerfile, re.M)
     assert base is not None and transformers is not None
     declared = OperatorSettings(results_uri="s3://b/r").declared_runner_stack()
-    # torch is not declared: the tag names the torch-neuronx line, not the exact torch inside.
-    assert (declared.torch, declared.transformers) == (None, transformers[1])
-    assert base[2] == "2.33.0" and declared.neuronx_cc == "2.28.7631.0"  # SDK 2.33.0's compiler
+    # The base recipe pins SDK 2.33.0's compiler and torch exactly (docs/neuron-releases.md).
+    assert (declared.torch, declared.transformers) == ("2.14.0", transformers[1])
+    assert base[1] == "2.33.0" and declared.neuronx_cc == "2.28.7631.0"  # SDK 2.33.0's compiler
     # Another image's versions are not known unless the chart declares them.
     values = {
         "results": "s3://b/r",

@@ -76,9 +76,12 @@ def test_a_model_that_recompiles_every_step_is_an_error_not_an_eager_pass() -> N
     (gemma2,) = build_demo_models(default_cache_dir(), ["tiny-gemma2-softcap"])
     doc = _run(gemma2, compile_backend="aot_eager")
     assert (doc.result, doc.error_class) == (Result.ERROR, "compile"), doc.error
+    # Its own reason: the model's cache cannot compile once; the compiler did not fail.
+    assert doc.error_reason == "recompiles-per-step"
     assert doc.error is not None and doc.error.startswith("EagerFallback: the compiled call ")
     assert "hit torch._dynamo's recompile_limit (8)" in doc.error
-    assert "reasons: 0/0: tensor" in doc.error  # Dynamo's own guard failure, quoted
+    assert "it recompiles at every step" in doc.error
+    assert "Dynamo's guard: 0/0: tensor" in doc.error  # Dynamo's own guard failure, quoted
 
 
 def test_float32_inductor_run_is_exact(demo_models: dict[str, DemoModel]) -> None:

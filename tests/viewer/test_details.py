@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -136,6 +137,7 @@ def test_an_error_shows_stage_time_to_failure_and_traceback(page: AppTest) -> No
     _open(page, "org/errors")
     said = _unescaped(next(m for m in _markdown(page) if m.startswith("**What failed**")))
     assert "`compile`: Compiling the forward failed" in said
+    assert "reason `compiler-error`: The compile stack failed" in said  # not the model's graph
     assert "stage `compile`" in said
     assert "failed after 3 min 0 s" in said
     assert any(c.value == TRACEBACK for c in page.code)
@@ -186,3 +188,26 @@ def test_a_stack_its_runner_pod_reported_says_so_in_the_headline() -> None:
     assert headline.stack({**row, "labels": json.dumps({"stack": "declared"})}) == plain
     reported = headline.stack({**row, "labels": json.dumps({"stack": "reported", "image": "r:1"})})
     assert reported == f"{plain} (as its runner pod reported it)"
+
+
+def test_triage_separates_a_failed_compiler_from_a_graph_that_cannot_compile_once() -> None:
+    """Two compile errors whose messages read alike land in different groups when their
+    reasons differ: the compiler failed, or the model's decode recompiles at every step."""
+    from model_support.viewer import queries
+
+    frame = pd.DataFrame(
+        {
+            "model_id": ["org/a", "org/b", "org/c"],
+            "result": ["ERROR", "ERROR", "ERROR"],
+            "error_class": ["compile", "compile", "compile"],
+            "error_reason": ["recompiles-per-step", "recompiles-per-step", "compiler-error"],
+            "error": [f"RuntimeError: failed at step {step}" for step in (12, 30, 7)],
+        }
+    )
+    groups = queries.triage(frame).set_index("signature")
+    assert groups.loc[
+        "compile (recompiles-per-step): RuntimeError: failed at step <n>", "models"
+    ] == ("org/a, org/b")
+    assert groups.loc["compile (compiler-error): RuntimeError: failed at step <n>", "models"] == (
+        "org/c"
+    )

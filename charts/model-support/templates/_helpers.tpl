@@ -102,6 +102,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- with .Values.runner }}
 {{- if .schedulerName }}{{- $_ := set $s "schedulerName" .schedulerName }}{{- end }}
 {{- if .lncNodeLabel }}{{- $_ := set $s "lncNodeLabel" .lncNodeLabel }}{{- end }}
+{{- if hasKey . "defaultLnc" }}{{- $_ := set $s "runnerDefaultLnc" .defaultLnc }}{{- end }}
 {{- if .serviceAccountName }}{{- $_ := set $s "serviceAccount" .serviceAccountName }}{{- end }}
 {{- if .env }}{{- $_ := set $s "runnerEnv" .env }}{{- end }}
 {{- if .envFrom }}{{- $_ := set $s "runnerEnvFrom" .envFrom }}{{- end }}
@@ -112,6 +113,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $_ := set $s "notifyAttempts" (.Values.notifications.attempts | default 5) }}
 {{- $merged := merge (deepCopy (.Values.settings | default dict)) $s -}}
 {{- if not .Values.metrics.enabled }}{{- $_ := set $merged "metricsPort" nil }}{{- end }}
+{{- /* runner.defaultLnc: null deletes the key (Helm's null): no default LNC, spec.lnc required */}}
+{{- if not (hasKey (.Values.runner | default dict) "defaultLnc") }}{{- $_ := set $merged "runnerDefaultLnc" nil }}{{- end }}
 {{- toJson $merged -}}
 {{- end -}}
 
