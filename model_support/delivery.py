@@ -395,6 +395,8 @@ def _empty(top: int, name: str, budget: int, deadline: float) -> tuple[int, int,
         try:
             os.rmdir(name, dir_fd=top)
             removed += 1
+        except FileNotFoundError:
+            pass  # another remover (the watchdog's sweep beside a recording) got there first
         except OSError as exc:  # written meanwhile, or not ours to remove: the next call
             log.warning("a removed delivery slot's %s stays for now: %s", name, exc)
     return removed, spent + 1, moved

@@ -7,12 +7,24 @@ into the commit it names now, so the stored run.py loads exactly the weights tha
 whenever it is run again; :func:`prepare` pins and sizes (``sizing.size_run``). The CLI, the
 demo, ``model-support render`` and the operator's planning call these.
 
-After run.py: :func:`read_result` reads what it left and :func:`document_for_end` makes the
-document to record, with one policy wherever run.py ran (``execution.run_script`` here,
-``runner_pod`` in a pod): a document that does not validate is an ERROR that says so, and a run
-that left none is an ERROR of the class its end proves (out of memory only where the kernel's
-own report says so: the memory cgroup's OOM kill count here, the container's ``OOMKilled`` in
-a cluster), never a guess.
+After run.py: :func:`document_for_run` is the one policy for what a run left, wherever it ran
+(``execution.run_script`` here, ``runner_pod`` in a pod, the operator reading a finished Job):
+
+1. what the run's end proves whatever the run wrote stands first (a Job's deadline, the runner
+   container's OOM kill, a runner that never started: a pod's document cannot undo them);
+2. then each place a document may be, in the order of trust the caller gives (here what
+   :func:`read_result` found: the result file, else the marked output line; for a finished Job
+   the delivery, what Kubernetes says of a Job that ended for the cluster's reasons, the log,
+   the termination message): the first valid document is the run's; one that does not
+   validate is noted and the next place is read; a place that cannot be read now (a store or
+   API outage) decides nothing yet;
+3. none valid: the end says what it proves (:meth:`End.without_document`): an ERROR of the
+   class it proves (out of memory only where the kernel's own report says so: the memory
+   cgroup's OOM kill count here, the container's ``OOMKilled`` in a cluster), one that says a
+   document was malformed, or nothing where whoever reads is not the last to see the run.
+
+:func:`read_result` reads the places of a local run; :func:`document_for_end` applies the
+policy to them with a process's end (:class:`RunEnd`).
 """
 
 from __future__ import annotations
@@ -20,10 +32,11 @@ from __future__ import annotations
 import contextlib
 import re
 import signal
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from pydantic import ValidationError
 
@@ -192,6 +205,64 @@ def _problem(exc: Exception) -> str:
     return str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
 
 
+@dataclass(frozen=True)
+class Unavailable:
+    """What the run left cannot be read now (a store or API outage): nothing is decided yet."""
+
+    reason: str
+
+
+Found = ResultDocument | Malformed | Unavailable | None
+"""What one place holds: a valid document, one that does not validate, nothing readable yet, or
+nothing at all."""
+
+Source = TypeVar("Source")
+
+
+class End(Protocol):
+    """How a run ended, as whoever reads what it left saw it (a process, a Job)."""
+
+    def standing(self, config: RunConfig) -> ResultDocument | None:
+        """The document the end proves whatever the run wrote (None: what it wrote decides)."""
+        ...
+
+    def without_document(
+        self, config: RunConfig, malformed: list[Malformed]
+    ) -> ResultDocument | Unavailable | None:
+        """The document when the run left no valid one (``malformed``: those that did not
+        validate, in order); None when this end cannot tell (whoever reads is not the last to
+        see the run); Unavailable when it cannot tell yet."""
+        ...
+
+
+def document_for_run(
+    config: RunConfig,
+    places: Iterable[tuple[Source, Callable[[], Found]]],
+    end: End,
+    *,
+    ended_by: Source,
+) -> tuple[ResultDocument, Source] | Unavailable | None:
+    """The document to record for a run of ``config``, and where it came from (``ended_by``:
+    the end itself): the policy of the module docstring. ``places`` are read lazily, in order,
+    and only until one decides."""
+    standing = end.standing(config)
+    if standing is not None:
+        return standing, ended_by
+    malformed: list[Malformed] = []
+    for source, read in places:
+        found = read()
+        if isinstance(found, Unavailable):
+            return found
+        if isinstance(found, ResultDocument):
+            return found, source
+        if isinstance(found, Malformed):
+            malformed.append(found)
+    document = end.without_document(config, malformed)
+    if document is None or isinstance(document, Unavailable):
+        return document
+    return document, ended_by
+
+
 def document_for_end(
     config: RunConfig,
     found: ResultDocument | Malformed | None,
@@ -199,7 +270,8 @@ def document_for_end(
     *,
     final_word: bool,
 ) -> ResultDocument | None:
-    """The document to record for a run of ``config`` that left ``found`` and ended as ``end``.
+    """The document to record for a run of ``config`` that left ``found`` and ended as ``end``
+    (:func:`document_for_run` with a process's end):
 
     - a valid document is recorded as run.py wrote it;
     - a malformed one is an ERROR (runtime) that says what was wrong with it;
@@ -211,10 +283,35 @@ def document_for_end(
     not: a run stopped from outside, or killed by SIGKILL with no OOM report here, says nothing
     true on its own (the Job's outcome and the container's OOMKilled reason do): None then.
     """
+    chosen = document_for_run(
+        config, [("run.py", lambda: found)], _ProcessEnd(end, final_word), ended_by="end"
+    )
+    assert not isinstance(chosen, Unavailable)  # a process's end always tells, or says it cannot
+    return None if chosen is None else chosen[0]
+
+
+@dataclass(frozen=True)
+class _ProcessEnd:
+    """A run.py process's end, seen by the process that ran it (the CLI, the runner pod)."""
+
+    end: RunEnd
+    final_word: bool
+
+    def standing(self, config: RunConfig) -> ResultDocument | None:
+        return None  # a process that ran to its end: what run.py wrote decides
+
+    def without_document(
+        self, config: RunConfig, malformed: list[Malformed]
+    ) -> ResultDocument | None:
+        return _process_end_document(config, self.end, malformed, final_word=self.final_word)
+
+
+def _process_end_document(
+    config: RunConfig, end: RunEnd, malformed: list[Malformed], *, final_word: bool
+) -> ResultDocument | None:
     tail = "\n".join(end.tail[-30:])
-    if isinstance(found, ResultDocument):
-        return found
-    if isinstance(found, Malformed):
+    if malformed:
+        found = malformed[0]
         return _error(
             config,
             end,

@@ -19,7 +19,7 @@ from model_support.cli.commands_demo import NEWER_RELEASE, OLDER_RELEASE
 from model_support.notify import DeliveryFailed, Finding, Notifier, Webhook, scrub
 from model_support.operator import metrics, notifications
 from model_support.operator.settings import OperatorSettings
-from model_support.operator.sweep_resource import SweepCost, SweepCounts, SweepStatus
+from model_support.operator.sweep_status import SweepCost, SweepCounts, SweepStatus
 from model_support.store import ResultsStore
 from model_support.vocabulary import Result
 

@@ -49,17 +49,21 @@ COMPARING_VIEWS = ("compare", "regressions")  # views whose two stacks are befor
 # Views with nothing to show without results (Selected and the rankings still list models).
 # (A comment, not a docstring: Streamlit's magic draws a bare string in the page's script.)
 NEEDS_RESULTS = ("all", "triage", "compare", "charts", "history", "regressions")
-# At 1280 pixels the lists' eleven columns fit beside the sidebar: the sidebar as wide as its
-# widest stack version needs (at least 260 pixels, Streamlit's 300 less 40; the reader can widen
-# it), and 1.5rem either side of the main column instead of Streamlit's 5rem (it has no setting
-# for that: its theme's paddings are vertical only). The style sheet is a constant, which
-# st.html draws out of the page's flow.
-SIDEBAR_MIN_PX, SIDEBAR_MAX_PX = 260, 480
+# At 1280 pixels the lists' eleven columns fit beside the sidebar: the sidebar at Streamlit's
+# own width whichever way the page was reached (a stack picked or a link), a stack's long name
+# shortened in its picker (whole in its help); 1.5rem either side of the main column instead of
+# Streamlit's 5rem, and 3.5rem above it instead of 6rem (the toolbar is 3.75rem tall and
+# transparent where the page is blank), so a list starts in the window's top third. Streamlit
+# has no setting for those paddings (its theme's are vertical only within elements). The style
+# sheet is a constant, which st.html draws out of the page's flow.
+SIDEBAR_PX = 300
 PICKER_CHROME_PX = 112  # a sidebar picker's room around its value: paddings, border, arrow
+PICKER_TEXT_PX = SIDEBAR_PX - PICKER_CHROME_PX
 MAIN_COLUMN_STYLE = (
     '<style>[data-testid="stMainBlockContainer"]'
-    "{padding-left: 1.5rem; padding-right: 1.5rem}</style>"
+    "{padding-left: 1.5rem; padding-right: 1.5rem; padding-top: 3.5rem}</style>"
 )
+TITLE = "Does it run on Trainium?"
 
 
 def results_uri() -> str:
@@ -70,11 +74,20 @@ def results_uri() -> str:
     return known.results or os.environ.get(RESULTS_ENV) or DEFAULT_RESULTS
 
 
-def sidebar_width(versions: list[str | None]) -> int:
-    """The sidebar's width in pixels: its pickers show the versions picked whole (a Neuron
-    compiler's carries a build hash), within SIDEBAR_MIN_PX..SIDEBAR_MAX_PX."""
-    widest = max((views.text_px(v) for v in versions if v), default=0.0)
-    return min(max(SIDEBAR_MIN_PX, round(widest + PICKER_CHROME_PX)), SIDEBAR_MAX_PX)
+def stack_picker(label: str, options: list[str], key: str) -> str | None:
+    """A sidebar picker of stack versions: each shortened to the picker's width (two compile
+    backends of one package stay apart), the one picked whole in its help."""
+    if not options:
+        return None
+    picked = st.session_state.get(key, options[0])
+    short = views.short_label(str(picked), PICKER_TEXT_PX)
+    return st.selectbox(
+        label,
+        options,
+        key=key,
+        format_func=lambda option: views.short_label(option, PICKER_TEXT_PX),
+        help=f"Whole name: {inline_code(picked)}" if short != picked else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -104,6 +117,17 @@ def choose_stack(files: list[views.StackFile]) -> StackChoice:
     return StackChoice(compilers, compiler, libraries, library)
 
 
+def _clear_search() -> None:
+    """The search box emptied (a button's callback: it runs before the widgets are drawn)."""
+    st.session_state["q"] = ""
+
+
+def no_match(search: str) -> None:
+    """What a search that matches nothing in the view says, and a way back."""
+    st.info(f"No model in this view matches {inline_code(search.strip())}.")
+    st.button("Clear the search", key="clear-search", on_click=_clear_search)
+
+
 def main() -> None:
     """Draw the page."""
     uri = results_uri()
@@ -123,12 +147,11 @@ def main() -> None:
         ),
     )
     stack = choose_stack(files)
-    # The sidebar's width takes effect only when the page is configured before it is drawn.
     st.set_page_config(
         page_title=PAGE_TITLE,
         page_icon=PAGE_ICON,
         layout="wide",
-        initial_sidebar_state=sidebar_width([stack.compiler, stack.library]),
+        initial_sidebar_state=SIDEBAR_PX,
     )
     st.html(MAIN_COLUMN_STYLE)
     views.report_unreadable(unlisted)
@@ -138,26 +161,17 @@ def main() -> None:
             f"{literal(type(unreadable).__name__)}: {literal(unreadable)}"
         )
 
-    st.title("Does it run on Trainium?")
-    st.caption(
-        "Popular Hugging Face models, run unmodified through TorchNeuron "
-        f'(`torch.compile(backend="neuron")`). Results from {inline_code(uri)}.'
-    )
     links.report(link_problems)
 
     with st.sidebar:
-        st.header("Browse")
+        st.header(TITLE)
+        st.caption(
+            "Popular Hugging Face models, run unmodified through TorchNeuron "
+            f'(`torch.compile(backend="neuron")`). Results from {inline_code(uri)}.'
+        )
         label = st.radio("View", list(VIEWS.values()), key="view")
-        compiler = (
-            st.selectbox("Compiler version", stack.compilers, key="compiler")
-            if stack.compilers
-            else None
-        )
-        library = (
-            st.selectbox("Library version", stack.libraries, key="library")
-            if stack.libraries
-            else None
-        )
+        compiler = stack_picker("Compiler version", stack.compilers, "compiler")
+        library = stack_picker("Library version", stack.libraries, "library")
         search = st.text_input("Search models", key="q", placeholder="part of a name, e.g. qwen")
         task_choice = st.selectbox("Task", [ALL_TASKS, *views.TASKS], key="task")
         if not files:
@@ -181,9 +195,9 @@ def main() -> None:
         hub_endpoint=hub_endpoint,
     )
     view = next(k for k, v in VIEWS.items() if v == label)
+    st.header(label)
     views.device_note(ctx)
     views.coverage_note(ctx)
-    st.header(label)
     table: pd.DataFrame | None = None
     comparison: compare.Comparison | None = None
     if not files:
@@ -210,22 +224,26 @@ def main() -> None:
     else:
         views.view_charts(ctx)
 
-    if table is not None and view in ("selected", "all", "compare", "triage"):
+    if table is not None and table.empty and search and view in LIST_VIEWS:
+        no_match(search)
+    elif table is not None and view in ("selected", "all", "compare", "triage"):
         views.show_table(table, key=f"table-{view}", hub_url=ctx.hub_url)
 
-    st.divider()
-    st.header("Model details", anchor=scroll.DETAILS_ANCHOR)
     options = views.detail_options(table)
     chosen = st.session_state.get("model")
     if chosen and chosen not in options:
         options.insert(0, chosen)
-    model = st.selectbox(
-        "Model",
-        options,
-        index=None,
-        key="model",
-        placeholder="Pick a model, or click a row of the table",
-    )
+    model: str | None = None
+    if options:  # nothing to pick from (an empty store, no failures) draws no picker
+        st.divider()
+        st.header("Model details", anchor=scroll.DETAILS_ANCHOR)
+        model = st.selectbox(
+            "Model",
+            options,
+            index=None,
+            key="model",
+            placeholder="Pick a model, or click a row of the table",
+        )
     if model and comparison is not None:
         compare.side_by_side(ctx, comparison, model)  # the compared stacks, not the sidebar's
     elif model:

@@ -1,25 +1,42 @@
-"""The model details panel: the answer first (one line), then the figures, the verdict, the
-output, and how to reproduce it.
+"""The model details panel: the answer first, then the figures, the verdict, the output, and
+how to reproduce it.
 
-Order matters to a reader: result, stack, where and when on one line under the model's name;
-the figures; why it did not pass (``failures.py``); what it produced; then the Reproduce steps
-with run.py's config block (the whole file is a download) and the large JSON collapsed.
+Order matters to a reader: under the model's name, the result and one plain sentence (where the
+output left the reference and which module diverges first, an ERROR's own message: ``answer.py``),
+then the task, stack, where and when on one line; the figures that apply to the result; why it
+did not pass (``failures.py``); what it produced; then the Reproduce steps (all at once with
+``model-support reproduce``, or step by step, run.py's config block shown and the whole file a
+download) and the large JSON collapsed.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import streamlit as st
 
 from model_support.history import reproduce_command
 from model_support.printable import printable, printable_data
-from model_support.viewer import failures, formatting, headline, output, queries, run_script
+from model_support.viewer import (
+    answer,
+    failures,
+    formatting,
+    headline,
+    output,
+    queries,
+    run_script,
+)
 from model_support.viewer.markup import inline_code, literal, shown_row
-from model_support.viewer.views import RESULT_COLOURS, Context, read, stack_label
+from model_support.viewer.views import Context, read, stack_label
 from model_support.vocabulary import Result
+
+if TYPE_CHECKING:
+    from model_support.reproduce import Recipe
 
 PAGE_TITLE = "Model support on Trainium"
 """The browser tab's title; a model's details put the model's name before it."""
@@ -83,12 +100,16 @@ def details(ctx: Context, model_id: str) -> None:
             )
             st.code(f"model-support run {shlex.quote(model_id)}", language="bash")
         return
-    history_button(model_id)
-    for _, row in rows.iterrows():
+    for index, (_, row) in enumerate(rows.iterrows()):
         traceback = None
         if row["result"] in (Result.ERROR.value, Result.TIMEOUT.value):
             traceback = _record_traceback(ctx.results_uri, str(row["run_id"]))
-        run_details(row, traceback=traceback, results_uri=ctx.results_uri)
+        run_details(
+            row,
+            traceback=traceback,
+            results_uri=ctx.results_uri,
+            after_facts=functools.partial(history_button, model_id) if index == 0 else None,
+        )
 
 
 def _record_traceback(results_uri: str, run_id: str) -> str | None:
@@ -118,21 +139,64 @@ def json_column(row: pd.Series, column: str) -> dict:
     return printable_data(parsed) if isinstance(parsed, dict) else {}
 
 
+def figures(row: Mapping[str, object]) -> list[tuple[str, str]]:
+    """The run's figures that apply to its result, as (label, value): a figure the run did not
+    get to is left out, not drawn as a dash; a run that stopped (ERROR, TIMEOUT) has its time
+    until it stopped instead of a wall time."""
+    result = str(row.get("result"))
+    shown: list[tuple[str, str]] = []
+    if not formatting.missing(row.get("neuron_cores")):
+        shown.append(("cores", formatting.count(row.get("neuron_cores"))))
+    if result in (Result.ERROR.value, Result.TIMEOUT.value):
+        wall = row.get("wall_time_s")
+        took = (
+            formatting.duration(row.get("started_at"), row.get("finished_at"))
+            if formatting.missing(wall)
+            else formatting.seconds(wall)
+        )
+        what = "failed" if result == Result.ERROR.value else "was stopped"
+        if took:
+            shown.append((f"time until it {what}", took))
+    elif not formatting.missing(row.get("wall_time_s")):
+        shown.append(("wall time (compile incl.)", formatting.seconds(row.get("wall_time_s"))))
+    for label, column, write in (
+        ("compile time", "compile_time_s", formatting.seconds),
+        ("peak device memory", "peak_device_memory_bytes", formatting.gib),
+        ("decode", "decode_tokens_per_s", lambda v: formatting.rate(v, "tok/s")),
+        ("parameters", "parameters", formatting.parameters),
+    ):
+        if not formatting.missing(row.get(column)):
+            shown.append((label, write(row.get(column))))
+    return shown
+
+
+FIGURES_PER_ROW = 3
+"""Figures side by side: six to a row cut "1,389.4 tok/s" at 1280 pixels."""
+
+
 def _figures(row: pd.Series) -> None:
-    """The run's figures, three to a row: six to a row cut "1,389.4 tok/s" at 1280 pixels."""
-    cols = [*st.columns(3), *st.columns(3)]
-    cols[0].metric("cores", formatting.count(row["neuron_cores"]))
-    cols[1].metric("wall time (compile incl.)", formatting.seconds(row["wall_time_s"]))
-    cols[2].metric("compile time", formatting.seconds(row["compile_time_s"]))
-    cols[3].metric("peak device memory", formatting.gib(row["peak_device_memory_bytes"]))
-    cols[4].metric("decode", formatting.rate(row["decode_tokens_per_s"], "tok/s"))
-    cols[5].metric("parameters", formatting.parameters(row.get("parameters")))
+    """The run's figures that apply, three to a row."""
+    shown = figures(row)
+    for start in range(0, len(shown), FIGURES_PER_ROW):
+        for column, (label, value) in zip(
+            st.columns(FIGURES_PER_ROW), shown[start : start + FIGURES_PER_ROW], strict=False
+        ):
+            column.metric(label, value)
+
+
+def show_answer(row: Mapping[str, object], verification: Mapping[str, object]) -> None:
+    """The answer: the result as a badge and one plain sentence; an ERROR's own message (the
+    compiler's) under it, as code."""
+    said = answer.answer(row, verification)
+    st.markdown(f"{headline.badge(said.result)} {literal(said.sentence)}")
+    if said.message:
+        st.code(said.message, language=None, wrap_lines=True)
 
 
 def _verdict_figures(row: pd.Series, verification: dict) -> None:
     """The verdict's figures: the token counts and ratios, a task measure table, the first
     diverging module."""
-    figures = {
+    verdict = {
         "exact": row["verified_exact"],
         "error ratio": row["error_ratio"],
         "mismatches": row["mismatches"],
@@ -140,14 +204,17 @@ def _verdict_figures(row: pd.Series, verification: dict) -> None:
         "bad tokens": row["bad_tokens"],
         "first mismatch": row["first_mismatch"],
     }
-    if all(formatting.missing(v) for v in figures.values()):
+    if all(formatting.missing(v) for v in verdict.values()):
         st.caption("No verdict: the test stopped before the verification ran.")
     else:
         st.dataframe(
-            pd.DataFrame([{k: (None if formatting.missing(v) else v) for k, v in figures.items()}]),
+            pd.DataFrame([{k: (None if formatting.missing(v) else v) for k, v in verdict.items()}]),
             hide_index=True,
             placeholder=formatting.BLANK_CELL,
         )
+        unticked = answer.unticked_exact(row)
+        if unticked and row["result"] == Result.PASS.value:
+            st.caption(f"`exact` is unticked: {literal(unticked)}.")
     measures = queries.verdict_measures(verification)
     if not measures.empty:  # embeddings, classification, text-to-image: each measure's figures
         st.caption(
@@ -203,28 +270,31 @@ def _compile_cache(row: pd.Series) -> None:
 
 
 def run_details(
-    row: pd.Series, traceback: str | None = None, results_uri: str | None = None
+    row: pd.Series,
+    traceback: str | None = None,
+    results_uri: str | None = None,
+    after_facts: Callable[[], None] | None = None,
 ) -> None:
     """The details of one run, given as a matrix row (the History view shows any run so).
 
     ``traceback``: the one kept in the run's record, shown for an ERROR or TIMEOUT;
-    ``results_uri``: where it was read from, for the ``model-support reproduce`` command.
+    ``results_uri``: where it was read from, for the ``model-support reproduce`` command;
+    ``after_facts``: what to draw under the line of facts (the details' History button).
     """
     row = shown_row(row)  # every value of the run as data: control characters escaped
     traceback = printable(traceback) if traceback is not None else None
     result = str(row["result"])
-    badge = f":{RESULT_COLOURS.get(result, 'gray')}-background[{literal(result)}]"
-    st.markdown(headline.headline(row, badge))
-    if isinstance(row["model_path"], str) and row["model_path"]:
-        st.caption(
-            f"Local checkpoint {inline_code(row['model_path'])} (on the machine that ran it)"
-        )
+    verification = json_column(row, "verification_json")
+    show_answer(row, verification)
+    st.caption(headline.facts(row))
+    if after_facts is not None:
+        after_facts()
     if result == Result.EXCLUDED.value:
         failures.show_excluded(row)
+        _reproduce(row, results_uri)
         _more(row, {})
         return
     _figures(row)
-    verification = json_column(row, "verification_json")
     if result == Result.FAIL.value:
         failures.show_fail(row, verification)
     elif result in (Result.ERROR.value, Result.TIMEOUT.value):
@@ -242,25 +312,91 @@ def run_details(
     _more(row, verification)
 
 
+RESULTS_PLACEHOLDER = "RESULTS"
+"""What a reproduce command names for a dataset the viewer reads from a folder of its own
+machine: its path there means nothing elsewhere."""
+
+
+def results_argument(results_uri: str) -> tuple[str, str | None]:
+    """What ``--results`` of a reproduce command shown to a reader names: the store's URI when
+    it is one any machine with access reaches (s3://, hf://, ...), else RESULTS_PLACEHOLDER and
+    what to replace it with."""
+    scheme, sep, _ = results_uri.partition("://")
+    if sep and scheme not in ("file", "local"):
+        return results_uri, None
+    return RESULTS_PLACEHOLDER, (
+        f"Replace {RESULTS_PLACEHOLDER} with where this dataset is on your machine (this viewer "
+        "reads it from a folder of its own)."
+    )
+
+
+def sizing_command(row: pd.Series) -> tuple[str, str | None]:
+    """The command that sizes the row's model again, and what to replace in it (a model tested
+    from a local checkpoint is sized from that folder, wherever it is)."""
+    if isinstance(row.get("model_path"), str) and row["model_path"]:
+        return "model-support size CHECKPOINT", (
+            "Replace CHECKPOINT with the model's checkpoint folder (it was tested from a local "
+            "checkpoint)."
+        )
+    return f"model-support size {shlex.quote(str(row['model_id']))}", None
+
+
+REPRODUCE_FOLDER = "reproduce"
+
+
+def all_at_once(row: pd.Series, made: Recipe, results_uri: str) -> tuple[str, str | None]:
+    """The commands that reproduce a row at once, as the CLI prints them: ``model-support
+    reproduce`` into a folder, then into it and ``docker run`` of the image; and what to
+    replace in them (a dataset the viewer reads from its own folder)."""
+    location, replace = results_argument(results_uri)
+    lines = [
+        f"{reproduce_command(str(row['run_id']), location)} -o {REPRODUCE_FOLDER}",
+        *made.commands(REPRODUCE_FOLDER),
+    ]
+    return "\n".join(lines), replace
+
+
 def _reproduce(row: pd.Series, results_uri: str | None) -> None:
-    """How to run this row again: where (image, instance, LNC, cores), what to install on top
-    of that image (only what the run added, at its versions, with the indexes it needs), the
-    compile cache to pull, and run.py; or all of it with ``model-support reproduce``."""
+    """How to run this row again: all at once (``model-support reproduce`` and the ``docker
+    run`` line it prints), then step by step: where (image, instance, LNC, cores), what to
+    install on top of that image (only what the run added, at its versions, with the indexes it
+    needs), the compile cache to pull, and run.py. An EXCLUDED row: the sizing that left it
+    out, and what would have run."""
     from model_support.reproduce import NotReproducible, plain_row, recipe
 
     st.markdown("**Reproduce**")
+    if row["result"] == Result.EXCLUDED.value:
+        command, replace = sizing_command(row)
+        st.markdown("It was not run. Size it again (why it was left out, and the cores it needs):")
+        st.code(command, language="bash")
+        if replace:
+            st.caption(literal(replace))
     try:
         made = recipe(plain_row(row.to_dict()))
     except NotReproducible as exc:
         st.caption(literal(exc))
         return
+    if row["result"] == Result.EXCLUDED.value:
+        st.markdown(
+            f"What would have run, on {formatting.plural(made.cores, 'core')} (its run.py "
+            "and what it needs, as for any run):"
+        )
+    if results_uri is not None:
+        lines, replace = all_at_once(row, made, results_uri)
+        st.markdown(
+            "All at once: write run.py and requirements.txt into a folder, and run them "
+            "in the image (add `--run` to the first command to run it here instead):"
+        )
+        st.code(lines, language="bash")
+        if replace:
+            st.caption(literal(replace))
     where = [f"image {inline_code(made.image)}"]
     if made.instance:
         where.append(f"instance {inline_code(made.instance)}")
     if made.lnc is not None:
         where.append(f"LNC {made.lnc}")
-    where.append(f"{made.cores:,} core{'s' if made.cores != 1 else ''}")
-    st.markdown("Where: " + ", ".join(where) + ".")
+    where.append(formatting.plural(made.cores, "core"))
+    st.markdown("Or step by step. Where: " + ", ".join(where) + ".")
     st.caption(literal(made.image_note))
     st.markdown(
         f"1. Install what the run used on top of that image ({len(made.requirements):,} "
@@ -313,11 +449,6 @@ def _reproduce(row: pd.Series, results_uri: str | None) -> None:
     else:
         st.caption("Its config block (the test's settings; the rest is the runner):")
         st.code(block, language="python")
-    if results_uri is not None:
-        st.markdown("Or all of it at once, into a folder (add `--run` to run it here):")
-        st.code(
-            f"{reproduce_command(str(row['run_id']), results_uri)} -o reproduce", language="bash"
-        )
 
 
 def _more(row: pd.Series, verification: dict) -> None:
@@ -338,6 +469,7 @@ def _more(row: pd.Series, verification: dict) -> None:
             name: (None if formatting.missing(row.get(name)) else str(row.get(name)))
             for name in (
                 "run_id",
+                "model_path",
                 "source",
                 "backend",
                 "compile_backend",

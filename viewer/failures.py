@@ -1,6 +1,6 @@
-"""Why a run did not pass, in the details panel: a FAIL's failed checks with their figures and
-bounds and its tokens against the reference's; an ERROR's stage, time to failure and traceback;
-an EXCLUDED model's reason.
+"""Why a run did not pass, in the details panel under its answer: a FAIL's failed checks with
+their figures and bounds and its tokens against the reference's; an ERROR's class, whole message
+and traceback (and where it was cut); what an EXCLUDED model's sizing said.
 
 The pure functions build tables from a matrix row and its verification (JSON); the ``show_*``
 functions draw them. Everything a run wrote is shown as data (tables, ``st.text``/``st.code``)
@@ -19,11 +19,9 @@ from model_support.viewer.markup import inline_code, literal
 from model_support.vocabulary import (
     COMPILE_FAILURE_MEANINGS,
     ERROR_CLASS_MEANINGS,
-    EXCLUSION_MEANINGS,
     VERDICT_CHECK_MEANINGS,
     CompileFailure,
     ErrorClass,
-    ExclusionReason,
     VerdictCheck,
 )
 
@@ -35,6 +33,9 @@ RATIO_CHECKS: dict[str, tuple[str, str, str]] = {
 }
 """A text verdict's ratio checks: the row's figure, the verification parameter bounding it, and
 the figure in words (each a multiple of the baseline's same statistic)."""
+MESSAGE_LINES = 6
+"""The lines of an ERROR's message its answer shows (``answer.py``); a longer one is shown whole
+below it."""
 MAX_TOKEN_ROWS = 20
 """The token table shows at most this many positions that differ from the reference."""
 
@@ -182,52 +183,59 @@ def show_fail(row: Mapping[str, object], verification: Mapping[str, object]) -> 
     )
 
 
+TRACEBACK_START = "Traceback (most recent call last):"
+"""How Python begins a whole traceback: a kept one that does not begin so lost its top."""
+KEPT_TRACEBACK_LINES = 40
+"""How many of a traceback's last lines run.py keeps in its result (its TRACEBACK_LINES)."""
+
+
+def traceback_cut(traceback: str) -> str | None:
+    """Where a kept traceback was cut, in words; None when it is whole. run.py keeps a
+    traceback's last lines: one that does not start as Python starts one lost its first lines
+    (the outer calls), and the error itself is at its end."""
+    first = traceback.lstrip().splitlines()[0] if traceback.strip() else ""
+    if first.startswith(TRACEBACK_START):
+        return None
+    return (
+        f"Cut at its top: run.py keeps a traceback's last {KEPT_TRACEBACK_LINES} lines, so the "
+        "outermost calls are left out; the innermost ones and the error, at its end, are all here."
+    )
+
+
 def show_error(row: Mapping[str, object], traceback: str | None) -> None:
-    """An ERROR or TIMEOUT: the stage, the error class in words, the time to failure, the
-    message and the traceback kept in the record."""
+    """An ERROR or TIMEOUT, under its answer (which gave the stage, the time to failure and the
+    message's first lines): the error class in words (and a compile failure's reason), the whole
+    message when it is longer, and
+    the traceback kept in the record (where it was cut, if it was)."""
+    facts: list[str] = []
     error_class = row.get("error_class")
-    stage = row.get("stage")
-    took = formatting.duration(row.get("started_at"), row.get("finished_at"))
-    facts = [
-        f"stage {inline_code(stage)}" if isinstance(stage, str) and stage else "stage not recorded",
-        f"failed after {took}" if took else "time to failure not recorded",
-    ]
     if isinstance(error_class, str) and error_class:
         known = {c.value: c for c in ErrorClass}
         meaning = ERROR_CLASS_MEANINGS.get(known[error_class]) if error_class in known else None
-        facts.insert(0, inline_code(error_class) + (f": {literal(meaning)}" if meaning else ""))
+        facts.append(inline_code(error_class) + (f": {literal(meaning)}" if meaning else ""))
     reason = row.get("error_reason")
     if isinstance(reason, str) and reason:
         # Why a compile failed: the compiler itself, or a model whose graph cannot run compiled.
         reasons = {r.value: r for r in CompileFailure}
         why = COMPILE_FAILURE_MEANINGS.get(reasons[reason]) if reason in reasons else None
-        facts.insert(1, "reason " + inline_code(reason) + (f": {literal(why)}" if why else ""))
-    st.markdown("**What failed**: " + " · ".join(facts))
-    if isinstance(row.get("error"), str) and row["error"]:
-        st.code(str(row["error"]), language=None, wrap_lines=True)
+        facts.append("reason " + inline_code(reason) + (f": {literal(why)}" if why else ""))
+    if facts:
+        st.markdown("**Error class** " + " · ".join(facts))
+    error = row.get("error")
+    if isinstance(error, str) and len(error.strip().splitlines()) > MESSAGE_LINES:
+        with st.expander("The whole message"):
+            st.code(error, language=None, wrap_lines=True)
     if traceback:
         with st.expander("Traceback (kept in the record)", expanded=True):
+            cut = traceback_cut(traceback)
+            if cut:
+                st.caption(cut)
             st.code(traceback, language=None)
 
 
 def show_excluded(row: Mapping[str, object]) -> None:
-    """An EXCLUDED model: why, in words, with the sizing's own sentence."""
-    reason = row.get("exclusion_reason")
-    known = {r.value: r for r in ExclusionReason}
-    meaning = (
-        EXCLUSION_MEANINGS.get(known[reason])
-        if isinstance(reason, str) and reason in known
-        else None
-    )
-    st.markdown(
-        "**Not run**: "
-        + (inline_code(reason) if isinstance(reason, str) and reason else "no reason recorded")
-        + (f": {literal(meaning)}" if meaning else "")
-    )
-    cores, parallelism = row.get("neuron_cores"), row.get("parallelism")
-    if reason == ExclusionReason.TOO_LARGE.value and isinstance(cores, int) and cores > 1:
-        # Sizing records the fewest cores that would hold the model (older records hold 1).
-        split = f" ({literal(str(parallelism))} parallel)" if parallelism else ""
-        st.markdown(f"**Would need**: {cores:,} NeuronCores{split}")
+    """An EXCLUDED model, under its answer (which gave the reason and the cores it needs): the
+    sizing's own words."""
     if isinstance(row.get("error"), str) and row["error"]:
+        st.markdown("**The sizing said**")
         st.text(str(row["error"]))

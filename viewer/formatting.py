@@ -91,6 +91,11 @@ def duration(start: object, end: object) -> str | None:
     return f"{hours} h {minutes} min" if hours else f"{minutes} min {secs} s"
 
 
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``1 failure``, ``2 failures``, ``0 models`` (``many``: the plural when not word + s)."""
+    return f"{count:,} {word if count == 1 else (many or word + 's')}"
+
+
 def hub_page(model: str, endpoint: str) -> str | None:
     """The model's page on the Hub at ``endpoint`` (``https://huggingface.co/org/name``); None
     for what is no Hub repository id (a model tested from a local path)."""

@@ -1,4 +1,5 @@
-"""The one line under a model's name that answers first: result, stack, where it ran, cores, date.
+"""The line of facts under a result's answer (``answer.py``): task, stack, where it ran, cores,
+date; and the result as a badge.
 
 Built from a matrix row (a mapping of its columns); every value from the run is escaped.
 """
@@ -10,6 +11,7 @@ from collections.abc import Mapping
 
 from model_support.viewer import formatting
 from model_support.viewer.markup import literal
+from model_support.viewer.views import RESULT_COLOURS
 
 NEURON_COMPILER = "neuronx-cc"
 
@@ -107,7 +109,15 @@ def when(row: Mapping[str, object]) -> str:
     return formatting.when(row.get("recorded_at") if formatting.missing(finished) else finished)
 
 
-def headline(row: Mapping[str, object], badge: str) -> str:
-    """The whole line as Markdown: ``badge`` (the result, already markup) then the escaped facts."""
-    facts = [row.get("task") or "unknown task", stack(row), device(row), cores(row), when(row)]
-    return " · ".join([badge, *(literal(f) for f in facts)])
+def facts(row: Mapping[str, object]) -> str:
+    """Task, stack, device, cores and date as one line of Markdown (each escaped), and that the
+    model was a local checkpoint (its path is in the run's details)."""
+    parts = [row.get("task") or "unknown task", stack(row), device(row), cores(row), when(row)]
+    if _text(row, "model_path"):
+        parts.append("a local checkpoint, not a Hub model")
+    return " · ".join(literal(part) for part in parts)
+
+
+def badge(result: str) -> str:
+    """The result as a badge in its colour (Markdown; the result's name escaped)."""
+    return f":{RESULT_COLOURS.get(result, 'gray')}-background[{literal(result)}]"

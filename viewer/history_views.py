@@ -43,6 +43,8 @@ from model_support.viewer.queries import UNTESTED
 from model_support.viewer.views import RESULT_COLOURS, result_column
 
 FINGERPRINT_TTL_S = 30
+CHART_TIME_FORMAT = "%Y-%m-%d %H:%M"
+"""The History chart's times (d3's format), as the table writes them: 24-hour, in UTC."""
 HISTORY_METRICS: dict[str, tuple[str, float]] = {
     "wall time (s)": ("wall_time_s", 1.0),
     "compile time (s)": ("compile_time_s", 1.0),
@@ -150,6 +152,15 @@ def prices() -> PriceTable:
     return table
 
 
+def stack_order(results_uri: str) -> list[Stack]:
+    """The stacks of the store's history, oldest first, as the Regressions view orders them
+    (its default pair is the last two); none without a history."""
+    fingerprint = _fingerprint(results_uri)
+    if fingerprint is None:
+        return []
+    return [info.stack for info in _stacks(results_uri, fingerprint)]
+
+
 def read_ahead(results_uri: str) -> None:
     """Read what a first visit to Regressions reads, its default comparison (the two newest
     stacks' runs and their report at the default thresholds, every task), into the page's
@@ -237,10 +248,19 @@ def view_history(ctx: HistoryContext) -> None:
 def history_table(runs: pd.DataFrame) -> pd.DataFrame:
     """A model's runs as the History view's table (one row per run, readable columns)."""
     when = runs["finished_at"].fillna(runs["recorded_at"])
+    checks = pd.Series(
+        [", ".join(_strings(v)) or None for v in runs["failed_checks"]],
+        index=runs.index,
+        dtype="object",
+    )
+    # The list's "why": an ERROR's class, a FAIL's failed checks, an EXCLUDED model's reason.
     why = (
         runs["error_class"]
         .astype("object")
-        .where(runs["result"] == "ERROR", runs["exclusion_reason"].astype("object"))
+        .where(
+            runs["result"] == "ERROR",
+            checks.where(runs["result"] == "FAIL", runs["exclusion_reason"].astype("object")),
+        )
     )
     return pd.DataFrame(
         {
@@ -257,7 +277,7 @@ def history_table(runs: pd.DataFrame) -> pd.DataFrame:
             "peak device memory (GiB)": (
                 runs["peak_device_memory_bytes"].astype("Float64") / 2**30
             ).round(2),
-            "failed checks": [", ".join(_strings(v)) or None for v in runs["failed_checks"]],
+            "failed checks": checks,
             "error ratio": runs["error_ratio"].astype("Float64").round(2),
             "q90 ratio": runs["q90_ratio"].astype("Float64").round(2),
             "peak ratio": runs["peak_ratio"].astype("Float64").round(2),
@@ -279,6 +299,22 @@ def _strings(value: object) -> list[str]:
     return [str(v) for v in value]  # type: ignore[attr-defined]
 
 
+LEGEND_PX = 340
+"""The History chart's legend: room for a stack's label (its compiler shortened, ``views.short_stack_label``)."""
+
+
+def _legend_labels(labels: pd.Series) -> list[str]:
+    """Each stack's label in the legend: shortened to LEGEND_PX so two stacks of one package's
+    compile backends stay apart (Vega cuts a label at its limit, from its end); whole where
+    shortening would make two the same."""
+    from model_support.viewer.views import short_stack_label
+
+    short = {label: short_stack_label(label, LEGEND_PX) for label in set(labels)}
+    if len(set(short.values())) < len(short):
+        return list(labels)
+    return [short[label] for label in labels]
+
+
 def _history_chart(runs: pd.DataFrame) -> None:
     import altair as alt
 
@@ -289,8 +325,10 @@ def _history_chart(runs: pd.DataFrame) -> None:
     points = pd.DataFrame(
         {
             "finished": runs["finished_at"].fillna(runs["recorded_at"]),
+            "when": [formatting.when(v) for v in runs["finished_at"].fillna(runs["recorded_at"])],
             label: runs[column].astype("Float64") * scale,
-            "stack": runs["stack_label"],
+            "stack": _legend_labels(runs["stack_label"]),
+            "whole stack": runs["stack_label"],
             "result": runs["result"],
             "run": runs["run_id"],
         }
@@ -299,19 +337,32 @@ def _history_chart(runs: pd.DataFrame) -> None:
         st.caption(f"No run of this model recorded {literal(label)}.")
         return
     points[label] = points[label].astype("float64")
+    # In UTC and on a 24-hour clock, as the table beside it writes times.
     base = alt.Chart(points).encode(
-        x=alt.X("finished:T", title="finished"),
+        x=alt.X(
+            "finished:T",
+            title="finished (UTC)",
+            scale=alt.Scale(type="utc"),
+            axis=alt.Axis(format=CHART_TIME_FORMAT, labelAngle=0),
+        ),
         y=alt.Y(f"{label}:Q", title=label),
     )
-    chart = base.mark_line(opacity=0.4).encode(color=alt.Color("stack:N")) + base.mark_point(
+    stack = alt.Color("stack:N", legend=alt.Legend(labelLimit=LEGEND_PX))
+    chart = base.mark_line(opacity=0.4).encode(color=stack) + base.mark_point(
         size=80, filled=True
     ).encode(
-        color=alt.Color("stack:N"),
+        color=stack,
         shape=alt.Shape(
             "result:N",
             scale=alt.Scale(domain=list(RESULT_CHART_COLOURS)),
         ),
-        tooltip=["finished:T", "stack:N", "result:N", f"{label}:Q", "run:N"],
+        tooltip=[
+            alt.Tooltip("when:N", title="finished"),
+            alt.Tooltip("whole stack:N", title="stack"),
+            "result:N",
+            f"{label}:Q",
+            "run:N",
+        ],
     )
     st.altair_chart(chart, width="stretch")
 

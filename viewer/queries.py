@@ -27,11 +27,15 @@ NOT_PASSING = (Result.FAIL.value, Result.ERROR.value, Result.TIMEOUT.value)
 """Outcomes of a model that ran (or tried to) and did not pass; what triage groups."""
 
 UNTESTED = "not tested"
+LOCAL = "_local"
+"""A list's hidden column: the row's model was tested from a local checkpoint (its id, e.g.
+``demo/tiny-llama``, names no Hub repository), so it has no Hub link."""
 
 # Columns each view reads (the loader reads only these from Parquet: every column more costs
 # decoding time on a large matrix).
 LIST_COLUMNS: tuple[str, ...] = (
     "model_id",
+    "model_path",
     "task",
     "result",
     "error_class",
@@ -48,7 +52,9 @@ TRIAGE_COLUMNS: tuple[str, ...] = (
     "model_id", "task", "result", "error_class", "error_reason", "error", "verification_reason",
     "first_divergence", "first_divergence_kind", "first_divergence_phase",
 )  # fmt: skip
-COMPARE_COLUMNS: tuple[str, ...] = ("model_id", "task", "result", "error_class", "wall_time_s")
+COMPARE_COLUMNS: tuple[str, ...] = (
+    "model_id", "model_path", "task", "result", "error_class", "wall_time_s",
+)  # fmt: skip
 PASS_RATE_COLUMNS: tuple[str, ...] = ("compiler", "compiler_version", "model_id", "result")
 SCATTER_COLUMNS: tuple[str, ...] = ("model_id", "task", "result", "wall_time_s", "parameters")
 DETAIL_COLUMNS: tuple[str, ...] = (
@@ -216,6 +222,14 @@ def figures(frame: pd.DataFrame) -> dict[str, pd.Series]:
     }
 
 
+def local(frame: pd.DataFrame) -> pd.Series:
+    """Per row: the model was tested from a local checkpoint (it has a ``model_path``), not
+    loaded from the Hub; False where the frame does not say."""
+    if "model_path" not in frame.columns:
+        return pd.Series(False, index=frame.index)
+    return frame["model_path"].notna()
+
+
 def results_table(frame: pd.DataFrame) -> pd.DataFrame:
     """The table of the "All results" view: one row per model and task, readable columns."""
     out = pd.DataFrame(
@@ -225,6 +239,7 @@ def results_table(frame: pd.DataFrame) -> pd.DataFrame:
             "result": frame["result"],
             "why": _why(frame),
             **figures(frame),
+            LOCAL: local(frame),
         }
     )
     if not is_sorted_by(out["model"], out["task"]):  # matrix files come sorted: skip the sort
@@ -304,6 +319,7 @@ def selected_table(
             "result": result,
             "why": why,
             **figures(merged),
+            LOCAL: local(merged),
         }
     )
 
@@ -527,6 +543,9 @@ def compare(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
     tested with one stack only.
     """
     cols = ["model_id", "task", "result", "error_class", "wall_time_s"]
+    cols += (
+        ["model_path"] if "model_path" in before.columns and "model_path" in after.columns else []
+    )
     merged = _latest(before)[cols].merge(
         _latest(after)[cols], on=["model_id", "task"], how="outer", suffixes=(" before", " after")
     )
@@ -551,6 +570,11 @@ def compare(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
             "error class after": merged["error_class after"].astype("string"),
             "wall time before (s)": merged["wall_time_s before"].astype("Float64").round(1),
             "wall time after (s)": merged["wall_time_s after"].astype("Float64").round(1),
+            LOCAL: (
+                merged["model_path before"].notna() | merged["model_path after"].notna()
+                if "model_path" in cols
+                else False
+            ),
         }
     )
     table["_order"] = table["change"].map(order)

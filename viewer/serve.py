@@ -9,7 +9,9 @@ results (a second or two on 100,000 rows) and each stack's models (for the note 
 stack tested), and what the Regressions view's first visit compares (0.3 s on 100,000 runs).
 Here all of it happens once, before the server listens, into the process-wide caches the page
 reads (``st.cache_resource``), with what Streamlit itself does at the first use of what the page
-uses (its emoji catalog, for the page's icon), so the first visitor finds them warm like
+uses (its emoji catalog, for the page's icon) and what the page's other parts load at their
+first use (the details' dependency graph for Reproduce, the libraries of the details, rankings
+and charts: ``warm_first_uses``), so the first visitor finds them warm like
 every later one; and the first element of the process is spared Streamlit's check that the page
 is served by ``streamlit run`` (it is). Its connections send each response as soon as it is
 written (``send_without_delay``).
@@ -72,8 +74,8 @@ def warm(uri: str) -> None:
         f for f in files if (f.compiler_label, f.library_label) == (compilers[0], libraries[0])
     )
     key = views.cache_key([newest])
-    table, _, _ = views._all_results(uri, key, None, "")
-    views._read(uri, key, ("backend",), None)
+    table, _, _, _ = views._all_results(uri, key, None, "")
+    views._read(uri, key, ("backend", "result"), None)  # the device note
     if len(files) > 1:  # the coverage note counts every stack's models
         for other in files:
             views._read(uri, views.cache_key([other]), ("model_id",), None)
@@ -81,6 +83,28 @@ def warm(uri: str) -> None:
     # The details picker's options: the first unique() of an Arrow column in a process pays
     # for Arrow's kernel (0.2 s), every later one only for its rows.
     views.detail_options(table)
+
+
+def warm_first_uses() -> None:
+    """Load what the page's parts load at their first use in a process, which would otherwise
+    be the server's first visitor's wait at that part (measured on 2 cores, busy): the
+    details' Reproduce reads every installed distribution's dependencies (0.5-0.7 s of the first
+    row clicked), their compile cache pull command imports the compile cache package (0.26 s),
+    a classifier's labels table pandas' Styler (jinja2, 0.26 s), a Trainium row's the runner's
+    base image from run.py's template (0.08 s); Trending and Downloads the Hub client, Charts
+    and History altair."""
+    import altair  # noqa: F401
+    import pandas.io.formats.style  # noqa: F401
+
+    import model_support.compile_cache
+    import model_support.rankings  # noqa: F401
+    from model_support.reproduce import installed_dependency_graph
+    from model_support.script import runner_constant
+
+    installed_dependency_graph()
+    # A Trainium row's Reproduce names the runner's base image, a constant of run.py's
+    # template, read by parsing it (0.08 s, once per process).
+    runner_constant("TORCHNEURON_BASE_IMAGE")
 
 
 def send_without_delay() -> None:
@@ -141,6 +165,7 @@ def main() -> None:
     start = time.perf_counter()
     try:
         warm(uri)
+        warm_first_uses()
         print(f"Read {uri} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     except Exception as exc:  # only a head start: the page itself reports what is wrong
         print(f"Not read ahead ({type(exc).__name__}: {exc}); serving anyway", file=sys.stderr)

@@ -286,6 +286,52 @@ def text_px(text: str) -> float:
     return sum(GLYPH_PX.get(char, WIDE_GLYPH_PX) for char in text)
 
 
+ELLIPSIS = "…"
+
+
+def _cut(text: str, max_px: float) -> str:
+    """``text`` cut at its end, with an ellipsis, to ``max_px`` (whole when it fits)."""
+    if text_px(text) <= max_px:
+        return text
+    while text and text_px(text + ELLIPSIS) > max_px:
+        text = text[:-1]
+    return text.rstrip() + ELLIPSIS
+
+
+def short_label(label: str, max_px: float) -> str:
+    """A stack's label (``compiler version``) shortened to ``max_px`` in the grid's font so
+    two labels stay apart: whole when it fits; else a compile backend given as a Python
+    function (``package.module:function``) by its function's name, then the version's local
+    part (``+82129205``, a build) cut, then the name cut; the version's public part is kept."""
+    if text_px(label) <= max_px:
+        return label
+    name, _, version = label.rpartition(" ")
+    if not name:
+        return _cut(label, max_px)
+    if ":" in name:
+        name = name.rpartition(":")[2]
+    shorter = f"{name} {version}"
+    if text_px(shorter) <= max_px:
+        return shorter
+    public, plus, build = version.partition("+")
+    if build:
+        room = max_px - text_px(f"{name} {public}+")
+        version = public + plus + _cut(build, room) if room >= text_px(ELLIPSIS) else public
+        shorter = f"{name} {version}"
+        if text_px(shorter) <= max_px:
+            return shorter
+    return f"{_cut(name, max_px - text_px(' ' + version))} {version}"
+
+
+def short_stack_label(label: str, max_px: float) -> str:
+    """A stack's whole label (``compiler version · library version``) within ``max_px``: its
+    compiler shortened as ``short_label`` does, the library kept."""
+    compiler, sep, library = label.partition(" · ")
+    if not sep or text_px(label) <= max_px:
+        return short_label(label, max_px)
+    return f"{short_label(compiler, max_px - text_px(sep + library))}{sep}{library}"
+
+
 def text_width(values: pd.Series | None) -> int | None:
     """The pixels a text column needs to show its longest value whole (Streamlit's automatic
     width follows the header, which cut "too-large" to "too-larg"); None for no column."""
@@ -363,50 +409,78 @@ def _empty(column: pd.Series) -> bool:
     return all(isinstance(value, str) and value == "" for value in column.dropna())
 
 
+def hub_links(rows: pd.DataFrame, hub_url: str) -> list[str | None]:
+    """Each row's model page on the Hub at ``hub_url``; None for a model tested from a local
+    checkpoint (``queries.LOCAL``: the demo's, named ``demo/<name>``, are no Hub repositories)."""
+    local = (
+        rows[queries.LOCAL].fillna(False).astype(bool).tolist()
+        if queries.LOCAL in rows.columns
+        else [False] * len(rows)
+    )
+    return [
+        None if is_local else formatting.hub_page(model, hub_url)
+        for model, is_local in zip(rows["model"].astype(str), local, strict=True)
+    ]
+
+
+TABLE_MAX_PX = 600
+"""A list's height at most: 16 rows under its header (the page scrolls past it below)."""
+
+
 def show_table(table: pd.DataFrame, key: str, hub_url: str) -> None:
-    """Draw a results table with row selection (which of its rows are shown above it, blanks
-    where a value is missing, each model's page on the Hub at ``hub_url`` linked); a table of
-    more than ``table_pages.PAGE_ROWS`` rows a page at a time, columns empty on the page left
-    out. Ticking a row shows its model's details; the highlighted row is always the page's
+    """Draw a results table with row selection (blanks where a value is missing, the page of
+    each model from the Hub linked at ``hub_url``); a table of more than
+    ``table_pages.PAGE_ROWS`` rows a page at a time, which of its rows are shown and the page
+    controls under it, columns empty on the page left out; nothing for no rows (the view says
+    why). Ticking a row shows its model's details; the highlighted row is always the page's
     model (its details, named in the URL) or none: a link, Back and Forward, the picker or
     another table change the model, and the selection (and the page) follow it."""
+    if table.empty:
+        return
     model = st.session_state.get("model")
+    holder = st.container()  # the table first, its page controls under it
     page = table_pages.show_page(table, key, model)
-    links = [formatting.hub_page(m, hub_url) for m in page.rows["model"].astype(str)]
-    table = without_empty_columns(shown_frame(page.rows).assign(**{HUB_COLUMN: links}))
-    st.caption(table_pages.rows_caption(page.start, page.start + len(table), page.total))
+    rows = shown_frame(page.rows).assign(**{HUB_COLUMN: hub_links(page.rows, hub_url)})
+    table = without_empty_columns(rows.drop(columns=[queries.LOCAL], errors="ignore"))
     config = table_config(table)
     models = table["model"].astype(str).reset_index(drop=True)
     wanted = selection_rows(models, model)
     if _selected_rows(key) != wanted:
         st.session_state[key] = {"selection": {"rows": wanted, "columns": [], "cells": []}}
-    st.dataframe(
-        table,
-        hide_index=True,
-        placeholder=formatting.BLANK_CELL,
-        column_config=config,
-        on_select=functools.partial(_pick_row, key, models),
-        selection_mode="single-row",
-        key=key,
-        height=min(38 + 35 * max(len(table), 1), 600),
+    with holder:
+        st.dataframe(
+            table,
+            hide_index=True,
+            placeholder=formatting.BLANK_CELL,
+            column_config=config,
+            on_select=functools.partial(_pick_row, key, models),
+            selection_mode="single-row",
+            key=key,
+            height=min(38 + 35 * len(table), TABLE_MAX_PX),
+        )
+        if page.total > len(table):
+            st.caption(table_pages.rows_caption(page.start, page.start + len(table), page.total))
+
+
+COUNTED = (Result.PASS.value, Result.FAIL.value, Result.ERROR.value, Result.EXCLUDED.value)
+"""The results a list's counts always show, none or not; the others only when present."""
+
+
+def state_counts(results: pd.Series) -> dict[str, int]:
+    """How many rows hold each result (and "not tested"), in the order the counts show them."""
+    counts = results.value_counts()
+    every = [*COUNTED, *(r.value for r in Result if r.value not in COUNTED), queries.UNTESTED]
+    return {state: int(counts.get(state, 0)) for state in every}
+
+
+def counts_badges(counts: dict[str, int]) -> str:
+    """The counts as one line of Markdown badges in the results' colours (``PASS 9``,
+    ``FAIL 1``): the four main results always, the others when present."""
+    return " ".join(
+        f":{RESULT_COLOURS.get(state, 'gray')}-badge[{state} {count:,}]"
+        for state, count in counts.items()
+        if count or state in COUNTED
     )
-
-
-def result_counts(frame: pd.DataFrame) -> dict[str, int]:
-    """The number of models (``models``) and of rows per result state."""
-    counts = frame["result"].value_counts() if not frame.empty else pd.Series(dtype=int)
-    return {
-        "models": int(frame["model_id"].nunique()),
-        **{state.value: int(counts.get(state.value, 0)) for state in Result},
-    }
-
-
-def show_counts(counts: dict[str, int]) -> None:
-    """``result_counts``' figures as a row of metrics."""
-    columns = st.columns(len(Result) + 1)
-    columns[0].metric("models", f"{counts['models']:,}")
-    for column, state in zip(columns[1:], Result, strict=True):
-        column.metric(state.value, f"{counts[state.value]:,}")
 
 
 def view_selected(ctx: Context) -> pd.DataFrame:
@@ -422,26 +496,35 @@ def view_selected(ctx: Context) -> pd.DataFrame:
             "`- model: Qwen/Qwen3-0.6B` / `task: text-generation` (and `reason:` for a model left out on purpose)."
         )
         return pd.DataFrame(columns=["model"])
-    st.caption(
-        f"The curated list kept with the dataset ({len(selected.models)} models, from {inline_code(where)})."
-    )
     frame = read(ctx, [ctx.current] if ctx.current else [], queries.LIST_COLUMNS)
     table = queries.selected_table(selected.rows(), frame)
     if ctx.task:
         table = table[table["task"] == ctx.task]
     if ctx.search:
         table = table[table["model"].str.contains(ctx.search.strip(), case=False, regex=False)]
+    shown = (
+        formatting.plural(table["model"].nunique(), "model")
+        if ctx.task or ctx.search
+        else formatting.plural(len(selected.models), "model")
+    )
+    # The file's name (its whole path in the sidebar's location): the counts fit the line.
+    lead = f"The curated list kept with the dataset ({inline_code(where.rsplit('/', 1)[-1])}): **{shown}**"
+    st.markdown(f"{lead} {counts_badges(state_counts(table['result']))}" if len(table) else lead)
     return table.reset_index(drop=True)
 
 
 def view_all(ctx: Context) -> pd.DataFrame:
-    """Every result on the current stack."""
+    """Every result on the current stack, its counts above it."""
     files = (ctx.current,) if ctx.current else ()
-    table, counts, unreadable = _all_results(
+    table, models, counts, unreadable = _all_results(
         ctx.results_uri, cache_key(files), ctx.task, ctx.search
     )
     report_unreadable(unreadable)
-    show_counts(counts)
+    if len(table):
+        st.markdown(
+            f"**{formatting.plural(len(table), 'result')}** of "
+            f"{formatting.plural(models, 'model')}: {counts_badges(counts)}"
+        )
     return table
 
 
@@ -459,21 +542,24 @@ def detail_options(table: pd.DataFrame | None) -> list[str]:
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _all_results(
     results_uri: str, files: tuple[tuple[str, str], ...], task: str | None, search: str
-) -> tuple[pd.DataFrame, dict[str, int], list[UnreadableFile]]:
-    """The All results view's table and counts, and the files left out (pure: no drawing)."""
+) -> tuple[pd.DataFrame, int, dict[str, int], list[UnreadableFile]]:
+    """The All results view's table, its number of models and its counts per result, and the
+    files left out (pure: no drawing)."""
     frame, unreadable = _read(results_uri, files, queries.LIST_COLUMNS, None)
     frame = queries.search(queries.with_task(frame, task), search)
-    return queries.results_table(frame), result_counts(frame), unreadable
+    table = queries.results_table(frame)
+    return table, int(frame["model_id"].nunique()), state_counts(table["result"]), unreadable
 
 
 def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
     """The Hub's ranking per task beside our results (tested or not, excluded with the reason)."""
-    from model_support.rankings import DEFAULT_LIMIT, format_age
+    from model_support.rankings import DEFAULT_LIMIT
 
     frame = read(ctx, [ctx.current] if ctx.current else [], queries.LIST_COLUMNS)
     tables = []
     unreachable: str | None = None  # once the Hub fails, the other tasks read their snapshots
     missing: list[tuple[str, RankingResult]] = []
+    warned: set[str] = set()  # the endpoints other than the Hub already named on this page
     for task in [ctx.task] if ctx.task else TASKS:
         result = ranking(ctx.results_uri, task, sort, DEFAULT_LIMIT, ctx.hub_endpoint, unreachable)
         if result.source != "live" and result.live_error:
@@ -484,22 +570,19 @@ def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
             continue
         st.subheader(literal(task))
         show_sweep(ctx, task, frame)
-        fetched = result.ranking.fetched_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
-        if result.source == "snapshot":
-            st.warning(
-                f"The Hub could not be reached; showing the ranking stored with the dataset, "
-                f"{format_age(result.ranking.age())} old (fetched {fetched})."
-            )
-        else:
-            st.caption(f"Live from {inline_code(result.ranking.endpoint)}, fetched {fetched}.")
+        say_origin(result, warned)
+        warned.add(result.ranking.endpoint)
         table = queries.ranking_table(result.ranking, frame)
-        table = (
-            table[table["model"].str.contains(ctx.search.strip(), case=False, regex=False)]
-            if ctx.search
-            else table
-        )
+        if table.empty:
+            st.caption(f"The Hub ranks no {literal(task)} models.")
+            continue
+        if ctx.search.strip():
+            table = table[table["model"].str.contains(ctx.search.strip(), case=False, regex=False)]
+            if table.empty:
+                st.caption(f"No model of this ranking matches {inline_code(ctx.search.strip())}.")
+                continue
         tested = int((table["result"] != queries.UNTESTED).sum())
-        st.caption(f"{tested} of {len(table)} tested on this stack.")
+        st.caption(f"{tested:,} of {formatting.plural(len(table), 'model')} tested on this stack.")
         tables.append(table)
         show_table(table.reset_index(drop=True), key=f"table-{sort}-{task}", hub_url=ctx.hub_url)
     if missing:
@@ -516,6 +599,38 @@ def view_ranking(ctx: Context, sort: RankingSort) -> pd.DataFrame:
             if table is not None:
                 tables.append(table)
     return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame(columns=["model"])
+
+
+PUBLIC_HUB = "https://huggingface.co"
+"""The Hugging Face Hub: a ranking from any other endpoint (a mirror, a test's stand-in) says so."""
+
+
+def say_origin(result: RankingResult, warned: set[str] | frozenset[str] = frozenset()) -> None:
+    """Where a ranking came from and when: live from the Hub, or the one stored with the
+    dataset (how old); one from another endpoint than the Hugging Face Hub names that endpoint
+    and says its models and scores are that server's, not the Hub's (a live one once a page:
+    ``warned`` holds the endpoints already named)."""
+    from model_support.rankings import format_age
+
+    ranking = result.ranking
+    assert ranking is not None
+    fetched = ranking.fetched_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    elsewhere = ranking.endpoint.rstrip("/") != PUBLIC_HUB
+    source = (
+        f"{inline_code(ranking.endpoint)}, not the Hugging Face Hub ({PUBLIC_HUB}): its models "
+        "and scores are that server's"
+        if elsewhere
+        else "the Hub"
+    )
+    if result.source == "snapshot":
+        st.warning(
+            f"The Hub could not be reached; showing the ranking stored with the dataset, "
+            f"{format_age(ranking.age())} old (fetched {fetched} from {source})."
+        )
+    elif elsewhere and ranking.endpoint not in warned:
+        st.warning(f"Live from {source}; fetched {fetched}.")
+    else:
+        st.caption(f"Live from {inline_code(ranking.endpoint)}, fetched {fetched}.")
 
 
 def tested_instead_of_ranking(
@@ -551,8 +666,8 @@ def view_triage(ctx: Context) -> pd.DataFrame:
         st.success("No failures on this stack.")
         return pd.DataFrame(columns=["model"])
     st.caption(
-        f"{len(groups):,} group{'' if len(groups) == 1 else 's'} of "
-        f"{int(groups['count'].sum()):,} failures"
+        f"{formatting.plural(len(groups), 'group')} of "
+        f"{formatting.plural(int(groups['count'].sum()), 'failure')}"
     )
     event = st.dataframe(
         shown_frame(groups),
@@ -594,25 +709,27 @@ DEVICE_NAMES = {"neuron": "Trainium", "cpu": "CPU", "cuda": "CUDA"}
 
 
 def device_note(ctx: Context) -> None:
-    """Say so when the current stack's results did not run on Trainium (CPU or CUDA runs show
-    whether a model runs unmodified through torch.compile, not Trainium's figures)."""
+    """One short line when the current stack's results did not run on Trainium (CPU or CUDA
+    runs show whether a model runs unmodified through torch.compile, not Trainium's figures).
+    Only rows that ran say where: an EXCLUDED row never resolved its backend ("auto")."""
     if ctx.current is None:
         return
-    column = read(ctx, [ctx.current], ("backend",))["backend"].dropna()
-    backends = sorted(str(b) for b in pd.unique(column))
+    frame = read(ctx, [ctx.current], ("backend", "result"))
+    ran = frame["backend"][frame["result"] != Result.EXCLUDED.value].dropna()
+    backends = sorted(str(b) for b in pd.unique(ran) if str(b) in DEVICE_NAMES)
     if not backends or "neuron" in backends:
         return
-    names = ", ".join(DEVICE_NAMES.get(b, b) for b in backends)
-    st.info(
-        f"These results ran on {literal(names)} ({literal(ctx.current.compiler_label)}), not on "
-        "Trainium: they say whether each model runs unmodified through torch.compile there; "
-        "their times and memory are not Trainium's."
+    names = " and ".join(DEVICE_NAMES[b] for b in backends)
+    st.caption(
+        f"Ran on {names}, not Trainium: whether each model runs unmodified through "
+        "torch.compile; the times and memory are not Trainium's."
     )
 
 
 def coverage_note(ctx: Context) -> None:
-    """Say how many of the dataset's models the current stack has, and which stack has the most,
-    when it is not this one (the page opens on the newest stack, which may hold a single run)."""
+    """One line on how many of the dataset's models the current stack has, and which stack has
+    the most, when it is not this one (the page opens on the newest stack, which may hold a
+    single run)."""
     if ctx.current is None or len(ctx.files) < 2:
         return
     frames = {f: read(ctx, [f], ("model_id",)) for f in ctx.files}
@@ -623,8 +740,8 @@ def coverage_note(ctx: Context) -> None:
     most = max(per_file, key=lambda f: per_file[f])  # the newest of equals: files are newest first
     if here >= per_file[most]:
         return
-    st.info(
-        f"{here:,} of {everywhere:,} tested on this stack ({literal(stack_label(ctx.current))}); "
+    st.caption(
+        f"{here:,} of {formatting.plural(everywhere, 'model')} tested on this stack; "
         f"{literal(stack_label(most))} has the most: {per_file[most]:,}."
     )
 
@@ -632,6 +749,10 @@ def coverage_note(ctx: Context) -> None:
 def stack_label(f: StackFile) -> str:
     """How a (compiler, library) version pair is named in selectors and links."""
     return f"{f.compiler_label} · {f.library_label}"
+
+
+CHART_WIDTH_PX = 900
+"""About the width a chart gets at 1280 pixels beside the sidebar (its bars' labels fit it)."""
 
 
 def view_charts(ctx: Context) -> None:
@@ -644,21 +765,40 @@ def view_charts(ctx: Context) -> None:
     if rates.empty:
         st.info("No models ran yet (only EXCLUDED results), so there is no pass rate.")
     else:
-        chart = (
+        # Each bar named apart from the others within its width (two compile backends of one
+        # package share a long prefix), the whole name in its tooltip, its runs written on it.
+        band = max(CHART_WIDTH_PX / len(rates) - 16, 60)
+        names = [short_label(label, band) for label in rates["label"]]
+        rates = rates.assign(
+            stack=names if len(set(names)) == len(names) else rates["label"],
+            runs=[
+                f"{passed:,} of {formatting.plural(tested, 'run')} passed"
+                for passed, tested in zip(rates["passed"], rates["tested"], strict=True)
+            ],
+        )
+        axis = alt.Axis(labelAngle=0, labelLimit=round(band))  # Vega's own limit is 180 px
+        x = alt.X("stack:N", title="compiler version", sort=None, axis=axis)
+        bars = (
             alt.Chart(rates)
             .mark_bar()
             .encode(
-                x=alt.X("label:N", title="compiler version", sort=None),
+                x=x,
                 y=alt.Y(
                     "pass_rate:Q",
                     title="pass rate",
                     axis=alt.Axis(format="%"),
                     scale=alt.Scale(domain=[0, 1]),
                 ),
-                tooltip=["label", "tested", "passed", alt.Tooltip("pass_rate:Q", format=".0%")],
+                tooltip=[
+                    alt.Tooltip("label:N", title="compiler version"),
+                    alt.Tooltip("tested:Q", title="runs"),
+                    "passed",
+                    alt.Tooltip("pass_rate:Q", format=".0%"),
+                ],
             )
         )
-        st.altair_chart(chart, width="stretch")
+        counts = bars.mark_text(dy=-8).encode(text="runs:N")
+        st.altair_chart(bars + counts, width="stretch")
     st.subheader("Wall time against parameter count")
     points = queries.wall_time_vs_parameters(current_frame(ctx, queries.SCATTER_COLUMNS))
     if points is None:

@@ -102,77 +102,53 @@ def render_test(
     body: dict[str, Any], settings: Any, *, namespace: str, token: str | None
 ) -> tuple[list[dict[str, Any]], bool]:
     """The objects the operator would create for ``body`` (ConfigMap, Job), or the test itself
-    with the status it would record instead; True when a Job would be created."""
+    with the status it would record instead; True when a Job would be created.
+
+    Runs the operator's own planning steps (``planning.plan``) and, for a test that ends
+    without a Job, the operator's own lifecycle move (``lifecycle.step``), so whatever the
+    operator checks or writes, render shows.
+    """
+    from model_support.operator import planning
+    from model_support.operator.lifecycle import Excluded, FailedBeforeRun, SpecInvalid, step
     from model_support.operator.manifests import TestRef
-    from model_support.operator.planning import (
-        InvalidTest,
-        LoadFailure,
-        Transient,
-        check_compile_cache,
-        check_model_path,
-        check_store_allowed,
-        children,
-        claim_template,
-        pin,
-        place,
-    )
-    from model_support.operator.spec import SpecError, parse_spec
-    from model_support.operator.status import Phase, TestStatus, kstatus_conditions
-    from model_support.sizing import Exclusion
+    from model_support.operator.resource import run_id_for
+    from model_support.operator.status import TestStatus
     from model_support.vocabulary import ErrorClass, Result
 
     meta = body.get("metadata") or {}
     name = meta.get("name") or "unnamed"
     ns = meta.get("namespace") or namespace
     ref = TestRef(ns, name, meta.get("uid") or _uid(ns, name), int(meta.get("generation") or 1))
-
-    def outcome(**fields: Any) -> list[dict[str, Any]]:
-        phase = fields["phase"]
-        result = fields.get("result")
-        status = TestStatus(
-            observedGeneration=ref.generation,
-            conditions=kstatus_conditions(
-                None,
-                phase,
-                ref.generation,
-                result=result.value if result is not None else None,
-                message=fields.get("message", ""),
-            ),
-            **fields,
+    planned = planning.plan(dict(body.get("spec") or {}), settings, ns, token=lambda _: token)
+    if isinstance(planned, planning.Unreachable):
+        raise _fail(f"{planned.message}; the operator would retry this (the Hub did not answer)")
+    if isinstance(planned, planning.Launch):
+        configmap, job = planning.children(ref, planned.spec, planned.placement, settings)
+        template = planning.claim_template(ref, planned.spec, planned.placement, settings)
+        return [configmap, *([template] if template is not None else []), job], True
+    run_id = run_id_for(ref.uid, ref.generation, 0)  # a generation that ends at sizing
+    event: SpecInvalid | FailedBeforeRun | Excluded
+    if isinstance(planned, planning.Invalid):
+        event = SpecInvalid(planned.message)
+    elif isinstance(planned, planning.Unreadable):
+        event = FailedBeforeRun(
+            run_id, Result.ERROR, ErrorClass.LOAD, planned.message, "LoadFailed"
         )
-        test = {
-            "apiVersion": body.get("apiVersion"),
-            "kind": body.get("kind"),
-            "metadata": {"name": name, "namespace": ns},
-            "status": status.model_dump(mode="json", exclude_none=True, exclude={"conditions"}),
-        }
-        return [test]
-
-    try:
-        spec = parse_spec(dict(body.get("spec") or {}))
-        check_store_allowed(spec, settings)
-        check_model_path(spec, settings)
-        check_compile_cache(spec, settings, ns)
-        spec = pin(spec, settings, token=token)
-        placement = place(spec, settings, token=token)
-    except (SpecError, InvalidTest) as exc:
-        return outcome(phase=Phase.INVALID, message=str(exc)), False
-    except LoadFailure as exc:
-        return outcome(
-            phase=Phase.COMPLETED, result=Result.ERROR, errorClass=ErrorClass.LOAD, message=str(exc)
-        ), False
-    except Transient as exc:
-        raise _fail(f"{exc}; the operator would retry this (the Hub did not answer)") from exc
-    if isinstance(placement, Exclusion):
-        return outcome(
-            phase=Phase.COMPLETED,
-            result=Result.EXCLUDED,
-            exclusionReason=placement.reason,
-            message=placement.message,
-        ), False
-    configmap, job = children(ref, spec, placement, settings)
-    template = claim_template(ref, spec, placement, settings)
-    return [configmap, *([template] if template is not None else []), job], True
+    else:
+        event = Excluded(run_id, planned.exclusion.reason, planned.exclusion.message)
+    move = step(TestStatus(), ref.generation, event)
+    assert move is not None  # a new generation takes every outcome of planning
+    status = move.patch.applied_to(TestStatus())
+    test = {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {"name": name, "namespace": ns},
+        # The conditions and the finish time are the operator's moment, not the review's.
+        "status": status.model_dump(
+            mode="json", exclude_none=True, exclude={"conditions", "finishedAt"}
+        ),
+    }
+    return [test], False
 
 
 def register(app: typer.Typer) -> None:

@@ -24,6 +24,7 @@ SERVER_OPTIONS = [
     *("--server.fileWatcherType", "none"),
     *("--runner.postScriptGC", "false"),
     *("--runner.magicEnabled", "false"),
+    *("--client.toolbarMode", "viewer"),
 ]
 """Streamlit's options for a served viewer, which Streamlit's defaults spend on the runs of the
 page (its first page, each click, each switch of view): watching sources, an installed package's
@@ -31,7 +32,9 @@ that never change, is a scan of every loaded module's path after each run (0.15 
 pyarrow and the store loaded); the forced full garbage collection after each run walks every
 object those hold (0.08 s; Python's own collector still runs as it always does); "magic", which
 the page does not use, parses and rewrites the page's script before its first run (0.1-0.2 s for
-the first visitor after a start) and would draw any bare string in it."""
+the first visitor after a start) and would draw any bare string in it. Its toolbar shows a
+visitor of the page what a viewer needs, not Streamlit's own tools for whoever develops a page
+(its "Deploy" button, rerun and settings)."""
 
 
 def app_path() -> Path:

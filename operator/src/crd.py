@@ -1,8 +1,8 @@
 """The two CustomResourceDefinitions, generated from the operator's models.
 
 ``crds/*.yaml`` and the chart's copies are this module's output: the spec and status schemas
-come from the pydantic models (:mod:`.spec`, :mod:`.status`, :mod:`.sweep_resource`) with the
-CEL rules kept beside them, the core limits from ``model_support/hardware.py``. Change a model,
+come from the pydantic models (:mod:`.spec`, :mod:`.status`, :mod:`.sweep_spec`,
+:mod:`.sweep_status`) with the CEL rules kept beside them, the core limits from ``model_support/hardware.py``. Change a model,
 then write the files again::
 
     python -m model_support.operator.crd          # write crds/ and charts/model-support/crds/
@@ -22,12 +22,8 @@ from model_support.operator.openapi import CelRule, cel_rule_list, openapi_schem
 from model_support.operator.resource import GROUP, KIND, PLURAL, SWEEP_KIND, SWEEP_PLURAL, VERSION
 from model_support.operator.spec import TestSpec, parallelism_rules
 from model_support.operator.status import TestStatus
-from model_support.operator.sweep_resource import (
-    NAME_RULE,
-    OWNED_FIELDS,
-    SweepSpec,
-    SweepStatus,
-)
+from model_support.operator.sweep_spec import NAME_RULE, OWNED_FIELDS, SweepSpec
+from model_support.operator.sweep_status import SweepStatus
 
 FOLDERS = ("crds", "charts/model-support/crds")
 """Where the CRDs are written, relative to the repository's root (the chart keeps a copy so

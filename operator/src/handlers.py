@@ -36,6 +36,7 @@ from model_support.operator.resource import (
 )
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.sweep_reconciler import SweepReconciler, run_ticker
+from model_support.operator.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
         page_size=settings.list_page_size,
     )
     reconciler = Reconciler(settings, kube)
+    checks = Watchdog(reconciler)
     sweeps = SweepReconciler(settings, kube)
     notifications.configure(settings)
     watchdog: dict[str, asyncio.Task[None]] = {}
@@ -75,7 +77,7 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
     def resume_as_leader() -> None:
         with leadership.acting() as leading:
             if leading:
-                resume(reconciler, sweeps)
+                resume(reconciler, checks, sweeps)
 
     def take_over() -> None:
         # Level-based: the new leader brings every test and sweep it watched while waiting
@@ -103,7 +105,7 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
         # Only our Jobs travel from the API server: the selector is applied there, not here.
         settings.watching.label_selectors["batch", "jobs"] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
         watchdog["task"] = asyncio.create_task(
-            _watchdog(reconciler, sweeps, leadership), name="model-support watchdog"
+            _watchdog(checks, sweeps, leadership), name="model-support watchdog"
         )
         watchdog["sweeps"] = asyncio.create_task(
             run_ticker(sweeps, lambda: _as_leader(leadership, sweeps.tick)),
@@ -153,7 +155,7 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
             deleted=type == "DELETED",
         )
         if type is None:  # listed: at startup or after a relist
-            reconciler.note_listing()
+            checks.note_listing()
         with leadership.acting() as leading:
             if not leading:  # waiting for the Lease: only keep the view current
                 reconciler.observe_test(test, type)
@@ -185,11 +187,11 @@ def _plain(body: kopf.Body) -> dict[str, Any]:
     return dict(json.loads(json.dumps(body, default=dict)))
 
 
-def resume(reconciler: Reconciler, sweeps: SweepReconciler) -> None:
+def resume(reconciler: Reconciler, checks: Watchdog, sweeps: SweepReconciler) -> None:
     """Bring everything watched so far to where it should be (on becoming the leader)."""
-    for test in list(reconciler.tests.values()):
+    for test in reconciler.writer.snapshot():
         reconciler.on_test(test, None)
-    reconciler.resync_jobs()
+    checks.resync_jobs()
     for uid in list(sweeps.sweeps):
         sweeps.reconcile(uid)
 
@@ -252,23 +254,13 @@ async def _flush_running(reconciler: Reconciler, leadership: Leadership) -> None
             log.exception("writing Running phases failed; retrying in %s s", interval)
 
 
-async def _watchdog(
-    reconciler: Reconciler, sweeps: SweepReconciler, leadership: Leadership
-) -> None:
-    interval = reconciler.settings.watchdog_interval_s
+async def _watchdog(checks: Watchdog, sweeps: SweepReconciler, leadership: Leadership) -> None:
+    interval = checks.settings.watchdog_interval_s
     while True:
         await asyncio.sleep(interval)
         if not leadership.is_leading():
             continue
-        for check in (
-            reconciler.retry_tests,
-            reconciler.check_waiting,
-            reconciler.check_admission,
-            reconciler.resync_jobs,
-            reconciler.audit,
-            sweeps.audit,
-            reconciler.sweep_deliveries,
-        ):
+        for check in (*checks.checks(), sweeps.audit):
             try:
                 await asyncio.to_thread(_as_leader, leadership, check)
             except Exception:

@@ -11,9 +11,10 @@ ignores them.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -73,6 +74,40 @@ class AlreadyExists(Exception):
 
 class Conflict(Exception):
     """A write carried a resourceVersion the object no longer has (409): read it again."""
+
+
+class CreateRefused(Exception):
+    """The API server refused to create a child (quota, admission, validation)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def for_good(self) -> bool:
+        """Refused by admission or validation (400, 422: a webhook, a LimitRange): the same
+        create is refused again. Otherwise (a quota's 403, throttling's 429) it may pass later."""
+        return self.status in (400, 422)
+
+
+@contextlib.contextmanager
+def refusal(kind: str, body: dict[str, Any] | None) -> Iterator[None]:
+    """Turn the API server's refusal of a create (403, 422, ...) into CreateRefused, with its
+    own message (a ResourceQuota's or LimitRange's, an admission webhook's)."""
+    try:
+        yield
+    except ApiException as exc:
+        if exc.status in (404, 409) or exc.status is None or exc.status >= 500:
+            raise
+        detail = exc.reason or ""
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            detail = json.loads(exc.body).get("message") or detail
+        name = ((body or {}).get("metadata") or {}).get("name")
+        raise CreateRefused(
+            exc.status,
+            f"the API server refused to create {kind}{' ' + name if name else ''} "
+            f"({exc.status}): {detail}",
+        ) from exc
 
 
 def being_deleted(obj: dict[str, Any]) -> bool:

@@ -19,7 +19,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
     from model_support.history import ReleaseReport
-    from model_support.operator.sweep_resource import SweepStatus
+    from model_support.operator.sweep_status import SweepStatus
     from model_support.store import ResultsStore
 
 

@@ -16,7 +16,7 @@ from model_support.notify import Finding, Notifier, Webhook
 if TYPE_CHECKING:
     from model_support.history import ReleaseReport
     from model_support.operator.settings import OperatorSettings
-    from model_support.operator.sweep_resource import SweepStatus
+    from model_support.operator.sweep_status import SweepStatus
     from model_support.store import ResultsStore
 
 URL_ENV = "MODEL_SUPPORT_NOTIFY_URL"

@@ -70,10 +70,48 @@ class Reading:
     deadline_passed: bool = False
     """The Job reached its backstop deadline (``DeadlineExceeded``): the Job controller ended
     it, whatever its state says the time went to."""
-    node_instance_type: str | None = None
-    """The instance type of the node the runner pod was placed on: the value of the
-    ``node.kubernetes.io/instance-type`` label its nodeSelector (its Job's template's) required,
-    which the scheduler enforced (None: it required none, a CPU test's pod for instance)."""
+    node_instance_types: frozenset[str] | None = None
+    """The instance types the runner pod could be placed on: the values of the
+    ``node.kubernetes.io/instance-type`` label its nodeSelector and required node affinity (its
+    Job's template's) allowed, which the scheduler enforced (None: any, a CPU test's pod for
+    instance)."""
+
+    @property
+    def node_instance_type(self) -> str | None:
+        """The instance type of the node the pod ran on, when the scheduler allowed only one."""
+        types = self.node_instance_types
+        return next(iter(types)) if types is not None and len(types) == 1 else None
+
+
+def allowed_instance_types(pod_spec: dict[str, Any]) -> frozenset[str] | None:
+    """The instance types a pod spec lets the scheduler place it on (the
+    ``node.kubernetes.io/instance-type`` values its nodeSelector and its required node
+    affinity admit; None: any). Node selector terms are alternatives, a term's expressions
+    all hold (the Kubernetes API reference's NodeSelector); a term without an ``In`` on the
+    label admits any type."""
+    allowed: frozenset[str] | None = None
+    selected = (pod_spec.get("nodeSelector") or {}).get(INSTANCE_TYPE_LABEL)
+    if selected is not None:
+        allowed = frozenset({selected})
+    required = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    terms = required.get("nodeSelectorTerms") or []
+    admitted: set[str] | None = set() if terms else None
+    for term in terms:
+        values: frozenset[str] | None = None
+        for expression in term.get("matchExpressions") or []:
+            if expression.get("key") == INSTANCE_TYPE_LABEL and expression.get("operator") == "In":
+                these = frozenset(expression.get("values") or [])
+                values = these if values is None else values & these
+        if values is None:
+            admitted = None  # this term admits every instance type
+            break
+        assert admitted is not None
+        admitted |= values
+    if admitted is not None:
+        allowed = frozenset(admitted) if allowed is None else allowed & admitted
+    return allowed
 
 
 def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -152,11 +190,10 @@ def read_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> Reading:
     )
     ended_at = job_ended_at(job)
 
-    # What the scheduler placed the pod by: its own nodeSelector, else its Job's template's
-    # (which a pod is made from; Kueue sets a flavor's labels there before the Job starts).
+    # What the scheduler placed the pod by: its own spec, else its Job's template's (which a
+    # pod is made from; Kueue sets a flavor's labels there before the Job starts).
     template = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
-    placed_by = (pod or {}).get("spec") or template
-    node_instance_type = (placed_by.get("nodeSelector") or {}).get(INSTANCE_TYPE_LABEL)
+    node_instance_types = allowed_instance_types((pod or {}).get("spec") or template)
 
     def reading(state: JobState, message: str) -> Reading:
         return Reading(
@@ -168,7 +205,7 @@ def read_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> Reading:
             runner_ran,
             started_at,
             ended_at,
-            node_instance_type=node_instance_type,
+            node_instance_types=node_instance_types,
         )
 
     if _condition(job, "Complete") or _condition(job, "SuccessCriteriaMet"):
@@ -517,13 +554,6 @@ class DocumentSource(StrEnum):
     OPERATOR = "operator"  # none was readable: the operator wrote one for the Job's outcome
 
 
-@dataclass(frozen=True)
-class Unavailable:
-    """No result document could be read *yet*: retried, never recorded as the model's result."""
-
-    reason: str
-
-
 def identity_problems(document: ResultDocument, config: RunConfig) -> list[str]:
     """Where ``document`` contradicts the test's config (empty when it agrees)."""
     asked: dict[str, Any] = {
@@ -552,26 +582,36 @@ def identity_problems(document: ResultDocument, config: RunConfig) -> list[str]:
     return problems
 
 
-def node_problems(document: ResultDocument, node_instance_type: str | None) -> list[str]:
-    """Where the document contradicts the node its pod was placed on (empty: agrees, or the
-    node is not known)."""
+def node_problems(
+    document: ResultDocument, node_instance_types: frozenset[str] | None
+) -> list[str]:
+    """Where the document contradicts the nodes its pod could be placed on (empty: agrees, or
+    any node could take it)."""
     said = document.stack.instance_type
-    if node_instance_type is None or said is None or said == node_instance_type:
+    if node_instance_types is None or said is None or said in node_instance_types:
         return []
+    where = " or ".join(repr(kind) for kind in sorted(node_instance_types))
     return [
-        f"instance_type is {said!r}, and the pod was placed on a {node_instance_type!r} node "
+        f"instance_type is {said!r}, and the pod could only be placed on a {where} node "
         f"(label {INSTANCE_TYPE_LABEL})"
     ]
 
 
+def _single(types: frozenset[str] | None) -> str | None:
+    return next(iter(types)) if types is not None and len(types) == 1 else None
+
+
 def reported_stack_fields(
-    document: ResultDocument, declared: RunnerStack | None, node_instance_type: str | None
+    document: ResultDocument,
+    declared: RunnerStack | None,
+    node_instance_types: frozenset[str] | None,
 ) -> list[str]:
     """The stack fields a record holds only on its runner pod's word: every one with a value,
-    less those the image declares (``declared``) and the instance type when the node it was
-    placed on is known. The record's label ``stack_reported`` lists them."""
+    less those the image declares (``declared``) and the instance type when the scheduler
+    allowed only one (among several allowed, which one ran is the pod's word, checked only to
+    be one of them). The record's label ``stack_reported`` lists them."""
     checked = set((declared or RunnerStack()).model_dump(exclude_none=True))
-    if node_instance_type is not None:
+    if _single(node_instance_types) is not None:
         checked.add("instance_type")
     values = document.stack.model_dump(exclude_none=True)
     return sorted(field for field in values if field not in checked and field != "origin")
@@ -601,7 +641,7 @@ def trusted_document(
     cache_location: str | None = None,
     started_at: datetime | None = None,
     ended_at: datetime | None = None,
-    node_instance_type: str | None = None,
+    node_instance_types: frozenset[str] | None = None,
 ) -> ResultDocument:
     """The document to record: the runner's when it agrees with the test, else an ERROR that
     says where it disagrees (what a pod printed never names what was tested).
@@ -618,11 +658,11 @@ def trusted_document(
     model on these versions", which such a pod (tampered with, or an image mislabelled in the
     settings) says nothing about; the versions it reported are in the error text.
 
-    The device backend is the test's profile's, and the instance type the node's the pod was
-    placed on (``node_instance_type``): a document naming others is an ERROR; one naming none
-    gets them.
+    The device backend is the test's profile's, and the instance type one of those the pod
+    could be placed on (``node_instance_types``): a document naming others is an ERROR; one
+    naming none gets the backend, and the instance type when only one was allowed.
     """
-    problems = identity_problems(document, config) + node_problems(document, node_instance_type)
+    problems = identity_problems(document, config) + node_problems(document, node_instance_types)
     mismatch = [] if declared_stack is None else stack_problems(document, declared_stack)
     disagreement = None
     if problems:
@@ -663,8 +703,8 @@ def trusted_document(
     if config.backend is not Backend.AUTO:
         update["backend"] = config.backend.value
     known = declared_stack.model_dump(exclude_none=True) if declared_stack is not None else {}
-    if node_instance_type is not None:
-        known["instance_type"] = node_instance_type
+    if _single(node_instance_types) is not None:
+        known["instance_type"] = _single(node_instance_types)
     if known:
         update["stack"] = document.stack.model_copy(update=known)
     figures = document.compile_cache

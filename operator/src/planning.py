@@ -1,8 +1,10 @@
 """Planning one test: what the operator would create for it, without creating anything.
 
-Pure of the cluster: the reconciler calls these with what it read (a token from a Secret), and
-``model-support render`` calls them from a file, so a reviewer sees exactly the ConfigMap and
-Job the operator would create (or the status it would record instead).
+Pure of the cluster: :func:`plan` runs the planning steps in order (the spec, the checks of
+what it may touch, the pinned revision, sizing) and says what comes of them; the reconciler
+calls it with what it read (a token from a Secret), and ``model-support render`` calls it from
+a file, so a reviewer sees exactly the ConfigMap and Job the operator would create (or the
+status it would record instead), and a new check here reaches both.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +43,7 @@ from model_support.operator.manifests import (
 )
 from model_support.operator.resource import child_name, run_id_for
 from model_support.operator.settings import OperatorSettings
-from model_support.operator.spec import TestSpec
+from model_support.operator.spec import SpecError, TestSpec, parse_spec
 from model_support.runpath import ModelNotOnHub, RevisionNotFound, pin_revision, prepare
 from model_support.script import render_script
 from model_support.sizing import Exclusion, MetadataError, ModelNotFound
@@ -436,3 +439,82 @@ def children(
     except (DraError, UnknownLnc) as exc:  # the LNC to run at is unknown (see place)
         raise InvalidTest(str(exc)) from exc
     return configmap, job
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The test runs: its spec (the revision pinned) on this placement."""
+
+    spec: TestSpec
+    placement: Placement
+
+
+@dataclass(frozen=True)
+class Exclude:
+    """Sizing excludes the model (recorded as EXCLUDED, no Job)."""
+
+    spec: TestSpec
+    exclusion: Exclusion
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """The test cannot run as written (phase Invalid, nothing recorded); says what to fix."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """The model itself cannot be read (recorded as ERROR/load, no Job)."""
+
+    spec: TestSpec
+    message: str
+
+
+@dataclass(frozen=True)
+class Unreachable:
+    """Planning could not reach what it reads (the Hub): tried again with capped backoff."""
+
+    spec: TestSpec
+    message: str
+
+
+Planned = Launch | Exclude | Invalid | Unreadable | Unreachable
+"""What planning one test comes to."""
+
+
+def plan(
+    spec: dict[str, Any],
+    settings: OperatorSettings,
+    namespace: str,
+    *,
+    token: Callable[[TestSpec], str | None],
+) -> Planned:
+    """The operator's planning steps for a test's ``spec`` in ``namespace``, in order: parse
+    it, check the store, model path and compile cache it names, pin its revision, size it.
+
+    ``token`` gives the Hub token of the parsed spec (the operator reads its hubTokenSecret;
+    it may raise InvalidTest). Every other failure is classified into the outcome.
+    """
+    try:
+        parsed = parse_spec(dict(spec))
+    except SpecError as exc:
+        return Invalid(str(exc))
+    current = parsed
+    try:
+        check_store_allowed(parsed, settings)
+        check_model_path(parsed, settings)
+        check_compile_cache(parsed, settings, namespace)
+        hub_token = token(parsed)
+        current = pin(parsed, settings, token=hub_token)
+        placement = place(current, settings, token=hub_token)
+    except InvalidTest as exc:
+        return Invalid(str(exc))
+    except LoadFailure as exc:
+        return Unreadable(current, str(exc))
+    except Transient as exc:
+        return Unreachable(current, str(exc))
+    if isinstance(placement, Exclusion):
+        return Exclude(current, placement)
+    return Launch(current, placement)

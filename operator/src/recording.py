@@ -1,14 +1,35 @@
-"""Keeping a results store's matrix current while the operator records runs into it."""
+"""Recording runs: the results stores tests record into, the record of each run (its document,
+the run.py that ran, and labels saying which test, Job and attempt it was, what ran and where the
+document came from), and keeping each store's matrix current while runs arrive."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from collections.abc import Iterable
 
 from model_support.delivery import DeliveryArea, DeliveryError
 from model_support.operator import metrics, notifications
-from model_support.store import ResultsStore
+from model_support.operator.kube import Kube
+from model_support.operator.manifests import TestRef
+from model_support.operator.outcome import DocumentSource, reported_stack_fields
+from model_support.operator.planning import store_uri
+from model_support.operator.resource import child_name, run_id_for
+from model_support.operator.settings import OperatorSettings, RunnerStack
+from model_support.operator.spec import TestSpec
+from model_support.operator.status import TestStatus
+from model_support.records import (
+    ResultDocument,
+    RunRecord,
+    excluded_record,
+    failure_document,
+    record_from_document,
+)
+from model_support.script import render_script
+from model_support.sizing import Exclusion
+from model_support.store import RecordExists, RecordNotFound, ResultsStore
+from model_support.vocabulary import ErrorClass, Parallelism, Result
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +82,208 @@ class Materializer:
                 self._pending = False
 
 
+class Recorder:
+    """The results stores tests record into, and what a run record says besides its document:
+    which test, attempt and Job it was, what ran (the run.py, the image, whose stack) and
+    where its document came from."""
+
+    def __init__(self, settings: OperatorSettings, kube: Kube) -> None:
+        self.settings = settings
+        self.kube = kube
+        self._lock = threading.Lock()
+        self._stores: dict[str, ResultsStore] = {}
+        self.materializers: dict[str, Materializer] = {}
+        """One per store (by its URI), keeping its matrix current as records arrive."""
+
+    # ---------------------------------------------------------------- stores
+
+    def store_uri(self, spec: TestSpec | None) -> str:
+        """The results store URI of a test (its spec's `results`, else the operator's)."""
+        return store_uri(spec, self.settings)
+
+    def store_for(self, spec: TestSpec | None) -> ResultsStore:
+        """The results store of a test (its spec's `results`, else the operator's)."""
+        uri = self.store_uri(spec)
+        with self._lock:
+            if uri not in self._stores:
+                self._stores[uri] = ResultsStore(uri)
+                self.materializers[self._stores[uri].uri] = Materializer(self._stores[uri])
+            return self._stores[uri]
+
+    def record(self, spec: TestSpec | None, record: RunRecord) -> bool:
+        """Add a record; False if this run id is already stored (a replay: nothing to do)."""
+        store = self.store_for(spec)
+        try:
+            store.add(record)
+        except RecordExists:
+            log.info("run %s was already recorded; not recording it again", record.run_id)
+            return False
+        self.materializers[store.uri].request()
+        result = record.document.result
+        detail = (
+            record.exclusion_reason.value
+            if record.exclusion_reason
+            else (record.document.error_class.value if record.document.error_class else "")
+        )
+        metrics.TESTS.labels(result.value, detail).inc()
+        if record.document.timings.wall_time_s is not None:
+            metrics.WALL_SECONDS.observe(record.document.timings.wall_time_s)
+        return True
+
+    def stores(self) -> list[ResultsStore]:
+        """Every store this operator records into (its own, and those tests named)."""
+        self.store_for(None)  # the operator's own store, whether or not it recorded yet
+        with self._lock:
+            return list(self._stores.values())
+
+    @staticmethod
+    def stored(store: ResultsStore, run_id: str) -> RunRecord | None:
+        """The record of ``run_id`` in ``store``, if it is there and the store answers."""
+        try:
+            return store.get(run_id)
+        except RecordNotFound:
+            return None
+        except Exception:  # the store cannot answer now: as if unread, the retry asks again
+            log.warning("could not look up run %s in %s", run_id, store.uri, exc_info=True)
+            return None
+
+    # ---------------------------------------------------------------- what a record says
+
+    def before_run(self, ref: TestRef, spec: TestSpec, record: RunRecord) -> str:
+        """Record a generation that ends at sizing (no Job) as the run of attempt 0; returns
+        its run id."""
+        run_id = run_id_for(ref.uid, ref.generation, 0)
+        self.record(spec, record.model_copy(update={"run_id": run_id}))
+        return run_id
+
+    def failed_before_run(
+        self, ref: TestRef, spec: TestSpec, result: Result, error_class: ErrorClass, message: str
+    ) -> RunRecord:
+        """The record of a generation sizing ended with an error (no Job ran)."""
+        config = spec.run_config(spec.cores or 1, spec.parallelism or Parallelism.NONE)
+        document = failure_document(config, result, error_class=error_class, error=message)
+        return record_from_document(
+            document,
+            render_script(config),
+            source="operator",
+            labels={**self.labels(ref, None, 0), "document_source": DocumentSource.OPERATOR.value},
+        )
+
+    def excluded(self, ref: TestRef, spec: TestSpec, exclusion: Exclusion) -> RunRecord:
+        """The record of a generation sizing excluded (no Job ran)."""
+        return excluded_record(
+            spec.run_config(1, Parallelism.NONE),
+            exclusion.reason,
+            exclusion.message,
+            source="operator",
+            labels=self.labels(ref, None, 0),
+            needed=exclusion.needed_split,
+        )
+
+    def of_run(
+        self,
+        ref: TestRef,
+        spec: TestSpec | None,
+        job_name: str,
+        attempt: int,
+        document: ResultDocument,
+        source: DocumentSource,
+        run_py: str,
+        *,
+        pod_cores: int | None,
+        node_instance_types: frozenset[str] | None,
+    ) -> RunRecord:
+        """The record of an attempt's run: its document (as trusted), the run.py that ran, and
+        labels saying which test, Job and attempt, what ran, where the document came from, and
+        which of its stack's fields are only the pod's word."""
+        labels = {
+            **self.labels(ref, job_name, attempt),
+            **self.provenance(spec),
+            "document_source": source.value,
+            "stack_reported": ",".join(
+                reported_stack_fields(document, self.declared_stack(spec), node_instance_types)
+            ),
+        }
+        if pod_cores:
+            labels["pod_cores"] = str(pod_cores)  # the cores the pod held
+        return record_from_document(
+            document,
+            run_py,
+            source="operator",
+            labels=labels,
+            run_id=run_id_for(ref.uid, ref.generation, attempt),
+        )
+
+    @staticmethod
+    def labels(ref: TestRef, job_name: str | None, attempt: int) -> dict[str, str]:
+        """Which test (and Job, attempt) a record is of."""
+        labels = {
+            "namespace": ref.namespace,
+            "test": ref.name,
+            "test_uid": ref.uid,
+            "generation": str(ref.generation),
+        }
+        if job_name:
+            labels |= {"job": job_name, "attempt": str(attempt)}
+        return labels
+
+    def declared_stack(self, spec: TestSpec | None) -> RunnerStack | None:
+        """The stack a test's record names: the configured runner image's, for a test on it
+        that installs nothing over it; None (the pod's report, labelled by
+        :meth:`provenance` as what untrusted code said) for its own image or extraPackages,
+        which may rightly change the versions."""
+        if spec is None or spec.extraPackages:
+            return None
+        if (spec.image or self.settings.runner_image) != self.settings.runner_image:
+            return None
+        return self.settings.declared_runner_stack()
+
+    def provenance(self, spec: TestSpec | None) -> dict[str, str]:
+        """What ran, as the operator knows it: the runner image, what in the test runs code the
+        project does not control (the document's packages are what that code reported), and
+        whether the row's stack is the image's declared one or its pod's report."""
+        if spec is None:
+            return {}
+        labels = {"image": spec.image or self.settings.runner_image}
+        untrusted = spec.untrusted_code(self.settings.runner_image)
+        if untrusted:
+            labels["untrusted_code"] = ",".join(untrusted)
+        # Whose word the row's compiler and library versions are: the settings' declaration for
+        # the runner image, or (no declaration: another image, or a runnerImage set without
+        # runnerStack) only what its pod reported.
+        declared = self.declared_stack(spec)
+        labels["stack"] = (
+            "declared"
+            if declared is not None and declared.model_dump(exclude_none=True)
+            else "reported"
+        )
+        return labels
+
+    def run_py(self, ref: TestRef, status: TestStatus, spec: TestSpec | None) -> str:
+        """The run.py that ran: the ConfigMap's, byte for byte (else rendered again from the spec
+        at the commit the status says it was pinned to)."""
+        parallelism = status.parallelism or Parallelism.NONE
+        if spec is not None and status.revision:
+            spec = spec.model_copy(update={"revision": status.revision})
+        if spec is not None and status.cores and status.runScriptSha256:
+            # Rendering is deterministic: when this operator renders the same bytes (their hash
+            # is in the status), the ConfigMap need not be read.
+            rendered = render_script(spec.run_config(status.cores, parallelism))
+            if hashlib.sha256(rendered.encode()).hexdigest() == status.runScriptSha256:
+                return rendered
+        name = child_name(ref.name, ref.uid, ref.generation)
+        cm = self.kube.read_configmap(ref.namespace, name)
+        if cm is not None:
+            return str(cm["data"]["run.py"])
+        if spec is None or not status.cores:
+            raise RuntimeError(
+                f"ConfigMap {ref.namespace}/{name} with the run.py of this run is missing and "
+                "the test no longer says how it ran"
+            )
+        log.warning("ConfigMap %s/%s is gone; recording run.py rendered again", ref.namespace, name)
+        return render_script(spec.run_config(status.cores, parallelism))
+
+
 def sweep_deliveries(stores: Iterable[ResultsStore]) -> int:
     """Remove the delivery slots of runs these stores hold a record of, and empty the slots
     set aside for removal a bounded amount: a slot written after its run was recorded (an
@@ -73,3 +296,6 @@ def sweep_deliveries(stores: Iterable[ResultsStore]) -> int:
         except (DeliveryError, ValueError) as exc:
             log.warning("could not sweep the delivery slots of %s: %s", store.uri, exc)
     return removed
+
+
+__all__ = ["Materializer", "Recorder", "sweep_deliveries"]

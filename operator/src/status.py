@@ -3,8 +3,9 @@
 Every status the operator writes goes through :class:`TestStatus`, which a test checks against
 the CRD's status schema. Two rules live here, so no handler has to remember them:
 
-* a new generation starts from nothing: :meth:`TestStatus.new_generation` sets every field of
-  the previous run (result, timings, finish time, the Completed condition ...) to null;
+* a write is one :class:`StatusPatch`: the fields it sets, and for the first write of a
+  generation (``new_generation``) every field of the previous run (result, timings, finish
+  time, the Completed condition ...) set to null;
 * status is kstatus-compatible: whenever a patch sets the phase, the ``Ready``, ``Reconciling``
   and ``Stalled`` conditions are derived from it, so ``kubectl wait --for=condition=Ready``,
   Flux and Argo CD see an active test as in progress, a finished one (whatever its result) as
@@ -14,9 +15,10 @@ the CRD's status schema. Two rules live here, so no handler has to remember them
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.config import JsonDict
@@ -101,11 +103,6 @@ def set_condition(
     return result
 
 
-def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
-    """One condition of a status as a plain dict ({} when absent)."""
-    return next((dict(c) for c in status.get("conditions") or [] if c.get("type") == kind), {})
-
-
 def kstatus_conditions(
     conditions: list[dict[str, Any]] | None,
     phase: Phase,
@@ -138,7 +135,33 @@ def kstatus_conditions(
     return set_condition(conditions, "Stalled", False, phase.value, "not stalled", generation)
 
 
-class TestStatus(BaseModel):
+class Conditioned(BaseModel):
+    """A status with conditions (a test's, a sweep's): typed access to them. Each subclass
+    declares its own ``conditions`` field, where its schema wants it."""
+
+    if TYPE_CHECKING:
+        conditions: list[Condition]
+
+    def condition(self, kind: str) -> Condition | None:
+        """The condition of type ``kind``, if the status has one."""
+        return next((c for c in self.conditions if c.type == kind), None)
+
+    def reason(self, kind: str) -> str | None:
+        """The reason of the condition of type ``kind`` (None without one)."""
+        found = self.condition(kind)
+        return found.reason if found is not None else None
+
+    def is_true(self, kind: str) -> bool:
+        """Whether the condition of type ``kind`` is there with status True."""
+        found = self.condition(kind)
+        return found is not None and found.status == "True"
+
+    def condition_dicts(self) -> list[dict[str, Any]]:
+        """The conditions as written (what :func:`set_condition` takes)."""
+        return [c.model_dump(exclude_none=True) for c in self.conditions]
+
+
+class TestStatus(Conditioned):
     """status of a ModelSupportTest; the CRD's status schema is generated from it (crd.py)."""
 
     __test__ = False  # not a pytest class, despite the name
@@ -223,53 +246,44 @@ class TestStatus(BaseModel):
                 log.warning("status fields %s do not parse; read as absent: %s", sorted(bad), exc)
                 known = {k: v for k, v in known.items() if k not in bad}
 
-    def condition(self, kind: str) -> Condition | None:
-        """The condition of type ``kind``, if the status has one."""
-        return next((c for c in self.conditions if c.type == kind), None)
-
-    def reason(self, kind: str) -> str | None:
-        """The reason of the condition of type ``kind`` (None without one)."""
-        found = self.condition(kind)
-        return found.reason if found is not None else None
-
-    def condition_dicts(self) -> list[dict[str, Any]]:
-        """The conditions as written (what :func:`set_condition` takes)."""
-        return [c.model_dump(exclude_none=True) for c in self.conditions]
-
     def patch(self) -> dict[str, Any]:
         """A merge patch with the fields set on this model (None: remove the field)."""
         return dict(self.model_dump(mode="json", exclude_unset=True))
 
-    @classmethod
-    def new_generation(cls, **fields: Any) -> dict[str, Any]:
-        """A merge patch for the first status of a generation: ``fields``, and every other
-        field of the previous run removed (conditions are replaced whole)."""
-        status = cls(**fields)
-        cleared = dict.fromkeys(cls.model_fields)
-        return {**cleared, **status.patch()}
 
+@dataclass(frozen=True)
+class StatusPatch:
+    """One write of a test's status, typed: the fields set on ``status`` are written (one set
+    to None is removed), the others are left as they are; with ``new_generation`` (the first
+    write of a generation) every other field of the previous run is removed too (conditions
+    are replaced whole either way: a merge patch replaces a list)."""
 
-def with_phase(
-    conditions: list[dict[str, Any]] | None,
-    phase: Phase,
-    generation: int,
-    *,
-    result: str | None = None,
-    message: str = "",
-) -> list[dict[str, Any]]:
-    """``conditions`` with the kstatus conditions of ``phase``."""
-    return kstatus_conditions(conditions, phase, generation, result=result, message=message)
+    status: TestStatus
+    new_generation: bool = False
+
+    def body(self) -> dict[str, Any]:
+        """The JSON merge patch of the status subresource."""
+        written = self.status.patch()
+        if not self.new_generation:
+            return written
+        return {**dict.fromkeys(TestStatus.model_fields), **written}
+
+    def applied_to(self, status: TestStatus) -> TestStatus:
+        """The status the API server stores once this patch is merged into ``status``."""
+        merged = {} if self.new_generation else status.model_dump(mode="json", exclude_none=True)
+        merged.update(self.body())
+        return TestStatus.read({k: v for k, v in merged.items() if v is not None})
 
 
 __all__ = [
     "ACTIVE_PHASES",
     "PHASE_ORDER",
     "Condition",
+    "Conditioned",
     "Phase",
+    "StatusPatch",
     "TestStatus",
-    "condition",
     "kstatus_conditions",
     "now",
     "set_condition",
-    "with_phase",
 ]

@@ -24,11 +24,11 @@ from model_support.operator.resource import (
     LABEL_SWEEP,
 )
 from model_support.operator.spec import parse_spec
-from model_support.operator.sweep_resource import (
+from model_support.operator.sweep_manifests import child_name
+from model_support.operator.sweep_spec import (
     MAX_SWEEP_NAME,
     PLACEHOLDER_MODEL,
     SkippedModel,
-    child_name,
     refusal,
 )
 from model_support.rankings import Ranking

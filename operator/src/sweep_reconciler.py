@@ -37,33 +37,33 @@ from model_support.operator.resource import (
 )
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import SpecError, parse_spec
-from model_support.operator.status import MESSAGE_LIMIT, Phase, TestStatus, condition, set_condition
-from model_support.operator.sweep_resource import (
+from model_support.operator.status import MESSAGE_LIMIT, Phase, TestStatus, set_condition
+from model_support.operator.sweep_manifests import build_child, child_name, rerun_patch
+from model_support.operator.sweep_spec import (
     HUB_SORTS,
-    MAX_LISTED_REGRESSIONS,
-    MAX_LISTED_SKIPPED,
     PLACEHOLDER_MODEL,
-    RankingState,
     SkippedModel,
-    SweepBaseline,
-    SweepCost,
-    SweepCounts,
     SweepModel,
-    SweepRegression,
     SweepSpec,
-    SweepState,
-    SweepStatus,
     admitted,
-    build_child,
-    child_name,
     child_spec,
     describe_source,
     image_of,
     parse_sweep,
-    rerun_patch,
     run_key,
     source_key,
     stack_of,
+)
+from model_support.operator.sweep_status import (
+    MAX_LISTED_REGRESSIONS,
+    MAX_LISTED_SKIPPED,
+    RankingState,
+    SweepBaseline,
+    SweepCost,
+    SweepCounts,
+    SweepRegression,
+    SweepState,
+    SweepStatus,
     sweep_conditions,
 )
 from model_support.ranking_snapshots import RankingSnapshot
@@ -314,7 +314,7 @@ class SweepReconciler:
         retry = self._ranking_retry.get(uid)
         if retry is not None:
             return clock >= retry[0]
-        if condition(body.get("status") or {}, "Ready").get("status") == "True":
+        if status.is_true("Ready"):
             return self._refresh_due(body, status)
         ledger = self._ledgers.get(uid)
         return ledger is None or ledger.listed_at is None or (
@@ -385,10 +385,11 @@ class SweepReconciler:
         if ranking is None:
             status.observedGeneration, status.runKey, status.epoch = generation, key, spec.epoch
             status.source = describe_source(spec)
-            message = condition(_plain(status), "Ranked").get("message") or "ranking the source"
+            ranked = status.condition("Ranked")
+            message = (ranked.message if ranked else None) or "ranking the source"
             status.message = message[:MESSAGE_LIMIT]
             status.conditions = _typed(
-                sweep_conditions(_plain(status)["conditions"], "ranking", generation, message)
+                sweep_conditions(status.condition_dicts(), "ranking", generation, message)
             )
             self._publish(body, status, urgent=True)
             return
@@ -430,10 +431,10 @@ class SweepReconciler:
                 self._ranking_retry[uid] = (clock + delay, delay)
             message = f"{exc}; trying again in {delay:g} s"
             log.warning("sweep %s/%s: %s", meta["namespace"], meta["name"], message)
-            first = condition(_plain(status), "Ranked").get("reason") != "RankingFailed"
+            first = status.reason("Ranked") != "RankingFailed"
             status.conditions = _typed(
                 set_condition(
-                    _plain(status)["conditions"],
+                    status.condition_dicts(),
                     "Ranked",
                     False,
                     "RankingFailed",
@@ -478,7 +479,7 @@ class SweepReconciler:
             self.kube.post_event(body, "Warning", "ModelsSkipped", message[:MESSAGE_LIMIT])
         status.conditions = _typed(
             set_condition(
-                _plain(status)["conditions"],
+                status.condition_dicts(),
                 "Ranked",
                 True,
                 "Ranked",
@@ -734,11 +735,9 @@ class SweepReconciler:
         if state == "done" and regressed and reported != key:
             reported = key  # _publish posts the one Event of this run when it writes this
         if waiting:
-            message = (
-                f"waiting for a new ranking ({condition(_plain(previous), 'Ranked').get('message')}); "
-                + message
-            )
-        conditions = sweep_conditions(_plain(previous)["conditions"], state, generation, message)
+            said = previous.condition("Ranked")
+            message = f"waiting for a new ranking ({said.message if said else None}); " + message
+        conditions = sweep_conditions(previous.condition_dicts(), state, generation, message)
         return SweepStatus(
             observedGeneration=generation,
             runKey=key,
@@ -759,7 +758,7 @@ class SweepReconciler:
         status.observedGeneration = generation
         status.message = message[:MESSAGE_LIMIT]
         status.conditions = _typed(
-            sweep_conditions(_plain(status)["conditions"], "invalid", generation, message)
+            sweep_conditions(status.condition_dicts(), "invalid", generation, message)
         )
         return status
 
@@ -806,8 +805,7 @@ class SweepReconciler:
                 body, "Warning", "Regressions", regressions_message(status)[:MESSAGE_LIMIT]
             )
             notifications.notifier().tell(notifications.sweep_regressions(body, status))
-        previous_ready = condition(old, "Ready").get("status")
-        if condition(new, "Ready").get("status") == "True" and previous_ready != "True":
+        if status.is_true("Ready") and not SweepStatus.read(old).is_true("Ready"):
             self.kube.post_event(
                 body, "Normal", "Done", str(new.get("message") or "")[:MESSAGE_LIMIT]
             )
@@ -893,10 +891,6 @@ def regressions_message(status: SweepStatus) -> str:
     return f"{status.counts.regressions} regression(s) against run {against}: {listed}" + (
         f" (and {more} more)" if more > 0 else ""
     )
-
-
-def _plain(status: SweepStatus) -> dict[str, Any]:
-    return status.model_dump(mode="json")
 
 
 def _typed(conditions: list[dict[str, Any]]) -> list[Any]:

@@ -15,7 +15,7 @@ from test_operator_manifests import cel_violations
 from model_support import hardware
 from model_support.operator import crd
 from model_support.operator.spec import LNC_VALUES, PROFILES, SpecError, parse_spec
-from model_support.operator.sweep_resource import parse_sweep
+from model_support.operator.sweep_spec import parse_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 

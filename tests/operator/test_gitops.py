@@ -13,7 +13,8 @@ import yaml
 from test_operator_manifests import cel_violations, render_chart
 
 from model_support.operator.status import Phase, kstatus_conditions
-from model_support.operator.sweep_resource import parse_sweep, sweep_conditions
+from model_support.operator.sweep_spec import parse_sweep
+from model_support.operator.sweep_status import sweep_conditions
 
 ROOT = Path(__file__).resolve().parents[2]
 GITOPS = ROOT / "gitops"

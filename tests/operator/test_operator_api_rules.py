@@ -30,6 +30,7 @@ from model_support.operator.resource import (
     child_name,
 )
 from model_support.operator.sweep_reconciler import SweepReconciler
+from model_support.operator.watchdog import Watchdog
 from model_support.vocabulary import Result
 
 SWEEPS_URL = f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{SWEEP_PLURAL}"
@@ -239,15 +240,16 @@ async def test_tests_deleted_while_unseen_leave_the_cache_and_get_no_job(
         rec.observe_test(test, None)  # listed by the watch, not reconciled yet
     # Deleted while the watch was away (a 410 Gone relist brings no event for it).
     await h.delete(f"{TESTS_URL}/gone")
-    rec.note_listing()
-    assert await asyncio.to_thread(rec.audit) == 1
+    watchdog = Watchdog(rec)
+    watchdog.note_listing()
+    assert await asyncio.to_thread(watchdog.audit) == 1
     assert set(rec.tests) == {kept["metadata"]["uid"]}
 
     # A test known only from the cache is read before anything is created for it.
     stale = await h.create_test("stale", dict(SPEC))
     rec.observe_test(stale, None)
     await h.delete(f"{TESTS_URL}/stale")
-    await asyncio.to_thread(rec.retry_tests)  # the watchdog offers what is not handled
+    await asyncio.to_thread(watchdog.retry_tests)  # the watchdog offers what is not handled
     names = {
         j["metadata"]["annotations"]["modelsupport.dev/test-name"] for j in await h.items(JOBS_URL)
     }
@@ -271,7 +273,7 @@ async def test_a_stale_view_of_a_test_launched_meanwhile_creates_nothing_again(
     await asyncio.to_thread(rec.reconcile, before, from_cache=True)
     other = reconciler(h)
     other.observe_test(before, None)
-    await asyncio.to_thread(other.retry_tests)
+    await asyncio.to_thread(Watchdog(other).retry_tests)
     assert (posts(h, "jobs"), posts(h, "configmaps")) == (1, 1)
     assert len(await h.items(JOBS_URL)) == 1
 

@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from model_support.cli import app
+from model_support.operator.resource import run_id_for
 from model_support.operator.settings import settings_from_values
 from model_support.script import read_config
 
@@ -128,8 +129,9 @@ def test_render_shows_the_status_a_test_would_get_instead(tmp_path: Path) -> Non
         )
     )
     save_file({"w": torch.zeros(4, 4)}, str(checkpoint / "model.safetensors"))
+    custom_uid = "5e0c2a1b-7d4f-4e8a-9c3b-1f2e3d4c5b6a"
     tests = [
-        manifest("custom", {"model": str(checkpoint)}),
+        manifest("custom", {"model": str(checkpoint)}, uid=custom_uid),
         manifest("bad", {"model": "a/b", "cores": 4}),
         manifest("elsewhere", {"model": "a/b", "cores": 1, "results": "s3://other/x"}),
         manifest("off-cache", {"model": "a/b", "cores": 1, "compileCache": {"source": "/etc/n"}}),
@@ -149,6 +151,10 @@ def test_render_shows_the_status_a_test_would_get_instead(tmp_path: Path) -> Non
     statuses = {d["metadata"]["name"]: d["status"] for d in documents}
     assert statuses["custom"]["result"] == "EXCLUDED"
     assert statuses["custom"]["exclusionReason"] == "remote-code-required"
+    # The status the operator's lifecycle writes, the run it records included (attempt 0:
+    # no Job ran).
+    assert statuses["custom"]["phase"] == "Completed"
+    assert statuses["custom"]["runId"] == run_id_for(custom_uid, 1, 0)
     assert statuses["bad"]["phase"] == "Invalid" and "parallelism" in statuses["bad"]["message"]
     assert "outside the stores" in statuses["elsewhere"]["message"]
     # What the operator refuses for paths off its volumes, render refuses the same way.

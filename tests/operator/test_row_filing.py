@@ -55,16 +55,18 @@ async def test_a_document_without_a_backend_gets_the_profiles(h: Harness) -> Non
     assert record.document.result == Result.PASS and record.document.backend == "cpu"
 
 
-async def test_the_instance_type_is_the_nodes_the_pod_was_placed_on(h: Harness) -> None:
-    # SPEC runs on trn2: its pod requires a trn2.48xlarge node (nodeSelector).
+async def test_the_instance_type_is_one_the_pod_could_be_placed_on(h: Harness) -> None:
+    # SPEC runs on trn2: its pod's node affinity admits only trn2 instance types.
     record = await _recorded(h, SPEC, backend="neuron", stack=Stack(instance_type="trn1.32xlarge"))
     assert record.document.result == Result.ERROR
-    assert "instance_type is 'trn1.32xlarge', and the pod was placed on a 'trn2.48xlarge'" in (
-        record.document.error or ""
-    )
+    error = record.document.error or ""
+    assert "instance_type is 'trn1.32xlarge', and the pod could only be placed on a " in error
+    assert "'trn2.48xlarge'" in error and "'trn2.3xlarge'" in error
 
 
 async def test_fields_only_the_pod_reported_are_labelled_so(h: Harness) -> None:
+    """A test that names its instance type leaves the scheduler one choice: the record says it,
+    whatever the pod said; the fields neither the image nor the node vouch for are labelled."""
     stack = Stack(
         python="3.11.9",
         torch="2.13.0",
@@ -73,7 +75,8 @@ async def test_fields_only_the_pod_reported_are_labelled_so(h: Harness) -> None:
         os="Linux",
         device_name="NeuronDevice",
     )
-    record = await _recorded(h, SPEC, backend="neuron", stack=stack)
+    spec = {**SPEC, "instanceType": "trn2.48xlarge"}
+    record = await _recorded(h, spec, backend="neuron", stack=stack)
     assert record.document.result == Result.PASS
     # Checked: the image's declared versions, and the node's instance type (filled in).
     assert record.document.stack.instance_type == "trn2.48xlarge"
@@ -86,3 +89,15 @@ async def test_fields_only_the_pod_reported_are_labelled_so(h: Harness) -> None:
     [frame] = [store.matrix()]
     labels = json.loads(frame.set_index("run_id").loc[record.run_id, "labels"])
     assert labels["stack_reported"] == "device_name,os,python,torch"
+
+
+async def test_an_instance_type_among_several_allowed_is_kept_as_the_pod_s_report(
+    h: Harness,
+) -> None:
+    """A one-core trn2 pod may land on any trn2 type: the pod's claim of one of them is kept,
+    checked only to be among them, and labelled as its report."""
+    stack = Stack(neuronx_cc="2.28.7631.0", transformers="5.24.0", instance_type="trn2.3xlarge")
+    record = await _recorded(h, SPEC, backend="neuron", stack=stack)
+    assert record.document.result == Result.PASS
+    assert record.document.stack.instance_type == "trn2.3xlarge"
+    assert "instance_type" in record.labels["stack_reported"].split(",")

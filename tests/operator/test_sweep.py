@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from model_support.cli import app
 from model_support.operator.resource import ANNOTATION_MODEL, LABEL_SWEEP
 from model_support.operator.spec import parse_spec
-from model_support.operator.sweep_resource import child_name
+from model_support.operator.sweep_manifests import child_name
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "modelsupporttests.yaml"
 runner = CliRunner()

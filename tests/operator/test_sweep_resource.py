@@ -13,21 +13,21 @@ from test_operator_manifests import cel_violations, validate
 
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import SpecError, parse_spec
-from model_support.operator.sweep_resource import (
+from model_support.operator.sweep_manifests import build_child, child_name, rerun_patch
+from model_support.operator.sweep_spec import (
     OWNED_FIELDS,
+    SweepModel,
+    parse_sweep,
+    run_key,
+    source_key,
+)
+from model_support.operator.sweep_status import (
     RankingState,
     SweepBaseline,
     SweepCost,
     SweepCounts,
-    SweepModel,
     SweepRegression,
     SweepStatus,
-    build_child,
-    child_name,
-    parse_sweep,
-    rerun_patch,
-    run_key,
-    source_key,
     sweep_conditions,
 )
 from model_support.vocabulary import Task

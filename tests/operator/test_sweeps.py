@@ -24,7 +24,7 @@ from model_support.operator.resource import (
     VERSION,
 )
 from model_support.operator.settings import OperatorSettings
-from model_support.operator.sweep_resource import child_name
+from model_support.operator.sweep_manifests import child_name
 from model_support.store import ResultsStore
 from model_support.vocabulary import Result
 

@@ -119,7 +119,7 @@ def test_deep_link_opens_the_model_details(page: AppTest) -> None:
     # brings (torch-neuronx comes with it), at the versions its pod reported: a claim, said so.
     assert "transformers==5.24.0" in text and "torch-neuronx==2.13.0" not in text
     assert any("its pod reported" in m.value and "not checked" in m.value for m in page.markdown)
-    where = next(m.value for m in page.markdown if m.value.startswith("Where: "))
+    where = next(m.value for m in page.markdown if m.value.startswith("Or step by step. Where: "))
     assert str(runner_constant("TORCHNEURON_BASE_IMAGE")) in where, where
     assert any("Package indexes" in c.value and "pypi.org" in c.value for c in page.caption)
     assert "model-support reproduce" in text and "--results" in text and "-o reproduce" in text

@@ -40,11 +40,41 @@ def _unescaped(text: str) -> str:
     return text.replace("\\", "")
 
 
-def test_the_first_line_answers_result_stack_instance_cores_and_date(page: AppTest) -> None:
+def _answer(page: AppTest) -> str:
+    return _unescaped(next(m for m in _markdown(page) if "-background[" in m))
+
+
+def _facts(page: AppTest) -> str:
+    return _unescaped(next(c.value for c in page.caption if " · " in c.value and "UTC" in c.value))
+
+
+def _main_order(page: AppTest) -> list[str]:
+    """The main column's elements in page order, each as ``type: text``."""
+    order = []
+
+    def walk(node: object) -> None:
+        children = getattr(node, "children", None)
+        if children:
+            for child in children.values():
+                walk(child)
+            return
+        value = getattr(node, "value", None) if not hasattr(node, "label") else node.label
+        order.append(f"{type(node).__name__}: {value}")
+
+    walk(page.main)
+    return order
+
+
+def test_the_answer_comes_first_in_one_plain_sentence(page: AppTest) -> None:
+    """Under the name: the result and one sentence saying where the output leaves the
+    reference; then the facts (task, stack, instance, cores, date); only then any figure."""
     _open(page, "org/fails")
-    lines = _markdown(page)
-    headline = _unescaped(next(m for m in lines if "-background[" in m))
-    assert headline.startswith(":red-background[FAIL]")
+    answer = _answer(page)
+    assert answer == (
+        ":red-background[FAIL] The output diverges from the float32 reference from its 2nd "
+        "generated token."  # the first position beyond the noise (position 1, from 0)
+    )
+    facts = _facts(page)
     for fact in (
         f"neuronx-cc {NEW_CC}",
         "torch-neuronx 2.13.0",
@@ -53,21 +83,25 @@ def test_the_first_line_answers_result_stack_instance_cores_and_date(page: AppTe
         "4 cores",
         "2026-10-01 12:03 UTC",
     ):
-        assert fact in headline, fact
-    # The answer comes before the figures and the verdict.
-    assert lines.index(next(m for m in lines if "-background[" in m)) < lines.index(
-        next(m for m in lines if m.startswith("**Verification**"))
-    )
+        assert fact in facts, fact
+    order = _main_order(page)
+    name = order.index("Subheader: org\\/fails")
+    said = next(i for i, e in enumerate(order) if "-background[FAIL]" in e)
+    first_figure = next(i for i, e in enumerate(order) if e.startswith("Metric"))
+    checks = next(i for i, e in enumerate(order) if "**Failed checks**" in e)
+    assert name < said < first_figure < checks
+    assert said == name + 1  # directly under the name
     parameters = next(m for m in page.metric if m.label == "parameters")
     assert parameters.value == "1.23 M"  # a tiny model's count is not rounded to 0
 
 
 def test_a_cpu_result_is_labelled_as_cpu(page: AppTest) -> None:
     _open(page, "org/on-cpu", compiler="2.13.0")
-    headline = _unescaped(next(m for m in _markdown(page) if "-background[" in m))
-    assert "CPU" in headline and "1 process" in headline
-    assert "inductor (torch 2.13.0)" in headline
-    assert "Trainium" not in headline and "neuronx-cc" not in headline
+    assert _answer(page).endswith("The output matches the float32 reference token for token.")
+    facts = _facts(page)
+    assert "CPU" in facts and "1 process" in facts
+    assert "inductor (torch 2.13.0)" in facts
+    assert "Trainium" not in facts and "neuronx-cc" not in facts
 
 
 def test_run_py_shows_its_config_block_and_downloads_whole(page: AppTest) -> None:
@@ -133,23 +167,51 @@ def test_the_token_table_shows_decoded_tokens_where_the_record_has_them() -> Non
     assert (table.loc[0, "generated"], table.loc[0, "reference prefers"]) == (" banana", " return")
 
 
-def test_an_error_shows_stage_time_to_failure_and_traceback(page: AppTest) -> None:
+def test_an_error_answers_with_its_stage_time_and_message(page: AppTest) -> None:
+    """An ERROR's answer is the stage, its time until it failed and the compiler's own message,
+    before any figure; no tile is drawn for a figure it never got to, and its time is the time
+    until it failed, not a wall time."""
     _open(page, "org/errors")
-    said = _unescaped(next(m for m in _markdown(page) if m.startswith("**What failed**")))
+    assert _answer(page) == (
+        ":orange-background[ERROR] The compile stage failed after 3 min 0 s; the compiler said:"
+    )
+    order = _main_order(page)
+    said = next(i for i, e in enumerate(order) if "-background[ERROR]" in e)
+    assert order[said + 1] == "Code: neuronx-cc failed: SBUF overflow"  # the message, as code
+    figures = {m.label: m.value for m in page.metric}
+    assert figures == {"cores": "1", "time until it failed": "3 min 0 s", "parameters": "1 B"}
+    said = _unescaped(next(m for m in _markdown(page) if m.startswith("**Error class**")))
     assert "`compile`: Compiling the forward failed" in said
     assert "reason `compiler-error`: The compile stack failed" in said  # not the model's graph
-    assert "stage `compile`" in said
-    assert "failed after 3 min 0 s" in said
     assert any(c.value == TRACEBACK for c in page.code)
+    assert not any("Cut at its top" in c.value for c in page.caption)  # a whole traceback
 
 
-def test_an_excluded_model_says_why_and_offers_no_reproduce(page: AppTest) -> None:
+def test_a_cut_traceback_says_where_it_was_cut() -> None:
+    from model_support.viewer.failures import traceback_cut
+
+    assert traceback_cut(TRACEBACK) is None
+    tail = "\n".join(TRACEBACK.splitlines()[1:])  # run.py kept its last lines only
+    said = traceback_cut(tail)
+    assert said is not None and said.startswith("Cut at its top")
+    assert "last 40 lines" in said
+
+
+def test_an_excluded_model_says_why_and_how_to_reproduce_it(page: AppTest) -> None:
+    """An EXCLUDED model's answer is its reason and the cores it would need; its Reproduce
+    gives the sizing command and what would have run (run.py, on that many cores)."""
     _open(page, "org/too-large")
-    said = _unescaped(next(m for m in _markdown(page) if m.startswith("**Not run**")))
-    assert "`too-large`: Does not fit the maximum number of cores" in said
-    assert "**Would need**: 64 NeuronCores (tensor parallel)" in _markdown(page)
-    assert not any("Reproduce" in m for m in _markdown(page))
-    assert not [b for b in page.get("download_button") if "run.py" in b.proto.label]
+    assert _answer(page) == (
+        ":gray-background[EXCLUDED] Not run (too-large): does not fit the maximum number of "
+        "cores for a test, even sharded; it would need 64 NeuronCores, tensor parallel."
+    )
+    assert not page.metric  # no figure applies to a model that never ran
+    codes = [c.value for c in page.code]
+    assert "model-support size org/too-large" in codes
+    assert any("What would have run, on 64 cores" in m for m in _markdown(page))
+    (reproduce,) = [c for c in codes if c.startswith("model-support reproduce")]
+    assert "--results RESULTS -o reproduce" in reproduce and "docker run" in reproduce
+    assert [b for b in page.get("download_button") if "run.py" in b.proto.label]
 
 
 def test_a_malformed_json_field_does_not_hide_the_rest(

@@ -59,10 +59,11 @@ def test_history_deep_link_opens_one_runs_details(page: AppTest, dataset: Path) 
     assert not page.exception
     headings = [h.value for h in page.subheader]
     assert any(run_id.replace("-", "\\-") in h or run_id in h for h in headings)
+    # The dataset is a folder of the viewer's machine: the command says what to replace.
     assert any(
-        c.value.startswith(f"model-support reproduce {run_id} --results {dataset}")
-        for c in page.code
+        c.value.startswith(f"model-support reproduce {run_id} --results RESULTS") for c in page.code
     )
+    assert not [c.value for c in page.code if str(dataset) in c.value]
     assert any('"model": "Qwen/Qwen3-1.7B"' in c.value for c in page.code)  # run.py's config
     assert page.query_params["run"] == run_id
 
@@ -120,3 +121,19 @@ def test_a_changed_threshold_without_a_reason_keeps_the_defaults(page: AppTest) 
     assert not page.warning
     markdown = next(c.value for c in page.code if c.value.startswith("# Regressions"))
     assert "by more than 50%: decode is noisy on shared hosts" in markdown
+
+
+def test_a_fails_history_says_why_and_its_times_are_utc_on_a_24_hour_clock(
+    explained_dataset: Path, monkeypatch: pytest.MonkeyPatch, dead_hub: str
+) -> None:
+    import json
+
+    at = viewer_page(explained_dataset, monkeypatch, dead_hub, view="history", model="org/fails")
+    at.run()
+    assert not at.exception
+    runs = at.dataframe[0].value
+    assert list(runs["why"]) == ["tokens, median"]  # a FAIL's failed checks, as the lists say
+    (chart,) = at.get("vega_lite_chart")
+    x = json.loads(chart.proto.spec)["layer"][0]["encoding"]["x"]
+    assert x["scale"] == {"type": "utc"} and x["axis"]["format"] == "%Y-%m-%d %H:%M"
+    assert x["title"] == "finished (UTC)"

@@ -147,13 +147,13 @@ def test_a_stack_with_fewer_results_says_how_many_and_which_has_most(
     at = viewer_page(tmp_path, monkeypatch, dead_hub, view="all").run()
     assert not at.exception
     assert at.selectbox(key="compiler").value == f"neuronx-cc {NEW_CC}"
-    notes = [i.value.replace("\\", "") for i in at.info if "tested on this stack" in i.value]
+    notes = [c.value.replace("\\", "") for c in at.caption if "tested on this stack" in c.value]
     assert notes == [
-        f"1 of 3 tested on this stack (neuronx-cc {NEW_CC} · transformers {TRANSFORMERS}); "
+        f"1 of 3 models tested on this stack; "
         f"neuronx-cc {OLD_CC} · transformers {TRANSFORMERS} has the most: 3."
     ]
     at.selectbox(key="compiler").select(f"neuronx-cc {OLD_CC}").run()
-    assert not [i for i in at.info if "tested on this stack" in i.value]
+    assert not [c for c in at.caption if "tested on this stack" in c.value]
 
 
 def test_the_table_highlights_the_row_of_the_model_the_url_names(page: AppTest) -> None:

@@ -45,9 +45,10 @@ def test_the_fields_a_runner_pod_alone_reported_are_said_to_be_its_word(page: Ap
     [said] = [c for c in captions if "As its runner pod reported them" in c]
     assert said.replace("\\", "").endswith("device_name, os, python")
     # instance_type was checked against the node (not in the label): shown plainly.
-    headline = next(m.value for m in page.markdown if "-background[" in m.value)
-    assert "Trainium trn2.48xlarge ·" in headline.replace("\\", "")
-    assert "as its pod reported it" not in headline
+    # The line of facts under the answer (task, stack, where it ran, cores, date).
+    facts = next(c for c in captions if " · " in c and "UTC" in c)
+    assert "Trainium trn2.48xlarge ·" in facts.replace("\\", "")
+    assert "as its pod reported it" not in facts
 
 
 def _strings(value: object) -> list[str]:

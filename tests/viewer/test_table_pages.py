@@ -98,7 +98,8 @@ def test_search_covers_every_page_and_a_short_result_is_one_page(page: AppTest) 
     _run(page)
     models = list(page.dataframe[0].value["model"])
     assert models == [long_model(i) for i in range(1200, LONG_ROWS)]  # all on the last page
-    assert f"{len(models)} rows" in _captions(page)
+    said = [m.value for m in page.markdown if "results**" in m.value]
+    assert said and said[0].startswith(f"**{len(models)} results** of {len(models)} models")
     assert not page.number_input  # one page: no page controls
 
 

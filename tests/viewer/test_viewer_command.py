@@ -198,15 +198,26 @@ def run_probe(probe: str) -> subprocess.CompletedProcess[str]:
 def test_the_server_loads_what_streamlit_loads_at_the_pages_first_run(long_dataset: Path) -> None:
     """Streamlit's emoji catalog, which the page's icon is checked against (0.2 s to import at
     its first use in a process), is loaded before the server listens (a new process: this one
-    may have loaded it already)."""
+    may have loaded it already); so is what the page's other parts load at their first use: the
+    installed packages' dependency graph (every details' Reproduce: 0.5-0.7 s of the first
+    click), run.py's template parsed (the runner's base image), the compile cache package,
+    pandas' Styler, the Hub client, altair."""
     probe = (
         "import sys\n"
         "from model_support.viewer import serve\n"
         f"serve.warm({str(long_dataset)!r})\n"
-        "print('streamlit.emojis' in sys.modules)\n"
+        "serve.warm_first_uses()\n"
+        "from model_support.reproduce import installed_dependency_graph as graph\n"
+        "from model_support.script import _statements as template\n"
+        "print('streamlit.emojis' in sys.modules, graph.cache_info().currsize, "
+        "template.cache_info().currsize)\n"
+        "print(*(m in sys.modules for m in ('model_support.compile_cache', "
+        "'pandas.io.formats.style', 'model_support.rankings', 'altair')))\n"
     )
     answer = run_probe(probe)
-    assert answer.stdout.strip() == "True", answer.stderr
+    assert answer.stdout.split() == ["True", "1", "1", "True", "True", "True", "True"], (
+        answer.stderr
+    )
 
 
 @pytest.mark.parametrize("served", [True, False], ids=["served", "not-served"])

@@ -262,6 +262,8 @@ def build_explained_dataset(root: Path) -> None:
             error="neuronx-cc failed: SBUF overflow",
             traceback=TRACEBACK,
             stage="compile",
+            timings=Timings(load_s=10.0),  # it loaded, then failed to compile
+            memory=Memory(),
         )
     )
     too_large = make_record("org/too-large", "text-generation", "EXCLUDED", NEW_CC, START)

@@ -1,34 +1,27 @@
-"""The ModelSupportSweep resource: its spec and status as typed models, and the tests it makes.
+"""The ModelSupportSweep's spec as a typed model, and what it means: which tests it makes.
 
-Pure of the cluster (the reconciler in ``sweep_reconciler.py`` does the API calls). What lives
-here decides the sweep's semantics:
+Pure of the cluster (the reconciler in ``sweep_reconciler.py`` does the API calls; its status is
+in ``sweep_status.py``, the tests it creates in ``sweep_manifests.py``). What lives here decides
+the sweep's semantics:
 
-* **names**: a sweep's test for a model is ``<sweep>-<model slug>-<8 hex of sha256(model id)>``
-  (at most 63 characters, a DNS label): the same model always gets the same test, whatever its
-  rank, and ids that differ only in case or punctuation get different tests;
 * **run key**: a hash of ``spec.epoch`` and the stack (image, profile, compiler and library
   versions). A test whose run key is the sweep's current one is not run again; a new run key
   re-runs each test once (a new generation of the same test), never while it is running;
-* **source key**: a hash of the source and the run key: when it changes the sweep ranks again.
+* **source key**: a hash of the source and the run key: when it changes the sweep ranks again;
+* **a test's spec**: the template, then what the sweep sets itself (model, revision and task
+  from the source, image and profile from the stack, queue from the concurrency, the epoch);
+  an entry whose test the API server would refuse is skipped, with why.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from model_support.operator.openapi import CelRule, Int64, Timestamp, cel_rules
-from model_support.operator.resource import (
-    ANNOTATION_MODEL,
-    ANNOTATION_SWEEP_RUN,
-    API_VERSION,
-    LABEL_SWEEP,
-    SWEEP_KIND,
-)
+from model_support.operator.openapi import CelRule, Int64, cel_rules
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import (
     DNS_LABEL_PATTERN,
@@ -42,7 +35,6 @@ from model_support.operator.spec import (
     parse_spec,
     profile_rules,
 )
-from model_support.operator.status import CONDITIONS_LIST, Condition, set_condition
 from model_support.vocabulary import Task
 
 MAX_SWEEP_NAME = 40
@@ -53,7 +45,6 @@ NAME_RULE = CelRule(
     "<sweep>-<model>-<hash>, at most 63).",
 )
 """The API server's rule (CEL) on a sweep's name."""
-MAX_NAME = 63
 MAX_SWEEP_MODELS = 1000
 """A sweep tests at most this many models (a list's length, a ranking's limit)."""
 HUB_SORTS = {"trending": "trending_score", "downloads": "downloads", "likes": "likes"}
@@ -372,24 +363,6 @@ def describe_source(sweep: SweepSpec) -> str:
     return "selected"
 
 
-def child_name(sweep: str, model_id: str, profile: str | None = None) -> str:
-    """The name of a sweep's test for ``model_id``: stable, unique per sweep, a DNS label.
-
-    ``profile`` is part of the name for flat sweeps (two profiles are two sets of resources);
-    a ModelSupportSweep's tests keep their names when the stack changes (a new generation).
-    """
-    digest = hashlib.sha256(model_id.encode()).hexdigest()[:8]
-    prefix = f"{sweep}-{profile}-" if profile else f"{sweep}-"
-    room = MAX_NAME - len(prefix) - len(digest) - 1
-    if room < 1:
-        raise ValueError(
-            f"sweep name {sweep!r} is too long for its tests' names; use at most "
-            f"{MAX_SWEEP_NAME} characters"
-        )
-    slug = re.sub(r"[^a-z0-9]+", "-", model_id.lower()).strip("-")[:room].strip("-") or "model"
-    return f"{prefix}{slug}-{digest}"
-
-
 def child_spec(sweep: SweepSpec, entry: SweepModel, *, image: str | None) -> dict[str, Any]:
     """The spec of the test of ``entry``: the template, then what the sweep sets itself."""
     spec = dict(sweep.template)
@@ -432,254 +405,3 @@ def admitted(
         else:
             skipped.append(SkippedModel(model=entry.model, reason=reason))
     return kept, skipped
-
-
-def owner_reference(sweep: dict[str, Any]) -> dict[str, Any]:
-    """The sweep as the controller of its tests (deleting the sweep deletes them)."""
-    meta = sweep["metadata"]
-    return {
-        "apiVersion": API_VERSION,
-        "kind": SWEEP_KIND,
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def build_child(
-    sweep: dict[str, Any],
-    spec: SweepSpec,
-    entry: SweepModel,
-    key: str,
-    settings: OperatorSettings,
-) -> dict[str, Any]:
-    """The ModelSupportTest a sweep creates for one model.
-
-    Only our own labels and annotations: copying the sweep's (e.g. Argo CD's tracking label
-    app.kubernetes.io/instance) would make GitOps tools take the test for theirs and prune it.
-    """
-    meta = sweep["metadata"]
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "ModelSupportTest",
-        "metadata": {
-            "name": child_name(meta["name"], entry.model),
-            "namespace": meta["namespace"],
-            "labels": {LABEL_SWEEP: meta["name"]},
-            "annotations": {ANNOTATION_MODEL: entry.model, ANNOTATION_SWEEP_RUN: key},
-            "ownerReferences": [owner_reference(sweep)],
-        },
-        "spec": child_spec(spec, entry, image=image_of(spec, settings)),
-    }
-
-
-def rerun_patch(
-    spec: SweepSpec,
-    entry: SweepModel,
-    key: str,
-    settings: OperatorSettings,
-    current_fields: set[str],
-) -> dict[str, Any]:
-    """A merge patch that makes a finished test a new generation under run key ``key``
-    (fields the new spec no longer has are removed)."""
-    new = child_spec(spec, entry, image=image_of(spec, settings))
-    removed = dict.fromkeys(current_fields - set(new))
-    return {"metadata": {"annotations": {ANNOTATION_SWEEP_RUN: key}}, "spec": {**removed, **new}}
-
-
-# ----------------------------------------------------------------------------- status
-
-MAX_LISTED_REGRESSIONS = 100
-"""A sweep's status names at most this many regressions (the count is always whole)."""
-MAX_LISTED_SKIPPED = 100
-"""A sweep's status names at most this many skipped models (the count is always whole)."""
-
-
-class SweepCounts(BaseModel):
-    """How the sweep's models stand (the printer columns read these)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    models: int = Field(0, description="Models in the current ranking.")
-    queued: int = Field(
-        0,
-        description="Ranked models waiting for a slot (no test yet, or one of an earlier run key).",
-    )
-    running: int = Field(
-        0, description="Tests not finished, ranked or retained (at most maxRunning)."
-    )
-    done: int = Field(0, description="Ranked models finished under the current run key.")
-    passed: int = 0
-    failed: int = 0
-    errored: int = 0
-    timedOut: int = 0
-    excluded: int = 0
-    unverified: int = 0
-    invalid: int = Field(0, description="Tests that cannot run as written (phase Invalid).")
-    skipped: int = Field(
-        0,
-        description="Ranked models with no test: the API server would refuse it "
-        "(ranking.skipped says which and why).",
-    )
-    retained: int = Field(0, description="Tests of models that left the ranking, kept as they are.")
-    regressions: int = Field(
-        0,
-        description="Models whose result got worse than under the previous run key (PASS to "
-        "FAIL, ERROR or TIMEOUT; EXCLUDED to ERROR).",
-    )
-    fixes: int = Field(
-        0, description="Models that did not pass under the previous run key and now pass."
-    )
-
-
-class SweepBaseline(BaseModel):
-    """The results of the previous run key, what this run's results are compared with."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    runKey: str
-    results: dict[str, str] = Field(
-        default_factory=dict,
-        max_length=MAX_SWEEP_MODELS,
-        description="Model id -> its result under that run key.",
-    )
-
-
-class SweepRegression(BaseModel):
-    """One model whose result got worse than under the previous run key."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str
-    before: str
-    after: str
-
-
-class SweepCost(BaseModel):
-    """What the current run key's finished tests cost so far (docs/pricing.md)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    coreHours: float = Field(0.0, ge=0)
-    usd: float | None = Field(None, ge=0, description="Null when no finished test has a price.")
-    unpriced: int = Field(
-        0, ge=0, description="Finished tests without a price (no instance price)."
-    )
-
-
-class RankingState(BaseModel):
-    """The ranking the sweep works from."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    source: str
-    sourceKey: str
-    fetchedAt: Timestamp
-    models: list[SweepModel] = Field(default_factory=list, max_length=MAX_SWEEP_MODELS)
-    skipped: list[SkippedModel] = Field(
-        default_factory=list,
-        max_length=MAX_LISTED_SKIPPED,
-        description="Ranked models the sweep makes no test of, because the API server would "
-        f"refuse their tests (e.g. a Hub id the model pattern refuses), and why; the first "
-        f"{MAX_LISTED_SKIPPED}.",
-    )
-    skippedCount: int = Field(0, ge=0, description="How many ranked models were skipped.")
-    snapshot: str | None = Field(None, description="Where the snapshot is in the results store.")
-
-
-class SweepStatus(BaseModel):
-    """status of a ModelSupportSweep (see crds/modelsupportsweeps.yaml)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    observedGeneration: Int64 | None = Field(None, ge=0)
-    runKey: str | None = Field(
-        None,
-        description="Hash of the epoch and the stack: tests made under another key are run again.",
-    )
-    epoch: Int64 | None = None
-    source: str | None = Field(None, description="The source in a few words.")
-    lastRankedAt: Timestamp | None = None
-    ranking: RankingState | None = Field(
-        None,
-        description="The ranking the sweep works from (also stored with the dataset under "
-        "rankings/snapshots/).",
-    )
-    counts: SweepCounts = Field(default_factory=SweepCounts)
-    baseline: SweepBaseline | None = Field(
-        None, description="The previous run key's results, what this run is compared with."
-    )
-    regressions: list[SweepRegression] = Field(
-        default_factory=list,
-        max_length=MAX_LISTED_REGRESSIONS,
-        description=f"The models whose result got worse (at most {MAX_LISTED_REGRESSIONS} "
-        "listed; counts.regressions has them all).",
-    )
-    regressionsReported: str | None = Field(
-        None, description="The run key whose regressions an Event has reported (one per run)."
-    )
-    cost: SweepCost = Field(
-        default_factory=SweepCost,
-        description="What the current run's finished tests cost so far (docs/pricing.md).",
-    )
-    message: str | None = Field(None, max_length=4096)
-    conditions: list[Condition] = Field(default_factory=list, json_schema_extra=CONDITIONS_LIST)
-
-    @classmethod
-    def read(cls, status: dict[str, Any] | None) -> SweepStatus:
-        """Parse a status read from the API; a part that does not parse is dropped (it is
-        written again from the sweep's state)."""
-        known = {k: v for k, v in (status or {}).items() if k in cls.model_fields}
-        try:
-            return cls.model_validate(known)
-        except ValidationError:
-            ranking = known.pop("ranking", None)
-            try:
-                parsed = cls.model_validate({k: v for k, v in known.items() if k != "counts"})
-            except ValidationError:
-                parsed = cls()
-            try:
-                parsed.ranking = RankingState.model_validate(ranking) if ranking else None
-            except ValidationError:
-                parsed.ranking = None
-            return parsed
-
-    def patch(self) -> dict[str, Any]:
-        """The whole status as a merge patch: an unset field of an object is null (removed
-        from what is stored); inside a list (which a merge patch replaces whole) it is left
-        out, since the schema has no nullable fields."""
-        return dict(_without_nulls_in_lists(self.model_dump(mode="json")))
-
-
-def _without_nulls_in_lists(value: Any, in_list: bool = False) -> Any:
-    if isinstance(value, dict):
-        return {
-            k: _without_nulls_in_lists(v, in_list)
-            for k, v in value.items()
-            if not (in_list and v is None)
-        }
-    if isinstance(value, list):
-        return [_without_nulls_in_lists(v, True) for v in value]
-    return value
-
-
-SweepState = Literal["done", "testing", "ranking", "invalid"]
-
-
-def sweep_conditions(
-    previous: list[dict[str, Any]] | None, state: SweepState, generation: int, message: str
-) -> list[dict[str, Any]]:
-    """Ready and Progressing, plus kstatus's Reconciling and Stalled, for ``state``."""
-    ready = state == "done"
-    reason = {"done": "Done", "testing": "Testing", "ranking": "Ranking", "invalid": "InvalidSpec"}[
-        state
-    ]
-    progressing = state in ("testing", "ranking")
-    conditions = set_condition(previous, "Ready", ready, reason, message, generation)
-    conditions = set_condition(conditions, "Progressing", progressing, reason, message, generation)
-    conditions = set_condition(conditions, "Reconciling", progressing, reason, message, generation)
-    return set_condition(
-        conditions, "Stalled", state == "invalid", reason, message if state == "invalid" else
-        "not stalled", generation,
-    )  # fmt: skip

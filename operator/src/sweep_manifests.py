@@ -1,0 +1,105 @@
+"""The ModelSupportTests a sweep creates, and the patch that re-runs one.
+
+* **names**: a sweep's test for a model is ``<sweep>-<model slug>-<8 hex of sha256(model id)>``
+  (at most 63 characters, a DNS label): the same model always gets the same test, whatever its
+  rank, and ids that differ only in case or punctuation get different tests;
+* **ownership**: the sweep is the controller of its tests (deleting the sweep deletes them);
+  only the operator's own labels and annotations are set on them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from model_support.operator.resource import (
+    ANNOTATION_MODEL,
+    ANNOTATION_SWEEP_RUN,
+    API_VERSION,
+    LABEL_SWEEP,
+    SWEEP_KIND,
+)
+from model_support.operator.settings import OperatorSettings
+from model_support.operator.sweep_spec import (
+    MAX_SWEEP_NAME,
+    SweepModel,
+    SweepSpec,
+    child_spec,
+    image_of,
+)
+
+MAX_NAME = 63
+"""A Kubernetes name (a DNS label) holds at most this many characters."""
+
+
+def child_name(sweep: str, model_id: str, profile: str | None = None) -> str:
+    """The name of a sweep's test for ``model_id``: stable, unique per sweep, a DNS label.
+
+    ``profile`` is part of the name for flat sweeps (two profiles are two sets of resources);
+    a ModelSupportSweep's tests keep their names when the stack changes (a new generation).
+    """
+    digest = hashlib.sha256(model_id.encode()).hexdigest()[:8]
+    prefix = f"{sweep}-{profile}-" if profile else f"{sweep}-"
+    room = MAX_NAME - len(prefix) - len(digest) - 1
+    if room < 1:
+        raise ValueError(
+            f"sweep name {sweep!r} is too long for its tests' names; use at most "
+            f"{MAX_SWEEP_NAME} characters"
+        )
+    slug = re.sub(r"[^a-z0-9]+", "-", model_id.lower()).strip("-")[:room].strip("-") or "model"
+    return f"{prefix}{slug}-{digest}"
+
+
+def owner_reference(sweep: dict[str, Any]) -> dict[str, Any]:
+    """The sweep as the controller of its tests (deleting the sweep deletes them)."""
+    meta = sweep["metadata"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": SWEEP_KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def build_child(
+    sweep: dict[str, Any],
+    spec: SweepSpec,
+    entry: SweepModel,
+    key: str,
+    settings: OperatorSettings,
+) -> dict[str, Any]:
+    """The ModelSupportTest a sweep creates for one model.
+
+    Only our own labels and annotations: copying the sweep's (e.g. Argo CD's tracking label
+    app.kubernetes.io/instance) would make GitOps tools take the test for theirs and prune it.
+    """
+    meta = sweep["metadata"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "ModelSupportTest",
+        "metadata": {
+            "name": child_name(meta["name"], entry.model),
+            "namespace": meta["namespace"],
+            "labels": {LABEL_SWEEP: meta["name"]},
+            "annotations": {ANNOTATION_MODEL: entry.model, ANNOTATION_SWEEP_RUN: key},
+            "ownerReferences": [owner_reference(sweep)],
+        },
+        "spec": child_spec(spec, entry, image=image_of(spec, settings)),
+    }
+
+
+def rerun_patch(
+    spec: SweepSpec,
+    entry: SweepModel,
+    key: str,
+    settings: OperatorSettings,
+    current_fields: set[str],
+) -> dict[str, Any]:
+    """A merge patch that makes a finished test a new generation under run key ``key``
+    (fields the new spec no longer has are removed)."""
+    new = child_spec(spec, entry, image=image_of(spec, settings))
+    removed = dict.fromkeys(current_fields - set(new))
+    return {"metadata": {"annotations": {ANNOTATION_SWEEP_RUN: key}}, "spec": {**removed, **new}}
