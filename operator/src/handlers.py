@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -62,7 +63,9 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
     notifications.configure(settings)
     watchdog: dict[str, asyncio.Task[None]] = {}
     leadership = Leadership(
-        kube.client,
+        # A client of its own, without urllib3's retries: each Lease call ends within its
+        # timeout (a quarter of the renew deadline), so a round cannot outlast the deadline.
+        api_client(settings.api_server, pool_size=2, retries=False),
         namespace=lease_namespace(settings.lease_namespace),
         name=settings.lease_name,
         identity=default_identity(),
@@ -72,7 +75,7 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
         request_timeout_s=settings.request_timeout_s,
     )
     if not settings.leader_election:
-        leadership.leading.set()
+        leadership.lead_alone()
 
     def resume_as_leader() -> None:
         with leadership.acting() as leading:
@@ -119,8 +122,16 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
         )
         if settings_.leader_election:
             watchdog["leader"] = asyncio.create_task(
-                _elect(leadership, take_over), name="model-support leader election"
+                _elect(leadership, take_over), name=ELECTION_TASK
             )
+            watchdog["leader"].add_done_callback(_election_ended)
+
+    @kopf.on.probe(id="loops", registry=registry)
+    def loops_alive(**_: Any) -> str:
+        # kopf's liveness endpoint fails (HTTP 500) when a probe raises: the kubelet then
+        # restarts the operator. A loop that ended (or an election whose rounds stopped
+        # coming) would otherwise leave a replica that watches and never acts, or acts alone.
+        return _check_loops(watchdog, leadership if settings_.leader_election else None)
 
     @kopf.on.cleanup(registry=registry)
     async def stop_watchdog(**_: Any) -> None:
@@ -198,10 +209,52 @@ def resume(reconciler: Reconciler, checks: Watchdog, sweeps: SweepReconciler) ->
         sweeps.reconcile(uid)
 
 
+ELECTION_TASK = "model-support leader election"
+LOOP_TASKS = {"task": "watchdog", "sweeps": "sweeps", "running": "running phases"}
+
+
 async def _elect(leadership: Leadership, on_gained: Callable[[], None]) -> None:
+    """The election's rounds, for ever: a round's error is a failed round (Leadership.step
+    logs it), and whatever else goes wrong between rounds is logged and retried, so the loop
+    ends only when it is cancelled (the operator stopping)."""
     while True:
-        wait = await asyncio.to_thread(leadership.step, on_gained)
+        wait = leadership.retry_s
+        try:
+            wait = await asyncio.to_thread(leadership.step, on_gained)
+        except Exception:
+            log.exception("leader election: a round could not run; retrying in %s s", wait)
         await asyncio.sleep(wait)
+
+
+def _election_ended(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        return  # the operator is stopping
+    log.critical(
+        "leader election ended (%r): this replica no longer renews or acquires the Lease; the "
+        "liveness probe fails so that it is restarted", task.exception(),
+    )  # fmt: skip
+
+
+def _check_loops(tasks: dict[str, asyncio.Task[None]], leadership: Leadership | None) -> str:
+    """The liveness probe: every loop of the operator runs, and the election's rounds keep
+    coming (within the lease duration plus the renew deadline: a round is bounded by the
+    renew deadline). Raises kopf.PermanentError (the endpoint answers 500) otherwise."""
+    if not tasks:
+        return "starting"  # the startup handler has not made the loops yet
+    for key, what in [("leader", "leader election"), *LOOP_TASKS.items()]:
+        task = tasks.get(key)
+        if key == "leader" and leadership is None:
+            continue
+        if task is None or task.done():
+            raise kopf.PermanentError(f"the {what} loop is not running")
+    if leadership is not None and leadership.last_round_at is not None:
+        silent = time.monotonic() - leadership.last_round_at
+        if silent > leadership.lease_s + leadership.renew_deadline_s:
+            raise kopf.PermanentError(
+                f"the leader election's last round ended {silent:.0f} s ago (rounds come every "
+                f"{leadership.retry_s:g} s)"
+            )
+    return "ok"
 
 
 async def _flush_running(reconciler: Reconciler, leadership: Leadership) -> None:
@@ -220,7 +273,7 @@ async def _watchdog(
     interval = checks.settings.watchdog_interval_s
     while True:
         await asyncio.sleep(interval)
-        if not leadership.leading.is_set():
+        if not leadership.is_leading():
             continue
         for check in (*checks.checks(), *more):
             try:

@@ -26,7 +26,11 @@ from model_support.operator.settings import settings_from_values
 from model_support.store import ResultsStore
 from model_support.vocabulary import Result
 
-BASE: dict[str, Any] = {"results": "s3://bucket/results"}
+BASE: dict[str, Any] = {
+    "results": "s3://bucket/results",
+    "watchNamespaces": ["ml"],
+    "deliveryKey": {"existingSecret": "ms-delivery-key"},
+}
 
 
 def exported() -> set[str]:

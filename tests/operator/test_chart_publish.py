@@ -21,12 +21,16 @@ PUBLISH = {
 
 def render(values: dict[str, Any]) -> list[dict[str, Any]]:
     rendered = helm_python.Chart.load(str(CHART)).render(
-        copy.deepcopy(values), name="ms", namespace="model-support"
+        {**REQUIRED, **copy.deepcopy(values)}, name="ms", namespace="model-support"
     )
     return [d for text in rendered.values() for d in yaml.safe_load_all(text) if d]
 
 
 RESULTS = "s3://bucket/model-support"
+REQUIRED: dict[str, Any] = {
+    "watchNamespaces": ["ml"],
+    "deliveryKey": {"existingSecret": "ms-delivery-key"},
+}
 
 
 def test_no_cronjob_unless_asked_for() -> None:
