@@ -286,3 +286,20 @@ def test_a_step_runs_the_bad_rows_run_py_and_refuses_what_the_bisect_does_not_al
     assert step_spec(allowed, remote, None, "/r/bisect")["trustRemoteCode"] is True
     with pytest.raises(SpecError, match=r"spec\.template sets extraPackages"):
         parse_bisect({"model": "a/b", "good": "a", "bad": "b", "template": {"extraPackages": []}})
+
+
+def test_only_the_operators_own_store_publishes_stack_and_release_metrics(tmp_path: Any) -> None:
+    """The stacks' and releases' series carry no store: a bisect's steps (runs of environments
+    that are no release) or a test's own store would overwrite the operator's own figures."""
+    from model_support.operator.kube import Kube, api_client
+    from model_support.operator.recording import Recorder
+    from model_support.operator.settings import OperatorSettings
+
+    own = str(tmp_path / "results")
+    settings = OperatorSettings(results_uri=own, allowed_results_prefixes=[own])
+    recorder = Recorder(settings, Kube(api_client("http://127.0.0.1:9")))
+    recorder.store_for(None)
+    recorder.store_for(parse_spec({"model": "a/b", "results": steps_location(own)}))
+    recorder.store_for(parse_spec({"model": "a/b", "results": own}))
+    published = {uri: m.publish for uri, m in recorder.materializers.items()}
+    assert published == {own: True, steps_location(own): False}
