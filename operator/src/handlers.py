@@ -101,6 +101,10 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
         settings.posting.loggers = False  # our own Events only, not one per handler log line
         settings.execution.max_workers = 32
         settings.peering.standalone = True
+        # Watching named namespaces needs no list of the cluster's namespaces or CRDs (kopf's
+        # scanning), which the chart's per-namespace rights do not grant: the namespaces are
+        # served as named, the resources as discovered at startup (kopf's ScanningSettings).
+        settings.scanning.disabled = bool(reconciler.settings.namespaces)
         # Every call has a deadline; lists are fetched in pages.
         settings.networking.request_timeout = reconciler.settings.request_timeout_s
         settings.networking.connect_timeout = min(10.0, reconciler.settings.request_timeout_s)
