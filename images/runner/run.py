@@ -5780,15 +5780,27 @@ def worker_main(rank: int, world_size: int, config: dict, queue) -> None:
             torch.distributed.destroy_process_group()
 
 
+def _dead_worker(procs, docs: dict) -> int | None:
+    """The worker to blame among those that exited abnormally without sending a result.
+
+    One killed by a signal (negative exit code: OOM killer, SIGKILL) comes first: a peer that
+    lost it in a collective exits with a plain status of its own moments later, and by the time
+    the parent looks both may be dead.
+    """
+    dead = [r for r, p in enumerate(procs) if r not in docs and p.exitcode not in (None, 0)]
+    if not dead:
+        return None
+    signalled = [r for r in dead if procs[r].exitcode < 0]
+    return (signalled or dead)[0]
+
+
 def _crashed_worker(procs, docs: dict, wait_s: float) -> int | None:
-    """The first worker that exited abnormally without sending a result, waiting up to wait_s."""
+    """The worker to blame for a crash (see _dead_worker), waiting up to wait_s for one."""
     deadline = time.monotonic() + wait_s
     while True:
-        for rank, proc in enumerate(procs):
-            if rank not in docs and proc.exitcode not in (None, 0):
-                return rank
-        if time.monotonic() > deadline:
-            return None
+        crashed = _dead_worker(procs, docs)
+        if crashed is not None or time.monotonic() > deadline:
+            return crashed
         time.sleep(0.1)
 
 
@@ -5843,18 +5855,16 @@ def run_sharded(config: dict) -> dict:
             try:
                 rank, doc, final = results.get(timeout=1.0)
             except queue_module.Empty:
-                dead = [
-                    r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in docs
-                ]
-                if dead and provisional is not None:
+                dead = _dead_worker(procs, docs)
+                if dead is not None and provisional is not None:
                     # A worker stopped during rank 0's search: the verdict stands, the search
                     # is recorded as failed (the provisional document says so).
                     provisional["verification"]["first_divergence"]["reason"] += (
-                        f" (worker rank {dead[0]} exited with status {procs[dead[0]].exitcode})"
+                        f" (worker rank {dead} exited with status {procs[dead].exitcode})"
                     )
                     break
-                if dead and verdict_at is None:
-                    failure = f"worker rank {dead[0]} exited with status {procs[dead[0]].exitcode} without a result"
+                if dead is not None and verdict_at is None:
+                    failure = f"worker rank {dead} exited with status {procs[dead].exitcode} without a result"
                 elif time.monotonic() > deadline:
                     missing = sorted(set(range(world_size)) - set(docs))
                     failure = (
