@@ -26,7 +26,8 @@ from model_support.config import COMPILE_BACKEND_PATTERN, RunConfig, Verificatio
 from model_support.execution import StageEvent
 from model_support.models import BadModelReference, resolve_model
 from model_support.printable import DataConsole
-from model_support.records import RunRecord, excluded_record
+from model_support.records import RunRecord
+from model_support.runpath import excluded_record
 from model_support.stop_signals import on_stop_signals
 from model_support.vocabulary import Backend, LocalizeMode, Parallelism, Result, Task
 
