@@ -191,23 +191,22 @@ def plan_cores(
     return prepared.config
 
 
-def pin_revision(config: RunConfig) -> RunConfig:
-    """Resolve a Hub model's revision (a branch, a tag, or none) to its commit
-    (:func:`model_support.runpath.pin_revision`), or exit clearly.
+def pinned_or_exit(config: RunConfig) -> RunConfig:
+    """``config`` with its Hub revision (a branch, a tag, or none) resolved to its commit by
+    :func:`model_support.runpath.pin_revision`, or exit 2 saying why it cannot be.
 
     The stored run.py then names exactly the weights that were tested, and reruns of it load
     the same ones. A gated repository without access is left for sizing, which records it as
     EXCLUDED (gated-without-token).
     """
-    from model_support.runpath import ModelNotOnHub, RevisionNotFound, is_pinned
-    from model_support.runpath import pin_revision as pin
+    from model_support.runpath import ModelNotOnHub, RevisionNotFound, is_pinned, pin_revision
 
     if is_pinned(config):
         return config  # before importing the Hub client: run.py starts only after this
     from model_support.hub import is_unreachable
 
     try:
-        return pin(
+        return pin_revision(
             config, token=os.environ.get("HF_TOKEN"), endpoint=os.environ.get("HF_ENDPOINT")
         ).config
     except (RevisionNotFound, ModelNotOnHub) as exc:
@@ -306,7 +305,7 @@ def build_config(
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise fail(f"invalid test parameters: {problems}") from exc
-    return pin_revision(config)
+    return pinned_or_exit(config)
 
 
 class StageProgress:
