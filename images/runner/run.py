@@ -724,7 +724,7 @@ def generate(
     )
 
 
-def first_token_clock(backend: Backend):
+def first_token_clock(backend: DeviceBackend):
     """A stopping criterion that never stops generation and notes (``at``, perf_counter
     seconds) when the first token is out: the prefill's end, measured inside the timed
     generation instead of by a generation of its own."""
@@ -1927,7 +1927,7 @@ def scenario_for(task: str) -> TaskScenario:
 TORCHNEURON_BASE_IMAGE = "model-support/torchneuron-base:sdk2.33.0"
 
 
-class Backend:
+class DeviceBackend:
     """The cpu backend, and the interface of the others: the device is this process."""
 
     name = "cpu"
@@ -2012,7 +2012,7 @@ class Backend:
         return int(inductor["fxgraph_cache_miss"]), int(inductor["fxgraph_cache_hit"])
 
 
-class CudaBackend(Backend):
+class CudaBackend(DeviceBackend):
     """An NVIDIA GPU: one per rank."""
 
     name = "cuda"
@@ -2038,7 +2038,7 @@ class CudaBackend(Backend):
         return torch.cuda.get_device_properties(device).name
 
 
-class NeuronBackend(Backend):
+class NeuronBackend(DeviceBackend):
     """Trainium through TorchNeuron: one NeuronCore per rank (the helpers below)."""
 
     name = "neuron"
@@ -2120,12 +2120,12 @@ class NeuronBackend(Backend):
         )
 
 
-BACKENDS: dict[str, Backend] = {
-    backend.name: backend for backend in (NeuronBackend(), CudaBackend(), Backend())
+BACKENDS: dict[str, DeviceBackend] = {
+    backend.name: backend for backend in (NeuronBackend(), CudaBackend(), DeviceBackend())
 }
 
 
-def select_backend(requested: str) -> Backend:
+def select_backend(requested: str) -> DeviceBackend:
     """neuron where TorchNeuron is installed, else cuda if available, else cpu (or the forced one).
 
     An installed torch_neuronx means Trainium was meant: one that fails to import, or the XLA-era
@@ -2152,7 +2152,7 @@ def select_backend(requested: str) -> Backend:
     return intended_backend(requested)
 
 
-def intended_backend(requested: str) -> Backend:
+def intended_backend(requested: str) -> DeviceBackend:
     """The backend a run is meant for, importing no device library (for a failed run's record)."""
     if neuron_intended(requested):
         return BACKENDS["neuron"]
@@ -2193,7 +2193,7 @@ def native_neuron_problem(
     )
 
 
-def resolve_compile_backend(name: str | None, backend: Backend):
+def resolve_compile_backend(name: str | None, backend: DeviceBackend):
     """A registered torch.compile backend name, or a callable from 'module:function'."""
     if name is None:
         return backend.compile_backend
@@ -2205,7 +2205,7 @@ def resolve_compile_backend(name: str | None, backend: Backend):
     return name
 
 
-def distributed_setup(ctx: RunContext, backend: Backend):
+def distributed_setup(ctx: RunContext, backend: DeviceBackend):
     """Process group and transformers DistributedConfig for a sharded run (None when single)."""
     if ctx.world_size == 1:
         return None
@@ -2986,7 +2986,7 @@ def package_version(name: str) -> str | None:
         return None
 
 
-def collect_stack(backend: Backend) -> dict:
+def collect_stack(backend: DeviceBackend) -> dict:
     """Versions of everything that decides the outcome (the device's name is added at setup)."""
     stack: dict[str, Any] = {key: package_version(dist) for key, dist in STACK_PACKAGES.items()}
     if stack["neuronx_cc"] is None:
@@ -2995,7 +2995,7 @@ def collect_stack(backend: Backend) -> dict:
     stack["os"] = platform.platform()
     stack["instance_type"] = instance_type()
     stack["device_name"] = backend.device_name(None) if backend.device_is_host else None
-    # Read at setup (Backend.runtime_settings), on the neuron backend only.
+    # Read at setup (DeviceBackend.runtime_settings), on the neuron backend only.
     stack["lnc"] = stack["lnc_source"] = stack["compiler_flags"] = None
     return stack
 
@@ -3112,7 +3112,7 @@ class GraphLedger:
 
     A process-wide count of new cache entries also counts what the eager ops around the graphs
     write (TorchNeuron caches those too), so cold and warm would not mean what they say.
-    ``probe`` is the backend's :meth:`Backend.cache_probe`. ``running`` is the index of the
+    ``probe`` is the backend's :meth:`DeviceBackend.cache_probe`. ``running`` is the index of the
     compiled graph being called right now (None between graphs), for :class:`FallbackWatch`.
     """
 
@@ -3313,7 +3313,7 @@ class FallbackWatch:
 
 
 @contextlib.contextmanager
-def compiled_as_required(backend: Backend, ledger: GraphLedger, watch: FallbackWatch):
+def compiled_as_required(backend: DeviceBackend, ledger: GraphLedger, watch: FallbackWatch):
     """Run the compiled calls under the backend's compile policy: never past Dynamo's recompile
     limit (every backend); where the backend requires the whole graph (neuron, as TorchNeuron's
     torch.compile reference recommends with fullgraph=True), a graph break is an error and so
@@ -3330,10 +3330,10 @@ def compiled_as_required(backend: Backend, ledger: GraphLedger, watch: FallbackW
         watch.raise_for_graphs()
 
 
-def compile_policy(backend: Backend | None, pinned: dict | None = None) -> dict:
+def compile_policy(backend: DeviceBackend | None, pinned: dict | None = None) -> dict:
     """The compilation block's record of how the run compiles: whether a graph break is an
     error (``whole_graph``), the fallback setting run.py pinned (``pinned``, from
-    :meth:`Backend.pin_compile_settings`); the fallbacks seen and the compiler's arguments are
+    :meth:`DeviceBackend.pin_compile_settings`); the fallbacks seen and the compiler's arguments are
     filled in once the compiled calls ran."""
     return {
         "whole_graph": None if backend is None else backend.whole_graph,
@@ -3343,7 +3343,7 @@ def compile_policy(backend: Backend | None, pinned: dict | None = None) -> dict:
     }
 
 
-def read_compile_counts(backend: Backend) -> CompileCounts:
+def read_compile_counts(backend: DeviceBackend) -> CompileCounts:
     """The compilation counters now: dynamo's and inductor's, and the device compiler's."""
     from torch._dynamo.utils import counters
 
@@ -5618,7 +5618,7 @@ class RunContext:
         self.rank = rank
         self.world_size = world_size
         self.stage = "start"
-        self.backend: Backend | None = None  # chosen at setup
+        self.backend: DeviceBackend | None = None  # chosen at setup
         self.device = None
         self.doc: dict = {}
         self.control_group = None  # a sharded run's gloo group for the localization's messages
@@ -5636,7 +5636,7 @@ class RunContext:
 class Placement:
     """What the setup stage decided: where the model runs and how it is compiled."""
 
-    backend: Backend
+    backend: DeviceBackend
     device: Any
     compile_backend: Any  # a registered torch.compile backend name or a callable
     distributed_config: Any  # transformers DistributedConfig, None on one core
