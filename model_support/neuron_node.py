@@ -297,17 +297,6 @@ def runtime_driver_check(runtime: str | None, driver: str | None) -> PreflightCh
     )
 
 
-@dataclass
-class SmokeReport:
-    """What the smoke test's process said, and the runtime lines it wrote."""
-
-    ok: bool
-    detail: str
-    fix: str | None
-    console: list[str]
-    seconds: float | None = None
-
-
 SMOKE_CODE = (
     "import sys\nfrom model_support.runner import run\nsys.exit(run.smoke_main(sys.argv[1]))"
 )

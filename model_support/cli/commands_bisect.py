@@ -27,9 +27,11 @@ SIDE_HELP = (
 
 def steps_location(results: str) -> str:
     """Where a bisect's steps are recorded by default: ``bisect/`` under the results store."""
+    from model_support.bisect import STEPS_FOLDER
+
     if "://" in results:
-        return results.rstrip("/") + "/bisect"
-    return os.path.join(results, "bisect")
+        return results.rstrip("/") + "/" + STEPS_FOLDER
+    return os.path.join(results, STEPS_FOLDER)
 
 
 def default_workdir() -> Path:
