@@ -9,8 +9,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
-from model_support.cli.commands_history import DEFAULT_RESULTS, _open
-from model_support.cli.commands_run import fail, positive_seconds, reading_store
+from model_support.cli.common import (
+    DEFAULT_RESULTS,
+    fail,
+    find_row,
+    open_history,
+    open_store,
+    positive_seconds,
+    reading_store,
+)
 from model_support.printable import DataConsole, printable
 
 if TYPE_CHECKING:
@@ -69,7 +76,6 @@ def side_row(
                 f"{model!r} has runs of several tasks on {stack.label} ({tasks}): give --task"
             )
         run_id = str(latest["run_id"].iloc[0])
-    from model_support.cli.commands_reproduce import find_row
 
     return find_row(store, run_id)
 
@@ -181,10 +187,9 @@ def bisect(
         run_bisect,
         stored_runs,
     )
-    from model_support.cli.commands_run import open_store
     from model_support.evidence import shareable_uri
 
-    store = _open(location)
+    store = open_history(location)
     good_row = side_row(store, model, task, "good", good)
     bad_row = side_row(store, model, task, "bad", bad)
     if good_row["run_id"] == bad_row["run_id"]:
