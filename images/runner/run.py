@@ -2389,6 +2389,8 @@ LNC_DEFAULT_BY_FAMILY = {
 }
 
 
+# model_support.neuron_node.effective_lnc is the package's copy of this rule (its compile cache
+# keys NEFFs by the LNC before run.py starts); tests/runner/test_trainium.py holds them equal.
 def effective_lnc(
     environ: dict, config_file_text: str | None, instance: str | None
 ) -> tuple[int | None, str | None]:
@@ -2794,8 +2796,9 @@ SMOKE_MARKER = "MODEL_SUPPORT_SMOKE "
 
 
 def smoke_main(requested: str = "neuron") -> int:
-    """The device smoke test of ``model-support doctor``, in a process of its own (the runtime
-    may hang or abort it): the backend, a tensor onto its first device, one op, synchronize.
+    """The device smoke test of ``model-support doctor`` (``python3 run.py --smoke-device
+    BACKEND``, started by :func:`smoke_check`: the runtime may hang or abort its process): the
+    backend, a tensor onto its first device, one op, synchronize.
     Prints one marked JSON line: ok, the device, the seconds, or the error (its class and fix)."""
     report: dict[str, Any] = {"ok": False, "backend": requested, "device": None}
     try:
@@ -2823,6 +2826,137 @@ def preflight_failure(checks: list[PreflightCheck]) -> InfrastructureError | Non
     return InfrastructureError(
         f"node preflight check '{first.name}' failed: {first.detail}{fix}{others}"
     )
+
+
+# ---- the doctor's preflight: `model-support doctor` runs this script (it never imports it)
+#
+#   python3 run.py --preflight [--smoke auto|always] [--smoke-timeout SECONDS]
+#
+# prints one marked JSON line: the node checks above, the fallback setting, TorchNeuron's
+# import, the device smoke test (in a process of its own, given its timeout; on a node with
+# device files, or always), and the node facts the doctor's own checks read.
+
+PREFLIGHT_MARKER = "MODEL_SUPPORT_PREFLIGHT "
+
+
+def smoke_check(requested: str, timeout_s: float, env: dict | None = None) -> PreflightCheck:
+    """The device smoke test (:func:`smoke_main`) in a process of its own, given ``timeout_s``
+    (the runtime may hang or abort the process), quoting the runtime's own console lines when
+    it fails."""
+    import subprocess
+
+    name = "smoke test"
+    try:
+        done = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--smoke-device", requested],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+        )
+    except subprocess.TimeoutExpired as exc:
+        written = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        console = runtime_lines(written.splitlines())
+        return PreflightCheck(
+            name,
+            False,
+            f"a tensor onto the {requested} device, one op and a synchronize did not finish "
+            f"within {timeout_s:.0f} s" + _quoted(console),
+            fix=fix_for("\n".join(console))
+            or "the runtime hung at its first operation: see neuron-ls for processes holding "
+            "the cores and dmesg for driver errors; reboot the instance if it recurs",
+        )
+    console = runtime_lines(done.stderr.splitlines())
+    report = next(
+        (
+            json.loads(line[len(SMOKE_MARKER) :])
+            for line in reversed(done.stdout.splitlines())
+            if line.startswith(SMOKE_MARKER)
+        ),
+        None,
+    )
+    if report is None:
+        return PreflightCheck(
+            name,
+            False,
+            f"the smoke test's process ended (exit {done.returncode}) without a report"
+            + _quoted(console or done.stderr.strip().splitlines()[-5:]),
+            fix=fix_for(done.stderr)
+            or "the runtime killed the process: see the lines above, dmesg and neuron-ls",
+        )
+    if report.get("ok"):
+        seconds = report.get("seconds")
+        return PreflightCheck(
+            name,
+            True,
+            f"{report.get('device')} ({report.get('device_name') or 'name unknown'}): "
+            f"sum(2 * ones(4)) = 8 in {seconds:.2f} s",
+        )
+    error = str(report.get("error") or "failed")
+    return PreflightCheck(
+        name,
+        False,
+        f"{error} ({report.get('error_class')})" + _quoted(console),
+        fix=fix_for("\n".join([error, *console]))
+        or report.get("fix")
+        or "read the runtime's lines above; check the driver (lsmod | grep neuron), the devices "
+        "given to this container (/dev/neuron*) and neuron-ls",
+    )
+
+
+def _quoted(lines: list[str]) -> str:
+    return ("; the runtime wrote: " + " | ".join(lines)) if lines else ""
+
+
+def preflight_report(smoke: str, smoke_timeout_s: float) -> dict:
+    """What `model-support doctor` takes from run.py: its node checks, the fallback setting,
+    TorchNeuron's import and the smoke test (``smoke``: ``always``, or ``auto``: where this node
+    has Neuron device files), each as a dict, and the node facts its own checks read."""
+    node = node_facts()
+    spec = (node.environ.get("NEURON_RT_VISIBLE_CORES") or "").strip()
+    try:
+        visible = parse_visible_cores(spec) if spec else None
+    except InfrastructureError:
+        visible = None  # the cores check says why
+    if smoke == "always" or node.device_files:
+        smoked = smoke_check("neuron", smoke_timeout_s)
+    else:
+        smoked = PreflightCheck(
+            "smoke test",
+            True,
+            "no Neuron device on this machine: nothing to run a first operation on",
+            applicable=False,
+        )
+    checks = [*node_checks(node, os.getuid()), check_fallback_setting(node.environ)]
+    return {
+        "node": [dataclasses.asdict(check) for check in checks],
+        "torchneuron": dataclasses.asdict(torchneuron_check()),
+        "smoke": dataclasses.asdict(smoked),
+        "driver_version": node.driver_version,
+        "instance": node.instance,
+        "visible_cores": visible,
+    }
+
+
+def doctor_main(argv: list[str]) -> int:
+    """run.py's command line beyond ``python3 run.py`` (the test): ``--preflight`` for
+    `model-support doctor`, ``--smoke-device BACKEND`` for its smoke test's own process."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="run.py", description="See model-support doctor.")
+    modes = parser.add_mutually_exclusive_group(required=True)
+    modes.add_argument("--preflight", action="store_true", help="print the node's checks")
+    modes.add_argument("--smoke-device", metavar="BACKEND", help="run the device smoke test")
+    parser.add_argument("--smoke", choices=("auto", "always"), default="auto")
+    parser.add_argument("--smoke-timeout", type=float, metavar="SECONDS")
+    args = parser.parse_args(argv)
+    if args.smoke_device:
+        return smoke_main(args.smoke_device)
+    if args.smoke_timeout is None or not args.smoke_timeout > 0:
+        parser.error("--preflight needs --smoke-timeout SECONDS (above 0)")
+    report = preflight_report(args.smoke, args.smoke_timeout)
+    print(PREFLIGHT_MARKER + json.dumps(report), flush=True)
+    return 0
 
 
 # ---- device memory
@@ -5926,4 +6060,4 @@ def write_result(doc: dict, path: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(doctor_main(sys.argv[1:]) if len(sys.argv) > 1 else main())
