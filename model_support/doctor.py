@@ -65,12 +65,11 @@ def run_preflight(
     """run.py's preflight in a process of its own (``smoke``: ``always`` runs the smoke test,
     ``auto`` only where the node has Neuron device files). A preflight that hangs or ends
     without its report is one failed check that quotes what it wrote."""
-    from model_support.script import runner_constant
+    from model_support.script import runner_constant, template_file
 
     marker = str(runner_constant("PREFLIGHT_MARKER"))
     command = ["--preflight", "--smoke", smoke, "--smoke-timeout", f"{smoke_timeout_s:g}"]
-    script = resources.files("model_support.runner") / "run.py"
-    with resources.as_file(script) as path:
+    with resources.as_file(template_file()) as path:
         try:
             done = subprocess.run(
                 [python, str(path), *command],
