@@ -11,9 +11,9 @@ The layers, bottom to top:
 * operator (operator/src, ``model_support.operator``) and viewer (viewer/,
   ``model_support.viewer``): each imports the core and itself, never the other.
 * cli (model_support/cli): on top; it may start the operator and the viewer, run the
-  operator's own planning (``model-support render``) and check the tests it writes with the
-  operator's spec model (``model-support sweep``): :data:`CLI_DRIVERS` names the modules that
-  do. Its command modules (``commands_*``)
+  operator's own planning (``model-support render``) and check the resources it writes with
+  the operator's spec models (``sweep``, ``bisect --cluster``): :data:`CLI_DRIVERS` names the
+  modules that do. Its command modules (``commands_*``)
   share helpers through the package's other modules (``common``: consoles, failing, stores,
   sizing; ``run_output``: how a run and the matrix print; ``run_cache``: the compile cache
   around a run) and never import each other.
@@ -63,9 +63,11 @@ CLI_DRIVERS = {
         # `model-support render` runs the operator's own planning steps, so a check the
         # operator adds reaches render too.
         "model_support/cli/commands_render.py",
-        # `model-support sweep` writes ModelSupportTests for GitOps: each is checked with the
-        # operator's own spec model (the CRD's source) and named as its sweeps name them.
+        # `model-support sweep` and `bisect --cluster` write resources for the cluster
+        # (ModelSupportTests for GitOps, a ModelSupportBisect): each is checked with the
+        # operator's own spec model, the CRD's source, so the API server admits what they wrote.
         "model_support/cli/commands_sweep.py",
+        "model_support/cli/commands_bisect.py",
     },
     # `model-support viewer` starts it.
     "viewer": {"model_support/cli/commands_viewer.py"},

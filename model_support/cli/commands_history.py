@@ -15,6 +15,7 @@ from model_support.cli.common import (
     reading_store,
 )
 from model_support.printable import DataConsole, printable
+from model_support.vocabulary import CONFIRMING_RERUNS, MAX_CONFIRMING_RERUNS
 
 if TYPE_CHECKING:
     from model_support.history import Confirmation, Report
@@ -141,11 +142,11 @@ def regressions(
         int,
         typer.Option(
             min=0,
-            max=20,
+            max=MAX_CONFIRMING_RERUNS,
             help="Re-runs a worse result needs on the newer stack, all agreeing, before it is "
-            "reported as a regression (default 2).",
+            f"reported as a regression (default {CONFIRMING_RERUNS}).",
         ),
-    ] = 2,
+    ] = CONFIRMING_RERUNS,
     min_samples: Annotated[
         int,
         typer.Option(
@@ -302,7 +303,14 @@ def report(
     location: Annotated[
         str, typer.Option("--results", help="Results store location.")
     ] = DEFAULT_RESULTS,
-    reruns: Annotated[int, typer.Option(min=0, max=20, help="As for regressions (default 2).")] = 2,
+    reruns: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=MAX_CONFIRMING_RERUNS,
+            help=f"As for regressions (default {CONFIRMING_RERUNS}).",
+        ),
+    ] = CONFIRMING_RERUNS,
     min_samples: Annotated[
         int, typer.Option(min=2, max=100, help="As for regressions (default 3).")
     ] = 3,
