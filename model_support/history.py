@@ -24,9 +24,9 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field
 
 from model_support.dataset import NEURON_COMPILER
+from model_support.markdown import inline_code
 from model_support.pricing import PriceTable
 from model_support.records import divergence_where
-from model_support.viewer.markup import inline_code
 from model_support.vocabulary import (
     CONFIRMING_RERUNS,
     MAX_CONFIRMING_RERUNS,

@@ -8,8 +8,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
-from model_support.cli.commands_history import DEFAULT_RESULTS, _open
-from model_support.cli.commands_run import fail, positive_seconds, reading_store
+from model_support.cli.common import (
+    DEFAULT_RESULTS,
+    fail,
+    find_row,
+    open_history,
+    open_store,
+    positive_seconds,
+    reading_store,
+)
 from model_support.printable import DataConsole, printable
 
 if TYPE_CHECKING:
@@ -37,7 +44,6 @@ def side_row(
 ) -> dict[str, Any]:
     """The row of ``model`` that ``what`` names: its latest run on that stack, or that run."""
     from model_support.bisect import BisectError, NoRuns, find_run
-    from model_support.cli.commands_reproduce import find_row
 
     try:
         with reading_store(store.uri):
@@ -147,10 +153,9 @@ def bisect(
         steps_location,
         stored_runs,
     )
-    from model_support.cli.commands_run import open_store
     from model_support.evidence import shareable_uri
 
-    store = _open(location)
+    store = open_history(location)
     good_row = side_row(store, model, task, "good", good)
     bad_row = side_row(store, model, task, "bad", bad)
     if good_row["run_id"] == bad_row["run_id"]:

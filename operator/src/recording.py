@@ -22,10 +22,10 @@ from model_support.operator.status import TestStatus
 from model_support.records import (
     ResultDocument,
     RunRecord,
-    excluded_record,
     failure_document,
     record_from_document,
 )
+from model_support.runpath import excluded_record
 from model_support.script import render_script
 from model_support.sizing import Exclusion
 from model_support.store import RecordExists, RecordNotFound, ResultsStore

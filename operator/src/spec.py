@@ -328,10 +328,6 @@ class CompileCacheSpec(_Camel):
             + (bucket if scheme == "s3" else "")
         )
 
-    def local_paths(self) -> list[str]:
-        """The locations that are paths on the compile cache volume (not URIs)."""
-        return [v for v in (self.source, self.target) if v is not None and "://" not in v]
-
 
 class SecretRef(_Camel):
     name: str = Field(..., min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
