@@ -34,6 +34,64 @@ def rss_bytes(pid: int | str = "self") -> int:
     return 0
 
 
+CHART_VALUES = Path(__file__).resolve().parents[1] / "charts" / "model-support" / "values.yaml"
+
+
+def chart_memory(kind: str) -> int:
+    """The operator's memory ``kind`` (requests / limits) in the chart's values, in bytes."""
+    import yaml
+    from kubernetes.utils import parse_quantity
+
+    values = yaml.safe_load(CHART_VALUES.read_text())
+    return int(parse_quantity(values["resources"][kind]["memory"]))
+
+
+class CpuNeighbour:
+    """One CPU-heavy process beside the measurement (``while True: pass``), as the targets
+    are stated: the machine is never the benchmark's alone."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> CpuNeighbour:
+        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def load_average() -> str:
+    """The host's 1, 5 and 15 minute load averages and its CPU count, in words."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f} on {os.cpu_count()} CPUs"
+
+
+class PeakRss:
+    """The highest resident memory of a process, sampled every ``interval`` seconds."""
+
+    def __init__(self, pid: int, interval: float = 0.2) -> None:
+        self.pid, self.interval = pid, interval
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="peak-rss", daemon=True)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss_bytes(self.pid))
+            self._stop.wait(self.interval)
+
+
 class OperatorProcess:
     """`model-support operator` with ``settings`` (as the chart passes them), logging to a file."""
 

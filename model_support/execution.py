@@ -78,6 +78,7 @@ def run_python(
     pass_on_stop_signals: bool = False,
     stop_grace_s: float = 20.0,
     python: str | None = None,
+    stop_requested: Callable[[], bool] | None = None,
 ) -> Ended:
     """Run ``python script`` in ``cwd``, in a session of its own; the one way run.py is run,
     here (the CLI, the demo, ``reproduce``) and in a pod (``runner_pod``).
@@ -94,9 +95,40 @@ def run_python(
     worker may outlive its run. ``python``: the interpreter (default this one, or
     $MODEL_SUPPORT_PYTHON), e.g. a bisect step's own environment.
     """
+    return run_command(
+        [python or _python_for_runner(), script],
+        cwd,
+        on_line,
+        env=env,
+        timeout_s=timeout_s,
+        timeout_grace_s=timeout_grace_s,
+        cancel=cancel,
+        pass_on_stop_signals=pass_on_stop_signals,
+        stop_grace_s=stop_grace_s,
+        stop_requested=stop_requested,
+    )
+
+
+def run_command(
+    argv: list[str],
+    cwd: Path,
+    on_line: Callable[[bytes], None],
+    *,
+    env: dict[str, str] | None = None,
+    timeout_s: float | None = None,
+    timeout_grace_s: float | None = None,
+    cancel: threading.Event | None = None,
+    pass_on_stop_signals: bool = False,
+    stop_grace_s: float = 20.0,
+    stop_requested: Callable[[], bool] | None = None,
+) -> Ended:
+    """Run ``argv`` as :func:`run_python` runs run.py (its own session, output to ``on_line``,
+    stop signals passed on, the group killed on every way out). ``stop_requested``: whether a
+    stop signal already reached the caller's own handler (it is passed on as soon as this
+    function's handler is in place, so none is lost in between)."""
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        [python or _python_for_runner(), script],
+        argv,
         cwd=cwd,
         env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.PIPE,
@@ -126,6 +158,9 @@ def run_python(
 
     try:
         with on_stop_signals(stop) if pass_on_stop_signals else contextlib.nullcontext():
+            if stop_requested is not None and stop_requested():
+                # Asked before this handler was in place (the caller's own handler noted it).
+                stop(signal.SIGTERM, None)
             timed_out, cancelled = _wait(
                 proc, timeout_s, cancel, stopped, stop_grace_s, timeout_grace_s
             )

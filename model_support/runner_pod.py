@@ -26,6 +26,15 @@ can become a command). In order:
    run.py's own status (124 after a timeout; 143, the status the runner Job's pod failure
    policy ignores, only when the pod itself was asked to stop).
 
+The runner is the container's PID 1, and the kernel drops the signals PID 1 has no handler
+for: it handles SIGTERM and SIGINT for its whole life, so a stop outside run.py's run (a Kueue
+preemption, a deleted pod) is never left to the kubelet's SIGKILL after the grace period (exit
+137, which the Job's pod failure policy would take for the runner's own verdict). Before run.py
+starts it exits 143 at once. After run.py ended, run.py's verdict stands: the termination
+message already holds it (it is written before the first delivery), the delivery gets
+``STOPPED_DELIVERY_DEADLINE_S`` more, the compile cache push is left out, and the runner exits
+with run.py's status.
+
 Delivering before the push means a push that hangs, fails, or is cut short by the Job's
 deadline or a disruption can neither lose the result nor delay it: the worst it costs is the
 push's figures. The push is bounded (``--cache-deadline``); a stop signal during it ends it at
@@ -67,7 +76,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from model_support.delivery import DeliveryError, deliver_to_folder, deliver_to_url
 from model_support.records import RESULT_MARKER, ResultDocument
-from model_support.stop_signals import on_stop_signals
+from model_support.stop_signals import STOPPED_EXIT, on_stop_signals
 from model_support.vocabulary import ErrorClass, Result
 
 if TYPE_CHECKING:
@@ -86,10 +95,6 @@ was delivered once already."""
 _STOP_GRACE_S = 20.0
 TIMEOUT_EXIT = 124
 """The runner's status when run.py ran past the test's timeout (as coreutils ``timeout``)."""
-STOPPED_EXIT = 143
-"""128 + SIGTERM: the runner's status when its pod was asked to stop, and only then. The
-runner Job's pod failure policy ignores it (a Kueue preemption or a deleted pod is not the
-run's outcome), so a run.py that exits 143 by itself is reported as 1."""
 
 RUNNER_MESSAGE_PREFIX = "model-support runner:"
 """How the runner's own termination message starts when run.py left no document."""
@@ -127,7 +132,13 @@ class Outcome:
     timed_out: bool = False  # run.py ran past the timeout and the runner stopped it
 
 
-def run_script(script: str, cwd: Path, out: IO[bytes], timeout_s: float | None = None) -> Outcome:
+def run_script(
+    script: str,
+    cwd: Path,
+    out: IO[bytes],
+    timeout_s: float | None = None,
+    stop_requested: Callable[[], bool] | None = None,
+) -> Outcome:
     """Run ``python3 script`` in ``cwd`` (:func:`model_support.execution.run_python`, as the
     CLI runs it), copying its output to ``out`` as it comes; SIGTERM is passed on, and once it
     ran ``timeout_s`` seconds it is stopped (SIGTERM, SIGKILL after the grace period)."""
@@ -148,6 +159,7 @@ def run_script(script: str, cwd: Path, out: IO[bytes], timeout_s: float | None =
         timeout_grace_s=_STOP_GRACE_S,  # as the kubelet would: SIGTERM, then SIGKILL
         pass_on_stop_signals=True,
         stop_grace_s=_STOP_GRACE_S,
+        stop_requested=stop_requested,
     )
     returncode = ended.returncode if ended.returncode is not None else -signal.SIGKILL
     return Outcome(
@@ -240,25 +252,63 @@ Destination = Callable[[bytes], str]
 """Delivers one document to this attempt's slot; returns where it went; raises DeliveryError."""
 
 
+class StopRequest:
+    """When the pod was asked to stop (SIGTERM / SIGINT), as the runner's own handler noted it.
+
+    Installed for the runner's whole life: as the container's PID 1 the runner would otherwise
+    drop a stop signal that arrives outside run.py's run (before it, or while the result is
+    delivered) and be killed with SIGKILL after the grace period (exit 137, which the Job's
+    pod failure policy takes for the runner's verdict)."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        if self.at is None:
+            self.at = time.monotonic()
+            print(
+                f"model-support: asked to stop ({signal.Signals(signum).name})",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    @property
+    def asked(self) -> bool:
+        """Whether a stop signal arrived."""
+        return self.at is not None
+
+
 def deliver(
     destination: Destination,
     payload: bytes,
     *,
     deadline_s: float = DELIVERY_DEADLINE_S,
-    sleep: Callable[[float], None] = time.sleep,
+    stop: StopRequest | None = None,
 ) -> str:
     """Deliver with exponential backoff (1 s, 2 s, ... 30 s) until ``deadline_s``; the last
-    error is raised when the store never answered."""
+    error is raised when the store never answered. Once ``stop`` says the pod was asked to
+    stop, the retries end :data:`STOPPED_DELIVERY_DEADLINE_S` after that (the kubelet's grace
+    period is short; the termination message already holds the result)."""
     give_up = time.monotonic() + deadline_s
     delay = 1.0
+
+    def deadline() -> float:
+        if stop is not None and stop.at is not None:
+            return min(give_up, stop.at + STOPPED_DELIVERY_DEADLINE_S)
+        return give_up
+
     while True:
         try:
             return destination(payload)
         except DeliveryError as exc:
-            if time.monotonic() + delay > give_up:
+            if time.monotonic() + delay > deadline():
                 raise
             print(f"model-support: {exc}; retrying in {delay:g} s", file=sys.stderr, flush=True)
-            sleep(delay)
+            waited_until = time.monotonic() + delay
+            while time.monotonic() < min(waited_until, deadline()):
+                time.sleep(min(0.25, max(0.0, waited_until - time.monotonic())))
+            if time.monotonic() >= deadline():
+                raise
             delay = min(delay * 2, 30.0)
 
 
@@ -400,13 +450,19 @@ def _with_cache(
 
 
 def _deliver_document(
-    destination: Destination | None, document: ResultDocument, deadline_s: float, what: str
+    destination: Destination | None,
+    document: ResultDocument,
+    deadline_s: float,
+    what: str,
+    stop: StopRequest | None = None,
 ) -> None:
     """Deliver ``document`` (when there is a slot to deliver to); say how it went."""
     if destination is None:
         return
     try:
-        where = deliver(destination, document.model_dump_json().encode(), deadline_s=deadline_s)
+        where = deliver(
+            destination, document.model_dump_json().encode(), deadline_s=deadline_s, stop=stop
+        )
         print(f"model-support: {what} delivered to {where}", file=sys.stderr, flush=True)
     except DeliveryError as exc:
         print(
@@ -470,11 +526,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="Seconds the push may take before it is given up (recorded as its error).",
     )
     args = parser.parse_args(argv)
+    # The runner is the container's PID 1: without a handler of its own it would drop a stop
+    # signal that arrives outside run.py's run (see StopRequest).
+    stop = StopRequest()
+    with on_stop_signals(stop):
+        return _run(args, stop)
+
+
+def _run(args: argparse.Namespace, stop: StopRequest) -> int:
+    """The runner's work (see the module), with ``stop`` noting a stop signal."""
     destination = destination_from(args.deliver_to, args.deliver_url_env)  # before run.py
     if args.neuron_devices:
         problem = device_problem(args.neuron_devices)
         if problem is not None:
-            return _refuse(destination, args, problem)
+            return _refuse(destination, args, problem, stop)
     # Read before run.py runs: what the init step wrote, not what run.py may leave in /work.
     pulled = load_pull_report(args.pull_report, args.pull_source) if args.pull_report else None
     if pulled is not None:
@@ -482,7 +547,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     cwd = Path.cwd()
     script_path = cwd / args.script
-    outcome = run_script(args.script, cwd, sys.stdout.buffer, timeout_s=args.timeout)
+    if stop.asked:  # asked before run.py started: nothing ran, nothing to say
+        print(STOPPED_MESSAGE, file=sys.stderr, flush=True)
+        _write_termination_message(args.termination_log, STOPPED_MESSAGE)
+        return STOPPED_EXIT
+    outcome = run_script(
+        args.script, cwd, sys.stdout.buffer, timeout_s=args.timeout,
+        stop_requested=lambda: stop.asked,
+    )  # fmt: skip
     sys.stdout.flush()
     exit_code = _exit_status(outcome)
     document = document_for(outcome, cwd / args.result_file, script_path, args.timeout)
@@ -491,7 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = STOPPED_MESSAGE if outcome.stopped else KILLED_MESSAGE
         print(message, file=sys.stderr, flush=True)
         _write_termination_message(args.termination_log, message)
-        if args.compile_cache and not outcome.stopped:
+        if args.compile_cache and not outcome.stopped and not stop.asked:
             # Killed (most often out of memory): what compiled before is still worth keeping.
             pushed = push_cache(args.compile_cache, args.cache_backend, args.cache_deadline, pulled)
             print(f"model-support: compile cache {pushed.summary()}", file=sys.stderr, flush=True)
@@ -501,12 +573,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     finished = document.model_copy(
         update={"finished_at": document.finished_at or datetime.now(UTC)}
     )
-    # First the result (with the pull's figures): nothing after this point can lose it.
+    # First the result (with the pull's figures): nothing after this point can lose it. The
+    # termination message first of all: a pod killed while it delivers still says its result.
     delivered = _with_cache(finished, pulled, None)
-    _deliver_document(destination, delivered, args.delivery_deadline, "result")
     _write_termination_message(args.termination_log, compact_document(delivered))
+    _deliver_document(destination, delivered, args.delivery_deadline, "result", stop)
 
-    if args.compile_cache and finished.result != Result.EXCLUDED:
+    if args.compile_cache and finished.result != Result.EXCLUDED and not stop.asked:
         pushed = push_cache(args.compile_cache, args.cache_backend, args.cache_deadline, pulled)
         print(f"model-support: compile cache {pushed.summary()}", file=sys.stderr, flush=True)
         stopped = pushed.error is not None and pushed.error.startswith("stopped:")
@@ -516,8 +589,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             delivered,
             STOPPED_DELIVERY_DEADLINE_S if stopped else args.delivery_deadline,
             "result with the compile cache figures",
+            stop,
         )
         _write_termination_message(args.termination_log, compact_document(delivered))
+    elif stop.asked:
+        # Asked to stop after run.py ended (a preemption during the delivery): run.py's
+        # verdict stands, delivered (or in the termination message); the push is left out.
+        print("model-support: the compile cache push is left out (the pod is stopping)",
+              file=sys.stderr, flush=True)  # fmt: skip
     _announce_left_behind()  # before the document: it stays the log's last line
     # The whole document is the log's last line too, whatever was printed before it.
     print(RESULT_MARKER + delivered.model_dump_json(), flush=True)
@@ -575,15 +654,20 @@ def _exit_status(outcome: Outcome) -> int:
     return 1 if code == STOPPED_EXIT else code
 
 
-def _refuse(destination: Destination | None, args: argparse.Namespace, problem: str) -> int:
+def _refuse(
+    destination: Destination | None,
+    args: argparse.Namespace,
+    problem: str,
+    stop: StopRequest | None = None,
+) -> int:
     """Deliver ERROR/infrastructure for a pod that cannot run the test at all (its node's
     fault, never the model's): run.py does not start. Returns the exit status (1)."""
     document = _runner_document(
         Path.cwd() / args.script, Result.ERROR, ErrorClass.INFRASTRUCTURE, problem, 0.0
     )
     print(f"model-support: {problem}", file=sys.stderr, flush=True)
-    _deliver_document(destination, document, args.delivery_deadline, "result")
     _write_termination_message(args.termination_log, compact_document(document))
+    _deliver_document(destination, document, args.delivery_deadline, "result", stop)
     print(RESULT_MARKER + document.model_dump_json(), flush=True)
     return 1
 

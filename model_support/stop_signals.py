@@ -9,6 +9,11 @@ from types import FrameType
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
+STOPPED_EXIT = 128 + signal.SIGTERM
+"""143: the status of a runner pod's container (the runner, an init step) asked to stop, and
+only then. The runner Job's pod failure policy ignores it (a preemption or a deleted pod is not
+the run's outcome), so a program that exits 143 by itself is reported as 1."""
+
 StopHandler = Callable[[int, FrameType | None], object]
 
 

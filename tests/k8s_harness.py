@@ -19,14 +19,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import api_faults
 import kmock
 import kopf
+from api_faults import Family, Fault, Injected
+from job_controller import JobDecision, account_failed_pod
 from waiting import wait_until_async
 
 from model_support.delivery import DELIVERY_KEY_ENV, deliver_to_folder, deliver_to_url
 from model_support.operator.handlers import build_registry
 from model_support.operator.manifests import DELIVERY_MOUNT, DELIVERY_URL_ENV
 from model_support.operator.resource import (
+    BISECT_KIND,
+    BISECT_PLURAL,
     GROUP,
     KIND,
     PLURAL,
@@ -88,7 +93,31 @@ class Emulator(kmock.KubernetesEmulator):
     """Asked before a request is served: an error returned is the API server's answer (a
     ResourceQuota's 403, an admission webhook's 422), and nothing is stored."""
 
+    faults: tuple[Injected, ...] = ()
+    """API failures injected into the operator's calls (:mod:`api_faults`), in order."""
+
+    def inject(
+        self,
+        fault: Fault,
+        family: Family,
+        *,
+        times: int | None = None,
+        resource: str | None = None,
+        hold_s: float = 3.0,
+    ) -> Injected:
+        """Fail the next ``times`` operator requests of ``family`` (None: until
+        :meth:`clear_faults`) with ``fault``; returns the injection (its ``hits`` count)."""
+        injected = Injected(fault, family, times, resource, hold_s)
+        self.faults = (*self.faults, injected)
+        return injected
+
+    def clear_faults(self) -> None:
+        """The API server answers again."""
+        self.faults = ()
+
     async def _handle(self, request: kmock.Request) -> Any:
+        if self.faults:
+            await api_faults.apply(list(self.faults), request)
         for refuse in self.refusals:
             refused = refuse(request)
             if refused is not None:
@@ -225,6 +254,14 @@ def declare_resources(server: kmock.KubernetesEmulator) -> None:
         subresources={"status"},
         verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
     )
+    server.resources[f"{GROUP}/{VERSION}/{BISECT_PLURAL}"] = kmock.ResourceInfo(
+        kind=BISECT_KIND,
+        singular="modelsupportbisect",
+        shortnames={"msb"},
+        namespaced=True,
+        subresources={"status"},
+        verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+    )
     # DRA (Kubernetes >= 1.34) is not among kmock's bundled kinds.
     server.resources["resource.k8s.io/v1/resourceclaimtemplates"] = kmock.ResourceInfo(
         kind="ResourceClaimTemplate",
@@ -232,27 +269,6 @@ def declare_resources(server: kmock.KubernetesEmulator) -> None:
         namespaced=True,
         verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
     )
-
-
-def pod_failure_action(
-    job_spec: dict[str, Any], exit_code: int, conditions: list[dict[str, Any]]
-) -> str:
-    """What the Job controller does with a failed runner pod under ``job_spec``'s
-    podFailurePolicy (the first matching rule; Count when none matches), for the runner
-    container's exit code and the pod's conditions."""
-    for rule in (job_spec.get("podFailurePolicy") or {}).get("rules") or []:
-        codes = rule.get("onExitCodes")
-        if codes is not None and codes.get("containerName") in (None, RUNNER_CONTAINER):
-            inside = exit_code in codes["values"]
-            if exit_code != 0 and inside == (codes["operator"] == "In"):
-                return str(rule["action"])
-        for pattern in rule.get("onPodConditions") or []:
-            for cond in conditions:
-                if cond["type"] == pattern["type"] and cond["status"] == pattern.get(
-                    "status", "True"
-                ):
-                    return str(rule["action"])
-    return "Count"
 
 
 class OperatorThread:
@@ -264,21 +280,26 @@ class OperatorThread:
         self.stop_flag = threading.Event()
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        self.registry: kopf.OperatorRegistry | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The operator's event loop (its tasks run there), once it started."""
 
     def start(self) -> None:
-        registry = build_registry(self.settings)
+        registry = self.registry = build_registry(self.settings)
+
+        async def operate() -> None:
+            self.loop = asyncio.get_running_loop()
+            await kopf.operator(
+                registry=registry,
+                standalone=True,
+                clusterwide=True,
+                ready_flag=self.ready,
+                stop_flag=self.stop_flag,
+            )
 
         def main() -> None:
             try:
-                asyncio.run(
-                    kopf.operator(
-                        registry=registry,
-                        standalone=True,
-                        clusterwide=True,
-                        ready_flag=self.ready,
-                        stop_flag=self.stop_flag,
-                    )
-                )
+                asyncio.run(operate())
             except BaseException as exc:  # reported by the test through .error
                 self.error = exc
                 self.ready.set()
@@ -485,7 +506,9 @@ class Harness:
     # ------------------------------------------------------------------ the kubelet stand-in
 
     async def start_pod(self, job: dict[str, Any], **status: Any) -> dict[str, Any]:
-        """What the Job controller and scheduler do: a pod from the Job's template."""
+        """What the Job controller and scheduler do: a pod from the Job's template (tracked by
+        the Job's finalizer). The Job's ``startTime`` is set once, when it first starts: a
+        replacement pod does not reset it (only Kueue's resume does, see :meth:`resume`)."""
         template = job["spec"]["template"]
         name = f"{job['metadata']['name']}-{uuid.uuid4().hex[:5]}"
         labels = {**template["metadata"]["labels"], "job-name": job["metadata"]["name"]}
@@ -496,15 +519,18 @@ class Harness:
                 "name": name,
                 "labels": labels,
                 "annotations": dict(template["metadata"].get("annotations") or {}),
+                "finalizers": [JOB_TRACKING_FINALIZER],
             },
             "spec": template["spec"],
             "status": {"phase": "Pending", **status},
         }
         created = await self.create(PODS_URL, pod)
-        await self.patch(
-            f"{JOBS_URL}/{job['metadata']['name']}/status",
-            {"status": {"active": 1, "startTime": now()}},
-        )
+        current = await self.get(f"{JOBS_URL}/{job['metadata']['name']}")
+        assert current is not None, f"Job {job['metadata']['name']} is gone"
+        job_status: dict[str, Any] = {"active": 1}
+        if not (current.get("status") or {}).get("startTime"):
+            job_status["startTime"] = now()
+        await self.patch(f"{JOBS_URL}/{job['metadata']['name']}/status", {"status": job_status})
         return created
 
     async def run_pod(self, pod: dict[str, Any]) -> None:
@@ -543,8 +569,13 @@ class Harness:
         termination_message: str | None = None,
         pod_extra: dict[str, Any] | None = None,
         started_at: str | None = None,
-    ) -> None:
-        """The runner container ended: pod status, log, and the Job's condition."""
+    ) -> str:
+        """The runner container ended: pod status and log, then the Job controller's part.
+
+        Exit 0 completes the Job. A non-zero exit goes through the Job's own podFailurePolicy
+        (:meth:`pod_failed`), unless ``job_condition`` says how the Job controller ended the
+        Job for another reason (its deadline). Returns the Job controller's action.
+        """
         if log is not None:
             self.logs[pod["metadata"]["name"]] = log
         terminated: dict[str, Any] = {"exitCode": exit_code, "finishedAt": now()}
@@ -554,48 +585,109 @@ class Harness:
             terminated["reason"] = container_reason
         if termination_message is not None:
             terminated["message"] = termination_message
+        status = {
+            **(pod_extra or {}),
+            "containerStatuses": [{"name": RUNNER_CONTAINER, "state": {"terminated": terminated}}],
+        }
+        if exit_code != 0 and job_condition is None:
+            return (await self.pod_failed(job, pod, status)).action
         phase = "Succeeded" if exit_code == 0 else "Failed"
         await self.patch(
-            f"{PODS_URL}/{pod['metadata']['name']}/status",
-            {
-                "status": {
-                    "phase": phase,
-                    **(pod_extra or {}),
-                    "containerStatuses": [
-                        {"name": RUNNER_CONTAINER, "state": {"terminated": terminated}}
-                    ],
-                }
-            },
+            f"{PODS_URL}/{pod['metadata']['name']}/status", {"status": {"phase": phase, **status}}
         )
         await self.finish_job(job, exit_code=exit_code, job_condition=job_condition)
+        return "Complete" if exit_code == 0 else "Failed"
 
     async def finish_job(
-        self, job: dict[str, Any], *, exit_code: int, job_condition: tuple[str, str] | None = None
+        self,
+        job: dict[str, Any],
+        *,
+        exit_code: int,
+        job_condition: tuple[str, str] | None = None,
+        message: str | None = None,
+        failed: int = 1,
     ) -> None:
-        """The Job controller's part: the Job's terminal condition after its pod ended."""
-        kind, reason = job_condition or (
-            # The runner Job's podFailurePolicy fails it at once on a non-zero exit code.
-            ("Complete", "Completed") if exit_code == 0 else ("Failed", "PodFailurePolicy")
-        )
+        """The Job controller's part: the Job's terminal condition (Complete after exit 0, else
+        the ``job_condition`` given: the Job's deadline, a FailJob rule, its backoff limit)."""
+        if job_condition is None and exit_code != 0:
+            raise ValueError(
+                "a failed pod ends its Job only through the Job's podFailurePolicy: use "
+                "end_pod / pod_failed, or name the job_condition the controller set"
+            )
+        kind, reason = job_condition or ("Complete", "Completed")
+        await self._account_pods(job["metadata"]["name"])
         await self.patch(
             f"{JOBS_URL}/{job['metadata']['name']}/status",
             {
                 "status": {
                     "active": 0,
                     "ready": 0,
-                    "succeeded" if kind == "Complete" else "failed": 1,
+                    "succeeded" if kind == "Complete" else "failed": 1
+                    if kind == "Complete"
+                    else failed,
                     "conditions": [
                         {
                             "type": kind,
                             "status": "True",
                             "reason": reason,
-                            "message": reason,
+                            "message": message or reason,
                             "lastTransitionTime": now(),
                         }
                     ],
                 }
             },
         )
+
+    async def job_ended(self, job: dict[str, Any]) -> bool:
+        """Whether the Job controller ended ``job`` (Complete or Failed)."""
+        current = await self.get(f"{JOBS_URL}/{job['metadata']['name']}")
+        return current is not None and _job_finished(current)
+
+    async def _account_pods(self, job_name: str) -> None:
+        """A finished Job's pods are all accounted: the Job controller drops their tracking
+        finalizer (a pod deleted meanwhile then goes)."""
+        for (resource, _, name), obj in list(self.k.objects.items()):
+            if resource.plural != "pods" or obj.deleted:
+                continue
+            meta = obj.raw.get("metadata") or {}
+            if (meta.get("labels") or {}).get(
+                "job-name"
+            ) == job_name and JOB_TRACKING_FINALIZER in (meta.get("finalizers") or []):
+                await self.patch_if_exists(f"{PODS_URL}/{name}", {"metadata": {"finalizers": []}})
+
+    async def pod_failed(
+        self,
+        job: dict[str, Any],
+        pod: dict[str, Any],
+        status: dict[str, Any],
+        *,
+        tracked: bool = True,
+    ) -> JobDecision:
+        """The kubelet wrote ``pod``'s terminal status (``status``, phase Failed) and the Job
+        controller acted on it as upstream does (:func:`job_controller.account_failed_pod` on
+        the Job and pod as the API holds them): Ignore and a failure within ``backoffLimit``
+        leave the Job active, waiting for its replacement pod (:meth:`start_pod` again); FailJob
+        and a failure past ``backoffLimit`` end it. ``tracked``: False for a pod the Job
+        controller removed itself (a suspension), which it never counts."""
+        url = f"{PODS_URL}/{pod['metadata']['name']}"
+        failed_pod = await self.patch(f"{url}/status", {"status": {"phase": "Failed", **status}})
+        current = await self.get(f"{JOBS_URL}/{job['metadata']['name']}")
+        assert current is not None, f"Job {job['metadata']['name']} is gone"
+        decision = account_failed_pod(current, failed_pod, tracked=tracked)
+        if tracked:  # counted (or ignored): the controller drops its tracking finalizer
+            await self.patch(url, {"metadata": {"finalizers": []}})
+        if decision.ends is not None:
+            reason, message = decision.ends
+            await self.finish_job(
+                job, exit_code=1, job_condition=("Failed", reason), message=message,
+                failed=decision.failed,
+            )  # fmt: skip
+        else:
+            await self.patch(
+                f"{JOBS_URL}/{job['metadata']['name']}/status",
+                {"status": {"active": 0, "ready": 0, "failed": decision.failed}},
+            )
+        return decision
 
     async def fail_pod(
         self,
@@ -608,15 +700,13 @@ class Harness:
         pod_message: str | None = None,
         conditions: list[dict[str, Any]] | None = None,
     ) -> str:
-        """The runner container ended non-zero and the Job controller applied the Job's own
-        ``podFailurePolicy`` (read from the API: the rules the operator wrote), as it does:
-        the first matching rule's action; no match counts against ``backoffLimit``. Returns the
-        action taken (FailJob, Ignore or Count); an ignored pod leaves the Job active."""
+        """The runner container ended non-zero (with the pod's reason, message and conditions
+        given) and the Job controller applied the Job's own podFailurePolicy
+        (:meth:`pod_failed`). Returns the action taken (FailJob, Ignore or Count)."""
         terminated: dict[str, Any] = {"exitCode": exit_code, "reason": "Error", "finishedAt": now()}
         if termination_message is not None:
             terminated["message"] = termination_message
         status: dict[str, Any] = {
-            "phase": "Failed",
             "containerStatuses": [{"name": RUNNER_CONTAINER, "state": {"terminated": terminated}}],
         }
         if pod_reason is not None:
@@ -625,19 +715,77 @@ class Harness:
             status["message"] = pod_message
         if conditions is not None:
             status["conditions"] = conditions
-        await self.patch(f"{PODS_URL}/{pod['metadata']['name']}/status", {"status": status})
-        current = await self.get(f"{JOBS_URL}/{job['metadata']['name']}")
-        assert current is not None
-        action = pod_failure_action(current["spec"], exit_code, conditions or [])
-        url = f"{JOBS_URL}/{job['metadata']['name']}/status"
-        if action == "Ignore":
-            await self.patch(url, {"status": {"active": 0, "ready": 0}})
-        elif action == "FailJob" or int(current["spec"].get("backoffLimit", 6)) == 0:
-            reason = "PodFailurePolicy" if action == "FailJob" else "BackoffLimitExceeded"
-            await self.finish_job(job, exit_code=exit_code, job_condition=("Failed", reason))
-        else:
-            await self.patch(url, {"status": {"active": 0, "ready": 0, "failed": 1}})
+        return (await self.pod_failed(job, pod, status)).action
+
+    async def fail_init_step(
+        self, job: dict[str, Any], pod: dict[str, Any], step: str, *, exit_code: int
+    ) -> str:
+        """An init step of ``pod`` ended with ``exit_code`` (the runner never started); the
+        Job controller applies the Job's podFailurePolicy. Returns its action."""
+        return (await self.pod_failed(job, pod, stage_status(pod, step, exit_code))).action
+
+    async def reject_pod(
+        self,
+        job: dict[str, Any],
+        pod: dict[str, Any],
+        reason: str = "OutOfaws.amazon.com/neuroncore",
+        message: str = "Node didn't have enough resource: aws.amazon.com/neuroncore, "
+        "requested: 1, used: 8, capacity: 8",
+    ) -> str:
+        """The kubelet refused the pod at admission (``UnexpectedAdmissionError``,
+        ``OutOf<resource>``: pkg/kubelet/lifecycle): phase Failed with that reason, no
+        condition and no container that ever ran. Returns the Job controller's action."""
+        status = {"reason": reason, "message": message, "containerStatuses": [], "conditions": []}
+        return (await self.pod_failed(job, pod, status)).action
+
+    async def delete_pod(
+        self, job: dict[str, Any], pod: dict[str, Any], *, step: str | None = None,
+        exit_code: int | None = None,
+    ) -> str:  # fmt: skip
+        """Someone deleted the pod (kubectl delete pod: no DisruptionTarget condition, the
+        Job's tracking finalizer kept). The kubelet stops what runs: ``step`` (an init step or
+        the runner) ends with ``exit_code``; None: no container had started (the image was
+        still pulling), so the pod has no exit code. Returns the Job controller's action."""
+        decision = await self.pod_failed(job, pod, stage_status(pod, step, exit_code))
+        await self.delete(f"{PODS_URL}/{pod['metadata']['name']}")
+        return decision.action
+
+    async def suspend(
+        self, job: dict[str, Any], pod: dict[str, Any] | None = None, *, step: str | None = None,
+        exit_code: int | None = None,
+    ) -> str | None:  # fmt: skip
+        """Kueue preempts: it sets ``spec.suspend``; the Job controller removes the pod's
+        tracking finalizer and deletes it (no DisruptionTarget condition); the kubelet stops
+        what runs (``step`` ends with ``exit_code``, as in :meth:`delete_pod`). The pod is
+        never counted, but a FailJob rule that matches its end still fails the Job
+        (job_controller.py). Returns the action of the rule that matched (None: none)."""
+        url = f"{JOBS_URL}/{job['metadata']['name']}"
+        await self.patch(url, {"spec": {"suspend": True}})
+        action: str | None = None
+        if pod is not None:
+            pod_url = f"{PODS_URL}/{pod['metadata']['name']}"
+            await self.patch(pod_url, {"metadata": {"finalizers": []}})
+            status = stage_status(pod, step, exit_code)
+            decision = await self.pod_failed(job, pod, status, tracked=False)
+            action = decision.match.action
+            await self.delete(pod_url)
+        current = await self.get(url)
+        if current is not None and not _job_finished(current):
+            suspended = {
+                "type": "Suspended", "status": "True", "reason": "JobSuspended",
+                "message": "Job suspended", "lastTransitionTime": now(),
+            }  # fmt: skip
+            await self.patch(
+                f"{url}/status", {"status": {"active": 0, "ready": 0, "conditions": [suspended]}}
+            )
         return action
+
+    async def resume(self, job: dict[str, Any]) -> None:
+        """Kueue admits the Job again: ``spec.suspend`` false, and the Job controller resets
+        its ``startTime`` (job_controller.go: a resumed Job's deadline counts anew)."""
+        url = f"{JOBS_URL}/{job['metadata']['name']}"
+        await self.patch(url, {"spec": {"suspend": False}})
+        await self.patch(f"{url}/status", {"status": {"startTime": now(), "conditions": []}})
 
     async def deliver(self, job: dict[str, Any], document: bytes) -> str:
         """What a runner does with its document: into the slot its pod was given and nothing
@@ -664,31 +812,66 @@ class Harness:
         ).decode()
         return await asyncio.to_thread(deliver_to_url, url, document)
 
-    async def disrupt_pod(self, pod: dict[str, Any], reason: str = "EvictionByEvictionAPI") -> None:
-        """A disruption as the Job controller sees it with our podFailurePolicy: the pod fails
-        with a DisruptionTarget condition and exit 143, the Job stays active (rule Ignore) and
-        will get a replacement pod (start_pod again)."""
-        await self.patch(
-            f"{PODS_URL}/{pod['metadata']['name']}/status",
-            {
-                "status": {
-                    "phase": "Failed",
-                    "conditions": [
-                        {
-                            "type": "DisruptionTarget",
-                            "status": "True",
-                            "reason": reason,
-                            "lastTransitionTime": now(),
-                        }
-                    ],
-                    "containerStatuses": [
-                        {
-                            "name": RUNNER_CONTAINER,
-                            "state": {"terminated": {"exitCode": 143, "reason": "Error"}},
-                        }
-                    ],
+    async def disrupt_pod(self, pod: dict[str, Any], reason: str = "EvictionByEvictionAPI") -> str:
+        """A disruption (eviction, preemption by the scheduler, a drained node): the pod fails
+        with a DisruptionTarget condition and the runner, stopped by SIGTERM, exits 143; the Job
+        controller applies the Job's podFailurePolicy. Returns its action."""
+        job = await self.get(f"{JOBS_URL}/{pod['metadata']['labels']['job-name']}")
+        assert job is not None
+        status = {
+            "conditions": [
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": reason,
+                    "lastTransitionTime": now(),
                 }
-            },
-        )
-        job = pod["metadata"]["labels"]["job-name"]
-        await self.patch(f"{JOBS_URL}/{job}/status", {"status": {"active": 0, "ready": 0}})
+            ],
+            "containerStatuses": [
+                {
+                    "name": RUNNER_CONTAINER,
+                    "state": {"terminated": {"exitCode": 143, "reason": "Error"}},
+                }
+            ],
+        }
+        return (await self.pod_failed(job, pod, status)).action
+
+
+JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
+
+
+def _job_finished(job: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+        for c in (job.get("status") or {}).get("conditions") or []
+    )
+
+
+def stage_status(pod: dict[str, Any], step: str | None, exit_code: int | None) -> dict[str, Any]:
+    """A pod's terminal status when it was stopped at ``step`` (an init container or the
+    runner) with ``exit_code``: the init steps before it completed (exit 0), the ones after it
+    and the runner never started (waiting, no exit code). ``step`` None: stopped before any
+    container started (its image was still pulling): no container has an exit code."""
+    spec = pod["spec"]
+    names = [c["name"] for c in spec.get("initContainers") or []]
+    if step is not None and step != RUNNER_CONTAINER and step not in names:
+        raise ValueError(f"the pod has no container {step!r} (its init steps: {names})")
+    reached = names.index(step) if step in names else (len(names) if step else -1)
+
+    def state(index: int, name: str) -> dict[str, Any]:
+        if index < reached:
+            return {"name": name, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+        if index == reached and exit_code is not None:
+            reason = "Completed" if exit_code == 0 else "Error"
+            return {
+                "name": name,
+                "state": {"terminated": {"exitCode": exit_code, "reason": reason}},
+            }
+        return {"name": name, "state": {"waiting": {"reason": "PodInitializing"}}}
+
+    init = [state(i, name) for i, name in enumerate(names)]
+    runner = state(len(names), RUNNER_CONTAINER)
+    if step is None:
+        init = [{"name": n, "state": {"waiting": {"reason": "PodInitializing"}}} for n in names]
+        runner = {"name": RUNNER_CONTAINER, "state": {"waiting": {"reason": "ContainerCreating"}}}
+    return {"initContainerStatuses": init, "containerStatuses": [runner]}

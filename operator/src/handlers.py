@@ -16,16 +16,19 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import kopf
 
 from model_support.operator import metrics, notifications
+from model_support.operator.bisect_reconciler import BisectReconciler
 from model_support.operator.kube import Kube, api_client
 from model_support.operator.leader import Leadership, default_identity, lease_namespace
 from model_support.operator.reconciler import Reconciler
 from model_support.operator.resource import (
+    BISECT_PLURAL,
     GROUP,
     LABEL_MANAGED_BY,
     MANAGED_BY,
@@ -56,10 +59,13 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
     reconciler = Reconciler(settings, kube)
     checks = Watchdog(reconciler)
     sweeps = SweepReconciler(settings, kube)
+    bisects = BisectReconciler(settings, kube)
     notifications.configure(settings)
     watchdog: dict[str, asyncio.Task[None]] = {}
     leadership = Leadership(
-        kube.client,
+        # A client of its own, without urllib3's retries: each Lease call ends within its
+        # timeout (a quarter of the renew deadline), so a round cannot outlast the deadline.
+        api_client(settings.api_server, pool_size=2, retries=False),
         namespace=lease_namespace(settings.lease_namespace),
         name=settings.lease_name,
         identity=default_identity(),
@@ -69,12 +75,14 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
         request_timeout_s=settings.request_timeout_s,
     )
     if not settings.leader_election:
-        leadership.leading.set()
+        leadership.lead_alone()
 
     def resume_as_leader() -> None:
         with leadership.acting() as leading:
             if leading:
                 resume(reconciler, checks, sweeps)
+                for uid in list(bisects.bisects):
+                    bisects.reconcile(uid)
 
     def take_over() -> None:
         # Level-based: the new leader brings every test and sweep it watched while waiting
@@ -93,6 +101,10 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
         settings.posting.loggers = False  # our own Events only, not one per handler log line
         settings.execution.max_workers = 32
         settings.peering.standalone = True
+        # Watching named namespaces needs no list of the cluster's namespaces or CRDs (kopf's
+        # scanning), which the chart's per-namespace rights do not grant: the namespaces are
+        # served as named, the resources as discovered at startup (kopf's ScanningSettings).
+        settings.scanning.disabled = bool(reconciler.settings.namespaces)
         # Every call has a deadline; lists are fetched in pages.
         settings.networking.request_timeout = reconciler.settings.request_timeout_s
         settings.networking.connect_timeout = min(10.0, reconciler.settings.request_timeout_s)
@@ -102,7 +114,8 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
         # Only our Jobs travel from the API server: the selector is applied there, not here.
         settings.watching.label_selectors["batch", "jobs"] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
         watchdog["task"] = asyncio.create_task(
-            _watchdog(checks, sweeps, leadership), name="model-support watchdog"
+            _watchdog(checks, (sweeps.audit, bisects.tick), leadership),
+            name="model-support watchdog",
         )
         watchdog["sweeps"] = asyncio.create_task(
             run_ticker(sweeps, lambda: _as_leader(leadership, sweeps.tick)),
@@ -113,8 +126,16 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
         )
         if settings_.leader_election:
             watchdog["leader"] = asyncio.create_task(
-                _elect(leadership, take_over), name="model-support leader election"
+                _elect(leadership, take_over), name=ELECTION_TASK
             )
+            watchdog["leader"].add_done_callback(_election_ended)
+
+    @kopf.on.probe(id="loops", registry=registry)
+    def loops_alive(**_: Any) -> str:
+        # kopf's liveness endpoint fails (HTTP 500) when a probe raises: the kubelet then
+        # restarts the operator. A loop that ended (or an election whose rounds stopped
+        # coming) would otherwise leave a replica that watches and never acts, or acts alone.
+        return _check_loops(watchdog, leadership if settings_.leader_election else None)
 
     @kopf.on.cleanup(registry=registry)
     async def stop_watchdog(**_: Any) -> None:
@@ -152,6 +173,7 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
                 return
             reconciler.on_test(test, type)
             sweeps.on_test(test, type)  # a sweep's test: its sweep may go on
+            bisects.on_test(test, type)  # a bisect's step: its search may go on
 
     @kopf.on.event(GROUP, VERSION, SWEEP_PLURAL, registry=registry)
     def sweep_event(body: kopf.Body, type: str | None, **_: Any) -> None:
@@ -160,6 +182,12 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
             sweeps.note_listing()
         with leadership.acting() as leading:
             sweeps.on_sweep(_plain(body), type, act=leading)
+
+    @kopf.on.event(GROUP, VERSION, BISECT_PLURAL, registry=registry)
+    def bisect_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+        # Level-based: the plan, the steps' tests and their records are in the API and stores.
+        with leadership.acting() as leading:
+            bisects.on_bisect(_plain(body), type, act=leading)
 
     @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: MANAGED_BY}, registry=registry)
     def job_event(body: kopf.Body, type: str | None, **_: Any) -> None:
@@ -185,10 +213,52 @@ def resume(reconciler: Reconciler, checks: Watchdog, sweeps: SweepReconciler) ->
         sweeps.reconcile(uid)
 
 
+ELECTION_TASK = "model-support leader election"
+LOOP_TASKS = {"task": "watchdog", "sweeps": "sweeps", "running": "running phases"}
+
+
 async def _elect(leadership: Leadership, on_gained: Callable[[], None]) -> None:
+    """The election's rounds, for ever: a round's error is a failed round (Leadership.step
+    logs it), and whatever else goes wrong between rounds is logged and retried, so the loop
+    ends only when it is cancelled (the operator stopping)."""
     while True:
-        wait = await asyncio.to_thread(leadership.step, on_gained)
+        wait = leadership.retry_s
+        try:
+            wait = await asyncio.to_thread(leadership.step, on_gained)
+        except Exception:
+            log.exception("leader election: a round could not run; retrying in %s s", wait)
         await asyncio.sleep(wait)
+
+
+def _election_ended(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        return  # the operator is stopping
+    log.critical(
+        "leader election ended (%r): this replica no longer renews or acquires the Lease; the "
+        "liveness probe fails so that it is restarted", task.exception(),
+    )  # fmt: skip
+
+
+def _check_loops(tasks: dict[str, asyncio.Task[None]], leadership: Leadership | None) -> str:
+    """The liveness probe: every loop of the operator runs, and the election's rounds keep
+    coming (within the lease duration plus the renew deadline: a round is bounded by the
+    renew deadline). Raises kopf.PermanentError (the endpoint answers 500) otherwise."""
+    if not tasks:
+        return "starting"  # the startup handler has not made the loops yet
+    for key, what in [("leader", "leader election"), *LOOP_TASKS.items()]:
+        task = tasks.get(key)
+        if key == "leader" and leadership is None:
+            continue
+        if task is None or task.done():
+            raise kopf.PermanentError(f"the {what} loop is not running")
+    if leadership is not None and leadership.last_round_at is not None:
+        silent = time.monotonic() - leadership.last_round_at
+        if silent > leadership.lease_s + leadership.renew_deadline_s:
+            raise kopf.PermanentError(
+                f"the leader election's last round ended {silent:.0f} s ago (rounds come every "
+                f"{leadership.retry_s:g} s)"
+            )
+    return "ok"
 
 
 async def _flush_running(reconciler: Reconciler, leadership: Leadership) -> None:
@@ -201,13 +271,15 @@ async def _flush_running(reconciler: Reconciler, leadership: Leadership) -> None
             log.exception("writing Running phases failed; retrying in %s s", interval)
 
 
-async def _watchdog(checks: Watchdog, sweeps: SweepReconciler, leadership: Leadership) -> None:
+async def _watchdog(
+    checks: Watchdog, more: tuple[Callable[[], object], ...], leadership: Leadership
+) -> None:
     interval = checks.settings.watchdog_interval_s
     while True:
         await asyncio.sleep(interval)
-        if not leadership.leading.is_set():
+        if not leadership.is_leading():
             continue
-        for check in (*checks.checks(), sweeps.audit):
+        for check in (*checks.checks(), *more):
             try:
                 await asyncio.to_thread(_as_leader, leadership, check)
             except Exception:

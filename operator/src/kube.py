@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import re
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -21,6 +22,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from model_support.operator.resource import (
+    BISECT_PLURAL,
     FIELD_MANAGER,
     GROUP,
     LABEL_RECORDED,
@@ -28,6 +30,43 @@ from model_support.operator.resource import (
     SWEEP_PLURAL,
     VERSION,
 )
+
+CLIENT_FLOOR = (34, 1)
+"""The oldest kubernetes client the operator runs with (pyproject.toml says the same): 34.1 is
+the first generated from Kubernetes 1.34, with ``ResourceV1Api`` (resource.k8s.io/v1: the
+ResourceClaimTemplates of Neuron devices through DRA)."""
+
+REQUIRED_APIS = (
+    "CoreV1Api",
+    "BatchV1Api",
+    "CustomObjectsApi",
+    "ResourceV1Api",
+    "CoordinationV1Api",
+)
+"""The client's API classes the operator calls."""
+
+
+def client_problem(version: str, client: object) -> str | None:
+    """Why the kubernetes client ``client`` (the module ``kubernetes.client``, at ``version``)
+    cannot run the operator, or None when it can."""
+    found = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    missing = [name for name in REQUIRED_APIS if not hasattr(client, name)]
+    if found >= CLIENT_FLOOR and not missing:
+        return None
+    floor = ".".join(map(str, CLIENT_FLOOR))
+    lacking = f" (it has no {', '.join(missing)})" if missing else ""
+    return (
+        f"the kubernetes client {version} is installed{lacking}; the operator needs "
+        f"kubernetes>={floor} (pip install 'kubernetes>={floor}')"
+    )
+
+
+def check_client() -> None:
+    """Refuse to start with a kubernetes client older than :data:`CLIENT_FLOOR`, saying which
+    version was found (rather than failing on the first DRA call, deep in a reconcile)."""
+    problem = client_problem(kubernetes.__version__, kubernetes.client)
+    if problem is not None:
+        raise RuntimeError(problem)
 
 
 class AlreadyExists(Exception):
@@ -78,8 +117,14 @@ def being_deleted(obj: dict[str, Any]) -> bool:
     return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
 
 
-def api_client(server: str | None, pool_size: int = 32) -> kubernetes.client.ApiClient:
-    """An API client for ``server``, else in-cluster credentials, else the local kubeconfig."""
+def api_client(
+    server: str | None, pool_size: int = 32, *, retries: bool = True
+) -> kubernetes.client.ApiClient:
+    """An API client for ``server``, else in-cluster credentials, else the local kubeconfig.
+
+    ``retries=False``: urllib3 does not retry a request on its own (by default it retries an
+    idempotent one up to three times on a connection or read error, each attempt with the
+    whole request timeout): for calls that must end within a deadline (leader election)."""
     if server is not None:
         configuration = kubernetes.client.Configuration()
         configuration.host = server
@@ -90,6 +135,8 @@ def api_client(server: str | None, pool_size: int = 32) -> kubernetes.client.Api
         except kubernetes.config.ConfigException:
             kubernetes.config.load_kube_config(client_configuration=configuration)
     configuration.connection_pool_maxsize = pool_size
+    if not retries:
+        configuration.retries = False
     return kubernetes.client.ApiClient(configuration)
 
 
@@ -119,6 +166,7 @@ class Kube:
         request_timeout_s: float = 30.0,
         page_size: int = 500,
     ) -> None:
+        check_client()
         self.client = client
         self.core = kubernetes.client.CoreV1Api(client)
         self.batch = kubernetes.client.BatchV1Api(client)
@@ -353,6 +401,17 @@ class Kube:
         With ``resource_version`` the write applies only to that version of the test (the API
         server's optimistic concurrency): Conflict when the test changed since it was read.
         """
+        return self._patch_status(PLURAL, namespace, name, status, resource_version)
+
+    def _patch_status(
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        status: dict[str, Any],
+        resource_version: str | None,
+    ) -> dict[str, Any] | None:
+        """A status merge patch, with the resourceVersion precondition when one is given."""
         body: dict[str, Any] = {"status": status}
         if resource_version is not None:
             body["metadata"] = {"resourceVersion": resource_version}
@@ -362,7 +421,7 @@ class Kube:
                 GROUP,
                 VERSION,
                 namespace,
-                PLURAL,
+                plural,
                 name,
                 body,
             )
@@ -429,15 +488,30 @@ class Kube:
         )
 
     def patch_sweep_status(
-        self, namespace: str, name: str, status: dict[str, Any]
+        self,
+        namespace: str,
+        name: str,
+        status: dict[str, Any],
+        resource_version: str | None = None,
     ) -> dict[str, Any] | None:
-        """Merge ``status`` into a sweep's status subresource; None if the sweep is gone."""
+        """Merge ``status`` into a sweep's status subresource; None if the sweep is gone.
+
+        With ``resource_version``, as for tests (:meth:`patch_test_status`): the write applies
+        only to that version of the sweep, else Conflict (read it again, write again).
+        """
+        return self._patch_status(SWEEP_PLURAL, namespace, name, status, resource_version)
+
+    # ------------------------------------------------------------- bisects
+
+    def get_bisect(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A ModelSupportBisect, or None if it was deleted."""
         return self._unless_gone(
-            self.custom.patch_namespaced_custom_object_status,
-            GROUP,
-            VERSION,
-            namespace,
-            SWEEP_PLURAL,
-            name,
-            {"status": status},
+            self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, BISECT_PLURAL, name
         )
+
+    def patch_bisect_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> dict[str, Any] | None:
+        """Merge ``status`` into a bisect's status as of ``resource_version`` (Conflict when
+        it changed since it was read); None if the bisect is gone."""
+        return self._patch_status(BISECT_PLURAL, namespace, name, status, resource_version)

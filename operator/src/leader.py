@@ -2,14 +2,26 @@
 
 Two replicas (or the old and the new pod of a rolling update) watch the same tests; only the
 replica holding the Lease acts on them. The others keep watching (their view stays current)
-and act only once they hold it. The rules are client-go's (``tools/leaderelection``): the
-holder renews every ``renew`` seconds; a candidate takes the Lease over only when its record
-(holder and renew time) has not changed for ``leaseDurationSeconds`` as measured on the
-candidate's own clock (no comparison of clocks across nodes); every write carries the Lease's
-resourceVersion, so two candidates never both win. A holder that could not renew for
-``renew_deadline_s`` (shorter than the lease) stops acting before anyone may take over; one
-that stops (a rolling update) stops acting first, then gives the Lease up, so its successor
-takes over at once.
+and act only once they hold it. The rules are client-go's (kubernetes/client-go
+``tools/leaderelection/leaderelection.go``):
+
+* the holder renews every ``retry_s`` seconds; a candidate takes the Lease over only when its
+  record (holder and renew time) has not changed for ``leaseDurationSeconds`` as measured on
+  the candidate's own clock (no comparison of clocks across nodes); every write carries the
+  Lease's resourceVersion, so two candidates never both win;
+* every error in a round (an API error, a connection refused or reset, a timeout, anything
+  else) is a failed round, never the end of the election: a follower that hit one keeps
+  trying and can lead later;
+* a holder stops acting once ``renew_deadline_s`` passed since the start of its last
+  successful renewal, timed by the clock alone (:meth:`Leadership.is_leading`), whatever call
+  is in flight: client-go bounds each renewal by a context whose deadline is the renew
+  deadline, and so does this, with no request allowed to run that long (each Lease call's
+  timeout is a quarter of the renew deadline, and urllib3 does not retry them);
+* ``lease_s > renew_deadline_s > 1.2 * retry_s`` (client-go's NewLeaderElector checks), so a
+  holder has stopped before anyone may take over (they wait ``lease_s`` on their own clock).
+
+One that stops (a rolling update) stops acting first, waits for work in flight, then gives the
+Lease up, so its successor takes over at once.
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kubernetes
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger(__name__)
@@ -43,6 +56,42 @@ def default_identity() -> str:
 
 def _stamp() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+JITTER_FACTOR = 1.2
+"""client-go's JitterFactor: the renew deadline must exceed retry_s by that factor."""
+
+
+def check_timings(lease_s: float, renew_deadline_s: float, retry_s: float) -> None:
+    """Refuse leader election timings client-go would refuse (NewLeaderElector), which would
+    let two replicas act at once; ValueError says which and why."""
+    if lease_s <= renew_deadline_s:
+        raise ValueError(
+            f"the lease duration ({lease_s:g} s) must be longer than the renew deadline "
+            f"({renew_deadline_s:g} s): a holder that could not renew must have stopped before "
+            "another replica may take the Lease over"
+        )
+    if renew_deadline_s <= JITTER_FACTOR * retry_s:
+        raise ValueError(
+            f"the renew deadline ({renew_deadline_s:g} s) must be longer than {JITTER_FACTOR:g} "
+            f"x the retry period ({retry_s:g} s): a holder must get more than one try to renew"
+        )
+
+
+def lease_request_timeout(request_timeout_s: float, renew_deadline_s: float) -> float:
+    """The timeout of each Lease call: a round makes at most three (patch, read, patch), so a
+    quarter of the renew deadline keeps a whole round inside it."""
+    return min(request_timeout_s, renew_deadline_s / 4)
+
+
+def describe_failure(exc: BaseException) -> str:
+    """What went wrong in a round, in words (an API answer, an unreachable API server, or
+    something unexpected)."""
+    if isinstance(exc, ApiException):
+        return f"the API server answered {exc.status} {exc.reason}"
+    if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
+        return f"the API server could not be reached ({type(exc).__name__}: {exc})"
+    return f"unexpected {type(exc).__name__}: {exc}"
 
 
 @dataclass(frozen=True)
@@ -68,12 +117,21 @@ class Leadership:
         renew_deadline_s: float,
         retry_s: float,
         request_timeout_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        check_timings(lease_s, renew_deadline_s, retry_s)
         self.api = kubernetes.client.CoordinationV1Api(client)
         self.namespace, self.name, self.identity = namespace, name, identity
         self.lease_s, self.renew_deadline_s, self.retry_s = lease_s, renew_deadline_s, retry_s
-        self.timeout = request_timeout_s
+        self.timeout = lease_request_timeout(request_timeout_s, renew_deadline_s)
+        self._clock = clock
+        self._alone = False
         self.leading = threading.Event()
+        """Set while this replica holds the Lease as far as its rounds know; acting also needs
+        the renew deadline not to have passed (:meth:`is_leading`)."""
+        self.last_round_at: float | None = None
+        """When the last round ended (this process's clock), failed or not: the election's
+        heartbeat, which the liveness probe checks."""
         self._observed: _Observed | None = None
         self._lease: dict[str, Any] | None = None  # as our last write left it
         self._renewed_at = 0.0
@@ -82,11 +140,39 @@ class Leadership:
 
     # ------------------------------------------------------------------ the operator's side
 
+    def lead_alone(self) -> None:
+        """Act without an election (leader election turned off: one replica, by choice)."""
+        self._alone = True
+        self.leading.set()
+
+    def is_leading(self) -> bool:
+        """Whether this replica may act now: it holds the Lease and its renew deadline has not
+        passed since the start of its last successful renewal. Timed by the clock alone, so a
+        renewal stuck in flight cannot keep a replica acting past its deadline."""
+        if not self.leading.is_set():
+            return False
+        if self._alone:
+            return True
+        if self._clock() - self._renewed_at < self.renew_deadline_s:
+            return True
+        self._stop_leading()
+        return False
+
+    def _stop_leading(self) -> None:
+        with self._idle:
+            if not self.leading.is_set():
+                return
+            self.leading.clear()
+        log.warning(
+            "leader election: %s could not renew the Lease within %g s of its last renewal; "
+            "it stops acting", self.identity, self.renew_deadline_s,
+        )  # fmt: skip
+
     @contextmanager
     def acting(self) -> Iterator[bool]:
         """``with leadership.acting() as leading:`` -- act only when ``leading``; a release
         waits until every block entered while leading has left."""
-        if not self.leading.is_set():
+        if not self.is_leading():
             yield False
             return
         with self._idle:
@@ -100,30 +186,35 @@ class Leadership:
 
     def step(self, on_gained: Callable[[], None]) -> float:
         """One round: acquire or renew; returns how long to wait before the next round.
-        ``on_gained`` runs (in this thread) each time this replica becomes the leader."""
+        Every error is a failed round (logged, never raised). ``on_gained`` runs (in this
+        thread) each time this replica becomes the leader."""
+        started = self._clock()
         try:
             won = self._try_acquire_or_renew()
-        except ApiException as exc:
-            log.warning("leader election: the Lease could not be read or written: %s", exc.reason)
+        except Exception as exc:  # every error is a failed round (client-go's rule)
+            if isinstance(exc, ApiException | urllib3.exceptions.HTTPError | OSError):
+                log.warning("leader election: the round failed: %s", describe_failure(exc))
+            else:
+                log.exception("leader election: the round failed: %s", describe_failure(exc))
             won = False
-        now = time.monotonic()
-        if won:
-            self._renewed_at = now
+        finally:
+            self.last_round_at = self._clock()
+        if won and self._clock() - started < self.renew_deadline_s:
+            # Valid from the moment the write was sent: a success that took long counts from
+            # before it, never from its return.
+            self._renewed_at = started
             if not self.leading.is_set():
                 log.info("leader election: %s leads (Lease %s/%s)", self.identity,
                          self.namespace, self.name)  # fmt: skip
                 self.leading.set()
                 on_gained()
             return self.retry_s
-        if self.leading.is_set() and now - self._renewed_at >= self.renew_deadline_s:
-            # Stop before anyone may take over (they wait lease_s > renew_deadline_s).
-            log.warning("leader election: %s could not renew; it stops acting", self.identity)
-            self.leading.clear()
+        self.is_leading()  # stops acting once the renew deadline passed (and says so)
         return self.retry_s
 
     def release(self, wait_s: float = 30.0) -> None:
         """Stop acting, wait for work in flight, then give the Lease up for a successor."""
-        was_leading = self.leading.is_set()
+        was_leading = self.is_leading()
         self.leading.clear()
         with self._idle:
             self._idle.wait_for(lambda: self._inflight == 0, timeout=wait_s)
@@ -143,8 +234,9 @@ class Leadership:
                 )
                 self._lease = None
                 log.info("leader election: %s gave up the Lease", self.identity)
-        except ApiException as exc:  # it expires by itself: the successor waits lease_s
-            log.warning("leader election: the Lease could not be given up: %s", exc.reason)
+        except Exception as exc:  # it expires by itself: the successor waits lease_s
+            log.warning("leader election: the Lease could not be given up: %s",
+                        describe_failure(exc))  # fmt: skip
 
     # ------------------------------------------------------------------ the Lease
 

@@ -40,8 +40,8 @@ from model_support.operator.resource import (
 )
 from model_support.operator.settings import NeuronDraSettings, OperatorSettings
 from model_support.operator.spec import TestSpec
-from model_support.runner_pod import STOPPED_EXIT
 from model_support.sizing import Plan
+from model_support.stop_signals import STOPPED_EXIT
 from model_support.vocabulary import Parallelism
 
 GiB = 2**30
@@ -561,6 +561,13 @@ def _runner_only(wiring: CacheWiring | None, delivery: DeliveryWiring | None) ->
     return part
 
 
+def as_pod_step(command: list[str]) -> list[str]:
+    """An init step's argv, run through ``model_support.pod_step``: as the container's PID 1 a
+    program without a SIGTERM handler would ignore the pod's stop signal and be killed after
+    the grace period (137); the wrapper stops it and exits 143, which the Job ignores."""
+    return ["python3", "-m", "model_support.pod_step", "--", *command]
+
+
 def _init_containers(
     spec: TestSpec,
     settings: OperatorSettings,
@@ -584,7 +591,7 @@ def _init_containers(
                 "name": PULL_CONTAINER,
                 "image": image,
                 "imagePullPolicy": pull_policy,
-                "command": wiring.pull_command(),
+                "command": as_pod_step(wiring.pull_command()),
                 "workingDir": WORKDIR,
                 # The runner's env: the same cache folders, store endpoint and credentials.
                 "env": [e for e in env if e["name"] != "PYTHONPATH"],
@@ -600,17 +607,20 @@ def _init_containers(
                 "name": "extra-packages",
                 "image": image,
                 "imagePullPolicy": pull_policy,
-                "command": [
-                    "python3",
-                    "-m",
-                    "pip",
-                    "install",
-                    "--no-cache-dir",
-                    "--disable-pip-version-check",
-                    "--target",
-                    EXTRA_PACKAGES_DIR,
-                    *spec.extraPackages,
-                ],
+                "command": as_pod_step(
+                    [
+                        "python3",
+                        "-m",
+                        "pip",
+                        "install",
+                        "--no-cache-dir",
+                        "--disable-pip-version-check",
+                        "--target",
+                        EXTRA_PACKAGES_DIR,
+                        *spec.pip.args(),
+                        *spec.extraPackages,
+                    ]
+                ),
                 "securityContext": copy.deepcopy(CONTAINER_SECURITY),
                 "volumeMounts": step_mounts,
                 "resources": copy.deepcopy(_STEP_RESOURCES),
@@ -774,21 +784,41 @@ POD_FAILURE_POLICY: dict[str, Any] = {
         },
         {
             "action": "Ignore",
+            "onExitCodes": {"operator": "In", "values": [STOPPED_EXIT]},
+        },
+        {
+            "action": "FailJob",
             "onExitCodes": {
                 "containerName": RUNNER_CONTAINER,
-                "operator": "In",
-                "values": [STOPPED_EXIT],
+                "operator": "NotIn",
+                "values": [0],
             },
         },
-        {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [0]}},
     ]
 }
-"""Disruptions (eviction, preemption, node drain: pods with a DisruptionTarget condition) are
-not counted and the pod is replaced. So is a runner stopped from outside (exit 143, which the
-runner uses for that alone): Kueue preempts by suspending the Job and the Job controller deletes
-its pods without that condition, and a pod deleted by hand has none either. Any other non-zero
-exit is the run's own outcome and fails the Job at once. Other pod failures (a node lost
-without the condition) fail it too; the operator then retries in a new Job (max_attempts)."""
+"""How the Job controller treats a failed runner pod (kubernetes pkg/controller/job/
+pod_failure_policy.go: rules in order, the first match decides, a rule without containerName
+looks at every container, init containers included; no match counts against backoffLimit):
+
+1. a pod with a DisruptionTarget condition (eviction, preemption by the scheduler, a drained or
+   lost node, node pressure) is ignored and replaced;
+2. a container asked to stop exits 143 (``STOPPED_EXIT``): the runner and the init steps (run
+   through ``model_support.pod_step``) alone use it, so it is ignored whichever container it
+   was. Kueue preempts by suspending the Job, and the Job controller deletes its pods without
+   that condition; a pod deleted by hand has none either;
+3. the runner's own non-zero exit is the run's outcome: it fails the Job at once.
+
+Everything else happened before the runner started and is not the model's doing: a pod the
+kubelet refused at admission (``UnexpectedAdmissionError``, ``OutOf<resource>``: no condition,
+no exit code), a pod deleted while its image pulled (no exit code), an init step that failed or
+was killed. No rule matches those, so they count against ``BACKOFF_LIMIT`` and the Job starts
+the pod again; a Job past it fails and the operator reads why. A suspended Job's pods are never
+counted (the Job controller drops their tracking finalizer before deleting them)."""
+
+BACKOFF_LIMIT = 3
+"""Pod failures before the runner started that a runner Job absorbs (the Job controller
+starts the pod again after 10 s, 20 s, 40 s): enough for a flaky package index or a refused
+admission, few enough that a broken extra package ends the test within minutes."""
 
 
 def build_job(
@@ -855,7 +885,7 @@ def build_job(
     if spec.queueName:
         job_labels[LABEL_KUEUE_QUEUE] = spec.queueName
     job_spec: dict[str, Any] = {
-        "backoffLimit": 0,
+        "backoffLimit": BACKOFF_LIMIT,
         "podFailurePolicy": copy.deepcopy(POD_FAILURE_POLICY),
         # A replacement waits until its predecessor has ended: it needs the same NeuronCores.
         "podReplacementPolicy": "Failed",

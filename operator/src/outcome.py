@@ -6,7 +6,9 @@ tested on its own and the handlers stay small.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -17,7 +19,8 @@ from model_support.operator.manifests import INSTANCE_TYPE_LABEL
 from model_support.operator.resource import ANNOTATION_TIMEOUT, RUNNER_CONTAINER
 from model_support.operator.settings import RunnerStack
 from model_support.records import ResultDocument
-from model_support.runner_pod import STOPPED_EXIT, STOPPED_MESSAGE
+from model_support.runner_pod import STOPPED_MESSAGE
+from model_support.stop_signals import STOPPED_EXIT
 from model_support.vocabulary import Backend, ErrorClass, Result
 
 IMAGE_PULL_REASONS = frozenset(
@@ -73,12 +76,6 @@ class Reading:
     Job's template's) allowed, which the scheduler enforced (None: any, a CPU test's pod for
     instance)."""
 
-    @property
-    def node_instance_type(self) -> str | None:
-        """The instance type of the node the pod ran on, when the scheduler allowed only one."""
-        types = self.node_instance_types
-        return next(iter(types)) if types is not None and len(types) == 1 else None
-
 
 def allowed_instance_types(pod_spec: dict[str, Any]) -> frozenset[str] | None:
     """The instance types a pod spec lets the scheduler place it on (the
@@ -126,21 +123,36 @@ def _runner_status(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def latest_pod(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The pod that decided a Job's end: the latest one the Job's pod failure policy did not
-    ignore (the Job replaced disrupted pods and runners stopped from outside, exit 143), else
-    simply the latest. Creation times have a one-second grain: a replacement made within the
-    same second as its predecessor is still told apart."""
+    """The pod that decided a Job's end: a pod that succeeded; else the latest one the Job's
+    pod failure policy did not ignore (the Job replaced disrupted pods and containers stopped
+    from outside, exit 143) and whose runner ran; else simply the latest. A Job now holds
+    several pods (a pod refused at admission, or one whose init step failed, is started again
+    in the same Job), and creation times have a one-second grain: a replacement made within the
+    same second as its predecessor is still told apart by what it did."""
     if not pods:
         return None
     return max(
         pods,
         key=lambda p: (
+            (p.get("status") or {}).get("phase") == "Succeeded",
             _condition(p, "DisruptionTarget") is None,
             ((_runner_status(p).get("state") or {}).get("terminated") or {}).get("exitCode")
             != STOPPED_EXIT,
+            _runner_started(_runner_status(p)),
             (p.get("metadata") or {}).get("creationTimestamp") or "",
         ),
     )
+
+
+ADMISSION_REASONS = ("UnexpectedAdmissionError", "OutOf")
+"""How the kubelet says it refused a pod at admission (pkg/kubelet/lifecycle: a device plugin
+that could not allocate, ``OutOf<resource>`` when the node's resources do not fit): the node's
+doing, never the model's."""
+
+
+def _refused_at_admission(pod: dict[str, Any]) -> bool:
+    reason = str((pod.get("status") or {}).get("reason") or "")
+    return reason == ADMISSION_REASONS[0] or reason.startswith(ADMISSION_REASONS[1])
 
 
 def _failed_init_container(pod: dict[str, Any]) -> dict[str, Any] | None:
@@ -225,6 +237,12 @@ def read_job(job: dict[str, Any], pods: list[dict[str, Any]]) -> Reading:
     if disruption is not None or pod_status.get("reason") in NODE_LOSS_REASONS:
         why = (disruption or {}).get("reason") or pod_status.get("reason")
         return reading(JobState.NODE_LOST, f"the runner pod was disrupted ({why})")
+    if _refused_at_admission(pod):
+        return reading(
+            JobState.NODE_LOST,
+            f"the kubelet refused the runner pod at admission ({pod_status.get('reason')}: "
+            f"{pod_status.get('message') or 'no message'}), {reason or 'the Job failed'}",
+        )
     if pod_status.get("reason") == "Evicted":
         return reading(
             JobState.NODE_LOST,
@@ -409,36 +427,77 @@ class Waiting:
     message: str
 
 
-def pod_waiting(pod: dict[str, Any], now: datetime | None = None) -> Waiting | None:
-    """What a pending runner pod waits for (None: it is not pending, or simply starting)."""
+class PullFailures:
+    """When each pending pod's image pull was first seen failing, by this process.
+
+    A pod's status says that a pull fails (``ErrImagePull``, ``ImagePullBackOff``) but not
+    since when, and a large image can pull for many minutes before it fails once: the image
+    pull limit counts from the first failure seen, never from scheduling. A pull that is no
+    longer failing starts over. The first failure seen is never earlier than the real one (an
+    operator that restarts counts anew), so a limit is never cut short. At most ``capacity``
+    pods are remembered (the oldest forgotten first).
+    """
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self.capacity = capacity
+        self._first: collections.OrderedDict[str, datetime] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def since(self, key: str, failing: bool, now: datetime) -> datetime | None:
+        """The first time ``key`` (a pod's container) was seen failing to pull, noting
+        ``now`` when this is the first; None (and forgotten) when it is not failing."""
+        with self._lock:
+            if not failing:
+                self._first.pop(key, None)
+                return None
+            first = self._first.setdefault(key, now)
+            while len(self._first) > self.capacity:
+                self._first.popitem(last=False)
+            return first
+
+
+PULL_FAILURES = PullFailures()
+"""The operator process's record of failing pulls (:func:`pod_waiting`'s default)."""
+
+
+def pod_waiting(
+    pod: dict[str, Any], now: datetime | None = None, pulls: PullFailures | None = None
+) -> Waiting | None:
+    """What a pending runner pod waits for (None: it is not pending, or simply starting).
+
+    A failing image pull is dated by ``pulls`` (by default the process's
+    :data:`PULL_FAILURES`): from the first time it was seen failing."""
     now = now or datetime.now(UTC)
+    pulls = PULL_FAILURES if pulls is None else pulls
     status = pod.get("status") or {}
     if status.get("phase") not in (None, "Pending"):
         return None
     created = _parse_time((pod.get("metadata") or {}).get("creationTimestamp")) or now
-    scheduled_at: datetime | None = None
     for cond in status.get("conditions") or []:
         if cond.get("type") != "PodScheduled":
             continue
         since = _parse_time(cond.get("lastTransitionTime")) or created
         if cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
             return Waiting(WaitKind.UNSCHEDULABLE, since, cond.get("message") or "no node fits")
-        if cond.get("status") == "True":
-            scheduled_at = since
+    meta = pod.get("metadata") or {}
+    pod_key = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+    found: Waiting | None = None
     for container in [
         *(status.get("initContainerStatuses") or []),
         *(status.get("containerStatuses") or []),
     ]:
         waiting = (container.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in IMAGE_PULL_REASONS:
-            # The pull limit counts from scheduling: time queued for capacity is not pulling.
-            return Waiting(
+        failing = waiting.get("reason") in IMAGE_PULL_REASONS
+        # Counted from the first failure seen (a healthy pull of a large image is not one).
+        first = pulls.since(f"{pod_key}/{container.get('name')}", failing, now)
+        if first is not None and found is None:
+            found = Waiting(
                 WaitKind.IMAGE_PULL,
-                scheduled_at or created,
+                first,
                 f"{waiting['reason']}, container {container.get('name')}"
                 + (f": {waiting['message']}" if waiting.get("message") else ""),
             )
-    return None
+    return found
 
 
 def stuck_reason(
@@ -447,14 +506,17 @@ def stuck_reason(
     now: datetime | None = None,
     unschedulable_limit_s: float | None,
     image_pull_limit_s: float,
+    pulls: PullFailures | None = None,
 ) -> str | None:
     """Why a pending runner pod will never start (past the limits), or None while it may.
 
     An unschedulable pod is stuck only when ``unschedulable_limit_s`` is set: by default a test
-    waits for capacity as long as it takes (shown as the Queued phase).
+    waits for capacity as long as it takes (shown as the Queued phase). A failing image pull
+    is stuck ``image_pull_limit_s`` after its first failure seen (``pulls``, see
+    :class:`PullFailures`).
     """
     now = now or datetime.now(UTC)
-    waiting = pod_waiting(pod, now)
+    waiting = pod_waiting(pod, now, pulls)
     if waiting is None:
         return None
     waited = (now - waiting.since).total_seconds()

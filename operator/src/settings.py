@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from model_support.pricing import DEFAULT_PRICES, PriceTable, prices_from_mapping
@@ -337,7 +337,7 @@ class OperatorSettings(BaseModel):
     lease_renew_deadline_s: float = Field(
         20.0,
         gt=0,
-        description="The leader stops acting when it could not renew this long (less than the lease duration).",
+        description="The leader stops acting this long after the start of its last successful renewal, timed by the clock whatever call is in flight (less than the lease duration, more than 1.2 x the retry period; each Lease call times out after a quarter of it).",
     )
     lease_retry_s: float = Field(
         5.0, gt=0, description="How often the Lease is renewed, or tried by a waiting replica."
@@ -381,6 +381,21 @@ class OperatorSettings(BaseModel):
         if value is not None:
             prices_from_mapping(value, "settings.instancePrices")  # raises, naming the field
         return value
+
+    @model_validator(mode="after")
+    def _lease_timings(self) -> OperatorSettings:
+        if self.leader_election:
+            from model_support.operator.leader import check_timings
+
+            try:
+                check_timings(
+                    self.lease_duration_s, self.lease_renew_deadline_s, self.lease_retry_s
+                )
+            except ValueError as exc:  # said with the settings' names
+                raise ValueError(
+                    f"leaseDurationSeconds / leaseRenewDeadlineSeconds / leaseRetrySeconds: {exc}"
+                ) from exc
+        return self
 
     def prices(self) -> PriceTable:
         """The price table: the default one with ``instance_prices`` over it."""
@@ -452,6 +467,7 @@ class ChartValues(_ValuesBlock):
 
     results: str | None = None
     watchNamespaces: list[str] | None = None
+    watchAllNamespaces: bool = False
     resultsVolume: _VolumeValues | None = None
     readHubTokenSecrets: bool = False
     runnerImage: str | None = None
@@ -479,11 +495,21 @@ def settings_from_values(values: dict[str, Any]) -> OperatorSettings:
             "--set results=s3://my-bucket/model-support"
         )
     namespaces = list(values.get("watchNamespaces") or [])
+    every = bool(values.get("watchAllNamespaces", False))
+    if namespaces and every:
+        raise ValueError("give watchNamespaces or watchAllNamespaces=true, not both")
+    if not namespaces and not every:
+        raise ValueError(
+            "the chart value watchNamespaces is required: list the namespaces where tests run "
+            "(the operator gets its rights, and runner pods their NetworkPolicy, only there), "
+            "e.g. --set 'watchNamespaces={ml}'; to watch every namespace, kube-system included, "
+            "set watchAllNamespaces=true explicitly"
+        )
     volume = values.get("resultsVolume") or {}
     base: dict[str, Any] = {
         "resultsUri": results,
         "namespaces": namespaces,
-        "allNamespaces": not namespaces,
+        "allNamespaces": every,
         "readTokenSecrets": bool(values.get("readHubTokenSecrets", False)),
     }
     if values.get("runnerImage"):

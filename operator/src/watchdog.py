@@ -83,7 +83,8 @@ class Watchdog:
     def check_waiting(self, now: datetime | None = None) -> int:
         """Look at pending runner pods: a pod no node fits makes its test Queued (or ends it,
         past ``unschedulable_limit_s`` when set); an image that cannot be pulled past its limit
-        (counted from scheduling) ends the test. Returns the number of tests ended."""
+        (counted from its first failure seen, outcome.PullFailures) ends the test. Returns the
+        number of tests ended."""
         ended = 0
         for namespace in watched_namespaces(self.settings):
             for pod in self.kube.list_pods(

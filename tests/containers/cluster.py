@@ -4,6 +4,7 @@ and the operator as the rendered Helm chart's Deployment describes it."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import s3fs
 import yaml
 from container_images import REPO, Images
-from k8s_harness import Harness
+from k8s_harness import NS, Harness
 from kubelet import Node, Pod
 from ports import unused_port
 
@@ -27,6 +28,10 @@ S3_CREDENTIALS = {
 
 
 TINY_LLAMA_REPO = "test-org/tiny-llama"
+
+
+DELIVERY_KEY_SECRET = "ms-delivery-key"
+"""The Secret holding the operator's delivery key (the chart's deliveryKey.existingSecret)."""
 
 
 @dataclass
@@ -84,6 +89,9 @@ class Cluster:
             "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
             "runnerImage": self.images.runner,
             "results": self.results,
+            "watchNamespaces": [NS],
+            # The delivery key's Secret, which start_operator creates as the chart's user does.
+            "deliveryKey": {"existingSecret": DELIVERY_KEY_SECRET},
             # Host network: ports of their own, so tests and workers never collide.
             "liveness": {"port": unused_port()},
             "metrics": {"enabled": True, "port": unused_port()},
@@ -98,6 +106,15 @@ class Cluster:
         """The operator pod, exactly as the chart's Deployment describes it; waits for its watches."""
         if self.deployment is None:
             docs = self.render_chart(values)
+            # The delivery key Secret the chart's user creates (deliveryKey.existingSecret).
+            secret_url = f"/api/v1/namespaces/{NS}/secrets/{DELIVERY_KEY_SECRET}"
+            if await self.h.get(secret_url) is None:
+                key = base64.b64encode(uuid.uuid4().hex.encode() * 2).decode()
+                await self.h.create(
+                    f"/api/v1/namespaces/{NS}/secrets",
+                    {"apiVersion": "v1", "kind": "Secret",
+                     "metadata": {"name": DELIVERY_KEY_SECRET}, "data": {"key": key}},
+                )  # fmt: skip
             self.deployment = next(d for d in docs if d["kind"] == "Deployment")
             self.deployment["metadata"]["uid"] = str(uuid.uuid4())
         before = self.h._watches()

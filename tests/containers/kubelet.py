@@ -5,9 +5,9 @@ docs/testing-containers.md). It reads what the operator created in kmock and doe
 does with it, for the parts of the pod API this project uses:
 
 * the Job controller: one pod per Job from its template (labels ``job-name`` and
-  ``controller-uid``), a new pod while failures stay within ``backoffLimit``,
-  ``podFailurePolicy`` rules (``onExitCodes`` / ``onPodConditions`` with FailJob / Ignore /
-  Count), ``activeDeadlineSeconds`` from the Job's ``startTime``, the Job's conditions
+  ``controller-uid``), a new pod while failures stay within ``backoffLimit``, the
+  ``podFailurePolicy`` rules as upstream applies them (``tests/job_controller.py``: every
+  container, init containers included; a failure no rule matches counts), ``activeDeadlineSeconds`` from the Job's ``startTime``, the Job's conditions
   (``SuccessCriteriaMet`` + ``Complete``, ``FailureTarget`` + ``Failed`` with reasons
   ``BackoffLimitExceeded``, ``DeadlineExceeded``, ``PodFailurePolicy``), suspended Jobs left
   alone, and a deleted Job's pods stopped and deleted (garbage collection);
@@ -50,6 +50,7 @@ from typing import Any
 import docker
 import docker.errors
 import docker.types
+from job_controller import account_failed_pod
 from k8s_harness import JOBS_URL, NS, PODS_URL, Harness, now
 from kubernetes.utils import parse_quantity
 
@@ -297,23 +298,19 @@ class Node:
                     failed=failed,
                 )
                 return
-            action, rule = self._failure_policy(spec, pod)
-            if action == "FailJob":
-                message = f"Container {rule} for pod {NS}/{pod.name} failed with a FailJob rule"
-                await self._end_job(url, "Failed", "PodFailurePolicy", message, failed=failed + 1)
+            # The Job's podFailurePolicy and backoffLimit, as upstream applies them.
+            decision = account_failed_pod(
+                {"spec": spec, "status": {"failed": failed}},
+                {"metadata": {"namespace": NS, "name": pod.name}, "status": self._status(pod)},
+                tracked=True,
+            )
+            if decision.ends is not None:
+                reason, message = decision.ends
+                await self._end_job(url, "Failed", reason, message, failed=decision.failed)
                 return
-            if action != "Ignore":
-                failed += 1
+            if decision.failed != failed:
+                failed = decision.failed
                 await self.h.patch(f"{url}/status", {"status": {"failed": failed, "active": 0}})
-                if failed > int(spec.get("backoffLimit", 6)):
-                    await self._end_job(
-                        url,
-                        "Failed",
-                        "BackoffLimitExceeded",
-                        "Job has reached the specified backoff limit",
-                        failed=failed,
-                    )
-                    return
             await asyncio.sleep(RETRY_DELAY_S)
 
     async def _watch_job(self, job: dict[str, Any], pod: Pod, deadline: float | None) -> None:
@@ -333,25 +330,6 @@ class Node:
     async def _account(self, pod: Pod) -> None:
         """The Job controller counted the pod: it drops its tracking finalizer (a deleted pod goes)."""
         await self.h.patch(pod.url, {"metadata": {"finalizers": []}})
-
-    def _failure_policy(self, spec: dict[str, Any], pod: Pod) -> tuple[str, str]:
-        """The action of the first matching podFailurePolicy rule (Count when none matches)."""
-        for rule in (spec.get("podFailurePolicy") or {}).get("rules") or []:
-            codes = rule.get("onExitCodes")
-            if codes is not None:
-                for end in pod.ends:
-                    if codes.get("containerName") not in (None, end.name) or end.exit_code == 0:
-                        continue
-                    inside = end.exit_code in codes["values"]
-                    if inside == (codes["operator"] == "In"):
-                        return str(rule["action"]), f"{end.name} exited with {end.exit_code}"
-            for pattern in rule.get("onPodConditions") or []:
-                for cond in pod.conditions:
-                    if cond["type"] == pattern["type"] and cond["status"] == pattern.get(
-                        "status", "True"
-                    ):
-                        return str(rule["action"]), f"pod condition {cond['type']}"
-        return "Count", ""
 
     async def _end_job(self, url: str, kind: str, reason: str, message: str, **counts: int) -> None:
         first = "SuccessCriteriaMet" if kind == "Complete" else "FailureTarget"
@@ -457,6 +435,13 @@ class Node:
     async def _write_status(
         self, pod: Pod, running: list[str] | None = None, waiting: Waiting | None = None
     ) -> None:
+        """Write the pod's status as the kubelet reports it."""
+        await self._patch_status(pod, self._status(pod, running, waiting))
+
+    @staticmethod
+    def _status(
+        pod: Pod, running: list[str] | None = None, waiting: Waiting | None = None
+    ) -> dict[str, Any]:
         """The pod's status as the kubelet reports it (phase, conditions, container states)."""
         specs = pod.spec["containers"] + (pod.spec.get("initContainers") or [])
         images = {c["name"]: c["image"] for c in specs}
@@ -497,7 +482,7 @@ class Node:
             status["reason"] = pod.reason
         if pod.message:
             status["message"] = pod.message
-        await self._patch_status(pod, status)
+        return status
 
     async def _patch_status(self, pod: Pod, status: dict[str, Any]) -> None:
         """Patch a pod's status; a pod object already deleted (not a Job's) has none to patch."""

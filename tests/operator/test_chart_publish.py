@@ -10,6 +10,7 @@ import helm_python
 import kubernetes_validate
 import pytest
 import yaml
+from chart_values import REQUIRED_CHART_VALUES
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "model-support"
 PUBLISH = {
@@ -21,12 +22,13 @@ PUBLISH = {
 
 def render(values: dict[str, Any]) -> list[dict[str, Any]]:
     rendered = helm_python.Chart.load(str(CHART)).render(
-        copy.deepcopy(values), name="ms", namespace="model-support"
+        {**REQUIRED, **copy.deepcopy(values)}, name="ms", namespace="model-support"
     )
     return [d for text in rendered.values() for d in yaml.safe_load_all(text) if d]
 
 
 RESULTS = "s3://bucket/model-support"
+REQUIRED = REQUIRED_CHART_VALUES
 
 
 def test_no_cronjob_unless_asked_for() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from test_operator_manifests import cel_violations
+from test_operator_manifests import cel_violations, render_chart
 
 from model_support.operator.status import Phase, kstatus_conditions
 from model_support.operator.sweep_spec import parse_sweep
@@ -52,7 +52,17 @@ def test_argo_cd_and_flux_apply_folders_that_exist() -> None:
     waves = [int(a["metadata"]["annotations"]["argocd.argoproj.io/sync-wave"]) for a in apps]
     assert waves[0] < waves[1]  # the CRDs and the operator before the sweeps
     assert (ROOT / chart["spec"]["source"]["path"] / "Chart.yaml").is_file()
-    assert chart["spec"]["source"]["helm"]["valuesObject"]["results"]  # the chart needs it
+    values = chart["spec"]["source"]["helm"]["valuesObject"]
+    assert values["results"]  # the chart needs it
+    # Argo CD renders the chart as `helm template` does: the values are enough, and the
+    # namespace the sweeps are applied to is one the operator watches.
+    rendered = render_chart(values)
+    assert any(d["kind"] == "Deployment" for d in rendered)
+    sweep_namespaces = {
+        d["metadata"]["namespace"] for path in (GITOPS / "sweeps").glob("*.yaml")
+        for d in docs(path) if d.get("kind") == "ModelSupportSweep"
+    }  # fmt: skip
+    assert sweep_namespaces <= set(values["watchNamespaces"])
     assert sweeps["spec"]["source"]["path"] == "gitops/sweeps"
     # A first sync that comes before the sweep CRD exists converges instead of failing.
     assert "SkipDryRunOnMissingResource=true" in sweeps["spec"]["syncPolicy"]["syncOptions"]

@@ -98,6 +98,28 @@ async def test_a_conflicting_status_write_is_made_again_from_a_fresh_read(
     assert conditions(status)["Audited"]["message"] == "by an auditor"  # not written over
 
 
+async def test_a_sweep_status_write_carries_the_version_it_was_made_from(
+    harness: Harness,
+) -> None:
+    """As for tests: a sweep's status written from a stale read is refused (409), not applied
+    over what another writer wrote meanwhile."""
+    from model_support.operator.kube import Conflict
+
+    h = harness
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ModelSupportSweep",
+            "metadata": {"name": "s"}, "spec": {"source": {"models": [{"model": "a/b"}]}}}  # fmt: skip
+    read = await h.create(SWEEPS_URL, body)
+    await h.patch(f"{SWEEPS_URL}/s/status", {"status": {"message": "another writer"}})
+    kube = Kube(api_client(h.settings.api_server))
+    stale = read["metadata"]["resourceVersion"]
+    with pytest.raises(Conflict):
+        await asyncio.to_thread(kube.patch_sweep_status, NS, "s", {"message": "mine"}, stale)
+    assert ((await h.get(f"{SWEEPS_URL}/s")) or {})["status"]["message"] == "another writer"
+    fresh = ((await h.get(f"{SWEEPS_URL}/s")) or {})["metadata"]["resourceVersion"]
+    written = await asyncio.to_thread(kube.patch_sweep_status, NS, "s", {"message": "mine"}, fresh)
+    assert written is not None and written["status"]["message"] == "mine"
+
+
 # ------------------------------------------------------------------ refused creates
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from k8s_harness import JOBS_URL, PODS_URL, Harness, now
 from test_operator_lifecycle import SPEC, records, runner_log, start
 
@@ -54,7 +55,8 @@ async def test_a_runner_stopped_from_outside_is_replaced_by_its_job(harness: Har
     """SIGTERM without a DisruptionTarget condition (a pod deleted by hand, a node shut down):
     the runner exits 143, which the Job's pod failure policy ignores, so the Job replaces the
     pod; the operator records nothing for the stopped pod and starts no Job of its own."""
-    from model_support.runner_pod import STOPPED_EXIT, STOPPED_MESSAGE
+    from model_support.runner_pod import STOPPED_MESSAGE
+    from model_support.stop_signals import STOPPED_EXIT
 
     h = harness
     _, job = await start(h)
@@ -120,3 +122,97 @@ async def test_kueue_admission_is_queued_then_running(harness: Harness) -> None:
     pod = await h.start_pod(job)
     await h.run_pod(pod)
     await phase(h, "Running")
+
+
+# ------------------------------------------------------- outside run.py's window (strict Job
+# controller: tests/job_controller.py). A pod removed for a suspension, a disruption or an
+# admission failure never decides a test, at whatever stage it was; failures before the runner
+# started are retried within the Job.
+
+QUEUED = {**SPEC, "queueName": "trainium", "extraPackages": ["sentencepiece>=0.2"]}
+INIT_STEP = "extra-packages"
+
+
+async def admitted(h: Harness, spec: dict[str, Any]) -> dict[str, Any]:
+    """A test whose Job Kueue has admitted (unsuspended)."""
+    _, job = await start(h, spec=spec)
+    if spec.get("queueName"):
+        await phase(h, "Queued")
+        await h.resume(job)
+    return job
+
+
+async def passes_on_a_new_pod(h: Harness, job: dict[str, Any]) -> None:
+    """The Job's next pod runs the test to its result: PASS, once, in the same Job."""
+    pod = await h.start_pod(job)
+    await h.run_pod(pod)
+    await h.end_pod(job, pod, exit_code=0, log=runner_log(Result.PASS))
+    status = await phase(h, "Completed")
+    assert (status["result"], status["attempt"]) == ("PASS", 1), status.get("message")
+    assert [r.document.result for r in records(h)] == [Result.PASS]
+    assert len(await h.items(JOBS_URL)) == 1
+
+
+@pytest.mark.parametrize(
+    "exit_code",
+    [143, 137],
+    ids=["the-step-stops-on-sigterm", "the-step-is-killed-after-the-grace-period"],
+)
+async def test_a_preemption_during_an_init_step_never_decides_the_test(
+    harness: Harness, exit_code: int
+) -> None:
+    h = harness
+    job = await admitted(h, QUEUED)
+    pod = await h.start_pod(job)
+    action = await h.suspend(job, pod, step=INIT_STEP, exit_code=exit_code)
+    assert action != "FailJob" and not await h.job_ended(job)
+    status = await phase(h, "Queued")
+    assert "preempted" in conditions(status)["Queued"]["message"] and records(h) == []
+    await h.resume(job)
+    await passes_on_a_new_pod(h, job)
+
+
+@pytest.mark.parametrize("step", [None, INIT_STEP], ids=["pulling-its-image", "in-an-init-step"])
+async def test_a_pod_deleted_before_the_runner_started_is_replaced(
+    harness: Harness, step: str | None
+) -> None:
+    """kubectl delete pod (no DisruptionTarget): while the image pulls there is no exit code
+    at all; in an init step, the step exits 143 on the pod's SIGTERM."""
+    h = harness
+    job = await admitted(h, {**SPEC, "extraPackages": ["sentencepiece>=0.2"]})
+    pod = await h.start_pod(job)
+    await h.delete_pod(job, pod, step=step, exit_code=None if step is None else 143)
+    assert not await h.job_ended(job)
+    await passes_on_a_new_pod(h, job)
+
+
+@pytest.mark.parametrize("reason", ["OutOfaws.amazon.com/neuroncore", "UnexpectedAdmissionError"])
+async def test_a_pod_the_kubelet_refused_at_admission_is_replaced(
+    harness: Harness, reason: str
+) -> None:
+    h = harness
+    job = await admitted(h, SPEC)
+    pod = await h.start_pod(job)
+    assert await h.reject_pod(job, pod, reason=reason) == "Count"
+    assert not await h.job_ended(job)
+    await passes_on_a_new_pod(h, job)
+
+
+async def test_a_failed_init_step_is_retried_within_the_job(harness: Harness) -> None:
+    """An extra package's install failing once (the index unreachable, say) is no verdict:
+    the Job starts the pod again; only the runner's own exit decides."""
+    h = harness
+    job = await admitted(h, {**SPEC, "extraPackages": ["sentencepiece>=0.2"]})
+    pod = await h.start_pod(job)
+    assert await h.fail_init_step(job, pod, INIT_STEP, exit_code=1) == "Count"
+    assert not await h.job_ended(job)
+    await passes_on_a_new_pod(h, job)
+
+
+async def test_the_runners_own_verdict_still_fails_the_job_at_once(harness: Harness) -> None:
+    h = harness
+    job = await admitted(h, SPEC)
+    pod = await h.start_pod(job)
+    await h.run_pod(pod)
+    assert await h.fail_pod(job, pod, exit_code=1) == "FailJob"
+    assert await h.job_ended(job)

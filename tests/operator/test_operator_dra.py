@@ -50,6 +50,12 @@ CASES = {
 }
 
 
+NODE_LOST = {"reason": "NodeLost", "message": "node ip-10-0-0-1 is not ready"}
+"""A node lost without a DisruptionTarget condition: the Job fails (the runner's exit 137 matches
+its FailJob rule) and the operator retries in a new Job. (A runner stopped by SIGTERM exits 143,
+which the Job ignores and replaces itself: no new attempt.)"""
+
+
 def selects(selector: dict[str, Any], instance_type: str, driver: str = "2.31.7.0") -> bool:
     """Whether the claim's CEL selector takes a device of ``instance_type`` whose driver is
     ``driver`` (the attributes the Neuron DRA driver publishes, deploy/eks/dra.rst),
@@ -254,8 +260,6 @@ async def test_each_test_claims_whole_devices_at_its_lnc(harness: Harness) -> No
 
 
 async def test_a_retried_run_claims_from_the_same_template_and_passes(harness: Harness) -> None:
-    from model_support.runner_pod import STOPPED_MESSAGE
-
     h = harness
     h.settings = dra_settings(h)  # default LNC 2 for a test that names none
     await h.start_operator()
@@ -265,7 +269,7 @@ async def test_a_retried_run_claims_from_the_same_template_and_passes(harness: H
     [template] = await h.items(CLAIM_TEMPLATES_URL)
     assert_claims_devices(template, 1, None, 2)
     first = await h.start_pod(first_job)
-    await h.end_pod(first_job, first, exit_code=143, log=None, termination_message=STOPPED_MESSAGE)
+    await h.end_pod(first_job, first, exit_code=137, log=None, pod_extra=NODE_LOST)
     await h.wait_status("qwen", lambda s: s.get("attempt") == 2, "attempt 2")
     [second_job] = [
         j
@@ -288,8 +292,6 @@ async def test_a_retry_after_the_dra_default_was_removed_is_invalid_not_a_result
     harness: Harness,
 ) -> None:
     """Settings changed between attempts: the test says what to fix; no record, no new Job."""
-    from model_support.runner_pod import STOPPED_MESSAGE
-
     h = harness
     h.settings = dra_settings(h)
     await h.start_operator()
@@ -299,7 +301,7 @@ async def test_a_retry_after_the_dra_default_was_removed_is_invalid_not_a_result
     h.settings = dra_settings(h, default_lnc=None)
     await h.start_operator()
     first = await h.start_pod(first_job)
-    await h.end_pod(first_job, first, exit_code=143, log=None, termination_message=STOPPED_MESSAGE)
+    await h.end_pod(first_job, first, exit_code=137, log=None, pod_extra=NODE_LOST)
     status = await h.wait_status("qwen", lambda s: s.get("phase") == "Invalid", "Invalid")
     assert "cannot retry" in status["message"] and "spec.lnc" in status["message"]
     assert records(h) == []
@@ -366,7 +368,13 @@ CLAIMS_RULE = ("resource.k8s.io", "resourceclaimtemplates")
 
 @pytest.mark.parametrize("namespaces", [[], ["ml", "research"]])
 def test_the_chart_grants_claim_templates_only_with_dra(namespaces: list[str]) -> None:
-    base = {"results": "s3://bucket/model-support", "watchNamespaces": namespaces}
+    base = {
+        "results": "s3://bucket/model-support",
+        "watchNamespaces": namespaces,
+        "watchAllNamespaces": not namespaces,  # [] : every namespace, explicitly
+        "networkPolicy": {"namespaces": namespaces or ["ml"]},
+        "deliveryKey": {"existingSecret": "ms-delivery-key"},
+    }
     off = render_chart(base)
     assert CLAIMS_RULE not in operator_rules(off)
     assert chart_settings(off).neuron_dra is None

@@ -191,11 +191,11 @@ def test_a_retry_without_an_lnc_to_claim_is_invalid_not_a_crash() -> None:
 def test_the_nodes_lnc_and_the_claims_driver_version_are_chart_values(
     values: dict[str, Any], default_lnc: int | None, driver: str | None
 ) -> None:
-    from test_operator_manifests import chart_settings, render_chart
+    from test_operator_manifests import REQUIRED, chart_settings, render_chart
 
     from model_support.operator.settings import settings_from_values
 
-    chart = {"results": "s3://bucket/results", **values}
+    chart = {"results": "s3://bucket/results", **REQUIRED, **values}
     if "neuron" in chart:
         chart["neuron"] = {"dra": {"enabled": True, **chart["neuron"]["dra"]}}
     settings = chart_settings(render_chart(chart))

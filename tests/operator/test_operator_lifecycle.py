@@ -15,6 +15,7 @@ from prometheus_client import REGISTRY
 from safetensors.torch import save_file
 
 from model_support.config import RunConfig
+from model_support.operator.manifests import BACKOFF_LIMIT
 from model_support.operator.resource import child_name, run_id_for
 from model_support.records import RESULT_MARKER, ResultDocument, Timings
 from model_support.script import read_config, render_script
@@ -88,7 +89,8 @@ async def test_pass_lifecycle(harness: Harness, operator_hub: HubServer) -> None
     [cm_owner] = cm["metadata"]["ownerReferences"]
     assert (cm_owner["kind"], cm_owner["uid"]) == ("Job", job["metadata"]["uid"])
 
-    # The Job: one NeuronCore on a trn2 node, the token from the Secret, never retried.
+    # The Job: one NeuronCore on a trn2 node, the token from the Secret; only failures before
+    # the runner started are retried within it (backoffLimit), never the runner's own exit.
     pod_spec = job["spec"]["template"]["spec"]
     runner = pod_spec["containers"][0]
     # run.py runs through the runner entry point, which makes its result durable (no shell).
@@ -124,7 +126,7 @@ async def test_pass_lifecycle(harness: Harness, operator_hub: HubServer) -> None
     # The runner enforces the test's timeout from run.py's start; the Job's deadline is a
     # backstop with room for waiting and pulling (deadlineBudgetSeconds) and the delivery.
     assert runner["command"][runner["command"].index("--timeout") + 1] == "7200"
-    assert job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["backoffLimit"] == BACKOFF_LIMIT
     assert job["spec"]["activeDeadlineSeconds"] == 7200 + 3600 + 300
     assert job["metadata"]["ownerReferences"][0]["uid"] == uid
 

@@ -13,8 +13,16 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from chart_values import REQUIRED_CHART_VALUES
+from job_controller import match_pod_failure_policy
 
-from model_support.operator.manifests import Placement, TestRef, build_configmap, build_job
+from model_support.operator.manifests import (
+    BACKOFF_LIMIT,
+    Placement,
+    TestRef,
+    build_configmap,
+    build_job,
+)
 from model_support.operator.outcome import JobState, read_job, stuck_reason
 from model_support.operator.resource import child_name, run_id_for
 from model_support.operator.settings import OperatorSettings
@@ -339,7 +347,9 @@ def test_compile_cache_paths_must_be_on_the_operators_cache_volume() -> None:
     } in pull["volumeMounts"]  # fmt: skip
     assert not any(m["name"] == "compile-caches" for m in runner["volumeMounts"])
     # The cpu profile's compile cache is inductor's, in a folder both containers share.
-    assert pull["command"][3:6] == ["/caches/ml", "--backend", "cpu"]
+    # Through the wrapper that stops it on the pod's SIGTERM (exit 143, which the Job ignores).
+    assert pull["command"][:5] == ["python3", "-m", "model_support.pod_step", "--", "model-support"]
+    assert pull["command"][7:10] == ["/caches/ml", "--backend", "cpu"]
     inductor = {e["name"]: e["value"] for e in runner["env"] if "value" in e}
     assert inductor["TORCHINDUCTOR_CACHE_DIR"].startswith("/tmp/")
     assert {m["mountPath"] for m in pull["volumeMounts"]} >= {"/tmp", "/work"}
@@ -424,27 +434,63 @@ def test_scheduler_and_lnc_come_from_the_operators_settings() -> None:
     assert big_pod["containers"][0]["resources"]["requests"]["ephemeral-storage"] == "134Gi"
 
 
+def _ended(name: str, code: int) -> dict[str, Any]:
+    return {"name": name, "state": {"terminated": {"exitCode": code}}}
+
+
+_NOT_STARTED = {"name": "runner", "state": {"waiting": {"reason": "PodInitializing"}}}
+POLICY_CASES: list[tuple[dict[str, Any], str | None]] = [
+    ({"containerStatuses": [_ended("runner", 1)]}, "FailJob"),  # run.py's own failure
+    ({"containerStatuses": [_ended("runner", 137)]}, "FailJob"),  # OOM-killed runner
+    ({"containerStatuses": [_ended("runner", 124)]}, "FailJob"),  # the runner's timeout
+    ({"containerStatuses": [_ended("runner", 143)]}, "Ignore"),  # the runner asked to stop
+    (  # evicted, preempted by the scheduler, a node drained
+        {
+            "conditions": [{"type": "DisruptionTarget", "status": "True"}],
+            "containerStatuses": [_ended("runner", 137)],
+        },
+        "Ignore",
+    ),
+    (  # an init step asked to stop (the pod_step wrapper's 143)
+        {
+            "initContainerStatuses": [_ended("extra-packages", 143)],
+            "containerStatuses": [_NOT_STARTED],
+        },
+        "Ignore",
+    ),
+    (  # an init step that failed or was killed: counted, the pod is started again
+        {
+            "initContainerStatuses": [_ended("compile-cache-pull", 0), _ended("extra-packages", 1)],
+            "containerStatuses": [_NOT_STARTED],
+        },
+        None,
+    ),
+    ({"initContainerStatuses": [_ended("extra-packages", 137)]}, None),
+    ({"reason": "UnexpectedAdmissionError", "containerStatuses": []}, None),  # kubelet admission
+    ({"containerStatuses": [{"name": "runner", "state": {"waiting": {}}}]}, None),  # deleted
+]
+
+
 def test_full_job_manifest(tmp_path: Path) -> None:
     job = job_for(full_spec())
     validate(job)
     spec = job["spec"]
     # The test's timeout (5,400 s) is the runner's, from run.py's start; the Job's deadline is a
     # backstop: + the queue/pull budget, the cache pull and push deadlines, the delivery.
-    assert (spec["backoffLimit"], spec["suspend"]) == (0, True)
+    # Pod failures before the runner started (no rule matches them) are retried in the Job.
+    assert (spec["backoffLimit"], spec["suspend"]) == (BACKOFF_LIMIT, True)
     assert spec["activeDeadlineSeconds"] == 5400 + 3600 + 2 * 1800 + 300
     runner_argv = spec["template"]["spec"]["containers"][0]["command"]
     assert runner_argv[runner_argv.index("--timeout") + 1] == "5400"
     assert job["metadata"]["annotations"]["modelsupport.dev/timeout-seconds"] == "5400"
-    # Disruptions and a runner stopped from outside (exit 143: Kueue's preemption, a deleted
-    # pod) are retried by the Job; the runner's own exit codes end it at once.
-    assert spec["podFailurePolicy"]["rules"] == [
-        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-        {
-            "action": "Ignore",
-            "onExitCodes": {"containerName": "runner", "operator": "In", "values": [143]},
-        },
-        {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [0]}},
-    ]
+    # What the Job controller makes of each way a pod can fail (its upstream rules, played
+    # by job_controller): only the runner's own exit decides; a pod removed from outside, at
+    # any stage, is ignored; a failure before the runner started is counted and retried.
+    for pod_status, action in POLICY_CASES:
+        failed = {"metadata": {"name": "p"}, "status": {"phase": "Failed", **pod_status}}
+        assert match_pod_failure_policy(spec["podFailurePolicy"], failed).action == action, (
+            pod_status
+        )
     assert spec["podReplacementPolicy"] == "Failed"
     assert spec["template"]["metadata"]["annotations"] == {
         "karpenter.sh/do-not-disrupt": "true",
@@ -499,11 +545,13 @@ def test_full_job_manifest(tmp_path: Path) -> None:
         "--cache-backend", "neuron", "--cache-deadline", "1800",
     ]  # fmt: skip
     assert "/bin/sh" not in str(job)
-    # The pull is the first init step, through the runner image's own CLI (argv, no shell).
+    # The pull is the first init step, through the runner image's own CLI (argv, no shell),
+    # run like every init step by the wrapper that stops it on the pod's SIGTERM.
     assert [c["name"] for c in pod["initContainers"]] == ["compile-cache-pull", "extra-packages"]
     pull, packages = pod["initContainers"]
+    assert packages["command"][:4] == ["python3", "-m", "model_support.pod_step", "--"]
     assert pull["command"] == [
-        "model-support", "cache", "pull", "hf://buckets/aws-neuron/neff-cache/x",
+        "python3", "-m", "model_support.pod_step", "--", "model-support", "cache", "pull", "hf://buckets/aws-neuron/neff-cache/x",
         "--backend", "neuron", "--keep-going",
         "--report", "/work/.model-support/compile-cache-pull.json", "--deadline", "1800",
         "--shared-user",
@@ -557,7 +605,9 @@ def test_a_small_host_memory_floor_is_requested_in_mebibytes() -> None:
     resources = small["spec"]["template"]["spec"]["containers"][0]["resources"]
     # 384 MiB of host memory plus 128 MiB of /dev/shm, not rounded up to a whole GiB.
     assert resources["limits"]["memory"] == resources["requests"]["memory"] == "512Mi"
-    docs = render_chart({"results": "s3://b/r", "settings": {"minHostMemoryGiB": 0.375}})
+    docs = render_chart(
+        {**REQUIRED, "results": "s3://b/r", "settings": {"minHostMemoryGiB": 0.375}}
+    )
     assert chart_settings(docs).min_host_memory_gib == 0.375
 
 
@@ -610,6 +660,28 @@ def _pod(terminated: dict[str, Any] | None = None, **status: Any) -> dict[str, A
         "metadata": {"name": "p", "creationTimestamp": "2026-01-01T00:00:00Z"},
         "status": {**status, "containerStatuses": statuses},
     }
+
+
+def test_the_pod_that_decided_a_job_is_the_one_that_ran_not_a_replaced_one() -> None:
+    """A Job now holds the pods it started again (a refused admission, a failed init step): the
+    one read is the one that ran, even when both were made within the same second."""
+    refused = _pod(reason="OutOfaws.amazon.com/neuroncore", phase="Failed")
+    refused["metadata"]["name"] = "refused"
+    ran = _pod({"exitCode": 0}, phase="Succeeded")
+    ran["metadata"]["name"] = "ran"
+    complete = _job("Complete", "Completed")
+    assert read_job(complete, [ran, refused]).pod_name == "ran"
+    assert read_job(complete, [refused, ran]).pod_name == "ran"
+    failed = _pod({"exitCode": 1}, phase="Failed")
+    failed["metadata"]["name"] = "failed"
+    assert read_job(_job("Failed", "PodFailurePolicy"), [failed, refused]).pod_name == "failed"
+
+
+def test_a_job_whose_pods_the_kubelet_kept_refusing_is_tried_again_not_recorded() -> None:
+    refused = _pod(reason="UnexpectedAdmissionError", message="Allocate failed", phase="Failed")
+    reading = read_job(_job("Failed", "BackoffLimitExceeded"), [refused])
+    assert reading.state == JobState.NODE_LOST  # the node's doing: a new attempt, no verdict
+    assert "refused the runner pod at admission (UnexpectedAdmissionError" in reading.message
 
 
 def test_job_readings() -> None:
@@ -679,14 +751,6 @@ def test_stuck_pods() -> None:
     from datetime import UTC, datetime
 
     now = datetime(2026, 1, 1, 0, 10, tzinfo=UTC)
-    pull = _pod(phase="Pending")
-    pull["status"]["containerStatuses"] = [
-        {"name": "runner", "state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}}}
-    ]
-    assert "ErrImagePull" in (
-        stuck_reason(pull, now=now, unschedulable_limit_s=60, image_pull_limit_s=300) or ""
-    )
-    assert stuck_reason(pull, now=now, unschedulable_limit_s=60, image_pull_limit_s=3600) is None
     pending = _pod(
         phase="Pending",
         conditions=[
@@ -707,28 +771,45 @@ def test_stuck_pods() -> None:
     assert (
         stuck_reason(pending, now=now, unschedulable_limit_s=None, image_pull_limit_s=300) is None
     )
-    # The image-pull limit counts from scheduling, not from the pod's creation (00:00 here).
-    queued_then_pulling = _pod(
+
+
+def test_the_image_pull_limit_counts_from_the_first_pull_failure_not_from_scheduling() -> None:
+    """An 11-minute healthy pull of a large image, then one ErrImagePull: the pod has failed
+    to pull for seconds, not for 11 minutes; past the limit since that failure it is stuck."""
+    from datetime import UTC, datetime, timedelta
+
+    from model_support.operator.outcome import PullFailures
+
+    pulls = PullFailures()
+    scheduled = datetime(2026, 1, 1, 0, 0, tzinfo=UTC)
+    pod = _pod(
         phase="Pending",
-        conditions=[
-            {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-01-01T00:08:00Z"}
-        ],
-    )
-    queued_then_pulling["status"]["containerStatuses"] = [
-        {"name": "runner", "state": {"waiting": {"reason": "ImagePullBackOff"}}}
-    ]
-    assert (
-        stuck_reason(
-            queued_then_pulling, now=now, unschedulable_limit_s=None, image_pull_limit_s=300
+        conditions=[{"type": "PodScheduled", "status": "True",
+                     "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+    )  # fmt: skip
+    pod["metadata"]["uid"] = "pod-uid"
+
+    def runner_state(state: dict[str, Any]) -> None:
+        pod["status"]["containerStatuses"] = [{"name": "runner", "state": state}]
+
+    def stuck(at: datetime) -> str | None:
+        return stuck_reason(
+            pod, now=at, unschedulable_limit_s=None, image_pull_limit_s=600, pulls=pulls
         )
-        is None
-    )
-    assert "ImagePullBackOff" in (
-        stuck_reason(
-            queued_then_pulling, now=now, unschedulable_limit_s=None, image_pull_limit_s=60
-        )
-        or ""
-    )
+
+    runner_state({"waiting": {"reason": "ContainerCreating"}})  # pulling, healthy
+    assert stuck(scheduled + timedelta(minutes=5)) is None
+    first_failure = scheduled + timedelta(minutes=11)
+    runner_state({"waiting": {"reason": "ErrImagePull", "message": "i/o timeout"}})
+    assert stuck(first_failure) is None
+    runner_state({"waiting": {"reason": "ImagePullBackOff"}})
+    assert stuck(first_failure + timedelta(minutes=9)) is None
+    assert "ImagePullBackOff" in (stuck(first_failure + timedelta(minutes=10, seconds=1)) or "")
+    # A pull that recovers starts over: a later failure counts from then.
+    runner_state({"waiting": {"reason": "ContainerCreating"}})
+    assert stuck(first_failure + timedelta(minutes=12)) is None
+    runner_state({"waiting": {"reason": "ErrImagePull"}})
+    assert stuck(first_failure + timedelta(minutes=13)) is None
 
 
 # ------------------------------------------------------------------------- the Helm chart
@@ -752,9 +833,12 @@ def chart_settings(docs: list[dict[str, Any]]) -> OperatorSettings:
     return settings_from_json(env[SETTINGS_ENV]["value"])
 
 
+REQUIRED = REQUIRED_CHART_VALUES
+
+
 def test_the_chart_needs_a_results_store() -> None:
     with pytest.raises(Exception, match="`results` is required"):
-        render_chart({})
+        render_chart(REQUIRED)
     from model_support.operator.settings import settings_from_values
 
     with pytest.raises(ValueError, match="`results` is required"):
@@ -762,10 +846,16 @@ def test_the_chart_needs_a_results_store() -> None:
 
 
 VALUES = [
-    {"results": "s3://bucket/model-support"},
+    {  # every namespace, chosen explicitly; the key given as a value
+        "results": "s3://bucket/model-support",
+        "watchAllNamespaces": True,
+        "networkPolicy": {"namespaces": ["ml"]},
+        "deliveryKey": {"value": "k" * 48},
+    },
     {
         "results": "s3://bucket/model-support",
         "watchNamespaces": ["ml", "research"],
+        "deliveryKey": {"existingSecret": "my-delivery-key", "secretKey": "slots"},
         "readHubTokenSecrets": True,
         "hubTokenSecretNames": ["hf-token"],
         "allowedResultsPrefixes": ["s3://bucket/"],
@@ -781,6 +871,7 @@ VALUES = [
     },
     {
         "results": "/var/lib/model-support/results",
+        **REQUIRED,
         "resultsVolume": {"enabled": True, "claimName": "results-rwx"},
         "viewer": {"enabled": True},
         "serviceMonitor": {"enabled": True},
@@ -831,6 +922,10 @@ def test_chart_renders_valid_least_privilege_manifests(values: dict[str, Any]) -
     assert verbs[("modelsupport.dev", "modelsupportsweeps/status")] == {"get", "patch"}
     assert verbs[("modelsupport.dev", "modelsupportsweeps/finalizers")] == {"update"}
     assert verbs[("modelsupport.dev", "modelsupporttests")] >= {"create", "patch"}
+    # Bisects: read, status written, step tests created (owner references set).
+    assert verbs[("modelsupport.dev", "modelsupportbisects")] == {"get", "list", "watch"}
+    assert verbs[("modelsupport.dev", "modelsupportbisects/status")] == {"get", "patch"}
+    assert verbs[("modelsupport.dev", "modelsupportbisects/finalizers")] == {"update"}
     settings = chart_settings(docs)
     from model_support.operator.settings import settings_from_values
 
@@ -849,26 +944,38 @@ def test_chart_renders_valid_least_privilege_manifests(values: dict[str, Any]) -
         assert settings.read_token_secrets
     else:
         assert secret_rules == {(frozenset({"create"}), ())} and not settings.read_token_secrets
-    # The delivery slot key comes from the chart's own Secret, never from the settings.
-    [key_secret] = [
-        d for d in docs if d["kind"] == "Secret" and "delivery-key" in d["metadata"]["name"]
-    ]
-    assert len(base64.b64decode(key_secret["data"]["key"])) == 48
+    # The delivery slot key comes from a Secret the user names, or the chart's own holding the
+    # value given, never from the settings; the pod does not start without it.
+    key = values["deliveryKey"]
+    key_secrets = [d for d in docs if d["kind"] == "Secret"]
     key_env = next(e for e in container["env"] if e["name"] == "MODEL_SUPPORT_DELIVERY_KEY")
-    assert key_env["valueFrom"]["secretKeyRef"] == {
-        "name": key_secret["metadata"]["name"],
-        "key": "key",
-        "optional": True,
-    }
+    if key.get("value"):
+        [secret] = key_secrets
+        assert base64.b64decode(secret["data"]["key"]).decode() == key["value"]
+        assert key_env["valueFrom"]["secretKeyRef"] == {
+            "name": secret["metadata"]["name"],
+            "key": "key",
+        }
+    else:
+        assert key_secrets == []
+        assert key_env["valueFrom"]["secretKeyRef"] == {
+            "name": key["existingSecret"],
+            "key": key.get("secretKey", "key"),
+        }
     if values.get("watchNamespaces"):
         watched = [
             d for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] != "model-support"
         ]
-        assert len(watched) == 2 and settings.namespaces == ["ml", "research"]
+        assert [r["metadata"]["namespace"] for r in watched] == values["watchNamespaces"]
+        assert settings.namespaces == values["watchNamespaces"] and not settings.all_namespaces
+        # Cluster-wide: only reading namespaces (kopf) and the aggregated user roles.
+        cluster_roles = {d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"}
+        assert cluster_roles <= {"ms-operator-namespaces", "ms-operator-edit", "ms-operator-view"}
+    if values.get("runner"):
         assert settings.scheduler_name == "my-scheduler" and settings.unschedulable_limit_s == 3600
         assert settings.runner_env_from == [{"secretRef": {"name": "compile-cache-credentials"}}]
         assert settings.metrics_port is None and "Service" not in kinds
-    else:
+    elif values.get("watchAllNamespaces"):
         assert "ClusterRole" in kinds and settings.all_namespaces
     if values.get("resultsVolume"):
         assert settings.results_volume_claim == "results-rwx"
@@ -894,7 +1001,7 @@ def test_namespace_users_get_aggregated_roles() -> None:
 
 
 def test_runner_pods_may_reach_only_dns_and_https() -> None:
-    docs = render_chart({**VALUES[0], "watchNamespaces": ["ml", "research"]})
+    docs = render_chart({"results": "s3://b/r", **REQUIRED, "watchNamespaces": ["ml", "research"]})
     policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
     assert sorted(p["metadata"]["namespace"] for p in policies) == ["ml", "research"]
     policy = policies[0]["spec"]
@@ -907,7 +1014,10 @@ def test_runner_pods_may_reach_only_dns_and_https() -> None:
     dns, _, https = policy["egress"]
     assert {p["port"] for p in dns["ports"]} == {53}
     assert [p["port"] for p in https["ports"]] == [443]
-    assert https["to"][0]["ipBlock"] == {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}
+    assert [peer["ipBlock"] for peer in https["to"]] == [
+        {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]},
+        {"cidr": "::/0", "except": ["fd00:ec2::254/128"]},  # IPv6: its own metadata address
+    ]
 
 
 def test_a_misspelt_setting_is_refused_by_name() -> None:
@@ -916,7 +1026,9 @@ def test_a_misspelt_setting_is_refused_by_name() -> None:
     from model_support.operator.settings import settings_from_values
 
     with pytest.raises(ValidationError, match="unschedulableLimitSecs"):
-        settings_from_values({"results": "s3://b/x", "settings": {"unschedulableLimitSecs": 5}})
+        settings_from_values(
+            {"results": "s3://b/x", **REQUIRED, "settings": {"unschedulableLimitSecs": 5}}
+        )
 
 
 def test_the_pod_that_decided_is_not_one_the_job_replaced_within_the_same_second() -> None:

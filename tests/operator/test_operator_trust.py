@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chart_values import REQUIRED_CHART_VALUES
 from k8s_harness import Harness, now
 from test_operator_lifecycle import SPEC, document_for, start
 
@@ -129,7 +130,8 @@ async def test_each_attempt_gets_its_own_slot(h: Harness) -> None:
 async def test_the_jobs_own_end_stands_over_what_the_pod_delivered(
     h: Harness, how: str, expected: tuple[str, str | None]
 ) -> None:
-    _, job = await start(h)
+    extra = {"extraPackages": ["nosuchpkg==1.0"]} if how == "never-started" else {}
+    _, job = await start(h, spec={**SPEC, **extra})
     await h.wait_status("qwen", lambda s: s.get("phase") == "Pending", "Pending")
     pod = await h.start_pod(job)
     # Code in the pod writes a PASS into the pod's own slot, then the run ends otherwise.
@@ -143,28 +145,11 @@ async def test_the_jobs_own_end_stands_over_what_the_pod_delivered(
             job, pod, exit_code=143, log=None, job_condition=("Failed", "DeadlineExceeded"),
             started_at="2020-01-01T00:00:00Z" if how == "deadline" else now(),
         )  # fmt: skip
-    else:  # the compile cache pull (an init container) failed: run.py never started
-        await h.patch(
-            f"/api/v1/namespaces/default/pods/{pod['metadata']['name']}/status",
-            {
-                "status": {
-                    "phase": "Failed",
-                    "initContainerStatuses": [
-                        {
-                            "name": "extra-packages",
-                            "state": {"terminated": {"exitCode": 1, "message": "no such pkg"}},
-                        }
-                    ],
-                    "containerStatuses": [
-                        {
-                            "name": runner(job)["name"],
-                            "state": {"waiting": {"reason": "PodInitializing"}},
-                        }
-                    ],
-                }
-            },
-        )
-        await h.finish_job(job, exit_code=1)
+    else:  # an init step (the extra packages' install) kept failing: run.py never started
+        while not await h.job_ended(job):
+            await h.fail_init_step(job, pod, "extra-packages", exit_code=1)
+            if not await h.job_ended(job):
+                pod = await h.start_pod(job)  # the Job controller's replacement
     done = await completed(h)
     assert (done["result"], done.get("errorClass")) == expected
     [record] = records(h)
@@ -293,7 +278,11 @@ def test_the_default_runner_image_declares_what_its_dockerfile_pins() -> None:
     assert (declared.torch, declared.transformers) == ("2.14.0", transformers[1])
     assert base[1] == "2.33.0" and declared.neuronx_cc == "2.28.7631.0"  # SDK 2.33.0's compiler
     # Another image's versions are not known unless the chart declares them.
-    values = {"results": "s3://b/r", "runnerImage": "registry.example/runner:2"}
+    values = {
+        "results": "s3://b/r",
+        **REQUIRED_CHART_VALUES,
+        "runnerImage": "registry.example/runner:2",
+    }
     assert settings_from_values(values).declared_runner_stack() == RunnerStack()
     values["runnerStack"] = {"neuronxCc": "2.29.1.0", "transformers": "5.30.0"}
     assert settings_from_values(values).declared_runner_stack() == RunnerStack(
@@ -605,7 +594,10 @@ def test_a_pickle_planted_in_another_namespaces_cache_never_reaches_a_signed_rea
     assert _writable_by(job, volume) == {shared}
     [pull_step] = job["spec"]["template"]["spec"]["initContainers"]
     report_file = tmp_path / "pull-report.json"
-    argv = [str(report_file) if a == PULL_REPORT else a for a in pull_step["command"][1:]]
+    # The step's own argv: what follows the CLI's name (it runs through model_support.pod_step).
+    command = pull_step["command"]
+    cli_args = command[command.index("model-support") + 1 :]
+    argv = [str(report_file) if a == PULL_REPORT else a for a in cli_args]
     local = tmp_path / "pod-inductor"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(local))
     result = CliRunner().invoke(app, argv)

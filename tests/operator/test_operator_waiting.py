@@ -14,7 +14,8 @@ from k8s_harness import JOBS_URL, Harness, now
 from test_operator_api_rules import reconciler
 from test_operator_lifecycle import SPEC, records, runner_log, start
 
-from model_support.runner_pod import STOPPED_EXIT, STOPPED_MESSAGE
+from model_support.runner_pod import STOPPED_MESSAGE
+from model_support.stop_signals import STOPPED_EXIT
 from model_support.vocabulary import Result
 
 

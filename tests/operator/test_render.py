@@ -53,6 +53,7 @@ def chart_values(h: Harness, **extra: Any) -> dict[str, Any]:
     """Helm values equivalent to the harness's settings (what render is given)."""
     return {
         "results": str(h.results),
+        "watchNamespaces": list(h.settings.namespaces),
         "runnerImage": h.settings.runner_image,
         "settings": {"hubEndpoint": h.settings.hub_endpoint},
         **extra,
@@ -138,6 +139,7 @@ def test_render_shows_the_status_a_test_would_get_instead(tmp_path: Path) -> Non
     ]
     values = {
         "results": "s3://bucket/ms",
+        "watchNamespaces": ["default"],
         "settings": {
             "modelVolumePaths": [str(tmp_path)],
             "compileCacheVolumeClaim": "caches",
@@ -164,10 +166,16 @@ def test_render_shows_the_status_a_test_would_get_instead(tmp_path: Path) -> Non
 
 def test_render_refuses_bad_values_by_name(tmp_path: Path) -> None:
     tests = [manifest("t", {"model": "a/b", "cores": 1})]
-    result, _ = render(tmp_path, tests, {"results": "s3://b/x", "settings": {"cpuPerCores": 3}})
+    result, _ = render(
+        tmp_path,
+        tests,
+        {"results": "s3://b/x", "watchNamespaces": ["ml"], "settings": {"cpuPerCores": 3}},
+    )
     assert result.exit_code == 2 and "cpuPerCores" in result.output
     result, _ = render(tmp_path, tests, {"watchNamespaces": ["ml"]})
     assert result.exit_code == 2 and "`results` is required" in result.output
+    result, _ = render(tmp_path, tests, {"results": "s3://b/x"})  # as the chart refuses it
+    assert result.exit_code == 2 and "watchNamespaces is required" in result.output
     (tmp_path / "empty.yaml").write_text("kind: ConfigMap\n")
     result = CliRunner().invoke(app, ["render", "-f", str(tmp_path / "empty.yaml")])
     assert result.exit_code == 2 and "holds no ModelSupportTest" in result.output

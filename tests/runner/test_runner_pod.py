@@ -543,3 +543,39 @@ def test_s3_with_eks_pod_identity_credentials_delivery_needs_none_the_cache_push
     push = document.compile_cache.push
     assert push is not None and (push.entries, push.error) == (entries, None), output
     assert len(s3fs.S3FileSystem().find(f"{cache_bucket}/cache")) >= entries
+
+
+AS_PID_1 = ("unshare", "--user", "--map-root-user", "--pid", "--fork")
+"""PID 1 of a PID namespace of its own, as a container's command is: the kernel drops the
+signals PID 1 has no handler for."""
+
+
+def test_a_pod_stopped_while_it_delivers_keeps_run_pys_verdict(tmp_path: Path) -> None:
+    """A preemption after run.py ended, while the store is unreachable: the runner (the
+    container's PID 1) stops retrying within its short stopped deadline and exits with run.py's
+    status, the result in its termination message; it is not killed by SIGKILL after the grace
+    period (137, which the Job's policy would take for the runner's own verdict)."""
+    unreachable = "http://127.0.0.1:9/slot"  # nothing listens on the discard port
+    proc = start_runner(
+        tmp_path / "pod", "pass", None, "--deliver-url-env", DELIVERY_URL_ENV,
+        env={DELIVERY_URL_ENV: unreachable}, prefix=AS_PID_1,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:  # run.py ended and the delivery is being retried
+        seen.append(line)
+        if "retrying in" in line or time.monotonic() > deadline:
+            break
+    [pid_1] = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    stopped_at = time.monotonic()
+    os.kill(int(pid_1), signal.SIGTERM)
+    try:
+        output, _ = proc.communicate(timeout=40)
+    except subprocess.TimeoutExpired:
+        os.kill(int(pid_1), signal.SIGKILL)  # what the kubelet does after the grace period
+        proc.communicate(timeout=30)
+        raise AssertionError("the runner ignored SIGTERM while delivering") from None
+    assert time.monotonic() - stopped_at < 30  # within the kubelet's default grace period
+    assert proc.returncode == 0, "".join(seen) + output  # run.py's own status
+    assert parse_result_line(termination_message(tmp_path / "pod")).result == Result.PASS

@@ -34,7 +34,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* The namespaced permissions: what the operator does where tests live. */}}
 {{- define "model-support.rules" -}}
-# create: a ModelSupportSweep's tests (patch: a sweep re-runs a finished one).
+# create: a ModelSupportSweep's tests and a ModelSupportBisect's steps (patch: a sweep re-runs a
+# finished one).
 - apiGroups: [modelsupport.dev]
   resources: [modelsupporttests]
   verbs: [get, list, watch, create, patch]
@@ -47,9 +48,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [modelsupport.dev]
   resources: [modelsupportsweeps/status]
   verbs: [get, patch]
+- apiGroups: [modelsupport.dev]
+  resources: [modelsupportbisects]
+  verbs: [get, list, watch]
+- apiGroups: [modelsupport.dev]
+  resources: [modelsupportbisects/status]
+  verbs: [get, patch]
 # Children carry owner references with blockOwnerDeletion: that needs update on finalizers.
 - apiGroups: [modelsupport.dev]
-  resources: [modelsupporttests/finalizers, modelsupportsweeps/finalizers]
+  resources: [modelsupporttests/finalizers, modelsupportsweeps/finalizers, modelsupportbisects/finalizers]
   verbs: [update]
 - apiGroups: [""]
   resources: [configmaps]
@@ -93,7 +100,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/* The operator's settings as one JSON object (operator/src/settings.py, settings_from_values). */}}
 {{- define "model-support.settings" -}}
 {{- $results := required "the chart value `results` is required: where run records go, e.g. --set results=s3://my-bucket/model-support" .Values.results -}}
-{{- $s := dict "resultsUri" $results "namespaces" (.Values.watchNamespaces | default list) "allNamespaces" (empty .Values.watchNamespaces) "readTokenSecrets" (.Values.readHubTokenSecrets | default false) -}}
+{{- include "model-support.checkWatch" . -}}
+{{- $s := dict "resultsUri" $results "namespaces" (.Values.watchNamespaces | default list) "allNamespaces" (.Values.watchAllNamespaces | default false) "readTokenSecrets" (.Values.readHubTokenSecrets | default false) -}}
 {{- if .Values.runnerImage }}{{- $_ := set $s "runnerImage" .Values.runnerImage }}{{- end }}
 {{- if .Values.runnerStack }}{{- $_ := set $s "runnerStack" .Values.runnerStack }}{{- end }}
 {{- if .Values.resultsVolume.enabled }}{{- $_ := set $s "resultsVolumeClaim" .Values.resultsVolume.claimName }}{{- end }}
@@ -117,13 +125,42 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- toJson $merged -}}
 {{- end -}}
 
-{{/* Namespaces that get the runner NetworkPolicy. */}}
+{{/* Namespaces that get the runner NetworkPolicy: every watched one, and those listed in
+networkPolicy.namespaces (required when watching all namespaces: the chart cannot know them). */}}
 {{- define "model-support.policyNamespaces" -}}
-{{- if .Values.networkPolicy.namespaces -}}
-{{- toJson .Values.networkPolicy.namespaces -}}
-{{- else if .Values.watchNamespaces -}}
-{{- toJson .Values.watchNamespaces -}}
+{{- include "model-support.checkWatch" . -}}
+{{- if and .Values.watchAllNamespaces (not .Values.networkPolicy.namespaces) -}}
+{{- fail "watchAllNamespaces: list the namespaces where runner pods run in networkPolicy.namespaces (the runner NetworkPolicy is namespaced and the chart cannot know them), or set networkPolicy.enabled=false and apply your own (docs/security.md)" -}}
+{{- end -}}
+{{- toJson (concat (.Values.watchNamespaces | default list) (.Values.networkPolicy.namespaces | default list) | uniq) -}}
+{{- end -}}
+
+{{/* The delivery key's Secret and key, as {name, key}; fails, saying what to do, unless exactly
+one of deliveryKey.existingSecret and deliveryKey.value is given. */}}
+{{- define "model-support.deliveryKeyRef" -}}
+{{- $k := .Values.deliveryKey | default dict -}}
+{{- if and $k.existingSecret $k.value -}}
+{{- fail "deliveryKey: give existingSecret or value, not both" -}}
+{{- else if $k.existingSecret -}}
+name: {{ $k.existingSecret }}
+key: {{ $k.secretKey | default "key" }}
+{{- else if $k.value -}}
+{{- if lt (len $k.value) 32 -}}
+{{- fail (printf "deliveryKey.value is %d characters long: give at least 32 (e.g. openssl rand -base64 36)" (len $k.value)) -}}
+{{- end -}}
+name: {{ include "model-support.fullname" . }}-delivery-key
+key: key
 {{- else -}}
-{{- toJson (list .Release.Namespace) -}}
+{{- fail "the chart value deliveryKey is required: the key naming runner pods' delivery slots must be the same in every replica and every render, so the chart does not draw one. Create a Secret (kubectl -n <namespace> create secret generic model-support-delivery-key --from-literal=key=\"$(openssl rand -base64 36)\") and set deliveryKey.existingSecret=model-support-delivery-key, or set deliveryKey.value (at least 32 characters)" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Fails, saying what to do, unless the watched namespaces are given one way: a list, or
+watchAllNamespaces explicitly. */}}
+{{- define "model-support.checkWatch" -}}
+{{- if and .Values.watchNamespaces .Values.watchAllNamespaces -}}
+{{- fail "give watchNamespaces or watchAllNamespaces=true, not both" -}}
+{{- else if not (or .Values.watchNamespaces .Values.watchAllNamespaces) -}}
+{{- fail "the chart value watchNamespaces is required: list the namespaces where tests run (the operator gets its rights, and runner pods their NetworkPolicy, only there), e.g. --set 'watchNamespaces={ml}'; to watch every namespace, kube-system included, set watchAllNamespaces=true explicitly" -}}
 {{- end -}}
 {{- end -}}
