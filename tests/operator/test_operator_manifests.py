@@ -912,11 +912,17 @@ def test_chart_renders_valid_least_privilege_manifests(values: dict[str, Any]) -
         and not d["metadata"]["name"].endswith(("-edit", "-view"))
         for r in d["rules"]
     ]
-    verbs = {
-        (g, res): set(r["verbs"]) for r in rules for g in r["apiGroups"] for res in r["resources"]
-    }
+    verbs: dict[tuple[str, str], set[str]] = {}
+    for r in rules:
+        for g in r["apiGroups"]:
+            for res in r["resources"]:
+                verbs.setdefault((g, res), set()).update(r["verbs"])
     assert "*" not in {v for vs in verbs.values() for v in vs}
     assert verbs[("batch", "jobs")] == {"get", "list", "watch", "create", "delete", "patch"}
+    # run.py of a superseded generation is deleted; the Job controller's FailedCreate Events
+    # on runner Jobs are read (why a runner pod was refused).
+    assert verbs[("", "configmaps")] == {"get", "create", "delete"}
+    assert verbs[("", "events")] == {"create", "list"}
     assert verbs[("", "pods/log")] == {"get"}
     assert verbs[("modelsupport.dev", "modelsupporttests/finalizers")] == {"update"}
     # Sweeps: read, status written, tests created and re-run, owner references set.
