@@ -41,7 +41,8 @@ RETRIES = Counter(
 )
 STATUS_CONFLICTS = Counter(
     "model_support_status_conflicts_total",
-    "Test status writes refused with 409 (the test changed since it was read); each is read again.",
+    "Status writes (tests, sweeps) refused with 409 (the object changed since it was read); "
+    "each is read again.",
 )
 
 STACK_LABELS = ["compiler", "compiler_version", "library", "library_version"]

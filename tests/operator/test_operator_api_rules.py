@@ -120,6 +120,34 @@ async def test_a_sweep_status_write_carries_the_version_it_was_made_from(
     assert written is not None and written["status"]["message"] == "mine"
 
 
+async def test_a_sweep_status_computed_from_a_stale_view_is_made_again_from_a_fresh_read(
+    harness: Harness,
+) -> None:
+    """The sweep reconciler's own writes carry the version they were computed from: what
+    another writer added meanwhile (a condition) is read again and kept, not written over."""
+    h = harness
+    sweeps = SweepReconciler(h.settings, Kube(api_client(h.settings.api_server)))
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": SWEEP_KIND,
+        "metadata": {"name": "s"},
+        "spec": {"source": {"models": [{"model": "Qwen/Qwen3-0.6B"}]},
+                 "stack": {"profile": "trn2"}},
+    }  # fmt: skip
+    sweep = await h.create(SWEEPS_URL, body)
+    sweeps.on_sweep(sweep, None, act=False)  # what this process saw
+    audited = {
+        "type": "Audited", "status": "True", "reason": "Checked", "message": "by an auditor",
+        "lastTransitionTime": now(),
+    }  # fmt: skip
+    await h.patch(f"{SWEEPS_URL}/s/status", {"status": {"conditions": [audited]}})
+    await asyncio.to_thread(sweeps.reconcile, sweep["metadata"]["uid"])
+    status = ((await h.get(f"{SWEEPS_URL}/s")) or {})["status"]
+    kinds = {c["type"]: c for c in status["conditions"]}
+    assert kinds["Audited"]["message"] == "by an auditor"  # not written over
+    assert "Ready" in kinds and status["observedGeneration"] == 1  # and the operator's own
+
+
 # ------------------------------------------------------------------ refused creates
 
 
