@@ -37,7 +37,9 @@ JOBS_CREATED = Counter(
     "model_support_jobs_created_total", "Runner Jobs created (retries included)."
 )
 RETRIES = Counter(
-    "model_support_node_loss_retries_total", "Runner Jobs re-created after their node was lost."
+    "model_support_node_loss_retries_total",
+    "Runner Jobs re-created after an attempt ended without a verdict (its node lost, its backstop "
+    "deadline spent waiting).",
 )
 STATUS_CONFLICTS = Counter(
     "model_support_status_conflicts_total",

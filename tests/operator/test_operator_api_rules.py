@@ -436,9 +436,10 @@ async def test_every_attempt_is_released_and_run_py_goes_with_its_job(harness: H
 
     jobs = await h.wait_for(released, what="both attempts' Jobs released")
     assert len(jobs) == 2
-    assert {j["spec"]["ttlSecondsAfterFinished"] for j in jobs} == {
-        h.settings.ttl_seconds_after_finished
-    }
+    # Kept the setting from now on: the TTL controller counts from each Job's finish, so each
+    # gets the (here short) time since it finished on top.
+    setting = h.settings.ttl_seconds_after_finished
+    assert all(setting <= j["spec"]["ttlSecondsAfterFinished"] <= setting + 120 for j in jobs)
 
 
 # ------------------------------------------------------------------ placeable cores
