@@ -98,6 +98,9 @@ from model_support.vocabulary import ErrorClass, Parallelism, Result
 log = logging.getLogger(__name__)
 
 GiB = 2**30
+SHOWN_LATELY_ROUNDS = 3
+"""A test a watch event showed within this many watchdog intervals is launched from that view
+without a read (the watchdog's retries of tests kopf has not handled yet)."""
 
 WaitingMove = (
     KueueWaiting
@@ -317,7 +320,9 @@ class Reconciler:
             self.apply(ref, Excluded(run_id, exclusion.reason, exclusion.message))
             return
         if from_cache:
-            fresh = self.writer.fresh(ref)
+            # A test a watch event showed lately exists (a Job made for one deleted since goes
+            # with its owner); else it is read: a relist may have missed its deletion.
+            fresh = self.writer.shown(ref, SHOWN_LATELY_ROUNDS * self.settings.watchdog_interval_s)
             if fresh is None:
                 return  # what we knew is stale (e.g. missed after a watch relist): no owner, no Job
             if handled(TestStatus.read(fresh.get("status")), ref.generation):
