@@ -50,6 +50,10 @@ class StatusWriter:
         """When a watch event, a write's answer or a read last showed each test to exist (a
         listing does not count: deletions a relist missed are what it may hide)."""
         self._lock = threading.Lock()
+        self._writing: dict[str, threading.Lock] = {}
+        """One lock per test: this process's writes to a test go one after the other, each
+        computed from what the one before returned (two threads writing at once, a held
+        Running and the run's Completed, would meet a 409 and a read)."""
         self._on_forget = on_forget
 
     # ---------------------------------------------------------------- what the watch shows
@@ -89,6 +93,7 @@ class StatusWriter:
         with self._lock:
             self.tests.pop(uid, None)
             self._shown_at.pop(uid, None)
+            self._writing.pop(uid, None)
         if self._on_forget is not None:
             self._on_forget(uid)
 
@@ -143,6 +148,12 @@ class StatusWriter:
         test of another generation, or to one whose generation is Completed (a terminal phase
         is never moved back). Returns the patched test, None when nothing was written.
         """
+        with self._lock:
+            writing = self._writing.setdefault(ref.uid, threading.Lock())
+        with writing:
+            return self._write(ref, build)
+
+    def _write(self, ref: TestRef, build: Build) -> dict[str, Any] | None:
         test = self.get(ref)
         for _ in range(CONFLICT_TRIES):
             if test is None or int(test["metadata"].get("generation") or 1) != ref.generation:

@@ -7,6 +7,7 @@ would (or would not) have delivered, which is exactly what these rules are about
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -14,13 +15,14 @@ import kmock
 import pytest
 from k8s_harness import CMS_URL, JOBS_URL, NS, TESTS_URL, Harness, OperatorThread, now
 from kmock_kubelet import Kubelet
+from prometheus_client import REGISTRY
 from test_operator_lifecycle import SPEC, records, runner_log, start
 from test_sweeps import create_sweep, model_id, ready, sh, sweep_hub, wait_sweep  # noqa: F401
 from test_sweeps import start as start_sweeps
 
 from model_support.dataset import held_seconds, matrix_key, records_to_table
 from model_support.operator.kube import Kube, api_client
-from model_support.operator.reconciler import Reconciler
+from model_support.operator.reconciler import Reconciler, ref_of
 from model_support.operator.resource import (
     GROUP,
     PLURAL,
@@ -29,6 +31,7 @@ from model_support.operator.resource import (
     VERSION,
     child_name,
 )
+from model_support.operator.status import StatusPatch, TestStatus
 from model_support.operator.sweep_reconciler import SweepReconciler
 from model_support.operator.watchdog import Watchdog
 from model_support.vocabulary import Result
@@ -96,6 +99,42 @@ async def test_a_conflicting_status_write_is_made_again_from_a_fresh_read(
     status = await h.test_status("qwen")
     assert status["phase"] == "Running"
     assert conditions(status)["Audited"]["message"] == "by an auditor"  # not written over
+
+
+async def test_two_threads_writing_one_test_write_one_after_the_other(harness: Harness) -> None:
+    """A held Running and the run's end, written from two threads at once: the second write is
+    computed from what the first returned, so neither meets a 409 (and the read it costs)."""
+    h = harness
+    rec = reconciler(h)
+    test = await h.create_test("qwen", dict(SPEC))
+    await asyncio.to_thread(rec.on_test, test, "ADDED")
+    stored = await h.get(f"{TESTS_URL}/qwen")
+    assert stored is not None
+    ref = ref_of(stored)
+    first_building = threading.Event()
+    second_built = threading.Event()
+    seen_by_second: list[str | None] = []
+
+    def first(status: TestStatus) -> StatusPatch:
+        first_building.set()
+        # Without one write at a time, the second write is made and sent meanwhile from the
+        # same view, and this one, sent after it, is refused with 409.
+        second_built.wait(timeout=2)
+        return StatusPatch(TestStatus(message="first"))
+
+    def second(status: TestStatus) -> StatusPatch:
+        seen_by_second.append(status.message)
+        second_built.set()
+        return StatusPatch(TestStatus(message="second"))
+
+    conflicts = REGISTRY.get_sample_value("model_support_status_conflicts_total") or 0.0
+    writing_first = asyncio.create_task(asyncio.to_thread(rec.writer.write, ref, first))
+    await asyncio.to_thread(first_building.wait, 10)
+    await asyncio.to_thread(rec.writer.write, ref, second)
+    await writing_first
+    assert seen_by_second == ["first"]
+    assert (await h.test_status("qwen"))["message"] == "second"
+    assert REGISTRY.get_sample_value("model_support_status_conflicts_total") == conflicts
 
 
 async def test_a_sweep_status_write_carries_the_version_it_was_made_from(
