@@ -26,10 +26,10 @@ import subprocess
 import sys
 import sysconfig
 import venv
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
@@ -47,8 +47,20 @@ STEPS_FOLDER = "bisect"
 run, but of an environment no stack is, so it never becomes a stack's row in the matrix."""
 
 
+def steps_location(results: str) -> str:
+    """Where a bisect's steps are recorded by default: :data:`STEPS_FOLDER` under the results
+    store (the command line's and the operator's default)."""
+    if "://" in results:
+        return results.rstrip("/") + "/" + STEPS_FOLDER
+    return os.path.join(results, STEPS_FOLDER)
+
+
 class BisectError(ValueError):
     """A bisect that cannot start or go on, and why (what to do)."""
+
+
+class NoRuns(BisectError):
+    """The store holds no run of the model (and task)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,6 +132,98 @@ def differences(good: Mapping[str, str], bad: Mapping[str, str]) -> tuple[
     then the names only the bad row has, and those only the good row has."""
     changed = sorted((n, good[n], bad[n]) for n in good.keys() & bad.keys() if good[n] != bad[n])
     return changed, sorted(bad.keys() - good.keys()), sorted(good.keys() - bad.keys())
+
+
+def find_run(store: ResultsStore, model: str, task: str | None, what: str, field: str) -> str:
+    """The run id of the row of ``model`` that ``what`` names: that run, or the model's latest
+    run on the stack it names (a label, 'compiler version', a compiler version, a compiler).
+    ``field`` names the input in errors (``--good``, ``spec.bad``). Raises :class:`NoRuns`
+    when the store has no run of the model, :class:`BisectError` when ``what`` names nothing."""
+    from model_support.history import StackNotFound, find_stack, latest_per_slot, read_history
+    from model_support.history import stacks as order_stacks
+
+    runs = read_history(store, model_id=model)
+    if task is not None:
+        runs = runs[runs["task"] == task]
+    if runs.empty:
+        raise NoRuns(f"no runs of {model!r}{f' ({task})' if task else ''} in {store.uri!r}")
+    if what in set(runs["run_id"]):
+        return what
+    try:
+        stack = find_stack(what, order_stacks(runs))
+    except StackNotFound as exc:
+        raise BisectError(f"{field}: {exc}") from exc
+    latest = latest_per_slot(runs[stack.matches(runs)])
+    if len(latest) > 1:
+        tasks = ", ".join(sorted(latest["task"]))
+        raise BisectError(
+            f"{model!r} has runs of several tasks on {stack.label} ({tasks}): give the task "
+            "(--task; spec.task of a ModelSupportBisect)"
+        )
+    return str(latest["run_id"].iloc[0])
+
+
+def plan_from_rows(
+    good: Mapping[str, Any],
+    bad: Mapping[str, Any],
+    index: PackageIndex,
+    say: Callable[[str], None] | None = None,
+    consider: Iterable[str] = (),
+) -> Plan:
+    """The plan from the two rows (matrix rows: ``run_id``, ``result``, ``task``, ``model_id``,
+    ``packages``, ``run_py``, ``compiler``, ``compiler_version``): their packages'
+    differences, each one's versions between (``say`` is told before each index request).
+    ``consider``: only these packages are suspects (default every package that changed)."""
+    for row, which in ((good, "good"), (bad, "bad")):
+        if not row.get("packages"):
+            raise BisectError(
+                f"the {which} row ({row['run_id']}, {row.get('result')}) recorded no packages "
+                "(nothing ran, or it was recorded before packages were kept): give rows that ran"
+            )
+        if not row.get("run_py"):
+            raise BisectError(f"the {which} row ({row['run_id']}) stores no run.py")
+    if good["task"] != bad["task"]:
+        raise BisectError(f"the rows test different tasks ({good['task']}, {bad['task']})")
+    good_pins, bad_pins = pins_of(good["packages"]), pins_of(bad["packages"])
+    changed, added, removed = differences(good_pins, bad_pins)
+    wanted = {canonicalize_name(name) for name in consider}
+    if wanted:
+        unchanged = sorted(wanted - {name for name, _, _ in changed})
+        if unchanged:
+            raise BisectError(
+                f"{', '.join(unchanged)}: not at two versions in the good and the bad row (the "
+                f"packages that changed: {', '.join(n for n, _, _ in changed) or 'none'})"
+            )
+        changed = [entry for entry in changed if entry[0] in wanted]
+    suspects = []
+    for name, low, high in changed:
+        if say is not None:
+            say(f"listing the versions of {name} between {low} and {high} ({index.describe()})")
+        suspects.append(
+            Suspect(
+                name=name, good=low, bad=high, versions=versions_between(name, low, high, index)
+            )
+        )
+
+    def side(row: Mapping[str, Any], pins: dict[str, str]) -> Side:
+        stack = (
+            " ".join(str(row.get(k)) for k in ("compiler", "compiler_version") if row.get(k))
+            or "(unknown stack)"
+        )
+        return Side(
+            run_id=str(row["run_id"]), stack=stack, result=str(row["result"]), packages=pins
+        )
+
+    return Plan(
+        model_id=str(bad["model_id"]),
+        task=str(bad["task"]),
+        run_py=str(bad["run_py"]),
+        good=side(good, good_pins),
+        bad=side(bad, bad_pins),
+        suspects=suspects,
+        added=added,
+        removed=removed,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,6 +449,49 @@ def next_step(plan: Plan, known: Known, taken: set[str] | None = None) -> Reques
     return Conclusion(culprits=culprits, innocent=names, message=message)
 
 
+def walk(
+    plan: Plan, known: Known, fresh: Set[str] = frozenset()
+) -> tuple[list[Step], Request | Conclusion]:
+    """The bisect as far as ``known`` takes it: every step :func:`next_step` asks for whose
+    outcome is known, in order, then the first whose outcome is not (to run next) or the
+    conclusion. ``fresh``: the environments run for this bisect (any other known one is a
+    reused run). Whoever runs the steps (here, or the operator's step tests) calls it again
+    with each new outcome, so a bisect resumed from what is stored takes the same steps."""
+    steps: list[Step] = []
+    taken: set[str] = set()
+    while True:
+        decision = next_step(plan, known, taken)
+        if isinstance(decision, Conclusion):
+            return steps, decision
+        key = environment_key(decision.pins)
+        if key not in known:
+            return steps, decision
+        taken.add(key)
+        result, run_id = known[key]
+        steps.append(
+            Step(
+                package=decision.package,
+                version=decision.version,
+                pins=decision.pins,
+                purpose=decision.purpose,
+                result=result,
+                verdict=verdict_of(plan, result),
+                run_id=run_id,
+                reused=key not in fresh,
+            )
+        )
+
+
+def known_at_start(plan: Plan, found: Mapping[str, tuple[str, str | None, float]]) -> dict[
+    str, tuple[str, str | None]
+]:  # fmt: skip
+    """The outcomes a bisect starts from: the matching runs ``found`` (:func:`matching_runs`),
+    and the good side's environment, which is the good row (even where it ran another run.py)."""
+    known: dict[str, tuple[str, str | None]] = {k: (v[0], v[1]) for k, v in found.items()}
+    known.setdefault(environment_key(plan.environment()), (plan.good.result, plan.good.run_id))
+    return known
+
+
 # ---------------------------------------------------------------------------------------------
 # Steps already run
 
@@ -512,48 +659,44 @@ def run_bisect(
 ) -> BisectReport:
     """Bisect ``plan``: reuse the steps ``known_runs`` already holds, run the others with
     ``runner`` (each one given to ``record``), until :func:`next_step` concludes."""
-    found = matching_runs(known_runs(), plan)
-    known: dict[str, tuple[str, str | None]] = {k: (v[0], v[1]) for k, v in found.items()}
-    # The good row is the good side itself, even where it ran another run.py.
-    known.setdefault(environment_key(plan.environment()), (plan.good.result, plan.good.run_id))
-    steps: list[Step] = []
-    taken: set[str] = set()
-    ran = 0
+    known = known_at_start(plan, matching_runs(known_runs(), plan))
+    fresh: set[str] = set()
+    shown = 0
     while True:
-        decision = next_step(plan, known, taken)
+        steps, decision = walk(plan, known, fresh)
+        for step in steps[shown:]:
+            if on_step is not None:
+                on_step(step)
+        shown = len(steps)
         if isinstance(decision, Conclusion):
-            break
+            return report_for(plan, steps, decision, steps_store)
+        if len(fresh) >= max_steps:
+            raise BisectError(f"stopped after {max_steps} steps without a conclusion")
+        made = runner(decision, len(steps) + 1)
+        record(made)
         key = environment_key(decision.pins)
-        taken.add(key)
-        reused = key in known
-        if not reused:
-            if ran >= max_steps:
-                raise BisectError(f"stopped after {max_steps} steps without a conclusion")
-            ran += 1
-            made = runner(decision, len(steps) + 1)
-            record(made)
-            known[key] = (made.document.result.value, made.run_id)
-        result, run_id = known[key]
-        step = Step(
-            package=decision.package,
-            version=decision.version,
-            pins=decision.pins,
-            purpose=decision.purpose,
-            result=result,
-            verdict=verdict_of(plan, result),
-            run_id=run_id,
-            reused=reused,
-        )
-        steps.append(step)
-        if on_step is not None:
-            on_step(step)
+        fresh.add(key)
+        known[key] = (made.document.result.value, made.run_id)
+
+
+def report_for(
+    plan: Plan,
+    steps: list[Step],
+    conclusion: Conclusion,
+    steps_store: str,
+    stored_in: Mapping[str, str] | None = None,
+) -> BisectReport:
+    """The finished bisect, with a command per culprit that reproduces its first bad run from
+    the store that holds it (``stored_in``: run id -> store URI; default ``steps_store``)."""
+    where = stored_in or {}
     commands = [
-        f"model-support reproduce {shlex.quote(c.run_id)} --results {shlex.quote(steps_store)}"
-        for c in decision.culprits
+        f"model-support reproduce {shlex.quote(c.run_id)} --results "
+        + shlex.quote(where.get(c.run_id, steps_store))
+        for c in conclusion.culprits
         if c.run_id is not None
     ]
     return BisectReport(
-        plan=plan, steps=steps, conclusion=decision, steps_store=steps_store, reproduce=commands
+        plan=plan, steps=steps, conclusion=conclusion, steps_store=steps_store, reproduce=commands
     )
 
 

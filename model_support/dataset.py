@@ -18,7 +18,7 @@ import importlib.metadata
 import json
 import platform
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from operator import attrgetter
@@ -956,12 +956,6 @@ def recency(record: RunRecord) -> tuple[datetime, str]:
 
 MATRIX_ORDER = [("model_id", "ascending"), ("task", "ascending"), ("run_id", "ascending")]
 """Row order of every matrix file: the same records always give the same bytes."""
-
-
-def rows_to_table(rows: Iterable[dict[str, Any]]) -> pa.Table:
-    """Rows as an Arrow table in :data:`MATRIX_SCHEMA`, sorted by (model_id, task, run_id)."""
-    ordered = sorted(rows, key=lambda r: (r["model_id"], r["task"], r["run_id"]))
-    return pa.Table.from_pylist(ordered, schema=MATRIX_SCHEMA)
 
 
 def records_to_table(

@@ -24,10 +24,16 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field
 
 from model_support.dataset import NEURON_COMPILER
+from model_support.markdown import inline_code
 from model_support.pricing import PriceTable
 from model_support.records import divergence_where
-from model_support.viewer.markup import inline_code
-from model_support.vocabulary import Result, is_fix, is_regression
+from model_support.vocabulary import (
+    CONFIRMING_RERUNS,
+    MAX_CONFIRMING_RERUNS,
+    Result,
+    is_fix,
+    is_regression,
+)
 
 if TYPE_CHECKING:
     from model_support.store import ResultsStore
@@ -376,9 +382,9 @@ class Confirmation(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     reruns: int = Field(
-        2,
+        CONFIRMING_RERUNS,
         ge=0,
-        le=20,
+        le=MAX_CONFIRMING_RERUNS,
         description="Re-runs a worse result needs, on the newer stack, before it is reported "
         "as a regression (all agreeing: 1 + reruns runs).",
     )

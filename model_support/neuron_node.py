@@ -1,40 +1,128 @@
 """What a Neuron node is and whether its devices run: the doctor's device-side checks.
 
+* :func:`instance_type` and :func:`effective_lnc`: the node's EC2 instance type and the Logical
+  NeuronCore size its runtime uses, read as run.py reads them (run.py keeps its own copy: it
+  runs without this package; tests/runner/test_trainium.py holds the two equal);
 * :func:`read_device_facts`: the node's devices as ``neuron-ls --json-output`` reports them
   (each device's cores, their ids, the LNC, memory and the processes using it), else as the
   driver's sysfs shows them (``/sys/devices/virtual/neuron_device/neuron<N>``: ``core_count``,
   ``info/architecture/{device_name,instance_type}``);
-* :func:`smoke_check`: run.py's device smoke test (a tensor onto the device, one op,
-  synchronize) in a process of its own, with a timeout, quoting the runtime's own console lines
-  when it fails;
 * :func:`runtime_driver_check`: the image's runtime library against the host's driver, by the
   releases table (:mod:`model_support.neuron_releases`).
 
-Each check is a :class:`model_support.runner.run.PreflightCheck` with the fix for a failure.
+Each check is a :class:`PreflightCheck` with the fix for a failure, as run.py's own node checks
+are (``model-support doctor`` reads those from run.py's output: :mod:`model_support.doctor`).
 Sources of every fact: docs/trainium.md ("Node preflight").
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import subprocess
-import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from model_support.hardware import LNC_DEFAULT_BY_FAMILY
 from model_support.neuron_releases import release_of_runtime, version_key
-
-if TYPE_CHECKING:
-    from model_support.runner.run import PreflightCheck
 
 SYSFS_ROOT = "/sys/devices/virtual/neuron_device"
 NEURON_LS_TIMEOUT_S = 10.0
-SMOKE_TIMEOUT_S = 30.0
-"""How long the smoke test may take: starting the runtime takes seconds; a runtime that hangs
-must not keep the doctor past its minute."""
 RUNTIME_PACKAGE = "aws-neuronx-runtime-lib"
+LNC_CONFIG_FILE = "/opt/aws/neuron/logical_nc_config"
+"""A node's LNC, written by its launch template (EKS); run.py reads the same file."""
+DMI_PRODUCT_NAME = "/sys/devices/virtual/dmi/id/product_name"
+"""Where EC2 reports the instance type (e.g. ``trn2.48xlarge``) to the machine."""
+
+
+@dataclass(frozen=True)
+class PreflightCheck:
+    """One preflight check: its name, whether the node passes it, what was found, and (for a
+    failure) what to do. ``applicable`` False: the check has nothing to check here (no Neuron
+    device on this machine), which is neither a pass nor a failure. run.py reports its own
+    checks with these fields (its ``PreflightCheck``)."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str | None = None
+    applicable: bool = True
+
+    @property
+    def status(self) -> str:
+        """ok, FAILED or n/a."""
+        if not self.applicable:
+            return "n/a"
+        return "ok" if self.ok else "FAILED"
+
+
+class LncError(ValueError):
+    """The node sets a Logical NeuronCore size the runtime does not support."""
+
+
+def instance_type(environ: Mapping[str, str] | None = None) -> str | None:
+    """The EC2 instance type where the environment (MODEL_SUPPORT_INSTANCE_TYPE, INSTANCE_TYPE)
+    or DMI tells it; None elsewhere."""
+    environ = os.environ if environ is None else environ
+    for var in ("MODEL_SUPPORT_INSTANCE_TYPE", "INSTANCE_TYPE"):
+        if environ.get(var):
+            return environ[var]
+    name = _read(Path(DMI_PRODUCT_NAME))
+    return name if name and "." in name else None  # EC2 reports e.g. "trn2.48xlarge"
+
+
+def effective_lnc(
+    environ: Mapping[str, str], config_file_text: str | None, instance: str | None
+) -> tuple[int | None, str | None]:
+    """The Logical NeuronCore size the runtime uses, and where that figure came from.
+
+    The runtime reads NEURON_LOGICAL_NC_CONFIG; on EKS a node's launch template writes it to
+    /opt/aws/neuron/logical_nc_config; otherwise the instance's default applies (2 on Trn2 and
+    Trn3; Trn1 and Inf2 have no LNC setting, i.e. 1). Only 1 and 2 are valid (LncError).
+    """
+
+    def checked(value: str, source: str) -> tuple[int, str]:
+        if value.strip() not in ("1", "2"):
+            raise LncError(
+                f"{source} sets the logical NeuronCore size to {value.strip()!r}; only 1 and 2 "
+                "are supported"
+            )
+        return int(value), source
+
+    if (environ.get("NEURON_LOGICAL_NC_CONFIG") or "").strip():
+        return checked(environ["NEURON_LOGICAL_NC_CONFIG"], "NEURON_LOGICAL_NC_CONFIG")
+    for line in (config_file_text or "").splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "NEURON_LOGICAL_NC_CONFIG" and value.strip():
+            return checked(value, LNC_CONFIG_FILE)
+    family = (instance or "").split(".")[0]
+    if family in LNC_DEFAULT_BY_FAMILY:
+        return LNC_DEFAULT_BY_FAMILY[family], f"default for {family}"
+    return None, None
+
+
+def lnc_config_text() -> str | None:
+    """The node's LNC file (:data:`LNC_CONFIG_FILE`), None where it is absent or unreadable."""
+    with contextlib.suppress(OSError):
+        return Path(LNC_CONFIG_FILE).read_text()
+    return None
+
+
+def format_cores(cores: list[int]) -> str:
+    """Core indices as NEURON_RT_VISIBLE_CORES writes them: ``0-3,8-11``."""
+    parts: list[str] = []
+    for core in cores:
+        if parts and "-" not in parts[-1] and int(parts[-1]) == core - 1:
+            parts[-1] = f"{parts[-1]}-{core}"
+        elif parts and "-" in parts[-1] and int(parts[-1].split("-")[1]) == core - 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{core}"
+        else:
+            parts.append(str(core))
+    return ",".join(parts) or "none"
 
 
 @dataclass
@@ -183,8 +271,6 @@ def device_facts_check(
 ) -> PreflightCheck:
     """The node's devices: which this run would use, that their cores are the ones
     NEURON_RT_VISIBLE_CORES names, and that no other process holds them."""
-    from model_support.runner.run import PreflightCheck, format_cores
-
     name = "device facts"
     if not facts.devices:
         return PreflightCheck(
@@ -255,8 +341,6 @@ def runtime_driver_check(runtime: str | None, driver: str | None) -> PreflightCh
     versions of the Runtime might rely on the functionality that is only provided by a newer
     driver" (nrt-troubleshoot), failing at start with "This runtime requires Neuron Driver
     version ...". The pairs are docs/neuron-releases.md's."""
-    from model_support.runner.run import PreflightCheck
-
     name = "runtime and driver"
     if runtime is None:
         return PreflightCheck(
@@ -295,92 +379,3 @@ def runtime_driver_check(runtime: str | None, driver: str | None) -> PreflightCh
     return PreflightCheck(
         name, True, f"runtime {runtime} (Neuron SDK {release.sdk}), driver {driver}"
     )
-
-
-@dataclass
-class SmokeReport:
-    """What the smoke test's process said, and the runtime lines it wrote."""
-
-    ok: bool
-    detail: str
-    fix: str | None
-    console: list[str]
-    seconds: float | None = None
-
-
-SMOKE_CODE = (
-    "import sys\nfrom model_support.runner import run\nsys.exit(run.smoke_main(sys.argv[1]))"
-)
-
-
-def smoke_check(
-    requested: str = "neuron",
-    timeout_s: float = SMOKE_TIMEOUT_S,
-    env: dict[str, str] | None = None,
-    python: str = sys.executable,
-) -> PreflightCheck:
-    """run.py's device smoke test (:func:`model_support.runner.run.smoke_main`) in a process
-    of its own, given ``timeout_s``: the runtime may hang or abort the process."""
-    from model_support.runner import run as runner
-
-    name = "smoke test"
-    try:
-        done = subprocess.run(
-            [python, "-c", SMOKE_CODE, requested],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env=env,
-        )
-    except subprocess.TimeoutExpired as exc:
-        written = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
-        console = runner.runtime_lines(written.splitlines())
-        return runner.PreflightCheck(
-            name,
-            False,
-            f"a tensor onto the {requested} device, one op and a synchronize did not finish "
-            f"within {timeout_s:.0f} s" + _quoted(console),
-            fix=runner.fix_for("\n".join(console))
-            or "the runtime hung at its first operation: see neuron-ls for processes holding "
-            "the cores and dmesg for driver errors; reboot the instance if it recurs",
-        )
-    console = runner.runtime_lines(done.stderr.splitlines())
-    report = next(
-        (
-            json.loads(line[len(runner.SMOKE_MARKER) :])
-            for line in reversed(done.stdout.splitlines())
-            if line.startswith(runner.SMOKE_MARKER)
-        ),
-        None,
-    )
-    if report is None:
-        return runner.PreflightCheck(
-            name,
-            False,
-            f"the smoke test's process ended (exit {done.returncode}) without a report"
-            + _quoted(console or done.stderr.strip().splitlines()[-5:]),
-            fix=runner.fix_for(done.stderr)
-            or "the runtime killed the process: see the lines above, dmesg and neuron-ls",
-        )
-    if report.get("ok"):
-        seconds = report.get("seconds")
-        return runner.PreflightCheck(
-            name,
-            True,
-            f"{report.get('device')} ({report.get('device_name') or 'name unknown'}): "
-            f"sum(2 * ones(4)) = 8 in {seconds:.2f} s",
-        )
-    error = str(report.get("error") or "failed")
-    return runner.PreflightCheck(
-        name,
-        False,
-        f"{error} ({report.get('error_class')})" + _quoted(console),
-        fix=runner.fix_for("\n".join([error, *console]))
-        or report.get("fix")
-        or "read the runtime's lines above; check the driver (lsmod | grep neuron), the devices "
-        "given to this container (/dev/neuron*) and neuron-ls",
-    )
-
-
-def _quoted(lines: list[str]) -> str:
-    return ("; the runtime wrote: " + " | ".join(lines)) if lines else ""

@@ -1,7 +1,9 @@
 """Typed records: the result document run.py writes and the immutable RunRecord stored from it.
 
-The builders at the end (:func:`record_from_document`, :func:`failure_document`,
-:func:`excluded_record`) are the one way a record is made, by the CLI and the operator alike.
+The builders at the end (:func:`record_from_document`, :func:`failure_document`) are the one way
+a record is made, by the CLI and the operator alike; a record holds the run.py it was given
+(rendering one is :mod:`model_support.script`'s, and a test excluded before it ran is recorded by
+:func:`model_support.runpath.excluded_record`).
 """
 
 from __future__ import annotations
@@ -14,8 +16,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from model_support.config import RunConfig
-from model_support.models import is_local_path, readable_model_id, weights_digest
-from model_support.script import render_script
+from model_support.models import readable_model_id
 from model_support.vocabulary import (
     CompileFailure,
     DivergencePhase,
@@ -704,32 +705,3 @@ def failure_document(
     )
     doc.timings.total_s = total_s
     return doc
-
-
-def excluded_record(
-    config: RunConfig,
-    reason: ExclusionReason,
-    message: str,
-    *,
-    source: str = "cli",
-    labels: dict[str, str] | None = None,
-    needed: tuple[int, Parallelism] | None = None,
-) -> RunRecord:
-    """A record for a model deliberately not run; holds the run.py that would have run.
-
-    ``needed``: the cores (and split) sizing says a too-large model would need; the record's
-    cores and its run.py then say so, so the script runs where that many cores exist.
-    """
-    now = datetime.now(UTC)
-    if needed is not None:
-        cores, parallelism = needed
-        config = RunConfig.model_validate(
-            {**config.model_dump(), "cores": cores, "parallelism": parallelism}
-        )
-    document = failure_document(
-        config, Result.EXCLUDED, error_class=None, error=message, started_at=now
-    )
-    if is_local_path(config.model):
-        document.weights_sha256 = weights_digest(config.model)
-    record = record_from_document(document, render_script(config), source=source, labels=labels)
-    return record.model_copy(update={"exclusion_reason": reason})

@@ -5,7 +5,8 @@
 Before run.py: :func:`pin_revision` turns a Hub model's revision (a branch, a tag, or none)
 into the commit it names now, so the stored run.py loads exactly the weights that were tested
 whenever it is run again; :func:`prepare` pins and sizes (``sizing.size_run``). The CLI, the
-demo, ``model-support render`` and the operator's planning call these.
+demo, ``model-support render`` and the operator's planning call these; a test sizing excludes
+is recorded by :func:`excluded_record`, with the run.py that would have run.
 
 After run.py: :func:`document_for_run` is the one policy for what a run left, wherever it ran
 (``execution.run_script`` here, ``runner_pod`` in a pod, the operator reading a finished Job):
@@ -34,18 +35,20 @@ import re
 import signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from pydantic import ValidationError
 
 from model_support.config import RunConfig
-from model_support.records import ResultDocument, failure_document
+from model_support.models import is_local_path, weights_digest
+from model_support.records import ResultDocument, RunRecord, failure_document, record_from_document
+from model_support.script import render_script
 
 if TYPE_CHECKING:
     from model_support.sizing import Exclusion, Plan
-from model_support.vocabulary import ErrorClass, Result
+from model_support.vocabulary import ErrorClass, ExclusionReason, Parallelism, Result
 
 COMMIT = re.compile(r"[0-9a-f]{40}")
 """A Hub commit: 40 lowercase hex digits."""
@@ -156,6 +159,35 @@ def prepare(
         return Prepared(config, None, sized, pinned.note)
     planned = config.model_copy(update={"cores": sized.cores, "parallelism": sized.parallelism})
     return Prepared(planned, sized, None, pinned.note)
+
+
+def excluded_record(
+    config: RunConfig,
+    reason: ExclusionReason,
+    message: str,
+    *,
+    source: str = "cli",
+    labels: dict[str, str] | None = None,
+    needed: tuple[int, Parallelism] | None = None,
+) -> RunRecord:
+    """A record for a model deliberately not run; holds the run.py that would have run.
+
+    ``needed``: the cores (and split) sizing says a too-large model would need; the record's
+    cores and its run.py then say so, so the script runs where that many cores exist.
+    """
+    now = datetime.now(UTC)
+    if needed is not None:
+        cores, parallelism = needed
+        config = RunConfig.model_validate(
+            {**config.model_dump(), "cores": cores, "parallelism": parallelism}
+        )
+    document = failure_document(
+        config, Result.EXCLUDED, error_class=None, error=message, started_at=now
+    )
+    if is_local_path(config.model):
+        document.weights_sha256 = weights_digest(config.model)
+    record = record_from_document(document, render_script(config), source=source, labels=labels)
+    return record.model_copy(update={"exclusion_reason": reason})
 
 
 # ---- after run.py: what it left -> the document to record

@@ -15,6 +15,7 @@ import json
 import re
 from functools import cache, lru_cache
 from importlib import resources
+from importlib.resources.abc import Traversable
 
 from model_support.config import RunConfig
 
@@ -27,10 +28,16 @@ class TemplateError(RuntimeError):
     """run.py does not have exactly one well-formed config block."""
 
 
+def template_file() -> Traversable:
+    """The runner script shipped with the package (images/runner/run.py): its text is rendered
+    here, and ``model-support doctor`` runs it as a process; no module imports it."""
+    return resources.files("model_support.runner") / "run.py"
+
+
 @cache
 def template_text() -> str:
     """The unrendered runner script shipped with the package (images/runner/run.py)."""
-    return (resources.files("model_support.runner") / "run.py").read_text(encoding="utf-8")
+    return template_file().read_text(encoding="utf-8")
 
 
 def render_script(config: RunConfig, template: str | None = None) -> str:

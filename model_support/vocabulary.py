@@ -43,6 +43,15 @@ def is_fix(before: str | None, after: str | None) -> bool:
     return (before, after) in FIX_CHANGES
 
 
+CONFIRMING_RERUNS = 2
+"""Re-runs a worse result needs, all agreeing with it, before it is a regression (by default:
+``model-support regressions --reruns``, a ModelSupportSweep's ``spec.confirm.reruns``). A
+compiler bug reproduces every time; a failure seen one time in ten survives two agreeing
+re-runs about once in a hundred."""
+MAX_CONFIRMING_RERUNS = 20
+"""The most re-runs a confirmation may ask for."""
+
+
 RESULT_MEANINGS: dict[Result, str] = {
     Result.PASS: (
         "The model loaded with from_pretrained, its forward compiled, it generated the requested "

@@ -30,6 +30,8 @@ from model_support.delivery import DELIVERY_KEY_ENV, deliver_to_folder, deliver_
 from model_support.operator.handlers import build_registry
 from model_support.operator.manifests import DELIVERY_MOUNT, DELIVERY_URL_ENV
 from model_support.operator.resource import (
+    BISECT_KIND,
+    BISECT_PLURAL,
     GROUP,
     KIND,
     PLURAL,
@@ -248,6 +250,14 @@ def declare_resources(server: kmock.KubernetesEmulator) -> None:
         kind=SWEEP_KIND,
         singular="modelsupportsweep",
         shortnames={"mss"},
+        namespaced=True,
+        subresources={"status"},
+        verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+    )
+    server.resources[f"{GROUP}/{VERSION}/{BISECT_PLURAL}"] = kmock.ResourceInfo(
+        kind=BISECT_KIND,
+        singular="modelsupportbisect",
+        shortnames={"msb"},
         namespaced=True,
         subresources={"status"},
         verbs={"get", "list", "watch", "create", "update", "patch", "delete"},

@@ -3,7 +3,8 @@ wheels by setuptools (its PEP 517 backend, as pip builds them) and laid out as a
 index that pip reads through a file:// URL.
 
 Built once per content (the sources, the versions) into the shared cache, like the demo
-checkpoints: later sessions find it built.
+checkpoints: later sessions find it built. :func:`served` serves one over HTTP, as an index
+outside the machine is (the operator's ``spec.index.indexUrl`` takes http(s) URLs only).
 """
 
 from __future__ import annotations
@@ -15,8 +16,14 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlparse
 
 from packaging.utils import canonicalize_name
 
@@ -32,6 +39,32 @@ class Distribution:
     source: str
     versions: tuple[str, ...]
 
+
+BACKEND = Distribution(
+    name="tiny-compile-backend",
+    module="tiny_compile_backend",
+    versions=tuple(f"1.0.{n}" for n in range(8)),
+    source='''"""A torch.compile backend in one of its releases: from 1.0.5 on it miscompiles."""
+from model_support import faults
+
+VERSION = "{version}"
+
+
+def compile(gm, example_inputs):
+    release = tuple(int(part) for part in VERSION.split("."))
+    if release >= (1, 0, 5):
+        return faults.dense_miscompiler(gm, example_inputs)
+    return faults.benign(gm, example_inputs)
+''',
+)
+"""A compile backend in eight versions, the sixth of which (1.0.5) starts miscompiling."""
+HELPER = Distribution(
+    name="tiny-helper",
+    module="tiny_helper",
+    versions=("2.0.0", "2.0.1", "2.0.2", "2.0.3"),
+    source='VERSION = "{version}"\n',
+)
+"""A helper package in four harmless versions."""
 
 _BUILD = """
 import os, sys
@@ -101,3 +134,24 @@ def build_index(distributions: list[Distribution]) -> str:
     )
     (root / "ready").write_text("built\n")
     return simple.as_uri()
+
+
+class _Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        """Requests are not logged (pip's listings would fill the test's output)."""
+
+
+@contextmanager
+def served(index_url: str) -> Iterator[str]:
+    """The simple index at ``index_url`` (a file:// URL from :func:`build_index`) served over
+    HTTP on localhost while the block runs: the URL of its simple/ page."""
+    simple = Path(urlparse(index_url).path)
+    handler = partial(_Quiet, directory=str(simple.parent))
+    with ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        thread = threading.Thread(target=server.serve_forever, name="package index", daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{server.server_address[1]}/{simple.name}/"
+        finally:
+            server.shutdown()
+            thread.join(timeout=10)

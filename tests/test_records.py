@@ -201,7 +201,7 @@ def test_run_py_and_the_package_hash_a_checkpoints_weights_alike(tmp_path: Path)
     assert weights_digest(str(folder)) == run_py.weights_digest(str(folder))
     assert weights_digest(str(tmp_path / "missing")) is None
     # An EXCLUDED record of a local checkpoint (nothing ran) names its weights too.
-    from model_support.records import excluded_record
+    from model_support.runpath import excluded_record
     from model_support.vocabulary import ExclusionReason
 
     record = excluded_record(RunConfig(model=str(folder)), ExclusionReason.TOO_LARGE, "too large")

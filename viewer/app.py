@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import pandas as pd
 import streamlit as st
 
+from model_support.markdown import inline_code, literal
 from model_support.viewer import compare, details, history_views, links, scroll, views
-from model_support.viewer.markup import inline_code, literal
 from model_support.viewer.queries import newest_first, version_key
 
 RESULTS_ENV = "MODEL_SUPPORT_RESULTS"

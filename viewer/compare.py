@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pandas as pd
 import streamlit as st
 
+from model_support.markdown import literal
 from model_support.viewer import (
     details,
     failures,
@@ -18,7 +19,6 @@ from model_support.viewer import (
     queries,
 )
 from model_support.viewer.data import StackFile
-from model_support.viewer.markup import literal
 from model_support.viewer.views import Context, read, stack_label
 from model_support.vocabulary import Result
 

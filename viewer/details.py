@@ -21,6 +21,7 @@ import pandas as pd
 import streamlit as st
 
 from model_support.history import reproduce_command
+from model_support.markdown import inline_code, literal
 from model_support.printable import printable, printable_data
 from model_support.viewer import (
     answer,
@@ -31,7 +32,7 @@ from model_support.viewer import (
     queries,
     run_script,
 )
-from model_support.viewer.markup import inline_code, literal, shown_row
+from model_support.viewer.markup import shown_row
 from model_support.viewer.views import Context, read, stack_label
 from model_support.vocabulary import Result
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 import pandas as pd
 import streamlit as st
 
+from model_support.markdown import inline_code, literal
 from model_support.viewer import formatting, output
-from model_support.viewer.markup import inline_code, literal
 from model_support.vocabulary import (
     COMPILE_FAILURE_MEANINGS,
     ERROR_CLASS_MEANINGS,

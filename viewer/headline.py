@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from model_support.markdown import literal
 from model_support.viewer import formatting
-from model_support.viewer.markup import literal
 from model_support.viewer.views import RESULT_COLOURS
 
 NEURON_COMPILER = "neuronx-cc"

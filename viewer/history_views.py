@@ -35,10 +35,11 @@ from model_support.history import (
     render_markdown,
     reproduce_command,
 )
+from model_support.markdown import inline_code, literal
 from model_support.pricing import DEFAULT_PRICES, PriceTable, PriceTableError, load_prices
 from model_support.store import ResultsStore
 from model_support.viewer import formatting
-from model_support.viewer.markup import inline_code, literal, shown_frame
+from model_support.viewer.markup import shown_frame
 from model_support.viewer.queries import UNTESTED
 from model_support.viewer.views import RESULT_COLOURS, result_column
 

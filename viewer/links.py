@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from model_support.markdown import inline_code, literal
 from model_support.viewer.data import StackFile
-from model_support.viewer.markup import inline_code, literal
 
 PARAMS = ("view", "compiler", "library", "q", "task", "model", "before", "after", "run")
 """The query parameters the page reads; each sets the widget or page state of the same key,

@@ -13,8 +13,8 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from model_support.markdown import literal
 from model_support.viewer import formatting, queries
-from model_support.viewer.markup import literal
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PICTURE_WIDTH = 192

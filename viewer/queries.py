@@ -629,13 +629,6 @@ def wall_time_vs_parameters(frame: pd.DataFrame) -> pd.DataFrame | None:
     ).reset_index(drop=True)
 
 
-def versions_of(frame: pd.DataFrame, model_id: str) -> list[tuple[str, str]]:
-    """(compiler label, library label) pairs that hold a result for ``model_id``."""
-    rows = frame[frame["model_id"] == model_id]
-    pairs = {(str(r.compiler_version), str(r.library_version)) for r in rows.itertuples()}
-    return sorted(pairs, key=lambda p: (version_key(p[0]), version_key(p[1])))
-
-
 # ---------------------------------------------------------------------------------------------
 # Task verdicts beyond text generation: what the details panel shows of them
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import streamlit as st
 
+from model_support.markdown import inline_code, literal
 from model_support.selection import SelectionError, load_selected
 from model_support.viewer import formatting, queries, table_pages
 from model_support.viewer.data import (
@@ -26,7 +27,7 @@ from model_support.viewer.data import (
     read_columns_reporting,
     unlisted_data_files,
 )
-from model_support.viewer.markup import inline_code, literal, shown_frame
+from model_support.viewer.markup import shown_frame
 from model_support.vocabulary import Result, Task
 
 if TYPE_CHECKING:

@@ -724,7 +724,7 @@ def generate(
     )
 
 
-def first_token_clock(backend: Backend):
+def first_token_clock(backend: DeviceBackend):
     """A stopping criterion that never stops generation and notes (``at``, perf_counter
     seconds) when the first token is out: the prefill's end, measured inside the timed
     generation instead of by a generation of its own."""
@@ -1927,7 +1927,7 @@ def scenario_for(task: str) -> TaskScenario:
 TORCHNEURON_BASE_IMAGE = "model-support/torchneuron-base:sdk2.33.0"
 
 
-class Backend:
+class DeviceBackend:
     """The cpu backend, and the interface of the others: the device is this process."""
 
     name = "cpu"
@@ -2012,7 +2012,7 @@ class Backend:
         return int(inductor["fxgraph_cache_miss"]), int(inductor["fxgraph_cache_hit"])
 
 
-class CudaBackend(Backend):
+class CudaBackend(DeviceBackend):
     """An NVIDIA GPU: one per rank."""
 
     name = "cuda"
@@ -2038,7 +2038,7 @@ class CudaBackend(Backend):
         return torch.cuda.get_device_properties(device).name
 
 
-class NeuronBackend(Backend):
+class NeuronBackend(DeviceBackend):
     """Trainium through TorchNeuron: one NeuronCore per rank (the helpers below)."""
 
     name = "neuron"
@@ -2120,12 +2120,12 @@ class NeuronBackend(Backend):
         )
 
 
-BACKENDS: dict[str, Backend] = {
-    backend.name: backend for backend in (NeuronBackend(), CudaBackend(), Backend())
+BACKENDS: dict[str, DeviceBackend] = {
+    backend.name: backend for backend in (NeuronBackend(), CudaBackend(), DeviceBackend())
 }
 
 
-def select_backend(requested: str) -> Backend:
+def select_backend(requested: str) -> DeviceBackend:
     """neuron where TorchNeuron is installed, else cuda if available, else cpu (or the forced one).
 
     An installed torch_neuronx means Trainium was meant: one that fails to import, or the XLA-era
@@ -2152,7 +2152,7 @@ def select_backend(requested: str) -> Backend:
     return intended_backend(requested)
 
 
-def intended_backend(requested: str) -> Backend:
+def intended_backend(requested: str) -> DeviceBackend:
     """The backend a run is meant for, importing no device library (for a failed run's record)."""
     if neuron_intended(requested):
         return BACKENDS["neuron"]
@@ -2193,7 +2193,7 @@ def native_neuron_problem(
     )
 
 
-def resolve_compile_backend(name: str | None, backend: Backend):
+def resolve_compile_backend(name: str | None, backend: DeviceBackend):
     """A registered torch.compile backend name, or a callable from 'module:function'."""
     if name is None:
         return backend.compile_backend
@@ -2205,7 +2205,7 @@ def resolve_compile_backend(name: str | None, backend: Backend):
     return name
 
 
-def distributed_setup(ctx: RunContext, backend: Backend):
+def distributed_setup(ctx: RunContext, backend: DeviceBackend):
     """Process group and transformers DistributedConfig for a sharded run (None when single)."""
     if ctx.world_size == 1:
         return None
@@ -2389,6 +2389,8 @@ LNC_DEFAULT_BY_FAMILY = {
 }
 
 
+# model_support.neuron_node.effective_lnc is the package's copy of this rule (its compile cache
+# keys NEFFs by the LNC before run.py starts); tests/runner/test_trainium.py holds them equal.
 def effective_lnc(
     environ: dict, config_file_text: str | None, instance: str | None
 ) -> tuple[int | None, str | None]:
@@ -2794,8 +2796,9 @@ SMOKE_MARKER = "MODEL_SUPPORT_SMOKE "
 
 
 def smoke_main(requested: str = "neuron") -> int:
-    """The device smoke test of ``model-support doctor``, in a process of its own (the runtime
-    may hang or abort it): the backend, a tensor onto its first device, one op, synchronize.
+    """The device smoke test of ``model-support doctor`` (``python3 run.py --smoke-device
+    BACKEND``, started by :func:`smoke_check`: the runtime may hang or abort its process): the
+    backend, a tensor onto its first device, one op, synchronize.
     Prints one marked JSON line: ok, the device, the seconds, or the error (its class and fix)."""
     report: dict[str, Any] = {"ok": False, "backend": requested, "device": None}
     try:
@@ -2823,6 +2826,137 @@ def preflight_failure(checks: list[PreflightCheck]) -> InfrastructureError | Non
     return InfrastructureError(
         f"node preflight check '{first.name}' failed: {first.detail}{fix}{others}"
     )
+
+
+# ---- the doctor's preflight: `model-support doctor` runs this script (it never imports it)
+#
+#   python3 run.py --preflight [--smoke auto|always] [--smoke-timeout SECONDS]
+#
+# prints one marked JSON line: the node checks above, the fallback setting, TorchNeuron's
+# import, the device smoke test (in a process of its own, given its timeout; on a node with
+# device files, or always), and the node facts the doctor's own checks read.
+
+PREFLIGHT_MARKER = "MODEL_SUPPORT_PREFLIGHT "
+
+
+def smoke_check(requested: str, timeout_s: float, env: dict | None = None) -> PreflightCheck:
+    """The device smoke test (:func:`smoke_main`) in a process of its own, given ``timeout_s``
+    (the runtime may hang or abort the process), quoting the runtime's own console lines when
+    it fails."""
+    import subprocess
+
+    name = "smoke test"
+    try:
+        done = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--smoke-device", requested],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+        )
+    except subprocess.TimeoutExpired as exc:
+        written = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        console = runtime_lines(written.splitlines())
+        return PreflightCheck(
+            name,
+            False,
+            f"a tensor onto the {requested} device, one op and a synchronize did not finish "
+            f"within {timeout_s:.0f} s" + _quoted(console),
+            fix=fix_for("\n".join(console))
+            or "the runtime hung at its first operation: see neuron-ls for processes holding "
+            "the cores and dmesg for driver errors; reboot the instance if it recurs",
+        )
+    console = runtime_lines(done.stderr.splitlines())
+    report = next(
+        (
+            json.loads(line[len(SMOKE_MARKER) :])
+            for line in reversed(done.stdout.splitlines())
+            if line.startswith(SMOKE_MARKER)
+        ),
+        None,
+    )
+    if report is None:
+        return PreflightCheck(
+            name,
+            False,
+            f"the smoke test's process ended (exit {done.returncode}) without a report"
+            + _quoted(console or done.stderr.strip().splitlines()[-5:]),
+            fix=fix_for(done.stderr)
+            or "the runtime killed the process: see the lines above, dmesg and neuron-ls",
+        )
+    if report.get("ok"):
+        seconds = report.get("seconds")
+        return PreflightCheck(
+            name,
+            True,
+            f"{report.get('device')} ({report.get('device_name') or 'name unknown'}): "
+            f"sum(2 * ones(4)) = 8 in {seconds:.2f} s",
+        )
+    error = str(report.get("error") or "failed")
+    return PreflightCheck(
+        name,
+        False,
+        f"{error} ({report.get('error_class')})" + _quoted(console),
+        fix=fix_for("\n".join([error, *console]))
+        or report.get("fix")
+        or "read the runtime's lines above; check the driver (lsmod | grep neuron), the devices "
+        "given to this container (/dev/neuron*) and neuron-ls",
+    )
+
+
+def _quoted(lines: list[str]) -> str:
+    return ("; the runtime wrote: " + " | ".join(lines)) if lines else ""
+
+
+def preflight_report(smoke: str, smoke_timeout_s: float) -> dict:
+    """What `model-support doctor` takes from run.py: its node checks, the fallback setting,
+    TorchNeuron's import and the smoke test (``smoke``: ``always``, or ``auto``: where this node
+    has Neuron device files), each as a dict, and the node facts its own checks read."""
+    node = node_facts()
+    spec = (node.environ.get("NEURON_RT_VISIBLE_CORES") or "").strip()
+    try:
+        visible = parse_visible_cores(spec) if spec else None
+    except InfrastructureError:
+        visible = None  # the cores check says why
+    if smoke == "always" or node.device_files:
+        smoked = smoke_check("neuron", smoke_timeout_s)
+    else:
+        smoked = PreflightCheck(
+            "smoke test",
+            True,
+            "no Neuron device on this machine: nothing to run a first operation on",
+            applicable=False,
+        )
+    checks = [*node_checks(node, os.getuid()), check_fallback_setting(node.environ)]
+    return {
+        "node": [dataclasses.asdict(check) for check in checks],
+        "torchneuron": dataclasses.asdict(torchneuron_check()),
+        "smoke": dataclasses.asdict(smoked),
+        "driver_version": node.driver_version,
+        "instance": node.instance,
+        "visible_cores": visible,
+    }
+
+
+def doctor_main(argv: list[str]) -> int:
+    """run.py's command line beyond ``python3 run.py`` (the test): ``--preflight`` for
+    `model-support doctor`, ``--smoke-device BACKEND`` for its smoke test's own process."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="run.py", description="See model-support doctor.")
+    modes = parser.add_mutually_exclusive_group(required=True)
+    modes.add_argument("--preflight", action="store_true", help="print the node's checks")
+    modes.add_argument("--smoke-device", metavar="BACKEND", help="run the device smoke test")
+    parser.add_argument("--smoke", choices=("auto", "always"), default="auto")
+    parser.add_argument("--smoke-timeout", type=float, metavar="SECONDS")
+    args = parser.parse_args(argv)
+    if args.smoke_device:
+        return smoke_main(args.smoke_device)
+    if args.smoke_timeout is None or not args.smoke_timeout > 0:
+        parser.error("--preflight needs --smoke-timeout SECONDS (above 0)")
+    report = preflight_report(args.smoke, args.smoke_timeout)
+    print(PREFLIGHT_MARKER + json.dumps(report), flush=True)
+    return 0
 
 
 # ---- device memory
@@ -2986,7 +3120,7 @@ def package_version(name: str) -> str | None:
         return None
 
 
-def collect_stack(backend: Backend) -> dict:
+def collect_stack(backend: DeviceBackend) -> dict:
     """Versions of everything that decides the outcome (the device's name is added at setup)."""
     stack: dict[str, Any] = {key: package_version(dist) for key, dist in STACK_PACKAGES.items()}
     if stack["neuronx_cc"] is None:
@@ -2995,7 +3129,7 @@ def collect_stack(backend: Backend) -> dict:
     stack["os"] = platform.platform()
     stack["instance_type"] = instance_type()
     stack["device_name"] = backend.device_name(None) if backend.device_is_host else None
-    # Read at setup (Backend.runtime_settings), on the neuron backend only.
+    # Read at setup (DeviceBackend.runtime_settings), on the neuron backend only.
     stack["lnc"] = stack["lnc_source"] = stack["compiler_flags"] = None
     return stack
 
@@ -3112,7 +3246,7 @@ class GraphLedger:
 
     A process-wide count of new cache entries also counts what the eager ops around the graphs
     write (TorchNeuron caches those too), so cold and warm would not mean what they say.
-    ``probe`` is the backend's :meth:`Backend.cache_probe`. ``running`` is the index of the
+    ``probe`` is the backend's :meth:`DeviceBackend.cache_probe`. ``running`` is the index of the
     compiled graph being called right now (None between graphs), for :class:`FallbackWatch`.
     """
 
@@ -3313,7 +3447,7 @@ class FallbackWatch:
 
 
 @contextlib.contextmanager
-def compiled_as_required(backend: Backend, ledger: GraphLedger, watch: FallbackWatch):
+def compiled_as_required(backend: DeviceBackend, ledger: GraphLedger, watch: FallbackWatch):
     """Run the compiled calls under the backend's compile policy: never past Dynamo's recompile
     limit (every backend); where the backend requires the whole graph (neuron, as TorchNeuron's
     torch.compile reference recommends with fullgraph=True), a graph break is an error and so
@@ -3330,10 +3464,10 @@ def compiled_as_required(backend: Backend, ledger: GraphLedger, watch: FallbackW
         watch.raise_for_graphs()
 
 
-def compile_policy(backend: Backend | None, pinned: dict | None = None) -> dict:
+def compile_policy(backend: DeviceBackend | None, pinned: dict | None = None) -> dict:
     """The compilation block's record of how the run compiles: whether a graph break is an
     error (``whole_graph``), the fallback setting run.py pinned (``pinned``, from
-    :meth:`Backend.pin_compile_settings`); the fallbacks seen and the compiler's arguments are
+    :meth:`DeviceBackend.pin_compile_settings`); the fallbacks seen and the compiler's arguments are
     filled in once the compiled calls ran."""
     return {
         "whole_graph": None if backend is None else backend.whole_graph,
@@ -3343,7 +3477,7 @@ def compile_policy(backend: Backend | None, pinned: dict | None = None) -> dict:
     }
 
 
-def read_compile_counts(backend: Backend) -> CompileCounts:
+def read_compile_counts(backend: DeviceBackend) -> CompileCounts:
     """The compilation counters now: dynamo's and inductor's, and the device compiler's."""
     from torch._dynamo.utils import counters
 
@@ -5618,7 +5752,7 @@ class RunContext:
         self.rank = rank
         self.world_size = world_size
         self.stage = "start"
-        self.backend: Backend | None = None  # chosen at setup
+        self.backend: DeviceBackend | None = None  # chosen at setup
         self.device = None
         self.doc: dict = {}
         self.control_group = None  # a sharded run's gloo group for the localization's messages
@@ -5636,7 +5770,7 @@ class RunContext:
 class Placement:
     """What the setup stage decided: where the model runs and how it is compiled."""
 
-    backend: Backend
+    backend: DeviceBackend
     device: Any
     compile_backend: Any  # a registered torch.compile backend name or a callable
     distributed_config: Any  # transformers DistributedConfig, None on one core
@@ -5780,15 +5914,27 @@ def worker_main(rank: int, world_size: int, config: dict, queue) -> None:
             torch.distributed.destroy_process_group()
 
 
+def _dead_worker(procs, docs: dict) -> int | None:
+    """The worker to blame among those that exited abnormally without sending a result.
+
+    One killed by a signal (negative exit code: OOM killer, SIGKILL) comes first: a peer that
+    lost it in a collective exits with a plain status of its own moments later, and by the time
+    the parent looks both may be dead.
+    """
+    dead = [r for r, p in enumerate(procs) if r not in docs and p.exitcode not in (None, 0)]
+    if not dead:
+        return None
+    signalled = [r for r in dead if procs[r].exitcode < 0]
+    return (signalled or dead)[0]
+
+
 def _crashed_worker(procs, docs: dict, wait_s: float) -> int | None:
-    """The first worker that exited abnormally without sending a result, waiting up to wait_s."""
+    """The worker to blame for a crash (see _dead_worker), waiting up to wait_s for one."""
     deadline = time.monotonic() + wait_s
     while True:
-        for rank, proc in enumerate(procs):
-            if rank not in docs and proc.exitcode not in (None, 0):
-                return rank
-        if time.monotonic() > deadline:
-            return None
+        crashed = _dead_worker(procs, docs)
+        if crashed is not None or time.monotonic() > deadline:
+            return crashed
         time.sleep(0.1)
 
 
@@ -5843,18 +5989,16 @@ def run_sharded(config: dict) -> dict:
             try:
                 rank, doc, final = results.get(timeout=1.0)
             except queue_module.Empty:
-                dead = [
-                    r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in docs
-                ]
-                if dead and provisional is not None:
+                dead = _dead_worker(procs, docs)
+                if dead is not None and provisional is not None:
                     # A worker stopped during rank 0's search: the verdict stands, the search
                     # is recorded as failed (the provisional document says so).
                     provisional["verification"]["first_divergence"]["reason"] += (
-                        f" (worker rank {dead[0]} exited with status {procs[dead[0]].exitcode})"
+                        f" (worker rank {dead} exited with status {procs[dead].exitcode})"
                     )
                     break
-                if dead and verdict_at is None:
-                    failure = f"worker rank {dead[0]} exited with status {procs[dead[0]].exitcode} without a result"
+                if dead is not None and verdict_at is None:
+                    failure = f"worker rank {dead} exited with status {procs[dead].exitcode} without a result"
                 elif time.monotonic() > deadline:
                     missing = sorted(set(range(world_size)) - set(docs))
                     failure = (
@@ -5926,4 +6070,4 @@ def write_result(doc: dict, path: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(doctor_main(sys.argv[1:]) if len(sys.argv) > 1 else main())

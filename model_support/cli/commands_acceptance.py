@@ -27,12 +27,11 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from model_support.cli.commands_doctor import DoctorReport, all_checks
 from model_support.compile_cache.layouts import neff_layout, scan
 from model_support.config import RunConfig
+from model_support.doctor import SMOKE_TIMEOUT_S, DoctorReport, all_checks
 from model_support.execution import run_local
 from model_support.models import resolve_model
-from model_support.neuron_node import SMOKE_TIMEOUT_S
 from model_support.printable import DataConsole
 from model_support.records import ResultDocument
 from model_support.vocabulary import Backend, Result

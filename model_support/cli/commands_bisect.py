@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 
-from model_support.cli.commands_history import DEFAULT_RESULTS, _open
-from model_support.cli.commands_run import fail, positive_seconds, reading_store
+from model_support.cli.common import (
+    DEFAULT_RESULTS,
+    fail,
+    find_row,
+    open_history,
+    open_store,
+    positive_seconds,
+    reading_store,
+)
 from model_support.printable import DataConsole, printable
 
 if TYPE_CHECKING:
@@ -25,13 +31,6 @@ SIDE_HELP = (
 )
 
 
-def steps_location(results: str) -> str:
-    """Where a bisect's steps are recorded by default: ``bisect/`` under the results store."""
-    if "://" in results:
-        return results.rstrip("/") + "/bisect"
-    return os.path.join(results, "bisect")
-
-
 def default_workdir() -> Path:
     """Where the steps' environments are kept (``$MODEL_SUPPORT_CACHE``'s parent's, or
     ~/.cache/model-support/bisect-envs)."""
@@ -44,87 +43,16 @@ def side_row(
     store: ResultsStore, model: str, task: str | None, side: str, what: str
 ) -> dict[str, Any]:
     """The row of ``model`` that ``what`` names: its latest run on that stack, or that run."""
-    from model_support.history import StackNotFound, find_stack, latest_per_slot, read_history
-    from model_support.history import stacks as order_stacks
+    from model_support.bisect import BisectError, NoRuns, find_run
 
-    with reading_store(store.uri):
-        runs = read_history(store, model_id=model)
-    if task is not None:
-        runs = runs[runs["task"] == task]
-    if runs.empty:
-        raise fail(f"no runs of {model!r}{f' ({task})' if task else ''} in {store.uri!r}", 1)
-    if what in set(runs["run_id"]):
-        run_id = what
-    else:
-        try:
-            stack = find_stack(what, order_stacks(runs))
-        except StackNotFound as exc:
-            raise fail(f"--{side}: {exc}") from exc
-        latest = latest_per_slot(runs[stack.matches(runs)])
-        if len(latest) > 1:
-            tasks = ", ".join(sorted(latest["task"]))
-            raise fail(
-                f"{model!r} has runs of several tasks on {stack.label} ({tasks}): give --task"
-            )
-        run_id = str(latest["run_id"].iloc[0])
-    from model_support.cli.commands_reproduce import find_row
-
+    try:
+        with reading_store(store.uri):
+            run_id = find_run(store, model, task, what, f"--{side}")
+    except NoRuns as exc:
+        raise fail(str(exc), 1) from exc
+    except BisectError as exc:
+        raise fail(str(exc)) from exc
     return find_row(store, run_id)
-
-
-def build_plan(good: dict[str, Any], bad: dict[str, Any], index: Any, say: Any = None) -> Plan:
-    """The plan from the two rows: their packages' differences, each one's versions between."""
-    from model_support.bisect import (
-        BisectError,
-        Plan,
-        Side,
-        Suspect,
-        differences,
-        pins_of,
-        versions_between,
-    )
-
-    for row, which in ((good, "good"), (bad, "bad")):
-        if not row.get("packages"):
-            raise BisectError(
-                f"the {which} row ({row['run_id']}, {row.get('result')}) recorded no packages "
-                "(nothing ran, or it was recorded before packages were kept): give rows that ran"
-            )
-        if not row.get("run_py"):
-            raise BisectError(f"the {which} row ({row['run_id']}) stores no run.py")
-    if good["task"] != bad["task"]:
-        raise BisectError(f"the rows test different tasks ({good['task']}, {bad['task']})")
-    good_pins, bad_pins = pins_of(good["packages"]), pins_of(bad["packages"])
-    changed, added, removed = differences(good_pins, bad_pins)
-    suspects = []
-    for name, low, high in changed:
-        if say is not None:
-            say(f"listing the versions of {name} between {low} and {high} ({index.describe()})")
-        suspects.append(
-            Suspect(
-                name=name, good=low, bad=high, versions=versions_between(name, low, high, index)
-            )
-        )
-
-    def side(row: dict[str, Any], pins: dict[str, str]) -> Side:
-        stack = (
-            " ".join(str(row.get(k)) for k in ("compiler", "compiler_version") if row.get(k))
-            or "(unknown stack)"
-        )
-        return Side(
-            run_id=str(row["run_id"]), stack=stack, result=str(row["result"]), packages=pins
-        )
-
-    return Plan(
-        model_id=str(bad["model_id"]),
-        task=str(bad["task"]),
-        run_py=str(bad["run_py"]),
-        good=side(good, good_pins),
-        bad=side(bad, bad_pins),
-        suspects=suspects,
-        added=added,
-        removed=removed,
-    )
 
 
 def bisect(
@@ -133,8 +61,13 @@ def bisect(
     bad: Annotated[str, typer.Option("--bad", help=f"The stack it broke on: {SIDE_HELP}.")],
     task: Annotated[str | None, typer.Option(help="The task (when the model has several).")] = None,
     location: Annotated[
-        str, typer.Option("--results", help="Results store holding both rows.")
-    ] = DEFAULT_RESULTS,
+        str | None,
+        typer.Option(
+            "--results",
+            help=f"Results store holding both rows (default {DEFAULT_RESULTS}; with --cluster "
+            "the operator's).",
+        ),
+    ] = None,
     steps: Annotated[
         str | None,
         typer.Option(
@@ -157,7 +90,33 @@ def bisect(
     timeout: Annotated[
         float, typer.Option(help="Seconds before a step is stopped.", callback=positive_seconds)
     ] = 3600.0,
+    package: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--package",
+            help="Only this package is a suspect (repeat; default every package that changed).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the bisect as JSON.")] = False,
+    cluster: Annotated[
+        bool,
+        typer.Option(
+            "--cluster",
+            help="Run nothing here: write the ModelSupportBisect that has the operator run each "
+            "step as a ModelSupportTest (kubectl apply -f it).",
+        ),
+    ] = False,
+    name: Annotated[
+        str | None,
+        typer.Option(help="--cluster: the resource's name (default from the model and rows)."),
+    ] = None,
+    namespace: Annotated[
+        str | None, typer.Option(help="--cluster: the resource's namespace.")
+    ] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="--cluster: write the manifest here (default stdout)."),
+    ] = None,
 ) -> None:
     """Find which package change broke MODEL between a good and a bad row, down to its first
     bad version: each package whose recorded version differs is tried alone at its bad version
@@ -165,8 +124,20 @@ def bisect(
     versions its package index lists (pip's) between the two. Each step runs here in a virtual
     environment of its own and is recorded in --steps; steps already recorded are reused.
 
+    With --cluster nothing runs here: the command writes a ModelSupportBisect, whose operator
+    reads the rows from the results store and runs each step as a ModelSupportTest.
+
     Exit code 0 with a first bad version found, 1 when no package breaks it alone, 2 on bad
     input (unknown stacks, rows without packages, an index that lists nothing)."""
+    if cluster:
+        _write_manifest(
+            model, good, bad, task=task, results=location, steps=steps, index_url=index_url,
+            extra_index_urls=extra_index_url or [], find_links=find_links, workdir=workdir,
+            timeout=timeout, packages=package or [], name=name, namespace=namespace,
+            output=output,
+        )  # fmt: skip
+        return
+    location = location or DEFAULT_RESULTS
     from model_support.bisect import (
         BISECT_SOURCE,
         BisectError,
@@ -175,14 +146,16 @@ def bisect(
         Request,
         Step,
         held_packages,
+        plan_from_rows,
         render_bisect,
+        report_for,
         run_bisect,
+        steps_location,
         stored_runs,
     )
-    from model_support.cli.commands_run import open_store
     from model_support.evidence import shareable_uri
 
-    store = _open(location)
+    store = open_history(location)
     good_row = side_row(store, model, task, "good", good)
     bad_row = side_row(store, model, task, "bad", bad)
     if good_row["run_id"] == bad_row["run_id"]:
@@ -203,7 +176,7 @@ def bisect(
     )
     say = None if as_json else (lambda text: err.print(escape(text)))
     try:
-        plan = build_plan(good_row, bad_row, index, say)
+        plan = plan_from_rows(good_row, bad_row, index, say, consider=package or ())
     except BisectError as exc:
         raise fail(str(exc)) from exc
     steps_uri = steps or steps_location(location)
@@ -239,13 +212,20 @@ def bisect(
                 f"{step.verdict} ({how} {step.run_id})"
             )
 
+    in_results: list[Any] = []
+
     def known() -> list[Any]:
-        return [*stored_runs(store, plan.model_id, plan.task),
-                *stored_runs(steps_store, plan.model_id, plan.task)]  # fmt: skip
+        in_results.extend(stored_runs(store, plan.model_id, plan.task))
+        return [*in_results, *stored_runs(steps_store, plan.model_id, plan.task)]
 
     try:
         report = run_bisect(
             plan, run_step, known, record, steps_store=shareable_uri(steps_store), on_step=show
+        )
+        # A culprit's run reused from the results store is reproduced from there.
+        elsewhere = {r.run_id: shareable_uri(store) for r in in_results}
+        report = report_for(
+            plan, report.steps, report.conclusion, report.steps_store, stored_in=elsewhere
         )
     except BisectError as exc:
         raise fail(str(exc)) from exc
@@ -257,6 +237,89 @@ def bisect(
         typer.echo(printable(render_bisect(report)), nl=False)
     if not report.conclusion.culprits:
         raise typer.Exit(1)
+
+
+def _write_manifest(
+    model: str,
+    good: str,
+    bad: str,
+    *,
+    task: str | None,
+    results: str | None,
+    steps: str | None,
+    index_url: str | None,
+    extra_index_urls: list[str],
+    find_links: list[str] | None,
+    workdir: Path | None,
+    timeout: float,
+    packages: list[str],
+    name: str | None,
+    namespace: str | None,
+    output: Path | None,
+) -> None:
+    """``bisect --cluster``: the ModelSupportBisect, checked as the operator checks it."""
+    import hashlib
+    import re
+
+    import yaml
+
+    from model_support.operator.bisect_spec import MAX_BISECT_NAME, parse_bisect
+    from model_support.operator.resource import API_VERSION, BISECT_KIND
+    from model_support.operator.spec import DNS_LABEL_PATTERN, SpecError
+
+    if find_links or workdir is not None:
+        raise fail(
+            "--find-links and --workdir are for steps run here; with --cluster the operator "
+            "installs each step from --index-url / --extra-index-url"
+        )
+    for given, option in ((results, "--results"), (steps, "--steps")):
+        if given is not None and "://" not in given and not given.startswith("/"):
+            raise fail(
+                f"{option} {given!r} is a path on this machine: the operator reads the store "
+                "by its URI (s3://...) or a path on its own volume; leave --results out to "
+                "use the operator's store"
+            )
+    spec: dict[str, Any] = {"model": model, "good": good, "bad": bad}
+    if task is not None:
+        spec["task"] = task
+    for key, value in (("results", results), ("steps", steps)):
+        if value is not None:
+            spec[key] = value
+    if packages:
+        spec["packages"] = packages
+    index = {"indexUrl": index_url} if index_url else {}
+    if extra_index_urls:
+        index["extraIndexUrls"] = extra_index_urls  # type: ignore[assignment]
+    if index:
+        spec["index"] = index
+    spec["timeoutSeconds"] = int(timeout)
+    try:
+        parse_bisect(spec)
+    except SpecError as exc:
+        raise fail(str(exc).replace("Fix the resource and apply it again.", "")) from exc
+    if name is None:
+        digest = hashlib.sha256(f"{model}\n{task}\n{good}\n{bad}".encode()).hexdigest()[:6]
+        slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")
+        slug = slug[: MAX_BISECT_NAME - len("bisect--") - len(digest)].strip("-")
+        name = f"bisect-{slug}-{digest}"
+    if len(name) > MAX_BISECT_NAME or not re.fullmatch(DNS_LABEL_PATTERN, name):
+        raise fail(
+            f"--name {name!r}: a bisect's name is a DNS label (lowercase letters, digits, '-') "
+            f"of at most {MAX_BISECT_NAME} characters"
+        )
+    metadata: dict[str, Any] = {"name": name}
+    if namespace:
+        metadata["namespace"] = namespace
+    manifest = {"apiVersion": API_VERSION, "kind": BISECT_KIND, "metadata": metadata, "spec": spec}
+    text = yaml.safe_dump(manifest, sort_keys=False, width=100)
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+        err.print(
+            f"wrote {escape(str(output))}: kubectl apply -f {escape(str(output))}, then kubectl "
+            f"get msb {escape(name)} -w"
+        )
 
 
 def _others(step: Any, plan: Plan) -> str:

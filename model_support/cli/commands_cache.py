@@ -20,15 +20,13 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from model_support.cli.common import console, fail
 from model_support.printable import DataConsole
-from model_support.records import RunRecord
-from model_support.vocabulary import Backend, Result
+from model_support.vocabulary import Backend
 
 if TYPE_CHECKING:  # imported where used: every command's start (`run` included) would pay for it
     from model_support.compile_cache import SigningKey, TrustPolicy
     from model_support.compile_cache.transfer import TransferReport
-
-console = DataConsole(stderr=True)
 
 cache_app = typer.Typer(
     name="cache",
@@ -104,11 +102,6 @@ DeadlineOpt = Annotated[
 ]
 
 
-def _fail(message: str, code: int) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    return typer.Exit(code)
-
-
 @dataclass(frozen=True)
 class Trust:
     """What a transfer trusts (pull) or vouches for (push), from the command line."""
@@ -131,7 +124,7 @@ def _trust_objects(trust: Trust) -> tuple[TrustPolicy, SigningKey | None]:
         path = trust.signing_key or os.environ.get(SIGNING_KEY_ENV) or None
         key = SigningKey.load(path) if path else None
     except UntrustedCache as exc:
-        raise _fail(str(exc), 2) from exc
+        raise fail(str(exc), 2) from exc
     return policy, key
 
 
@@ -161,9 +154,9 @@ def _transfer(
     )
 
     if deadline is not None and not math.isfinite(deadline):
-        raise _fail(f"--deadline {deadline:g}: give a finite number of seconds (or none)", 2)
+        raise fail(f"--deadline {deadline:g}: give a finite number of seconds (or none)", 2)
     if report_file is not None and (report_file.is_dir() or not report_file.name):
-        raise _fail(f"--report {report_file}: that is a folder; give a file to write", 2)
+        raise fail(f"--report {report_file}: that is a folder; give a file to write", 2)
     policy, signing_key = _trust_objects(trust)
     if keep_going:
         # A pod's init step: whatever goes wrong (the store, the URI, a disabled or mismatched
@@ -190,9 +183,9 @@ def _transfer(
                 run() if deadline is None else guarded(run, direction, target, compiler, deadline)  # type: ignore[arg-type]
             )
         except (TargetUnavailable, LocalCacheError) as exc:
-            raise _fail(str(exc), 1) from exc
+            raise fail(str(exc), 1) from exc
         except CompileCacheError as exc:
-            raise _fail(str(exc), 2) from exc
+            raise fail(str(exc), 2) from exc
     if report_file is not None:
         report.save(report_file)
     if as_json:
@@ -267,12 +260,12 @@ def keygen_command(
     from model_support.compile_cache import SigningKey
 
     if key_file.exists():
-        raise _fail(f"{key_file} exists; keys are never overwritten: choose another file", 2)
+        raise fail(f"{key_file} exists; keys are never overwritten: choose another file", 2)
     key = SigningKey.generate()
     try:
         fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as exc:
-        raise _fail(f"cannot write {key_file}: {exc.strerror}", 2) from exc
+        raise fail(f"cannot write {key_file}: {exc.strerror}", 2) from exc
     with os.fdopen(fd, "wb") as handle:
         handle.write(key.pem)
     print(key.public_key())
@@ -300,9 +293,9 @@ def ls_command(
             target, compiler=installed_compiler_cache(backend.value), all_prefixes=all_prefixes
         )
     except TargetUnavailable as exc:
-        raise _fail(str(exc), 1) from exc
+        raise fail(str(exc), 1) from exc
     except CompileCacheError as exc:
-        raise _fail(str(exc), 2) from exc
+        raise fail(str(exc), 2) from exc
     if as_json:
         print(json.dumps([listing.model_dump() for listing in listings]))
         return
@@ -350,7 +343,7 @@ def prune_command(
     )
 
     if older_than is not None and not (math.isfinite(older_than) and older_than > 0):
-        raise _fail(f"--older-than {older_than:g}: give a positive number of days", 2)
+        raise fail(f"--older-than {older_than:g}: give a positive number of days", 2)
     try:
         report = prune(
             target,
@@ -360,9 +353,9 @@ def prune_command(
             dry_run=dry_run,
         )
     except TargetUnavailable as exc:
-        raise _fail(str(exc), 1) from exc
+        raise fail(str(exc), 1) from exc
     except CompileCacheError as exc:
-        raise _fail(str(exc), 2) from exc
+        raise fail(str(exc), 2) from exc
     if as_json:
         print(report.model_dump_json())
         return
@@ -375,92 +368,6 @@ def prune_command(
     )
     for removed in report.removed[:50]:
         console.print(f"  {escape(removed.path)}: {escape(removed.reason)}")
-
-
-# ---- around `model-support run --compile-cache URI` ---------------------------------------
-
-
-@dataclass(frozen=True)
-class RunCache:
-    """The compile cache of one `run`: its target, and what was pulled before run.py."""
-
-    target: str
-    backend: str
-    pulled: TransferReport
-
-
-def before_run(
-    target: str | None, backend: Backend, quiet: bool, untrusted: list[str] | None = None
-) -> RunCache | None:
-    """Check the target (a wrong one is the user's to fix: exit 2, nothing runs), then pull.
-
-    A run that executes code nobody reviewed (``untrusted``: the options that make it so) never
-    pushes: whoever pushes to a cache runs code in everyone who pulls from it. A pull that
-    fails is recorded, not raised: the test runs without the cache.
-    """
-    if target is None:
-        return None
-    if untrusted:
-        raise _fail(
-            f"--compile-cache {target} pushes what this run compiles, and {' and '.join(untrusted)} "
-            "runs code nobody reviewed here: whoever pushes to a compile cache runs code in "
-            "everyone who pulls from it. Pull first with `model-support cache pull`, and push "
-            "only from runs of reviewed code",
-            2,
-        )
-    from model_support.compile_cache import CompileCacheError, check_target, pull_for_run
-
-    try:
-        check_target(target, backend.value)
-    except CompileCacheError as exc:
-        raise _fail(f"--compile-cache {target}: {exc}", 2) from exc
-    pulled = pull_for_run(target, backend.value)
-    if not quiet:
-        console.print(
-            f"[{'yellow' if pulled.error else 'dim'}]compile cache: {escape(pulled.summary())}[/]"
-        )
-    return RunCache(target, backend.value, pulled)
-
-
-def with_pull(cache: RunCache | None, record: RunRecord) -> RunRecord:
-    """The record with the pull's figures beside its result, as it is stored (before the push)."""
-    if cache is None or record.document.result == Result.EXCLUDED:
-        return record  # nothing ran, nothing was pulled for it
-    from model_support.compile_cache import attach
-
-    return record.model_copy(update={"document": attach(record.document, cache.pulled, None)})
-
-
-def after_run(cache: RunCache | None, record: RunRecord) -> RunRecord:
-    """Push after run.py, whatever its outcome, once its record is stored.
-
-    The push runs after the record is saved (as in a runner pod), so a stalled, failed or
-    stopped push never costs a finished test; the stored record (immutable) carries the pull's
-    figures, and the record returned here, which is printed, both transfers'. A stop signal
-    (SIGINT / SIGTERM) during the push gives the push up at once: :class:`PushStopped`.
-    """
-    if cache is None or record.document.result == Result.EXCLUDED:
-        return record  # nothing ran, nothing was compiled
-    from model_support.compile_cache import attach, push_for_run
-    from model_support.stop_signals import on_stop_signals
-
-    def stop(signum: int, _frame: object) -> None:
-        raise PushStopped(signum)
-
-    with on_stop_signals(stop):
-        pushed = push_for_run(cache.target, cache.backend)
-    style = "yellow" if pushed.error else "dim"
-    console.print(f"[{style}]compile cache: {escape(pushed.summary())}[/]")
-    document = attach(record.document, cache.pulled, pushed)
-    return record.model_copy(update={"document": document})
-
-
-class PushStopped(BaseException):
-    """SIGINT or SIGTERM arrived during the compile cache push after a run (its record stored)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
 
 
 def register(app: typer.Typer) -> None:

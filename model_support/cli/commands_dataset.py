@@ -92,7 +92,7 @@ def materialize_command(
 ) -> None:
     """Bring the matrix, the dataset card and the history up to date with the records (what
     every recorded run does; needed only for a store written before a derived file existed)."""
-    from model_support.cli.commands_run import reading_store
+    from model_support.cli.common import reading_store
     from model_support.store import ResultsStore
 
     with reading_store(results):

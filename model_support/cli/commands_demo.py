@@ -20,7 +20,8 @@ import typer
 from rich.markup import escape
 
 from model_support.checkpoints import TASK_MODELS
-from model_support.cli.commands_run import plan_cores, print_record, results
+from model_support.cli.common import plan_cores
+from model_support.cli.run_output import print_record, print_results
 from model_support.printable import DataConsole
 from model_support.records import RunRecord
 from model_support.stop_signals import on_stop_signals
@@ -161,14 +162,7 @@ def demo(
     store.materialize()
     confirm_regressions(store, timeout)
     write_selection(location, [models[name] for name in DEMO_NAMES], excluded.model_id)
-    results(
-        location=location,
-        model=None,
-        result=None,
-        compiler_version=None,
-        library_version=None,
-        as_json=False,
-    )
+    print_results(location)
     say(
         f"demo done in {time.monotonic() - started:.0f} s; browse it: model-support viewer "
         f"--results {location}; the faulty compiler's next release at a glance: model-support "

@@ -7,14 +7,20 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from model_support.cli.commands_run import fail, positive_seconds, reading_store
+from model_support.cli.common import (
+    DEFAULT_RESULTS,
+    fail,
+    open_history,
+    positive_seconds,
+    reading_store,
+)
 from model_support.printable import DataConsole, printable
+from model_support.vocabulary import CONFIRMING_RERUNS, MAX_CONFIRMING_RERUNS
 
 if TYPE_CHECKING:
     from model_support.history import Confirmation, Report
     from model_support.store import ResultsStore
 
-DEFAULT_RESULTS = "results"
 
 PRICES_HELP = (
     "Price table (YAML or JSON) over the default one (docs/pricing.md); default: "
@@ -31,37 +37,6 @@ def _load_prices(path: str | None):  # type: ignore[no-untyped-def]
         raise fail(str(exc)) from exc
 
 
-def _open(location: str):  # type: ignore[no-untyped-def]
-    """The store at ``location``, refused when it holds no history to read: exit 2 for no
-    results at all (a wrong location is bad input, as for `results`), 1 for a store whose
-    history was never built (materialize builds it)."""
-    from model_support.store import ResultsStore
-
-    with reading_store(location):
-        store = ResultsStore(location)
-        if not store.fs.exists(store.history_path()):
-            if store.matrix_files():
-                raise fail(
-                    f"the results at {location!r} have no history yet (stored before histories "
-                    f"were kept): run `model-support dataset materialize --results {location}` "
-                    "or any new test to build it",
-                    1,
-                )
-            records = store.record_count()
-            if records:
-                raise fail(
-                    f"the results at {location!r} hold {records} record(s) but no history yet "
-                    f"(never materialized): run `model-support dataset materialize --results "
-                    f"{location}` to build it",
-                    1,
-                )
-            raise fail(
-                f"no results at {location!r}: give the results store with --results, or first "
-                f"run `model-support run MODEL --results {location}`"
-            )
-    return store
-
-
 def history(
     model: Annotated[str, typer.Argument(help="Model id as results name it (org/name).")],
     task: Annotated[str | None, typer.Option(help="Only runs of this task.")] = None,
@@ -76,7 +51,7 @@ def history(
     the same stack, and the command that reproduces each run."""
     from model_support.history import model_history, read_history, reproduce_command
 
-    store = _open(location)
+    store = open_history(location)
     table = _load_prices(prices)
     with reading_store(location):
         frame = read_history(store, model_id=model)
@@ -167,11 +142,11 @@ def regressions(
         int,
         typer.Option(
             min=0,
-            max=20,
+            max=MAX_CONFIRMING_RERUNS,
             help="Re-runs a worse result needs on the newer stack, all agreeing, before it is "
-            "reported as a regression (default 2).",
+            f"reported as a regression (default {CONFIRMING_RERUNS}).",
         ),
-    ] = 2,
+    ] = CONFIRMING_RERUNS,
     min_samples: Annotated[
         int,
         typer.Option(
@@ -239,7 +214,7 @@ def regressions(
             compile_growth=max_compile_growth,
             memory_growth=max_memory_growth,
         )
-    store = _open(location)
+    store = open_history(location)
     table = _load_prices(prices)
     with reading_store(location):
         known = read_stacks(store)
@@ -328,7 +303,14 @@ def report(
     location: Annotated[
         str, typer.Option("--results", help="Results store location.")
     ] = DEFAULT_RESULTS,
-    reruns: Annotated[int, typer.Option(min=0, max=20, help="As for regressions (default 2).")] = 2,
+    reruns: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=MAX_CONFIRMING_RERUNS,
+            help=f"As for regressions (default {CONFIRMING_RERUNS}).",
+        ),
+    ] = CONFIRMING_RERUNS,
     min_samples: Annotated[
         int, typer.Option(min=2, max=100, help="As for regressions (default 3).")
     ] = 3,
@@ -353,7 +335,7 @@ def report(
         render_release_markdown,
     )
 
-    store = _open(location)
+    store = open_history(location)
     table = _load_prices(prices)
     with reading_store(location):
         known = read_stacks(store)

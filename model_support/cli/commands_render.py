@@ -11,33 +11,25 @@ from typing import Annotated, Any
 import typer
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from rich.markup import escape
 
-from model_support.printable import DataConsole
-
-console = DataConsole(stderr=True)
+from model_support.cli.common import fail
 
 EXIT_LAUNCH = 0
 EXIT_NO_JOB = 3  # the test would end without a Job (Invalid, EXCLUDED, ERROR/load)
-
-
-def _fail(message: str) -> typer.Exit:
-    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    return typer.Exit(2)
 
 
 def _load_yaml(path: Path, what: str) -> list[Any]:
     try:
         return [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
     except OSError as exc:
-        raise _fail(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
+        raise fail(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
-        raise _fail(
+        raise fail(
             f"{what} {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
             f"{exc.start}): save it as UTF-8, as Kubernetes and Helm read it"
         ) from exc
     except yaml.YAMLError as exc:
-        raise _fail(f"{what} {path} is not valid YAML: {exc}") from exc
+        raise fail(f"{what} {path} is not valid YAML: {exc}") from exc
 
 
 class _Dumper(yaml.SafeDumper):
@@ -80,14 +72,14 @@ def _check_manifest(test: dict[str, Any], index: int, file: Path) -> None:
     where = f"{file}, {KIND} #{index + 1}"
     for part in ("metadata", "spec"):
         if test.get(part) is not None and not isinstance(test[part], dict):
-            raise _fail(
+            raise fail(
                 f"{where}: {part} is a {type(test[part]).__name__}; it must be a mapping "
                 f"({part}: followed by indented fields)"
             )
     try:
         _Metadata.model_validate(test.get("metadata") or {})
     except ValidationError as exc:
-        raise _fail(
+        raise fail(
             f"{where}: {_problems(exc, 'metadata')}; the API server would refuse it: fix the "
             "manifest"
         ) from exc
@@ -121,7 +113,7 @@ def render_test(
     ref = TestRef(ns, name, meta.get("uid") or _uid(ns, name), int(meta.get("generation") or 1))
     planned = planning.plan(dict(body.get("spec") or {}), settings, ns, token=lambda _: token)
     if isinstance(planned, planning.Unreachable):
-        raise _fail(f"{planned.message}; the operator would retry this (the Hub did not answer)")
+        raise fail(f"{planned.message}; the operator would retry this (the Hub did not answer)")
     if isinstance(planned, planning.Launch):
         configmap, job = planning.children(ref, planned.spec, planned.placement, settings)
         template = planning.claim_template(ref, planned.spec, planned.placement, settings)
@@ -183,7 +175,7 @@ def register(app: typer.Typer) -> None:
             if values is not None:
                 loaded = _load_yaml(values, "values file")
                 if loaded and not isinstance(loaded[0], dict):
-                    raise _fail(
+                    raise fail(
                         f"values file {values} holds a {type(loaded[0]).__name__}; it must be "
                         "a mapping of chart values (as the chart's values.yaml)"
                     )
@@ -191,19 +183,17 @@ def register(app: typer.Typer) -> None:
             else:
                 settings = OperatorSettings(results_uri=results)
         except ValidationError as exc:
-            raise _fail(
-                f"the values do not make valid operator settings: {_problems(exc)}"
-            ) from exc
+            raise fail(f"the values do not make valid operator settings: {_problems(exc)}") from exc
         except ValueError as exc:
-            raise _fail(str(exc)) from exc
+            raise fail(str(exc)) from exc
         tests = [d for d in _load_yaml(file, "file") if isinstance(d, dict)]
         tests = [d for d in tests if d.get("kind") == KIND]
         if not tests:
-            raise _fail(f"{file} holds no {KIND} (apiVersion {API_VERSION})")
+            raise fail(f"{file} holds no {KIND} (apiVersion {API_VERSION})")
         for index, test in enumerate(tests):
             _check_manifest(test, index, file)
             if test.get("apiVersion") != API_VERSION:
-                raise _fail(
+                raise fail(
                     f"{(test.get('metadata') or {}).get('name')}: apiVersion "
                     f"{test.get('apiVersion')!r}, expected {API_VERSION}"
                 )

@@ -11,73 +11,18 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from model_support.cli.commands_run import DEFAULT_RESULTS, fail, positive_seconds
+from model_support.cli.common import DEFAULT_RESULTS, fail, find_row, positive_seconds
 from model_support.printable import DataConsole
 from model_support.vocabulary import Result
 
 if TYPE_CHECKING:
-    from model_support.store import ResultsStore
+    pass
 
 console = DataConsole(stderr=True)
 out = DataConsole(highlight=False, soft_wrap=True)
 
 EXIT_DISAGREE = 4
 """--run: the rerun's result or tokens differ from the stored row's."""
-
-ROW_COLUMNS = [
-    "run_id",
-    "model_id",
-    "model_path",
-    "task",
-    "backend",
-    "compile_backend",
-    "result",
-    "error_class",
-    "error",
-    "exclusion_reason",
-    "neuron_cores",
-    "lnc",
-    "instance_type",
-    "stack",
-    "packages",
-    "run_py",
-    "verification_json",
-    "recorded_at",
-]
-
-
-def find_row(store: ResultsStore, what: str) -> dict[str, Any]:
-    """The row to reproduce: the run ``what`` (its record, or its matrix row), else the one
-    matrix row of the model ``what``. Exits 2 naming the choices when the model has several."""
-    from model_support.dataset import record_to_row
-    from model_support.store import RecordNotFound, StoreError
-
-    try:
-        return record_to_row(store.get(what))
-    except (RecordNotFound, ValueError):
-        pass  # not a run id of a stored record: a published dataset holds rows only
-    except StoreError as exc:
-        raise fail(str(exc)) from exc
-    try:
-        frame = store.matrix(columns=ROW_COLUMNS)
-    except StoreError as exc:
-        raise fail(str(exc)) from exc
-    matches = frame[(frame["run_id"] == what) | (frame["model_id"] == what)]
-    if matches.empty:
-        raise fail(
-            f"{what!r} is neither a run id nor a model id of {store.uri}: "
-            f"`model-support results --results {store.uri}` lists them",
-            1,
-        )
-    if len(matches) > 1:
-        choices = "; ".join(
-            f"{row.run_id} ({row.task}, {row.compile_backend}, {row.result})"
-            for row in matches.itertuples(index=False)
-        )
-        raise fail(f"{what!r} has {len(matches)} rows: name one by its run id: {choices}")
-    from model_support.reproduce import plain_row
-
-    return plain_row(matches.iloc[0].to_dict())
 
 
 def reproduce(
@@ -142,7 +87,7 @@ def recheck_sizing(row: dict[str, Any], run_py: str, profile: str | None) -> boo
     was sized for (the row's Neuron instance family, else this machine's backend), and set
     beside the stored reason; True when sizing still excludes it for the same reason."""
     from model_support import hardware
-    from model_support.cli.commands_run import default_instance
+    from model_support.cli.common import default_instance
     from model_support.hub import is_unreachable, unreachable_message
     from model_support.runpath import prepare
     from model_support.script import read_config

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
-import math
 import os
 import re
 import signal
@@ -19,26 +17,30 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from pydantic import ValidationError
 from rich.markup import escape
-from rich.table import Table
 
-from model_support.cli import commands_cache
+from model_support.cli import run_cache
+from model_support.cli.common import (
+    DEFAULT_RESULTS,
+    console,
+    default_instance,
+    fail,
+    open_store,
+    plan_cores,
+    positive_seconds,
+    unreachable_hub,
+)
+from model_support.cli.run_output import print_record, print_results, summary
 from model_support.config import COMPILE_BACKEND_PATTERN, RunConfig, VerificationConfig
 from model_support.execution import StageEvent
 from model_support.models import BadModelReference, resolve_model
-from model_support.printable import DataConsole
-from model_support.records import RunRecord, excluded_record
+from model_support.records import RunRecord
+from model_support.runpath import excluded_record
 from model_support.stop_signals import on_stop_signals
 from model_support.vocabulary import Backend, LocalizeMode, Parallelism, Result, Task
 
 if TYPE_CHECKING:
-    from model_support.pricing import PriceTable
     from model_support.store import ResultsStore
 
-console = DataConsole(stderr=True)
-# Piped output (CI logs, `| less`) gets a wide table rather than 80 folded columns.
-out = DataConsole(width=None if sys.stdout.isatty() else 160)
-
-DEFAULT_RESULTS = "results"
 
 ModelArg = Annotated[
     str, typer.Argument(help="Hub model id (org/name) or a local checkpoint directory.")
@@ -87,126 +89,22 @@ RemoteOpt = Annotated[
 ]
 
 
-def positive_seconds(value: float) -> float:
-    """A typer callback: a time limit must be a finite number of seconds above zero."""
-    if not math.isfinite(value) or value <= 0:
-        raise typer.BadParameter(
-            f"{value!r} is not a time limit: give a number of seconds greater than 0"
-        )
-    return value
-
-
-NOT_DURABLE = {
-    "memory": "memory:// keeps results only inside this command's process, so they are lost "
-    "when it exits",
-    "http": "http:// locations are read-only",
-    "https": "https:// locations are read-only",
-}
-
-
-def open_store(location: str, *, allow_other_files: bool = False) -> ResultsStore:
-    """The results store at ``location``, checked before anything runs: it must be durable,
-    writable, and either new, empty or a results store already. Exits 2 with what to do."""
-    from model_support.store import NotAResultsStore, ResultsStore, StoreError
-
-    protocol = location.split("://", 1)[0].lower() if "://" in location else "file"
-    if protocol in NOT_DURABLE:
-        raise fail(
-            f"--results {location!r}: {NOT_DURABLE[protocol]}; give a folder or a durable, "
-            "writable URI (s3://bucket/path, hf://datasets/org/name)"
-        )
-    try:
-        store = ResultsStore(location)
-        store.check_location(allow_other_files=allow_other_files)
-        store.check_writable()
-    except NotAResultsStore as exc:
-        raise fail(f"{exc} (pass --force to add a results store beside them)") from exc
-    except StoreError as exc:
-        raise fail(str(exc)) from exc
-    return store
-
-
-def default_instance(backend: Backend) -> str:
-    """The sizing profile for a backend: trn2 where torch_neuronx imports, else cuda, else cpu."""
-    if backend == Backend.NEURON:
-        return "trn2"
-    if backend in (Backend.CUDA, Backend.CPU):
-        return backend.value
-    if importlib.util.find_spec("torch_neuronx") is not None:
-        return "trn2"
-    if not torch_has_gpu_build():
-        return "cpu"  # a CPU-only torch never sees a GPU: no need to import it (seconds of CPU)
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def torch_has_gpu_build() -> bool:
-    """Whether the installed torch was built for CUDA or ROCm, read from its ``torch/version.py``
-    (``cuda`` / ``hip``) without importing torch, which costs seconds of CPU that run.py,
-    started beside sizing, needs for the same import. True when that cannot be told."""
-    spec = importlib.util.find_spec("torch")
-    if spec is None or spec.origin is None:
-        return True  # no torch here: let the import below say so
-    version_file = Path(spec.origin).with_name("version.py")
-    build = importlib.util.spec_from_file_location("_model_support_torch_build", version_file)
-    if build is None or build.loader is None:
-        return True
-    module = importlib.util.module_from_spec(build)
-    try:
-        build.loader.exec_module(module)
-    except (OSError, SyntaxError, ImportError):
-        return True
-    return bool(getattr(module, "cuda", True) or getattr(module, "hip", True))
-
-
-def plan_cores(
-    config: RunConfig, instance: str | None, lnc: int | None, max_cores: int
-) -> RunConfig | RunRecord:
-    """Size the model: the config with the planned cores, or an EXCLUDED record (not yet stored)."""
-    from model_support.hub import is_unreachable
-    from model_support.runpath import prepare
-
-    try:
-        # The same path as the operator's (runpath.prepare), fed from the same config.
-        prepared = prepare(
-            config,
-            profile=instance or default_instance(config.backend),
-            lnc=lnc,
-            max_cores=max_cores,
-            token=os.environ.get("HF_TOKEN"),
-        )
-    except ValueError as exc:
-        raise fail(f"cannot size {config.model!r}: {exc}") from exc
-    except Exception as exc:
-        if not is_unreachable(exc):
-            raise
-        raise unreachable_hub(config.model, exc) from exc
-    if prepared.exclusion is not None:
-        exclusion = prepared.exclusion
-        return excluded_record(
-            prepared.config, exclusion.reason, exclusion.message, needed=exclusion.needed_split
-        )
-    return prepared.config
-
-
-def pin_revision(config: RunConfig) -> RunConfig:
-    """Resolve a Hub model's revision (a branch, a tag, or none) to its commit
-    (:func:`model_support.runpath.pin_revision`), or exit clearly.
+def pinned_or_exit(config: RunConfig) -> RunConfig:
+    """``config`` with its Hub revision (a branch, a tag, or none) resolved to its commit by
+    :func:`model_support.runpath.pin_revision`, or exit 2 saying why it cannot be.
 
     The stored run.py then names exactly the weights that were tested, and reruns of it load
     the same ones. A gated repository without access is left for sizing, which records it as
     EXCLUDED (gated-without-token).
     """
-    from model_support.runpath import ModelNotOnHub, RevisionNotFound, is_pinned
-    from model_support.runpath import pin_revision as pin
+    from model_support.runpath import ModelNotOnHub, RevisionNotFound, is_pinned, pin_revision
 
     if is_pinned(config):
         return config  # before importing the Hub client: run.py starts only after this
     from model_support.hub import is_unreachable
 
     try:
-        return pin(
+        return pin_revision(
             config, token=os.environ.get("HF_TOKEN"), endpoint=os.environ.get("HF_ENDPOINT")
         ).config
     except (RevisionNotFound, ModelNotOnHub) as exc:
@@ -215,40 +113,6 @@ def pin_revision(config: RunConfig) -> RunConfig:
         if not is_unreachable(exc):
             raise
         raise unreachable_hub(config.model, exc) from exc
-
-
-def unreachable_hub(model: str, exc: BaseException) -> typer.Exit:
-    """The error for a Hub that does not answer, naming the endpoint tried."""
-    from model_support.hub import unreachable_message
-
-    return fail(unreachable_message(model, exc))
-
-
-def fail(message: str, code: int = 2) -> typer.Exit:
-    """Print a clear error and return the exit to raise."""
-    # Never hard-wrapped: a path or command in the message must copy whole.
-    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    return typer.Exit(code)
-
-
-@contextlib.contextmanager
-def reading_store(location: str, code: int = 2) -> Iterator[None]:
-    """Say in one line, and exit ``code``, when the results store at ``location`` cannot be
-    read: what the store refused (:class:`StoreError`), or the storage itself failing (no
-    credentials, access denied, its endpoint down). Anything else surfaces as itself."""
-    from model_support.storage_errors import access_failure_reason, is_store_error
-    from model_support.store import StoreError
-
-    try:
-        yield
-    except StoreError as exc:
-        raise fail(str(exc), code) from exc
-    except Exception as exc:
-        if not is_store_error(exc):
-            raise
-        raise fail(
-            f"could not read the results store {location!r}: {access_failure_reason(exc)}", code
-        ) from exc
 
 
 def build_config(
@@ -305,7 +169,7 @@ def build_config(
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise fail(f"invalid test parameters: {problems}") from exc
-    return pin_revision(config)
+    return pinned_or_exit(config)
 
 
 class StageProgress:
@@ -350,132 +214,6 @@ class StageProgress:
             console.print(f"[green]✓ {event.stage}[/] [dim]{event.seconds:.2f} s[/]")
         else:
             console.print(f"[red]✗ {event.stage}[/] [dim]{escape(str(event.detail))}[/]")
-
-
-RESULT_STYLE = {
-    Result.PASS: "bold green",
-    Result.FAIL: "bold red",
-    Result.ERROR: "bold yellow",
-    Result.TIMEOUT: "bold magenta",
-    Result.EXCLUDED: "dim",
-    Result.UNVERIFIED: "bold blue",
-}
-
-
-def cost_summary(record: RunRecord, prices: PriceTable) -> dict[str, object]:
-    """What the record says about cost, as the matrix columns say it (held_s, core_seconds,
-    compile_share), with its price: the instance priced, its region, the core-hour rate and
-    where that rate comes from (null where the table has none: a run off Neuron is never
-    priced as Trainium core-hours)."""
-    from model_support.dataset import (
-        NEURON_COMPILER,
-        core_seconds,
-        held_seconds,
-        matrix_key,
-        record_held_cores,
-    )
-
-    doc = record.document
-    held = held_seconds(doc)
-    used = core_seconds(doc, record_held_cores(record))
-    compile_s = doc.timings.compile_s
-    share = (
-        min(max(compile_s / held, 0.0), 1.0)
-        if held is not None and compile_s is not None and held > 0
-        else None
-    )
-    neuron = matrix_key(record).compiler == NEURON_COMPILER
-    price = prices.price_of(doc.stack.instance_type, neuron)
-    rate = None if price is None else price.core_hour_usd(doc.stack.lnc)
-    return {
-        "held_s": held,
-        "core_seconds": used,
-        "compile_share": share,
-        "cost_usd": None if rate is None or used is None else used / 3600 * rate,
-        "price": None
-        if price is None
-        else {
-            "instance_type": price.instance_type,
-            "region": price.region,
-            "lnc": doc.stack.lnc,
-            "core_hour_usd": rate,
-            "source": price.source,
-            "as_of": price.as_of,
-            "assumed": doc.stack.instance_type is None,
-        },
-    }
-
-
-def summary(record: RunRecord, prices: PriceTable | None = None) -> dict[str, object]:
-    """The machine-readable summary of a run printed by ``run --json`` (its cost priced with
-    ``prices``, default the table of docs/pricing.md or $MODEL_SUPPORT_PRICES)."""
-    from model_support.pricing import load_prices
-
-    doc = record.document
-    return {
-        "run_id": record.run_id,
-        "model": doc.model,
-        "model_id": record.model_id,
-        "task": doc.task,
-        "result": doc.result.value,
-        "error_class": doc.error_class.value if doc.error_class else None,
-        "error": doc.error,
-        "backend": doc.backend,
-        "compile_backend": doc.compile_backend,
-        "cores": doc.cores,
-        "parallelism": doc.parallelism.value,
-        "parameters": doc.parameters,
-        "parameters_per_core": doc.parameters_per_core,
-        "wall_time_s": doc.timings.wall_time_s,
-        "compile_time_s": doc.timings.compile_s,
-        "decode_tokens_per_s": doc.timings.decode_tokens_per_s,
-        "peak_device_memory_bytes": doc.memory.peak_device_memory_bytes,
-        "verification": doc.verification.model_dump(exclude={"positions"}),
-        "text": doc.text,
-        "judge": doc.judge,
-        "compile_cache": doc.compile_cache.model_dump() if doc.compile_cache else None,
-        **cost_summary(record, prices or load_prices()),
-    }
-
-
-def _figure(value: float | None, digits: int) -> str:
-    """A figure a run may leave out (a task without a token verdict, a stage that never ran)."""
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
-def print_record(record: RunRecord) -> None:
-    """A human summary of one run."""
-    doc = record.document
-    style = RESULT_STYLE.get(doc.result, "")
-    head = f"[{style}]{doc.result.value}[/]"
-    if doc.error_class:
-        head += f" ({doc.error_class.value})"
-    setup = escape(f"{doc.task} · {doc.backend} · {doc.compile_backend} · {doc.cores} core(s)")
-    out.print(f"{head}  {escape(record.model_id)}  [dim]{setup}[/]")
-    t, m, v = doc.timings, doc.memory, doc.verification
-    if t.wall_time_s is not None:
-        out.print(
-            f"  wall {t.wall_time_s:.2f} s (load {_figure(t.load_s, 2)} s, first generate "
-            f"{_figure(t.first_generate_s, 2)} s, steady {_figure(t.steady_generate_s, 3)} s), "
-            f"decode {t.decode_tokens_per_s or 0:.1f} tok/s"
-        )
-    if m.peak_device_memory_bytes:
-        out.print(
-            f"  peak device memory {m.peak_device_memory_bytes / 2**20:.1f} MiB ({m.device_memory_source})"
-        )
-    if v.passed is not None:
-        out.print(
-            f"  verification: exact={v.exact} mismatches={v.mismatches} near-ties={v.near_ties} "
-            f"bad={v.bad_tokens} error ratio={_figure(v.error_ratio, 2)}"
-        )
-    if v.reason:
-        out.print(f"  [red]{escape(v.reason)}[/]")
-    if v.first_divergence is not None:
-        out.print(f"  where: {escape(v.first_divergence.summary())}")
-    if doc.error:
-        out.print(f"  [yellow]{escape(doc.error.splitlines()[0][:400])}[/]")
-    for text in doc.text[:3]:
-        out.print(f"  [dim]»[/] {escape(repr(text[:120]))}")
 
 
 class Stopped(BaseException):
@@ -663,13 +401,13 @@ def run(
     untrusted = ["--trust-remote-code"] if trust_remote_code else []
     if compile_backend is not None and ":" in compile_backend:
         untrusted.append(f"--compile-backend {compile_backend}")
-    cache = commands_cache.before_run(compile_cache, config.backend, as_json, untrusted)
+    cache = run_cache.before_run(compile_cache, config.backend, as_json, untrusted)
     try:
         with stopped_by_signals():
             store, record = _test(
                 config, results, force, cores, instance, lnc, max_cores, timeout, as_json
             )
-            record = name_record(commands_cache.with_pull(cache, record))
+            record = name_record(run_cache.with_pull(cache, record))
             # Saved before the push: a stalled or stopped push never costs the result.
             stored = save_record(store, record, results)
     except Stopped as stop:
@@ -679,8 +417,8 @@ def run(
         )
         raise typer.Exit(128 + stop.signum) from None
     try:
-        record = commands_cache.after_run(cache, record)
-    except commands_cache.PushStopped as stop:
+        record = run_cache.after_run(cache, record)
+    except run_cache.PushStopped as stop:
         console.print(
             f"[bold yellow]stopped ({signal.Signals(stop.signum).name}):[/] the compile cache "
             f"push was given up; the result was {'recorded' if stored else 'kept'} before it"
@@ -817,23 +555,6 @@ def script(
     sys.stdout.write(render_script(config))
 
 
-RESULT_COLUMNS = [
-    "model_id",
-    "task",
-    "result",
-    "error_class",
-    "neuron_cores",
-    "parallelism",
-    "compiler",
-    "compiler_version",
-    "library_version",
-    "wall_time_s",
-    "decode_tokens_per_s",
-    "peak_device_memory_bytes",
-    "run_id",
-]
-
-
 def results(
     location: Annotated[
         str, typer.Option("--results", help="Results store location.")
@@ -851,84 +572,14 @@ def results(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list of rows.")] = False,
 ) -> None:
     """Show the results matrix (latest result per model and task, per stack)."""
-    from model_support.store import ResultsStore
-
-    with reading_store(location):
-        store = ResultsStore(location)
-        files = store.matrix_files()
-        if not files:
-            raise fail(
-                f"no results at {location!r}: first run `model-support run MODEL --results "
-                f"{location}`"
-            )
-        frame = store.matrix(columns=RESULT_COLUMNS)
-    if model:
-        frame = frame[frame["model_id"].str.contains(model, case=False, regex=False)]
-    if result:
-        frame = frame[frame["result"] == result.value]
-    if compiler_version:
-        frame = frame[frame["compiler_version"] == compiler_version]
-    if library_version:
-        frame = frame[frame["library_version"] == library_version]
-    frame = frame.sort_values(["model_id", "task"])
-    if as_json:
-        print(frame.to_json(orient="records", date_format="iso"))
-        return
-    table = Table(title=escape(f"model-support results ({len(frame)} rows) — {location}"))
-    for column in (
-        "model",
-        "task",
-        "result",
-        "cores",
-        "parallelism",
-        "compiler",
-        "transformers",
-        "wall s",
-        "tok/s",
-        "peak MiB",
-    ):
-        table.add_column(column, overflow="fold")
-    for row in frame.itertuples(index=False):
-        style = RESULT_STYLE.get(Result(row.result), "")
-        result_text = f"[{style}]{row.result}[/]" + (
-            f" [dim]{escape(row.error_class)}[/]" if isinstance(row.error_class, str) else ""
-        )
-        table.add_row(
-            escape(row.model_id),
-            escape(row.task),
-            result_text,
-            _fmt(row.neuron_cores, "{:.0f}"),
-            escape(_text(row.parallelism)),
-            escape(
-                " ".join(_text(v) for v in (row.compiler, row.compiler_version) if not _missing(v))
-            ),
-            escape(_text(row.library_version)),
-            _fmt(row.wall_time_s, "{:.2f}"),
-            _fmt(row.decode_tokens_per_s, "{:.0f}"),
-            _fmt(
-                None
-                if _missing(row.peak_device_memory_bytes)
-                else row.peak_device_memory_bytes / 2**20,
-                "{:.0f}",
-            ),
-        )
-    out.print(table)
-
-
-def _missing(value: object) -> bool:
-    """None, NaN, or pandas' NA: a value the matrix does not have."""
-    import pandas as pd  # loaded already by the matrix read that produced ``value``
-
-    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
-
-
-def _text(value: object) -> str:
-    """A cell: the value as text, blank when missing (never "None", "nan" or "<NA>")."""
-    return "" if _missing(value) else str(value)
-
-
-def _fmt(value: object, pattern: str) -> str:
-    return "" if _missing(value) else pattern.format(value)
+    print_results(
+        location,
+        model=model,
+        result=result,
+        compiler_version=compiler_version,
+        library_version=library_version,
+        as_json=as_json,
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from model_support.cli.commands_run import console, fail
+from model_support.cli.common import console, fail
 from model_support.printable import printable
 from model_support.vocabulary import Task
 

@@ -11,9 +11,8 @@ from typing import Annotated
 import typer
 
 import model_support
-from model_support.cli.commands_run import fail, reading_store
+from model_support.cli.common import DEFAULT_RESULTS, fail, reading_store
 
-DEFAULT_RESULTS = "results"
 DEFAULT_ADDRESS = "127.0.0.1"
 """Where the viewer listens unless --address says otherwise: this machine only."""
 RESULTS_ENV = "MODEL_SUPPORT_RESULTS"

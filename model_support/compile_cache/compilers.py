@@ -17,7 +17,6 @@ under its own prefix, and the prefix is derived here from what is installed, nev
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import os
 import re
@@ -189,16 +188,13 @@ def neff_key(environ: dict[str, str]) -> tuple[str, int]:
     """The compile target and LNC a NEFF compiled here is for, as run.py reads them (the LNC:
     NEURON_LOGICAL_NC_CONFIG, the node's file, else the family's default). Raises CacheDisabled
     when either cannot be known: a NEFF cache is never shared across them."""
-    from model_support.runner import run as runner
+    from model_support.neuron_node import LncError, effective_lnc, instance_type, lnc_config_text
 
-    instance = environ.get("MODEL_SUPPORT_INSTANCE_TYPE") or runner.instance_type()
+    instance = environ.get("MODEL_SUPPORT_INSTANCE_TYPE") or instance_type()
     target = neuron_target(environ, instance)
-    text = None
-    with contextlib.suppress(OSError):
-        text = Path(runner.LNC_CONFIG_FILE).read_text()
     try:
-        lnc, _ = runner.effective_lnc(environ, text, instance)
-    except runner.InfrastructureError as exc:
+        lnc, _ = effective_lnc(environ, lnc_config_text(), instance)
+    except LncError as exc:
         raise CacheDisabled(f"the NEFF cache is kept per LNC, and {exc}") from exc
     if target is None or lnc is None:
         unknown = " and ".join(

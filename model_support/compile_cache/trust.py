@@ -302,13 +302,6 @@ class PrivateFolder:
         return self._owned(file, info, parent=False)
 
 
-def writable_only_by_me(folder: Path) -> bool:
-    """Whether a local cache folder (and every folder above it) can be written only by this
-    user. Its entries are this user's own only when each of them passes
-    :meth:`PrivateFolder.entry_problem` too."""
-    return PrivateFolder(folder).root_problem() is None
-
-
 UNVOUCHED_LEDGER = ".model-support-unvouched.json"
 """In a local cache folder: the entries pulls placed there that nobody vouched for (pulled
 without a valid signature, from a target others can write), as object names

@@ -1,8 +1,8 @@
-"""The two CustomResourceDefinitions, generated from the operator's models.
+"""The three CustomResourceDefinitions, generated from the operator's models.
 
 ``crds/*.yaml`` and the chart's copies are this module's output: the spec and status schemas
 come from the pydantic models (:mod:`.spec`, :mod:`.status`, :mod:`.sweep_spec`,
-:mod:`.sweep_status`) with the CEL rules kept beside them, the core limits from ``model_support/hardware.py``. Change a model,
+:mod:`.sweep_status`, :mod:`.bisect_spec`, :mod:`.bisect_status`) with the CEL rules kept beside them, the core limits from ``model_support/hardware.py``. Change a model,
 then write the files again::
 
     python -m model_support.operator.crd          # write crds/ and charts/model-support/crds/
@@ -18,8 +18,21 @@ from typing import Any
 
 import yaml
 
+from model_support.operator.bisect_spec import NAME_RULE as BISECT_NAME_RULE
+from model_support.operator.bisect_spec import OWNED_FIELDS as BISECT_OWNED_FIELDS
+from model_support.operator.bisect_spec import BisectSpec
+from model_support.operator.bisect_status import BisectStatus
 from model_support.operator.openapi import CelRule, cel_rule_list, openapi_schema
-from model_support.operator.resource import GROUP, KIND, PLURAL, SWEEP_KIND, SWEEP_PLURAL, VERSION
+from model_support.operator.resource import (
+    BISECT_KIND,
+    BISECT_PLURAL,
+    GROUP,
+    KIND,
+    PLURAL,
+    SWEEP_KIND,
+    SWEEP_PLURAL,
+    VERSION,
+)
 from model_support.operator.spec import TestSpec, parallelism_rules
 from model_support.operator.status import TestStatus
 from model_support.operator.sweep_spec import NAME_RULE, OWNED_FIELDS, SweepSpec
@@ -148,7 +161,15 @@ def crd_for_sweeps() -> dict[str, Any]:
                 "Regressions",
                 "integer",
                 counts + "regressions",
-                description="Models whose result got worse than under the previous run key.",
+                description="Models whose result got worse than under the previous run key, "
+                "in every re-run.",
+            ),
+            _column(
+                "Flaky",
+                "integer",
+                counts + "flaky",
+                priority=1,
+                description="Models whose worse result a re-run did not repeat.",
             ),
             _column(
                 "Cost",
@@ -174,18 +195,63 @@ def crd_for_sweeps() -> dict[str, Any]:
     )
 
 
+def crd_for_bisects() -> dict[str, Any]:
+    """The ModelSupportBisect CRD; its template is the test's spec less what a bisect sets."""
+    spec = openapi_schema(BisectSpec)
+    test_spec = openapi_schema(TestSpec)
+    template = spec["properties"]["template"]
+    spec["properties"]["template"] = {
+        "type": "object",
+        "description": template["description"],
+        "default": template["default"],
+        "properties": {
+            name: field
+            for name, field in test_spec["properties"].items()
+            if name not in BISECT_OWNED_FIELDS
+        },
+    }
+    return _definition(
+        kind=BISECT_KIND,
+        plural=BISECT_PLURAL,
+        short_name="msb",
+        description="Which package change broke a model between a good and a bad row of the "
+        "results: each changed package bisected over the versions its index lists, each step "
+        "a ModelSupportTest.",
+        columns=[
+            _column("Model", "string", ".spec.model"),
+            _column("Phase", "string", ".status.phase"),
+            _column(
+                "First bad",
+                "string",
+                ".status.firstBad",
+                description="The first bad version of each package that breaks the model.",
+            ),
+            _column("Good", "string", ".spec.good", priority=1),
+            _column("Bad", "string", ".spec.bad", priority=1),
+            _column("Age", "date", ".metadata.creationTimestamp"),
+        ],
+        spec=spec,
+        status=openapi_schema(BisectStatus, defaults=False),
+        rules=[BISECT_NAME_RULE],
+    )
+
+
 _HEADERS = {
     PLURAL: "ModelSupportTest: does this Hugging Face model run unmodified on Trainium, on how "
     "many cores?\nReconciled by the model-support operator into a runner Job.",
     SWEEP_PLURAL: "ModelSupportSweep: test these models (a Hub ranking, a list, the selected "
     "list) on this stack.\nReconciled by the model-support operator into owned "
     "ModelSupportTests.",
+    BISECT_PLURAL: "ModelSupportBisect: which package change broke this model, down to its "
+    "first bad version.\nReconciled by the model-support operator into owned "
+    "ModelSupportTests, one per step.",
 }
-_BUILDERS = {PLURAL: crd_for_tests, SWEEP_PLURAL: crd_for_sweeps}
+_BUILDERS = {PLURAL: crd_for_tests, SWEEP_PLURAL: crd_for_sweeps, BISECT_PLURAL: crd_for_bisects}
 
 
 def render(plural: str) -> str:
-    """The YAML text of one CRD file (``plural``: modelsupporttests or modelsupportsweeps)."""
+    """The YAML text of one CRD file (``plural``: modelsupporttests, modelsupportsweeps or
+    modelsupportbisects)."""
     header = "".join(f"# {line}\n" for line in _HEADERS[plural].splitlines())
     header += (
         "# Generated by `python -m model_support.operator.crd` from the operator's models "

@@ -23,10 +23,12 @@ from typing import Any
 import kopf
 
 from model_support.operator import metrics, notifications
+from model_support.operator.bisect_reconciler import BisectReconciler
 from model_support.operator.kube import Kube, api_client
 from model_support.operator.leader import Leadership, default_identity, lease_namespace
 from model_support.operator.reconciler import Reconciler
 from model_support.operator.resource import (
+    BISECT_PLURAL,
     GROUP,
     LABEL_MANAGED_BY,
     MANAGED_BY,
@@ -57,6 +59,7 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
     reconciler = Reconciler(settings, kube)
     checks = Watchdog(reconciler)
     sweeps = SweepReconciler(settings, kube)
+    bisects = BisectReconciler(settings, kube)
     notifications.configure(settings)
     watchdog: dict[str, asyncio.Task[None]] = {}
     leadership = Leadership(
@@ -78,6 +81,8 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
         with leadership.acting() as leading:
             if leading:
                 resume(reconciler, checks, sweeps)
+                for uid in list(bisects.bisects):
+                    bisects.reconcile(uid)
 
     def take_over() -> None:
         # Level-based: the new leader brings every test and sweep it watched while waiting
@@ -96,6 +101,10 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
         settings.posting.loggers = False  # our own Events only, not one per handler log line
         settings.execution.max_workers = 32
         settings.peering.standalone = True
+        # Watching named namespaces needs no list of the cluster's namespaces or CRDs (kopf's
+        # scanning), which the chart's per-namespace rights do not grant: the namespaces are
+        # served as named, the resources as discovered at startup (kopf's ScanningSettings).
+        settings.scanning.disabled = bool(reconciler.settings.namespaces)
         # Every call has a deadline; lists are fetched in pages.
         settings.networking.request_timeout = reconciler.settings.request_timeout_s
         settings.networking.connect_timeout = min(10.0, reconciler.settings.request_timeout_s)
@@ -105,7 +114,8 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
         # Only our Jobs travel from the API server: the selector is applied there, not here.
         settings.watching.label_selectors["batch", "jobs"] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
         watchdog["task"] = asyncio.create_task(
-            _watchdog(checks, sweeps, leadership), name="model-support watchdog"
+            _watchdog(checks, (sweeps.audit, bisects.tick), leadership),
+            name="model-support watchdog",
         )
         watchdog["sweeps"] = asyncio.create_task(
             run_ticker(sweeps, lambda: _as_leader(leadership, sweeps.tick)),
@@ -163,6 +173,7 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
                 return
             reconciler.on_test(test, type)
             sweeps.on_test(test, type)  # a sweep's test: its sweep may go on
+            bisects.on_test(test, type)  # a bisect's step: its search may go on
 
     @kopf.on.event(GROUP, VERSION, SWEEP_PLURAL, registry=registry)
     def sweep_event(body: kopf.Body, type: str | None, **_: Any) -> None:
@@ -171,6 +182,12 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
             sweeps.note_listing()
         with leadership.acting() as leading:
             sweeps.on_sweep(_plain(body), type, act=leading)
+
+    @kopf.on.event(GROUP, VERSION, BISECT_PLURAL, registry=registry)
+    def bisect_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+        # Level-based: the plan, the steps' tests and their records are in the API and stores.
+        with leadership.acting() as leading:
+            bisects.on_bisect(_plain(body), type, act=leading)
 
     @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: MANAGED_BY}, registry=registry)
     def job_event(body: kopf.Body, type: str | None, **_: Any) -> None:
@@ -258,13 +275,15 @@ async def _flush_running(reconciler: Reconciler, leadership: Leadership) -> None
             log.exception("writing Running phases failed; retrying in %s s", interval)
 
 
-async def _watchdog(checks: Watchdog, sweeps: SweepReconciler, leadership: Leadership) -> None:
+async def _watchdog(
+    checks: Watchdog, more: tuple[Callable[[], object], ...], leadership: Leadership
+) -> None:
     interval = checks.settings.watchdog_interval_s
     while True:
         await asyncio.sleep(interval)
         if not leadership.is_leading():
             continue
-        for check in (*checks.checks(), sweeps.audit):
+        for check in (*checks.checks(), *more):
             try:
                 await asyncio.to_thread(_as_leader, leadership, check)
             except Exception:

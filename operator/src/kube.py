@@ -22,6 +22,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from model_support.operator.resource import (
+    BISECT_PLURAL,
     FIELD_MANAGER,
     GROUP,
     LABEL_RECORDED,
@@ -523,3 +524,18 @@ class Kube:
         only to that version of the sweep, else Conflict (read it again, write again).
         """
         return self._patch_status(SWEEP_PLURAL, namespace, name, status, resource_version)
+
+    # ------------------------------------------------------------- bisects
+
+    def get_bisect(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A ModelSupportBisect, or None if it was deleted."""
+        return self._unless_gone(
+            self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, BISECT_PLURAL, name
+        )
+
+    def patch_bisect_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str
+    ) -> dict[str, Any] | None:
+        """Merge ``status`` into a bisect's status as of ``resource_version`` (Conflict when
+        it changed since it was read); None if the bisect is gone."""
+        return self._patch_status(BISECT_PLURAL, namespace, name, status, resource_version)

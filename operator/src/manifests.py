@@ -617,6 +617,7 @@ def _init_containers(
                         "--disable-pip-version-check",
                         "--target",
                         EXTRA_PACKAGES_DIR,
+                        *spec.pip.args(),
                         *spec.extraPackages,
                     ]
                 ),

@@ -80,7 +80,13 @@ TESTS_BY_PHASE = Gauge(
 )
 SWEEP_REGRESSIONS = Gauge(
     "model_support_sweep_regressions",
-    "Models of a sweep whose result got worse than under its previous run key.",
+    "Models of a sweep whose result got worse than under its previous run key, confirmed by "
+    "every re-run.",
+    ["namespace", "sweep"],
+)
+SWEEP_FLAKY = Gauge(
+    "model_support_sweep_flaky",
+    "Models of a sweep whose worse result a re-run did not repeat (neither regression nor fix).",
     ["namespace", "sweep"],
 )
 SWEEP_FIXES = Gauge(
@@ -120,6 +126,7 @@ def observe_test(uid: str, phase: str | None, deleted: bool) -> None:
 def observe_sweep(namespace: str, name: str, status: SweepStatus) -> None:
     """A sweep's status was written: its regressions, fixes and cost as gauges."""
     SWEEP_REGRESSIONS.labels(namespace, name).set(status.counts.regressions)
+    SWEEP_FLAKY.labels(namespace, name).set(status.counts.flaky)
     SWEEP_FIXES.labels(namespace, name).set(status.counts.fixes)
     SWEEP_CORE_HOURS.labels(namespace, name).set(status.cost.coreHours)
     SWEEP_COST_USD.labels(namespace, name).set(status.cost.usd or 0.0)
@@ -127,7 +134,7 @@ def observe_sweep(namespace: str, name: str, status: SweepStatus) -> None:
 
 def forget_sweep(namespace: str, name: str) -> None:
     """A sweep was deleted: its series go."""
-    for gauge in (SWEEP_REGRESSIONS, SWEEP_FIXES, SWEEP_CORE_HOURS, SWEEP_COST_USD):
+    for gauge in (SWEEP_REGRESSIONS, SWEEP_FLAKY, SWEEP_FIXES, SWEEP_CORE_HOURS, SWEEP_COST_USD):
         with contextlib.suppress(KeyError):  # never observed: nothing to remove
             gauge.remove(namespace, name)
 

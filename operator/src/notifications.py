@@ -73,8 +73,12 @@ def sweep_finished(body: dict[str, Any], status: SweepStatus) -> Finding:
 
 
 def sweep_regressions(body: dict[str, Any], status: SweepStatus) -> Finding:
-    """A sweep's regressions against its previous run key, by model."""
-    lines = [f"- `{r.model}`: {r.before} -> {r.after}" for r in status.regressions]
+    """A sweep's confirmed regressions against its previous run key, by model, with the runs
+    that agree on each (the flaky models are said, not counted)."""
+    lines = [
+        f"- `{r.model}`: {r.before} -> {r.after} in {len(r.runs)} run(s): {', '.join(r.runs)}"
+        for r in status.regressions
+    ]
     more = status.counts.regressions - len(status.regressions)
     if more > 0:
         lines.append(f"- and {more} more (kubectl describe mss)")
@@ -85,7 +89,13 @@ def sweep_regressions(body: dict[str, Any], status: SweepStatus) -> Finding:
         kind="regressions",
         title=title,
         summary="\n".join(lines[:20]),
-        body=f"# {title}\n\nAgainst run {against}:\n\n" + "\n".join(lines) + "\n",
+        body=f"# {title}\n\nAgainst run {against}:\n\n"
+        + "\n".join(lines)
+        + "\n"
+        + "".join(
+            f"\nFlaky (runs disagree; not a regression): `{f.model}` {', '.join(f.results)}\n"
+            for f in status.flaky
+        ),
     )
 
 

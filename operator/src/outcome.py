@@ -77,12 +77,6 @@ class Reading:
     Job's template's) allowed, which the scheduler enforced (None: any, a CPU test's pod for
     instance)."""
 
-    @property
-    def node_instance_type(self) -> str | None:
-        """The instance type of the node the pod ran on, when the scheduler allowed only one."""
-        types = self.node_instance_types
-        return next(iter(types)) if types is not None and len(types) == 1 else None
-
 
 def allowed_instance_types(pod_spec: dict[str, Any]) -> frozenset[str] | None:
     """The instance types a pod spec lets the scheduler place it on (the

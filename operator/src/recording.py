@@ -22,10 +22,10 @@ from model_support.operator.status import TestStatus
 from model_support.records import (
     ResultDocument,
     RunRecord,
-    excluded_record,
     failure_document,
     record_from_document,
 )
+from model_support.runpath import excluded_record
 from model_support.script import render_script
 from model_support.sizing import Exclusion
 from model_support.store import RecordExists, RecordNotFound, ResultsStore
@@ -39,10 +39,14 @@ class Materializer:
 
     Records are the truth and the matrix is derived, so a burst of completions (a sweep) costs
     a few materializations, not one each; a failed one is logged and redone on the next request.
+    With ``publish``, each materialize also sets the stacks' and releases' metrics and tells
+    the release findings: only the operator's own store does (the series carry no store, so a
+    second store, such as a bisect's steps, whose stacks are no release, would overwrite them).
     """
 
-    def __init__(self, store: ResultsStore) -> None:
+    def __init__(self, store: ResultsStore, *, publish: bool = True) -> None:
         self.store = store
+        self.publish = publish
         self._lock = threading.Lock()
         self._running = False
         self._pending = False
@@ -63,12 +67,8 @@ class Materializer:
         while True:
             try:
                 self.store.materialize()
-                metrics.observe_stacks(self.store)
-                for release in metrics.observe_releases(self.store):
-                    if release.regressions:
-                        notifications.notifier().tell(
-                            notifications.release_regressions(release, self.store)
-                        )
+                if self.publish:
+                    self._publish()
             except Exception:
                 log.exception(
                     "materializing %s failed; records are intact, the next run redoes it",
@@ -80,6 +80,15 @@ class Materializer:
                     self.idle.set()
                     return
                 self._pending = False
+
+    def _publish(self) -> None:
+        """The stacks' and releases' metrics, and each release's confirmed regressions told."""
+        metrics.observe_stacks(self.store)
+        for release in metrics.observe_releases(self.store):
+            if release.regressions:
+                notifications.notifier().tell(
+                    notifications.release_regressions(release, self.store)
+                )
 
 
 class Recorder:
@@ -107,7 +116,9 @@ class Recorder:
         with self._lock:
             if uri not in self._stores:
                 self._stores[uri] = ResultsStore(uri)
-                self.materializers[self._stores[uri].uri] = Materializer(self._stores[uri])
+                self.materializers[self._stores[uri].uri] = Materializer(
+                    self._stores[uri], publish=uri == self.settings.results_uri
+                )
             return self._stores[uri]
 
     def record(self, spec: TestSpec | None, record: RunRecord) -> bool:

@@ -12,6 +12,8 @@ KIND = "ModelSupportTest"
 API_VERSION = f"{GROUP}/{VERSION}"
 SWEEP_PLURAL = "modelsupportsweeps"
 SWEEP_KIND = "ModelSupportSweep"
+BISECT_PLURAL = "modelsupportbisects"
+BISECT_KIND = "ModelSupportBisect"
 
 FIELD_MANAGER = "model-support-operator"
 """Who we are in managedFields, Events and the kopf annotations."""
@@ -33,6 +35,14 @@ ANNOTATION_MODEL = f"{GROUP}/model"
 """The full model id on a sweep's test (labels hold at most 63 characters)."""
 ANNOTATION_SWEEP_RUN = f"{GROUP}/sweep-run"
 """On a sweep's test: the run key (epoch + stack) its current generation tests."""
+ANNOTATION_CONFIRMS = f"{GROUP}/confirms"
+"""On a sweep's re-run of a test: the name of the test whose worse result it re-runs."""
+
+LABEL_BISECT = f"{GROUP}/bisect"
+"""On every step test of a ModelSupportBisect: the bisect's name."""
+ANNOTATION_BISECT_STEP = f"{GROUP}/bisect-step"
+"""On a bisect's step test: the sha256 of the run.py it runs, a space, and the environment it
+runs it in (every suspect's ``name==version``, sorted, space-separated)."""
 
 ANNOTATION_TEST_NAME = f"{GROUP}/test-name"
 """The test's full name on its Job and pods (names go up to 253 characters, labels to 63)."""

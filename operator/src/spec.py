@@ -164,6 +164,9 @@ COMPILE_CACHE_FORMS = (
 # empty or hidden segments), so that a store under an allowed prefix stays under it.
 _RESULTS_SEGMENT = r"[A-Za-z0-9_~@+=,%-][A-Za-z0-9._~@+=,%-]*"
 RESULTS_PATTERN = rf"^([a-z][a-z0-9+.-]*://|/){_RESULTS_SEGMENT}(/{_RESULTS_SEGMENT})*/?$"
+PACKAGE_INDEX_PATTERN = r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~%+/-]*)?$"
+"""A package index URL: http(s), a host, a path; no user info (a password in a spec is in clear)
+and no query."""
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -247,6 +250,26 @@ class VerificationSpec(_Camel):
     )
 
 
+VERIFICATION_FIELDS = {
+    "nearTieMultiple": "near_tie_multiple",
+    "nearTieFloor": "near_tie_floor",
+    "maxErrorRatio": "max_error_ratio",
+    "maxQ90Ratio": "max_q90_ratio",
+    "maxPeakRatio": "max_peak_ratio",
+    "maxKlRatio": "max_kl_ratio",
+    "errorFloor": "error_floor",
+    "klFloor": "kl_floor",
+    "routerTieMultiple": "router_tie_multiple",
+    "routerTieFloor": "router_tie_floor",
+    "routerTieShare": "router_tie_share",
+    "float32Precision": "float32_precision",
+    "localize": "localize",
+    "localizeBudgetSeconds": "localize_budget_s",
+}
+"""Each field of :class:`VerificationSpec` but ``enabled`` -> the VerificationConfig field it
+sets (None in the spec: the config's default)."""
+
+
 class CompileCacheSpec(_Camel):
     """Where the compile cache is pulled from before run.py and pushed to after it."""
 
@@ -305,10 +328,6 @@ class CompileCacheSpec(_Camel):
             + (bucket if scheme == "s3" else "")
         )
 
-    def local_paths(self) -> list[str]:
-        """The locations that are paths on the compile cache volume (not URIs)."""
-        return [v for v in (self.source, self.target) if v is not None and "://" not in v]
-
 
 class SecretRef(_Camel):
     name: str = Field(..., min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
@@ -321,6 +340,33 @@ class Toleration(_Camel):
     value: str | None = Field(None, max_length=63)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     tolerationSeconds: int | None = Field(None, ge=0)
+
+
+PackageIndexUrl = Annotated[str, Field(min_length=1, max_length=512, pattern=PACKAGE_INDEX_PATTERN)]
+"""A package index (pip's ``--index-url``): http(s), without user info or query."""
+
+
+class PipSpec(_Camel):
+    """How extraPackages are installed (pip's options)."""
+
+    indexUrl: PackageIndexUrl | None = Field(
+        None, description="The package index (pip --index-url); default the image's pip's."
+    )
+    extraIndexUrls: list[PackageIndexUrl] = Field(
+        default_factory=list, max_length=5, description="More indexes (pip --extra-index-url)."
+    )
+    noDeps: bool = Field(
+        False,
+        description="Install only the packages named, none of their dependencies (pip "
+        "--no-deps): nothing else in the image moves (a bisect step's pins).",
+    )
+
+    def args(self) -> list[str]:
+        """pip install's options for this spec."""
+        args = ["--index-url", self.indexUrl] if self.indexUrl else []
+        for url in self.extraIndexUrls:
+            args += ["--extra-index-url", url]
+        return args + (["--no-deps"] if self.noDeps else [])
 
 
 class SchedulingSpec(_Camel):
@@ -409,6 +455,10 @@ class TestSpec(_Camel):
         default_factory=list,
         max_length=20,
         description="pip requirements installed (into a separate directory) before run.py starts.",
+    )
+    pip: PipSpec = Field(
+        default_factory=PipSpec,
+        description="How extraPackages are installed: the index, --no-deps.",
     )
     timeoutSeconds: int = Field(
         7200,
@@ -505,23 +555,8 @@ class TestSpec(_Camel):
         """The RunConfig rendered into run.py for the chosen number of cores."""
         overrides = {
             name: value
-            for name, value in {
-                "near_tie_multiple": self.verification.nearTieMultiple,
-                "near_tie_floor": self.verification.nearTieFloor,
-                "max_error_ratio": self.verification.maxErrorRatio,
-                "max_q90_ratio": self.verification.maxQ90Ratio,
-                "max_peak_ratio": self.verification.maxPeakRatio,
-                "max_kl_ratio": self.verification.maxKlRatio,
-                "error_floor": self.verification.errorFloor,
-                "kl_floor": self.verification.klFloor,
-                "router_tie_multiple": self.verification.routerTieMultiple,
-                "router_tie_floor": self.verification.routerTieFloor,
-                "router_tie_share": self.verification.routerTieShare,
-                "float32_precision": self.verification.float32Precision,
-                "localize": self.verification.localize,
-                "localize_budget_s": self.verification.localizeBudgetSeconds,
-            }.items()
-            if value is not None
+            for field, name in VERIFICATION_FIELDS.items()
+            if (value := getattr(self.verification, field)) is not None
         }
         kwargs: dict[str, Any] = {}
         if self.prompts is not None:

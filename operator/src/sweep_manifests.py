@@ -3,6 +3,8 @@
 * **names**: a sweep's test for a model is ``<sweep>-<model slug>-<8 hex of sha256(model id)>``
   (at most 63 characters, a DNS label): the same model always gets the same test, whatever its
   rank, and ids that differ only in case or punctuation get different tests;
+* **re-runs**: a worse result's re-runs are tests of their own, named after the test with
+  ``-r1``, ``-r2`` ... (``sweep_confirmation.py``);
 * **ownership**: the sweep is the controller of its tests (deleting the sweep deletes them);
   only the operator's own labels and annotations are set on them.
 """
@@ -14,6 +16,7 @@ import re
 from typing import Any
 
 from model_support.operator.resource import (
+    ANNOTATION_CONFIRMS,
     ANNOTATION_MODEL,
     ANNOTATION_SWEEP_RUN,
     API_VERSION,
@@ -51,6 +54,19 @@ def child_name(sweep: str, model_id: str, profile: str | None = None) -> str:
     return f"{prefix}{slug}-{digest}"
 
 
+def rerun_name(sweep: str, model_id: str, number: int) -> str:
+    """The name of re-run ``number`` (from 1) of a sweep's test for ``model_id``: the test's
+    name (its slug shortened to make room) with ``-r<number>``. Never another model's test
+    name: those end in 8 hex digits."""
+    suffix = f"-r{number}"
+    first = child_name(sweep, model_id)
+    if len(first) + len(suffix) <= MAX_NAME:
+        return first + suffix
+    digest = first.rsplit("-", 1)[1]
+    head = first[: MAX_NAME - len(suffix) - len(digest) - 1].rstrip("-")
+    return f"{head}-{digest}{suffix}"
+
+
 def owner_reference(sweep: dict[str, Any]) -> dict[str, Any]:
     """The sweep as the controller of its tests (deleting the sweep deletes them)."""
     meta = sweep["metadata"]
@@ -70,21 +86,28 @@ def build_child(
     entry: SweepModel,
     key: str,
     settings: OperatorSettings,
+    rerun: int | None = None,
 ) -> dict[str, Any]:
-    """The ModelSupportTest a sweep creates for one model.
+    """The ModelSupportTest a sweep creates for one model (``rerun``: its re-run with that
+    number, the same spec, annotated with the name of the test it repeats).
 
     Only our own labels and annotations: copying the sweep's (e.g. Argo CD's tracking label
     app.kubernetes.io/instance) would make GitOps tools take the test for theirs and prune it.
     """
     meta = sweep["metadata"]
+    annotations = {ANNOTATION_MODEL: entry.model, ANNOTATION_SWEEP_RUN: key}
+    name = child_name(meta["name"], entry.model)
+    if rerun is not None:
+        annotations[ANNOTATION_CONFIRMS] = name
+        name = rerun_name(meta["name"], entry.model, rerun)
     return {
         "apiVersion": API_VERSION,
         "kind": "ModelSupportTest",
         "metadata": {
-            "name": child_name(meta["name"], entry.model),
+            "name": name,
             "namespace": meta["namespace"],
             "labels": {LABEL_SWEEP: meta["name"]},
-            "annotations": {ANNOTATION_MODEL: entry.model, ANNOTATION_SWEEP_RUN: key},
+            "annotations": annotations,
             "ownerReferences": [owner_reference(sweep)],
         },
         "spec": child_spec(spec, entry, image=image_of(spec, settings)),

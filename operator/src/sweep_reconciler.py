@@ -30,6 +30,7 @@ from model_support.operator import metrics, notifications
 from model_support.operator.kube import AlreadyExists, Conflict, Kube, being_deleted
 from model_support.operator.planning import InvalidTest, check_store_allowed, store_uri
 from model_support.operator.resource import (
+    ANNOTATION_CONFIRMS,
     ANNOTATION_MODEL,
     ANNOTATION_SWEEP_RUN,
     LABEL_SWEEP,
@@ -39,7 +40,8 @@ from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import SpecError, parse_spec
 from model_support.operator.status import MESSAGE_LIMIT, Phase, TestStatus, set_condition
 from model_support.operator.status_writer import CONFLICT_TRIES
-from model_support.operator.sweep_manifests import build_child, child_name, rerun_patch
+from model_support.operator.sweep_confirmation import INVALID, Judged, Run, judge
+from model_support.operator.sweep_manifests import build_child, child_name, rerun_name, rerun_patch
 from model_support.operator.sweep_spec import (
     HUB_SORTS,
     PLACEHOLDER_MODEL,
@@ -62,13 +64,12 @@ from model_support.operator.sweep_status import (
     SweepBaseline,
     SweepCost,
     SweepCounts,
-    SweepRegression,
     SweepState,
     SweepStatus,
     sweep_conditions,
 )
 from model_support.ranking_snapshots import RankingSnapshot
-from model_support.vocabulary import Result, is_fix, is_regression
+from model_support.vocabulary import Result, is_fix
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,9 @@ class ChildView:
     resource_version: str
     core_seconds: float | None = None
     cost_usd: float | None = None
+    confirms: str | None = None
+    """A re-run's: the name of the test whose worse result it re-runs (None: a model's test)."""
+    run_id: str | None = None
 
     @classmethod
     def of(cls, test: dict[str, Any]) -> ChildView:
@@ -123,6 +127,8 @@ class ChildView:
             resource_version=str(meta.get("resourceVersion") or ""),
             core_seconds=status.coreSeconds,
             cost_usd=status.costUSD,
+            confirms=annotations.get(ANNOTATION_CONFIRMS),
+            run_id=status.runId,
         )
 
     @property
@@ -403,7 +409,7 @@ class SweepReconciler:
             status, key, children, {entry.model for entry in ranking.models}
         )
         if not waiting:
-            self._fill_slots(body, spec, key, ranking, children)
+            self._fill_slots(body, spec, key, ranking, children, status.baseline)
         status = self._status(
             body, spec, key, ranking, self._ledger_view(uid), status, generation, waiting=waiting
         )
@@ -621,8 +627,11 @@ class SweepReconciler:
         key: str,
         ranking: RankingState,
         children: dict[str, ChildView],
+        baseline: SweepBaseline | None,
     ) -> None:
-        """Create (or re-run) tests of ranked models, best ranked first, while slots are free.
+        """Create (or re-run) tests while slots are free: first the re-runs a worse result
+        still needs (what the run's report waits for), then the ranked models' tests, best
+        ranked first.
 
         Never touches an unfinished test: a model that left the ranking keeps running, and a
         test of an earlier run key is re-run only once it finished.
@@ -630,11 +639,16 @@ class SweepReconciler:
         meta = body["metadata"]
         uid = meta["uid"]
         free = spec.concurrency.maxRunning - sum(1 for c in children.values() if c.active)
+        judged = confirmations(meta["name"], spec, key, ranking, children, baseline)
+        wanted = [
+            (rerun_name(meta["name"], entry.model, number), entry, number)
+            for entry in ranking.models
+            for number in judged.missing.get(entry.model, ())
+        ] + [(child_name(meta["name"], entry.model), entry, None) for entry in ranking.models]
         confirmed = False
-        for entry in ranking.models:
+        for name, entry, rerun in wanted:
             if free <= 0:
                 return
-            name = child_name(meta["name"], entry.model)
             child = children.get(name)
             if child is not None and (child.active or child.run_key == key):
                 continue
@@ -645,7 +659,7 @@ class SweepReconciler:
             if child is None:
                 try:
                     created = self.kube.create_test(
-                        build_child(body, spec, entry, key, self.settings)
+                        build_child(body, spec, entry, key, self.settings, rerun)
                     )
                 except AlreadyExists:
                     existing = self._adopt(uid, meta["namespace"], name)
@@ -703,7 +717,7 @@ class SweepReconciler:
                     field_name = _RESULT_COUNTS[child.result]
                     setattr(counts, field_name, getattr(counts, field_name) + 1)
         counts.running = sum(1 for c in children.values() if c.active)
-        counts.retained = sum(1 for n in children if n not in ranked)
+        counts.retained = sum(1 for n, c in children.items() if n not in ranked and not c.confirms)
         current = [
             c
             for entry in ranking.models
@@ -711,15 +725,24 @@ class SweepReconciler:
             and c.done
             and c.run_key == key
         ]
-        regressed = compare_with_baseline(previous.baseline, current)
+        judged = confirmations(name, spec, key, ranking, children, previous.baseline)
+        regressed = judged.regressions
         counts.regressions = len(regressed)
+        counts.confirming = len(judged.confirming)
+        counts.flaky = len(judged.flaky)
         counts.fixes = sum(
             1
             for c in current
             if previous.baseline is not None
             and is_fix(previous.baseline.results.get(c.model), c.result)
         )
-        finished = counts.done == counts.models and counts.running == 0 and not waiting
+        reruns = [c for c in children.values() if c.confirms and c.done and c.run_key == key]
+        finished = (
+            counts.done == counts.models
+            and counts.running == 0
+            and not counts.confirming
+            and not waiting
+        )
         state: SweepState = "ranking" if waiting else "done" if finished else "testing"
         message = (
             f"{counts.done} of {counts.models} models tested ({counts.passed} PASS, "
@@ -731,6 +754,12 @@ class SweepReconciler:
             + (
                 f"; {counts.regressions} regression(s) and {counts.fixes} fix(es) against the "
                 "previous run"
+                + (
+                    f" ({counts.confirming} worse result(s) being re-run before they count)"
+                    if counts.confirming
+                    else ""
+                )
+                + (f", {counts.flaky} flaky (runs that disagree)" if counts.flaky else "")
                 if previous.baseline is not None
                 else ""
             )
@@ -752,8 +781,9 @@ class SweepReconciler:
             counts=counts,
             baseline=previous.baseline,
             regressions=regressed[:MAX_LISTED_REGRESSIONS],
+            flaky=judged.flaky[:MAX_LISTED_REGRESSIONS],
             regressionsReported=reported,
-            cost=cost_of(current),
+            cost=cost_of(current + reruns),
             message=message[:MESSAGE_LIMIT],
             conditions=_typed(conditions),
         )
@@ -878,6 +908,7 @@ def baseline_for(
     for child in children.values():
         if (
             child.model in ranked
+            and child.confirms is None  # a re-run's result is judged with its test's
             and child.done
             and child.run_key not in (None, key)
             and child.result is not None
@@ -886,18 +917,35 @@ def baseline_for(
     return SweepBaseline(runKey=status.runKey, results=results) if results else status.baseline
 
 
-def compare_with_baseline(
-    baseline: SweepBaseline | None, current: list[ChildView]
-) -> list[SweepRegression]:
-    """The current run's tests whose result got worse than the baseline's, by model id."""
-    if baseline is None:
-        return []
-    found = [
-        SweepRegression(model=c.model, before=baseline.results[c.model], after=str(c.result))
-        for c in current
-        if is_regression(baseline.results.get(c.model), c.result)
-    ]
-    return sorted(found, key=lambda r: r.model)
+def confirmations(
+    sweep: str,
+    spec: SweepSpec,
+    key: str,
+    ranking: RankingState,
+    children: dict[str, ChildView],
+    baseline: SweepBaseline | None,
+) -> Judged:
+    """The current run's worse results against ``baseline``, judged by their re-runs
+    (``sweep_confirmation.judge``): confirmed, flaky, or waiting for re-runs."""
+    first: dict[str, Run] = {}
+    reruns: dict[str, list[Run | None]] = {}
+
+    def run(child: ChildView | None) -> Run | None:
+        if child is None or child.run_key != key:
+            return None  # not made yet, or made under an earlier run key
+        result = INVALID if child.done and child.phase == Phase.INVALID.value else child.result
+        return Run(done=child.done, result=result if child.done else None, run_id=child.run_id)
+
+    for entry in ranking.models:
+        found = run(children.get(child_name(sweep, entry.model)))
+        if found is None:
+            continue
+        first[entry.model] = found
+        reruns[entry.model] = [
+            run(children.get(rerun_name(sweep, entry.model, number)))
+            for number in range(1, spec.confirm.reruns + 1)
+        ]
+    return judge(baseline, first, reruns, spec.confirm.reruns)
 
 
 def cost_of(current: list[ChildView]) -> SweepCost:
@@ -922,12 +970,18 @@ def skipped_message(skipped: list[SkippedModel], total: int | None = None) -> st
 
 
 def regressions_message(status: SweepStatus) -> str:
-    """The Event of a run with regressions: how many, against which run key, and which."""
-    listed = "; ".join(f"{r.model} {r.before} -> {r.after}" for r in status.regressions)
+    """The Event of a run with regressions: how many, against which run key, and which, each
+    with the runs that agree on it."""
+    listed = "; ".join(
+        f"{r.model} {r.before} -> {r.after} ({len(r.runs)} run(s) agree)"
+        for r in status.regressions
+    )
     more = status.counts.regressions - len(status.regressions)
     against = status.baseline.runKey if status.baseline is not None else "the previous run"
-    return f"{status.counts.regressions} regression(s) against run {against}: {listed}" + (
-        f" (and {more} more)" if more > 0 else ""
+    return (
+        f"{status.counts.regressions} regression(s) against run {against}: {listed}"
+        + (f" (and {more} more)" if more > 0 else "")
+        + (f"; {status.counts.flaky} flaky, not counted" if status.counts.flaky else "")
     )
 
 

@@ -35,7 +35,7 @@ from model_support.operator.spec import (
     parse_spec,
     profile_rules,
 )
-from model_support.vocabulary import Task
+from model_support.vocabulary import CONFIRMING_RERUNS, MAX_CONFIRMING_RERUNS, Task
 
 MAX_SWEEP_NAME = 40
 """A sweep's name leaves room for a readable model slug in its tests' 63-character names."""
@@ -206,6 +206,21 @@ class Concurrency(_Camel):
     )
 
 
+class Confirm(_Camel):
+    """How a regression is confirmed before the sweep counts and reports it."""
+
+    reruns: int = Field(
+        CONFIRMING_RERUNS,
+        ge=0,
+        le=MAX_CONFIRMING_RERUNS,
+        description="Re-runs of a test whose result got worse than the previous run key's, "
+        "each a test of its own (<test>-r1, -r2 ...) recorded as its own run; only a worse "
+        "result every re-run repeats is a regression, and runs that disagree make the model "
+        f"flaky (default {CONFIRMING_RERUNS}, as model-support regressions --reruns). 0: one "
+        "run decides.",
+    )
+
+
 class SweepSpec(_Camel):
     """spec of a ModelSupportSweep; the CRD's schema is generated from it (crd.py), its
     template's from the test's spec."""
@@ -241,6 +256,11 @@ class SweepSpec(_Camel):
         json_schema_extra={"default": {}},
     )
     concurrency: Concurrency = Field(default_factory=Concurrency, json_schema_extra={"default": {}})
+    confirm: Confirm = Field(
+        default_factory=Confirm,
+        description="Regressions against the previous run key are re-run before they count.",
+        json_schema_extra={"default": {}},
+    )
     epoch: Int64 = Field(
         0,
         ge=0,

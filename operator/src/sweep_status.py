@@ -10,11 +10,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from model_support.operator.openapi import Int64, Timestamp
 from model_support.operator.status import CONDITIONS_LIST, Condition, Conditioned, set_condition
 from model_support.operator.sweep_spec import MAX_SWEEP_MODELS, SkippedModel, SweepModel
+from model_support.vocabulary import MAX_CONFIRMING_RERUNS
 
 # ----------------------------------------------------------------------------- status
 
 MAX_LISTED_REGRESSIONS = 100
 """A sweep's status names at most this many regressions (the count is always whole)."""
+MAX_RUNS_LISTED = 1 + MAX_CONFIRMING_RERUNS
+"""A model's runs under one run key: its test's, then each re-run's."""
 MAX_LISTED_SKIPPED = 100
 """A sweep's status names at most this many skipped models (the count is always whole)."""
 
@@ -30,7 +33,9 @@ class SweepCounts(BaseModel):
         description="Ranked models waiting for a slot (no test yet, or one of an earlier run key).",
     )
     running: int = Field(
-        0, description="Tests not finished, ranked or retained (at most maxRunning)."
+        0,
+        description="Tests not finished, ranked, retained or re-runs confirming a regression "
+        "(at most maxRunning).",
     )
     done: int = Field(0, description="Ranked models finished under the current run key.")
     passed: int = 0
@@ -49,7 +54,16 @@ class SweepCounts(BaseModel):
     regressions: int = Field(
         0,
         description="Models whose result got worse than under the previous run key (PASS to "
-        "FAIL, ERROR or TIMEOUT; EXCLUDED to ERROR).",
+        "FAIL, ERROR or TIMEOUT; EXCLUDED to ERROR), confirmed: every re-run "
+        "(spec.confirm.reruns) gave the same result.",
+    )
+    confirming: int = Field(
+        0, description="Worse results waiting for their re-runs before they count (or not)."
+    )
+    flaky: int = Field(
+        0,
+        description="Models whose runs under the current run key disagree (a worse result a "
+        "re-run did not repeat): neither a regression nor a fix.",
     )
     fixes: int = Field(
         0, description="Models that did not pass under the previous run key and now pass."
@@ -70,13 +84,37 @@ class SweepBaseline(BaseModel):
 
 
 class SweepRegression(BaseModel):
-    """One model whose result got worse than under the previous run key."""
+    """One model whose result got worse than under the previous run key, in every run."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str
     before: str
     after: str
+    runs: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_RUNS_LISTED,
+        description="The run ids that agree on it: the test's run, then each re-run's.",
+    )
+
+
+class SweepFlaky(BaseModel):
+    """One model whose runs under the current run key disagree: a worse result that a re-run
+    did not repeat. Neither a regression nor a fix."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    before: str = Field(..., description="Its result under the previous run key.")
+    results: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_RUNS_LISTED,
+        description="Each run's result: the test's first, then each finished re-run's "
+        "(Invalid: a re-run that could not run).",
+    )
+    runs: list[str] = Field(
+        default_factory=list, max_length=MAX_RUNS_LISTED, description="Their run ids, in order."
+    )
 
 
 class SweepCost(BaseModel):
@@ -136,8 +174,14 @@ class SweepStatus(Conditioned):
     regressions: list[SweepRegression] = Field(
         default_factory=list,
         max_length=MAX_LISTED_REGRESSIONS,
-        description=f"The models whose result got worse (at most {MAX_LISTED_REGRESSIONS} "
-        "listed; counts.regressions has them all).",
+        description=f"The models whose result got worse, confirmed by every re-run (at most "
+        f"{MAX_LISTED_REGRESSIONS} listed; counts.regressions has them all).",
+    )
+    flaky: list[SweepFlaky] = Field(
+        default_factory=list,
+        max_length=MAX_LISTED_REGRESSIONS,
+        description=f"The models whose runs disagree, with their runs (at most "
+        f"{MAX_LISTED_REGRESSIONS} listed; counts.flaky has them all).",
     )
     regressionsReported: str | None = Field(
         None, description="The run key whose regressions an Event has reported (one per run)."
@@ -172,18 +216,20 @@ class SweepStatus(Conditioned):
         """The whole status as a merge patch: an unset field of an object is null (removed
         from what is stored); inside a list (which a merge patch replaces whole) it is left
         out, since the schema has no nullable fields."""
-        return dict(_without_nulls_in_lists(self.model_dump(mode="json")))
+        return dict(without_nulls_in_lists(self.model_dump(mode="json")))
 
 
-def _without_nulls_in_lists(value: Any, in_list: bool = False) -> Any:
+def without_nulls_in_lists(value: Any, in_list: bool = False) -> Any:
+    """``value`` (a status as JSON) without the null fields of objects inside lists: a merge
+    patch replaces a list whole, and stores its objects' nulls, which no schema here allows."""
     if isinstance(value, dict):
         return {
-            k: _without_nulls_in_lists(v, in_list)
+            k: without_nulls_in_lists(v, in_list)
             for k, v in value.items()
             if not (in_list and v is None)
         }
     if isinstance(value, list):
-        return [_without_nulls_in_lists(v, True) for v in value]
+        return [without_nulls_in_lists(v, True) for v in value]
     return value
 
 

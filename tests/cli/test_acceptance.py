@@ -13,10 +13,9 @@ from typer.testing import CliRunner
 from model_support.checkpoints import build_demo_models, default_cache_dir
 from model_support.cli import app
 from model_support.cli.commands_acceptance import CacheListing, expectations
-from model_support.cli.commands_doctor import DoctorReport
-from model_support.neuron_node import DeviceFacts, NeuronDevice
+from model_support.doctor import DoctorReport
+from model_support.neuron_node import DeviceFacts, NeuronDevice, PreflightCheck
 from model_support.records import Compilation, ResultDocument
-from model_support.runner.run import PreflightCheck
 
 
 @pytest.mark.slow

@@ -11,8 +11,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import yaml
 from factories import CPU_STACK, T0, make_record
-from package_index import Distribution, build_index
+from package_index import BACKEND, HELPER, build_index
 from typer.testing import CliRunner
 
 from model_support.cli import app
@@ -24,29 +25,6 @@ from model_support.vocabulary import LocalizeMode, Result
 
 runner = CliRunner()
 
-BACKEND = Distribution(
-    name="tiny-compile-backend",
-    module="tiny_compile_backend",
-    versions=tuple(f"1.0.{n}" for n in range(8)),
-    source='''"""A torch.compile backend in one of its releases: from 1.0.5 on it miscompiles."""
-from model_support import faults
-
-VERSION = "{version}"
-
-
-def compile(gm, example_inputs):
-    release = tuple(int(part) for part in VERSION.split("."))
-    if release >= (1, 0, 5):
-        return faults.dense_miscompiler(gm, example_inputs)
-    return faults.benign(gm, example_inputs)
-''',
-)
-HELPER = Distribution(
-    name="tiny-helper",
-    module="tiny_helper",
-    versions=("2.0.0", "2.0.1", "2.0.2", "2.0.3"),
-    source='VERSION = "{version}"\n',
-)
 MODEL_ID = "demo/tiny-llama"
 
 
@@ -163,3 +141,39 @@ def test_bisect_names_the_first_bad_version_and_reuses_its_steps(
     ).stdout  # fmt: skip
     assert "first bad version: tiny-compile-backend 1.0.5 (FAIL; 1.0.4 is good)" in text
     assert "tiny-helper alone do(es) not break it" in text
+
+
+def test_cluster_writes_the_resource_and_refuses_what_the_operator_cannot_read(
+    tmp_path: Path,
+) -> None:
+    """`bisect --cluster` runs nothing here: it writes the ModelSupportBisect (checked as the
+    operator checks it), and refuses options that only mean something on this machine."""
+    written = tmp_path / "bisect.yaml"
+    done = runner.invoke(
+        app,
+        ["bisect", "org/model", "--good", "neuronx-cc 2.27.1000.0", "--bad", "2.28.7631.0",
+         "--cluster", "--results", "s3://bucket/model-support", "--package", "neuronx-cc",
+         "--extra-index-url", "https://pip.repos.neuron.amazonaws.com", "--namespace", "ml",
+         "-o", str(written)],
+    )  # fmt: skip
+    assert done.exit_code == 0, done.output
+    manifest = yaml.safe_load(written.read_text())
+    assert manifest["kind"] == "ModelSupportBisect" and manifest["metadata"]["namespace"] == "ml"
+    assert len(manifest["metadata"]["name"]) <= 40
+    assert manifest["spec"] == {
+        "model": "org/model", "good": "neuronx-cc 2.27.1000.0", "bad": "2.28.7631.0",
+        "results": "s3://bucket/model-support", "packages": ["neuronx-cc"],
+        "index": {"extraIndexUrls": ["https://pip.repos.neuron.amazonaws.com"]},
+        "timeoutSeconds": 3600,
+    }  # fmt: skip
+    assert f"kubectl apply -f {written}" in done.stderr
+    for extra, said in (
+        (["--results", "results"], "is a path on this machine"),
+        (["--find-links", "/wheels"], "--find-links and --workdir are for steps run here"),
+        (["--index-url", "ftp://index.example/simple"], "spec.index.indexUrl"),
+        (["--name", "Not_A_Name"], "is a DNS label"),
+    ):
+        refused = runner.invoke(
+            app, ["bisect", "org/model", "--good", "a", "--bad", "b", "--cluster", *extra]
+        )
+        assert refused.exit_code == 2 and said in refused.output, refused.output

@@ -15,8 +15,8 @@ from ports import unused_port
 from typer.testing import CliRunner
 
 from model_support.cli import app
-from model_support.cli.commands_doctor import compile_cache_check
 from model_support.compile_cache.compilers import CompilerCache
+from model_support.doctor import compile_cache_check
 
 
 def _doctor(*args: str) -> tuple[int, dict[str, dict]]:

@@ -14,7 +14,7 @@ from model_support.checkpoints import (
     llama_tensors,
 )
 from model_support.cli import app
-from model_support.cli.commands_run import plan_cores
+from model_support.cli.common import plan_cores
 from model_support.config import RunConfig
 from model_support.records import RunRecord
 from model_support.store import ResultsStore

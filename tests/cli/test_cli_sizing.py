@@ -103,7 +103,7 @@ def test_script_holds_the_sized_cores_and_parallelism(tmp_path: Path) -> None:
 
 PROFILE_PROBE = """
 import importlib.util, json, sys
-from model_support.cli.commands_run import default_instance
+from model_support.cli.common import default_instance
 from model_support.vocabulary import Backend
 chosen = default_instance(Backend.AUTO)
 imported = "torch" in sys.modules

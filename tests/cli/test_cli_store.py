@@ -88,7 +88,7 @@ def test_markup_in_results_is_printed_as_data(
 ) -> None:
     """Text a model generated (`[/INST]`) and versions a record holds (`[/x]`) are data: the
     run's summary and the results table print them as they are, never as Rich markup."""
-    from model_support.cli.commands_run import print_record
+    from model_support.cli.run_output import print_record
     from model_support.records import Stack
 
     document = ResultDocument(

@@ -20,13 +20,13 @@ from hubserver import HubServer, Repo
 from typer.testing import CliRunner
 
 from model_support.cli import app
+from model_support.doctor import run_preflight
 from model_support.neuron_node import (
     device_facts_check,
     installed_runtime_version,
     read_device_facts,
     read_sysfs,
     runtime_driver_check,
-    smoke_check,
 )
 from model_support.neuron_releases import DEFAULT_RELEASE
 from model_support.runner import run as runner
@@ -168,7 +168,7 @@ def test_a_runtime_that_cannot_start_fails_the_smoke_test_with_its_own_words(
         raise RuntimeError("nrt_init failed")
         """,
     )
-    check = smoke_check("neuron", timeout_s=120, env=env)
+    check = runner.smoke_check("neuron", timeout_s=120, env=env)
     assert not check.ok
     assert "This runtime requires Neuron Driver version 2.31 or greater" in check.detail
     assert "(infrastructure)" in check.detail
@@ -177,14 +177,28 @@ def test_a_runtime_that_cannot_start_fails_the_smoke_test_with_its_own_words(
 
 def test_a_runtime_that_hangs_fails_the_smoke_test_within_its_timeout(tmp_path: Path) -> None:
     env = _torch_neuronx(tmp_path, "import time\ntime.sleep(600)\n")
-    check = smoke_check("neuron", timeout_s=3, env=env)
+    check = runner.smoke_check("neuron", timeout_s=3, env=env)
     assert not check.ok and "did not finish within 3 s" in check.detail
     assert check.fix and "neuron-ls" in check.fix
 
 
 def test_a_device_that_runs_a_first_operation_passes_the_smoke_test() -> None:
-    check = smoke_check("cpu", timeout_s=120)
+    check = runner.smoke_check("cpu", timeout_s=120)
     assert check.ok and "sum(2 * ones(4)) = 8" in check.detail
+
+
+def test_a_preflight_that_ends_without_its_report_fails_naming_what_it_wrote(
+    tmp_path: Path,
+) -> None:
+    """run.py's preflight is a process of its own: one that dies (here an interpreter that
+    cannot start) is a failed check quoting its last words, never a doctor that crashes."""
+    python = _tool(tmp_path, "python3", 'echo "Illegal instruction (core dumped)" >&2\nexit 132\n')
+    preflight = run_preflight("auto", 5, python=str(python))
+    [check] = preflight.node
+    assert (check.name, check.status) == ("node preflight", "FAILED")
+    assert "ended (exit 132) without a report" in check.detail
+    assert "Illegal instruction (core dumped)" in check.detail and check.fix
+    assert not preflight.smoke.applicable
 
 
 # --------------------------------------------------------------------------- version pairing

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from model_support.cli.commands_run import print_record
+from model_support.cli.run_output import print_record
 from model_support.records import (
     FirstDivergence,
     ResultDocument,
@@ -115,7 +115,7 @@ def test_the_json_summary_carries_what_the_record_says_about_cost() -> None:
     Trainium instance in the table."""
     from factories import make_record
 
-    from model_support.cli.commands_run import summary
+    from model_support.cli.run_output import summary
     from model_support.pricing import DEFAULT_PRICES, prices_from_mapping
 
     neuron = summary(make_record(cores=4), DEFAULT_PRICES)  # 120 s on 4 cores of a trn2

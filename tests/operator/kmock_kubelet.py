@@ -53,8 +53,10 @@ def runner_document(config: RunConfig, result: Result) -> ResultDocument:
 class Kubelet:
     """Plays every runner Job of the emulated cluster until stopped.
 
-    ``result_for(model)`` chooses each run's result (PASS by default); while ``hold(model)``
-    is true the runner of that model stays running. ``played`` lists the Jobs played, in order.
+    ``result_for(model)`` chooses each run's result (PASS by default), or ``document_for(job,
+    config)`` the whole document (what a runner in that Job reports: e.g. from the packages
+    its extra-packages step installs); while ``hold(model)`` is true the runner of that model
+    stays running. ``played`` lists the Jobs played, in order.
     """
 
     def __init__(
@@ -64,12 +66,16 @@ class Kubelet:
         *,
         result_for: Callable[[str], Result] | None = None,
         hold: Callable[[str], bool] | None = None,
+        document_for: Callable[[dict[str, Any], RunConfig], ResultDocument] | None = None,
         interval: float = 0.02,
     ) -> None:
         self.h = h
         self.results = results
         self.result_for = result_for or (lambda _: Result.PASS)
         self.hold = hold or (lambda _: False)
+        self.document_for = document_for or (
+            lambda _, config: runner_document(config, self.result_for(config.model))
+        )
         self.interval = interval
         self.played: list[str] = []
         self._configmaps: dict[str, dict[str, Any]] = {}
@@ -144,7 +150,7 @@ class Kubelet:
         self.running[name] = config.model
         while self.hold(config.model):
             await asyncio.sleep(self.interval)
-        document = runner_document(config, self.result_for(config.model))
+        document = self.document_for(job, config)
         await self.h.deliver(job, document.model_dump_json().encode())
         del self.running[name]
         await self.h.finish_job(job, exit_code=0)  # the Job controller's part, as in every test

@@ -15,6 +15,7 @@ from typing import Any
 import helm_python
 import pytest
 import yaml
+from chart_values import REQUIRED_CHART_VALUES
 from factories import CPU_STACK, T0, make_record
 from prometheus_client import REGISTRY
 from test_operator_manifests import CHART, chart_settings, render_chart
@@ -26,11 +27,7 @@ from model_support.operator.settings import settings_from_values
 from model_support.store import ResultsStore
 from model_support.vocabulary import Result
 
-BASE: dict[str, Any] = {
-    "results": "s3://bucket/results",
-    "watchNamespaces": ["ml"],
-    "deliveryKey": {"existingSecret": "ms-delivery-key"},
-}
+BASE: dict[str, Any] = {"results": "s3://bucket/results", **REQUIRED_CHART_VALUES}
 
 
 def exported() -> set[str]:

@@ -12,14 +12,11 @@ import helm_python
 import kubernetes_validate
 import pytest
 import yaml
+from chart_values import REQUIRED_CHART_VALUES
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "model-support"
 RESULTS = "s3://bucket/model-support"
-REQUIRED: dict[str, Any] = {
-    "watchNamespaces": ["ml"],
-    "deliveryKey": {"existingSecret": "ms-delivery-key"},
-}
-"""What every install must say: where tests run, and the delivery key's Secret."""
+REQUIRED = REQUIRED_CHART_VALUES
 
 
 def render(values: dict[str, Any]) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ import helm_python
 import kubernetes_validate
 import pytest
 import yaml
+from chart_values import REQUIRED_CHART_VALUES
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "model-support"
 PUBLISH = {
@@ -27,10 +28,7 @@ def render(values: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 RESULTS = "s3://bucket/model-support"
-REQUIRED: dict[str, Any] = {
-    "watchNamespaces": ["ml"],
-    "deliveryKey": {"existingSecret": "ms-delivery-key"},
-}
+REQUIRED = REQUIRED_CHART_VALUES
 
 
 def test_no_cronjob_unless_asked_for() -> None:

@@ -44,7 +44,7 @@ def test_check_mode_names_each_stale_file_and_writing_fixes_it(
 ) -> None:
     assert crd.main(["--root", str(tmp_path), "--check"]) == 1
     missing = capsys.readouterr().out
-    assert missing.count("differs from its models") == 4
+    assert missing.count("differs from its models") == 6
     assert not (tmp_path / "crds").exists()  # --check writes nothing
 
     assert crd.main(["--root", str(tmp_path)]) == 0
@@ -151,6 +151,7 @@ def test_the_generated_yaml_reads_back_as_the_definition() -> None:
     for plural, build in (
         ("modelsupporttests", crd.crd_for_tests),
         ("modelsupportsweeps", crd.crd_for_sweeps),
+        ("modelsupportbisects", crd.crd_for_bisects),
     ):
         text = crd.render(plural)
         assert text.startswith("# ") and "do not edit" in text.split("apiVersion:")[0]

@@ -13,6 +13,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from chart_values import REQUIRED_CHART_VALUES
 from job_controller import match_pod_failure_policy
 
 from model_support.operator.manifests import (
@@ -831,11 +832,7 @@ def chart_settings(docs: list[dict[str, Any]]) -> OperatorSettings:
     return settings_from_json(env[SETTINGS_ENV]["value"])
 
 
-REQUIRED: dict[str, Any] = {
-    "watchNamespaces": ["ml"],
-    "deliveryKey": {"existingSecret": "ms-delivery-key"},
-}
-"""What every install must say besides `results`: where tests run, and the delivery key."""
+REQUIRED = REQUIRED_CHART_VALUES
 
 
 def test_the_chart_needs_a_results_store() -> None:
@@ -930,6 +927,10 @@ def test_chart_renders_valid_least_privilege_manifests(values: dict[str, Any]) -
     assert verbs[("modelsupport.dev", "modelsupportsweeps/status")] == {"get", "patch"}
     assert verbs[("modelsupport.dev", "modelsupportsweeps/finalizers")] == {"update"}
     assert verbs[("modelsupport.dev", "modelsupporttests")] >= {"create", "patch"}
+    # Bisects: read, status written, step tests created (owner references set).
+    assert verbs[("modelsupport.dev", "modelsupportbisects")] == {"get", "list", "watch"}
+    assert verbs[("modelsupport.dev", "modelsupportbisects/status")] == {"get", "patch"}
+    assert verbs[("modelsupport.dev", "modelsupportbisects/finalizers")] == {"update"}
     settings = chart_settings(docs)
     from model_support.operator.settings import settings_from_values
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chart_values import REQUIRED_CHART_VALUES
 from k8s_harness import Harness, now
 from test_operator_lifecycle import SPEC, document_for, start
 
@@ -296,8 +297,7 @@ def test_the_default_runner_image_declares_what_its_dockerfile_pins() -> None:
     # Another image's versions are not known unless the chart declares them.
     values = {
         "results": "s3://b/r",
-        "watchNamespaces": ["ml"],
-        "deliveryKey": {"existingSecret": "ms-delivery-key"},
+        **REQUIRED_CHART_VALUES,
         "runnerImage": "registry.example/runner:2",
     }
     assert settings_from_values(values).declared_runner_stack() == RunnerStack()

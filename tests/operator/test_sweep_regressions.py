@@ -3,8 +3,11 @@ and the operator's Prometheus metrics, end to end on kmock with the kubelet stan
 
 from __future__ import annotations
 
+import collections
 import time
+from typing import Any
 
+import kmock
 import pytest
 from k8s_harness import NS, Harness
 from kmock_kubelet import RUN_SECONDS, Kubelet
@@ -15,12 +18,15 @@ from test_sweeps import (  # the sweep harness (its fixture sh included)
     create_sweep,
     model_id,
     ready,
+    records,
     sh,
     start,
     sweep_hub,
     wait_sweep,
 )
 
+from model_support.operator.resource import ANNOTATION_CONFIRMS
+from model_support.operator.sweep_manifests import child_name, rerun_name
 from model_support.pricing import DEFAULT_PRICES
 from model_support.vocabulary import Result
 
@@ -59,6 +65,7 @@ async def test_a_new_run_key_counts_regressions_and_fixes_with_one_event_and_its
                 "source": {"models": [{"model": m} for m in MODELS]},
                 "template": {"cores": 1},
                 "concurrency": {"maxRunning": 4},
+                "confirm": {"reruns": 0},  # one run decides here (re-runs: the test below)
             },
         )
         first = await wait_sweep(
@@ -80,14 +87,17 @@ async def test_a_new_run_key_counts_regressions_and_fixes_with_one_event_and_its
         MODELS[0]: "PASS", MODELS[1]: "PASS", MODELS[2]: "ERROR", MODELS[3]: "PASS",
     }  # fmt: skip
     assert (second["counts"]["regressions"], second["counts"]["fixes"]) == (1, 1)
-    assert second["regressions"] == [{"model": MODELS[0], "before": "PASS", "after": "FAIL"}]
+    tests = children_of(sh, "nightly")
+    (failed,) = [t["status"]["runId"] for t in tests if t["status"]["result"] == "FAIL"]
+    assert second["regressions"] == [
+        {"model": MODELS[0], "before": "PASS", "after": "FAIL", "runs": [failed]}
+    ]
     assert "1 regression(s) and 1 fix(es) against the previous run" in second["message"]
     # Cost so far: this run's four tests. Each runner claims 30 s on one trn2.48xlarge core;
     # the operator believes the claim only within the Job's own lifetime (RUNNING_S here, in
     # whole seconds of Kubernetes time), so a test's core-seconds are about that, not 30.
     trn2 = DEFAULT_PRICES.price_of("trn2.48xlarge")
     assert trn2 is not None
-    tests = children_of(sh, "nightly")
     used = [t["status"]["coreSeconds"] for t in tests]
     assert all(1 <= u <= RUNNING_S + 1 < RUN_SECONDS for u in used), used
     for test in tests:
@@ -130,3 +140,118 @@ async def test_a_new_run_key_counts_regressions_and_fixes_with_one_event_and_its
         what="the stack's FAIL count after the second run",
     )
     assert metric("model_support_pass_rate", **stack) == 0.75
+
+
+class SweepWrites:
+    """Every status the API server stored for one sweep, in order (an observer of kmock)."""
+
+    def __init__(self, h: Harness, sweep: str) -> None:
+        self.h, self.sweep = h, sweep
+        self.statuses: list[dict[str, Any]] = []
+
+    def __call__(self, request: kmock.Request) -> None:
+        if request.resource is None or request.resource.plural != "modelsupportsweeps":
+            return
+        if request.name != self.sweep or request.subresource != "status":
+            return
+        stored = next(
+            obj.raw
+            for (resource, _, name), obj in self.h.k.objects.items()
+            if resource.plural == "modelsupportsweeps" and name == self.sweep
+        )
+        self.statuses.append(dict(stored.get("status") or {}))
+
+
+async def test_a_worse_result_counts_once_its_reruns_agree_and_runs_that_disagree_are_flaky(
+    sh: Harness,
+) -> None:
+    """Each worse result is re-run (spec.confirm.reruns, by default the CLI's 2) as tests of
+    their own, each recorded as its own run: the model whose re-runs repeat its FAIL is the one
+    regression (status, Event, metric); the one whose re-runs pass is flaky, never counted."""
+    steady, flaky, unchanged = MODELS[:3]
+    runs: collections.Counter[str] = collections.Counter()
+
+    def result_for(model: str) -> Result:
+        runs[model] += 1
+        if model == steady and runs[model] > 1:
+            return Result.FAIL  # the new stack breaks it: every run fails
+        if model == flaky and runs[model] == 2:
+            return Result.FAIL  # once, on a loaded node: its re-runs pass
+        return Result.PASS
+
+    writes = SweepWrites(sh, "confirm")
+    sh.k.observers = (writes,)
+    await start(sh)
+    async with Kubelet(sh, sh.results, result_for=result_for) as kubelet:
+        await create_sweep(
+            sh,
+            "confirm",
+            {
+                "source": {"models": [{"model": m} for m in (steady, flaky, unchanged)]},
+                "template": {"cores": 1},
+                "concurrency": {"maxRunning": 3},
+            },
+        )
+        first = await wait_sweep(
+            sh, "confirm", lambda s: ready(s) and s["counts"]["done"] == 3, "3"
+        )
+        assert first["counts"]["passed"] == 3 and children_of(sh, "confirm") != []
+        await sh.patch(f"{SWEEPS_URL}/confirm", {"spec": {"epoch": 2}})
+        second = await wait_sweep(
+            sh,
+            "confirm",
+            lambda s: ready(s) and s["observedGeneration"] == 2,
+            "the second run and its re-runs done",
+        )
+        assert kubelet.error is None, kubelet.error
+    tests = {t["metadata"]["name"]: t for t in children_of(sh, "confirm")}
+    reruns = {n: t for n, t in tests.items() if ANNOTATION_CONFIRMS in t["metadata"]["annotations"]}
+    # Two re-runs of the steady worse result, each a test of its own (the same spec) naming
+    # the test it repeats; the first test keeps its own run and result. The flaky one's second
+    # re-run is made only if the cap let it start before its first disagreed.
+    shaky_reruns = [
+        rerun_name("confirm", flaky, n) for n in (1, 2) if rerun_name("confirm", flaky, n) in reruns
+    ]
+    assert shaky_reruns[:1] == [rerun_name("confirm", flaky, 1)]
+    assert sorted(reruns) == sorted(
+        [rerun_name("confirm", steady, n) for n in (1, 2)] + shaky_reruns
+    )
+    for name, rerun in reruns.items():
+        original = tests[rerun["metadata"]["annotations"][ANNOTATION_CONFIRMS]]
+        assert name.startswith(original["metadata"]["name"])
+        assert rerun["spec"] == original["spec"]
+        assert rerun["status"]["runId"] != original["status"]["runId"]
+    assert tests[child_name("confirm", steady)]["status"]["result"] == "FAIL"
+    assert tests[child_name("confirm", flaky)]["status"]["result"] == "FAIL"
+    # Each run recorded: 3 + 3 tests, then the re-runs.
+    stored = collections.Counter(r.document.model for r in records(sh))
+    assert stored == {steady: 4, flaky: 2 + len(shaky_reruns), unchanged: 2}
+    # One regression, confirmed by three agreeing runs; the flaky model with its runs.
+    counts = second["counts"]
+    assert (counts["regressions"], counts["flaky"], counts["confirming"]) == (1, 1, 0)
+    assert counts["fixes"] == 0 and counts["failed"] == 2 and counts["done"] == 3
+    steady_runs = [
+        tests[child_name("confirm", steady)]["status"]["runId"],
+        *(tests[rerun_name("confirm", steady, n)]["status"]["runId"] for n in (1, 2)),
+    ]
+    assert second["regressions"] == [
+        {"model": steady, "before": "PASS", "after": "FAIL", "runs": steady_runs}
+    ]
+    (shaky,) = second["flaky"]
+    assert shaky["model"] == flaky and shaky["before"] == "PASS"
+    assert shaky["results"] == ["FAIL"] + ["PASS"] * len(shaky_reruns)
+    assert shaky["runs"] == [
+        tests[name]["status"]["runId"] for name in [child_name("confirm", flaky), *shaky_reruns]
+    ]
+    assert "1 flaky" in second["message"]
+    # No status ever counted the flaky model, or the steady one before its re-runs agreed.
+    listed = [w for w in writes.statuses if (w.get("counts") or {}).get("regressions")]
+    assert listed and all(
+        w["regressions"] == second["regressions"] and w["counts"]["regressions"] == 1
+        for w in listed
+    )
+    (event,) = await sh.wait_events("Regressions", about="confirm")
+    assert f"{steady} PASS -> FAIL (3 run(s) agree)" in event["message"]
+    assert f"{flaky} PASS" not in event["message"] and "1 flaky" in event["message"]
+    assert metric("model_support_sweep_regressions", namespace=NS, sweep="confirm") == 1
+    assert metric("model_support_sweep_flaky", namespace=NS, sweep="confirm") == 1

@@ -3,6 +3,7 @@ checked against the real schemas and the CRD's CEL rules (run by cel-python)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,14 @@ import yaml
 from test_operator_manifests import cel_violations, validate
 
 from model_support.operator.settings import OperatorSettings
-from model_support.operator.spec import SpecError, parse_spec
-from model_support.operator.sweep_manifests import build_child, child_name, rerun_patch
+from model_support.operator.spec import DNS_LABEL_PATTERN, SpecError, parse_spec
+from model_support.operator.sweep_confirmation import INVALID, Judged, Run, judge
+from model_support.operator.sweep_manifests import (
+    build_child,
+    child_name,
+    rerun_name,
+    rerun_patch,
+)
 from model_support.operator.sweep_spec import (
     OWNED_FIELDS,
     SweepModel,
@@ -26,6 +33,7 @@ from model_support.operator.sweep_status import (
     SweepBaseline,
     SweepCost,
     SweepCounts,
+    SweepFlaky,
     SweepRegression,
     SweepStatus,
     sweep_conditions,
@@ -277,7 +285,8 @@ def test_the_status_the_operator_writes_fits_the_crd(crd: dict[str, Any]) -> Non
             models=10, done=3, passed=2, failed=1, running=2, queued=5, regressions=1, fixes=0
         ),
         baseline=SweepBaseline(runKey="old", results={"a/b": "PASS"}),
-        regressions=[SweepRegression(model="a/b", before="PASS", after="FAIL")],
+        regressions=[SweepRegression(model="a/b", before="PASS", after="FAIL", runs=["r1"])],
+        flaky=[SweepFlaky(model="c/d", before="PASS", results=["FAIL", "PASS"], runs=["x", "y"])],
         regressionsReported="abc",
         cost=SweepCost(coreHours=1.5, usd=0.9, unpriced=1),
         message="3 of 10 models tested",
@@ -296,3 +305,49 @@ def test_the_status_the_operator_writes_fits_the_crd(crd: dict[str, Any]) -> Non
     # A status with a part that no longer parses is read without it (rewritten from state).
     broken = {**status.patch(), "ranking": {"models": "not a list"}}
     assert SweepStatus.read(broken).ranking is None
+
+
+def test_a_worse_result_counts_when_every_rerun_agrees_and_is_flaky_when_one_does_not() -> None:
+    baseline = SweepBaseline(
+        runKey="old", results=dict.fromkeys(("a/a", "b/b", "c/c", "d/d"), "PASS")
+    )
+    fail = Run(done=True, result="FAIL", run_id="first")
+    first = {"a/a": fail, "b/b": fail, "c/c": fail, "d/d": Run(True, "PASS", "p")}
+    reruns = {
+        "a/a": [Run(True, "FAIL", "a1"), Run(True, "FAIL", "a2")],  # both agree
+        "b/b": [Run(False, None, None), Run(True, "PASS", "b2")],  # one disagrees: flaky now
+        "c/c": [Run(True, "FAIL", "c1"), None],  # the second not made yet
+    }
+    judged = judge(baseline, first, reruns, 2)
+    assert judged.regressions == [
+        SweepRegression(model="a/a", before="PASS", after="FAIL", runs=["first", "a1", "a2"])
+    ]
+    assert judged.flaky == [
+        SweepFlaky(model="b/b", before="PASS", results=["FAIL", "PASS"], runs=["first", "b2"])
+    ]
+    assert judged.confirming == ["c/c"] and judged.missing == {"c/c": [2]}
+    # A re-run that could not run (Invalid) does not repeat the result either.
+    invalid = judge(baseline, {"c/c": fail}, {"c/c": [Run(True, INVALID, None), None]}, 2)
+    assert [f.results for f in invalid.flaky] == [["FAIL", "Invalid"]]
+    # No re-runs asked for: one run decides; no baseline: nothing to compare.
+    assert [r.model for r in judge(baseline, first, {}, 0).regressions] == ["a/a", "b/b", "c/c"]
+    assert judge(None, first, reruns, 2) == Judged()
+
+
+def test_reruns_are_named_after_their_test_and_never_as_another_models_test() -> None:
+    longest = "org/" + "m" * 120
+    for model in ("Qwen/Qwen3-0.6B", longest):
+        first = child_name("n" * 40, model)
+        names = [rerun_name("n" * 40, model, n) for n in (1, 2, 20)]
+        assert all(len(n) <= 63 and re.fullmatch(DNS_LABEL_PATTERN, n) for n in names)
+        assert len(set(names)) == 3 and first not in names
+        assert all(n.endswith(f"-r{k}") for n, k in zip(names, (1, 2, 20), strict=True))
+        assert all(first.rsplit("-", 1)[1] in n for n in names)  # the model's digest
+    spec = parse_sweep(HUB)
+    rerun = build_child(body({}), spec, SweepModel(model="a/b"), "k", SETTINGS, rerun=1)
+    first_test = build_child(body({}), spec, SweepModel(model="a/b"), "k", SETTINGS)
+    assert rerun["spec"] == first_test["spec"]
+    assert rerun["metadata"]["name"] == rerun_name("nightly", "a/b", 1)
+    assert rerun["metadata"]["annotations"]["modelsupport.dev/confirms"] == child_name(
+        "nightly", "a/b"
+    )

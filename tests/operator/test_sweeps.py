@@ -270,7 +270,8 @@ async def test_200_models_never_more_than_8_running_and_all_done(sh: Harness) ->
         "models": 200, "queued": 0, "running": 0, "done": 200,
         "passed": expected[Result.PASS], "failed": expected[Result.FAIL],
         "errored": expected[Result.ERROR], "timedOut": 0, "excluded": 0, "unverified": 0,
-        "invalid": 0, "skipped": 0, "retained": 0, "regressions": 0, "fixes": 0,
+        "invalid": 0, "skipped": 0, "retained": 0, "regressions": 0, "confirming": 0,
+        "flaky": 0, "fixes": 0,
     }  # fmt: skip
     # The API never held more than 8 unfinished tests (or Jobs) of the sweep, and did hold 8.
     assert cap.samples > 400

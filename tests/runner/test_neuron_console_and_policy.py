@@ -261,7 +261,7 @@ def _neuron_compiler(on_call: Callable[[], None] | None = None) -> Callable[...,
 
 
 def _run_compiled(
-    backend: runner.Backend,
+    backend: runner.DeviceBackend,
     fn: Callable[[torch.Tensor], torch.Tensor],
     compiler: Callable[..., Any],
     between: Callable[[], None] | None = None,

@@ -28,7 +28,7 @@ import torch._dynamo.backends.registry as dynamo_registry
 from hypothesis import given
 from hypothesis import strategies as st
 
-from model_support import hardware
+from model_support import hardware, neuron_node
 from model_support.config import RunConfig
 from model_support.records import Compilation, ResultDocument, Stack
 from model_support.runner import run as runner
@@ -356,6 +356,9 @@ def test_effective_lnc(
     environ: dict, config_file: str | None, instance: str | None, expected: tuple
 ) -> None:
     assert runner.effective_lnc(environ, config_file, instance) == expected
+    # The package reads the LNC as run.py does (the compile cache keys NEFFs by it before
+    # run.py starts); run.py keeps its own copy of the rule, as it runs without the package.
+    assert neuron_node.effective_lnc(environ, config_file, instance) == expected
 
 
 def test_a_neuron_run_records_the_compiler_flags_its_float32_policy_came_from(
@@ -388,6 +391,18 @@ def test_run_py_assumes_the_lnc_defaults_sizing_assumes() -> None:
 def test_an_unsupported_lnc_is_an_infrastructure_error() -> None:
     with pytest.raises(runner.InfrastructureError, match="only 1 and 2"):
         runner.effective_lnc({"NEURON_LOGICAL_NC_CONFIG": "4"}, None, "trn2.48xlarge")
+    with pytest.raises(neuron_node.LncError, match="only 1 and 2"):
+        neuron_node.effective_lnc({}, "NEURON_LOGICAL_NC_CONFIG=4\n", "trn2.48xlarge")
+
+
+@given(st.lists(st.integers(0, 127), unique=True, min_size=1).map(sorted))
+def test_the_package_formats_core_lists_as_run_py_does(cores: list[int]) -> None:
+    """The doctor's device facts name cores as run.py's checks do (run.py keeps its own copy),
+    as NEURON_RT_VISIBLE_CORES reads them."""
+    text = neuron_node.format_cores(cores)
+    assert text == runner.format_cores(cores)
+    assert runner.parse_visible_cores(text) == cores
+    assert neuron_node.format_cores([]) == runner.format_cores([]) == "none"
 
 
 # --------------------------------------------------------------------------- memory

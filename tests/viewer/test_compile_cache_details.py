@@ -6,6 +6,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from chart_values import REQUIRED_CHART_VALUES
 from streamlit.testing.v1 import AppTest
 from viewer_support import NEW_CC, START, build_dataset, make_record, viewer_page
 
@@ -100,6 +101,7 @@ def test_the_chart_gives_the_viewer_the_operators_shared_targets_and_trusted_key
     rendered = helm_python.Chart.load(str(chart)).render(
         {
             "results": "s3://bucket/model-support",
+            **REQUIRED_CHART_VALUES,
             "viewer": {"enabled": True},
             "settings": {
                 "compileCachePushTargets": ["s3://org-cache/shared", "s3://org-cache/{namespace}"],

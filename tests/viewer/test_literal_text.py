@@ -22,7 +22,7 @@ from viewer_support import (
     viewer_page,
 )
 
-from model_support.viewer.markup import inline_code, literal
+from model_support.markdown import inline_code, literal
 
 MARKDOWN_ELEMENTS = {
     "markdown", "caption", "title", "header", "subheader", "info", "warning", "error", "success",

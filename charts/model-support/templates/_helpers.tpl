@@ -34,7 +34,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* The namespaced permissions: what the operator does where tests live. */}}
 {{- define "model-support.rules" -}}
-# create: a ModelSupportSweep's tests (patch: a sweep re-runs a finished one).
+# create: a ModelSupportSweep's tests and a ModelSupportBisect's steps (patch: a sweep re-runs a
+# finished one).
 - apiGroups: [modelsupport.dev]
   resources: [modelsupporttests]
   verbs: [get, list, watch, create, patch]
@@ -47,9 +48,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [modelsupport.dev]
   resources: [modelsupportsweeps/status]
   verbs: [get, patch]
+- apiGroups: [modelsupport.dev]
+  resources: [modelsupportbisects]
+  verbs: [get, list, watch]
+- apiGroups: [modelsupport.dev]
+  resources: [modelsupportbisects/status]
+  verbs: [get, patch]
 # Children carry owner references with blockOwnerDeletion: that needs update on finalizers.
 - apiGroups: [modelsupport.dev]
-  resources: [modelsupporttests/finalizers, modelsupportsweeps/finalizers]
+  resources: [modelsupporttests/finalizers, modelsupportsweeps/finalizers, modelsupportbisects/finalizers]
   verbs: [update]
 # delete: a generation superseded by a spec change takes its run.py along.
 - apiGroups: [""]
