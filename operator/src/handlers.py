@@ -192,6 +192,8 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
     @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: MANAGED_BY}, registry=registry)
     def job_event(body: kopf.Body, type: str | None, **_: Any) -> None:
         # type None: the Job was listed when the watch (re)started, e.g. after an operator restart.
+        if type is None:  # a listing says nothing of Jobs deleted meanwhile: the audit looks
+            checks.note_listing()
         with leadership.acting() as leading:
             if leading:  # a replica that takes over resyncs every Job it did not act on
                 reconciler.on_job(_plain(body), type or "LISTED")
@@ -205,7 +207,9 @@ def _plain(body: kopf.Body) -> dict[str, Any]:
 
 
 def resume(reconciler: Reconciler, checks: Watchdog, sweeps: SweepReconciler) -> None:
-    """Bring everything watched so far to where it should be (on becoming the leader)."""
+    """Bring everything watched so far to where it should be (on becoming the leader); Jobs
+    deleted while another replica led are found by the watchdog's next audit."""
+    checks.note_listing()
     for test in reconciler.writer.snapshot():
         reconciler.on_test(test, None)
     checks.resync_jobs()

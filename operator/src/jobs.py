@@ -8,14 +8,17 @@ by :mod:`.results`. What this module keeps in memory only saves API requests.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from model_support.operator.kube import Kube
 from model_support.operator.lifecycle import Admitted, KueueWaiting, PodReady
 from model_support.operator.manifests import TestRef
+from model_support.operator.outcome import job_ended_at
 from model_support.operator.resource import (
     ANNOTATION_TEST_NAME,
     LABEL_ATTEMPT,
@@ -27,6 +30,20 @@ from model_support.operator.resource import (
 from model_support.operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
+
+
+def ttl_from_now(setting_s: int, ended_at: datetime | None) -> int:
+    """The ``ttlSecondsAfterFinished`` that keeps a Job ``setting_s`` from now: the TTL
+    controller counts from the Job's finish (its completionTime, else its terminal condition's
+    lastTransitionTime: kubernetes pkg/controller/ttlafterfinished, ``timeLeft``), so a Job
+    recorded late gets the time since it finished on top (else it, its pods and their logs
+    would go at once). A Job not finished yet (``ended_at`` None) is counted from its finish
+    anyway."""
+    if ended_at is None:
+        return setting_s
+    since = (datetime.now(UTC) - ended_at).total_seconds()
+    return setting_s + max(0, math.ceil(since))
+
 
 RESYNC = "RESYNC"
 """The event type the watchdog offers a listed Job with (kopf's are ADDED/MODIFIED/DELETED/None)."""
@@ -71,6 +88,26 @@ def progress(job: dict[str, Any], attempt: int) -> PodReady | KueueWaiting | Adm
         queue = ((job.get("metadata") or {}).get("labels") or {}).get(LABEL_KUEUE_QUEUE)
         return KueueWaiting(attempt, queue)
     return Admitted(attempt)
+
+
+_FINISHED = ("Complete", "Failed", "FailureTarget", "SuccessCriteriaMet")
+
+
+def pods_not_created(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The Jobs of ``jobs`` that are admitted (not suspended) and unfinished and have no pod
+    running or ending (``status.active``, ``ready`` and ``terminating`` all 0): the Job
+    controller has not made their pod (yet), which its ``FailedCreate`` Events explain."""
+    found = []
+    for job in jobs:
+        status, spec = job.get("status") or {}, job.get("spec") or {}
+        finished = any(
+            c.get("type") in _FINISHED and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
+        busy = any(int(status.get(k) or 0) for k in ("active", "ready", "terminating"))
+        if not (finished or busy or spec.get("suspend")):
+            found.append(job)
+    return found
 
 
 AttemptKey = tuple[str, int, int]
@@ -136,9 +173,12 @@ class Releases:
         self._lock = threading.Lock()
         self._released: dict[tuple[str, str], float] = {}
 
-    def release(self, namespace: str, job_name: str) -> None:
-        """Label a recorded Job and set its TTL (``ttl_seconds_after_finished``)."""
-        self.kube.mark_job_recorded(namespace, job_name, self.settings.ttl_seconds_after_finished)
+    def release(self, namespace: str, job_name: str, ended_at: datetime | None) -> None:
+        """Label a recorded Job and hand it to the TTL controller, to be kept
+        ``ttl_seconds_after_finished`` from now (see :func:`ttl_from_now`; ``ended_at``: when
+        the Job finished, None if it has not)."""
+        ttl = ttl_from_now(self.settings.ttl_seconds_after_finished, ended_at)
+        self.kube.mark_job_recorded(namespace, job_name, ttl)
         self.about_to_release(namespace, job_name)
 
     def about_to_release(self, namespace: str, job_name: str) -> None:
@@ -147,11 +187,18 @@ class Releases:
         with self._lock:
             self._released[(namespace, job_name)] = time.monotonic()
 
-    def release_attempts(self, ref: TestRef, attempt: int) -> None:
-        """Release the recorded attempt's Job and those of the attempts before it (kept until
-        now: the first one owns the generation's run.py, which a retry runs too)."""
-        for earlier in range(attempt, 0, -1):
-            self.release(ref.namespace, child_name(ref.name, ref.uid, ref.generation, earlier))
+    def release_attempts(self, ref: TestRef, attempt: int, ended_at: datetime | None) -> None:
+        """Release the recorded attempt's Job (which ended at ``ended_at``) and those of the
+        attempts before it (kept until now: the first one owns the generation's run.py, which a
+        retry runs too; each is read for when it ended)."""
+        self.release(
+            ref.namespace, child_name(ref.name, ref.uid, ref.generation, attempt), ended_at
+        )
+        for earlier in range(attempt - 1, 0, -1):
+            name = child_name(ref.name, ref.uid, ref.generation, earlier)
+            job = self.kube.read_job(ref.namespace, name)
+            if job is not None:
+                self.release(ref.namespace, name, job_ended_at(job))
 
     def released_lately(self, namespace: str, job_name: str) -> bool:
         """Whether this operator released the Job lately (a listing may predate its label)."""
@@ -167,4 +214,12 @@ class Releases:
                 del self._released[key]
 
 
-__all__ = ["RESYNC", "Releases", "RunningWrites", "job_owner", "progress"]
+__all__ = [
+    "RESYNC",
+    "Releases",
+    "RunningWrites",
+    "job_owner",
+    "pods_not_created",
+    "progress",
+    "ttl_from_now",
+]

@@ -252,8 +252,18 @@ class Kube:
             self.batch.delete_namespaced_job, name, namespace, propagation_policy="Background"
         )
 
+    def delete_configmap(self, namespace: str, name: str) -> None:
+        """Delete a ConfigMap; a missing one is already deleted."""
+        self._unless_gone(self.core.delete_namespaced_config_map, name, namespace)
+
+    def delete_resource_claim_template(self, namespace: str, name: str) -> None:
+        """Delete a ResourceClaimTemplate (DRA); a missing one is already deleted. Claims made
+        from it belong to their pods and stay until those go."""
+        self._unless_gone(self.resource.delete_namespaced_resource_claim_template, name, namespace)
+
     def mark_job_recorded(self, namespace: str, name: str, ttl_seconds: int) -> None:
-        """Label a Job whose result is recorded and let the TTL controller collect it now.
+        """Label a Job whose result is recorded and hand it to the TTL controller, which
+        deletes it ``ttl_seconds`` after it finished (:func:`.jobs.ttl_from_now` says how many).
 
         Runner Jobs are created without ``ttlSecondsAfterFinished`` so nothing collects them
         (and their pods and logs) before the result is recorded; a missing Job is fine.
@@ -294,6 +304,20 @@ class Kube:
             for p in pods
             if _matches(p, labels)
             and (phase is None or (p.get("status") or {}).get("phase") == phase)
+        ]
+
+    def list_events(self, namespace: str | None, *, kind: str, reason: str) -> list[dict[str, Any]]:
+        """core/v1 Events about objects of ``kind`` with ``reason`` in ``namespace`` (None =
+        every namespace), selected on the server by their fields."""
+        selector = f"involvedObject.kind={kind},reason={reason}"
+        events = self._list(
+            self.core.list_namespaced_event, self.core.list_event_for_all_namespaces, namespace,
+            field_selector=selector,
+        )  # fmt: skip
+        return [
+            e
+            for e in events
+            if (e.get("involvedObject") or {}).get("kind") == kind and e.get("reason") == reason
         ]
 
     def pod_log(

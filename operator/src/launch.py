@@ -15,8 +15,14 @@ from typing import Any
 
 from model_support.operator import metrics
 from model_support.operator.kube import AlreadyExists, CreateRefused, Kube, refusal
-from model_support.operator.manifests import Placement, TestRef, job_reference
+from model_support.operator.manifests import (
+    Placement,
+    TestRef,
+    claim_template_name,
+    job_reference,
+)
 from model_support.operator.planning import InvalidTest, Planned, children, claim_template, plan
+from model_support.operator.resource import child_name
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.slots import DeliverySlots
 from model_support.operator.spec import TestSpec
@@ -112,13 +118,16 @@ class Launcher:
     def start_again(self, ref: TestRef, spec: TestSpec, placement: Placement, attempt: int) -> str:
         """Create (or adopt) the Job of ``attempt``, the same run.py again (its ConfigMap is
         the generation's); returns its name. Raises InvalidTest when the operator's settings
-        no longer allow the test (e.g. DRA's default LNC removed since the first attempt)."""
+        no longer allow the test (e.g. DRA's default LNC removed since the first attempt), and
+        CreateRefused when the API server refuses a create, as :meth:`start` does."""
         _, job = children(ref, spec, placement, self.settings, attempt, "", self.slots.key)
-        self.claim_template(ref, spec, placement)  # in case it was deleted by hand
+        with refusal("ResourceClaimTemplate", None):
+            self.claim_template(ref, spec, placement)  # in case it was deleted by hand
         self.slots.prepare(ref, spec, self._store_uri(spec), attempt)
         job_name = str(job["metadata"]["name"])
         try:
-            self.kube.create_job(job)
+            with refusal("Job", job):
+                self.kube.create_job(job)
             metrics.JOBS_CREATED.inc()
             metrics.RETRIES.inc()
         except AlreadyExists:
@@ -133,14 +142,24 @@ class Launcher:
                 self.kube.create_resource_claim_template(template)
 
     def delete_superseded(self, ref: TestRef, status: TestStatus) -> None:
-        """A spec change supersedes the running Job of the previous generation."""
-        old_job = status.jobName
-        if (
-            old_job
-            and status.phase in ACTIVE_PHASES
-            and status.observedGeneration != ref.generation
-        ):
-            self.kube.delete_job(ref.namespace, old_job)
+        """A spec change supersedes what the previous generation (the one ``status`` is of)
+        made: an active one's Jobs, every attempt's (a retry after node loss keeps the earlier
+        attempts' until the run is recorded), and its ConfigMap; its ResourceClaimTemplate
+        (DRA), active or not. A recorded generation's Jobs are the TTL controller's."""
+        old = status.observedGeneration
+        if old is None or old == ref.generation:
+            return
+        if status.phase in ACTIVE_PHASES:
+            for attempt in range(status.attempt or 1, 0, -1):
+                self.kube.delete_job(ref.namespace, child_name(ref.name, ref.uid, old, attempt))
+            # Owned by the first Job, so the garbage collector takes it too; deleted here all
+            # the same, whatever its owner references say.
+            self.kube.delete_configmap(
+                ref.namespace, status.configMapName or child_name(ref.name, ref.uid, old)
+            )
+        if self.settings.neuron_dra is not None:
+            superseded = TestRef(ref.namespace, ref.name, ref.uid, old)
+            self.kube.delete_resource_claim_template(ref.namespace, claim_template_name(superseded))
 
 
 __all__ = ["HUB_TOKEN_LABEL", "Launcher"]

@@ -21,7 +21,9 @@ Rules the table keeps, whoever sends the event:
   generation, which starts again from New);
 * waiting stages move forward only (Queued -> Pending -> Running), except that a runner pod
   that lost its place (Kueue preempted it, no node fits it any more) goes back to Queued;
-* an event about one attempt (a Job) is refused once the test moved on to another attempt.
+* an event about one attempt (a Job) is refused once the test moved on to another attempt;
+* waiting and a replaced pod are never a verdict: an attempt that ended that way leads to the
+  next attempt (a new Job), never to Completed.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Stage(StrEnum):
 
     NEW = "New"
     RETRYING = "Pending/retrying"
+    NEXT_ATTEMPT_REFUSED = "Pending/nextAttemptRefused"
     PENDING = "Pending"
     QUEUED_FOR_ADMISSION = "Queued/KueueAdmission"
     NOT_ADMITTED = "Queued/NotAdmitted"
@@ -68,6 +71,7 @@ class Stage(StrEnum):
 _PHASES: dict[Stage, Phase | None] = {
     Stage.NEW: None,
     Stage.RETRYING: Phase.PENDING,
+    Stage.NEXT_ATTEMPT_REFUSED: Phase.PENDING,
     Stage.PENDING: Phase.PENDING,
     Stage.QUEUED_FOR_ADMISSION: Phase.QUEUED,
     Stage.NOT_ADMITTED: Phase.QUEUED,
@@ -90,13 +94,17 @@ WITH_JOB = frozenset(
     }
 )
 """Stages with a runner Job in flight: its events move the test."""
+ATTEMPTED = WITH_JOB | {Stage.NEXT_ATTEMPT_REFUSED}
+"""Stages with a Job of this generation: in flight, or ended and waiting for the next attempt's
+Job (whose end may still be handled: recorded, retried)."""
 TERMINAL = frozenset({Stage.COMPLETED, Stage.INVALID})
 """Stages nothing moves a generation out of."""
 
 
 def retrying(status: TestStatus) -> bool:
-    """Whether ``status`` waits to size or create again (no Job of its generation yet)."""
-    return (
+    """Whether ``status`` waits to size or create again (no Job of its generation yet: a
+    refused next attempt has one, its attempt's)."""
+    return status.attempt is None and (
         status.reason("Sized") == "SizingRetrying" or status.reason("JobCreated") == "CreateRefused"
     )
 
@@ -108,7 +116,11 @@ def stage_of(status: TestStatus, generation: int) -> Stage:
     if status.phase is Phase.QUEUED:
         return _QUEUED_FOR.get(status.reason("Queued") or "", Stage.QUEUED_FOR_ADMISSION)
     if status.phase is Phase.PENDING:
-        return Stage.RETRYING if retrying(status) else Stage.PENDING
+        if retrying(status):
+            return Stage.RETRYING
+        if status.reason("JobCreated") == "CreateRefused":
+            return Stage.NEXT_ATTEMPT_REFUSED
+        return Stage.PENDING
     return Stage(status.phase.value)
 
 
@@ -232,6 +244,46 @@ class NodeLost:
 
 
 @dataclass(frozen=True)
+class WaitedPastDeadline:
+    """The Job's backstop deadline passed while run.py had not run the test's timeout: the time
+    went to waiting (for a node, Kueue, a pod the API server refused) or to a pod replaced late
+    in the same Job, whose start time a replacement does not reset. No verdict: the next
+    attempt's Job exists."""
+
+    attempt: int
+    job_name: str  # the next attempt's
+    run_id: str  # the next attempt's
+    why: str
+
+
+@dataclass(frozen=True)
+class NextAttemptRefused:
+    """The attempt's Job ended for the cluster's reasons and the API server refused the next
+    attempt's Job for now (a quota, throttling): tried again after a backoff."""
+
+    attempt: int  # the attempt whose Job ended
+    message: str  # why, and when it is tried again
+    first: bool  # the first try failed (an Event says so once)
+
+
+@dataclass(frozen=True)
+class PodRefused:
+    """The watchdog found the Job active with no runner pod, and the Job controller's
+    ``FailedCreate`` Event saying why the API server refused the pod (a ResourceQuota, a
+    LimitRange, Pod Security admission, a webhook); the test keeps waiting."""
+
+    attempt: int
+    message: str  # the API server's, as the Job controller's Event gives it
+
+
+@dataclass(frozen=True)
+class PodCreated:
+    """The watchdog found a runner pod of a Job whose pod the API server had refused."""
+
+    attempt: int
+
+
+@dataclass(frozen=True)
 class RecordingDeferred:
     """The Job ended and no result can be recorded yet (nothing readable, or the store
     refused): tried again after a backoff; the stage stays."""
@@ -267,6 +319,10 @@ Event = (
     | Scheduled
     | PodReady
     | NodeLost
+    | WaitedPastDeadline
+    | NextAttemptRefused
+    | PodRefused
+    | PodCreated
     | RecordingDeferred
     | Recorded
 )
@@ -447,6 +503,7 @@ def _waiting_move(
     assert phase is not None
     kind, value, reason = condition
     conditions = set_condition(status.condition_dicts(), kind, value, reason, message, generation)
+    conditions = _pod_exists(conditions, generation)
     if phase is Phase.RUNNING:
         conditions = set_condition(
             conditions, "Queued", False, "Started", "a runner pod is ready", generation
@@ -511,25 +568,85 @@ def _pod_ready(status: TestStatus, generation: int, event: PodReady) -> Move:
     )  # fmt: skip
 
 
-def _node_lost(status: TestStatus, generation: int, event: NodeLost) -> Move:
+_CREATED = "the Job created its runner pod"
+
+
+def _pod_exists(conditions: list[dict[str, Any]], generation: int) -> list[dict[str, Any]]:
+    """``conditions`` with a ``PodCreated=False`` (the API server refused the pod) set True: the
+    runner pod exists now."""
+    refused = next((c for c in conditions if c.get("type") == "PodCreated"), None)
+    if refused is None or refused.get("status") == "True":
+        return conditions
+    return set_condition(conditions, "PodCreated", True, "Created", _CREATED, generation)
+
+
+def _next_attempt(
+    status: TestStatus, generation: int, event: NodeLost | WaitedPastDeadline, reason: str
+) -> Move:
+    """The attempt ended without a verdict and the next attempt's Job exists: Pending at it."""
     next_attempt = event.attempt + 1
     message = f"{event.why}; attempt {next_attempt} in Job {event.job_name}"
-    conditions = set_condition(
-        status.condition_dicts(), "JobCreated", True, "NodeLost", message, generation
-    )
+    # What was said of the ended attempt's pod is not said of the next one's.
+    earlier = [c for c in status.condition_dicts() if c.get("type") != "PodCreated"]
+    conditions = set_condition(earlier, "JobCreated", True, reason, message, generation)
     fields = TestStatus(
         phase=Phase.PENDING,
         attempt=next_attempt,
         jobName=event.job_name,
         runId=event.run_id,
+        message=None,
         conditions=kstatus_conditions(conditions, Phase.PENDING, generation),
     )
     announce = Announcement(
-        "Warning",
-        "NodeLost",
-        f"{event.why}; retrying as Job {event.job_name} (attempt {next_attempt})",
+        "Warning", reason, f"{event.why}; retrying as Job {event.job_name} (attempt {next_attempt})"
     )
     return Move(StatusPatch(fields), Stage.PENDING, announce)
+
+
+def _node_lost(status: TestStatus, generation: int, event: NodeLost) -> Move:
+    return _next_attempt(status, generation, event, "NodeLost")
+
+
+def _waited_past_deadline(status: TestStatus, generation: int, event: WaitedPastDeadline) -> Move:
+    return _next_attempt(status, generation, event, "WaitedPastDeadline")
+
+
+def _next_attempt_refused(status: TestStatus, generation: int, event: NextAttemptRefused) -> Move:
+    message = event.message
+    conditions = set_condition(
+        status.condition_dicts(), "JobCreated", False, "CreateRefused", message, generation
+    )
+    fields = TestStatus(
+        phase=Phase.PENDING,
+        message=message[:MESSAGE_LIMIT],
+        conditions=kstatus_conditions(conditions, Phase.PENDING, generation, message=message),
+    )
+    announce = Announcement("Warning", "CreateRefused", message) if event.first else None
+    return Move(StatusPatch(fields), Stage.NEXT_ATTEMPT_REFUSED, announce)
+
+
+def _pod_refused(status: TestStatus, generation: int, event: PodRefused) -> Move | None:
+    current = status.condition("PodCreated")
+    if current is not None and current.status == "False":
+        # Said already; the condition keeps the first occurrence (each refusal names another
+        # generated pod name, and the Job controller keeps trying).
+        return None
+    conditions = set_condition(
+        status.condition_dicts(), "PodCreated", False, "FailedCreate", event.message, generation
+    )
+    announce = Announcement("Warning", "FailedCreate", event.message)
+    return Move(
+        StatusPatch(TestStatus(conditions=conditions)), stage_of(status, generation), announce
+    )
+
+
+def _pod_created(status: TestStatus, generation: int, event: PodCreated) -> Move | None:
+    if status.is_true("PodCreated"):
+        return None  # said already
+    conditions = set_condition(
+        status.condition_dicts(), "PodCreated", True, "Created", _CREATED, generation
+    )
+    return Move(StatusPatch(TestStatus(conditions=conditions)), stage_of(status, generation))
 
 
 def _recording_deferred(
@@ -634,6 +751,9 @@ def _row(
 
 _WAITING_FOR_KUEUE = {Stage.QUEUED_FOR_ADMISSION, Stage.NOT_ADMITTED}
 
+_POD_MAY_BE_REFUSED = {Stage.PENDING, Stage.QUEUED_FOR_CAPACITY, Stage.RUNNING}
+"""Stages whose Job is admitted (not suspended): the Job controller creates its pods."""
+
 TRANSITIONS: tuple[Transition, ...] = (
     # Sizing and launch (no Job yet; a retry starts over from sizing).
     _row(
@@ -646,7 +766,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     _row(RetryLater, BEFORE_JOB, {Stage.RETRYING}, _retry_later, per_attempt=False),
     _row(FailedBeforeRun, BEFORE_JOB, {Stage.COMPLETED}, _failed_before_run, per_attempt=False),
     _row(Excluded, BEFORE_JOB, {Stage.COMPLETED}, _excluded, per_attempt=False),
-    _row(SpecInvalid, BEFORE_JOB | WITH_JOB, {Stage.INVALID}, _spec_invalid, per_attempt=False),
+    _row(SpecInvalid, BEFORE_JOB | ATTEMPTED, {Stage.INVALID}, _spec_invalid, per_attempt=False),
     # The Job's own events.
     _row(
         KueueWaiting,
@@ -656,9 +776,11 @@ TRANSITIONS: tuple[Transition, ...] = (
     ),
     _row(Admitted, _WAITING_FOR_KUEUE, {Stage.PENDING}, _admitted),
     _row(PodReady, WITH_JOB - {Stage.RUNNING}, {Stage.RUNNING}, _pod_ready),
-    _row(NodeLost, WITH_JOB, {Stage.PENDING}, _node_lost),
-    _row(RecordingDeferred, WITH_JOB, WITH_JOB, _recording_deferred),
-    _row(Recorded, WITH_JOB, {Stage.COMPLETED}, _recorded),
+    _row(NodeLost, ATTEMPTED, {Stage.PENDING}, _node_lost),
+    _row(WaitedPastDeadline, ATTEMPTED, {Stage.PENDING}, _waited_past_deadline),
+    _row(NextAttemptRefused, ATTEMPTED, {Stage.NEXT_ATTEMPT_REFUSED}, _next_attempt_refused),
+    _row(RecordingDeferred, ATTEMPTED, ATTEMPTED, _recording_deferred),
+    _row(Recorded, ATTEMPTED, {Stage.COMPLETED}, _recorded),
     # The watchdog's findings.
     _row(NotAdmitted, {Stage.QUEUED_FOR_ADMISSION}, {Stage.NOT_ADMITTED}, _not_admitted),
     _row(
@@ -668,6 +790,8 @@ TRANSITIONS: tuple[Transition, ...] = (
         _unschedulable,
     ),
     _row(Scheduled, {Stage.QUEUED_FOR_CAPACITY}, {Stage.PENDING}, _scheduled),
+    _row(PodRefused, _POD_MAY_BE_REFUSED, _POD_MAY_BE_REFUSED, _pod_refused),
+    _row(PodCreated, _POD_MAY_BE_REFUSED, _POD_MAY_BE_REFUSED, _pod_created),
 )
 """The lifecycle: every event, the stages it leaves and the stages it leads to. A pair of
 stage and event not in it is refused (no write)."""
@@ -710,6 +834,8 @@ def table_markdown() -> str:
     def names(stages: frozenset[Stage]) -> str:
         if stages == WITH_JOB:
             return "any with a Job"
+        if stages == ATTEMPTED:
+            return "any with a Job, Pending/nextAttemptRefused"
         return ", ".join(stage.value for stage in Stage if stage in stages)
 
     def said(item: type[Any] | Stage) -> str:
@@ -734,7 +860,10 @@ _STAGE_DOCS = {
     Stage.NEW: "No status of this generation yet (a new test, or a changed spec).",
     Stage.RETRYING: "No Job: sizing could not reach the Hub, or the API server refused a "
     "create for now; tried again after a backoff.",
-    Stage.PENDING: "The Job exists; no runner pod is ready.",
+    Stage.NEXT_ATTEMPT_REFUSED: "The attempt's Job ended for the cluster's reasons and the API "
+    "server refused the next attempt's Job for now; tried again after a backoff.",
+    Stage.PENDING: "The Job exists; no runner pod is ready (condition PodCreated=False when the "
+    "API server refused the pod).",
     Stage.QUEUED_FOR_ADMISSION: "The Job waits for Kueue to admit it (first, or again after a "
     "preemption).",
     Stage.NOT_ADMITTED: "Kueue has not admitted the Job within kueueAdmissionLimitSeconds.",
@@ -761,6 +890,7 @@ def condition_reason(summary: str) -> str:
 
 
 __all__ = [
+    "ATTEMPTED",
     "BEFORE_JOB",
     "TERMINAL",
     "TRANSITIONS",
@@ -773,9 +903,12 @@ __all__ = [
     "KueueWaiting",
     "Launched",
     "Move",
+    "NextAttemptRefused",
     "NodeLost",
     "NotAdmitted",
+    "PodCreated",
     "PodReady",
+    "PodRefused",
     "Recorded",
     "RecordingDeferred",
     "RetryLater",
@@ -784,6 +917,7 @@ __all__ = [
     "Stage",
     "Transition",
     "Unschedulable",
+    "WaitedPastDeadline",
     "allows",
     "handled",
     "retrying",

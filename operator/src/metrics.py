@@ -37,11 +37,14 @@ JOBS_CREATED = Counter(
     "model_support_jobs_created_total", "Runner Jobs created (retries included)."
 )
 RETRIES = Counter(
-    "model_support_node_loss_retries_total", "Runner Jobs re-created after their node was lost."
+    "model_support_node_loss_retries_total",
+    "Runner Jobs re-created after an attempt ended without a verdict (its node lost, its backstop "
+    "deadline spent waiting).",
 )
 STATUS_CONFLICTS = Counter(
     "model_support_status_conflicts_total",
-    "Test status writes refused with 409 (the test changed since it was read); each is read again.",
+    "Status writes (tests, sweeps) refused with 409 (the object changed since it was read); "
+    "each is read again.",
 )
 
 STACK_LABELS = ["compiler", "compiler_version", "library", "library_version"]

@@ -50,6 +50,7 @@ class JobState(StrEnum):
     NODE_LOST = "node-lost"  # the node went away: worth another attempt
     INFRASTRUCTURE = "infrastructure"  # failed for a reason of the cluster, not of the model
     STORAGE = "storage"  # evicted for using more local storage than the pod was sized for
+    WAITED = "waited"  # the backstop deadline passed while run.py had not run its timeout
 
 
 @dataclass(frozen=True)
@@ -351,10 +352,13 @@ def _deadline(
 ) -> tuple[JobState, str]:
     """A Job that reached its backstop deadline (``activeDeadlineSeconds``).
 
-    That deadline counts from the Job's start, waiting and pulling included; the test's own
-    timeout is the runner's, from run.py's start (it delivers TIMEOUT itself). So the backstop
-    is TIMEOUT only when run.py demonstrably ran at least the test's timeout (the runner failed
-    to stop it); otherwise the time went to waiting: ERROR/infrastructure, saying for what.
+    That deadline counts from the Job's ``startTime``, waiting and pulling included, and a pod
+    the Job controller starts in place of an evicted one does not reset it (only a resume after
+    a suspension does: kubernetes pkg/controller/job/job_controller.go, ``syncJob`` and
+    ``pastActiveDeadline``). The test's own timeout is the runner's, from run.py's start (it
+    delivers TIMEOUT itself). So the backstop is TIMEOUT only when run.py demonstrably ran at
+    least the test's timeout (the runner failed to stop it); otherwise the time went to waiting
+    or to a pod replaced late: WAITED, no verdict (another attempt), saying for what.
     """
     deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
     annotations = (job.get("metadata") or {}).get("annotations") or {}
@@ -366,13 +370,13 @@ def _deadline(
     started = _parse_time(ran.get("startedAt"))
     if pod is None:
         return (
-            JobState.INFRASTRUCTURE,
-            f"{what} passed and no runner pod is left to say whether run.py started; the runner "
-            "enforces the test's timeout itself and delivered no TIMEOUT",
+            JobState.WAITED,
+            f"{what} passed with no runner pod (none was created, or none is left): no verdict "
+            "on the model",
         )
     if started is None:
         return (
-            JobState.INFRASTRUCTURE,
+            JobState.WAITED,
             f"{what} passed before run.py started: the pod was {_waited_for(pod)}",
         )
     ended = _parse_time(ran.get("finishedAt")) or _parse_time(failed.get("lastTransitionTime"))
@@ -384,10 +388,11 @@ def _deadline(
             "ended it",
         )
     return (
-        JobState.INFRASTRUCTURE,
+        JobState.WAITED,
         f"{what} passed after run.py had run only {ran_s:.0f} s of its {timeout or '?'} s "
-        "timeout: the rest went to waiting for a node, the image or the init steps (raise "
-        "the setting deadlineBudgetSeconds, or free capacity)",
+        "timeout: the rest went to waiting for a node, the image or the init steps, or to a pod "
+        "replaced in the same Job (a replacement does not restart the Job's clock); no verdict "
+        "on the model",
     )
 
 
@@ -456,19 +461,12 @@ class PullFailures:
             return first
 
 
-PULL_FAILURES = PullFailures()
-"""The operator process's record of failing pulls (:func:`pod_waiting`'s default)."""
-
-
-def pod_waiting(
-    pod: dict[str, Any], now: datetime | None = None, pulls: PullFailures | None = None
-) -> Waiting | None:
+def pod_waiting(pod: dict[str, Any], now: datetime | None, pulls: PullFailures) -> Waiting | None:
     """What a pending runner pod waits for (None: it is not pending, or simply starting).
 
-    A failing image pull is dated by ``pulls`` (by default the process's
-    :data:`PULL_FAILURES`): from the first time it was seen failing."""
+    A failing image pull is dated by ``pulls`` (the watchdog's, :class:`PullFailures`): from
+    the first time it was seen failing."""
     now = now or datetime.now(UTC)
-    pulls = PULL_FAILURES if pulls is None else pulls
     status = pod.get("status") or {}
     if status.get("phase") not in (None, "Pending"):
         return None
@@ -506,7 +504,7 @@ def stuck_reason(
     now: datetime | None = None,
     unschedulable_limit_s: float | None,
     image_pull_limit_s: float,
-    pulls: PullFailures | None = None,
+    pulls: PullFailures,
 ) -> str | None:
     """Why a pending runner pod will never start (past the limits), or None while it may.
 
@@ -535,6 +533,9 @@ INFRA_RESULTS: dict[JobState, tuple[Result, ErrorClass | None]] = {
     JobState.NODE_LOST: (Result.ERROR, ErrorClass.INFRASTRUCTURE),
     JobState.INFRASTRUCTURE: (Result.ERROR, ErrorClass.INFRASTRUCTURE),
     JobState.STORAGE: (Result.ERROR, ErrorClass.INFRASTRUCTURE),
+    # Retried, never recorded as such; here so that a Job gone before its retry (recorded
+    # from what is left) is the cluster's error, not the model's.
+    JobState.WAITED: (Result.ERROR, ErrorClass.INFRASTRUCTURE),
 }
 """The result recorded for a Job that ended without a result document of its own."""
 

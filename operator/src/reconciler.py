@@ -51,9 +51,12 @@ from model_support.operator.lifecycle import (
     KueueWaiting,
     Launched,
     Move,
+    NextAttemptRefused,
     NodeLost,
     NotAdmitted,
+    PodCreated,
     PodReady,
+    PodRefused,
     Recorded,
     RecordingDeferred,
     RetryLater,
@@ -61,6 +64,7 @@ from model_support.operator.lifecycle import (
     SpecInvalid,
     Stage,
     Unschedulable,
+    WaitedPastDeadline,
     allows,
     handled,
     stage_of,
@@ -84,7 +88,7 @@ from model_support.operator.retries import Retries
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.slots import DeliverySlots
 from model_support.operator.spec import SpecError, TestSpec, parse_spec
-from model_support.operator.status import ACTIVE_PHASES, Phase, StatusPatch, TestStatus
+from model_support.operator.status import Phase, StatusPatch, TestStatus
 from model_support.operator.status_writer import StatusWriter
 from model_support.records import ResultDocument, failure_document
 from model_support.runpath import Unavailable
@@ -94,9 +98,22 @@ from model_support.vocabulary import ErrorClass, Parallelism, Result
 log = logging.getLogger(__name__)
 
 GiB = 2**30
+SHOWN_LATELY_ROUNDS = 3
+"""A test a watch event showed within this many watchdog intervals is launched from that view
+without a read (the watchdog's retries of tests kopf has not handled yet)."""
 
-WaitingMove = KueueWaiting | Admitted | PodReady | NotAdmitted | Unschedulable | Scheduled
-"""Events that move a test among the stages with a Job (Queued, Pending, Running)."""
+WaitingMove = (
+    KueueWaiting
+    | Admitted
+    | PodReady
+    | NotAdmitted
+    | Unschedulable
+    | Scheduled
+    | PodRefused
+    | PodCreated
+)
+"""Events that move a test among the stages with a Job (Queued, Pending, Running), or say what
+it waits for."""
 
 
 class _NotRead:
@@ -239,12 +256,12 @@ class Reconciler:
             return  # a test being deleted is never sized, launched or recorded
         # A late event (older than what this process wrote or saw since, e.g. the startup
         # listing after the test was completed) must not undo a handled generation: act on
-        # the newest view.
-        self.reconcile(self.writer.newest(body), resumed=event_type is None)
+        # the newest view. (A Job that went while the operator was away, or while a watch
+        # relisted, is found by the watchdog's audit after every listing: one list, not a read
+        # per test.)
+        self.reconcile(self.writer.newest(body))
 
-    def reconcile(
-        self, body: dict[str, Any], *, resumed: bool = False, from_cache: bool = False
-    ) -> None:
+    def reconcile(self, body: dict[str, Any], *, from_cache: bool = False) -> None:
         """Bring one generation of a test to a running Job (or a recorded final state).
 
         ``from_cache``: ``body`` is what this process last saw, not an event just received, so
@@ -255,8 +272,6 @@ class Reconciler:
         ref = ref_of(body)
         status = TestStatus.read(body.get("status"))
         if handled(status, ref.generation):
-            if resumed and status.phase in ACTIVE_PHASES:
-                self._check_job_exists(body, ref, status)
             return  # this generation is handled; its Job's events carry it on
         key = (ref.uid, ref.generation)
         tries = self.retries.sizing_tries(key)
@@ -305,7 +320,9 @@ class Reconciler:
             self.apply(ref, Excluded(run_id, exclusion.reason, exclusion.message))
             return
         if from_cache:
-            fresh = self.writer.fresh(ref)
+            # A test a watch event showed lately exists (a Job made for one deleted since goes
+            # with its owner); else it is read: a relist may have missed its deletion.
+            fresh = self.writer.shown(ref, SHOWN_LATELY_ROUNDS * self.settings.watchdog_interval_s)
             if fresh is None:
                 return  # what we knew is stale (e.g. missed after a watch relist): no owner, no Job
             if handled(TestStatus.read(fresh.get("status")), ref.generation):
@@ -364,16 +381,31 @@ class Reconciler:
         run_id = self.recorder.before_run(ref, spec, record)
         self.apply(ref, FailedBeforeRun(run_id, Result.ERROR, error_class, message, reason))
 
-    def _check_job_exists(self, body: dict[str, Any], ref: TestRef, status: TestStatus) -> None:
-        """On restart: a test whose Job vanished while the operator was away is finished from
-        its delivered document, or as ERROR/infrastructure when there is none."""
-        job_name = status.jobName
-        if job_name and self.kube.read_job(ref.namespace, job_name) is None:
-            reading = Reading(
-                JobState.INFRASTRUCTURE,
-                f"the runner Job {job_name} disappeared before its result was read",
-            )
-            self.finish(body, ref, status.attempt or 1, job_name, reading, final=True)
+    def job_gone(self, body: dict[str, Any]) -> bool:
+        """An active test whose Job a listing lacks (deleted while the operator was away, or
+        while its Jobs watch relisted: no DELETED event came): asked of the API; a Job that is
+        gone is handled as the Job-deleted path does. The test is finished from its delivered
+        document, or as ERROR/infrastructure without one; a test that waited for its next
+        attempt's Job tries that again. Returns whether the Job was gone."""
+        ref = ref_of(body)
+        status = TestStatus.read(body.get("status"))
+        job_name, attempt = status.jobName, status.attempt or 1
+        if job_name is None or self.current_test(ref, attempt) is None:
+            return False
+        if self.kube.read_job(ref.namespace, job_name) is not None:
+            return False  # the listing was older than the Job (or it is recorded meanwhile)
+        if stage_of(status, ref.generation) is Stage.NEXT_ATTEMPT_REFUSED:
+            # Its end was read already (the cluster's doing): only the next Job is missing.
+            why = status.condition("JobCreated")
+            reading = Reading(JobState.NODE_LOST, why.message if why else "the Job ended")
+            self._start_again(body, ref, attempt, reading, NodeLost)
+            return True
+        reading = Reading(
+            JobState.INFRASTRUCTURE,
+            f"the runner Job {job_name} disappeared before its result was read",
+        )
+        self.finish(body, ref, attempt, job_name, reading, final=True)
+        return True
 
     # ---------------------------------------------------------------- runner Job events
 
@@ -412,11 +444,13 @@ class Reconciler:
                 and not self.releases.released_lately(ref.namespace, job_name)
             ):
                 # Recorded, but the operator stopped before it released the Job to its TTL.
-                self.releases.release(ref.namespace, job_name)
+                self.releases.release(ref.namespace, job_name, job_ended_at(job))
             return
         run_id = run_id_for(ref.uid, ref.generation, attempt)
         if not self.retries.recording_due(run_id):
             return  # a deferred recording whose backoff has not elapsed
+        if self.retries.sizing_tries((ref.uid, ref.generation, attempt + 1)) is None:
+            return  # its next attempt's Job was refused: tried again once the backoff passed
         delivered = self.slots.read(self.recorder.store_uri(_spec_or_none(test)), run_id)
         final = event_type == "DELETED"
         if is_document(delivered) and reading.state is JobState.SUCCEEDED:
@@ -444,7 +478,12 @@ class Reconciler:
                 message=f"the runner Job {job_name} was deleted before it finished",
             )
         if reading.state == JobState.NODE_LOST and self.retries.another_attempt(attempt):
-            self._start_again(test, ref, attempt, reading)
+            self._start_again(test, ref, attempt, reading, NodeLost)
+            return
+        if reading.state == JobState.WAITED:
+            # Waiting and replacement are never a verdict, however often (a test waits for
+            # capacity as long as it takes): the next attempt's Job starts the clock anew.
+            self._start_again(test, ref, attempt, reading, WaitedPastDeadline)
             return
         self.finish(
             test, ref, attempt, job_name, reading, ended_at=job_ended_at(job), final=final,
@@ -472,9 +511,21 @@ class Reconciler:
         return len(due)
 
     def _start_again(
-        self, test: dict[str, Any], ref: TestRef, attempt: int, reading: Reading
+        self,
+        test: dict[str, Any],
+        ref: TestRef,
+        attempt: int,
+        reading: Reading,
+        event: type[NodeLost] | type[WaitedPastDeadline],
     ) -> None:
-        """Node lost: the same run.py again in a new Job (attempt + 1); bounded by max_attempts."""
+        """The attempt ended without a verdict (its node lost, its time spent waiting): the
+        same run.py again in a new Job (attempt + 1). A create the API server refuses for now
+        is said on the test (``NextAttemptRefused``) and tried again after a backoff, as a
+        refused first Job is; refused for good, the test is Invalid."""
+        key = (ref.uid, ref.generation, attempt + 1)
+        tries = self.retries.sizing_tries(key)
+        if tries is None:
+            return  # refused lately: tried again once its backoff passed
         spec = parse_spec(dict(test.get("spec") or {}))
         status = TestStatus.read(test.get("status"))
         if status.cores is None:
@@ -493,8 +544,21 @@ class Reconciler:
             # removed): no record, since the model did nothing wrong; the message says what to fix.
             self.apply(ref, SpecInvalid(f"cannot retry after {reading.message}: {exc}"))
             return
+        except CreateRefused as exc:
+            if exc.for_good:  # admission or validation: this retry cannot run as is
+                self.apply(ref, SpecInvalid(f"cannot retry after {reading.message}: {exc}"))
+                return
+            delay = self.retries.size_later(key, tries)
+            message = (
+                f"{reading.message}; attempt {attempt + 1}: {exc}; retrying in {delay:g} s "
+                f"(try {tries + 1})"
+            )
+            log.warning("%s/%s: %s", ref.namespace, ref.name, message)
+            self.apply(ref, NextAttemptRefused(attempt, message, first=tries == 0))
+            return
+        self.retries.sized(key)
         next_run = run_id_for(ref.uid, ref.generation, attempt + 1)
-        self.apply(ref, NodeLost(attempt, job_name, next_run, reading.message))
+        self.apply(ref, event(attempt, job_name, next_run, reading.message))
 
     # ---------------------------------------------------------------- the end of a run
 
@@ -613,10 +677,10 @@ class Reconciler:
         # Before the status says Completed: a concurrent resync must not release it twice.
         self.releases.about_to_release(ref.namespace, job_name)
         if not first_time and self.writer.completed(ref):
-            self.releases.release_attempts(ref, attempt)
+            self.releases.release_attempts(ref, attempt, reading.ended_at or ended_at)
             return True  # what we knew of the test was behind: it is complete, say nothing twice
         self._complete(test, ref, attempt, document, run_id)
-        self.releases.release_attempts(ref, attempt)
+        self.releases.release_attempts(ref, attempt, reading.ended_at or ended_at)
         return True
 
     def _complete(

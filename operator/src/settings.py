@@ -160,7 +160,7 @@ class OperatorSettings(BaseModel):
     deadline_budget_s: float | None = Field(
         3600.0,
         ge=0,
-        description="Time a runner Job may spend outside run.py (waiting for a node or for Kueue, image pull, init steps) before its backstop deadline (activeDeadlineSeconds = timeoutSeconds + this + the compile cache and delivery deadlines). The test's own timeout is enforced by the runner from run.py's start. A Job that reaches the backstop before run.py ran is ERROR/infrastructure. None = no Job deadline: wait as long as it takes.",
+        description="Time a runner Job may spend outside run.py (waiting for a node or for Kueue, image pull, init steps) before its backstop deadline (activeDeadlineSeconds = timeoutSeconds + this + the compile cache and delivery deadlines). The test's own timeout is enforced by the runner from run.py's start. A Job that reaches the backstop before run.py ran its timeout (waiting, a pod replaced late) is no verdict: the next attempt runs in a new Job. None = no Job deadline: wait as long as it takes.",
     )
     running_write_delay_s: float = Field(
         2.0,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -45,7 +46,14 @@ class StatusWriter:
         self.kube = kube
         self.tests: dict[str, dict[str, Any]] = {}
         """Every watched test by uid, as the watch (or our own write) last showed it."""
+        self._shown_at: dict[str, float] = {}
+        """When a watch event, a write's answer or a read last showed each test to exist (a
+        listing does not count: deletions a relist missed are what it may hide)."""
         self._lock = threading.Lock()
+        self._writing: dict[str, threading.Lock] = {}
+        """One lock per test: this process's writes to a test go one after the other, each
+        computed from what the one before returned (two threads writing at once, a held
+        Running and the run's Completed, would meet a 409 and a read)."""
         self._on_forget = on_forget
 
     # ---------------------------------------------------------------- what the watch shows
@@ -61,6 +69,8 @@ class StatusWriter:
         with self._lock:
             if _newer(body, self.tests.get(uid)):
                 self.tests[uid] = body
+            if event_type is not None:
+                self._shown_at[uid] = time.monotonic()
 
     def newest(self, body: dict[str, Any]) -> dict[str, Any]:
         """The newest view of the test ``body`` shows (a late event must not undo a write)."""
@@ -82,6 +92,8 @@ class StatusWriter:
         """Drop a test that no longer exists from what this process keeps."""
         with self._lock:
             self.tests.pop(uid, None)
+            self._shown_at.pop(uid, None)
+            self._writing.pop(uid, None)
         if self._on_forget is not None:
             self._on_forget(uid)
 
@@ -95,6 +107,17 @@ class StatusWriter:
             self.observe(test, "FETCHED")
             return test
         return None
+
+    def shown(self, ref: TestRef, within_s: float) -> dict[str, Any] | None:
+        """The test, as a watch event (or a write's answer) showed it within the last
+        ``within_s`` seconds, else as the API has it now (:meth:`fresh`: a read); None when it
+        is gone, replaced or being deleted. Saves a read per test the watch just showed."""
+        with self._lock:
+            shown_at = self._shown_at.get(ref.uid)
+            known = self.tests.get(ref.uid)
+        if shown_at is not None and known is not None and time.monotonic() - shown_at < within_s:
+            return None if being_deleted(known) else known
+        return self.fresh(ref)
 
     def fresh(self, ref: TestRef) -> dict[str, Any] | None:
         """The test as the API has it now; None when it is gone, replaced or being deleted."""
@@ -125,6 +148,12 @@ class StatusWriter:
         test of another generation, or to one whose generation is Completed (a terminal phase
         is never moved back). Returns the patched test, None when nothing was written.
         """
+        with self._lock:
+            writing = self._writing.setdefault(ref.uid, threading.Lock())
+        with writing:
+            return self._write(ref, build)
+
+    def _write(self, ref: TestRef, build: Build) -> dict[str, Any] | None:
         test = self.get(ref)
         for _ in range(CONFLICT_TRIES):
             if test is None or int(test["metadata"].get("generation") or 1) != ref.generation:

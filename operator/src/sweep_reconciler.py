@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from model_support.operator import metrics, notifications
-from model_support.operator.kube import AlreadyExists, Kube, being_deleted
+from model_support.operator.kube import AlreadyExists, Conflict, Kube, being_deleted
 from model_support.operator.planning import InvalidTest, check_store_allowed, store_uri
 from model_support.operator.resource import (
     ANNOTATION_CONFIRMS,
@@ -39,6 +39,7 @@ from model_support.operator.resource import (
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import SpecError, parse_spec
 from model_support.operator.status import MESSAGE_LIMIT, Phase, TestStatus, set_condition
+from model_support.operator.status_writer import CONFLICT_TRIES
 from model_support.operator.sweep_confirmation import INVALID, Judged, Run, judge
 from model_support.operator.sweep_manifests import build_child, child_name, rerun_name, rerun_patch
 from model_support.operator.sweep_spec import (
@@ -178,6 +179,8 @@ class SweepReconciler:
         self._busy: set[str] = set()
         self._again: set[str] = set()
         self._dirty: set[str] = set()
+        self._conflicts: dict[str, int] = {}
+        """Status writes refused in a row with 409, per sweep (each makes a fresh read)."""
         self._written_at: dict[str, float] = {}
         self._ranking_retry: dict[str, tuple[float, float]] = {}  # uid -> (next at, delay)
         self._stores: dict[str, Any] = {}
@@ -208,7 +211,8 @@ class SweepReconciler:
         with self._lock:
             known = self.sweeps.get(uid)
             for table in (
-                self.sweeps, self._ledgers, self._written_at, self._ranking_retry, self._seen_at
+                self.sweeps, self._ledgers, self._written_at, self._ranking_retry, self._seen_at,
+                self._conflicts,
             ):  # fmt: skip
                 table.pop(uid, None)
             self._dirty.discard(uid)
@@ -824,7 +828,16 @@ class SweepReconciler:
         if _stored(old.get("ranking")) == _stored(new.get("ranking")):
             # Up to thousands of models: a merge patch that leaves it out leaves it as it is.
             body_patch.pop("ranking", None)
-        patched = self.kube.patch_sweep_status(meta["namespace"], meta["name"], body_patch)
+        try:
+            # Computed from this version of the sweep: applied to no other (409 otherwise).
+            patched = self.kube.patch_sweep_status(
+                meta["namespace"], meta["name"], body_patch, meta.get("resourceVersion")
+            )
+        except Conflict:
+            self._conflicted(uid, meta["namespace"], meta["name"])
+            return
+        with self._lock:
+            self._conflicts.pop(uid, None)
         if patched is not None:
             self._observe(patched)
         metrics.observe_sweep(meta["namespace"], meta["name"], status)
@@ -840,6 +853,31 @@ class SweepReconciler:
                 body, "Normal", "Done", str(new.get("message") or "")[:MESSAGE_LIMIT]
             )
             notifications.notifier().tell(notifications.sweep_finished(body, status))
+
+    def _conflicted(self, uid: str, namespace: str, name: str) -> None:
+        """A status write met a newer sweep (another writer, a spec or label change): read it
+        again and reconcile again from what it says (:meth:`reconcile` goes round once more),
+        up to ``CONFLICT_TRIES`` times in a row; then the tick tries again."""
+        metrics.STATUS_CONFLICTS.inc()
+        fresh = self.kube.get_sweep(namespace, name)
+        with self._lock:
+            self._written_at.pop(uid, None)  # nothing was written
+            tries = self._conflicts.get(uid, 0) + 1
+            self._conflicts[uid] = tries
+            if tries < CONFLICT_TRIES:
+                self._again.add(uid)
+            else:
+                self._conflicts.pop(uid, None)
+                self._dirty.add(uid)
+        if fresh is None or fresh["metadata"].get("uid") != uid:
+            self.forget(uid)
+            return
+        self._observe(fresh)
+        if tries >= CONFLICT_TRIES:
+            log.warning(
+                "sweep %s/%s: the status write kept conflicting (%d tries); the next tick "
+                "retries it", namespace, name, tries,
+            )  # fmt: skip
 
     def _observe(self, body: dict[str, Any]) -> None:
         uid = body["metadata"]["uid"]

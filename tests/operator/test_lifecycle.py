@@ -25,9 +25,12 @@ from model_support.operator.lifecycle import (
     FailedBeforeRun,
     KueueWaiting,
     Launched,
+    NextAttemptRefused,
     NodeLost,
     NotAdmitted,
+    PodCreated,
     PodReady,
+    PodRefused,
     Recorded,
     RecordingDeferred,
     RetryLater,
@@ -35,6 +38,7 @@ from model_support.operator.lifecycle import (
     SpecInvalid,
     Stage,
     Unschedulable,
+    WaitedPastDeadline,
     stage_of,
     step,
     table_markdown,
@@ -82,6 +86,10 @@ def one_of_each(attempt: int = 1) -> list[Event]:
         Scheduled(attempt),
         PodReady(attempt, STARTED),
         NodeLost(attempt, "qwen-abc-g3-a2", "run-a2", "node ip-10-0-0-1 went away"),
+        WaitedPastDeadline(attempt, "qwen-abc-g3-a2", "run-a2", "the backstop passed"),
+        NextAttemptRefused(attempt, "exceeded quota: trainium; retrying in 15 s", first=True),
+        PodRefused(attempt, 'Error creating: pods "qwen-abc-g3-a1-x" is forbidden'),
+        PodCreated(attempt),
         RecordingDeferred(attempt, "ResultUnavailable", "the store is unreachable", 5.0),
         recorded(Result.FAIL, attempt),
     ]
@@ -97,6 +105,7 @@ def apply(status: TestStatus, event: Event, generation: int = GENERATION) -> Tes
 PATHS: dict[Stage, list[Event]] = {
     Stage.NEW: [],
     Stage.RETRYING: [RetryLater("Sized", "SizingRetrying", "the Hub did not answer", first=True)],
+    Stage.NEXT_ATTEMPT_REFUSED: [launched(), NextAttemptRefused(1, "exceeded quota", first=True)],
     Stage.PENDING: [launched()],
     Stage.QUEUED_FOR_ADMISSION: [launched(queue="team-a")],
     Stage.NOT_ADMITTED: [launched(queue="team-a"), NotAdmitted(1, "not admitted for 600 s")],
@@ -147,7 +156,8 @@ def test_nothing_moves_a_finished_generation() -> None:
 def test_a_new_generation_starts_over_whatever_the_last_one_ended_in() -> None:
     job_events = {
         KueueWaiting, Admitted, NotAdmitted, Unschedulable, Scheduled, PodReady, NodeLost,
-        RecordingDeferred, Recorded,
+        WaitedPastDeadline, NextAttemptRefused, PodRefused, PodCreated, RecordingDeferred,
+        Recorded,
     }  # fmt: skip
     for stage in Stage:
         previous = reach(stage, generation=GENERATION - 1)

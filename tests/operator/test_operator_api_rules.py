@@ -7,6 +7,7 @@ would (or would not) have delivered, which is exactly what these rules are about
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -14,13 +15,14 @@ import kmock
 import pytest
 from k8s_harness import CMS_URL, JOBS_URL, NS, TESTS_URL, Harness, OperatorThread, now
 from kmock_kubelet import Kubelet
+from prometheus_client import REGISTRY
 from test_operator_lifecycle import SPEC, records, runner_log, start
 from test_sweeps import create_sweep, model_id, ready, sh, sweep_hub, wait_sweep  # noqa: F401
 from test_sweeps import start as start_sweeps
 
 from model_support.dataset import held_seconds, matrix_key, records_to_table
 from model_support.operator.kube import Kube, api_client
-from model_support.operator.reconciler import Reconciler
+from model_support.operator.reconciler import Reconciler, ref_of
 from model_support.operator.resource import (
     GROUP,
     PLURAL,
@@ -29,6 +31,7 @@ from model_support.operator.resource import (
     VERSION,
     child_name,
 )
+from model_support.operator.status import StatusPatch, TestStatus
 from model_support.operator.sweep_reconciler import SweepReconciler
 from model_support.operator.watchdog import Watchdog
 from model_support.vocabulary import Result
@@ -98,6 +101,42 @@ async def test_a_conflicting_status_write_is_made_again_from_a_fresh_read(
     assert conditions(status)["Audited"]["message"] == "by an auditor"  # not written over
 
 
+async def test_two_threads_writing_one_test_write_one_after_the_other(harness: Harness) -> None:
+    """A held Running and the run's end, written from two threads at once: the second write is
+    computed from what the first returned, so neither meets a 409 (and the read it costs)."""
+    h = harness
+    rec = reconciler(h)
+    test = await h.create_test("qwen", dict(SPEC))
+    await asyncio.to_thread(rec.on_test, test, "ADDED")
+    stored = await h.get(f"{TESTS_URL}/qwen")
+    assert stored is not None
+    ref = ref_of(stored)
+    first_building = threading.Event()
+    second_built = threading.Event()
+    seen_by_second: list[str | None] = []
+
+    def first(status: TestStatus) -> StatusPatch:
+        first_building.set()
+        # Without one write at a time, the second write is made and sent meanwhile from the
+        # same view, and this one, sent after it, is refused with 409.
+        second_built.wait(timeout=2)
+        return StatusPatch(TestStatus(message="first"))
+
+    def second(status: TestStatus) -> StatusPatch:
+        seen_by_second.append(status.message)
+        second_built.set()
+        return StatusPatch(TestStatus(message="second"))
+
+    conflicts = REGISTRY.get_sample_value("model_support_status_conflicts_total") or 0.0
+    writing_first = asyncio.create_task(asyncio.to_thread(rec.writer.write, ref, first))
+    await asyncio.to_thread(first_building.wait, 10)
+    await asyncio.to_thread(rec.writer.write, ref, second)
+    await writing_first
+    assert seen_by_second == ["first"]
+    assert (await h.test_status("qwen"))["message"] == "second"
+    assert REGISTRY.get_sample_value("model_support_status_conflicts_total") == conflicts
+
+
 async def test_a_sweep_status_write_carries_the_version_it_was_made_from(
     harness: Harness,
 ) -> None:
@@ -118,6 +157,34 @@ async def test_a_sweep_status_write_carries_the_version_it_was_made_from(
     fresh = ((await h.get(f"{SWEEPS_URL}/s")) or {})["metadata"]["resourceVersion"]
     written = await asyncio.to_thread(kube.patch_sweep_status, NS, "s", {"message": "mine"}, fresh)
     assert written is not None and written["status"]["message"] == "mine"
+
+
+async def test_a_sweep_status_computed_from_a_stale_view_is_made_again_from_a_fresh_read(
+    harness: Harness,
+) -> None:
+    """The sweep reconciler's own writes carry the version they were computed from: what
+    another writer added meanwhile (a condition) is read again and kept, not written over."""
+    h = harness
+    sweeps = SweepReconciler(h.settings, Kube(api_client(h.settings.api_server)))
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": SWEEP_KIND,
+        "metadata": {"name": "s"},
+        "spec": {"source": {"models": [{"model": "Qwen/Qwen3-0.6B"}]},
+                 "stack": {"profile": "trn2"}},
+    }  # fmt: skip
+    sweep = await h.create(SWEEPS_URL, body)
+    sweeps.on_sweep(sweep, None, act=False)  # what this process saw
+    audited = {
+        "type": "Audited", "status": "True", "reason": "Checked", "message": "by an auditor",
+        "lastTransitionTime": now(),
+    }  # fmt: skip
+    await h.patch(f"{SWEEPS_URL}/s/status", {"status": {"conditions": [audited]}})
+    await asyncio.to_thread(sweeps.reconcile, sweep["metadata"]["uid"])
+    status = ((await h.get(f"{SWEEPS_URL}/s")) or {})["status"]
+    kinds = {c["type"]: c for c in status["conditions"]}
+    assert kinds["Audited"]["message"] == "by an auditor"  # not written over
+    assert "Ready" in kinds and status["observedGeneration"] == 1  # and the operator's own
 
 
 # ------------------------------------------------------------------ refused creates
@@ -408,9 +475,10 @@ async def test_every_attempt_is_released_and_run_py_goes_with_its_job(harness: H
 
     jobs = await h.wait_for(released, what="both attempts' Jobs released")
     assert len(jobs) == 2
-    assert {j["spec"]["ttlSecondsAfterFinished"] for j in jobs} == {
-        h.settings.ttl_seconds_after_finished
-    }
+    # Kept the setting from now on: the TTL controller counts from each Job's finish, so each
+    # gets the (here short) time since it finished on top.
+    setting = h.settings.ttl_seconds_after_finished
+    assert all(setting <= j["spec"]["ttlSecondsAfterFinished"] <= setting + 120 for j in jobs)
 
 
 # ------------------------------------------------------------------ placeable cores

@@ -288,6 +288,30 @@ async def test_a_retried_run_claims_from_the_same_template_and_passes(harness: H
     assert (await h.get(f"{TESTS_URL}/qwen")) is not None and len(await h.items(JOBS_URL)) == 2
 
 
+async def test_a_spec_change_deletes_the_superseded_generations_template(
+    harness: Harness,
+) -> None:
+    """One template per generation: a new generation's replaces its predecessor's (whose
+    pods' claims, made from it, belong to those pods), so templates do not pile up."""
+    h = harness
+    h.settings = dra_settings(h)
+    await h.start_operator()
+    test = await h.create_test("qwen", spec_for(1, 1))
+    uid = test["metadata"]["uid"]
+    [first] = await h.wait_job()
+    await h.patch(f"{TESTS_URL}/qwen", {"spec": {"lnc": 2}})
+    await h.wait_job(child_name("qwen", uid, 2, 1))
+
+    async def one_template() -> list[dict[str, Any]] | None:
+        templates = await h.items(CLAIM_TEMPLATES_URL)
+        return templates if len(templates) == 1 else None
+
+    [template] = await h.wait_for(one_template, what="the superseded template deleted")
+    assert template["metadata"]["name"] == child_name("qwen", uid, 2)
+    assert_claims_devices(template, 1, None, 2)
+    assert await h.get(f"{JOBS_URL}/{first['metadata']['name']}") is None  # superseded too
+
+
 async def test_a_retry_after_the_dra_default_was_removed_is_invalid_not_a_result(
     harness: Harness,
 ) -> None:
@@ -388,7 +412,8 @@ def test_the_chart_grants_claim_templates_only_with_dra(namespaces: list[str]) -
     rules = [r for d in docs if d["kind"] in ("Role", "ClusterRole") for r in d["rules"]]
     roles_with_claims = [r for r in rules if "resourceclaimtemplates" in r["resources"]]
     assert len(roles_with_claims) == max(1, len(namespaces))  # in every Role the operator has
-    assert operator_rules(docs)[CLAIMS_RULE] == {"get", "create"}
+    # delete: the template of a generation superseded by a spec change.
+    assert operator_rules(docs)[CLAIMS_RULE] == {"get", "create", "delete"}
     settings = chart_settings(docs)
     assert settings.neuron_dra == NeuronDraSettings(config_api_version="neuron.aws.com/v2")
     assert settings.neuron_dra.default_lnc == 2 and settings.neuron_dra.device_class_name == (

@@ -23,7 +23,7 @@ from model_support.operator.manifests import (
     build_configmap,
     build_job,
 )
-from model_support.operator.outcome import JobState, read_job, stuck_reason
+from model_support.operator.outcome import JobState, PullFailures, read_job, stuck_reason
 from model_support.operator.resource import child_name, run_id_for
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import PROFILES, SpecError, parse_spec
@@ -690,11 +690,10 @@ def test_job_readings() -> None:
         read_job(_job("Complete", "Completed"), [_pod({"exitCode": 0})]).state == JobState.SUCCEEDED
     )
     # The Job's deadline is a backstop counted from the Job's start: without run.py having run
-    # its timeout it is the cluster's waiting, never the model's TIMEOUT.
+    # its timeout it is the cluster's waiting (another attempt), never a verdict on the model.
     never_ran = read_job(_job("Failed", "DeadlineExceeded"), [_pod()])
-    assert (
-        never_ran.state == JobState.INFRASTRUCTURE and "before run.py started" in never_ran.message
-    )
+    assert never_ran.state == JobState.WAITED and "before run.py started" in never_ran.message
+    assert read_job(_job("Failed", "DeadlineExceeded"), []).state == JobState.WAITED
     ran_long = _job("Failed", "DeadlineExceeded")
     ran_long["metadata"] = {"annotations": {"modelsupport.dev/timeout-seconds": "60"}}
     started = {
@@ -704,7 +703,7 @@ def test_job_readings() -> None:
     }
     assert read_job(ran_long, [_pod(started)]).state == JobState.TIMEOUT
     started_late = {**started, "startedAt": "2026-01-01T00:01:00Z"}
-    assert read_job(ran_long, [_pod(started_late)]).state == JobState.INFRASTRUCTURE
+    assert read_job(ran_long, [_pod(started_late)]).state == JobState.WAITED
     assert (
         read_job(
             _job("Failed", "BackoffLimitExceeded"), [_pod({"exitCode": 137, "reason": "OOMKilled"})]
@@ -763,22 +762,23 @@ def test_stuck_pods() -> None:
             }
         ],
     )
-    assert (
-        stuck_reason(pending, now=now, unschedulable_limit_s=30, image_pull_limit_s=300) is not None
-    )
-    assert stuck_reason(pending, now=now, unschedulable_limit_s=120, image_pull_limit_s=300) is None
+
+    def stuck(unschedulable_limit_s: float | None) -> str | None:
+        return stuck_reason(
+            pending, now=now, unschedulable_limit_s=unschedulable_limit_s,
+            image_pull_limit_s=300, pulls=PullFailures(),
+        )  # fmt: skip
+
+    assert stuck(30) is not None
+    assert stuck(120) is None
     # Unschedulable for any time is only waiting unless a limit is configured.
-    assert (
-        stuck_reason(pending, now=now, unschedulable_limit_s=None, image_pull_limit_s=300) is None
-    )
+    assert stuck(None) is None
 
 
 def test_the_image_pull_limit_counts_from_the_first_pull_failure_not_from_scheduling() -> None:
     """An 11-minute healthy pull of a large image, then one ErrImagePull: the pod has failed
     to pull for seconds, not for 11 minutes; past the limit since that failure it is stuck."""
     from datetime import UTC, datetime, timedelta
-
-    from model_support.operator.outcome import PullFailures
 
     pulls = PullFailures()
     scheduled = datetime(2026, 1, 1, 0, 0, tzinfo=UTC)
@@ -910,11 +910,17 @@ def test_chart_renders_valid_least_privilege_manifests(values: dict[str, Any]) -
         and not d["metadata"]["name"].endswith(("-edit", "-view"))
         for r in d["rules"]
     ]
-    verbs = {
-        (g, res): set(r["verbs"]) for r in rules for g in r["apiGroups"] for res in r["resources"]
-    }
+    verbs: dict[tuple[str, str], set[str]] = {}
+    for r in rules:
+        for g in r["apiGroups"]:
+            for res in r["resources"]:
+                verbs.setdefault((g, res), set()).update(r["verbs"])
     assert "*" not in {v for vs in verbs.values() for v in vs}
     assert verbs[("batch", "jobs")] == {"get", "list", "watch", "create", "delete", "patch"}
+    # run.py of a superseded generation is deleted; the Job controller's FailedCreate Events
+    # on runner Jobs are read (why a runner pod was refused).
+    assert verbs[("", "configmaps")] == {"get", "create", "delete"}
+    assert verbs[("", "events")] == {"create", "list"}
     assert verbs[("", "pods/log")] == {"get"}
     assert verbs[("modelsupport.dev", "modelsupporttests/finalizers")] == {"update"}
     # Sweeps: read, status written, tests created and re-run, owner references set.

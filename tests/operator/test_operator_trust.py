@@ -123,7 +123,6 @@ async def test_each_attempt_gets_its_own_slot(h: Harness) -> None:
     [
         ("oom", ("ERROR", "out-of-memory")),
         ("deadline", ("TIMEOUT", None)),
-        ("deadline-after-waiting", ("ERROR", "infrastructure")),
         ("never-started", ("ERROR", "infrastructure")),
     ],
 )
@@ -138,12 +137,12 @@ async def test_the_jobs_own_end_stands_over_what_the_pod_delivered(
     await h.deliver(job, document_for(Result.PASS).model_dump_json().encode())
     if how == "oom":
         await h.end_pod(job, pod, exit_code=137, log=None, container_reason="OOMKilled")
-    elif how.startswith("deadline"):
-        # The Job's backstop deadline: after run.py ran its whole timeout (TIMEOUT), or after
-        # the time went to waiting and run.py had only just started (the cluster's fault).
+    elif how == "deadline":
+        # The Job's backstop deadline after run.py ran its whole timeout (the runner failed to
+        # stop it): TIMEOUT, whatever the pod delivered.
         await h.end_pod(
             job, pod, exit_code=143, log=None, job_condition=("Failed", "DeadlineExceeded"),
-            started_at="2020-01-01T00:00:00Z" if how == "deadline" else now(),
+            started_at="2020-01-01T00:00:00Z",
         )  # fmt: skip
     else:  # an init step (the extra packages' install) kept failing: run.py never started
         while not await h.job_ended(job):
@@ -155,6 +154,24 @@ async def test_the_jobs_own_end_stands_over_what_the_pod_delivered(
     [record] = records(h)
     assert record.document.result.value == expected[0]
     assert "the runner's delivery said PASS" in (record.document.error or "")
+
+
+async def test_a_delivery_cannot_turn_a_backstop_spent_waiting_into_a_result(
+    h: Harness,
+) -> None:
+    """The backstop passed when run.py had only just started (the time went to waiting): no
+    verdict, and what the pod delivered is no verdict either: the next attempt runs."""
+    _, job = await start(h)
+    await h.wait_status("qwen", lambda s: s.get("phase") == "Pending", "Pending")
+    pod = await h.start_pod(job)
+    await h.deliver(job, document_for(Result.PASS).model_dump_json().encode())
+    await h.end_pod(
+        job, pod, exit_code=143, log=None, job_condition=("Failed", "DeadlineExceeded"),
+        started_at=now(),
+    )  # fmt: skip
+    status = await h.wait_status("qwen", lambda s: s.get("attempt") == 2, "attempt 2")
+    assert status["phase"] == "Pending" and "result" not in status
+    assert records(h) == []
 
 
 async def test_a_delivery_cannot_date_itself_into_the_future(h: Harness) -> None:

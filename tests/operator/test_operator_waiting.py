@@ -14,6 +14,7 @@ from k8s_harness import JOBS_URL, Harness, now
 from test_operator_api_rules import reconciler
 from test_operator_lifecycle import SPEC, records, runner_log, start
 
+from model_support.operator.resource import child_name
 from model_support.runner_pod import STOPPED_MESSAGE
 from model_support.stop_signals import STOPPED_EXIT
 from model_support.vocabulary import Result
@@ -36,11 +37,14 @@ UNSCHEDULABLE = {
 }
 
 
-async def test_the_timeout_counts_from_run_py_and_waiting_past_the_backstop_is_not_timeout(
+async def test_the_timeout_counts_from_run_py_and_waiting_past_the_backstop_is_no_verdict(
     harness: Harness,
 ) -> None:
+    """A test waits for capacity as long as it takes: a pod no node fits until the Job's
+    backstop deadline passes (no Kueue, no unschedulableLimitSeconds) ends that Job, not the
+    test. The next attempt's Job starts the deadline anew; nothing is recorded."""
     h = harness
-    _, job = await start(h, spec={**SPEC, "timeoutSeconds": 600})
+    test, job = await start(h, spec={**SPEC, "timeoutSeconds": 600})
     # The runner enforces the test's timeout from run.py's start; the Job's deadline is only a
     # backstop that leaves room for waiting, pulling and the init steps.
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
@@ -50,12 +54,54 @@ async def test_the_timeout_counts_from_run_py_and_waiting_past_the_backstop_is_n
     await h.start_pod(job, conditions=[UNSCHEDULABLE])
     await phase(h, "Queued")
     await h.finish_job(job, exit_code=1, job_condition=("Failed", "DeadlineExceeded"))
+    status = await h.wait_status("qwen", lambda s: s.get("attempt") == 2, "attempt 2")
+    assert status["phase"] == "Pending" and "result" not in status
+    retried = conditions(status)["JobCreated"]
+    assert (retried["status"], retried["reason"]) == ("True", "WaitedPastDeadline")
+    assert "before run.py started" in retried["message"]
+    assert "Insufficient aws.amazon.com/neuroncore" in retried["message"]
+    [event] = await h.wait_events("WaitedPastDeadline")
+    assert event["type"] == "Warning"
+    [second] = await h.wait_job(child_name("qwen", test["metadata"]["uid"], 1, 2))
+    assert second["spec"]["activeDeadlineSeconds"] == job["spec"]["activeDeadlineSeconds"]
+    assert records(h) == []
+    # Capacity comes: the second attempt runs the test to its result.
+    pod = await h.start_pod(second)
+    await h.run_pod(pod)
+    await h.end_pod(second, pod, exit_code=0, log=runner_log(Result.PASS))
     status = await phase(h, "Completed")
-    assert (status["result"], status.get("errorClass")) == ("ERROR", "infrastructure")
-    assert "before run.py started" in status["message"]
-    assert "Insufficient aws.amazon.com/neuroncore" in status["message"]
-    [record] = records(h)
-    assert record.document.result == Result.ERROR
+    assert (status["result"], status["attempt"]) == ("PASS", 2)
+    assert [r.document.result for r in records(h)] == [Result.PASS]
+
+
+async def test_a_late_eviction_is_no_verdict_when_the_backstop_then_passes(
+    harness: Harness,
+) -> None:
+    """A pod evicted late in a long run is replaced inside the same Job, whose startTime a
+    replacement does not reset (the Job controller's activeDeadlineSeconds counts from it):
+    the backstop then passes while the replacement's run.py has run only a little of its
+    timeout. That is replacement and waiting, not the model: the test is retried."""
+    h = harness
+    test, job = await start(h, spec={**SPEC, "timeoutSeconds": 7200})
+    first = await h.start_pod(job)
+    await h.run_pod(first)
+    await phase(h, "Running")
+    assert await h.disrupt_pod(first, "EvictionByEvictionAPI") == "Ignore"
+    second = await h.start_pod(job)  # the Job's replacement: the Job's startTime stays
+    await h.run_pod(second)
+    # The backstop passes soon after the replacement's run.py started (the harness plays
+    # the clock: the Job started long ago).
+    action = await h.end_pod(
+        job, second, exit_code=143, log=None, job_condition=("Failed", "DeadlineExceeded"),
+        started_at=now(),
+    )  # fmt: skip
+    assert action == "Failed"
+    status = await h.wait_status("qwen", lambda s: s.get("attempt") == 2, "attempt 2")
+    assert status["phase"] == "Pending" and "result" not in status
+    said = conditions(status)["JobCreated"]["message"]
+    assert "run.py had run only" in said and "a pod replaced in the same Job" in said
+    assert records(h) == []
+    await h.wait_job(child_name("qwen", test["metadata"]["uid"], 1, 2))
 
 
 async def test_kueue_preemption_requeues_the_test_and_it_runs_when_resumed(

@@ -58,9 +58,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [modelsupport.dev]
   resources: [modelsupporttests/finalizers, modelsupportsweeps/finalizers, modelsupportbisects/finalizers]
   verbs: [update]
+# delete: a generation superseded by a spec change takes its run.py along.
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [get, create]
+  verbs: [get, create, delete]
 # patch: a recorded Job is labelled and handed to the TTL controller.
 - apiGroups: [batch]
   resources: [jobs]
@@ -74,6 +75,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create]
+# list: the Job controller's FailedCreate Events on runner Jobs (why a pod was refused).
+- apiGroups: [""]
+  resources: [events]
+  verbs: [list]
 # create: one Secret per runner attempt holding its delivery slot's upload URL (S3 stores).
 - apiGroups: [""]
   resources: [secrets]
@@ -90,10 +95,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   {{- end }}
 {{- end }}
 {{- if .Values.neuron.dra.enabled }}
-# One ResourceClaimTemplate per test generation (DRA); pods' claims are made from it.
+# One ResourceClaimTemplate per test generation (DRA); pods' claims are made from it. delete:
+# a generation superseded by a spec change.
 - apiGroups: [resource.k8s.io]
   resources: [resourceclaimtemplates]
-  verbs: [get, create]
+  verbs: [get, create, delete]
 {{- end }}
 {{- end -}}
 
