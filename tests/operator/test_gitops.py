@@ -12,6 +12,7 @@ import pytest
 import yaml
 from test_operator_manifests import cel_violations, render_chart
 
+from model_support.operator.bisect_status import bisect_conditions
 from model_support.operator.status import Phase, kstatus_conditions
 from model_support.operator.sweep_spec import parse_sweep
 from model_support.operator.sweep_status import sweep_conditions
@@ -112,8 +113,13 @@ def resource(kind: str, status: dict[str, Any] | None, generation: int = 1) -> d
     return obj
 
 
-def test_health_checks_exist_for_both_kinds(health: dict[str, str]) -> None:
-    assert sorted(health) == ["ModelSupportSweep", "ModelSupportTest"]
+def test_health_checks_exist_for_every_kind(health: dict[str, str]) -> None:
+    """Every kind the operator defines (crds/) has Argo CD's health check."""
+    kinds = [
+        yaml.safe_load(path.read_text())["spec"]["names"]["kind"]
+        for path in sorted((ROOT / "crds").glob("*.yaml"))
+    ]
+    assert len(kinds) == 3 and sorted(health) == sorted(kinds)
 
 
 def test_a_tests_health_follows_its_phase_not_its_result(health: dict[str, str]) -> None:
@@ -178,3 +184,36 @@ def test_sync_waves_wait_for_the_applications_health() -> None:
     for state in ("Healthy", "Progressing", "Degraded"):
         status = {"health": {"status": state, "message": "m"}}
         assert run_check(check, {**app, "status": status}) == {"status": state, "message": "m"}
+
+
+def test_a_bisects_health_is_progressing_until_it_names_the_first_bad_version(
+    health: dict[str, str],
+) -> None:
+    check = health["ModelSupportBisect"]
+    assert run_check(check, resource("ModelSupportBisect", None))["status"] == "Progressing"
+    expected = {
+        "Planning": "Progressing",
+        "Bisecting": "Progressing",
+        "Done": "Healthy",
+        "Failed": "Degraded",
+        "Invalid": "Degraded",
+    }
+    conditions = None
+    for phase, health_status in expected.items():
+        conditions = bisect_conditions(conditions, phase, 2, f"the bisect is {phase}")  # type: ignore[arg-type]
+        status = {"phase": phase, "observedGeneration": 2, "conditions": conditions}
+        assert run_check(check, resource("ModelSupportBisect", status, generation=2)) == {
+            "status": health_status,
+            "message": f"the bisect is {phase}",
+        }
+    # A store outage while planning is said on the bisect and is no failure: Progressing.
+    retrying = bisect_conditions(None, "Planning", 2, "a results store could not be read")
+    status = {"phase": "Planning", "observedGeneration": 2, "conditions": retrying}
+    assert run_check(check, resource("ModelSupportBisect", status, generation=2))["status"] == (
+        "Progressing"
+    )
+    done = bisect_conditions(None, "Done", 2, "first bad version: torch 2.13.0")
+    status = {"phase": "Done", "observedGeneration": 2, "conditions": done}
+    assert run_check(check, resource("ModelSupportBisect", status, generation=3))["status"] == (
+        "Progressing"
+    )
