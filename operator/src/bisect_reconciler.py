@@ -104,7 +104,8 @@ class BisectReconciler:
         self._prepared: dict[str, Prepared] = {}
         self._busy: set[str] = set()
         self._again: set[str] = set()
-        self._retry: dict[str, tuple[float, float]] = {}  # uid -> (next at, delay)
+        self._retry: dict[str, tuple[float, float, int]] = {}
+        """Bisects waiting out a store outage, by uid: (next try at, delay, generation)."""
         self._stores: dict[str, Any] = {}
 
     # ---------------------------------------------------------------- events
@@ -121,8 +122,16 @@ class BisectReconciler:
             return  # its step tests go with it (owner references); their records stay
         with self._lock:
             self.bisects[uid] = (meta["namespace"], meta["name"])
-        if act and not being_deleted(body):
+        generation = int(meta.get("generation") or 1)
+        if act and not being_deleted(body) and not self._backing_off(uid, generation):
             self.reconcile(uid)
+
+    def _backing_off(self, uid: str, generation: int) -> bool:
+        """Whether the bisect waits out a store outage at this generation: an event of its own
+        status write (which says so) must not retry before the backoff ends (tick does then)."""
+        with self._lock:
+            retry = self._retry.get(uid)
+        return retry is not None and retry[2] == generation and time.monotonic() < retry[0]
 
     def on_test(self, body: dict[str, Any], event_type: str | None, *, act: bool = True) -> None:
         """A test changed: a step of a bisect that finished (or vanished) lets it go on."""
@@ -150,7 +159,7 @@ class BisectReconciler:
         """Reconcile the bisects whose retry (a store that could not be read) is due."""
         clock = time.monotonic()
         with self._lock:
-            due = [uid for uid, (at, _) in self._retry.items() if clock >= at]
+            due = [uid for uid, (at, _, _) in self._retry.items() if clock >= at]
         for uid in due:
             self.reconcile(uid)
         return len(due)
@@ -442,7 +451,7 @@ class BisectReconciler:
         with self._lock:
             previous = self._retry.get(uid)
             delay = min(self.settings.retry_cap_s, previous[1] * 2 if previous else 5.0)
-            self._retry[uid] = (time.monotonic() + delay, delay)
+            self._retry[uid] = (time.monotonic() + delay, delay, generation)
         message = (
             f"a results store could not be read: {access_failure_reason(exc)}; trying again "
             f"in {delay:g} s"

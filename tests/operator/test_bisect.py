@@ -6,7 +6,9 @@ stand-in's runners report what the version their extra-packages step pins would 
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +20,7 @@ from k8s_harness import NS, Harness
 from kmock_kubelet import Kubelet, runner_document
 from package_index import BACKEND, build_index, served
 from packaging.version import Version
+from tcp_gate import TcpGate
 from test_sweeps import model_id, objects, sh, start, sweep_hub
 from typer.testing import CliRunner
 
@@ -303,3 +306,67 @@ def test_only_the_operators_own_store_publishes_stack_and_release_metrics(tmp_pa
     recorder.store_for(parse_spec({"model": "a/b", "results": own}))
     published = {uri: m.publish for uri, m in recorder.materializers.items()}
     assert published == {own: True, steps_location(own): False}
+
+
+async def test_a_store_outage_while_planning_is_waited_out_never_a_verdict(
+    sh: Harness,
+    sweep_hub: HubServer,
+    index_url: str,
+    isolated_pip: None,
+    s3_endpoint: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The results store (S3) stops answering as the bisect starts: the bisect says so and
+    tries again after a backoff, never Failed; once the store answers, it plans from its rows."""
+    import s3fs
+
+    host, port = s3_endpoint.removeprefix("http://").split(":")
+    with TcpGate(host, int(port)) as gate:
+        for key, value in {
+            "AWS_ENDPOINT_URL": gate.url,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_MAX_ATTEMPTS": "1",  # each read fails at once while the store is down
+        }.items():
+            monkeypatch.setenv(key, value)
+        s3fs.S3FileSystem.clear_instance_cache()
+        bucket = f"results-{uuid.uuid4().hex[:12]}"
+        s3fs.S3FileSystem().mkdir(bucket)
+        sh.settings.results_uri = f"s3://{bucket}/model-support"
+        config = config_of(sweep_hub)
+        image = {"image": sh.settings.runner_image}
+        results = ResultsStore(sh.settings.results_uri)
+        good, bad = row(config, "1.0.0", image), row(config, "1.0.7", image)
+        for record in (good, bad):
+            results.add(record)
+        results.materialize()
+        manifest = bisect_manifest(
+            MODEL, "--good", good.run_id, "--bad", bad.run_id, "--index-url", index_url,
+            "--name", "outage",
+        )  # fmt: skip
+
+        gate.shut()
+        s3fs.S3FileSystem.clear_instance_cache()
+        await start(sh)
+        await sh.create(BISECTS_URL, manifest)
+        waiting = await bisect_status(sh, "outage", "Planning")
+        assert "a results store could not be read" in waiting["message"], waiting
+        assert "its endpoint did not answer" in waiting["message"]
+        # Its own status write (the watch shows it at once) does not retry before the backoff
+        # ends: over 4 s, at most the first try and the one 5 s after it.
+        said = {waiting["message"].rsplit("trying again in ", 1)[1]}
+        for _ in range(8):
+            await asyncio.sleep(0.5)
+            found = await sh.get(f"{BISECTS_URL}/outage")
+            said.add(found["status"]["message"].rsplit("trying again in ", 1)[1])
+        assert len(said) <= 2 and said <= {"5 s", "10 s", "20 s"}, said
+        assert {c["type"]: c["status"] for c in waiting["conditions"]}["Stalled"] == "False"
+
+        gate.open()
+        planned = await bisect_status(sh, "outage", "Bisecting")
+    (suspect,) = planned["plan"]["suspects"]
+    assert suspect["name"] == "tiny-compile-backend"
+    # The outage was said, never concluded: no Failed in between, and no verdict Event.
+    reasons = {e["reason"] for e in await sh.events() if e["involvedObject"]["name"] == "outage"}
+    assert "BisectFailed" not in reasons
