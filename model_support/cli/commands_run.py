@@ -22,7 +22,6 @@ from model_support.cli import run_cache
 from model_support.cli.common import (
     DEFAULT_RESULTS,
     console,
-    default_instance,
     fail,
     open_store,
     plan_cores,
@@ -35,7 +34,6 @@ from model_support.execution import StageEvent
 from model_support.hardware import INSTANCE_KINDS
 from model_support.models import BadModelReference, resolve_model
 from model_support.records import RunRecord
-from model_support.runpath import excluded_record
 from model_support.stop_signals import on_stop_signals
 from model_support.vocabulary import (
     Backend,
@@ -256,30 +254,8 @@ def given_cores_exclusion(
     without safetensors weights, a gated one without a token. Sizing decides at the given
     cores, so both paths record the same EXCLUDED row with the same message; a size that does
     not fit is only a note there (the user chose the cores)."""
-    from model_support.hub import is_unreachable
-    from model_support.runpath import prepare
-
-    try:
-        prepared = prepare(
-            config,
-            profile=instance or default_instance(config.backend),
-            lnc=lnc,
-            max_cores=max(config.cores, 1),
-            cores=config.cores,
-            token=os.environ.get("HF_TOKEN"),
-        )
-    except ValueError as exc:
-        raise fail(f"cannot size {config.model!r}: {exc}") from exc
-    except Exception as exc:
-        if not is_unreachable(exc):
-            raise
-        raise unreachable_hub(config.model, exc) from exc
-    if prepared.exclusion is not None:
-        exclusion = prepared.exclusion
-        return excluded_record(
-            prepared.config, exclusion.reason, exclusion.message, needed=exclusion.needed_split
-        )
-    return None
+    planned = plan_cores(config, instance, lnc, max(config.cores, 1), cores=config.cores)
+    return planned if isinstance(planned, RunRecord) else None
 
 
 def save_record(store: ResultsStore, record: RunRecord, results: str) -> bool:

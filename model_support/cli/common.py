@@ -112,9 +112,14 @@ def torch_has_gpu_build() -> bool:
 
 
 def plan_cores(
-    config: RunConfig, instance: str | None, lnc: int | None, max_cores: int
+    config: RunConfig,
+    instance: str | None,
+    lnc: int | None,
+    max_cores: int,
+    cores: int | None = None,
 ) -> RunConfig | RunRecord:
-    """Size the model: the config with the planned cores, or an EXCLUDED record (not yet stored)."""
+    """Size the model: the config with the planned cores, or an EXCLUDED record (not yet stored).
+    With ``cores`` (given by the user) sizing decides at those cores."""
     from model_support.hub import is_unreachable
     from model_support.runpath import prepare
 
@@ -125,6 +130,7 @@ def plan_cores(
             profile=instance or default_instance(config.backend),
             lnc=lnc,
             max_cores=max_cores,
+            cores=cores,
             token=os.environ.get("HF_TOKEN"),
         )
     except ValueError as exc:
