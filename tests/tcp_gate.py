@@ -8,6 +8,8 @@ import socket
 import threading
 from types import TracebackType
 
+from ports import unused_port
+
 
 class TcpGate:
     """Forward ``127.0.0.1:<port>`` to ``target``; :meth:`shut` refuses and drops connections
@@ -18,10 +20,8 @@ class TcpGate:
         self._listener: socket.socket | None = None
         self._connections: list[socket.socket] = []
         self._lock = threading.Lock()
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        self.port = probe.getsockname()[1]
-        probe.close()
+        # Below the kernel's ephemeral range: no outgoing connection takes it while shut.
+        self.port = unused_port()
 
     @property
     def url(self) -> str:
