@@ -56,6 +56,7 @@ from model_support.operator.bisect_status import (
     bisect_conditions,
 )
 from model_support.operator.kube import AlreadyExists, Conflict, Kube, being_deleted
+from model_support.operator.one_at_a_time import OneAtATime
 from model_support.operator.planning import InvalidTest, check_store_allowed
 from model_support.operator.resource import ANNOTATION_BISECT_STEP, LABEL_BISECT
 from model_support.operator.settings import OperatorSettings
@@ -102,8 +103,7 @@ class BisectReconciler:
         self.bisects: dict[str, tuple[str, str]] = {}
         """Every watched bisect by uid: (namespace, name)."""
         self._prepared: dict[str, Prepared] = {}
-        self._busy: set[str] = set()
-        self._again: set[str] = set()
+        self._runs = OneAtATime()
         self._retry: dict[str, tuple[float, float, int]] = {}
         """Bisects waiting out a store outage, by uid: (next try at, delay, generation)."""
         self._stores: dict[str, Any] = {}
@@ -168,29 +168,15 @@ class BisectReconciler:
 
     def reconcile(self, uid: str) -> None:
         """Bring one bisect forward; a concurrent call makes the running one go round again."""
-        with self._lock:
-            if uid in self._busy:
-                self._again.add(uid)
+        self._runs.run(uid, lambda: self._reconcile_reading_again_on_conflict(uid))
+
+    def _reconcile_reading_again_on_conflict(self, uid: str) -> None:
+        for _ in range(_CONFLICT_RETRIES):
+            try:
+                self._reconcile(uid)
                 return
-            self._busy.add(uid)
-        try:
-            while True:
-                for _ in range(_CONFLICT_RETRIES):
-                    try:
-                        self._reconcile(uid)
-                        break
-                    except Conflict:
-                        continue  # written meanwhile: read it again and decide again
-                with self._lock:
-                    if uid not in self._again:
-                        self._busy.discard(uid)
-                        return
-                    self._again.discard(uid)
-        except BaseException:
-            with self._lock:
-                self._busy.discard(uid)
-                self._again.discard(uid)
-            raise
+            except Conflict:
+                continue  # written meanwhile: read it again and decide again
 
     def _reconcile(self, uid: str) -> None:
         with self._lock:

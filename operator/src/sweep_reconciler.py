@@ -28,6 +28,7 @@ from typing import Any
 
 from model_support.operator import metrics, notifications
 from model_support.operator.kube import AlreadyExists, Conflict, Kube, being_deleted
+from model_support.operator.one_at_a_time import OneAtATime
 from model_support.operator.planning import InvalidTest, check_store_allowed, store_uri
 from model_support.operator.resource import (
     ANNOTATION_CONFIRMS,
@@ -176,8 +177,7 @@ class SweepReconciler:
         self.sweeps: dict[str, dict[str, Any]] = {}
         """Every watched sweep by uid, as last seen (watch events and our own writes)."""
         self._ledgers: dict[str, _Ledger] = {}
-        self._busy: set[str] = set()
-        self._again: set[str] = set()
+        self._runs = OneAtATime()
         self._dirty: set[str] = set()
         self._conflicts: dict[str, int] = {}
         """Status writes refused in a row with 409, per sweep (each makes a fresh read)."""
@@ -346,25 +346,7 @@ class SweepReconciler:
 
     def reconcile(self, uid: str) -> None:
         """Bring one sweep forward; a concurrent call makes the running one go round again."""
-        with self._lock:
-            if uid in self._busy:
-                self._again.add(uid)
-                return
-            self._busy.add(uid)
-        try:
-            while True:
-                self._reconcile(uid)
-                with self._lock:
-                    if uid not in self._again:
-                        self._busy.discard(uid)
-                        return
-                    self._again.discard(uid)
-        except BaseException:
-            with self._lock:
-                self._busy.discard(uid)
-                self._again.discard(uid)
-                self._dirty.add(uid)  # the tick tries again
-            raise
+        self._runs.run(uid, lambda: self._reconcile(uid))
 
     def _reconcile(self, uid: str) -> None:
         body = self.sweeps.get(uid)
@@ -865,7 +847,7 @@ class SweepReconciler:
             tries = self._conflicts.get(uid, 0) + 1
             self._conflicts[uid] = tries
             if tries < CONFLICT_TRIES:
-                self._again.add(uid)
+                self._runs.again(uid)
             else:
                 self._conflicts.pop(uid, None)
                 self._dirty.add(uid)
