@@ -239,7 +239,11 @@ class DeliveryArea:
                 raise ValueError(f"{path} is not a regular file, not a delivered document")
             if info.st_size > MAX_DOCUMENT_BYTES:
                 raise ValueError(self._too_large(slot, info.st_size))
-            data = handle.read(MAX_DOCUMENT_BYTES + 1)
+            # read(n) sets aside n bytes at once: ask for what the file holds (and one more, to
+            # see it grow), not for the largest document allowed.
+            data = handle.read(info.st_size + 1)
+            if len(data) > info.st_size:  # it grew since fstat: read on, up to the limit
+                data += handle.read(MAX_DOCUMENT_BYTES + 1 - len(data))
         if len(data) > MAX_DOCUMENT_BYTES:  # it grew while it was read
             raise ValueError(self._too_large(slot, len(data)))
         return data

@@ -589,7 +589,7 @@ class ResultsStore:
             base = None
             if index is not None and _key_json(key) not in gone_keys and previous is not None:
                 base = self._matrix_table(f"{data_dir}/{previous}.parquet")
-            added = additions.get(key)
+            added = additions.pop(key, None)  # its rows live on in tables[key] alone
             if base is None:  # rebuild this file from every record it holds
                 held = self._read_records(sorted(members.get(_key_json(key), [])), strict)
                 parts = [_latest_table(held, key)] if held else []
@@ -1025,8 +1025,13 @@ def _fold_records(
     for position, i in enumerate(order):
         rows_of[keys[i]].append(position)
     placed = {record.run_id: _key_json(key) for record, key in zip(records, keys, strict=True)}
+    # Records of one matrix file (a sweep's) are every row of the table, in order: no copy of
+    # their run.py texts (a few hundred KiB each) is taken.
     tables = {
-        key: _latest_rows(table.take(pa.array(rows, pa.int64()))) for key, rows in rows_of.items()
+        key: _latest_rows(
+            table if len(rows) == table.num_rows else table.take(pa.array(rows, pa.int64()))
+        )
+        for key, rows in rows_of.items()
     }
     return tables, placed, table.select(list(HISTORY_SCHEMA.names))
 
@@ -1270,7 +1275,8 @@ def _merge(base: pa.Table, added: pa.Table) -> pa.Table:
         winners.append(j)
     if not winners:
         return base
-    new = added.take(pa.array(winners, pa.int64()))  # still in the file's row order
+    # Still in the file's row order; when every added row wins, no copy of them is taken.
+    new = added if len(winners) == added.num_rows else added.take(pa.array(winners, pa.int64()))
     order = _history_keys(base)
     new_order = _history_keys(new)
     events = sorted(

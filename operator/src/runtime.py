@@ -9,6 +9,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from model_support.operator.handlers import build_registry
+from model_support.operator.memory import give_freed_memory_back
 from model_support.operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,7 @@ def run_operator(settings: OperatorSettings, *, liveness: str | None = None) -> 
     if settings.metrics_port is not None:
         start_http_server(settings.metrics_port)
         log.info("metrics on :%d/metrics", settings.metrics_port)
+    give_freed_memory_back()  # before any burst: its peak, not its history, stays
     registry = build_registry(settings)
     asyncio.run(
         kopf.operator(
