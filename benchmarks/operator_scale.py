@@ -74,7 +74,7 @@ async def main(n_tests: int, idle_rounds: int) -> int:
         CpuNeighbour(),
     ):
         async with Emulator() as server, kmock.Server(server) as srv:
-            server.history = 4
+            server.history = 1  # the request log kmock matches each request against
             server.operator_requests = collections.Counter()
             declare_resources(server)
             results = Path(tmp) / "results"

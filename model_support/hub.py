@@ -16,11 +16,14 @@ Library errors (gated, not found) are left to propagate: callers classify them.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import hashlib
 import json
 import os
 import re
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -134,8 +137,41 @@ def hub_api(endpoint: str | None = None, token: str | None = None) -> HfApi:
     return HfApi(endpoint=endpoint, token=token)
 
 
+HANDED_OVER_MAX = 1024
+"""Pinned repository information waiting for its sizing (a bound: a pin never sized is dropped)."""
+_handed_over: collections.OrderedDict[tuple[str, str, str, str], ModelInfo] = (
+    collections.OrderedDict()
+)
+_handed_over_lock = threading.Lock()
+
+
+def _handover_key(api: HfApi, repo_id: str, commit: str, token: str | None) -> tuple[str, ...]:
+    # Keyed by whose token read it too: one tenant's read of a private repository is never
+    # another's answer.
+    bound = api.token if isinstance(api.token, str) else None
+    secret = token or bound or get_token() or ""  # the token the request was sent with
+    return (api.endpoint, repo_id, commit, hashlib.sha256(secret.encode()).hexdigest())
+
+
+def hand_over_model_info(api: HfApi, repo_id: str, token: str | None, info: ModelInfo) -> None:
+    """Keep what pinning a revision read (``info``, at commit ``info.sha``) for the sizing that
+    follows, which reads the same commit: one Hub request per test instead of two."""
+    if not info.sha:
+        return
+    with _handed_over_lock:
+        _handed_over[_handover_key(api, repo_id, info.sha, token)] = info
+        while len(_handed_over) > HANDED_OVER_MAX:
+            _handed_over.popitem(last=False)
+
+
 def hub_model_info(api: HfApi, repo_id: str, revision: str | None, token: str | None) -> ModelInfo:
-    """Repository information (gated flag, pipeline tag, sha); no files are read."""
+    """Repository information (gated flag, pipeline tag, sha); no files are read. What pinning
+    this commit handed over (:func:`hand_over_model_info`) is taken once, not read again."""
+    if revision is not None:
+        with _handed_over_lock:
+            info = _handed_over.pop(_handover_key(api, repo_id, revision, token), None)
+        if info is not None:
+            return info
     return api.model_info(repo_id, revision=revision, token=token)
 
 

@@ -93,10 +93,11 @@ def pin_revision(config: RunConfig, *, token: str | None, endpoint: str | None =
         RevisionNotFoundError,
     )
 
-    from model_support.hub import hub_api
+    from model_support.hub import hand_over_model_info, hub_api
 
+    api = hub_api(endpoint, token)
     try:
-        info = hub_api(endpoint, token).model_info(config.model, revision=config.revision)
+        info = api.model_info(config.model, revision=config.revision)
     except GatedRepoError:
         return Pinned(config, f"{config.model} is gated and the token given cannot open it")
     except RevisionNotFoundError as exc:
@@ -110,6 +111,7 @@ def pin_revision(config: RunConfig, *, token: str | None, endpoint: str | None =
         ) from exc
     if not info.sha or not COMMIT.fullmatch(info.sha):
         return Pinned(config, f"the Hub named no commit for {config.model}@{config.revision}")
+    hand_over_model_info(api, config.model, token, info)  # sizing reads this commit next
     return Pinned(config.model_copy(update={"revision": info.sha}))
 
 

@@ -238,3 +238,27 @@ def test_repo_from_directory(server: HubServer, tmp_path: Path) -> None:
     server.add(Repo.from_dir("org/from-dir", tmp_path))
     tensors = hub.hub_tensors(hub.hub_api(server.url), "org/from-dir", None, None)
     assert tensors == [hub.TensorSpec("lm_head.weight", "F32", (1000, 64))]
+
+
+def test_pinning_then_sizing_reads_the_repository_information_once(server: HubServer) -> None:
+    from model_support.config import RunConfig
+    from model_support.runpath import pin_revision, prepare
+
+    def info_reads() -> int:
+        return sum(1 for r in server.requests if r["path"].startswith("/api/models/org/versions"))
+
+    v2 = RunConfig(model="org/versions", revision="v2")
+    prepared = prepare(v2, profile="trn2", max_cores=8, endpoint=server.url)
+    assert info_reads() == 1  # the pin's read, handed over to the sizing
+    sha = HfApi(endpoint=server.url).model_info("org/versions", revision="v2").sha
+    assert prepared.config.revision == sha
+    assert isinstance(prepared.plan, Plan) and prepared.plan.revision == sha
+    # Handed over once: a second sizing of that commit asks the Hub again.
+    size_model("org/versions", sha, endpoint=server.url)
+    assert info_reads() == 3
+    # One token's read is never another token's answer.
+    pin_revision(v2, token="hf_a", endpoint=server.url)
+    size_model("org/versions", sha, endpoint=server.url, token="hf_b")
+    assert info_reads() == 5
+    size_model("org/versions", sha, endpoint=server.url, token="hf_a")
+    assert info_reads() == 5

@@ -7,6 +7,10 @@ from typing import Annotated
 
 import typer
 
+QUIET_LOGGERS = ("httpx", "httpx2", "kopf.objects")
+"""Loggers the operator keeps at WARNING unless --verbose: the Hub client's request lines and
+kopf's per-event "handler succeeded"."""
+
 
 def register(app: typer.Typer) -> None:
     """Add the `operator` command to the CLI."""
@@ -76,6 +80,11 @@ def register(app: typer.Typer) -> None:
         from model_support.operator.settings import settings_from_json
 
         logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO)
+        if not verbose:
+            # A line per Hub request and per handled event is thousands a sweep, written by 32
+            # workers through one lock; their warnings and errors still show.
+            for chatty in QUIET_LOGGERS:
+                logging.getLogger(chatty).setLevel(logging.WARNING)
         overrides: dict[str, object] = {
             key: value
             for key, value in {
