@@ -145,7 +145,9 @@ _handed_over: collections.OrderedDict[tuple[str, str, str, str], ModelInfo] = (
 _handed_over_lock = threading.Lock()
 
 
-def _handover_key(api: HfApi, repo_id: str, commit: str, token: str | None) -> tuple[str, ...]:
+def _handover_key(
+    api: HfApi, repo_id: str, commit: str, token: str | None
+) -> tuple[str, str, str, str]:
     # Keyed by whose token read it too: one tenant's read of a private repository is never
     # another's answer.
     bound = api.token if isinstance(api.token, str) else None

@@ -63,6 +63,7 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
+import hashlib
 import json
 import os
 import signal
@@ -76,6 +77,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from model_support.delivery import DeliveryError, deliver_to_folder, deliver_to_url
 from model_support.records import RESULT_MARKER, ResultDocument
+from model_support.script import BEGIN, END, RUN_CONFIG_ENV, RUN_SHA256_ENV
 from model_support.stop_signals import STOPPED_EXIT, on_stop_signals
 from model_support.vocabulary import ErrorClass, Result
 
@@ -172,15 +174,58 @@ def run_script(
 
 
 def _runner_document(
-    script_path: Path, result: Result, error_class: ErrorClass | None, error: str, seconds: float
+    script_path: Path,
+    result: Result,
+    error_class: ErrorClass | None,
+    error: str,
+    seconds: float,
+    identity: str | None = None,
 ) -> ResultDocument:
     """A document for a run.py that did not run or wrote none: identity from run.py's own
-    config block."""
+    config block (or from ``identity``, a text holding it)."""
     from model_support.records import failure_document
     from model_support.script import read_config
 
-    config = read_config(script_path.read_text(encoding="utf-8"))
+    text = identity if identity is not None else script_path.read_text(encoding="utf-8")
+    config = read_config(text)
     return failure_document(config, result, error_class=error_class, error=error, total_s=seconds)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """run.py could not be written as the operator asked: what was wrong, and a text holding the
+    test's config block (for the document's identity)."""
+
+    problem: str
+    identity: str
+
+
+def write_script(program_dir: Path, script_path: Path) -> Path | Refused:
+    """Write run.py (``script_path``) from the program ConfigMap's head and tail in
+    ``program_dir`` around the test's config block (``$MODEL_SUPPORT_RUN_CONFIG``); it must hash
+    to ``$MODEL_SUPPORT_RUN_SHA256``, the run.py the operator rendered and records, else nothing
+    is written and the runner refuses the test (a program ConfigMap changed by hand, or a runner
+    image from another operator's release). The two variables leave the environment run.py
+    inherits."""
+    block = os.environ.pop(RUN_CONFIG_ENV, None)
+    expected = os.environ.pop(RUN_SHA256_ENV, None)
+    if block is None or expected is None:
+        missing = [n for n, v in ((RUN_CONFIG_ENV, block), (RUN_SHA256_ENV, expected)) if v is None]
+        raise SystemExit(f"model-support: --program needs {' and '.join(missing)} set")
+    head = (program_dir / "head").read_text(encoding="utf-8")
+    tail = (program_dir / "tail").read_text(encoding="utf-8")
+    text = head + block + tail
+    found = hashlib.sha256(text.encode()).hexdigest()
+    if found != expected:
+        return Refused(
+            f"the run.py made from {program_dir} and this test's config block has sha256 "
+            f"{found}, not {expected}, the run.py the operator rendered for it: the program "
+            "ConfigMap was changed, or this runner image is not of the operator's release. "
+            "Nothing ran.",
+            f"{BEGIN}\n{block}\n{END}",
+        )
+    script_path.write_text(text, encoding="utf-8")
+    return script_path
 
 
 def document_for(
@@ -499,6 +544,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="Neuron device files the run needs (e.g. /dev/neuron*), checked before anything.",
     )
     parser.add_argument("--script", default="run.py")
+    parser.add_argument(
+        "--program",
+        metavar="DIR",
+        type=Path,
+        help=f"Write --script first: DIR's head and tail around ${RUN_CONFIG_ENV}, which must "
+        f"hash to ${RUN_SHA256_ENV} (the operator's program ConfigMap, mounted).",
+    )
     parser.add_argument("--result-file", default="result.json", help="run.py's result_path.")
     parser.add_argument("--termination-log", default=TERMINATION_LOG)
     parser.add_argument("--delivery-deadline", type=float, default=DELIVERY_DEADLINE_S)
@@ -547,6 +599,10 @@ def _run(args: argparse.Namespace, stop: StopRequest) -> int:
 
     cwd = Path.cwd()
     script_path = cwd / args.script
+    if args.program is not None:
+        written = write_script(args.program, script_path)
+        if isinstance(written, Refused):
+            return _refuse(destination, args, written.problem, stop, written.identity)
     if stop.asked:  # asked before run.py started: nothing ran, nothing to say
         print(STOPPED_MESSAGE, file=sys.stderr, flush=True)
         _write_termination_message(args.termination_log, STOPPED_MESSAGE)
@@ -659,11 +715,18 @@ def _refuse(
     args: argparse.Namespace,
     problem: str,
     stop: StopRequest | None = None,
+    identity: str | None = None,
 ) -> int:
     """Deliver ERROR/infrastructure for a pod that cannot run the test at all (its node's
-    fault, never the model's): run.py does not start. Returns the exit status (1)."""
+    fault, never the model's): run.py does not start. ``identity``: a text holding the test's
+    config block, when run.py itself could not be written. Returns the exit status (1)."""
     document = _runner_document(
-        Path.cwd() / args.script, Result.ERROR, ErrorClass.INFRASTRUCTURE, problem, 0.0
+        Path.cwd() / args.script,
+        Result.ERROR,
+        ErrorClass.INFRASTRUCTURE,
+        problem,
+        0.0,
+        identity,
     )
     print(f"model-support: {problem}", file=sys.stderr, flush=True)
     _write_termination_message(args.termination_log, compact_document(document))

@@ -11,8 +11,10 @@ rendered text is what runs and what is stored, byte for byte.
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import re
+from dataclasses import dataclass
 from functools import cache, lru_cache
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -21,6 +23,12 @@ from model_support.config import RunConfig
 
 BEGIN = "# ---- BEGIN MODEL-SUPPORT CONFIG (rendered by model-support; JSON only) ----"
 END = "# ---- END MODEL-SUPPORT CONFIG ----"
+PROGRAM_KEYS = ("head", "tail")
+"""The program ConfigMap's keys: run.py before and after its config block (:class:`Program`)."""
+RUN_CONFIG_ENV = "MODEL_SUPPORT_RUN_CONFIG"
+"""The runner's variable holding its test's config block (what goes between head and tail)."""
+RUN_SHA256_ENV = "MODEL_SUPPORT_RUN_SHA256"
+"""The runner's variable holding the sha256 its run.py must have: anything else is not run."""
 _BLOCK = re.compile(re.escape(BEGIN) + r"\n(?P<body>.*?)\n" + re.escape(END), re.DOTALL)
 
 
@@ -40,19 +48,53 @@ def template_text() -> str:
     return template_file().read_text(encoding="utf-8")
 
 
-def render_script(config: RunConfig, template: str | None = None) -> str:
-    """Return run.py with its config block holding ``config``."""
-    template = template_text() if template is None else template
+@dataclass(frozen=True)
+class Program:
+    """run.py's text around its config block: ``head + config_block(config) + tail`` is the
+    run.py rendered for ``config``, byte for byte. Every test shares the program; only its
+    config block is its own (the operator ships the program once per namespace)."""
+
+    head: str  # up to and including the BEGIN marker's line
+    tail: str  # from the newline before the END marker
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the program (head and tail), naming it."""
+        return hashlib.sha256(f"{len(self.head)}:{self.head}{self.tail}".encode()).hexdigest()
+
+
+def program(template: str | None = None) -> Program:
+    """The program of ``template`` (None: the runner script shipped with the package)."""
+    return _program(template_text() if template is None else template)
+
+
+@lru_cache(maxsize=4)
+def _program(template: str) -> Program:
     matches = list(_BLOCK.finditer(template))
     if len(matches) != 1:
         raise TemplateError(f"run.py must contain exactly one config block, found {len(matches)}")
-    payload = json.dumps(config.model_dump(mode="json"), sort_keys=True, indent=4)
-    body = f'CONFIG_JSON = r"""\n{payload}\n"""'
     start, end = matches[0].span("body")
-    rendered = template[:start] + body + template[end:]
-    if read_config(rendered) != config:
+    return Program(head=template[:start], tail=template[end:])
+
+
+def config_block(config: RunConfig) -> str:
+    """The config block's text for ``config`` (what goes between the program's head and tail)."""
+    payload = json.dumps(config.model_dump(mode="json"), sort_keys=True, indent=4)
+    return f'CONFIG_JSON = r"""\n{payload}\n"""'
+
+
+def read_block(block: str) -> RunConfig:
+    """The config a config block's text holds (as :func:`read_config` reads it in run.py)."""
+    return read_config(f"{BEGIN}\n{block}\n{END}")
+
+
+def render_script(config: RunConfig, template: str | None = None) -> str:
+    """Return run.py with its config block holding ``config``."""
+    block = config_block(config)
+    if read_block(block) != config:
         raise TemplateError("the rendered config block does not read back as the config given")
-    return rendered
+    parts = program(template)
+    return parts.head + block + parts.tail
 
 
 def read_config(script: str) -> RunConfig:

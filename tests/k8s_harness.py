@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import hashlib
 import itertools
 import os
 import threading
@@ -28,7 +29,7 @@ from waiting import wait_until_async
 
 from model_support.delivery import DELIVERY_KEY_ENV, deliver_to_folder, deliver_to_url
 from model_support.operator.handlers import build_registry
-from model_support.operator.manifests import DELIVERY_MOUNT, DELIVERY_URL_ENV
+from model_support.operator.manifests import DELIVERY_MOUNT, DELIVERY_URL_ENV, LABEL_PROGRAM
 from model_support.operator.resource import (
     BISECT_KIND,
     BISECT_PLURAL,
@@ -41,6 +42,7 @@ from model_support.operator.resource import (
     VERSION,
 )
 from model_support.operator.settings import OperatorSettings
+from model_support.script import PROGRAM_KEYS, RUN_CONFIG_ENV, RUN_SHA256_ENV
 
 NS = "default"
 TESTS_URL = f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}"
@@ -502,6 +504,32 @@ class Harness:
 
     async def events(self) -> list[dict[str, Any]]:
         return await self.items(EVENTS_URL)
+
+    async def configmaps(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The namespace's ConfigMaps: the program ConfigMaps (labelled so), and all others."""
+        listed = await self.items(CMS_URL)
+        programs = [c for c in listed if LABEL_PROGRAM in (c["metadata"].get("labels") or {})]
+        return programs, [c for c in listed if c not in programs]
+
+    async def run_py_of(self, job: dict[str, Any], *, timeout: float = 30) -> str:
+        """The run.py ``job``'s runner writes (``model_support.runner_pod --program``): the
+        program ConfigMap its pod mounts, head and tail around the config block in its env,
+        checked against the sha256 its env names (the runner runs nothing else). Waits for the
+        ConfigMap (the kubelet retries the mount)."""
+        pod = job["spec"]["template"]["spec"]
+        name = next(v["configMap"]["name"] for v in pod["volumes"] if v["name"] == "run-script")
+        [runner] = [c for c in pod["containers"] if c["name"] == RUNNER_CONTAINER]
+        env = {e["name"]: e.get("value") for e in runner.get("env") or []}
+        cm = await self.wait_for(
+            lambda: self.get(f"{CMS_URL}/{name}"), what=f"ConfigMap {name}", timeout=timeout
+        )
+        head, tail = (cm["data"][key] for key in PROGRAM_KEYS)
+        run_py: str = head + env[RUN_CONFIG_ENV] + tail
+        assert hashlib.sha256(run_py.encode()).hexdigest() == env[RUN_SHA256_ENV], (
+            f"Job {job['metadata']['name']}: the run.py its runner would write is not the "
+            "one the operator rendered for it"
+        )
+        return run_py
 
     async def wait_events(
         self, reason: str, count: int = 1, *, about: str | None = None, timeout: float = 60

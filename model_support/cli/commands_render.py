@@ -93,8 +93,8 @@ def _uid(namespace: str, name: str) -> str:
 def render_test(
     body: dict[str, Any], settings: Any, *, namespace: str, token: str | None
 ) -> tuple[list[dict[str, Any]], bool]:
-    """The objects the operator would create for ``body`` (ConfigMap, Job), or the test itself
-    with the status it would record instead; True when a Job would be created.
+    """The objects the operator would create for ``body`` (program ConfigMap, Job), or the test
+    itself with the status it would record instead; True when a Job would be created.
 
     Runs the operator's own planning steps (``planning.plan``) and, for a test that ends
     without a Job, the operator's own lifecycle move (``lifecycle.step``), so whatever the
@@ -165,9 +165,9 @@ def register(app: typer.Typer) -> None:
             str, typer.Option("--namespace", "-n", help="Namespace of tests that name none.")
         ] = "default",
     ) -> None:
-        """Print the ConfigMap and Job (and, with DRA, the ResourceClaimTemplate) the operator
-        would create for each test (sizing included), or the status it would record instead;
-        exit 3 if any would get no Job."""
+        """Print the Job (and, with DRA, the ResourceClaimTemplate) the operator would create for
+        each test (sizing included), run.py's program ConfigMap once per namespace, or the
+        status it would record instead; exit 3 if any would get no Job."""
         from model_support.operator.resource import API_VERSION, KIND
         from model_support.operator.settings import OperatorSettings, settings_from_values
 
@@ -202,7 +202,7 @@ def register(app: typer.Typer) -> None:
         token = os.environ.get("HF_TOKEN")
         for test in tests:
             objects, launches = render_test(test, settings, namespace=namespace, token=token)
-            documents.extend(objects)
+            documents.extend(o for o in objects if o not in documents)  # a namespace's program once
             all_launch = all_launch and launches
         sys.stdout.write(
             "# What the model-support operator would create (names carry the test's uid: the\n"

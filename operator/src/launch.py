@@ -1,6 +1,7 @@
 """Planning and launching a test on the cluster: the Hub token its spec may name, the planning
 steps (:func:`model_support.operator.planning.plan`), and the children of each attempt
-(ResourceClaimTemplate, delivery slot, Job, ConfigMap), created or adopted after a 409.
+(ResourceClaimTemplate, delivery slot, Job; the namespace's program ConfigMap), created or
+adopted after a 409.
 
 Children have deterministic names per generation and attempt, so a launch that meets what an
 earlier try (or another replica) made adopts it instead of making a second one.
@@ -14,14 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 from model_support.operator import metrics
-from model_support.operator.kube import AlreadyExists, CreateRefused, Kube, refusal
+from model_support.operator.kube import AlreadyExists, Kube, refusal
 from model_support.operator.manifests import (
     Placement,
     TestRef,
     claim_template_name,
-    job_reference,
 )
 from model_support.operator.planning import InvalidTest, Planned, children, claim_template, plan
+from model_support.operator.programs import ProgramConfigMaps
 from model_support.operator.resource import child_name
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.slots import DeliverySlots
@@ -47,6 +48,7 @@ class Launcher:
         self.settings = settings
         self.kube = kube
         self.slots = slots
+        self.programs = ProgramConfigMaps(kube)
         self._store_uri = store_uri  # the results store of a spec (Recorder.store_uri)
 
     def hub_token(self, spec: TestSpec, namespace: str) -> str | None:
@@ -82,45 +84,34 @@ class Launcher:
     def start(
         self, ref: TestRef, spec: TestSpec, placement: Placement, run_py: str, attempt: int
     ) -> tuple[str, str]:
-        """Create (or adopt) the ConfigMap and the Job of one attempt; returns their names.
-        Raises CreateRefused when the API server refuses one (a refused ConfigMap takes its
-        Job along when the refusal is for good: its pod would wait for a run.py forever)."""
+        """Create (or adopt) the Job of one attempt, the namespace's program ConfigMap first
+        (its pod mounts it); returns their names. Raises CreateRefused when the API server
+        refuses one (nothing is created for the test then)."""
         configmap, job = children(
             ref, spec, placement, self.settings, attempt, run_py, self.slots.key
         )
+        self.programs.ensure(configmap)
         with refusal("ResourceClaimTemplate", None):
             self.claim_template(ref, spec, placement)
         self.slots.prepare(ref, spec, self._store_uri(spec), attempt)  # before the pod reads it
         name = job["metadata"]["name"]
-        created: dict[str, Any] | None
         try:
             with refusal("Job", job):
-                created = self.kube.create_job(job)
+                self.kube.create_job(job)
             metrics.JOBS_CREATED.inc()
         except AlreadyExists:
             log.info("Job %s/%s already exists; adopting it", ref.namespace, name)
-            created = self.kube.read_job(ref.namespace, name)
-        if created is not None:
-            # The Job owns its run.py: collected with it once the run is recorded. Its pod
-            # waits for the ConfigMap (the kubelet retries the mount) the moment it takes.
-            configmap["metadata"]["ownerReferences"] = [job_reference(created)]
-        try:
-            with refusal("ConfigMap", configmap), contextlib.suppress(AlreadyExists):
-                self.kube.create_configmap(configmap)  # 409: made by an earlier try: adopted
-        except CreateRefused as exc:
-            if exc.for_good:
-                # The Job's pod would hold its cores waiting for a run.py that never comes.
-                # (A quota's refusal is retried; the Job is adopted then.)
-                self.kube.delete_job(ref.namespace, name)
-            raise
         return configmap["metadata"]["name"], name
 
     def start_again(self, ref: TestRef, spec: TestSpec, placement: Placement, attempt: int) -> str:
-        """Create (or adopt) the Job of ``attempt``, the same run.py again (its ConfigMap is
-        the generation's); returns its name. Raises InvalidTest when the operator's settings
+        """Create (or adopt) the Job of ``attempt``, the same test's run.py again; returns its
+        name. Raises InvalidTest when the operator's settings
         no longer allow the test (e.g. DRA's default LNC removed since the first attempt), and
         CreateRefused when the API server refuses a create, as :meth:`start` does."""
-        _, job = children(ref, spec, placement, self.settings, attempt, "", self.slots.key)
+        configmap, job = children(
+            ref, spec, placement, self.settings, attempt, None, self.slots.key
+        )
+        self.programs.ensure(configmap)  # the runner script may be new since the first attempt
         with refusal("ResourceClaimTemplate", None):
             self.claim_template(ref, spec, placement)  # in case it was deleted by hand
         self.slots.prepare(ref, spec, self._store_uri(spec), attempt)
@@ -144,19 +135,13 @@ class Launcher:
     def delete_superseded(self, ref: TestRef, status: TestStatus) -> None:
         """A spec change supersedes what the previous generation (the one ``status`` is of)
         made: an active one's Jobs, every attempt's (a retry after node loss keeps the earlier
-        attempts' until the run is recorded), and its ConfigMap; its ResourceClaimTemplate
-        (DRA), active or not. A recorded generation's Jobs are the TTL controller's."""
+        attempts' until the run is recorded); its ResourceClaimTemplate (DRA), active or not. A recorded generation's Jobs are the TTL controller's."""
         old = status.observedGeneration
         if old is None or old == ref.generation:
             return
         if status.phase in ACTIVE_PHASES:
             for attempt in range(status.attempt or 1, 0, -1):
                 self.kube.delete_job(ref.namespace, child_name(ref.name, ref.uid, old, attempt))
-            # Owned by the first Job, so the garbage collector takes it too; deleted here all
-            # the same, whatever its owner references say.
-            self.kube.delete_configmap(
-                ref.namespace, status.configMapName or child_name(ref.name, ref.uid, old)
-            )
         if self.settings.neuron_dra is not None:
             superseded = TestRef(ref.namespace, ref.name, ref.uid, old)
             self.kube.delete_resource_claim_template(ref.namespace, claim_template_name(superseded))

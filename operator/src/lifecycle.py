@@ -134,7 +134,7 @@ def handled(status: TestStatus, generation: int) -> bool:
 
 @dataclass(frozen=True)
 class Launched:
-    """The generation's first Job and ConfigMap exist (created, or adopted after a 409)."""
+    """The generation's first Job exists, and the namespace's program ConfigMap (created, or adopted after a 409)."""
 
     placement: Placement
     overridden: bool  # spec.cores set the core count (sizing only checked it)

@@ -40,6 +40,7 @@ from model_support.operator.resource import (
 )
 from model_support.operator.settings import NeuronDraSettings, OperatorSettings
 from model_support.operator.spec import TestSpec
+from model_support.script import PROGRAM_KEYS, RUN_CONFIG_ENV, RUN_SHA256_ENV, Program
 from model_support.sizing import Plan
 from model_support.stop_signals import STOPPED_EXIT
 from model_support.vocabulary import Parallelism
@@ -51,6 +52,10 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 WORKDIR = "/work"
 EXTRA_PACKAGES_DIR = "/work/extra-packages"
 RUN_PY_KEY = "run.py"
+PROGRAM_DIR = "/opt/model-support/program"
+"""Where the runner finds the program ConfigMap's ``head`` and ``tail`` (run.py around its
+config block); it writes run.py from them into the working directory."""
+LABEL_PROGRAM = "modelsupport.dev/program"
 ANNOTATION_RUN_ID = "modelsupport.dev/run-id"
 DELIVERY_DEADLINE_S = 300
 """How long the runner retries a delivery (``model_support.runner_pod``'s default)."""
@@ -157,6 +162,7 @@ def runner_command(
     delivers the document again with the cache figures beside the result.
     """
     command = ["python3", "-m", "model_support.runner_pod", "--run-id", run_id]
+    command += ["--program", PROGRAM_DIR]  # run.py is written from it, checked by its sha256
     if timeout_s is not None:
         command += ["--timeout", str(timeout_s)]
     if neuron:  # the node's devices must open for the pod's user, checked before anything
@@ -254,24 +260,36 @@ def job_reference(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def build_configmap(test: TestRef, name: str, run_py: str) -> dict[str, Any]:
-    """The ConfigMap holding the rendered run.py, byte for byte what runs and is recorded.
+@dataclass(frozen=True)
+class RunScript:
+    """How a runner pod gets its run.py: the namespace's program ConfigMap (run.py around its
+    config block, shared by every test), this test's config block, and the sha256 of the
+    run.py they make (the runner runs nothing else; the status records it)."""
 
-    Built owned by the test; the operator creates it owned by the generation's first runner
-    Job instead (:func:`job_reference`), so the TTL controller's collection of that Job, once
-    the run is recorded, collects the ConfigMap too (etcd does not keep every run.py ever run).
-    """
+    configmap: str
+    block: str
+    sha256: str
+
+
+def program_configmap_name(program: Program) -> str:
+    """The program ConfigMap's name: named by its content, so a new runner script is a new one."""
+    return f"model-support-run-py-{program.digest[:16]}"
+
+
+def build_program_configmap(namespace: str, program: Program) -> dict[str, Any]:
+    """The ConfigMap holding run.py's program (its text before and after the config block), one
+    per namespace and runner script. Immutable, and owned by no test: tests come and go, the
+    program stays for the next (one object of a few hundred KiB, not one per test)."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": name,
-            "namespace": test.namespace,
-            "labels": labels_for(test),
-            "ownerReferences": [owner_reference(test)],
+            "name": program_configmap_name(program),
+            "namespace": namespace,
+            "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_PROGRAM: program.digest[:16]},
         },
         "immutable": True,
-        "data": {RUN_PY_KEY: run_py},
+        "data": dict(zip(PROGRAM_KEYS, (program.head, program.tail), strict=True)),
     }
 
 
@@ -455,16 +473,18 @@ def _shared_env(
     return env
 
 
+def _run_script_env(run_script: RunScript) -> list[dict[str, Any]]:
+    """The runner's variables naming this test's run.py: its config block and its sha256."""
+    return [
+        {"name": RUN_CONFIG_ENV, "value": run_script.block},
+        {"name": RUN_SHA256_ENV, "value": run_script.sha256},
+    ]
+
+
 def _shared_mounts(settings: OperatorSettings) -> list[dict[str, Any]]:
-    """The volume mounts of the runner and of the init steps (which skip run.py's)."""
+    """The volume mounts of the runner and of the init steps."""
     mounts: list[dict[str, Any]] = [
         {"name": "work", "mountPath": WORKDIR},
-        {
-            "name": "run-script",
-            "mountPath": f"{WORKDIR}/{RUN_PY_KEY}",
-            "subPath": RUN_PY_KEY,
-            "readOnly": True,
-        },
         {"name": "neff-cache", "mountPath": settings.neff_cache_dir},
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "shm", "mountPath": "/dev/shm"},
@@ -580,7 +600,7 @@ def _init_containers(
     (which runs package code: it gets no compile cache at all)."""
     image = spec.image or settings.runner_image
     pull_policy = spec.imagePullPolicy or settings.image_pull_policy
-    step_mounts = [m for m in mounts if m["name"] != "run-script"]
+    step_mounts = list(mounts)
     pull_mounts = step_mounts + cache_mounts.pull
     steps: list[dict[str, Any]] = []
     if wiring is not None and wiring.source is not None:
@@ -666,7 +686,7 @@ def _volumes(
     cache_mounts: CacheMounts,
     runner_only: _RunnerOnly,
 ) -> list[dict[str, Any]]:
-    """The pod's volumes: the capped emptyDirs, run.py's ConfigMap, and the claims and Secrets
+    """The pod's volumes: the capped emptyDirs, run.py's program ConfigMap, and the claims and Secrets
     the mounts name."""
     volumes: list[dict[str, Any]] = [
         {"name": "work", "emptyDir": {"sizeLimit": _gib(storage.work_bytes)}},
@@ -674,7 +694,7 @@ def _volumes(
             "name": "run-script",
             "configMap": {
                 "name": configmap_name,
-                "items": [{"key": RUN_PY_KEY, "path": RUN_PY_KEY}],
+                "items": [{"key": key, "path": key} for key in PROGRAM_KEYS],
             },
         },
         {"name": "neff-cache", "emptyDir": {"sizeLimit": _gib(storage.neff_bytes)}},
@@ -827,13 +847,14 @@ def build_job(
     placement: Placement,
     *,
     job_name: str,
-    configmap_name: str,
+    run_script: RunScript,
     attempt: int,
     run_id: str,
     settings: OperatorSettings,
     delivery: DeliveryWiring | None = None,
 ) -> dict[str, Any]:
-    """The runner Job: ``python3 run.py`` from the ConfigMap, sized and placed for the profile.
+    """The runner Job: ``python3 run.py``, written by the runner from the program ConfigMap and
+    the test's config block (``run_script``), sized and placed for the profile.
 
     ``delivery`` is how the runner reaches its attempt's delivery slot (None: it cannot; the
     operator then reads the log and the termination message).
@@ -857,11 +878,15 @@ def build_job(
             run_id, delivery, wiring, spec.timeoutSeconds, neuron=profile.neuron
         ),
         "workingDir": WORKDIR,
-        "env": env + runner_only.env,
+        "env": env + runner_only.env + _run_script_env(run_script),
         "resources": _resources(spec, placement, settings, storage, dra),
         "securityContext": copy.deepcopy(CONTAINER_SECURITY),
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": mounts + runner_only.mounts,
+        "volumeMounts": [
+            *mounts,
+            {"name": "run-script", "mountPath": PROGRAM_DIR, "readOnly": True},
+            *runner_only.mounts,
+        ],
     }
     if settings.runner_env_from:
         runner["envFrom"] = list(settings.runner_env_from)
@@ -870,7 +895,7 @@ def build_job(
         "automountServiceAccountToken": False,
         "securityContext": _pod_security(settings),
         "containers": [runner],
-        "volumes": _volumes(configmap_name, storage, settings, cache_mounts, runner_only),
+        "volumes": _volumes(run_script.configmap, storage, settings, cache_mounts, runner_only),
     }
     if dra is not None:
         pod_spec["resourceClaims"] = pod_claims(claim_template_name(test))

@@ -3,13 +3,14 @@
 Pure of the cluster: :func:`plan` runs the planning steps in order (the spec, the checks of
 what it may touch, the pinned revision, sizing) and says what comes of them; the reconciler
 calls it with what it read (a token from a Secret), and ``model-support render`` calls it from
-a file, so a reviewer sees exactly the ConfigMap and Job the operator would create (or the
+a file, so a reviewer sees exactly the program ConfigMap and Job the operator would create (or the
 status it would record instead), and a new check here reaches both.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import secrets
 from collections.abc import Callable
@@ -32,9 +33,10 @@ from model_support.operator.dra import (
 )
 from model_support.operator.manifests import (
     Placement,
+    RunScript,
     TestRef,
-    build_configmap,
     build_job,
+    build_program_configmap,
     claim_template_name,
     delivery_wiring,
     labels_for,
@@ -45,7 +47,7 @@ from model_support.operator.resource import child_name, run_id_for
 from model_support.operator.settings import OperatorSettings
 from model_support.operator.spec import SpecError, TestSpec, parse_spec
 from model_support.runpath import ModelNotOnHub, RevisionNotFound, pin_revision, prepare
-from model_support.script import render_script
+from model_support.script import config_block, program, render_script
 from model_support.sizing import Exclusion, MetadataError, ModelNotFound
 from model_support.vocabulary import ExclusionReason, Parallelism
 
@@ -412,15 +414,23 @@ def children(
     run_py: str | None = None,
     delivery_key: bytes | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The ConfigMap (run.py) and the runner Job of one attempt, as the operator creates them.
+    """The program ConfigMap (run.py around its config block, the namespace's) and the runner
+    Job of one attempt, as the operator creates them. ``run_py`` is the test's rendered run.py
+    when the caller has it (its sha256 goes into the Job; None: rendered here).
 
     ``delivery_key`` is the operator's slot key (:func:`model_support.delivery.slot_for`);
     None (``model-support render``) draws one, so the slot shown is only an example.
     """
+    config = spec.run_config(placement.cores, placement.parallelism)
     if run_py is None:
-        run_py = render_script(spec.run_config(placement.cores, placement.parallelism))
-    cm_name = child_name(ref.name, ref.uid, ref.generation)
-    configmap = build_configmap(ref, cm_name, run_py)
+        run_py = render_script(config)
+    shared = program()
+    configmap = build_program_configmap(ref.namespace, shared)
+    run_script = RunScript(
+        configmap=configmap["metadata"]["name"],
+        block=config_block(config),
+        sha256=hashlib.sha256(run_py.encode()).hexdigest(),
+    )
     job_name = child_name(ref.name, ref.uid, ref.generation, attempt)
     run_id = run_id_for(ref.uid, ref.generation, attempt)
     slot = slot_for(run_id, delivery_key or secrets.token_bytes(32))
@@ -430,7 +440,7 @@ def children(
             spec,
             placement,
             job_name=job_name,
-            configmap_name=cm_name,
+            run_script=run_script,
             attempt=attempt,
             run_id=run_id,
             settings=settings,

@@ -15,7 +15,7 @@ from model_support.operator.kube import Kube
 from model_support.operator.manifests import TestRef
 from model_support.operator.outcome import DocumentSource, reported_stack_fields
 from model_support.operator.planning import store_uri
-from model_support.operator.resource import child_name, run_id_for
+from model_support.operator.resource import run_id_for
 from model_support.operator.settings import OperatorSettings, RunnerStack
 from model_support.operator.spec import TestSpec
 from model_support.operator.status import TestStatus
@@ -26,7 +26,7 @@ from model_support.records import (
     record_from_document,
 )
 from model_support.runpath import excluded_record
-from model_support.script import render_script
+from model_support.script import PROGRAM_KEYS, RUN_CONFIG_ENV, render_script
 from model_support.sizing import Exclusion
 from model_support.store import RecordExists, RecordNotFound, ResultsStore
 from model_support.vocabulary import ErrorClass, Parallelism, Result
@@ -271,28 +271,64 @@ class Recorder:
         return labels
 
     def run_py(self, ref: TestRef, status: TestStatus, spec: TestSpec | None) -> str:
-        """The run.py that ran: the ConfigMap's, byte for byte (else rendered again from the spec
-        at the commit the status says it was pinned to)."""
+        """The run.py that ran, byte for byte: rendered again from the spec at the commit the
+        status says it was pinned to, when that gives the sha256 the status recorded; else
+        made as the runner made it (the program ConfigMap around the config block the Job
+        carries), else rendered again as the spec says (logged)."""
         parallelism = status.parallelism or Parallelism.NONE
         if spec is not None and status.revision:
             spec = spec.model_copy(update={"revision": status.revision})
         if spec is not None and status.cores and status.runScriptSha256:
             # Rendering is deterministic: when this operator renders the same bytes (their hash
-            # is in the status), the ConfigMap need not be read.
+            # is in the status), nothing need be read.
             rendered = render_script(spec.run_config(status.cores, parallelism))
             if hashlib.sha256(rendered.encode()).hexdigest() == status.runScriptSha256:
                 return rendered
-        name = child_name(ref.name, ref.uid, ref.generation)
-        cm = self.kube.read_configmap(ref.namespace, name)
-        if cm is not None:
-            return str(cm["data"]["run.py"])
+        ran = self._run_py_of_job(ref, status)
+        if ran is not None:
+            return ran
         if spec is None or not status.cores:
             raise RuntimeError(
-                f"ConfigMap {ref.namespace}/{name} with the run.py of this run is missing and "
-                "the test no longer says how it ran"
+                f"the run.py of test {ref.namespace}/{ref.name} cannot be made again: its Job or "
+                "its program ConfigMap is gone and the test no longer says how it ran"
             )
-        log.warning("ConfigMap %s/%s is gone; recording run.py rendered again", ref.namespace, name)
+        log.warning(
+            "the run.py of test %s/%s cannot be made as its runner made it; recording run.py "
+            "rendered again",
+            ref.namespace,
+            ref.name,
+        )
         return render_script(spec.run_config(status.cores, parallelism))
+
+    def _run_py_of_job(self, ref: TestRef, status: TestStatus) -> str | None:
+        """run.py as the runner of ``status.jobName`` made it (its program ConfigMap's head and
+        tail around the config block in its env), when it hashes to what the status recorded."""
+        if not status.jobName or not status.runScriptSha256:
+            return None
+        job = self.kube.read_job(ref.namespace, status.jobName)
+        if job is None:
+            return None
+        pod = job["spec"]["template"]["spec"]
+        env = {
+            e["name"]: e.get("value")
+            for c in pod.get("containers") or []
+            for e in c.get("env") or []
+        }
+        program = next(
+            (v["configMap"]["name"] for v in pod.get("volumes") or [] if "configMap" in v), None
+        )
+        block = env.get(RUN_CONFIG_ENV)
+        if program is None or block is None:
+            return None
+        configmap = self.kube.read_configmap(ref.namespace, program)
+        data = (configmap or {}).get("data") or {}
+        head, tail = (data.get(key) for key in PROGRAM_KEYS)
+        if head is None or tail is None:
+            return None
+        text = head + block + tail
+        if hashlib.sha256(text.encode()).hexdigest() != status.runScriptSha256:
+            return None
+        return text
 
 
 def sweep_deliveries(stores: Iterable[ResultsStore]) -> int:

@@ -197,12 +197,15 @@ class TestStatus(Conditioned):
         description="Size of the model's weights as stored (sized into the runner pod's storage).",
     )
     jobName: str | None = None
-    configMapName: str | None = None
+    configMapName: str | None = Field(
+        None,
+        description="The program ConfigMap the runner made run.py from (the namespace's).",
+    )
     runId: str | None = None
     runScriptSha256: str | None = Field(
         None,
         pattern=r"^[0-9a-f]{64}$",
-        description="sha256 of the run.py in the ConfigMap (what ran, byte for byte).",
+        description="sha256 of the run.py that ran, byte for byte (the runner runs no other).",
     )
     revision: str | None = Field(
         None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import urllib.request
 from typing import Any
 
@@ -87,9 +88,17 @@ async def test_a_tiny_model_passes_through_the_runner_image(
     assert record.run_id == status["runId"] and record.document.result == Result.PASS
     assert record.document.model == TINY_LLAMA_REPO and len(record.document.tokens[0]) == 8
     [job] = await c.h.items(JOBS_URL)
-    cm_name = job["spec"]["template"]["spec"]["volumes"][1]["configMap"]["name"]
+    pod = job["spec"]["template"]["spec"]
+    cm_name = next(v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v)
     cm = await c.h.get(f"{CMS_URL}/{cm_name}")
-    assert cm is not None and record.run_py == cm["data"]["run.py"]  # what ran is what is stored
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    # What ran is what is stored: the runner wrote run.py from the program ConfigMap and the
+    # Job's config block, and ran it only because it hashed to the operator's rendering.
+    assert cm is not None
+    assert (
+        record.run_py == cm["data"]["head"] + env["MODEL_SUPPORT_RUN_CONFIG"] + cm["data"]["tail"]
+    )
+    assert hashlib.sha256(record.run_py.encode()).hexdigest() == env["MODEL_SUPPORT_RUN_SHA256"]
     # The runner pod fetched the weights itself, with the token from the Secret (secretKeyRef).
     weights = [
         r

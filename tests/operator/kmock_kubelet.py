@@ -2,8 +2,8 @@
 the Job controller, the scheduler, the kubelet and the runner of every runner Job.
 
 It plays every runner Job kmock holds, as a node would run it: the pod becomes ready (the
-test goes Running), the runner delivers the result document of the run.py in the Job's
-ConfigMap to the results store, the Job completes. Which result each model gets, and which
+test goes Running), the runner delivers the result document of the run.py it makes from the
+program ConfigMap and the Job's config block to the results store, the Job completes. Which result each model gets, and which
 models' runners wait (to keep tests running while a test looks), are the test's choice.
 
 Everything runs on the loop that serves kmock and never blocks it: Jobs are found in kmock's
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -23,8 +24,9 @@ from typing import Any
 from k8s_harness import JOBS_URL, Harness, now
 
 from model_support.config import RunConfig
+from model_support.operator.resource import RUNNER_CONTAINER
 from model_support.records import ResultDocument, Stack, Timings, failure_document
-from model_support.script import read_config
+from model_support.script import PROGRAM_KEYS, RUN_CONFIG_ENV, RUN_SHA256_ENV, read_config
 from model_support.vocabulary import ErrorClass, Result
 
 STACK = Stack(torch="2.13.0", transformers="5.24.0", torch_neuronx="2.13.0", neuronx_cc="2.28")
@@ -131,18 +133,25 @@ class Kubelet:
 
     async def _play(self, job: dict[str, Any]) -> None:
         name = job["metadata"]["name"]
-        volumes = job["spec"]["template"]["spec"]["volumes"]
-        cm_name = next(v["configMap"]["name"] for v in volumes if "configMap" in v)
+        pod = job["spec"]["template"]["spec"]
+        cm_name = next(v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v)
+        runner = next(c for c in pod["containers"] if c["name"] == RUNNER_CONTAINER)
+        env = {e["name"]: e.get("value") for e in runner.get("env") or []}
 
-        # The operator creates the ConfigMap right after the Job (the Job owns it); the kubelet
-        # retries the mount until it exists (the loop's next scan finds it).
+        # The kubelet retries the mount until the program ConfigMap exists (the loop's next
+        # scan finds it); the runner writes run.py from it, as model_support.runner_pod does.
         cm = await self.h.wait_for(
-            lambda: self._configmaps.pop(cm_name, None),
+            lambda: self._configmaps.get(cm_name),
             timeout=30,
             what=f"ConfigMap {cm_name}",
             interval=self.interval,
         )
-        config = read_config(cm["data"]["run.py"])
+        head, tail = (cm["data"][key] for key in PROGRAM_KEYS)
+        run_py = head + env[RUN_CONFIG_ENV] + tail
+        assert hashlib.sha256(run_py.encode()).hexdigest() == env[RUN_SHA256_ENV], (
+            f"Job {name}: the run.py its runner would write is not the one the operator rendered"
+        )
+        config = read_config(run_py)
         await self.h.patch(
             f"{JOBS_URL}/{name}/status", {"status": {"active": 1, "ready": 1, "startTime": now()}}
         )

@@ -59,7 +59,7 @@ def launched(queue: str | None = None, generation: int = GENERATION) -> Launched
         overridden=False,
         queue=queue,
         job_name=f"qwen-abc-g{generation}-a1",
-        configmap_name=f"qwen-abc-g{generation}",
+        configmap_name="model-support-run-py-0123456789abcdef",  # the namespace's program
         run_id=f"run-g{generation}-a1",
         run_script_sha256="0" * 64,
         revision="1" * 40,

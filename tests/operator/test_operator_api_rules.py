@@ -13,7 +13,7 @@ from typing import Any
 
 import kmock
 import pytest
-from k8s_harness import CMS_URL, JOBS_URL, NS, TESTS_URL, Harness, OperatorThread, now
+from k8s_harness import JOBS_URL, NS, TESTS_URL, Harness, OperatorThread, now
 from kmock_kubelet import Kubelet
 from prometheus_client import REGISTRY
 from test_operator_lifecycle import SPEC, records, runner_log, start
@@ -34,6 +34,7 @@ from model_support.operator.resource import (
 from model_support.operator.status import StatusPatch, TestStatus
 from model_support.operator.sweep_reconciler import SweepReconciler
 from model_support.operator.watchdog import Watchdog
+from model_support.script import read_config
 from model_support.vocabulary import Result
 
 SWEEPS_URL = f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{SWEEP_PLURAL}"
@@ -248,34 +249,49 @@ async def test_a_job_refused_by_admission_makes_the_test_invalid(harness: Harnes
     assert len(await h.wait_events("InvalidSpec")) == 1
 
 
-async def test_a_configmap_refused_by_a_quota_is_said_once_and_created_when_allowed(
+async def test_a_program_configmap_refused_by_a_quota_is_said_once_and_no_job_comes_before_it(
     harness: Harness,
 ) -> None:
-    """The run.py ConfigMap comes after its Job (the Job owns it): a quota on ConfigMaps is
-    retried, the Job adopted rather than made twice, and the pod's run.py arrives."""
+    """The namespace's program ConfigMap comes before the Job (its pod mounts it): a quota on
+    ConfigMaps is retried and said once, no Job is created while it is refused, and once it is
+    allowed both are created (the Job's run.py made from it)."""
     h = harness
     h.settings.sizing_retry_base_s = 0.2
-    quota = 'configmaps "qwen" is forbidden: exceeded quota: objects, limited: configmaps=50'
-    h.k.refusals = (refuse_creates("configmaps", 3, 403, quota),)
+    quota = (
+        'configmaps "model-support-run-py" is forbidden: exceeded quota: objects, '
+        "limited: configmaps=50"
+    )
+    created: list[str] = []  # every create of a ConfigMap or a Job, refused or not, in order
+
+    def note(request: kmock.Request) -> None:
+        plural = request.resource.plural if request.resource is not None else None
+        if request.action == kmock.action.CREATE and plural in ("configmaps", "jobs"):
+            created.append(plural)
+
+    h.k.refusals = (note, refuse_creates("configmaps", 3, 403, quota))
     await h.start_operator()
-    test = await h.create_test("qwen", dict(SPEC))
+    await h.create_test("qwen", dict(SPEC))
     status = await h.wait_status(
         "qwen", lambda s: conditions(s).get("JobCreated", {}).get("status") == "True", "JobCreated"
     )
     events = await h.wait_events("CreateRefused")
     assert len(events) == 1 and "exceeded quota: objects" in events[0]["message"]
     assert status["phase"] == "Pending"
+    # Three refused, the fourth created; the Job only after that, and once.
+    assert created == ["configmaps"] * 4 + ["jobs"], created
     [job] = await h.items(JOBS_URL)
-    cm = await h.get(f"{CMS_URL}/{child_name('qwen', test['metadata']['uid'], 1)}")
-    assert cm is not None and "run.py" in cm["data"]
-    assert cm["metadata"]["ownerReferences"][0]["name"] == job["metadata"]["name"]
+    [program], others = await h.configmaps()
+    assert others == []
+    assert status["configMapName"] == program["metadata"]["name"]
+    assert "ownerReferences" not in program["metadata"]  # the namespace's, not the test's
+    assert read_config(await h.run_py_of(job)).model == SPEC["model"]
 
 
 async def test_a_configmap_refused_by_admission_ends_the_test_and_leaves_no_job(
     harness: Harness,
 ) -> None:
     """A Job whose run.py can never exist would hold its cores waiting for the mount: the
-    refusal that ends the test takes the Job with it."""
+    program ConfigMap comes first, and its refusal ends the test before any Job is made."""
     h = harness
     denied = 'admission webhook "size.example.com" denied the request: ConfigMaps over 64 KiB'
     h.k.refusals = (refuse_creates("configmaps", 100, 422, denied),)
@@ -289,7 +305,8 @@ async def test_a_configmap_refused_by_admission_ends_the_test_and_leaves_no_job(
     async def no_job() -> bool:
         return await h.items(JOBS_URL) == []
 
-    await h.wait_for(no_job, timeout=20, what="the refused test's Job to be deleted")
+    await h.wait_for(no_job, timeout=20, what="the refused test to have no Job")
+    assert posts(h, "jobs") == 0  # none was created (and deleted) either
     assert records(h) == []
 
 
@@ -328,7 +345,8 @@ async def test_a_stale_view_of_a_test_launched_meanwhile_creates_nothing_again(
     harness: Harness,
 ) -> None:
     """The watchdog offers what its snapshot shows unhandled; a test launched by an event since
-    (or by another replica) must not get a second Job create (a 409 to adopt, and a ConfigMap)."""
+    (or by another replica) must not get a second Job create (a 409 to adopt), nor a second
+    create of the program ConfigMap."""
     h = harness
     rec = reconciler(h)
     before = await h.create_test("qwen", dict(SPEC))
@@ -393,7 +411,7 @@ async def test_two_replicas_act_as_one_and_the_other_takes_over(harness: Harness
         await h.run_pod(pod)
         await h.end_pod(job, pod, exit_code=1, log=runner_log(Result.FAIL))
         await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
-        # One replica acted: one ConfigMap and one Job created, one result Event.
+        # One replica acted: one (program) ConfigMap and one Job created, one result Event.
         assert (posts(h, "configmaps"), posts(h, "jobs")) == (1, 1)
         assert len(await h.wait_events("Failed")) == 1
         assert len(records(h)) == 1
@@ -449,16 +467,11 @@ async def test_a_sweep_status_patch_leaves_out_an_unchanged_ranking(
 # ------------------------------------------------------------------ what etcd keeps
 
 
-async def test_every_attempt_is_released_and_run_py_goes_with_its_job(harness: Harness) -> None:
+async def test_every_attempt_is_released_and_the_namespace_keeps_one_program_configmap(
+    harness: Harness,
+) -> None:
     h = harness
     test, first = await start(h)
-    uid = test["metadata"]["uid"]
-    cm = await h.wait_for(
-        lambda: h.get(f"{CMS_URL}/{child_name('qwen', uid, 1)}"), what="the ConfigMap"
-    )
-    # The run.py is owned by the generation's first Job: collected when that Job is.
-    [owner] = cm["metadata"]["ownerReferences"]
-    assert (owner["kind"], owner["uid"]) == ("Job", first["metadata"]["uid"])
     # The node went away with the pod: the operator retries in a new Job.
     await h.finish_job(first, exit_code=1, job_condition=("Failed", "PodFailurePolicy"))
     await h.wait_status("qwen", lambda s: s.get("attempt") == 2, "attempt 2")
@@ -479,6 +492,26 @@ async def test_every_attempt_is_released_and_run_py_goes_with_its_job(harness: H
     # gets the (here short) time since it finished on top.
     setting = h.settings.ttl_seconds_after_finished
     assert all(setting <= j["spec"]["ttlSecondsAfterFinished"] <= setting + 120 for j in jobs)
+
+    # etcd keeps no run.py per test or attempt: another test launched after these two attempts
+    # mounts the same program ConfigMap, the only ConfigMap in the namespace, owned by nothing
+    # (no test's deletion, no Job's collection takes it from the others).
+    other_test = await h.create_test("other", dict(SPEC))
+    [third] = await h.wait_job(name=child_name("other", other_test["metadata"]["uid"], 1, 1))
+    [program], others = await h.configmaps()
+    assert others == []
+    assert "ownerReferences" not in program["metadata"]
+    name = program["metadata"]["name"]
+    mounted = {
+        v["configMap"]["name"]
+        for j in [*jobs, third]
+        for v in j["spec"]["template"]["spec"]["volumes"]
+        if "configMap" in v
+    }
+    assert mounted == {name}
+    other = await h.wait_status("other", lambda s: s.get("phase") == "Pending", "Pending")
+    assert (await h.test_status("qwen"))["configMapName"] == other["configMapName"] == name
+    assert test["metadata"]["uid"] not in str(program)
 
 
 # ------------------------------------------------------------------ placeable cores

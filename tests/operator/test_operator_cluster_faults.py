@@ -16,13 +16,14 @@ from typing import Any
 
 import pytest
 from api_faults import Family, Fault
-from k8s_harness import CMS_URL, EVENTS_URL, JOBS_URL, NS, TESTS_URL, Harness, now
+from k8s_harness import EVENTS_URL, JOBS_URL, NS, TESTS_URL, Harness, now
 from test_operator_api_rules import conditions, reconciler, refuse_creates
 from test_operator_lifecycle import SPEC, document_for, records
 
 from model_support.operator.reconciler import Reconciler
 from model_support.operator.resource import child_name
 from model_support.operator.watchdog import Watchdog
+from model_support.script import read_config
 from model_support.vocabulary import Result
 
 NODE_LOST = {"reason": "NodeLost", "message": "node ip-10-0-0-1 is not ready"}
@@ -281,7 +282,7 @@ async def test_a_job_recorded_late_is_kept_the_ttl_from_its_recording(h: Harness
     assert setting + 2 * 3600 <= ttl <= setting + 2 * 3600 + 120
 
 
-async def test_a_spec_change_during_a_retry_deletes_every_attempts_job_and_run_py(
+async def test_a_spec_change_during_a_retry_deletes_every_attempts_job_and_keeps_the_program(
     h: Harness,
 ) -> None:
     rec = reconciler(h)
@@ -293,19 +294,25 @@ async def test_a_spec_change_during_a_retry_deletes_every_attempts_job_and_run_p
     assert (await h.test_status("qwen"))["attempt"] == 2
     old = {child_name("qwen", uid, 1, 1), child_name("qwen", uid, 1, 2)}
     assert old <= {j["metadata"]["name"] for j in await h.items(JOBS_URL)}
-    assert await h.get(f"{CMS_URL}/{child_name('qwen', uid, 1)}") is not None
+    [program], others = await h.configmaps()
+    assert others == []
 
     # The spec changes while attempt 2 waits: generation 2 supersedes both attempts.
     changed = await h.patch(f"{TESTS_URL}/qwen", {"spec": {"timeoutSeconds": 1200}})
     assert changed["metadata"]["generation"] == 2
     await asyncio.to_thread(rec.on_test, changed, "MODIFIED")
 
-    names = {j["metadata"]["name"] for j in await h.items(JOBS_URL)}
-    assert names == {child_name("qwen", uid, 2, 1)}
-    assert await h.get(f"{CMS_URL}/{child_name('qwen', uid, 1)}") is None
-    assert await h.get(f"{CMS_URL}/{child_name('qwen', uid, 2)}") is not None
+    [job] = await h.items(JOBS_URL)
+    assert job["metadata"]["name"] == child_name("qwen", uid, 2, 1)
+    # The program ConfigMap is the namespace's, not the generation's: it stays, the same
+    # object, and the new generation's Job makes its run.py from it; no ConfigMap of the test's.
+    kept, others = await h.configmaps()
+    assert [c["metadata"]["uid"] for c in kept] == [program["metadata"]["uid"]]
+    assert others == []
+    assert read_config(await h.run_py_of(job)).model == SPEC["model"]
     status = await h.test_status("qwen")
     assert (status["observedGeneration"], status["attempt"]) == (2, 1)
+    assert status["configMapName"] == program["metadata"]["name"]
 
 
 # ------------------------------------------------------------------ the image pull clock

@@ -19,7 +19,7 @@ from test_operator_lifecycle import records, runner_log
 from test_render import TEST_UID, chart_values, manifest, render, strip_server_fields
 
 from model_support.operator.dra import DraError, build_claim_template, device_claim
-from model_support.operator.manifests import Placement, TestRef, build_job
+from model_support.operator.manifests import Placement, RunScript, TestRef, build_job
 from model_support.operator.planning import InvalidTest, claim_template, place
 from model_support.operator.resource import child_name, run_id_for
 from model_support.operator.settings import (
@@ -48,6 +48,8 @@ CASES = {
     (16, 1): (4, 4),
     (16, 2): (4, 4),
 }
+
+NO_SCRIPT = RunScript("cm", "", "0" * 64)  # run.py plays no part here
 
 
 NODE_LOST = {"reason": "NodeLost", "message": "node ip-10-0-0-1 is not ready"}
@@ -193,7 +195,7 @@ def test_only_trn2_tests_are_claimed_through_dra() -> None:
     trn1 = parse_spec({"model": "a/b", "profile": "trn1", "cores": 2, "parallelism": "tensor"})
     assert claim_template(ref, trn1, placement, settings) is None
     job = build_job(
-        ref, trn1, placement, job_name=child_name("t", ref.uid, 1, 1), configmap_name="cm",
+        ref, trn1, placement, job_name=child_name("t", ref.uid, 1, 1), run_script=NO_SCRIPT,
         attempt=1, run_id=run_id_for(ref.uid, 1, 1), settings=settings,
     )  # fmt: skip
     validate(job)
@@ -235,7 +237,7 @@ async def test_each_test_claims_whole_devices_at_its_lnc(harness: Harness) -> No
         assert template is not None, f"no ResourceClaimTemplate for {name}"
         validate(template)
         assert_claims_devices(template, devices, group, lnc)
-        # Owned by the test like its ConfigMap and Job: deleting the test collects it.
+        # Owned by the test like its Job: deleting the test collects it.
         assert template["metadata"]["ownerReferences"] == [
             {
                 "apiVersion": "modelsupport.dev/v1alpha1",

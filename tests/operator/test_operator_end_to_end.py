@@ -1,8 +1,9 @@
 """End to end: the operator's Job runs for real here, as a kubelet would run it.
 
-The stand-in kubelet takes the Job kmock holds, lays out its volumes (the ConfigMap's run.py at
-/work/run.py, emptyDirs as temp directories), runs the container's command with the Job's env on
-CPU against a tiny local checkpoint, and writes pod status, log and Job condition back.
+The stand-in kubelet takes the Job kmock holds, lays out its volumes (the program ConfigMap's
+head and tail in a folder, emptyDirs as temp directories), runs the container's command with the
+Job's env on CPU against a tiny local checkpoint (the runner writes run.py from the program and
+the config block in its env), and writes pod status, log and Job condition back.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import pytest
 from k8s_harness import CMS_URL, JOBS_URL, Harness
 
 from model_support.compile_cache import SigningKey
-from model_support.operator.manifests import WORKDIR
 from model_support.operator.resource import LABEL_TEST
 from model_support.store import ResultsStore
 from model_support.vocabulary import Result
@@ -57,11 +57,15 @@ async def _run_container(
             paths[mount["mountPath"]] = volume_root / mount.get("subPath", "")
         elif "configMap" in source:
             url = f"{CMS_URL}/{source['configMap']['name']}"
-            # Created right after its Job (the Job owns it): the kubelet retries the mount.
+            # The program ConfigMap is made before the Job; the kubelet would retry the mount.
             cm = await h.wait_for(lambda u=url: h.get(u), what="the Job's ConfigMap", timeout=30)
+            # Its items as files in a folder, read-only as the kubelet projects them.
             local.mkdir(parents=True, exist_ok=True)
-            (local / mount["subPath"]).write_text(cm["data"][mount["subPath"]])
-            paths[mount["mountPath"]] = local / mount["subPath"]
+            items = source["configMap"].get("items") or [{"key": k, "path": k} for k in cm["data"]]
+            for item in items:
+                (local / item["path"]).write_text(cm["data"][item["key"]], encoding="utf-8")
+                (local / item["path"]).chmod(0o444)
+            paths[mount["mountPath"]] = local / mount.get("subPath", "")
         else:
             local.mkdir(parents=True, exist_ok=True)
             paths[mount["mountPath"]] = local
@@ -73,8 +77,6 @@ async def _run_container(
         return value
 
     workdir = Path(local_path(container["workingDir"]))
-    if f"{WORKDIR}/run.py" in paths and not (workdir / "run.py").exists():
-        os.link(paths[f"{WORKDIR}/run.py"], workdir / "run.py")
 
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "OMP_NUM_THREADS", "LANG")}
     for var in container.get("env", []):
@@ -141,11 +143,10 @@ async def test_runner_job_runs_run_py_and_the_record_holds_it(
     [record] = list(ResultsStore(str(h.results)).records())
     assert record.labels["document_source"] == "delivery"
     assert message is not None and message.startswith("MODEL_SUPPORT_RESULT ")  # the fallback
-    cm = await h.get(
-        f"{CMS_URL}/{job['spec']['template']['spec']['volumes'][1]['configMap']['name']}"
-    )
-    assert cm is not None
-    assert record.run_py == cm["data"]["run.py"]  # the dataset row holds exactly what ran
+    # The runner wrote run.py itself, from the program ConfigMap and its config block.
+    run_py = await h.run_py_of(job)
+    assert (tmp_path / "pod" / "work" / "run.py").read_text(encoding="utf-8") == run_py
+    assert record.run_py == run_py  # the dataset row holds exactly what ran
     assert record.document.result == Result.PASS and record.run_id == status["runId"]
     assert record.document.model == str(tiny_llama_path) and len(record.document.tokens[0]) == 8
 
@@ -154,7 +155,7 @@ async def test_runner_job_runs_run_py_and_the_record_holds_it(
     assert rows[["run_id", "result", "neuron_cores"]].values.tolist() == [
         [status["runId"], "PASS", 1]
     ]
-    assert rows.iloc[0]["run_py"] == cm["data"]["run.py"]
+    assert rows.iloc[0]["run_py"] == run_py
 
 
 async def _matrix_rows(store: ResultsStore, timeout: float = 30.0) -> pd.DataFrame:

@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 from pydantic import ValidationError
 
-from model_support.operator.manifests import Placement, TestRef, build_job
+from model_support.operator.manifests import Placement, RunScript, TestRef, build_job
 from model_support.operator.planning import InvalidTest, children, place
 from model_support.operator.resource import child_name, run_id_for
 from model_support.operator.settings import NeuronDraSettings, OperatorSettings
@@ -20,6 +20,8 @@ from model_support.vocabulary import ExclusionReason, Parallelism
 K8S = "1.34.0"
 REF = TestRef("ml", "t", "6b1c2f4e-0000-4000-8000-000000000002", 1)
 GiB = 2**30
+
+NO_SCRIPT = RunScript("cm", "", "0" * 64)  # run.py plays no part here
 
 
 @pytest.mark.parametrize(
@@ -67,7 +69,7 @@ def test_a_trn3_test_is_sized_for_trainium3_and_placed_on_a_trn3_node(
 def runner_env(spec: dict[str, Any], settings: OperatorSettings) -> dict[str, Any]:
     job = build_job(
         REF, parse_spec({"model": "a/b", **spec}), Placement(4, Parallelism.TENSOR, 16 * GiB),
-        job_name=child_name("t", REF.uid, 1, 1), configmap_name="cm", attempt=1,
+        job_name=child_name("t", REF.uid, 1, 1), run_script=NO_SCRIPT, attempt=1,
         run_id=run_id_for(REF.uid, 1, 1), settings=settings,
     )  # fmt: skip
     kubernetes_validate.validate(job, K8S, strict=True)
@@ -141,7 +143,7 @@ def test_a_pod_may_land_on_any_trn2_instance_type_whose_devices_hold_it() -> Non
     def types(spec: dict[str, Any], cores: int) -> list[str]:
         job = build_job(
             REF, parse_spec({"model": "a/b", **spec}), Placement(cores, Parallelism.TENSOR, GiB),
-            job_name="j", configmap_name="cm", attempt=1, run_id=run_id_for(REF.uid, 1, 1),
+            job_name="j", run_script=NO_SCRIPT, attempt=1, run_id=run_id_for(REF.uid, 1, 1),
             settings=OperatorSettings(results_uri="s3://b/r", scheduler_name="neuron-scheduler"),
         )  # fmt: skip
         kubernetes_validate.validate(job, K8S, strict=True)

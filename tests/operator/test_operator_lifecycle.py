@@ -1,7 +1,9 @@
-"""The operator end to end against kmock: test -> ConfigMap + Job -> pod status -> test status + record."""
+"""The operator end to end against kmock: test -> (program ConfigMap) + Job -> pod status -> test
+status + record."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ from prometheus_client import REGISTRY
 from safetensors.torch import save_file
 
 from model_support.config import RunConfig
-from model_support.operator.manifests import BACKOFF_LIMIT
+from model_support.operator.manifests import BACKOFF_LIMIT, PROGRAM_DIR
 from model_support.operator.resource import child_name, run_id_for
 from model_support.records import RESULT_MARKER, ResultDocument, Timings
 from model_support.script import read_config, render_script
@@ -78,23 +80,33 @@ async def test_pass_lifecycle(harness: Harness, operator_hub: HubServer) -> None
     uid = test["metadata"]["uid"]
     assert job["metadata"]["name"] == child_name("qwen", uid, 1, 1)
 
-    # run.py in the ConfigMap is exactly what render_script makes of the spec, its revision
-    # (none: main) pinned to the commit main names on the Hub.
-    cm_url = f"{CMS_URL}/{child_name('qwen', uid, 1)}"
-    cm = await h.wait_for(lambda: h.get(cm_url), what="the ConfigMap (made after its Job)")
+    # The namespace's program ConfigMap exists once the Job does (made first: its pod mounts
+    # it), the only ConfigMap: the test has none of its own.
+    [program], others = await h.configmaps()
+    assert others == []
+    # It belongs to no test or Job (shared by the namespace's tests, it outlives each).
+    assert "ownerReferences" not in program["metadata"]
+    # The run.py the runner writes from it and the config block in the Job's env is exactly
+    # what render_script makes of the spec, its revision (none: main) pinned to the commit
+    # main names on the Hub.
+    run_py = await h.run_py_of(job)
     commit = operator_hub.repos["Qwen/Qwen3-0.6B"].sha("main")
     expected = RunConfig(model="Qwen/Qwen3-0.6B", revision=commit, backend=Backend.NEURON, cores=1)
-    assert cm["data"]["run.py"] == render_script(expected)
-    # The run.py belongs to the Job (collected with it once recorded), the Job to the test.
-    [cm_owner] = cm["metadata"]["ownerReferences"]
-    assert (cm_owner["kind"], cm_owner["uid"]) == ("Job", job["metadata"]["uid"])
+    assert run_py == render_script(expected)
 
     # The Job: one NeuronCore on a trn2 node, the token from the Secret; only failures before
     # the runner started are retried within it (backoffLimit), never the runner's own exit.
     pod_spec = job["spec"]["template"]["spec"]
     runner = pod_spec["containers"][0]
-    # run.py runs through the runner entry point, which makes its result durable (no shell).
+    # run.py runs through the runner entry point, which makes its result durable (no shell),
+    # and writes it first from the program ConfigMap, mounted read-only.
     assert runner["command"][:3] == ["python3", "-m", "model_support.runner_pod"]
+    assert runner["command"][runner["command"].index("--program") + 1] == PROGRAM_DIR
+    assert {"name": "run-script", "mountPath": PROGRAM_DIR, "readOnly": True} in runner[
+        "volumeMounts"
+    ]
+    [volume] = [v for v in pod_spec["volumes"] if v["name"] == "run-script"]
+    assert volume["configMap"]["name"] == program["metadata"]["name"]
     assert runner["command"][runner["command"].index("--run-id") + 1] == run_id_for(uid, 1, 1)
     assert "ttlSecondsAfterFinished" not in job["spec"]  # never collected before it is recorded
     assert runner["resources"]["limits"]["aws.amazon.com/neuroncore"] == "1"
@@ -133,6 +145,8 @@ async def test_pass_lifecycle(harness: Harness, operator_hub: HubServer) -> None
     status = await h.wait_status("qwen", lambda s: s.get("phase") == "Pending", "Pending")
     assert status["runId"] == run_id_for(uid, 1, 1) and status["cores"] == 1
     assert status["revision"] == commit
+    assert status["configMapName"] == program["metadata"]["name"]
+    assert status["runScriptSha256"] == hashlib.sha256(run_py.encode()).hexdigest()
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
         "Sized": "True",
         "JobCreated": "True",
@@ -162,7 +176,7 @@ async def test_pass_lifecycle(harness: Harness, operator_hub: HubServer) -> None
     # One record, with the same run.py and the run id in the status.
     [record] = records(h)
     assert record.run_id == status["runId"] and record.source == "operator"
-    assert record.run_py == cm["data"]["run.py"] and record.document.result == Result.PASS
+    assert record.run_py == run_py and record.document.result == Result.PASS
     assert record.labels["test"] == "qwen" and record.labels["attempt"] == "1"
     assert record.labels["document_source"] == "log"  # nothing was delivered in this test
 
@@ -404,8 +418,11 @@ async def test_spec_change_supersedes_the_running_job(harness: Harness) -> None:
     status = await h.wait_status("qwen", lambda s: s.get("observedGeneration") == 2, "generation 2")
     assert status["runId"] == run_id_for(uid, 2, 1)
     assert await h.get(f"{JOBS_URL}/{job['metadata']['name']}") is None  # the old Job is deleted
-    cm = await h.get(f"{CMS_URL}/{child_name('qwen', uid, 2)}")
-    assert cm is not None and read_config(cm["data"]["run.py"]).dtype == "float32"
+    [new] = await h.wait_job(child_name("qwen", uid, 2, 1))
+    assert read_config(await h.run_py_of(new)).dtype == "float32"
+    # The new generation's run.py comes from the same program ConfigMap: none per generation.
+    [program], others = await h.configmaps()
+    assert others == [] and status["configMapName"] == program["metadata"]["name"]
 
 
 async def test_invalid_spec_is_reported_not_run(harness: Harness) -> None:
@@ -503,20 +520,20 @@ async def test_a_branch_is_recorded_at_its_commit_even_without_the_configmap(
     harness: Harness, operator_hub: HubServer
 ) -> None:
     """A test applied with a branch (kubectl apply, a sweep) runs and records a run.py that
-    names the branch's commit; when the ConfigMap is gone by the time the run is recorded, the
-    run.py rendered again names the same commit (the status keeps it)."""
+    names the branch's commit; when the program ConfigMap is gone by the time the run is
+    recorded, the run.py rendered again names the same commit (the status keeps it)."""
     h = harness
-    test, job = await start(h, spec={**SPEC, "revision": "main"})
-    uid = test["metadata"]["uid"]
+    _, job = await start(h, spec={**SPEC, "revision": "main"})
     commit = operator_hub.repos["Qwen/Qwen3-0.6B"].sha("main")
-    cm_url = f"{CMS_URL}/{child_name('qwen', uid, 1)}"
-    cm = await h.wait_for(lambda: h.get(cm_url), what="the ConfigMap (made after its Job)")
-    assert read_config(cm["data"]["run.py"]).revision == commit
-    await h.delete(cm_url)
+    ran = await h.run_py_of(job)  # what the runner wrote
+    assert read_config(ran).revision == commit
+    [program], _ = await h.configmaps()
+    await h.delete(f"{CMS_URL}/{program['metadata']['name']}")
     pod = await h.start_pod(job)
     await h.run_pod(pod)
     await h.end_pod(job, pod, exit_code=0, log=runner_log(Result.PASS))
     await h.wait_status("qwen", lambda s: s.get("phase") == "Completed", "Completed")
+    assert await h.configmaps() == ([], [])  # still gone when it was recorded
     [record] = records(h)
-    assert record.run_py == cm["data"]["run.py"]  # byte for byte what ran
+    assert record.run_py == ran  # byte for byte what ran
     assert read_config(record.run_py).revision == commit

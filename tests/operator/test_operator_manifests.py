@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import copy
 import functools
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +19,19 @@ from job_controller import match_pod_failure_policy
 
 from model_support.operator.manifests import (
     BACKOFF_LIMIT,
+    PROGRAM_DIR,
     Placement,
+    RunScript,
     TestRef,
-    build_configmap,
     build_job,
+    build_program_configmap,
+    program_configmap_name,
 )
 from model_support.operator.outcome import JobState, PullFailures, read_job, stuck_reason
 from model_support.operator.resource import child_name, run_id_for
 from model_support.operator.settings import OperatorSettings
-from model_support.operator.spec import PROFILES, SpecError, parse_spec
-from model_support.script import read_config, render_script
+from model_support.operator.spec import PROFILES, SpecError, TestSpec, parse_spec
+from model_support.script import config_block, program, read_config, render_script
 from model_support.vocabulary import Backend, Parallelism
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -377,6 +381,17 @@ def test_examples_are_valid(schema: jsonschema.Validator) -> None:
 # ------------------------------------------------------------------------- manifests
 
 
+def run_script_for(spec: TestSpec, cores: int, parallelism: Parallelism) -> RunScript:
+    """What the operator puts in a Job for its run.py (as planning.children does)."""
+    config = spec.run_config(cores, Parallelism.NONE if cores == 1 else parallelism)
+    rendered = render_script(config).encode()
+    return RunScript(
+        program_configmap_name(program()),
+        config_block(config),
+        hashlib.sha256(rendered).hexdigest(),
+    )
+
+
 def job_for(
     spec_dict: dict[str, Any],
     cores: int = 4,
@@ -390,7 +405,7 @@ def job_for(
         spec,
         Placement(cores, parallelism, 40 * GiB, checkpoint_bytes),
         job_name=child_name(REF.name, REF.uid, REF.generation, 1),
-        configmap_name=child_name(REF.name, REF.uid, REF.generation),
+        run_script=run_script_for(spec, cores, parallelism),
         attempt=1,
         run_id=run_id_for(REF.uid, REF.generation, 1),
         settings=settings,
@@ -537,7 +552,7 @@ def test_full_job_manifest(tmp_path: Path) -> None:
     # target (one argument each) after run.py, whatever its outcome.
     assert runner["command"] == [
         "python3", "-m", "model_support.runner_pod", "--run-id", run_id_for(REF.uid, REF.generation, 1),
-        "--timeout", "5400", "--neuron-devices", "/dev/neuron*",
+        "--program", PROGRAM_DIR, "--timeout", "5400", "--neuron-devices", "/dev/neuron*",
         "--result-file", "result.json", "--termination-log", "/dev/termination-log",
         "--pull-report", "/work/.model-support/compile-cache-pull.json",
         "--pull-source", "hf://buckets/aws-neuron/neff-cache/x",
@@ -567,7 +582,8 @@ def test_full_job_manifest(tmp_path: Path) -> None:
     assert pull["securityContext"] == runner["securityContext"]
     assert packages["command"][-1] == "sentencepiece>=0.2"
     mounts = {m["mountPath"]: m for m in runner["volumeMounts"]}
-    assert mounts["/work/run.py"]["subPath"] == "run.py"
+    assert mounts[PROGRAM_DIR] == {"name": "run-script", "mountPath": PROGRAM_DIR, "readOnly": True}
+    assert "run-script" not in {m["name"] for m in pull["volumeMounts"]}  # run.py's alone
 
 
 def test_minimal_job_and_cpu_profile() -> None:
@@ -596,7 +612,7 @@ def test_a_small_host_memory_floor_is_requested_in_mebibytes() -> None:
         spec,
         Placement(1, Parallelism.NONE, int(0.375 * GiB)),
         job_name="j",
-        configmap_name="c",
+        run_script=run_script_for(spec, 1, Parallelism.NONE),
         attempt=1,
         run_id="r",
         settings=settings,
@@ -621,17 +637,29 @@ def test_when_to_localize_a_fail_reaches_run_py(schema: jsonschema.Validator) ->
     assert (default.localize, default.localize_budget_s) == ("on_fail", 600.0)
 
 
-def test_configmap_holds_the_rendered_script() -> None:
+def test_the_program_configmap_and_the_jobs_config_block_make_the_rendered_script() -> None:
     spec = parse_spec(full_spec())
     config = spec.run_config(4, Parallelism.TENSOR)
     assert config.backend == Backend.NEURON and config.max_new_tokens == 16
-    cm = build_configmap(REF, child_name(REF.name, REF.uid, REF.generation), render_script(config))
+    cm = build_program_configmap(REF.namespace, program())
     validate(cm)
-    assert read_config(cm["data"]["run.py"]) == config
-    assert cm["metadata"]["ownerReferences"][0] == {
-        "apiVersion": "modelsupport.dev/v1alpha1", "kind": "ModelSupportTest", "name": REF.name,
-        "uid": REF.uid, "controller": True, "blockOwnerDeletion": True,
-    }  # fmt: skip
+    job = job_for(full_spec())
+    runner = job["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in runner["env"] if "value" in e}
+    run_py = cm["data"]["head"] + env["MODEL_SUPPORT_RUN_CONFIG"] + cm["data"]["tail"]
+    # Byte for byte the run.py the operator renders (and records), and the hash the runner checks.
+    assert run_py == render_script(config) and read_config(run_py) == config
+    assert env["MODEL_SUPPORT_RUN_SHA256"] == hashlib.sha256(run_py.encode()).hexdigest()
+    assert runner["command"][runner["command"].index("--program") + 1] == PROGRAM_DIR
+    volume = next(
+        v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "run-script"
+    )
+    assert volume["configMap"]["name"] == cm["metadata"]["name"]
+    # Shared by the namespace's tests: immutable, named by its content, owned by no test.
+    assert cm["immutable"] is True and "ownerReferences" not in cm["metadata"]
+    assert cm["metadata"]["name"] == program_configmap_name(program())
+    other = program(render_script(config).replace("import", "import ", 1))
+    assert program_configmap_name(other) != cm["metadata"]["name"]
 
 
 def test_child_names_are_deterministic_and_valid() -> None:

@@ -203,13 +203,13 @@ async def test_a_run_recorded_before_a_crash_completes_with_what_was_recorded(
     status = await pending(h)
     pod = await h.start_pod(job)
     await h.stop_operator()
-    cm = await h.get(f"/api/v1/namespaces/default/configmaps/{status['configMapName']}")
-    assert cm is not None
+    [program], _ = await h.configmaps()
+    assert status["configMapName"] == program["metadata"]["name"]
     ResultsStore(str(h.results)).add(
         RunRecord(
             run_id=status["runId"],
             document=document_for(Result.FAIL, error="wrong token at 3"),
-            run_py=cm["data"]["run.py"],
+            run_py=await h.run_py_of(job),  # what its runner wrote, from the program ConfigMap
             source="operator",
         )
     )

@@ -26,7 +26,7 @@ from test_operator_lifecycle import SPEC, document_for, start
 
 from model_support.dataset import matrix_key
 from model_support.delivery import DeliveryArea
-from model_support.operator.manifests import Placement, TestRef, build_job
+from model_support.operator.manifests import Placement, RunScript, TestRef, build_job
 from model_support.operator.planning import InvalidTest, check_compile_cache, check_model_path
 from model_support.operator.settings import (
     OperatorSettings,
@@ -38,6 +38,8 @@ from model_support.operator.spec import parse_spec
 from model_support.records import CompileCacheFigures, Stack
 from model_support.store import ResultsStore
 from model_support.vocabulary import ErrorClass, Parallelism, Result
+
+NO_SCRIPT = RunScript("cm", "", "0" * 64)  # run.py plays no part here
 
 
 @pytest.fixture
@@ -415,7 +417,7 @@ def cache_job(spec: dict[str, Any], settings: OperatorSettings, namespace: str) 
         parsed,
         Placement(1, Parallelism.NONE, 2**30, 0),
         job_name="t-job",
-        configmap_name="t-cm",
+        run_script=NO_SCRIPT,
         attempt=1,
         run_id="op-1",
         settings=settings,

@@ -98,17 +98,16 @@ async def test_render_prints_what_the_operator_creates(
     assert result.exit_code == 0, result.output
     rendered_cm, rendered_job = documents
     assert rendered_job == strip_server_fields(job)
-    # run.py byte for byte; rendered owned by the test, created owned by its Job (whose uid
-    # only exists once it is created), so that the Job's collection takes it along.
-    created_cm = strip_server_fields(configmaps[0])
-    [owner] = created_cm["metadata"].pop("ownerReferences")
-    assert (owner["kind"], owner["uid"]) == ("Job", job["metadata"]["uid"])
-    rendered_cm["metadata"].pop("ownerReferences")
-    assert rendered_cm == created_cm
-    # Both name the commit main has on the Hub, not a floating branch.
-    assert read_config(rendered_cm["data"]["run.py"]).revision == operator_hub.repos[
-        "Qwen/Qwen3-0.6B"
-    ].sha("main")
+    # The namespace's program, as created; with the Job's config block it is the run.py that
+    # runs, and that names the commit main has on the Hub, not a floating branch.
+    assert rendered_cm == strip_server_fields(configmaps[0])
+    runner = rendered_job["spec"]["template"]["spec"]["containers"][0]
+    block = next(e["value"] for e in runner["env"] if e["name"] == "MODEL_SUPPORT_RUN_CONFIG")
+    run_py = rendered_cm["data"]["head"] + block + rendered_cm["data"]["tail"]
+    assert read_config(run_py).revision == operator_hub.repos["Qwen/Qwen3-0.6B"].sha("main")
+    # Two tests of a namespace share its program: shown once.
+    _, two = render(tmp_path, [manifest("a", spec), manifest("b", spec)], values)
+    assert [d["kind"] for d in two] == ["ConfigMap", "Job", "Job"]
     kubernetes_validate.validate(rendered_job, "1.33", strict=True)
     pod = rendered_job["spec"]["template"]["spec"]
     assert pod["schedulerName"] == "neuron-scheduler"  # from the values: two cores

@@ -7,6 +7,7 @@ its termination message and its exit status are checked as the operator will rea
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -23,7 +24,15 @@ from model_support.delivery import DeliveryArea, slot_for
 from model_support.operator.manifests import DELIVERY_URL_ENV
 from model_support.records import RESULT_MARKER, ResultDocument, Verification, parse_result_line
 from model_support.runner_pod import compact_document
-from model_support.script import BEGIN, END, render_script
+from model_support.script import (
+    BEGIN,
+    END,
+    RUN_CONFIG_ENV,
+    RUN_SHA256_ENV,
+    config_block,
+    program,
+    render_script,
+)
 from model_support.vocabulary import ErrorClass, Result
 
 CONFIG = RunConfig(model="org/tiny", cores=1, dtype="float32")
@@ -579,3 +588,64 @@ def test_a_pod_stopped_while_it_delivers_keeps_run_pys_verdict(tmp_path: Path) -
     assert time.monotonic() - stopped_at < 30  # within the kubelet's default grace period
     assert proc.returncode == 0, "".join(seen) + output  # run.py's own status
     assert parse_result_line(termination_message(tmp_path / "pod")).result == Result.PASS
+
+
+def program_pod(tmp_path: Path, *, tamper: str | None = None) -> tuple[Path, dict[str, str]]:
+    """A pod as the operator makes it: the program ConfigMap's head and tail mounted, and the
+    test's config block and run.py's sha256 in its environment (``tamper``: a line someone put
+    into the ConfigMap's tail)."""
+    rendered = render_script(CONFIG, template=FAKE_RUN_PY)
+    parts = program(FAKE_RUN_PY)
+    mounted = tmp_path / "program"
+    mounted.mkdir()
+    (mounted / "head").write_text(parts.head)
+    (mounted / "tail").write_text(parts.tail + (tamper or ""))
+    env = {
+        RUN_CONFIG_ENV: config_block(CONFIG),
+        RUN_SHA256_ENV: hashlib.sha256(rendered.encode()).hexdigest(),
+    }
+    return mounted, env
+
+
+def test_the_runner_writes_the_run_py_the_operator_rendered_and_runs_it(tmp_path: Path) -> None:
+    mounted, env = program_pod(tmp_path)
+    pod = tmp_path / "pod"
+    pod.mkdir()
+    argv = [sys.executable, "-m", "model_support.runner_pod", "--run-id", "op-run-1"]
+    argv += ["--program", str(mounted), "--termination-log", str(pod / "termination-log")]
+    done = subprocess.run(
+        argv,
+        cwd=pod,
+        env={**os.environ, **env, "FAKE_MODE": "pass"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (pod / "run.py").read_text() == render_script(CONFIG, template=FAKE_RUN_PY)
+    assert "loading" in done.stdout  # run.py ran
+
+
+def test_a_run_py_that_is_not_the_one_rendered_never_runs(tmp_path: Path) -> None:
+    mounted, env = program_pod(tmp_path, tamper="\nprint('planted', flush=True)\n")
+    store = tmp_path / "results"
+    pod = tmp_path / "pod"
+    pod.mkdir()
+    argv = [sys.executable, "-m", "model_support.runner_pod", "--run-id", "op-run-1"]
+    argv += ["--program", str(mounted), "--deliver-to", DeliveryArea(str(store)).prepare(SLOT)]
+    argv += ["--termination-log", str(pod / "termination-log")]
+    done = subprocess.run(
+        argv, cwd=pod, env={**os.environ, **env, "FAKE_MODE": "pass"},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert "planted" not in output and "loading" not in output  # nothing ran
+    assert not (pod / "run.py").exists()
+    delivered = delivered_to(store)
+    assert delivered is not None, output
+    document = ResultDocument.model_validate_json(delivered)
+    # Never the model's verdict: the test's own identity, and what was wrong.
+    assert (document.result, document.error_class) == (Result.ERROR, ErrorClass.INFRASTRUCTURE)
+    assert document.model == CONFIG.model
+    assert "sha256" in (document.error or "") and "program ConfigMap" in (document.error or "")
