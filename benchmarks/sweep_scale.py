@@ -150,7 +150,7 @@ async def _measure(
     memory: PeakRss,
 ) -> int:
     # kmock matches each request against its whole history: keep only the recent ones.
-    server.history = 4
+    server.history = 1
     server.operator_requests.clear()
     peak = UnfinishedPeak(server)
     server.observers = (peak,)

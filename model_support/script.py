@@ -15,7 +15,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache, cached_property, lru_cache
 from importlib import resources
 from importlib.resources.abc import Traversable
 
@@ -57,7 +57,7 @@ class Program:
     head: str  # up to and including the BEGIN marker's line
     tail: str  # from the newline before the END marker
 
-    @property
+    @cached_property
     def digest(self) -> str:
         """sha256 of the program (head and tail), naming it."""
         return hashlib.sha256(f"{len(self.head)}:{self.head}{self.tail}".encode()).hexdigest()

@@ -43,6 +43,17 @@ from model_support.operator.watchdog import Watchdog
 log = logging.getLogger(__name__)
 
 
+class EventsOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """The diff-base of an operator whose resource handlers are all ``on.event`` (see
+    :func:`build_registry`): kopf builds one for every event it processes (a deep copy of the
+    object, a Job's whole pod template included), but only change handlers (``on.create``,
+    ``on.update``, ...) and daemons read it. An empty essence leaves each event's diff empty
+    and saves the copy (a tenth of the operator's time at a thousand tests)."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+
 def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf.OperatorRegistry:
     """A kopf registry with the operator's handlers (a fresh one per operator, tests included).
 
@@ -96,7 +107,7 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         # Progress and diff-base go to annotations, so the status schema stays strict.
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+        settings.persistence.diffbase_storage = EventsOnlyDiffBase(prefix=GROUP)
         settings.persistence.finalizer = f"{GROUP}/finalizer"
         settings.posting.loggers = False  # our own Events only, not one per handler log line
         settings.execution.max_workers = 32

@@ -99,3 +99,19 @@ current-context: kmock
             pytest.fail(f"the operator did not stop within 60 s of SIGINT:\n{output[-3000:]}")
     output = log_path.read_text(errors="replace")
     assert proc.returncode in (0, -signal.SIGINT, 130), output[-3000:]
+
+
+def test_the_operator_reacts_to_events_only_so_kopf_keeps_no_diff_base() -> None:
+    """The operator's kopf storage builds no diff-base (handlers.EventsOnlyDiffBase): right only
+    while no handler is a change handler or a daemon, which read it."""
+    from model_support.operator.handlers import build_registry
+    from model_support.operator.settings import OperatorSettings
+
+    settings = OperatorSettings(
+        results_uri="/tmp/unused", namespaces=["default"], metrics_port=None,
+        api_server="http://127.0.0.1:9",
+    )  # fmt: skip
+    registry = build_registry(settings)
+    assert registry._changing.get_all_handlers() == []
+    assert registry._spawning.get_all_handlers() == []
+    assert len(registry._watching.get_all_handlers()) == 4  # tests, sweeps, bisects, Jobs
