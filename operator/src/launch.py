@@ -20,6 +20,7 @@ from model_support.operator.manifests import (
     Placement,
     TestRef,
     claim_template_name,
+    run_script_sha256,
 )
 from model_support.operator.planning import InvalidTest, Planned, children, claim_template, plan
 from model_support.operator.programs import ProgramConfigMaps
@@ -82,13 +83,13 @@ class Launcher:
         )
 
     def start(
-        self, ref: TestRef, spec: TestSpec, placement: Placement, run_py: str, attempt: int
-    ) -> tuple[str, str]:
+        self, ref: TestRef, spec: TestSpec, placement: Placement, attempt: int
+    ) -> tuple[str, str, str]:
         """Create (or adopt) the Job of one attempt, the namespace's program ConfigMap first
-        (its pod mounts it); returns their names. Raises CreateRefused when the API server
-        refuses one (nothing is created for the test then)."""
+        (its pod mounts it); returns their names and the sha256 of the test's run.py. Raises
+        CreateRefused when the API server refuses one (nothing is created for the test then)."""
         configmap, job = children(
-            ref, spec, placement, self.settings, attempt, run_py, self.slots.key
+            ref, spec, placement, self.settings, attempt, delivery_key=self.slots.key
         )
         self.programs.ensure(configmap)
         with refusal("ResourceClaimTemplate", None):
@@ -101,7 +102,7 @@ class Launcher:
             metrics.JOBS_CREATED.inc()
         except AlreadyExists:
             log.info("Job %s/%s already exists; adopting it", ref.namespace, name)
-        return configmap["metadata"]["name"], name
+        return configmap["metadata"]["name"], name, run_script_sha256(job)
 
     def start_again(self, ref: TestRef, spec: TestSpec, placement: Placement, attempt: int) -> str:
         """Create (or adopt) the Job of ``attempt``, the same test's run.py again; returns its

@@ -473,6 +473,13 @@ def _shared_env(
     return env
 
 
+def run_script_sha256(job: dict[str, Any]) -> str:
+    """The sha256 of the run.py a runner Job runs (its runner's ``MODEL_SUPPORT_RUN_SHA256``)."""
+    containers = job["spec"]["template"]["spec"]["containers"]
+    runner = next(c for c in containers if c["name"] == RUNNER_CONTAINER)
+    return str(next(e["value"] for e in runner["env"] if e["name"] == RUN_SHA256_ENV))
+
+
 def _run_script_env(run_script: RunScript) -> list[dict[str, Any]]:
     """The runner's variables naming this test's run.py: its config block and its sha256."""
     return [

@@ -23,7 +23,6 @@ store, and kopf runs synchronous handlers in its thread pool, off its event loop
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import threading
 from dataclasses import dataclass
@@ -92,7 +91,7 @@ from model_support.operator.status import Phase, StatusPatch, TestStatus
 from model_support.operator.status_writer import StatusWriter
 from model_support.records import ResultDocument, failure_document
 from model_support.runpath import Unavailable
-from model_support.script import read_config, render_script
+from model_support.script import read_config
 from model_support.vocabulary import ErrorClass, Parallelism, Result
 
 log = logging.getLogger(__name__)
@@ -336,9 +335,10 @@ class Reconciler:
                 self._retry_later(ref, tries, "JobCreated", "CreateRefused", str(exc))
 
     def _launch(self, ref: TestRef, spec: TestSpec, placement: Placement) -> None:
-        run_py = render_script(spec.run_config(placement.cores, placement.parallelism))
         attempt = 1
-        configmap_name, job_name = self.launcher.start(ref, spec, placement, run_py, attempt)
+        configmap_name, job_name, run_script_sha256 = self.launcher.start(
+            ref, spec, placement, attempt
+        )
         self.apply(
             ref,
             Launched(
@@ -348,7 +348,7 @@ class Reconciler:
                 job_name=job_name,
                 configmap_name=configmap_name,
                 run_id=run_id_for(ref.uid, ref.generation, attempt),
-                run_script_sha256=hashlib.sha256(run_py.encode()).hexdigest(),
+                run_script_sha256=run_script_sha256,
                 revision=spec.revision,
                 attempt=attempt,
             ),
