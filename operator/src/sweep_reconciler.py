@@ -23,6 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,6 +166,10 @@ class _Ledger:
     listed_at: float | None = None
 
 
+CREATES_AT_ONCE = 8
+"""Test creates (or re-run patches) of one sweep pass in flight at once."""
+
+
 @dataclass
 class SweepReconciler:
     """Reconciles ModelSupportSweeps; see the module docstring."""
@@ -178,6 +183,9 @@ class SweepReconciler:
         """Every watched sweep by uid, as last seen (watch events and our own writes)."""
         self._ledgers: dict[str, _Ledger] = {}
         self._runs = OneAtATime()
+        self._creates = ThreadPoolExecutor(CREATES_AT_ONCE, thread_name_prefix="sweep-create")
+        """Where a pass's test creates go out together (a sweep's pace is not one round trip
+        per test)."""
         self._dirty: set[str] = set()
         self._conflicts: dict[str, int] = {}
         """Status writes refused in a row with 409, per sweep (each makes a fresh read)."""
@@ -619,7 +627,6 @@ class SweepReconciler:
         test of an earlier run key is re-run only once it finished.
         """
         meta = body["metadata"]
-        uid = meta["uid"]
         free = spec.concurrency.maxRunning - sum(1 for c in children.values() if c.active)
         judged = confirmations(meta["name"], spec, key, ranking, children, baseline)
         wanted = [
@@ -627,36 +634,55 @@ class SweepReconciler:
             for entry in ranking.models
             for number in judged.missing.get(entry.model, ())
         ] + [(child_name(meta["name"], entry.model), entry, None) for entry in ranking.models]
-        confirmed = False
+        starts: list[tuple[str, SweepModel, int | None, ChildView | None]] = []
         for name, entry, rerun in wanted:
-            if free <= 0:
-                return
             child = children.get(name)
             if child is not None and (child.active or child.run_key == key):
                 continue
-            if not confirmed:
-                if not self._exists(body):
-                    return  # gone (missed after a relist) or being deleted: nothing is created
-                confirmed = True
-            if child is None:
-                try:
-                    created = self.kube.create_test(
-                        build_child(body, spec, entry, key, self.settings, rerun)
-                    )
-                except AlreadyExists:
-                    existing = self._adopt(uid, meta["namespace"], name)
-                    if existing is None:
-                        continue  # another sweep's (a deleted predecessor's) test: not ours
-                    free -= 1 if ChildView.of(existing).active else 0
-                    continue
-                self._remember(uid, created)
-            else:
-                patch = rerun_patch(spec, entry, key, self.settings, set(child.spec_fields))
-                patched = self.kube.patch_test(meta["namespace"], name, patch)
-                if patched is None:
-                    continue  # deleted meanwhile: the watch says so, the next pass creates it
-                self._remember(uid, patched)
-            free -= 1
+            starts.append((name, entry, rerun, child))
+        if free <= 0 or not starts or not self._exists(body):
+            return  # no slot, nothing to start, or the sweep is gone or being deleted
+
+        def start(item: tuple[str, SweepModel, int | None, ChildView | None]) -> int:
+            return self._start_child(body, spec, key, *item)
+
+        # Best ranked first, a slot's worth at a time; each batch's creates go out together
+        # (one at a time, the API server's round trip would set a sweep's pace).
+        while free > 0 and starts:
+            batch, starts = starts[:free], starts[free:]
+            free -= sum(self._creates.map(start, batch))
+
+    def _start_child(
+        self,
+        body: dict[str, Any],
+        spec: SweepSpec,
+        key: str,
+        name: str,
+        entry: SweepModel,
+        rerun: int | None,
+        child: ChildView | None,
+    ) -> int:
+        """Create the test of ``entry`` (or re-run ``child``); the slots it takes (0 or 1)."""
+        meta = body["metadata"]
+        uid = meta["uid"]
+        if child is None:
+            try:
+                created = self.kube.create_test(
+                    build_child(body, spec, entry, key, self.settings, rerun)
+                )
+            except AlreadyExists:
+                existing = self._adopt(uid, meta["namespace"], name)
+                if existing is None:
+                    return 0  # another sweep's (a deleted predecessor's) test: not ours
+                return 1 if ChildView.of(existing).active else 0
+            self._remember(uid, created)
+            return 1
+        patch = rerun_patch(spec, entry, key, self.settings, set(child.spec_fields))
+        patched = self.kube.patch_test(meta["namespace"], name, patch)
+        if patched is None:
+            return 0  # deleted meanwhile: the watch says so, the next pass creates it
+        self._remember(uid, patched)
+        return 1
 
     def _adopt(self, uid: str, namespace: str, name: str) -> dict[str, Any] | None:
         """A 409 on create: the test exists (made before a restart); ours if we own it."""
