@@ -302,7 +302,8 @@ class Recorder:
 
     def _run_py_of_job(self, ref: TestRef, status: TestStatus) -> str | None:
         """run.py as the runner of ``status.jobName`` made it (its program ConfigMap's head and
-        tail around the config block in its env), when it hashes to what the status recorded."""
+        tail around the config block in its env; an earlier release's Job: its own ConfigMap's
+        run.py), when it hashes to what the status recorded."""
         if not status.jobName or not status.runScriptSha256:
             return None
         job = self.kube.read_job(ref.namespace, status.jobName)
@@ -317,15 +318,18 @@ class Recorder:
         program = next(
             (v["configMap"]["name"] for v in pod.get("volumes") or [] if "configMap" in v), None
         )
-        block = env.get(RUN_CONFIG_ENV)
-        if program is None or block is None:
+        if program is None:
             return None
         configmap = self.kube.read_configmap(ref.namespace, program)
         data = (configmap or {}).get("data") or {}
         head, tail = (data.get(key) for key in PROGRAM_KEYS)
-        if head is None or tail is None:
+        block = env.get(RUN_CONFIG_ENV)
+        if head is not None and tail is not None and block is not None:
+            text = head + block + tail
+        elif isinstance(data.get("run.py"), str):
+            text = data["run.py"]  # a Job of an earlier release: its own ConfigMap held run.py
+        else:
             return None
-        text = head + block + tail
         if hashlib.sha256(text.encode()).hexdigest() != status.runScriptSha256:
             return None
         return text

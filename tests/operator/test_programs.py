@@ -5,13 +5,19 @@ comes or is refused a run.py that is not the one rendered."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
-from k8s_harness import CMS_URL, NS, Harness
+import pytest
+from k8s_harness import CMS_URL, JOBS_URL, NS, Harness
 
+from model_support.config import RunConfig
 from model_support.operator.kube import Kube, api_client
-from model_support.operator.manifests import build_program_configmap
+from model_support.operator.manifests import TestRef, build_program_configmap
 from model_support.operator.programs import ProgramConfigMaps
-from model_support.script import program
+from model_support.operator.recording import Recorder
+from model_support.operator.resource import RUNNER_CONTAINER
+from model_support.operator.status import TestStatus
+from model_support.script import RUN_CONFIG_ENV, config_block, program, render_script
 
 
 class Clock:
@@ -58,3 +64,38 @@ async def test_the_program_configmap_is_made_once_and_again_when_deleted_or_chan
     clock.now = 200
     await asyncio.to_thread(programs.ensure, wanted)
     assert (await stored() or {}).get("data") == wanted["data"]
+
+
+async def test_run_py_is_recorded_as_its_runner_made_it_whichever_release_made_the_job(
+    harness: Harness,
+) -> None:
+    """When rendering again does not give the bytes that ran (the runner script changed with an
+    upgrade), the record takes them from the cluster: the program ConfigMap around the Job's
+    config block, or, for a Job an earlier release made, that Job's own ConfigMap."""
+    h = harness
+    recorder = Recorder(h.settings, Kube(api_client(h.settings.api_server)))
+    ref = TestRef(NS, "t", "6b1c2f4e-0000-4000-8000-00000000000a", 1)
+    config = RunConfig(model="org/tiny", cores=1)
+    earlier = render_script(config).replace("import", "import ", 1)  # another release's run.py
+    current = render_script(config)
+
+    def job(name: str, configmap: str, env: list[dict[str, str]]) -> dict:
+        container = {"name": RUNNER_CONTAINER, "image": "runner", "env": env}
+        volume = {"name": "run-script", "configMap": {"name": configmap}}
+        pod = {"containers": [container], "volumes": [volume], "restartPolicy": "Never"}
+        return {"metadata": {"name": name}, "spec": {"template": {"spec": pod}}}
+
+    await h.create(CMS_URL, {"metadata": {"name": "t-cm"}, "data": {"run.py": earlier}})
+    await h.create(JOBS_URL, job("t-old", "t-cm", []))
+    program_cm = build_program_configmap(NS, program())
+    await h.create(CMS_URL, program_cm)
+    block = {"name": RUN_CONFIG_ENV, "value": config_block(config)}
+    await h.create(JOBS_URL, job("t-new", program_cm["metadata"]["name"], [block]))
+
+    for name, ran in (("t-old", earlier), ("t-new", current)):
+        status = TestStatus(jobName=name, runScriptSha256=hashlib.sha256(ran.encode()).hexdigest())
+        assert await asyncio.to_thread(recorder.run_py, ref, status, None) == ran
+    # Bytes that do not hash to what the status recorded are never taken for what ran.
+    wrong = TestStatus(jobName="t-old", runScriptSha256="0" * 64)
+    with pytest.raises(RuntimeError, match="cannot be made again"):
+        await asyncio.to_thread(recorder.run_py, ref, wrong, None)
