@@ -58,7 +58,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [modelsupport.dev]
   resources: [modelsupporttests/finalizers, modelsupportsweeps/finalizers, modelsupportbisects/finalizers]
   verbs: [update]
-# delete: a generation superseded by a spec change takes its run.py along.
+# run.py's program, one per namespace: get (looked at again), delete (one changed by hand is
+# made again).
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, create, delete]
