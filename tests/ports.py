@@ -19,6 +19,10 @@ from pathlib import Path
 
 LOWEST = 10_000
 """Below this, ports of well-known services (and of other programs' fixed defaults)."""
+BROWSER_BLOCKED = frozenset({10080})
+"""Ports at or above LOWEST that browsers refuse to open (net::ERR_UNSAFE_PORT): Chromium's
+restricted ports (``kRestrictedPorts`` in net/base/port_util.cc; 10080 since Chromium 90) and
+Firefox's. A viewer served on one could not be tested in a browser (docs/testing-containers.md)."""
 
 
 def _ephemeral_start() -> int:
@@ -40,7 +44,7 @@ def _worker_slice() -> range:
 
 
 def _candidates() -> itertools.cycle[int]:
-    ports = _worker_slice()
+    ports = [port for port in _worker_slice() if port not in BROWSER_BLOCKED]
     start = random.randrange(len(ports))  # a new run does not reuse the last run's first ports
     return itertools.cycle([*ports[start:], *ports[:start]])
 
