@@ -81,8 +81,8 @@ def register(app: typer.Typer) -> None:
 
         logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO)
         if not verbose:
-            # A line per Hub request and per handled event is thousands a sweep, written by 32
-            # workers through one lock; their warnings and errors still show.
+            # A line per Hub request and per handled event is thousands a sweep, written by
+            # every handler thread through one lock; their warnings and errors still show.
             for chatty in QUIET_LOGGERS:
                 logging.getLogger(chatty).setLevel(logging.WARNING)
         overrides: dict[str, object] = {
