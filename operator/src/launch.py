@@ -102,7 +102,14 @@ class Launcher:
             metrics.JOBS_CREATED.inc()
         except AlreadyExists:
             log.info("Job %s/%s already exists; adopting it", ref.namespace, name)
-        return configmap["metadata"]["name"], name, run_script_sha256(job)
+            # Made by an earlier try, perhaps by an operator that rendered another run.py: the
+            # status must name what that Job runs.
+            adopted = self.kube.read_job(ref.namespace, name)
+            if adopted is not None and run_script_sha256(adopted) is not None:
+                job = adopted
+        sha256 = run_script_sha256(job)
+        assert sha256 is not None  # children() puts it in every Job it builds
+        return configmap["metadata"]["name"], name, sha256
 
     def start_again(self, ref: TestRef, spec: TestSpec, placement: Placement, attempt: int) -> str:
         """Create (or adopt) the Job of ``attempt``, the same test's run.py again; returns its

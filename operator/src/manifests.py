@@ -473,11 +473,16 @@ def _shared_env(
     return env
 
 
-def run_script_sha256(job: dict[str, Any]) -> str:
-    """The sha256 of the run.py a runner Job runs (its runner's ``MODEL_SUPPORT_RUN_SHA256``)."""
+def run_script_sha256(job: dict[str, Any]) -> str | None:
+    """The sha256 of the run.py a runner Job runs (its runner's ``MODEL_SUPPORT_RUN_SHA256``);
+    None for a Job that names none (an earlier release's)."""
     containers = job["spec"]["template"]["spec"]["containers"]
-    runner = next(c for c in containers if c["name"] == RUNNER_CONTAINER)
-    return str(next(e["value"] for e in runner["env"] if e["name"] == RUN_SHA256_ENV))
+    for container in containers:
+        if container["name"] == RUNNER_CONTAINER:
+            for env in container.get("env") or []:
+                if env["name"] == RUN_SHA256_ENV:
+                    return str(env.get("value"))
+    return None
 
 
 def _run_script_env(run_script: RunScript) -> list[dict[str, Any]]:

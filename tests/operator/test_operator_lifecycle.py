@@ -256,11 +256,22 @@ async def test_lost_status_adopts_existing_children(harness: Harness) -> None:
             "status": {"phase": None, "observedGeneration": None, "runId": None},
         },
     )
+    # As if an operator of another release had made the Job: its runner runs another run.py.
+    [job] = await h.items(JOBS_URL)
+    containers = job["spec"]["template"]["spec"]["containers"]
+    for env in containers[0]["env"]:
+        if env["name"] == "MODEL_SUPPORT_RUN_SHA256":
+            env["value"] = "e" * 64
+    await h.patch(
+        f"{JOBS_URL}/{job['metadata']['name']}",
+        {"spec": {"template": {"spec": {"containers": containers}}}},
+    )
     await h.start_operator()
     again = await h.wait_status("qwen", lambda s: s.get("phase") == "Pending", "Pending again")
     assert again["runId"] == first["runId"] and again["jobName"] == first["jobName"]
     assert len(await h.items(JOBS_URL)) == 1
     assert creates(h, "jobs") >= 2  # the replayed creates met 409 Conflict and adopted the Job
+    assert again["runScriptSha256"] == "e" * 64  # what the adopted Job runs, not a new rendering
 
 
 async def test_delete_while_running_records_nothing(harness: Harness) -> None:
