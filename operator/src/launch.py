@@ -117,7 +117,7 @@ class Launcher:
         no longer allow the test (e.g. DRA's default LNC removed since the first attempt), and
         CreateRefused when the API server refuses a create, as :meth:`start` does."""
         configmap, job = children(
-            ref, spec, placement, self.settings, attempt, None, self.slots.key
+            ref, spec, placement, self.settings, attempt, delivery_key=self.slots.key
         )
         self.programs.ensure(configmap)  # the runner script may be new since the first attempt
         with refusal("ResourceClaimTemplate", None):
@@ -143,7 +143,8 @@ class Launcher:
     def delete_superseded(self, ref: TestRef, status: TestStatus) -> None:
         """A spec change supersedes what the previous generation (the one ``status`` is of)
         made: an active one's Jobs, every attempt's (a retry after node loss keeps the earlier
-        attempts' until the run is recorded); its ResourceClaimTemplate (DRA), active or not. A recorded generation's Jobs are the TTL controller's."""
+        attempts' until the run is recorded); its ResourceClaimTemplate (DRA), active or not.
+        A recorded generation's Jobs are the TTL controller's."""
         old = status.observedGeneration
         if old is None or old == ref.generation:
             return

@@ -473,16 +473,17 @@ def _shared_env(
     return env
 
 
+def runner_env(job: dict[str, Any]) -> dict[str, str]:
+    """The plain values of a runner Job's runner container environment (by name)."""
+    containers = job["spec"]["template"]["spec"]["containers"]
+    runner: dict[str, Any] = next((c for c in containers if c["name"] == RUNNER_CONTAINER), {})
+    return {e["name"]: e["value"] for e in runner.get("env") or [] if "value" in e}
+
+
 def run_script_sha256(job: dict[str, Any]) -> str | None:
     """The sha256 of the run.py a runner Job runs (its runner's ``MODEL_SUPPORT_RUN_SHA256``);
     None for a Job that names none (an earlier release's)."""
-    containers = job["spec"]["template"]["spec"]["containers"]
-    for container in containers:
-        if container["name"] == RUNNER_CONTAINER:
-            for env in container.get("env") or []:
-                if env["name"] == RUN_SHA256_ENV:
-                    return str(env.get("value"))
-    return None
+    return runner_env(job).get(RUN_SHA256_ENV)
 
 
 def _run_script_env(run_script: RunScript) -> list[dict[str, Any]]:
@@ -698,8 +699,8 @@ def _volumes(
     cache_mounts: CacheMounts,
     runner_only: _RunnerOnly,
 ) -> list[dict[str, Any]]:
-    """The pod's volumes: the capped emptyDirs, run.py's program ConfigMap, and the claims and Secrets
-    the mounts name."""
+    """The pod's volumes: the capped emptyDirs, run.py's program ConfigMap, and the claims and
+    Secrets the mounts name."""
     volumes: list[dict[str, Any]] = [
         {"name": "work", "emptyDir": {"sizeLimit": _gib(storage.work_bytes)}},
         {

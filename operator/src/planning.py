@@ -411,19 +411,17 @@ def children(
     placement: Placement,
     settings: OperatorSettings,
     attempt: int = 1,
-    run_py: str | None = None,
     delivery_key: bytes | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The program ConfigMap (run.py around its config block, the namespace's) and the runner
-    Job of one attempt, as the operator creates them. ``run_py`` is the test's rendered run.py
-    when the caller has it (its sha256 goes into the Job; None: rendered here).
+    Job of one attempt, as the operator creates them; the Job names the sha256 of the test's
+    rendered run.py.
 
     ``delivery_key`` is the operator's slot key (:func:`model_support.delivery.slot_for`);
     None (``model-support render``) draws one, so the slot shown is only an example.
     """
     config = spec.run_config(placement.cores, placement.parallelism)
-    if run_py is None:
-        run_py = render_script(config)
+    run_py = render_script(config)
     shared = program()
     configmap = build_program_configmap(ref.namespace, shared)
     run_script = RunScript(

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from model_support.delivery import DeliveryArea, DeliveryError
 from model_support.operator import metrics, notifications
 from model_support.operator.kube import Kube
-from model_support.operator.manifests import TestRef
+from model_support.operator.manifests import TestRef, runner_env
 from model_support.operator.outcome import DocumentSource, reported_stack_fields
 from model_support.operator.planning import store_uri
 from model_support.operator.resource import run_id_for
@@ -310,11 +310,7 @@ class Recorder:
         if job is None:
             return None
         pod = job["spec"]["template"]["spec"]
-        env = {
-            e["name"]: e.get("value")
-            for c in pod.get("containers") or []
-            for e in c.get("env") or []
-        }
+        env = runner_env(job)
         program = next(
             (v["configMap"]["name"] for v in pod.get("volumes") or [] if "configMap" in v), None
         )

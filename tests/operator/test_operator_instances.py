@@ -175,7 +175,7 @@ def test_a_retry_without_an_lnc_to_claim_is_invalid_not_a_crash() -> None:
     )
     spec = parse_spec({"model": "a/b", "profile": "trn2", "cores": 4, "parallelism": "tensor"})
     with pytest.raises(InvalidTest, match=r"neuron\.dra\.defaultLnc"):
-        children(REF, spec, Placement(4, Parallelism.TENSOR, 16 * GiB), settings, 2, "")
+        children(REF, spec, Placement(4, Parallelism.TENSOR, 16 * GiB), settings, 2)
 
 
 @pytest.mark.parametrize(
