@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from typing import Any
@@ -34,13 +35,18 @@ from model_support.operator.sweep_spec import (
 
 MAX_NAME = 63
 """A Kubernetes name (a DNS label) holds at most this many characters."""
+_NAMES_KEPT = 1 << 16
+"""Test names kept once computed (a sha256 and a regex each): every pass of a sweep names each
+of its ranked models' tests, and a pass follows every test that finishes."""
 
 
+@functools.lru_cache(maxsize=_NAMES_KEPT)
 def child_name(sweep: str, model_id: str, profile: str | None = None) -> str:
     """The name of a sweep's test for ``model_id``: stable, unique per sweep, a DNS label.
 
     ``profile`` is part of the name for flat sweeps (two profiles are two sets of resources);
     a ModelSupportSweep's tests keep their names when the stack changes (a new generation).
+    Kept once made: every pass of a sweep looks up each ranked model's test by this name.
     """
     digest = hashlib.sha256(model_id.encode()).hexdigest()[:8]
     prefix = f"{sweep}-{profile}-" if profile else f"{sweep}-"
@@ -54,6 +60,7 @@ def child_name(sweep: str, model_id: str, profile: str | None = None) -> str:
     return f"{prefix}{slug}-{digest}"
 
 
+@functools.lru_cache(maxsize=_NAMES_KEPT)
 def rerun_name(sweep: str, model_id: str, number: int) -> str:
     """The name of re-run ``number`` (from 1) of a sweep's test for ``model_id``: the test's
     name (its slug shortened to make room) with ``-r<number>``. Never another model's test

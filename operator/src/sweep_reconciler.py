@@ -71,7 +71,7 @@ from model_support.operator.sweep_status import (
     sweep_conditions,
 )
 from model_support.ranking_snapshots import RankingSnapshot
-from model_support.vocabulary import Result, is_fix
+from model_support.vocabulary import Result, is_fix, is_regression
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +196,9 @@ class SweepReconciler:
         """When the API last showed each sweep to exist (an event, a write's answer, a read)."""
         self._listed = False
         self._audited_at = 0.0
+        self._rankings: dict[str, tuple[dict[str, Any], RankingState | None]] = {}
+        """Per sweep, the ranking its status holds (as read) and that ranking parsed: up to
+        thousands of models, parsed once rather than on every pass (see :meth:`_read_status`)."""
 
     # ---------------------------------------------------------------- events
 
@@ -220,7 +223,7 @@ class SweepReconciler:
             known = self.sweeps.get(uid)
             for table in (
                 self.sweeps, self._ledgers, self._written_at, self._ranking_retry, self._seen_at,
-                self._conflicts,
+                self._conflicts, self._rankings,
             ):  # fmt: skip
                 table.pop(uid, None)
             self._dirty.discard(uid)
@@ -328,7 +331,7 @@ class SweepReconciler:
         return len(due)
 
     def _due(self, uid: str, body: dict[str, Any], clock: float) -> bool:
-        status = SweepStatus.read(body.get("status"))
+        status = self._read_status(uid, body)
         retry = self._ranking_retry.get(uid)
         if retry is not None:
             return clock >= retry[0]
@@ -362,7 +365,7 @@ class SweepReconciler:
             return
         meta = body["metadata"]
         generation = int(meta.get("generation") or 1)
-        status = SweepStatus.read(body.get("status"))
+        status = self._read_status(uid, body)
         try:
             spec = parse_sweep(dict(body.get("spec") or {}))
             check_store_allowed(
@@ -398,11 +401,14 @@ class SweepReconciler:
         status.baseline = baseline_for(
             status, key, children, {entry.model for entry in ranking.models}
         )
+        # Judged before the pass's creates: what they add (unfinished tests) changes no verdict.
+        judged = confirmations(meta["name"], spec, key, ranking, children, status.baseline)
         if not waiting:
-            self._fill_slots(body, spec, key, ranking, children, status.baseline)
+            self._fill_slots(body, spec, key, ranking, children, judged)
         status = self._status(
-            body, spec, key, ranking, self._ledger_view(uid), status, generation, waiting=waiting
-        )
+            body, spec, key, ranking, self._ledger_view(uid), status, generation, judged,
+            waiting=waiting,
+        )  # fmt: skip
         self._publish(body, status)
 
     # ---------------------------------------------------------------- ranking
@@ -617,18 +623,17 @@ class SweepReconciler:
         key: str,
         ranking: RankingState,
         children: dict[str, ChildView],
-        baseline: SweepBaseline | None,
+        judged: Judged,
     ) -> None:
         """Create (or re-run) tests while slots are free: first the re-runs a worse result
-        still needs (what the run's report waits for), then the ranked models' tests, best
-        ranked first.
+        still needs (``judged.missing``: what the run's report waits for), then the ranked
+        models' tests, best ranked first.
 
         Never touches an unfinished test: a model that left the ranking keeps running, and a
         test of an earlier run key is re-run only once it finished.
         """
         meta = body["metadata"]
         free = spec.concurrency.maxRunning - sum(1 for c in children.values() if c.active)
-        judged = confirmations(meta["name"], spec, key, ranking, children, baseline)
         wanted = [
             (rerun_name(meta["name"], entry.model, number), entry, number)
             for entry in ranking.models
@@ -706,6 +711,7 @@ class SweepReconciler:
         children: dict[str, ChildView],
         previous: SweepStatus,
         generation: int,
+        judged: Judged,
         *,
         waiting: bool = False,
     ) -> SweepStatus:
@@ -733,7 +739,6 @@ class SweepReconciler:
             and c.done
             and c.run_key == key
         ]
-        judged = confirmations(name, spec, key, ranking, children, previous.baseline)
         regressed = judged.regressions
         counts.regressions = len(regressed)
         counts.confirming = len(judged.confirming)
@@ -810,8 +815,13 @@ class SweepReconciler:
         was held back)."""
         meta = body["metadata"]
         uid = meta["uid"]
-        new = status.patch()
         old = body.get("status") or {}
+        if self._stored_ranking(uid, old, status):
+            # Up to thousands of models: a merge patch that leaves it out leaves it as it is.
+            new = status.patch(ranking=False)
+            old = {k: v for k, v in old.items() if k != "ranking"}
+        else:
+            new = status.patch()
         # What the API server stores of the patch: its nulls remove fields.
         if _stored(old) == _stored(new):
             with self._lock:
@@ -833,9 +843,8 @@ class SweepReconciler:
             self._written_at[uid] = clock
             self._dirty.discard(uid)
         body_patch = dict(new)
-        if _stored(old.get("ranking")) == _stored(new.get("ranking")):
-            # Up to thousands of models: a merge patch that leaves it out leaves it as it is.
-            body_patch.pop("ranking", None)
+        if "ranking" in new and _stored(old.get("ranking")) == _stored(new.get("ranking")):
+            body_patch.pop("ranking")  # a ranking made again, the same as the stored one
         try:
             # Computed from this version of the sweep: applied to no other (409 otherwise).
             patched = self.kube.patch_sweep_status(
@@ -856,7 +865,7 @@ class SweepReconciler:
                 body, "Warning", "Regressions", regressions_message(status)[:MESSAGE_LIMIT]
             )
             notifications.notifier().tell(notifications.sweep_regressions(body, status))
-        if status.is_true("Ready") and not SweepStatus.read(old).is_true("Ready"):
+        if status.is_true("Ready") and _condition_states(old).get("Ready") != "True":
             self.kube.post_event(
                 body, "Normal", "Done", str(new.get("message") or "")[:MESSAGE_LIMIT]
             )
@@ -886,6 +895,35 @@ class SweepReconciler:
                 "sweep %s/%s: the status write kept conflicting (%d tries); the next tick "
                 "retries it", namespace, name, tries,
             )  # fmt: skip
+
+    def _read_status(self, uid: str, body: dict[str, Any]) -> SweepStatus:
+        """The sweep's status, parsed; its ranking is parsed again only when it changed (a
+        pass follows every test that finishes, and a ranking holds up to thousands of models).
+        The parsed ranking is never changed in place: a new ranking is a new object."""
+        raw = dict(body.get("status") or {})
+        stored = raw.pop("ranking", None)
+        status = SweepStatus.read(raw)
+        if stored:
+            known = self._rankings.get(uid)
+            if known is not None and (known[0] is stored or known[0] == stored):
+                status.ranking = known[1]
+            else:
+                status.ranking = SweepStatus.read({"ranking": stored}).ranking
+                self._rankings[uid] = (stored, status.ranking)
+        return status
+
+    def _stored_ranking(self, uid: str, old: dict[str, Any], status: SweepStatus) -> bool:
+        """Whether ``status``'s ranking is the one ``old`` (the status as stored) holds, known
+        without comparing them model by model: the very object parsed from it."""
+        known = self._rankings.get(uid)
+        stored = old.get("ranking")
+        return (
+            known is not None
+            and status.ranking is not None
+            and status.ranking is known[1]
+            and stored is not None
+            and (known[0] is stored or known[0] == stored)
+        )
 
     def _observe(self, body: dict[str, Any]) -> None:
         uid = body["metadata"]["uid"]
@@ -935,6 +973,8 @@ def confirmations(
 ) -> Judged:
     """The current run's worse results against ``baseline``, judged by their re-runs
     (``sweep_confirmation.judge``): confirmed, flaky, or waiting for re-runs."""
+    if baseline is None:
+        return Judged()  # nothing to be worse than
     first: dict[str, Run] = {}
     reruns: dict[str, list[Run | None]] = {}
 
@@ -945,9 +985,13 @@ def confirmations(
         return Run(done=child.done, result=result if child.done else None, run_id=child.run_id)
 
     for entry in ranking.models:
-        found = run(children.get(child_name(sweep, entry.model)))
-        if found is None:
+        child = children.get(child_name(sweep, entry.model))
+        if child is None or not child.done or entry.model not in baseline.results:
+            continue  # only a finished run can be worse, and only than a result it had
+        found = run(child)
+        if found is None or not is_regression(baseline.results[entry.model], found.result):
             continue
+        # Every pass goes over every model: only a worse result has re-runs to judge by.
         first[entry.model] = found
         reruns[entry.model] = [
             run(children.get(rerun_name(sweep, entry.model, number)))

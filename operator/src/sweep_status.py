@@ -212,11 +212,13 @@ class SweepStatus(Conditioned):
                 parsed.ranking = None
             return parsed
 
-    def patch(self) -> dict[str, Any]:
+    def patch(self, *, ranking: bool = True) -> dict[str, Any]:
         """The whole status as a merge patch: an unset field of an object is null (removed
         from what is stored); inside a list (which a merge patch replaces whole) it is left
-        out, since the schema has no nullable fields."""
-        return dict(without_nulls_in_lists(self.model_dump(mode="json")))
+        out, since the schema has no nullable fields. ``ranking`` False: the ranking is left
+        out (a merge patch without it leaves the stored one as it is)."""
+        dumped = self.model_dump(mode="json", exclude=None if ranking else {"ranking"})
+        return dict(without_nulls_in_lists(dumped))
 
 
 def without_nulls_in_lists(value: Any, in_list: bool = False) -> Any:
