@@ -33,6 +33,12 @@ WALL_SECONDS = Histogram(
     "Load + compile + generate time of recorded tests (seconds).",
     buckets=(10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400),
 )
+MATERIALIZE_SECONDS = Histogram(
+    "model_support_materialize_seconds",
+    "Materializations of a results store's matrix (after records arrive), by how long each took "
+    "(seconds): in a burst the next starts no sooner than twice that later.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
 JOBS_CREATED = Counter(
     "model_support_jobs_created_total", "Runner Jobs created (retries included)."
 )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from collections.abc import Iterable
 
 from model_support.delivery import DeliveryArea, DeliveryError
@@ -34,11 +35,20 @@ from model_support.vocabulary import ErrorClass, Parallelism, Result
 log = logging.getLogger(__name__)
 
 
+REST_PER_BUSY = 2.0
+"""After a materialize of d seconds, the next (when one is pending) starts no sooner than this
+many times d later. A materialize rewrites each changed matrix file whole (at a thousand rows,
+seconds of CPU), so back to back through a sweep it would take a core from the tests'
+launches; paced, it takes at most a third of the time, and each pass folds more records. A
+small store's pass takes milliseconds: its matrix is as prompt as ever."""
+
+
 class Materializer:
     """Keeps one store's matrix current: at most one materialize running and one pending.
 
     Records are the truth and the matrix is derived, so a burst of completions (a sweep) costs
-    a few materializations, not one each; a failed one is logged and redone on the next request.
+    a few materializations, not one each, paced by ``REST_PER_BUSY``; a failed one is logged
+    and redone on the next request.
     With ``publish``, each materialize also sets the stacks' and releases' metrics and tells
     the release findings: only the operator's own store does (the series carry no store, so a
     second store, such as a bisect's steps, whose stacks are no release, would overwrite them).
@@ -65,6 +75,7 @@ class Materializer:
 
     def _loop(self) -> None:
         while True:
+            started = time.monotonic()
             try:
                 self.store.materialize()
                 if self.publish:
@@ -74,12 +85,21 @@ class Materializer:
                     "materializing %s failed; records are intact, the next run redoes it",
                     self.store.uri,
                 )
+            busy = time.monotonic() - started
+            metrics.MATERIALIZE_SECONDS.observe(busy)
             with self._lock:
-                if not self._pending:
+                more = self._pending
+                self._pending = False
+                if not more:
                     self._running = False
                     self.idle.set()
-                    return
-                self._pending = False
+            rest = busy * REST_PER_BUSY if more else 0.0
+            log.debug(
+                "materialized %s in %.3f s; the next pass in %.3f s", self.store.uri, busy, rest
+            )
+            if not more:
+                return
+            time.sleep(rest)  # what is recorded meanwhile joins the next pass
 
     def _publish(self) -> None:
         """The stacks' and releases' metrics, and each release's confirmed regressions told."""
