@@ -297,10 +297,11 @@ class BisectReconciler:
         plan = prepared.plan
         found: dict[str, tuple[str, str | None, float]] = {}
         stored_in: dict[str, str] = {}
+        recorded_by: dict[str, str] = {}  # run id -> the uid of the test that recorded it
         for store in (prepared.results, prepared.steps):
-            for key, run in matching_runs(
-                stored_runs(store, plan.model_id, plan.task), plan
-            ).items():
+            runs = stored_runs(store, plan.model_id, plan.task)
+            recorded_by |= {r.run_id: r.labels.get("test_uid", "") for r in runs}
+            for key, run in matching_runs(runs, plan).items():
                 if run[1] is not None:
                     stored_in[run[1]] = shareable_uri(store)
                 if key not in found or run[2] > found[key][2]:
@@ -316,6 +317,10 @@ class BisectReconciler:
             script, _, step = (said_step or "").partition(" ")
             if script != prepared.sha256 or not step:
                 continue  # an earlier generation's step, of another run.py
+            stored = found.get(step)
+            if stored is not None and recorded_by.get(stored[1] or "") == test["metadata"]["uid"]:
+                # Its record is stored before its status says Completed: this bisect ran it.
+                fresh.add(step)
             said = TestStatus.read(test.get("status"))
             if said.observedGeneration != int(test["metadata"].get("generation") or 1):
                 continue

@@ -15,6 +15,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from api_faults import Family, Fault
 from hubserver import HubServer
 from k8s_harness import NS, Harness
 from kmock_kubelet import Kubelet, runner_document
@@ -246,6 +247,62 @@ async def test_the_bisect_names_the_first_bad_version_in_three_steps_reusing_a_s
     )
     assert events == {"FirstBadVersion": 1}
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
+
+
+async def test_a_step_whose_record_is_stored_before_its_test_says_so_was_run_not_reused(
+    sh: Harness, sweep_hub: HubServer, index_url: str, isolated_pip: None
+) -> None:
+    """The operator stores a step's record, then writes its test's status: a bisect that
+    reconciles between the two (its status write failing a while, any event of the bisect)
+    finds the record in the steps' store and its test not Completed. The step is still one
+    this bisect ran (its record names its test), never an earlier run reused."""
+    config = config_of(sweep_hub)
+    image = {"image": sh.settings.runner_image}
+    results = ResultsStore(str(sh.results))
+    good, bad = row(config, "1.0.0", image), row(config, "1.0.7", image)
+    for record in (good, bad):
+        results.add(record)
+    results.materialize()
+    steps_store = ResultsStore(steps_location(str(sh.results)))
+    steps_store.add(row(config, "1.0.3", {"bisect": "an earlier one"}))
+    manifest = bisect_manifest(
+        MODEL, "--good", good.run_id, "--bad", bad.run_id, "--index-url", index_url,
+        "--timeout", "600", "--name", "backend",
+    )  # fmt: skip
+
+    released: list[bool] = []
+    await start(sh)
+    async with Kubelet(
+        sh, sh.results, document_for=step_document,
+        hold=lambda _: len(kubelet.played) >= 2 and not released,
+    ) as kubelet:  # fmt: skip
+        await sh.create(BISECTS_URL, manifest)
+        # The last step (1.0.4) runs; its test's status writes fail from now on.
+        await sh.wait_for(
+            lambda: len(kubelet.played) >= 2 and bool(kubelet.running), what="the last step"
+        )
+        failing = sh.k.inject(Fault.SERVER_ERROR, Family.STATUS, resource="modelsupporttests")
+        released.append(True)
+
+        def last_step_stored() -> bool:
+            if not steps_store.fs.exists(steps_store.history_path()):
+                return False
+            return len(steps_store.history(columns=["run_id"])) == 3
+
+        await sh.wait_for(last_step_stored, timeout=120, what="the last step's record")
+        assert failing.hits > 0, "the step's test status was written: no window to test"
+        await sh.patch(f"{BISECTS_URL}/backend", {"metadata": {"annotations": {"poke": "1"}}})
+        status = await bisect_status(sh, "backend", "Done")
+        sh.k.clear_faults()
+        assert kubelet.error is None, kubelet.error
+    steps = status["steps"]
+    assert [(s["version"], s["reused"]) for s in steps] == [
+        ("1.0.7", True), ("1.0.3", True), ("1.0.5", False), ("1.0.4", False),
+    ]  # fmt: skip
+    assert steps[3]["test"], "the step this bisect ran names its test"
+    assert "(reused)" not in next(
+        line for line in status["report"].splitlines() if "==1.0.4 " in line
+    )
 
 
 def test_a_step_runs_the_bad_rows_run_py_and_refuses_what_the_bisect_does_not_allow() -> None:
