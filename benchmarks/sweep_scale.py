@@ -177,7 +177,7 @@ async def _measure(
         await h.wait_for(ranked, timeout=300, what="the ranking", interval=0.2)
         ranked_s = time.monotonic() - t0
         await h.wait_for(
-            lambda: len(kubelet.jobs()) >= n_models,
+            lambda: kubelet.job_count() >= n_models,
             timeout=3600,
             what=f"{n_models} Jobs",
             interval=0.5,

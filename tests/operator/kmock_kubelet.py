@@ -99,14 +99,23 @@ class Kubelet:
                     await task
 
     def jobs(self) -> list[dict[str, Any]]:
-        """Every runner Job kmock holds now (from its object store: no request); the
-        ConfigMaps seen on the way are kept for the runners waiting for theirs."""
-        jobs = []
+        """Every runner Job kmock holds now (from its object store: no request)."""
+        return [obj.raw for obj in self._jobs().values()]
+
+    def job_count(self) -> int:
+        """How many runner Jobs kmock holds now (no request, no copy of any)."""
+        return len(self._jobs())
+
+    def _jobs(self) -> dict[str, Any]:
+        """kmock's Job objects by name; the ConfigMaps seen on the way are kept for the runners
+        waiting for theirs. A name is read from the store's key: an object's body is built
+        (``raw``) only where it is needed."""
+        jobs = {}
         for (resource, _, name), obj in self.h.k.objects.items():
             if obj.deleted:
                 continue
             if resource.plural == "jobs":
-                jobs.append(obj.raw)
+                jobs[name] = obj
             elif resource.plural == "configmaps" and name not in self._configmaps:
                 self._configmaps[name] = obj.raw
         return jobs
@@ -117,11 +126,10 @@ class Kubelet:
             # One scan of kmock's objects per round, shared by every runner: at a thousand
             # tests a scan per waiting runner would make the stand-in, not the operator, the
             # pace of a scale benchmark.
-            for job in self.jobs():
-                name = job["metadata"]["name"]
+            for name, obj in self._jobs().items():
                 if name not in seen:
                     seen.add(name)
-                    task = asyncio.create_task(self._play(job), name=f"runner {name}")
+                    task = asyncio.create_task(self._play(obj.raw), name=f"runner {name}")
                     self._tasks.add(task)
                     task.add_done_callback(self._done)
             await asyncio.sleep(self.interval)
