@@ -18,11 +18,14 @@ that arrives meanwhile makes that thread go round once more.
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
+import itertools
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,7 +136,7 @@ class ChildView:
             run_id=status.runId,
         )
 
-    @property
+    @functools.cached_property
     def done(self) -> bool:
         """Finished: its current generation is Completed (a result) or Invalid."""
         return self.observed_generation == self.generation and self.phase in _DONE_PHASES
@@ -142,6 +145,18 @@ class ChildView:
     def active(self) -> bool:
         """Counts against the cap: created and not finished, whatever its phase."""
         return not self.done
+
+    @functools.cached_property
+    def counted(self) -> tuple[Any, ...]:
+        """What a sweep's pass reads of it: whether (and how) it finished, under which run
+        key. A move between unfinished phases (Pending, Running) changes no count and no
+        slot, so it makes no pass (each pass goes over every ranked model)."""
+        if not self.done:
+            return (False, self.run_key)
+        return (
+            True, self.run_key, self.phase, self.result, self.run_id, self.core_seconds,
+            self.cost_usd,
+        )  # fmt: skip
 
 
 def _newer(candidate: str, known: str) -> bool:
@@ -287,9 +302,7 @@ class SweepReconciler:
                 changed = known is not None
             elif known is None or _newer(view.resource_version, known.resource_version):
                 ledger.children[view.name] = view
-                changed = known is None or (known.done, known.result, known.phase) != (
-                    view.done, view.result, view.phase,
-                )  # fmt: skip
+                changed = known is None or known.counted != view.counted
             else:
                 changed = False
             wanted = act and changed and uid in self.sweeps
@@ -632,30 +645,38 @@ class SweepReconciler:
         Never touches an unfinished test: a model that left the ranking keeps running, and a
         test of an earlier run key is re-run only once it finished.
         """
-        meta = body["metadata"]
+        sweep = body["metadata"]["name"]
         free = spec.concurrency.maxRunning - sum(1 for c in children.values() if c.active)
-        wanted = [
-            (rerun_name(meta["name"], entry.model, number), entry, number)
-            for entry in ranking.models
-            for number in judged.missing.get(entry.model, ())
-        ] + [(child_name(meta["name"], entry.model), entry, None) for entry in ranking.models]
-        starts: list[tuple[str, SweepModel, int | None, ChildView | None]] = []
-        for name, entry, rerun in wanted:
-            child = children.get(name)
-            if child is not None and (child.active or child.run_key == key):
-                continue
-            starts.append((name, entry, rerun, child))
-        if free <= 0 or not starts or not self._exists(body):
-            return  # no slot, nothing to start, or the sweep is gone or being deleted
+        if free <= 0:
+            return  # no slot
+
+        def startable() -> Iterator[tuple[str, SweepModel, int | None, ChildView | None]]:
+            wanted = itertools.chain(
+                (
+                    (rerun_name(sweep, entry.model, number), entry, number)
+                    for entry in ranking.models
+                    for number in judged.missing.get(entry.model, ())
+                ),
+                ((child_name(sweep, entry.model), entry, None) for entry in ranking.models),
+            )
+            for name, entry, rerun in wanted:
+                child = children.get(name)
+                if child is None or not (child.active or child.run_key == key):
+                    yield name, entry, rerun, child
 
         def start(item: tuple[str, SweepModel, int | None, ChildView | None]) -> int:
             return self._start_child(body, spec, key, *item)
 
-        # Best ranked first, a slot's worth at a time; each batch's creates go out together
-        # (one at a time, the API server's round trip would set a sweep's pace).
-        while free > 0 and starts:
-            batch, starts = starts[:free], starts[free:]
+        # Best ranked first, a slot's worth at a time (read no further down the ranking than
+        # the slots reach); each batch's creates go out together (one at a time, the API
+        # server's round trip would set a sweep's pace).
+        starts = startable()
+        batch = list(itertools.islice(starts, free))
+        if not batch or not self._exists(body):
+            return  # nothing to start, or the sweep is gone or being deleted
+        while batch:
             free -= sum(self._creates.map(start, batch))
+            batch = list(itertools.islice(starts, free)) if free > 0 else []
 
     def _start_child(
         self,
@@ -716,29 +737,27 @@ class SweepReconciler:
         waiting: bool = False,
     ) -> SweepStatus:
         name = body["metadata"]["name"]
-        counts = SweepCounts(models=len(ranking.models), skipped=ranking.skippedCount)
+        # One walk of the ranking (every pass makes one): counted in a Counter, not field by
+        # field of the validated model.
+        tally: collections.Counter[str] = collections.Counter()
         ranked = set()
+        current: list[ChildView] = []  # the ranked models' tests finished under this key
         for entry in ranking.models:
-            child = children.get(child_name(name, entry.model))
-            ranked.add(child_name(name, entry.model))
+            test_name = child_name(name, entry.model)
+            ranked.add(test_name)
+            child = children.get(test_name)
             if child is None or (child.done and child.run_key != key):
-                counts.queued += 1
+                tally["queued"] += 1
             elif child.done:
-                counts.done += 1
+                tally["done"] += 1
+                current.append(child)
                 if child.phase == Phase.INVALID.value:
-                    counts.invalid += 1
+                    tally["invalid"] += 1
                 elif child.result in _RESULT_COUNTS:
-                    field_name = _RESULT_COUNTS[child.result]
-                    setattr(counts, field_name, getattr(counts, field_name) + 1)
+                    tally[_RESULT_COUNTS[child.result]] += 1
+        counts = SweepCounts(models=len(ranking.models), skipped=ranking.skippedCount, **tally)
         counts.running = sum(1 for c in children.values() if c.active)
         counts.retained = sum(1 for n, c in children.items() if n not in ranked and not c.confirms)
-        current = [
-            c
-            for entry in ranking.models
-            if (c := children.get(child_name(name, entry.model))) is not None
-            and c.done
-            and c.run_key == key
-        ]
         regressed = judged.regressions
         counts.regressions = len(regressed)
         counts.confirming = len(judged.confirming)
