@@ -15,12 +15,13 @@ import itertools
 import os
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import api_faults
+import api_selectors
 import kmock
 import kopf
 from api_faults import Family, Fault, Injected
@@ -194,6 +195,29 @@ class Emulator(kmock.KubernetesEmulator):
             )
         assert obj is not None  # created (or refused) by _handle before this is served
         return obj.raw
+
+    def _selected(self, request: kmock.Request) -> Callable[[Mapping[str, Any]], bool]:
+        """What a list or watch selects (its label and field selectors, on the server as the
+        API server does: :mod:`api_selectors`); a selector it refuses is a 400."""
+        plural = request.resource.plural if request.resource is not None else ""
+        try:
+            return api_selectors.selects(request.params, plural or "")
+        except api_selectors.SelectorError as exc:
+            raise kmock.KubernetesError(status=400, reason="BadRequest", message=str(exc)) from None
+
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        matches = self._selected(request)
+        listed = await super()._serve_list(request)
+        return {**listed, "items": [item for item in listed["items"] if matches(item)]}
+
+    async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
+        # A watch with a selector sees only the objects it selects (an object that stops
+        # matching simply stops being sent: the operator's selectors are on labels it never
+        # changes on a watched object).
+        matches = self._selected(request)
+        async for event in super()._serve_watch(request):
+            if not isinstance(event, Mapping) or matches(event.get("object") or {}):
+                yield event
 
     async def _serve_update(self, request: kmock.Request) -> Any:
         if request.name is None:
