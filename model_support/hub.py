@@ -24,6 +24,7 @@ import os
 import re
 import struct
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -187,17 +188,32 @@ def hub_config(api: HfApi, repo_id: str, revision: str | None, token: str | None
 
 
 def hub_tensors(
-    api: HfApi, repo_id: str, revision: str | None, token: str | None
+    api: HfApi,
+    repo_id: str,
+    revision: str | None,
+    token: str | None,
+    files: Collection[str] | None = None,
 ) -> list[TensorSpec] | None:
     """Tensors of a Hub repository from its safetensors headers (range requests); None if it
-    publishes no safetensors."""
-    try:
-        meta = api.get_safetensors_metadata(repo_id, revision=revision, token=token)
-    except NotASafetensorsRepoError:
+    publishes no safetensors. ``files``: the repository's file names at ``revision`` when
+    known (its model info's siblings): a single ``model.safetensors`` is then read without
+    first asking whether it exists, one request fewer per model."""
+    if files is not None and SAFETENSORS_SINGLE not in files and SAFETENSORS_INDEX not in files:
         return None
+    if files is not None and SAFETENSORS_SINGLE in files:
+        single = api.parse_safetensors_file_metadata(
+            repo_id, SAFETENSORS_SINGLE, revision=revision, token=token
+        )
+        metadata = [single]
+    else:
+        try:
+            meta = api.get_safetensors_metadata(repo_id, revision=revision, token=token)
+        except NotASafetensorsRepoError:
+            return None
+        metadata = list(meta.files_metadata.values())
     return [
         TensorSpec(name=name, dtype=info.dtype, shape=tuple(info.shape))
-        for file_meta in meta.files_metadata.values()
+        for file_meta in metadata
         for name, info in file_meta.tensors.items()
     ]
 
@@ -412,7 +428,8 @@ def _hub_snapshot(
         if loader is Loader.DIFFUSERS:  # no pipeline: unsupported, whatever else it holds
             return found
     try:
-        tensors = hub_tensors(api, model, revision, token)
+        files = None if info.siblings is None else {s.rfilename for s in info.siblings}
+        tensors = hub_tensors(api, model, revision, token, files)
         if tensors is None:  # without weights the verdict is settled; config.json is not needed
             return found
         config = hub_config(api, model, revision, token)

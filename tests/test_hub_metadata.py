@@ -109,6 +109,24 @@ def test_public_repo_is_sized_from_headers_without_downloading_weights(
     assert all(r["range"] == "bytes=0-100000" for r in weight_gets)
 
 
+def test_a_single_safetensors_file_the_model_info_lists_is_read_without_asking_first(
+    server: HubServer,
+) -> None:
+    """The model info's file list says model.safetensors exists: no HEAD asks it again (one
+    request fewer per model, at a sweep's thousands); a repository without safetensors is
+    known from the list alone."""
+    size_model("org/tiny", endpoint=server.url)
+    asked = [r for r in server.requests if r["method"] == "HEAD"]
+    assert not [r for r in asked if r["path"].endswith(".safetensors")], asked
+    gets = [r for r in server.requests if r["path"].endswith("/model.safetensors")]
+    assert [r["range"] for r in gets] == ["bytes=0-100000"]
+
+    before = len(server.requests)
+    api = hub.hub_api(server.url)
+    assert hub.hub_tensors(api, "org/pickle", None, None, files={"pytorch_model.bin"}) is None
+    assert len(server.requests) == before
+
+
 def test_sharded_repo_reads_every_shard_header(server: HubServer) -> None:
     plan = size_model("org/sharded", endpoint=server.url)
     assert isinstance(plan, Plan) and plan.parameters == PARAMS
