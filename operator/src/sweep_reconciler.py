@@ -26,6 +26,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -173,6 +174,18 @@ def sweep_owner(test: dict[str, Any]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Ranked:
+    """A sweep's ranking with its models and their tests' names, in ranking order: each pass
+    reads them all, so they are made once per ranking."""
+
+    sweep: str
+    ranking: RankingState
+    models: frozenset[str]
+    tests: tuple[str, ...]
+    test_set: frozenset[str]
+
+
 @dataclass
 class _Ledger:
     """The tests of one sweep as this process knows them."""
@@ -212,6 +225,7 @@ class SweepReconciler:
         self._listed = False
         self._audited_at = 0.0
         self._rankings: dict[str, tuple[dict[str, Any], RankingState | None]] = {}
+        self._names: dict[str, _Ranked] = {}
         """Per sweep, the ranking its status holds (as read) and that ranking parsed: up to
         thousands of models, parsed once rather than on every pass (see :meth:`_read_status`)."""
 
@@ -238,7 +252,7 @@ class SweepReconciler:
             known = self.sweeps.get(uid)
             for table in (
                 self.sweeps, self._ledgers, self._written_at, self._ranking_retry, self._seen_at,
-                self._conflicts, self._rankings,
+                self._conflicts, self._rankings, self._names,
             ):  # fmt: skip
                 table.pop(uid, None)
             self._dirty.discard(uid)
@@ -401,8 +415,8 @@ class SweepReconciler:
         if ranking is None:
             status.observedGeneration, status.runKey, status.epoch = generation, key, spec.epoch
             status.source = describe_source(spec)
-            ranked = status.condition("Ranked")
-            message = (ranked.message if ranked else None) or "ranking the source"
+            said = status.condition("Ranked")
+            message = (said.message if said else None) or "ranking the source"
             status.message = message[:MESSAGE_LIMIT]
             status.conditions = _typed(
                 sweep_conditions(status.condition_dicts(), "ranking", generation, message)
@@ -410,16 +424,15 @@ class SweepReconciler:
             self._publish(body, status, urgent=True)
             return
         children = self._children(uid, meta["namespace"], meta["name"])
+        ranked = self._ranked(uid, meta["name"], ranking)
         # Before any test is re-run under a new key: what the previous key's tests gave.
-        status.baseline = baseline_for(
-            status, key, children, {entry.model for entry in ranking.models}
-        )
+        status.baseline = baseline_for(status, key, children, ranked.models)
         # Judged before the pass's creates: what they add (unfinished tests) changes no verdict.
         judged = confirmations(meta["name"], spec, key, ranking, children, status.baseline)
         if not waiting:
-            self._fill_slots(body, spec, key, ranking, children, judged)
+            self._fill_slots(body, spec, key, ranked, children, judged)
         status = self._status(
-            body, spec, key, ranking, self._ledger_view(uid), status, generation, judged,
+            body, spec, key, ranked, self._ledger_view(uid), status, generation, judged,
             waiting=waiting,
         )  # fmt: skip
         self._publish(body, status)
@@ -634,7 +647,7 @@ class SweepReconciler:
         body: dict[str, Any],
         spec: SweepSpec,
         key: str,
-        ranking: RankingState,
+        ranked: _Ranked,
         children: dict[str, ChildView],
         judged: Judged,
     ) -> None:
@@ -650,14 +663,16 @@ class SweepReconciler:
         if free <= 0:
             return  # no slot
 
+        models = ranked.ranking.models
+
         def startable() -> Iterator[tuple[str, SweepModel, int | None, ChildView | None]]:
             wanted = itertools.chain(
                 (
                     (rerun_name(sweep, entry.model, number), entry, number)
-                    for entry in ranking.models
+                    for entry in models
                     for number in judged.missing.get(entry.model, ())
                 ),
-                ((child_name(sweep, entry.model), entry, None) for entry in ranking.models),
+                ((test, entry, None) for test, entry in zip(ranked.tests, models, strict=True)),
             )
             for name, entry, rerun in wanted:
                 child = children.get(name)
@@ -728,7 +743,7 @@ class SweepReconciler:
         body: dict[str, Any],
         spec: SweepSpec,
         key: str,
-        ranking: RankingState,
+        ranked: _Ranked,
         children: dict[str, ChildView],
         previous: SweepStatus,
         generation: int,
@@ -736,15 +751,12 @@ class SweepReconciler:
         *,
         waiting: bool = False,
     ) -> SweepStatus:
-        name = body["metadata"]["name"]
+        ranking = ranked.ranking
         # One walk of the ranking (every pass makes one): counted in a Counter, not field by
         # field of the validated model.
         tally: collections.Counter[str] = collections.Counter()
-        ranked = set()
         current: list[ChildView] = []  # the ranked models' tests finished under this key
-        for entry in ranking.models:
-            test_name = child_name(name, entry.model)
-            ranked.add(test_name)
+        for test_name in ranked.tests:
             child = children.get(test_name)
             if child is None or (child.done and child.run_key != key):
                 tally["queued"] += 1
@@ -757,7 +769,9 @@ class SweepReconciler:
                     tally[_RESULT_COUNTS[child.result]] += 1
         counts = SweepCounts(models=len(ranking.models), skipped=ranking.skippedCount, **tally)
         counts.running = sum(1 for c in children.values() if c.active)
-        counts.retained = sum(1 for n, c in children.items() if n not in ranked and not c.confirms)
+        counts.retained = sum(
+            1 for n, c in children.items() if n not in ranked.test_set and not c.confirms
+        )
         regressed = judged.regressions
         counts.regressions = len(regressed)
         counts.confirming = len(judged.confirming)
@@ -915,6 +929,18 @@ class SweepReconciler:
                 "retries it", namespace, name, tries,
             )  # fmt: skip
 
+    def _ranked(self, uid: str, sweep: str, ranking: RankingState) -> _Ranked:
+        """``ranking``'s models and their tests' names, made once per ranking object."""
+        known = self._names.get(uid)
+        if known is not None and known.ranking is ranking and known.sweep == sweep:
+            return known
+        tests = tuple(child_name(sweep, entry.model) for entry in ranking.models)
+        made = _Ranked(
+            sweep, ranking, frozenset(e.model for e in ranking.models), tests, frozenset(tests)
+        )
+        self._names[uid] = made
+        return made
+
     def _read_status(self, uid: str, body: dict[str, Any]) -> SweepStatus:
         """The sweep's status, parsed; its ranking is parsed again only when it changed (a
         pass follows every test that finishes, and a ranking holds up to thousands of models).
@@ -961,7 +987,7 @@ must have shown a sweep for it to be trusted to exist without a read."""
 
 
 def baseline_for(
-    status: SweepStatus, key: str, children: dict[str, ChildView], ranked: set[str]
+    status: SweepStatus, key: str, children: dict[str, ChildView], ranked: AbstractSet[str]
 ) -> SweepBaseline | None:
     """What this run key's results are compared with: when the key changes, each ranked
     model's result under an earlier key (its test finished and not yet re-run; else the old
