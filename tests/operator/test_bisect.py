@@ -10,6 +10,7 @@ import asyncio
 import collections
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
@@ -114,6 +115,41 @@ def bisect_manifest(*args: str) -> dict[str, Any]:
     return manifest
 
 
+@dataclass
+class StoredRows:
+    """The stores a bisect starts from: the good (1.0.0) and bad (1.0.7) rows in the results
+    store, and an earlier bisect's run of 1.0.3 (the same run.py) in the steps' store, which
+    is reused, never run again."""
+
+    config: RunConfig
+    results: ResultsStore
+    steps: ResultsStore
+    good: RunRecord
+    bad: RunRecord
+    earlier: RunRecord
+
+    def manifest(self, index_url: str) -> dict[str, Any]:
+        """`model-support bisect` of the two rows over the index, named ``backend``."""
+        return bisect_manifest(
+            MODEL, "--good", self.good.run_id, "--bad", self.bad.run_id,
+            "--index-url", index_url, "--timeout", "600", "--name", "backend",
+        )  # fmt: skip
+
+
+def stored_rows(h: Harness, sweep_hub: HubServer) -> StoredRows:
+    config = config_of(sweep_hub)
+    image = {"image": h.settings.runner_image}
+    results = ResultsStore(str(h.results))
+    good, bad = row(config, "1.0.0", image), row(config, "1.0.7", image)
+    for record in (good, bad):
+        results.add(record)
+    results.materialize()
+    steps = ResultsStore(steps_location(str(h.results)))
+    earlier = row(config, "1.0.3", {"bisect": "an earlier one"})
+    steps.add(earlier)
+    return StoredRows(config, results, steps, good, bad, earlier)
+
+
 async def bisect_status(h: Harness, name: str, phase: str) -> dict[str, Any]:
     async def probe() -> dict[str, Any] | None:
         found = await h.get(f"{BISECTS_URL}/{name}")
@@ -127,22 +163,10 @@ async def bisect_status(h: Harness, name: str, phase: str) -> dict[str, Any]:
 async def test_the_bisect_names_the_first_bad_version_in_three_steps_reusing_a_stored_one(
     sh: Harness, sweep_hub: HubServer, index_url: str, isolated_pip: None
 ) -> None:
-    config = config_of(sweep_hub)
-    image = {"image": sh.settings.runner_image}
-    results = ResultsStore(str(sh.results))
-    good, bad = row(config, "1.0.0", image), row(config, "1.0.7", image)
-    for record in (good, bad):
-        results.add(record)
-    results.materialize()
-    # An earlier bisect ran the backend at 1.0.3 (the same run.py): reused, never run again.
-    steps_store = ResultsStore(steps_location(str(sh.results)))
-    earlier = row(config, "1.0.3", {"bisect": "an earlier one"})
-    steps_store.add(earlier)
-
-    manifest = bisect_manifest(
-        MODEL, "--good", good.run_id, "--bad", bad.run_id, "--index-url", index_url,
-        "--timeout", "600", "--name", "backend",
-    )  # fmt: skip
+    stored = stored_rows(sh, sweep_hub)
+    config, results, steps_store = stored.config, stored.results, stored.steps
+    good, bad, earlier = stored.good, stored.bad, stored.earlier
+    manifest = stored.manifest(index_url)
     assert manifest["kind"] == BISECT_KIND and "results" not in manifest["spec"]
     crd = yaml.safe_load(open(ROOT_CRD).read())  # noqa: SIM115 (read once)
     jsonschema.Draft4Validator(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]).validate(
@@ -256,19 +280,8 @@ async def test_a_step_whose_record_is_stored_before_its_test_says_so_was_run_not
     reconciles between the two (its status write failing a while, any event of the bisect)
     finds the record in the steps' store and its test not Completed. The step is still one
     this bisect ran (its record names its test), never an earlier run reused."""
-    config = config_of(sweep_hub)
-    image = {"image": sh.settings.runner_image}
-    results = ResultsStore(str(sh.results))
-    good, bad = row(config, "1.0.0", image), row(config, "1.0.7", image)
-    for record in (good, bad):
-        results.add(record)
-    results.materialize()
-    steps_store = ResultsStore(steps_location(str(sh.results)))
-    steps_store.add(row(config, "1.0.3", {"bisect": "an earlier one"}))
-    manifest = bisect_manifest(
-        MODEL, "--good", good.run_id, "--bad", bad.run_id, "--index-url", index_url,
-        "--timeout", "600", "--name", "backend",
-    )  # fmt: skip
+    stored = stored_rows(sh, sweep_hub)
+    steps_store, manifest = stored.steps, stored.manifest(index_url)
 
     released: list[bool] = []
     await start(sh)
