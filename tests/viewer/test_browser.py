@@ -10,6 +10,7 @@ from urllib.parse import quote
 import pytest
 from browser_support import READY, TABLE, click_row, launch_chromium
 from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from viewer_support import (
     HOSTILE_MODEL,
     HOSTILE_REASON,
@@ -48,6 +49,21 @@ def wait_ready(page: Page) -> None:
     page.wait_for_selector(READY, timeout=60_000)
 
 
+def expect_rows(page: Page, rows: int) -> None:
+    """The first table comes to hold ``rows`` rows. Waited for, not read once: the page
+    reruns when it writes its stack selectors into the URL, and once, beside a CPU-heavy run
+    of the suite, a read right after the page said ready found 1 row of the history's 3."""
+    table = '[data-testid="stDataFrame"] [aria-rowcount]'
+    try:
+        page.wait_for_function(
+            f"() => document.querySelector('{table}')?.getAttribute('aria-rowcount') === "
+            f"'{rows + 1}'",
+            timeout=30_000,
+        )
+    except PlaywrightTimeout:
+        raise AssertionError(f"the table holds {row_count(page)} rows, not {rows}") from None
+
+
 def row_count(page: Page) -> int:
     """Rows in the first table (the grid's aria-rowcount counts the header row too)."""
     return (
@@ -66,7 +82,7 @@ def test_page_search_details_and_screenshot(server: str) -> None:
     with browser_page() as page:
         page.goto(f"{server}/?view=all")
         wait_ready(page)
-        assert row_count(page) == 7
+        expect_rows(page, 7)
         search = page.get_by_label("Search models")
         search.fill("qwen")
         search.press("Enter")
@@ -175,12 +191,12 @@ def test_history_and_regressions_views_in_the_browser(server: str) -> None:
     with browser_page() as page:
         page.goto(f"{server}/?view=history&model=Qwen/Qwen3-0.6B")
         wait_ready(page)
-        assert row_count(page) == 3  # two runs on the newer stack, one on the older
+        expect_rows(page, 3)  # two runs on the newer stack, one on the older
         page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(timeout=30_000)
         page.screenshot(path=str(ARTIFACTS / "viewer-history.png"), full_page=True)
         page.goto(f"{server}/?view=regressions")
         wait_ready(page)
-        assert row_count(page) == 2  # Qwen3-1.7B (ERROR compile) and llava (TIMEOUT)
+        expect_rows(page, 2)  # Qwen3-1.7B (ERROR compile) and llava (TIMEOUT)
         page.get_by_text("The report for a bug report (Markdown, JSON)").first.click()
         page.get_by_text("Download the report (Markdown)").first.wait_for(timeout=30_000)
         page.get_by_text("### ERROR compile (1)").first.wait_for(timeout=30_000)
@@ -387,7 +403,7 @@ def test_a_row_on_a_later_page_of_a_long_table_opens_its_details(
         page.goto(f"{url}/?view=all")
         wait_ready(page)
         page.get_by_text(f"rows 1–{PAGE_ROWS} of {LONG_ROWS:,}").wait_for(timeout=30_000)
-        assert row_count(page) == PAGE_ROWS
+        expect_rows(page, PAGE_ROWS)
         turn = page.get_by_label("Page (of 3)")
         turn.fill("2")
         turn.press("Enter")
