@@ -225,9 +225,10 @@ class SweepReconciler:
         self._listed = False
         self._audited_at = 0.0
         self._rankings: dict[str, tuple[dict[str, Any], RankingState | None]] = {}
-        self._names: dict[str, _Ranked] = {}
         """Per sweep, the ranking its status holds (as read) and that ranking parsed: up to
         thousands of models, parsed once rather than on every pass (see :meth:`_read_status`)."""
+        self._names: dict[str, _Ranked] = {}
+        """Per sweep, the ranking it works from with its tests' names (see :meth:`_ranked`)."""
 
     # ---------------------------------------------------------------- events
 
@@ -428,7 +429,7 @@ class SweepReconciler:
         # Before any test is re-run under a new key: what the previous key's tests gave.
         status.baseline = baseline_for(status, key, children, ranked.models)
         # Judged before the pass's creates: what they add (unfinished tests) changes no verdict.
-        judged = confirmations(meta["name"], spec, key, ranking, children, status.baseline)
+        judged = confirmations(spec, key, ranked, children, status.baseline)
         if not waiting:
             self._fill_slots(body, spec, key, ranked, children, judged)
         status = self._status(
@@ -1011,10 +1012,9 @@ def baseline_for(
 
 
 def confirmations(
-    sweep: str,
     spec: SweepSpec,
     key: str,
-    ranking: RankingState,
+    ranked: _Ranked,
     children: dict[str, ChildView],
     baseline: SweepBaseline | None,
 ) -> Judged:
@@ -1031,8 +1031,8 @@ def confirmations(
         result = INVALID if child.done and child.phase == Phase.INVALID.value else child.result
         return Run(done=child.done, result=result if child.done else None, run_id=child.run_id)
 
-    for entry in ranking.models:
-        child = children.get(child_name(sweep, entry.model))
+    for test_name, entry in zip(ranked.tests, ranked.ranking.models, strict=True):
+        child = children.get(test_name)
         if child is None or not child.done or entry.model not in baseline.results:
             continue  # only a finished run can be worse, and only than a result it had
         found = run(child)
@@ -1041,7 +1041,7 @@ def confirmations(
         # Every pass goes over every model: only a worse result has re-runs to judge by.
         first[entry.model] = found
         reruns[entry.model] = [
-            run(children.get(rerun_name(sweep, entry.model, number)))
+            run(children.get(rerun_name(ranked.sweep, entry.model, number)))
             for number in range(1, spec.confirm.reruns + 1)
         ]
     return judge(baseline, first, reruns, spec.confirm.reruns)

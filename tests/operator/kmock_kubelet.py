@@ -98,10 +98,6 @@ class Kubelet:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
 
-    def jobs(self) -> list[dict[str, Any]]:
-        """Every runner Job kmock holds now (from its object store: no request)."""
-        return [obj.raw for obj in self._jobs().values()]
-
     def job_count(self) -> int:
         """How many runner Jobs kmock holds now (no request, no copy of any)."""
         return len(self._jobs())
