@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -172,10 +171,10 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
         return kopf.login_via_client(**kwargs)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    def test_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+    def test_event(event: kopf.RawEvent, type: str | None, **_: Any) -> None:
         # Level-based: every event (type None: listed at startup) brings the test's current
         # generation to its Job; nothing but the status is written (no kopf annotations).
-        test = _plain(body)
+        test = _plain(event)
         metrics.observe_test(
             str(test["metadata"].get("uid")),
             (test.get("status") or {}).get("phase"),
@@ -193,34 +192,39 @@ def build_registry(settings: OperatorSettings, kube: Kube | None = None) -> kopf
             bisects.on_test(test, type)  # a bisect's step: its search may go on
 
     @kopf.on.event(GROUP, VERSION, SWEEP_PLURAL, registry=registry)
-    def sweep_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+    def sweep_event(event: kopf.RawEvent, type: str | None, **_: Any) -> None:
         # Level-based like tests: the ranking and the tests it made are in the API.
         if type is None:
             sweeps.note_listing()
         with leadership.acting() as leading:
-            sweeps.on_sweep(_plain(body), type, act=leading)
+            sweeps.on_sweep(_plain(event), type, act=leading)
 
     @kopf.on.event(GROUP, VERSION, BISECT_PLURAL, registry=registry)
-    def bisect_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+    def bisect_event(event: kopf.RawEvent, type: str | None, **_: Any) -> None:
         # Level-based: the plan, the steps' tests and their records are in the API and stores.
         with leadership.acting() as leading:
-            bisects.on_bisect(_plain(body), type, act=leading)
+            bisects.on_bisect(_plain(event), type, act=leading)
 
     @kopf.on.event("batch", "v1", "jobs", labels={LABEL_MANAGED_BY: MANAGED_BY}, registry=registry)
-    def job_event(body: kopf.Body, type: str | None, **_: Any) -> None:
+    def job_event(event: kopf.RawEvent, type: str | None, **_: Any) -> None:
         # type None: the Job was listed when the watch (re)started, e.g. after an operator restart.
         if type is None:  # a listing says nothing of Jobs deleted meanwhile: the audit looks
             checks.note_listing()
         with leadership.acting() as leading:
             if leading:  # a replica that takes over resyncs every Job it did not act on
-                reconciler.on_job(_plain(body), type or "LISTED")
+                reconciler.on_job(_plain(event), type or "LISTED")
 
     return registry
 
 
-def _plain(body: kopf.Body) -> dict[str, Any]:
-    """A kopf body as plain nested dicts (the manifest builders and readers expect those)."""
-    return dict(json.loads(json.dumps(body, default=dict)))
+def _plain(event: kopf.RawEvent) -> dict[str, Any]:
+    """The event's object as plain nested dicts, which the manifest builders and readers expect.
+
+    It is the object kopf's watch parsed from the API's JSON for this event alone, and kopf
+    reads it only through its own view: it is the handler's to keep, with no copy (a copy
+    of every Job's pod template, twice through JSON, was a fortieth of the operator's time).
+    """
+    return dict(event["object"])
 
 
 def resume(reconciler: Reconciler, checks: Watchdog, sweeps: SweepReconciler) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 
 import kopf
@@ -13,6 +14,9 @@ from model_support.operator.memory import give_freed_memory_back
 from model_support.operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
+
+YOUNG_GENERATION_THRESHOLD = 20_000
+"""Allocations between two collections of the youngest generation (CPython's default: 700)."""
 
 
 def run_operator(settings: OperatorSettings, *, liveness: str | None = None) -> None:
@@ -29,6 +33,7 @@ def run_operator(settings: OperatorSettings, *, liveness: str | None = None) -> 
         log.info("metrics on :%d/metrics", settings.metrics_port)
     give_freed_memory_back()  # before any burst: its peak, not its history, stays
     registry = build_registry(settings)
+    collect_garbage_less_often()
     asyncio.run(
         kopf.operator(
             registry=registry,
@@ -38,3 +43,20 @@ def run_operator(settings: OperatorSettings, *, liveness: str | None = None) -> 
             liveness_endpoint=liveness,
         )
     )
+
+
+def collect_garbage_less_often() -> None:
+    """Spare the operator most of the cyclic garbage collector's passes.
+
+    Every watch event, Hub answer and API response makes thousands of short-lived containers,
+    and CPython's default threshold (700 allocations) then runs a young-generation pass many
+    times per event: a twentieth of the operator's CPU in a 1,000-model sweep. The objects the
+    operator holds for its life (modules, settings, the registry) are moved out of the
+    collector's view once (``gc.freeze``), and the young generation is collected after
+    ``YOUNG_GENERATION_THRESHOLD`` allocations. Reference counting still frees everything not
+    in a cycle at once; cycles wait a little longer (see the gc module's documentation).
+    """
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(YOUNG_GENERATION_THRESHOLD, middle, old)

@@ -99,8 +99,11 @@ class Watchdog:
         that is due, or an event whose handling failed). No API requests for the others."""
         offered = 0
         for test in self.reconciler.writer.snapshot():
-            status = TestStatus.read(test.get("status"))
             generation = int(test["metadata"].get("generation") or 1)
+            raw = test.get("status") or {}
+            if raw.get("observedGeneration") == generation and isinstance(raw.get("attempt"), int):
+                continue  # handled, and its Job made: not retrying (a round reads 1,000s)
+            status = TestStatus.read(raw)
             if status.observedGeneration != generation or retrying(status):
                 self.reconciler.reconcile(test, from_cache=True)
                 offered += 1
@@ -161,6 +164,8 @@ class Watchdog:
         now = now or datetime.now(UTC)
         flagged = 0
         for test in self.reconciler.writer.snapshot():
+            if (test.get("status") or {}).get("phase") != Phase.QUEUED.value:
+                continue  # not waiting, read without parsing its status (a round reads 1,000s)
             status = TestStatus.read(test.get("status"))
             queued = status.condition("Queued")
             if status.phase is not Phase.QUEUED or queued is None:
