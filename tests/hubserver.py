@@ -25,6 +25,7 @@ sent -- never the token itself) so tests can assert, for example, that no weight
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -252,6 +253,11 @@ _TREE = re.compile(r"^/api/models/(?P<repo>.+?)/tree/(?P<rev>[^/]+)(?:/(?P<path>
 _INFO = re.compile(r"^/api/models/(?P<repo>.+?)(?:/revision/(?P<rev>[^/]+))?$")
 
 
+@functools.lru_cache(maxsize=256)
+def _sha256(content: bytes) -> str:
+    return hashlib.sha256(content).hexdigest()
+
+
 def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
@@ -439,7 +445,7 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 return
             headers = {
                 "X-Repo-Commit": sha,
-                "ETag": f'"{hashlib.sha256(content).hexdigest()}"',
+                "ETag": f'"{_sha256(content)}"',
                 "Accept-Ranges": "bytes",
                 "Content-Type": "application/octet-stream",
             }
