@@ -80,6 +80,17 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+_NAMED_OBJECT_ACTIONS = (
+    kmock.action.UPDATE,
+    kmock.action.CREATE,
+    kmock.action.FETCH,
+    kmock.action.DELETE,
+)
+"""kmock's routes that no discovery request can take (a discovery path names no object, and is
+only read), the most requested first. Lists and watches stay behind the discovery routes:
+kmock reads ``/apis/batch/v1`` as a list."""
+
+
 class Emulator(kmock.KubernetesEmulator):
     """kmock plus what a real API server does that clients rely on (generateName, uid, ...).
 
@@ -98,6 +109,21 @@ class Emulator(kmock.KubernetesEmulator):
 
     faults: tuple[Injected, ...] = ()
     """API failures injected into the operator's calls (:mod:`api_faults`), in order."""
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        # kmock offers a request to its reactions in priority order, and to equals in the
+        # order they were declared: every write and read of one object first went past the
+        # seven discovery routes (/api, /apis/..., /version), each a walk of its request log.
+        # The routes of one named object go first; priorities, and so any reaction a test
+        # adds, still rule.
+        first = {action: i for i, action in enumerate(_NAMED_OBJECT_ACTIONS)}
+
+        def rank(reaction: Any) -> int:
+            action = getattr(getattr(reaction._source, "criteria", None), "action", None)
+            return first.get(action, len(first)) if isinstance(action, kmock.action) else len(first)
+
+        self._payloads.sort(key=rank)
 
     def inject(
         self,
