@@ -25,7 +25,6 @@ sent -- never the token itself) so tests can assert, for example, that no weight
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import re
@@ -54,21 +53,23 @@ DEFAULT_LIST_FIELDS = (
 )  # fmt: skip
 
 
-_DIGESTS: dict[int, tuple[bytes, bytes]] = {}
+_DIGESTS: dict[tuple[str, int], tuple[bytes, bytes]] = {}
 _DIGESTS_LOCK = threading.Lock()
 
 
-def _content_digest(content: bytes) -> bytes:
-    """sha1 of a file's bytes, computed once per bytes object (a listing of a thousand repos
-    names every repo's sha on every page). The object is kept with its digest, so its id is
-    never reused while cached."""
+def _content_digest(content: bytes, algorithm: str = "sha1") -> bytes:
+    """A digest of a file's bytes (sha1 for commit shas, sha256 for LFS ETags), computed once
+    per bytes object: a listing of a thousand repos names every repo's sha on every page, and
+    a sweep reads every repo's weights. The object is kept with its digest, so its id is never
+    reused while cached."""
+    key = (algorithm, id(content))
     with _DIGESTS_LOCK:
-        known = _DIGESTS.get(id(content))
+        known = _DIGESTS.get(key)
     if known is not None and known[0] is content:
         return known[1]
-    digest = hashlib.sha1(content).digest()
+    digest = hashlib.new(algorithm, content).digest()
     with _DIGESTS_LOCK:
-        _DIGESTS[id(content)] = (content, digest)
+        _DIGESTS[key] = (content, digest)
     return digest
 
 
@@ -251,11 +252,6 @@ class HubServer:
 _RESOLVE = re.compile(r"^/(?P<repo>.+?)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
 _TREE = re.compile(r"^/api/models/(?P<repo>.+?)/tree/(?P<rev>[^/]+)(?:/(?P<path>.*))?$")
 _INFO = re.compile(r"^/api/models/(?P<repo>.+?)(?:/revision/(?P<rev>[^/]+))?$")
-
-
-@functools.lru_cache(maxsize=256)
-def _sha256(content: bytes) -> str:
-    return hashlib.sha256(content).hexdigest()
 
 
 def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
@@ -445,7 +441,7 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 return
             headers = {
                 "X-Repo-Commit": sha,
-                "ETag": f'"{_sha256(content)}"',
+                "ETag": f'"{_content_digest(content, "sha256").hex()}"',
                 "Accept-Ranges": "bytes",
                 "Content-Type": "application/octet-stream",
             }
