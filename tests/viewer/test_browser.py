@@ -49,15 +49,18 @@ def wait_ready(page: Page) -> None:
     page.wait_for_selector(READY, timeout=60_000)
 
 
+ROW_COUNTED = '[data-testid="stDataFrame"] [aria-rowcount]'
+"""The first table's grid, whose aria-rowcount counts its rows and the header row."""
+
+
 def expect_rows(page: Page, rows: int) -> None:
     """The first table comes to hold ``rows`` rows. Waited for, not read once: the page
     reruns when it writes its stack selectors into the URL, and once, beside a CPU-heavy run
     of the suite, a read right after the page said ready found 1 row of the history's 3."""
-    table = '[data-testid="stDataFrame"] [aria-rowcount]'
     try:
         page.wait_for_function(
-            f"() => document.querySelector('{table}')?.getAttribute('aria-rowcount') === "
-            f"'{rows + 1}'",
+            f"() => document.querySelector('{ROW_COUNTED}')?.getAttribute('aria-rowcount') "
+            f"=== '{rows + 1}'",
             timeout=30_000,
         )
     except PlaywrightTimeout:
@@ -66,15 +69,7 @@ def expect_rows(page: Page, rows: int) -> None:
 
 def row_count(page: Page) -> int:
     """Rows in the first table (the grid's aria-rowcount counts the header row too)."""
-    return (
-        int(
-            page.locator('[data-testid="stDataFrame"] [aria-rowcount]').first.get_attribute(
-                "aria-rowcount"
-            )
-            or 0
-        )
-        - 1
-    )
+    return int(page.locator(ROW_COUNTED).first.get_attribute("aria-rowcount") or 0) - 1
 
 
 def test_page_search_details_and_screenshot(server: str) -> None:
@@ -86,12 +81,9 @@ def test_page_search_details_and_screenshot(server: str) -> None:
         search = page.get_by_label("Search models")
         search.fill("qwen")
         search.press("Enter")
-        page.wait_for_function(
-            "() => document.querySelector('[data-testid=\"stDataFrame\"] [aria-rowcount]')?.getAttribute('aria-rowcount') === '3'",
-            timeout=30_000,
-        )
+        expect_rows(page, 2)  # the two Qwen models
         wait_ready(page)
-        assert row_count(page) == 2
+        expect_rows(page, 2)  # and still once the page says ready
         assert "q=qwen" in page.url  # the state is written back into the URL
         page.goto(f"{server}/?view=all&q=qwen&model=Qwen/Qwen3-1.7B")
         wait_ready(page)
