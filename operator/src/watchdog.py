@@ -102,7 +102,9 @@ class Watchdog:
             generation = int(test["metadata"].get("generation") or 1)
             raw = test.get("status") or {}
             if raw.get("observedGeneration") == generation and isinstance(raw.get("attempt"), int):
-                continue  # handled, and its Job made: not retrying (a round reads 1,000s)
+                # Handled, and an attempt made: retrying() holds only with no attempt. Known
+                # without parsing the status (a round reads 1,000s).
+                continue
             status = TestStatus.read(raw)
             if status.observedGeneration != generation or retrying(status):
                 self.reconciler.reconcile(test, from_cache=True)
@@ -168,9 +170,7 @@ class Watchdog:
                 continue  # not waiting, read without parsing its status (a round reads 1,000s)
             status = TestStatus.read(test.get("status"))
             queued = status.condition("Queued")
-            if status.phase is not Phase.QUEUED or queued is None:
-                continue
-            if queued.reason != "KueueAdmission":
+            if queued is None or queued.reason != "KueueAdmission":
                 continue
             since = queued.lastTransitionTime
             waited = (now - datetime.fromisoformat(since.replace("Z", "+00:00"))).total_seconds()
