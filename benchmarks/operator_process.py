@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -93,13 +94,19 @@ class PeakRss:
 
 
 class OperatorProcess:
-    """`model-support operator` with ``settings`` (as the chart passes them), logging to a file."""
+    """`model-support operator` with ``settings`` (as the chart passes them), logging to a file.
+
+    Its caches start empty, as in its pod (the chart points HF_HOME and XDG_CACHE_HOME at the
+    pod's own /tmp): a Hub cache left by an earlier run would spare this one the requests a
+    new sweep makes.
+    """
 
     def __init__(self, settings: OperatorSettings, log_path: Path) -> None:
         self.settings = settings
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        self._caches: tempfile.TemporaryDirectory[str] | None = None
 
     def start(self) -> None:
         script = Path(sys.executable).parent / "model-support"
@@ -108,7 +115,13 @@ class OperatorProcess:
         clusterwide = self.settings.model_copy(update={"namespaces": [], "all_namespaces": True})
         settings = clusterwide.model_dump(mode="json", by_alias=True, exclude_none=True)
         self._log = self.log_path.open("wb")
-        env = {**os.environ, "MODEL_SUPPORT_SETTINGS": json.dumps(settings)}
+        self._caches = tempfile.TemporaryDirectory(prefix="operator-caches-")
+        env = {
+            **os.environ,
+            "MODEL_SUPPORT_SETTINGS": json.dumps(settings),
+            "HF_HOME": f"{self._caches.name}/hf-home",
+            "XDG_CACHE_HOME": f"{self._caches.name}/cache",
+        }
         self.proc = subprocess.Popen(
             [*command, "operator", "--no-metrics"],
             env=env,
@@ -134,6 +147,8 @@ class OperatorProcess:
                 self.proc.wait()
         if self._log is not None:
             self._log.close()
+        if self._caches is not None:
+            self._caches.cleanup()
 
 
 class HubProcess:
