@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from huggingface_hub import HfApi, get_token
+from huggingface_hub import HfApi, constants, get_token, hf_hub_url
 from huggingface_hub.errors import (
     GatedRepoError,
     NotASafetensorsRepoError,
@@ -39,6 +39,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.hf_api import ModelInfo
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
 from model_support.tasks import TASK_SPECS, Loader, task_spec
 
@@ -179,12 +180,36 @@ def hub_model_info(api: HfApi, repo_id: str, revision: str | None, token: str | 
 
 
 def hub_config(api: HfApi, repo_id: str, revision: str | None, token: str | None) -> dict[str, Any]:
-    """Download and parse only ``config.json`` of a Hub repository (cached like from_pretrained)."""
-    path = api.hf_hub_download(repo_id, "config.json", revision=revision, token=token)
-    config = json.loads(Path(path).read_text())
+    """Read and parse only ``config.json`` of a Hub repository."""
+    config = hub_json(api, repo_id, "config.json", revision, token)
     if not isinstance(config, dict):
         raise ValueError(f"config.json of {repo_id} does not hold a JSON object")
     return config
+
+
+def hub_json(
+    api: HfApi, repo_id: str, filename: str, revision: str | None, token: str | None
+) -> Any:
+    """A small JSON file of a Hub repository, parsed, read with one GET into memory.
+
+    Sizing reads each model's metadata once per commit; ``hf_hub_download`` would ask with a
+    HEAD first, then write the file into the local cache (a lock, a blob, a link), which took
+    four times the CPU of the read itself and left a file behind for every model ever sized.
+    The request is the one the client makes for a safetensors header
+    (``HfApi.parse_safetensors_file_metadata``): the same URL, headers and error types
+    (``RemoteEntryNotFoundError`` for no such file, ``GatedRepoError``, ...).
+    """
+    url = hf_hub_url(repo_id, filename, revision=revision, endpoint=api.endpoint)
+    headers = build_hf_headers(
+        token=api.token if token is None else token,
+        library_name=api.library_name,
+        library_version=api.library_version,
+        user_agent=api.user_agent,
+        headers=api.headers,
+    )
+    response = get_session().get(url, headers=headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
+    hf_raise_for_status(response)
+    return json.loads(response.content)
 
 
 def hub_tensors(
@@ -304,8 +329,7 @@ def hub_pipeline(
     files = api.list_repo_files(repo_id, revision=revision, token=token)
     if PIPELINE_INDEX not in files:
         return None
-    path = api.hf_hub_download(repo_id, PIPELINE_INDEX, revision=revision, token=token)
-    index = json.loads(Path(path).read_text())
+    index = hub_json(api, repo_id, PIPELINE_INDEX, revision, token)
     weights = component_weight_files(list(files))
     if not weights:
         return index, None

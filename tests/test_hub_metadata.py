@@ -61,7 +61,7 @@ PARAMS = 2 * 1000 * 64 + 2 * (64 * 64 * 2 + 32 * 64 * 2 + 128 * 64 + 64)
 
 @pytest.fixture
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
-    # hf_hub_download caches config.json: keep it out of the user's cache.
+    # Nothing here should write the Hub cache (see the test below); if it did, not the user's.
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
     repos = [
         Repo("org/tiny", files=_checkpoint(LLAMA), downloads=50, likes=3),
@@ -280,3 +280,22 @@ def test_pinning_then_sizing_reads_the_repository_information_once(server: HubSe
     assert info_reads() == 5
     size_model("org/versions", sha, endpoint=server.url, token="hf_a")
     assert info_reads() == 5
+
+
+def test_sizing_reads_config_json_with_one_get_and_caches_nothing(
+    server: HubServer, tmp_path: Path
+) -> None:
+    # An operator sizes each model of a sweep once per commit: a HEAD before the GET, and a
+    # cached copy of every model ever sized in the pod's size-limited /tmp, would be waste.
+    plan = size_model("org/tiny", endpoint=server.url)
+    assert isinstance(plan, Plan)
+    config_reads = [r["method"] for r in server.requests if r["path"].endswith("/config.json")]
+    assert config_reads == ["GET"]
+    assert not (tmp_path / "hub-cache").exists()
+
+
+def test_a_missing_config_json_is_told_apart_from_a_broken_hub(server: HubServer) -> None:
+    weights_only = {"model.safetensors": _checkpoint(LLAMA)["model.safetensors"]}
+    server.add(Repo("org/no-config", files=weights_only))
+    with pytest.raises(MetadataError, match="has no config.json"):
+        size_model("org/no-config", endpoint=server.url)
