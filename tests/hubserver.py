@@ -25,9 +25,11 @@ sent -- never the token itself) so tests can assert, for example, that no weight
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import re
+import socket
 import struct
 import threading
 from dataclasses import dataclass, field
@@ -200,7 +202,7 @@ class HubServer:
         self._lock = threading.Lock()
         for repo in repos or []:
             self.add(repo)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server = _KeepAliveServer(("127.0.0.1", 0), _handler_for(self))
         # A short poll interval keeps shutdown (and so each test's teardown) quick.
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
@@ -225,6 +227,7 @@ class HubServer:
     def stop(self) -> None:
         """Stop serving and close the socket."""
         self._server.shutdown()
+        self._server.close_connections()
         self._server.server_close()
         self._thread.join(timeout=5)
 
@@ -249,6 +252,39 @@ class HubServer:
             return failures.pop() if failures else None
 
 
+class _KeepAliveServer(ThreadingHTTPServer):
+    """A threaded server whose stop also ends its kept-alive connections: the Hub answers over
+    HTTP/1.1 and its clients pool connections, so a stopped stand-in must not go on answering
+    on a connection a client still holds (a test that stops the Hub means an outage)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        """End every open connection (its handler thread then sees end of file and exits)."""
+        with self._open_lock:
+            open_sockets = list(self._open)
+        for sock in open_sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError as error:
+                # Closed by its client or its handler meanwhile: nothing left to end.
+                if error.errno not in (errno.ENOTCONN, errno.EBADF):
+                    raise
+
+
 _RESOLVE = re.compile(r"^/(?P<repo>.+?)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
 _TREE = re.compile(r"^/api/models/(?P<repo>.+?)/tree/(?P<rev>[^/]+)(?:/(?P<path>.*))?$")
 _INFO = re.compile(r"^/api/models/(?P<repo>.+?)(?:/revision/(?P<rev>[^/]+))?$")
@@ -256,8 +292,19 @@ _INFO = re.compile(r"^/api/models/(?P<repo>.+?)(?:/revision/(?P<rev>[^/]+))?$")
 
 def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        # The Hub keeps connections alive (HTTP/1.1) and huggingface_hub pools them; a stand-in
+        # that closed every connection would bill each request a connect the real one does not.
+        protocol_version = "HTTP/1.1"
+
         def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
             return
+
+        def send_response(self, code: int, message: str | None = None) -> None:
+            super().send_response(code, message)
+            if self.command == "POST":
+                # Error routes answer a POST without reading its body; closing after it keeps
+                # an unread body from being taken for the next request on the connection.
+                self.send_header("Connection", "close")
 
         # ---- plumbing
         def _token(self) -> str | None:
@@ -350,6 +397,7 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                     "path": unquote(path),
                     "range": self.headers.get("Range"),
                     "token_sent": self._token() is not None,
+                    "client_port": self.client_address[1],
                 }
             )
             if hub.storage is not None and hub.storage.handle(self, "HEAD" if head else "GET"):
