@@ -297,5 +297,5 @@ def test_sizing_reads_config_json_with_one_get_and_caches_nothing(
 def test_a_missing_config_json_is_told_apart_from_a_broken_hub(server: HubServer) -> None:
     weights_only = {"model.safetensors": _checkpoint(LLAMA)["model.safetensors"]}
     server.add(Repo("org/no-config", files=weights_only))
-    with pytest.raises(MetadataError, match="has no config.json"):
+    with pytest.raises(MetadataError, match=r"has no config\.json"):
         size_model("org/no-config", endpoint=server.url)
